@@ -1,0 +1,2 @@
+//! (stage under construction)
+pub mod ptx;

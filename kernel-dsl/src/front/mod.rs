@@ -1,0 +1,1 @@
+//! The front end: syntax to AST, then IR construction for one specialization.

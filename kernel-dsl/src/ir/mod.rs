@@ -1,0 +1,562 @@
+//! The tile IR: one specialized kernel (every compile-time constant bound to a value).
+//!
+//! The IR is an arena of [`Value`]s plus a tree of [`Stmt`]s, in the style of naga:
+//! every value is defined exactly once, by an expression evaluated at a [`Stmt::Let`], or
+//! by a structured statement (a loop's index, a loop-carried value, a loop or branch result).
+//! Loops and branches are structured (`scf`-like): mutable variables of the surface
+//! language become loop-carried values ([`Carried`]) and branch results ([`Merge`]).
+//!
+//! Two forms share these definitions: the untyped form that [`crate::front`] builds
+//! (every `ty` is `None`), and the typed form that [`crate::valid::infer`] produces, where
+//! every value has a type, every shape is a compile-time constant, and implicit
+//! broadcasts, splats and literal types have been made explicit. Consumers (the
+//! interpreter and the backends) only ever see typed kernels, through [`Kernel::ty`].
+
+mod dtype;
+
+pub use dtype::{DType, Elem, Type};
+
+use std::fmt;
+
+/// Index of a value in [`Kernel::values`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ValueId(pub u32);
+
+impl ValueId {
+    /// The arena index.
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+impl fmt::Display for ValueId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "%{}", self.0)
+    }
+}
+
+/// A location in the kernel's source: an index into the front end's span table.
+///
+/// The IR stays `Send + Sync` and free of `proc_macro2` spans; the front end keeps the
+/// table that maps a `Loc` back to a span for compile errors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct Loc(pub u32);
+
+/// A specialized kernel.
+#[derive(Clone, Debug)]
+pub struct Kernel {
+    /// The kernel's name (the Rust function's name).
+    pub name: String,
+    /// Run-time parameters, in launch order.
+    pub params: Vec<Param>,
+    /// The compile-time constants this kernel was specialized with, in declaration order.
+    pub consts: Vec<(String, i64)>,
+    /// Warps per program.
+    pub num_warps: u32,
+    /// The value arena.
+    pub values: Vec<Value>,
+    /// The kernel body.
+    pub body: Block,
+}
+
+impl Kernel {
+    /// The definition of a value.
+    pub fn value(&self, id: ValueId) -> &Value {
+        &self.values[id.index()]
+    }
+
+    /// The type of a value in a typed kernel.
+    ///
+    /// # Panics
+    /// On an untyped kernel (one that has not been through [`crate::valid::infer`]);
+    /// consumers only receive typed kernels.
+    pub fn ty(&self, id: ValueId) -> &Type {
+        self.values[id.index()]
+            .ty
+            .as_ref()
+            .expect("typed kernel: every value has a type after inference")
+    }
+
+    /// Threads per program (`32 * num_warps`).
+    pub fn threads_per_program(&self) -> u32 {
+        32 * self.num_warps
+    }
+
+    /// Parameters that the kernel writes (stores or atomics through them).
+    pub fn written_params(&self) -> Vec<usize> {
+        let mut written = Vec::new();
+        self.body.visit(&mut |stmt| {
+            let ptr = match stmt {
+                Stmt::Store { ptr, .. } => Some(*ptr),
+                Stmt::Let(v) => match &self.value(*v).def {
+                    Def::Expr(Expr::Atomic { ptr, .. }) => Some(*ptr),
+                    _ => None,
+                },
+                _ => None,
+            };
+            if let Some(p) = ptr {
+                if let Some(param) = self.root_param(p) {
+                    if !written.contains(&param) {
+                        written.push(param);
+                    }
+                }
+            }
+        });
+        written.sort_unstable();
+        written
+    }
+
+    /// The pointer parameter a pointer value is derived from (through `AddPtr`,
+    /// broadcasts, splats, selects of pointers and loop-carried values), if one.
+    pub fn root_param(&self, mut v: ValueId) -> Option<usize> {
+        for _ in 0..self.values.len() {
+            match &self.value(v).def {
+                Def::Expr(Expr::Param(i)) => return Some(*i),
+                Def::Expr(Expr::AddPtr { ptr, .. })
+                | Def::Expr(Expr::Splat { value: ptr, .. })
+                | Def::Expr(Expr::Broadcast { value: ptr, .. })
+                | Def::Expr(Expr::ExpandDims { value: ptr, .. })
+                | Def::Expr(Expr::Select { then: ptr, .. }) => v = *ptr,
+                Def::Carried { init, .. } => v = *init,
+                Def::LoopResult { init, .. } => v = *init,
+                Def::BranchResult { then_value, .. } => v = *then_value,
+                _ => return None,
+            }
+        }
+        None
+    }
+}
+
+/// A run-time kernel parameter.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Param {
+    /// The name, as written.
+    pub name: String,
+    /// Pointer or scalar.
+    pub kind: ParamKind,
+    /// Where it was declared.
+    pub loc: Loc,
+}
+
+/// What a run-time parameter is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ParamKind {
+    /// `Ptr<T>`: a device pointer to elements of `T`, 16-byte aligned (checked at launch).
+    Ptr(DType),
+    /// A scalar passed by value (`i32`, `u32`, `i64`, `f32`).
+    Scalar(DType),
+    /// A scalar integer the caller promises is a multiple of `divisor`
+    /// (`#[multiple_of(16)] k: i32`); checked at launch, used for vectorization.
+    ScalarMultipleOf(DType, u32),
+}
+
+impl ParamKind {
+    /// The IR type of the parameter's value.
+    pub fn ty(self) -> Type {
+        match self {
+            ParamKind::Ptr(d) => Type::scalar(Elem::Ptr(d)),
+            ParamKind::Scalar(d) | ParamKind::ScalarMultipleOf(d, _) => Type::scalar(Elem::Val(d)),
+        }
+    }
+}
+
+/// One value in the arena.
+#[derive(Clone, Debug)]
+pub struct Value {
+    /// How the value is defined.
+    pub def: Def,
+    /// Its type; `None` only in the untyped form built by the front end.
+    pub ty: Option<Type>,
+    /// Where in the source it comes from.
+    pub loc: Loc,
+}
+
+/// How a value is defined.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Def {
+    /// Computed by an expression at the [`Stmt::Let`] that names it.
+    Expr(Expr),
+    /// The index of a [`Stmt::For`] (a scalar of the bounds' type).
+    LoopIndex,
+    /// A loop-carried value as seen inside the loop body; `init` is its value on entry.
+    Carried {
+        /// The value before the first iteration.
+        init: ValueId,
+    },
+    /// A loop-carried value after the loop; `init` is its value on entry.
+    LoopResult {
+        /// The value before the first iteration (the result when the loop runs zero times).
+        init: ValueId,
+    },
+    /// The value of a [`Merge`] after an `if`.
+    BranchResult {
+        /// The value when the condition holds.
+        then_value: ValueId,
+    },
+}
+
+/// A literal as written; the inference pass gives it a dtype.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Literal {
+    /// An integer literal (or a compile-time constant); typed `i32` unless suffixed
+    /// or too large, then `i64`.
+    Int(i64, Option<DType>),
+    /// A float literal; typed `f32` unless suffixed.
+    Float(f64, Option<DType>),
+    /// `true` / `false`.
+    Bool(bool),
+}
+
+/// Unary elementwise operations.
+#[allow(missing_docs)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum UnaryOp {
+    Neg,
+    /// Logical not for `bool`, bitwise not for integers.
+    Not,
+    Exp,
+    Exp2,
+    Log,
+    Log2,
+    Sqrt,
+    Rsqrt,
+    Sin,
+    Cos,
+    Abs,
+    Sigmoid,
+    Tanh,
+    Floor,
+    Ceil,
+}
+
+/// Binary elementwise operations (both operands of one type after inference).
+#[allow(missing_docs)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BinaryOp {
+    Add,
+    Sub,
+    Mul,
+    /// Float division, or integer division truncating toward zero.
+    Div,
+    /// Remainder with the sign of the dividend (Rust's `%`).
+    Rem,
+    And,
+    Or,
+    Xor,
+    Shl,
+    /// Arithmetic for signed, logical for unsigned.
+    Shr,
+    Max,
+    Min,
+}
+
+/// Comparisons; the result is `bool` of the operands' shape.
+#[allow(missing_docs)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CmpOp {
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+}
+
+/// Reductions along one axis.
+#[allow(missing_docs)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    Sum,
+    Max,
+    Min,
+    /// Index (`i32`) of the first maximum along the axis.
+    Argmax,
+}
+
+/// Atomic read-modify-write operations on global memory.
+#[allow(missing_docs)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AtomicOp {
+    Add,
+    Max,
+}
+
+/// Expressions. Operands are earlier values. In typed kernels, elementwise operands
+/// have identical shapes (broadcasts are explicit) and identical dtypes (casts are
+/// explicit), except where noted.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Expr {
+    /// Run-time parameter `i` (a scalar pointer or scalar).
+    Param(usize),
+    /// A literal scalar.
+    Literal(Literal),
+    /// `program_id(axis)`: `i32`.
+    ProgramId(u32),
+    /// `num_programs(axis)`: `i32`.
+    NumPrograms(u32),
+    /// `arange(start, end)`: the `i32` tile `[start, start+1, .., end-1]`.
+    Arange {
+        /// First element.
+        start: i64,
+        /// One past the last element.
+        end: i64,
+    },
+    /// A tile of `shape` with every element equal to the scalar `value`
+    /// (`zeros`, `full`, and the implicit splat of a scalar operand).
+    Splat {
+        /// A scalar.
+        value: ValueId,
+        /// The tile shape.
+        shape: Vec<usize>,
+    },
+    /// Broadcast a tile to `shape`: same rank, each axis equal or 1 in the input.
+    Broadcast {
+        /// The tile.
+        value: ValueId,
+        /// The result shape.
+        shape: Vec<usize>,
+    },
+    /// Insert an axis of length 1 at `axis` (Triton's `x[:, None]` / `x[None, :]`).
+    ExpandDims {
+        /// The tile.
+        value: ValueId,
+        /// Position of the new axis in the result.
+        axis: usize,
+    },
+    /// Elementwise unary operation (float ops need a float operand).
+    Unary {
+        /// The operation.
+        op: UnaryOp,
+        /// The operand.
+        arg: ValueId,
+    },
+    /// Elementwise binary operation. Shifts take an integer right operand of the same type.
+    Binary {
+        /// The operation.
+        op: BinaryOp,
+        /// Left operand.
+        lhs: ValueId,
+        /// Right operand.
+        rhs: ValueId,
+    },
+    /// Elementwise comparison; result dtype `bool`.
+    Compare {
+        /// The comparison.
+        op: CmpOp,
+        /// Left operand.
+        lhs: ValueId,
+        /// Right operand.
+        rhs: ValueId,
+    },
+    /// `select(cond, then, other)` (Triton's `where`): elementwise choice.
+    Select {
+        /// A `bool` tile or scalar.
+        cond: ValueId,
+        /// Chosen where `cond` holds.
+        then: ValueId,
+        /// Chosen elsewhere.
+        other: ValueId,
+    },
+    /// Convert to `to` (`x as T`): floats round to nearest even; float to int truncates
+    /// toward zero and saturates; int to int wraps; to `bool` tests `!= 0`.
+    Cast {
+        /// The value.
+        value: ValueId,
+        /// Target dtype.
+        to: DType,
+    },
+    /// Pointer arithmetic: `ptr + offset` in elements; `ptr` and `offset` have one shape.
+    AddPtr {
+        /// Pointer (tile or scalar).
+        ptr: ValueId,
+        /// Integer offset of the same shape.
+        offset: ValueId,
+    },
+    /// Load through a pointer tile or scalar pointer. Masked-off lanes read nothing and
+    /// yield `other` (zero when absent).
+    Load {
+        /// The pointers.
+        ptr: ValueId,
+        /// A `bool` of the pointers' shape, if any.
+        mask: Option<ValueId>,
+        /// The value of masked-off lanes, of the loaded shape and dtype, if any.
+        other: Option<ValueId>,
+    },
+    /// Reduce `value` along `axis`; the result drops that axis (a rank-1 tile reduces
+    /// to a scalar).
+    Reduce {
+        /// The reduction.
+        op: ReduceOp,
+        /// The tile.
+        value: ValueId,
+        /// The axis.
+        axis: usize,
+    },
+    /// Matrix product of `[M, K]` and `[K, N]` tiles, accumulated in `f32` into `acc`
+    /// (`[M, N]`, `f32`) when present.
+    Dot {
+        /// Left operand `[M, K]`.
+        a: ValueId,
+        /// Right operand `[K, N]`.
+        b: ValueId,
+        /// Accumulator `[M, N]` f32, if any.
+        acc: Option<ValueId>,
+    },
+    /// Atomic read-modify-write; yields the old values (masked-off lanes yield zero).
+    Atomic {
+        /// The operation.
+        op: AtomicOp,
+        /// The pointers.
+        ptr: ValueId,
+        /// The operand, of the pointers' shape and pointee dtype.
+        value: ValueId,
+        /// A `bool` of the pointers' shape, if any.
+        mask: Option<ValueId>,
+    },
+}
+
+impl Expr {
+    /// The operands of this expression, in order.
+    pub fn operands(&self) -> Vec<ValueId> {
+        match self {
+            Expr::Param(_)
+            | Expr::Literal(_)
+            | Expr::ProgramId(_)
+            | Expr::NumPrograms(_)
+            | Expr::Arange { .. } => vec![],
+            Expr::Splat { value, .. }
+            | Expr::Broadcast { value, .. }
+            | Expr::ExpandDims { value, .. }
+            | Expr::Cast { value, .. }
+            | Expr::Reduce { value, .. } => vec![*value],
+            Expr::Unary { arg, .. } => vec![*arg],
+            Expr::Binary { lhs, rhs, .. } | Expr::Compare { lhs, rhs, .. } => vec![*lhs, *rhs],
+            Expr::Select { cond, then, other } => vec![*cond, *then, *other],
+            Expr::AddPtr { ptr, offset } => vec![*ptr, *offset],
+            Expr::Load { ptr, mask, other } => {
+                let mut v = vec![*ptr];
+                v.extend(mask);
+                v.extend(other);
+                v
+            }
+            Expr::Dot { a, b, acc } => {
+                let mut v = vec![*a, *b];
+                v.extend(acc);
+                v
+            }
+            Expr::Atomic {
+                ptr, value, mask, ..
+            } => {
+                let mut v = vec![*ptr, *value];
+                v.extend(mask);
+                v
+            }
+        }
+    }
+
+    /// Whether evaluating the expression has an effect beyond its value.
+    pub fn has_side_effects(&self) -> bool {
+        matches!(self, Expr::Atomic { .. })
+    }
+}
+
+/// A sequence of statements.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Block {
+    /// The statements, in order.
+    pub stmts: Vec<Stmt>,
+}
+
+impl Block {
+    /// Calls `f` on every statement, depth first, in program order.
+    pub fn visit(&self, f: &mut impl FnMut(&Stmt)) {
+        for stmt in &self.stmts {
+            f(stmt);
+            match stmt {
+                Stmt::For { body, .. } => body.visit(f),
+                Stmt::If {
+                    then_body,
+                    else_body,
+                    ..
+                } => {
+                    then_body.visit(f);
+                    else_body.visit(f);
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+/// A loop-carried value of a [`Stmt::For`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct Carried {
+    /// The value inside the body (defined as [`Def::Carried`]).
+    pub param: ValueId,
+    /// The value entering the first iteration.
+    pub init: ValueId,
+    /// The value at the end of the body, carried into the next iteration.
+    pub next: ValueId,
+    /// The value after the loop (defined as [`Def::LoopResult`]).
+    pub result: ValueId,
+}
+
+/// A value merged at the end of a [`Stmt::If`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct Merge {
+    /// The value at the end of the `then` block.
+    pub then_value: ValueId,
+    /// The value at the end of the `else` block.
+    pub else_value: ValueId,
+    /// The value after the `if` (defined as [`Def::BranchResult`]).
+    pub result: ValueId,
+}
+
+/// Statements.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Stmt {
+    /// Evaluate the expression that defines this value.
+    Let(ValueId),
+    /// Store `value` through `ptr` where `mask` holds.
+    Store {
+        /// The pointers (tile or scalar).
+        ptr: ValueId,
+        /// The values, of the pointers' shape and pointee dtype.
+        value: ValueId,
+        /// A `bool` of the pointers' shape, if any.
+        mask: Option<ValueId>,
+        /// The statement's location.
+        loc: Loc,
+    },
+    /// `for index in (start..end).step_by(step)`, with scalar run-time bounds of one
+    /// integer type and a positive step.
+    For {
+        /// The loop index ([`Def::LoopIndex`]).
+        index: ValueId,
+        /// First index.
+        start: ValueId,
+        /// Exclusive end.
+        end: ValueId,
+        /// Step (must be positive at run time).
+        step: ValueId,
+        /// Loop-carried values.
+        carried: Vec<Carried>,
+        /// The loop body.
+        body: Block,
+        /// The statement's location.
+        loc: Loc,
+    },
+    /// `if cond { .. } else { .. }` on a scalar `bool`.
+    If {
+        /// A scalar `bool`.
+        cond: ValueId,
+        /// Runs when `cond` holds.
+        then_body: Block,
+        /// Runs otherwise.
+        else_body: Block,
+        /// Values merged after the branch.
+        merges: Vec<Merge>,
+        /// The statement's location.
+        loc: Loc,
+    },
+}

@@ -1,0 +1,25 @@
+//! # tilefuse-dsl
+//!
+//! The tilefuse kernel language: Rust-like tile functions compiled to PTX at build time,
+//! with a CPU interpreter as the reference semantics.
+//!
+//! The compiler is a short list of stages, one module each:
+//!
+//! 1. [`front`]: syntax (a `syn` function) to an AST, then IR construction for one
+//!    specialization of the compile-time constants (SSA, structured control flow);
+//! 2. [`valid`]: type and shape inference (explicit broadcasts, casts, literal types);
+//! 3. [`back`]: layouts, axis analysis and PTX;
+//! 4. [`interp`]: the reference interpreter over host buffers;
+//! 5. [`runtime`]: devices, buffers and typed launches on the GPU or the interpreter.
+
+#![warn(missing_docs)]
+
+pub mod back;
+pub mod error;
+pub mod front;
+pub mod interp;
+pub mod ir;
+pub mod runtime;
+pub mod valid;
+
+pub use error::CompileError;

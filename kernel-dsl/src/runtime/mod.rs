@@ -1,0 +1,1 @@
+//! Devices, buffers and launches.

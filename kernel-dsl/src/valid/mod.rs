@@ -1,0 +1,1 @@
+//! Type and shape inference, and validation of typed kernels.
