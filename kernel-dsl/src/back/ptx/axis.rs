@@ -59,8 +59,19 @@ fn block(k: &Kernel, b: &Block, info: &mut [AxisInfo]) {
                 }
             }
             Stmt::Store { .. } => {}
-            // Loop-carried and merged values keep the pessimistic default.
-            Stmt::For { body, .. } => block(k, body, info),
+            // The index of a loop is a multiple of what divides both its start and step;
+            // loop-carried and merged values keep the pessimistic default.
+            Stmt::For {
+                index,
+                start,
+                step,
+                body,
+                ..
+            } => {
+                let d = info[start.index()].div[0].min(info[step.index()].div[0]);
+                info[index.index()].div[0] = d;
+                block(k, body, info)
+            }
             Stmt::If {
                 then_body,
                 else_body,
