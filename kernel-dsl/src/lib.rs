@@ -23,6 +23,7 @@ pub mod runtime;
 pub mod valid;
 
 pub use error::CompileError;
+pub use half;
 
 /// One specialization of a kernel: a value for every compile-time constant, and the
 /// number of warps per program.

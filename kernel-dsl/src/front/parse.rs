@@ -50,6 +50,9 @@ pub struct KernelAst {
     pub params: Vec<ParamDecl>,
     /// The body.
     pub body: syn::Block,
+    /// The path generated code uses to reach `tilefuse_dsl` (`crate = path` in the
+    /// attribute); `None` for the default, `::tilefuse::dsl`.
+    pub crate_path: Option<syn::Path>,
 }
 
 impl KernelAst {
@@ -83,14 +86,25 @@ impl KernelAst {
     }
 }
 
-/// One `NAME = [v, ..]` or `NAME = v` entry of the attribute.
+/// One `NAME = [v, ..]` or `NAME = v` entry of the attribute, or `crate = path`.
 struct AttrEntry {
     name: Ident,
     values: Vec<(i64, Span)>,
+    crate_path: Option<syn::Path>,
 }
 
 impl Parse for AttrEntry {
     fn parse(input: ParseStream) -> syn::Result<Self> {
+        if input.peek(Token![crate]) {
+            let tok: Token![crate] = input.parse()?;
+            input.parse::<Token![=]>()?;
+            let path: syn::Path = input.parse()?;
+            return Ok(AttrEntry {
+                name: Ident::new("crate", tok.span),
+                values: Vec::new(),
+                crate_path: Some(path),
+            });
+        }
         let name: Ident = input.parse()?;
         input.parse::<Token![=]>()?;
         let expr: Expr = input.parse()?;
@@ -108,7 +122,11 @@ impl Parse for AttrEntry {
                 format!("`{name}` lists no values: write `{name} = [v1, v2, ..]`"),
             ));
         }
-        Ok(AttrEntry { name, values })
+        Ok(AttrEntry {
+            name,
+            values,
+            crate_path: None,
+        })
     }
 }
 
@@ -166,7 +184,12 @@ pub fn parse_kernel(attr: TokenStream, item: &ItemFn) -> syn::Result<KernelAst> 
     }
 
     let mut num_warps = Vec::new();
+    let mut crate_path = None;
     for entry in entries {
+        if entry.crate_path.is_some() {
+            crate_path = entry.crate_path;
+            continue;
+        }
         let name = entry.name.to_string();
         if name == "num_warps" {
             for (v, span) in entry.values {
@@ -270,6 +293,7 @@ pub fn parse_kernel(attr: TokenStream, item: &ItemFn) -> syn::Result<KernelAst> 
         num_warps,
         params,
         body: (*item.block).clone(),
+        crate_path,
     })
 }
 
