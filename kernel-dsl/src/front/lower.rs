@@ -431,8 +431,14 @@ impl Lower {
             SynExpr::Paren(p) => self.expr(&p.expr),
             SynExpr::Group(g) => self.expr(&g.expr),
             SynExpr::Path(p) => {
+                if let Some(lit) = path_constant(&p.path) {
+                    return Ok(self.emit_at(Expr::Literal(lit), p.span()));
+                }
                 let Some(ident) = p.path.get_ident() else {
-                    return self.err(p.span(), "expected a variable name");
+                    return self.err(
+                        p.span(),
+                        "expected a variable name or a constant like `f32::INFINITY`",
+                    );
                 };
                 let name = ident.to_string();
                 if let Some(var) = self.lookup(&name) {
@@ -983,6 +989,28 @@ fn fold_binary(op: BinaryOp, a: Literal, b: Literal) -> Option<Literal> {
         )),
         _ => None,
     }
+}
+
+/// `f32::INFINITY`, `f32::NEG_INFINITY`, `f32::MAX`, `f32::MIN`, `i32::MAX`, ...
+fn path_constant(path: &syn::Path) -> Option<Literal> {
+    if path.segments.len() != 2 {
+        return None;
+    }
+    let ty = DType::from_name(&path.segments[0].ident.to_string())?;
+    let name = path.segments[1].ident.to_string();
+    Some(match (ty, name.as_str()) {
+        (DType::F32, "INFINITY") => Literal::Float(f64::INFINITY, Some(ty)),
+        (DType::F32, "NEG_INFINITY") => Literal::Float(f64::NEG_INFINITY, Some(ty)),
+        (DType::F32, "NAN") => Literal::Float(f64::NAN, Some(ty)),
+        (DType::F32, "MAX") => Literal::Float(f32::MAX as f64, Some(ty)),
+        (DType::F32, "MIN") => Literal::Float(f32::MIN as f64, Some(ty)),
+        (DType::I32, "MAX") => Literal::Int(i32::MAX as i64, Some(ty)),
+        (DType::I32, "MIN") => Literal::Int(i32::MIN as i64, Some(ty)),
+        (DType::U32, "MAX") => Literal::Int(u32::MAX as i64, Some(ty)),
+        (DType::I64, "MAX") => Literal::Int(i64::MAX, Some(ty)),
+        (DType::I64, "MIN") => Literal::Int(i64::MIN, Some(ty)),
+        _ => return None,
+    })
 }
 
 fn strip_parens(e: &SynExpr) -> &SynExpr {
