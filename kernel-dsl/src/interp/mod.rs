@@ -1,6 +1,45 @@
 //! The reference interpreter: executes a typed kernel on the host, program by program.
 //!
-//! (Contract stub; the implementation lands with the interpreter work.)
+//! This module **is** the language's reference semantics: the GPU backend must compute
+//! what it computes (up to the tolerances design.md allows for transcendental functions
+//! and the order of float additions in `sum` and `dot`). In short:
+//!
+//! - Programs run one after another, `x` fastest, then `y`, then `z`; each walks the
+//!   kernel body once. Values are whole tiles (a scalar is a tile of shape `[]`).
+//! - Integers wrap (two's complement). Division and remainder truncate toward zero;
+//!   dividing by zero is an error. Shift amounts are read as unsigned of the operand's
+//!   width; amounts at or over the width give 0 (`<<`, unsigned `>>`) or all sign bits
+//!   (signed `>>`).
+//! - `f16`/`bf16` arithmetic computes in `f32` and rounds every result to the dtype
+//!   (round to nearest even). Float `max`/`min` return the non-NaN operand.
+//! - Casts: float to float and int to float round once to nearest even; float to int
+//!   truncates toward zero and saturates (NaN gives 0); int to int wraps; anything to
+//!   `bool` is `!= 0`; `bool` to a number is 0 or 1. Literals take their inferred dtype
+//!   with one rounding from the written value.
+//! - `load`: masked-off lanes touch no memory and yield `other` (0 when absent); an
+//!   unmasked lane outside its buffer is an error naming the kernel, the program, the
+//!   parameter and the element index.
+//! - `store`: masked-off lanes write nothing; lanes are written in row-major order, so
+//!   when two lanes hit one address the highest linear index wins. Writing through a
+//!   [`Arg::Read`] buffer is an error.
+//! - `sum` accumulates in `f32` (for `f16`/`bf16` too) and rounds once to the input
+//!   dtype; `max`/`min` ignore NaN unless every lane is NaN; `argmax` gives the first
+//!   index of the maximum, never a NaN lane unless all are NaN (then 0).
+//! - `dot` multiplies and accumulates in `f32`, starting from the accumulator (or 0),
+//!   then rounds to the result dtype.
+//! - Atomics apply lane by lane in row-major order and return the old values (0 for
+//!   masked-off lanes); `atomic_max` on floats compares as floats.
+//! - `for` runs `start, start + step, ..` while below `end`; a step at or below zero is
+//!   an error. Carried values start at `init` and take `next` after each iteration; the
+//!   results are the last carried values (the inits if the loop never ran).
+
+mod exec;
+mod ops;
+
+#[cfg(test)]
+mod testkit;
+#[cfg(test)]
+mod tests;
 
 use crate::ir::Kernel;
 
@@ -39,11 +78,24 @@ pub struct InterpError {
     pub message: String,
 }
 
-/// Runs every program of `grid` (x fastest) over `args`.
+/// Runs every program of `grid` (x fastest, then y, then z) over `args`.
+///
+/// `args` must match `kernel.params` in number and kind: a buffer ([`Arg::Read`] or
+/// [`Arg::Write`]) whose length is a multiple of the element size for each `Ptr<T>`, and
+/// a [`Scalar`] of the declared dtype for each scalar. Writes happen in place; on an
+/// error, the programs before the failing one have completed their writes.
 pub fn run(kernel: &Kernel, grid: [u32; 3], args: &mut [Arg<'_>]) -> Result<(), InterpError> {
-    let _ = (grid, args);
-    Err(InterpError {
+    exec::check_args(kernel, args).map_err(|message| InterpError {
         kernel: kernel.name.clone(),
-        message: "the interpreter is not built yet".into(),
-    })
+        message,
+    })?;
+    let mut ex = exec::Exec::new(kernel, grid, args);
+    for z in 0..grid[2] {
+        for y in 0..grid[1] {
+            for x in 0..grid[0] {
+                ex.program([x, y, z])?;
+            }
+        }
+    }
+    Ok(())
 }
