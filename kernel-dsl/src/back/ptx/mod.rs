@@ -19,6 +19,8 @@ mod regs;
 mod build;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod gpu_tests;
 
 use std::fmt::Write;
 
