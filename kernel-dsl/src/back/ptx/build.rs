@@ -57,7 +57,10 @@ impl B {
     }
 
     pub fn i32(&mut self, c: i64) -> ValueId {
-        self.e(Expr::Literal(Literal::Int(c, None)), Type::val(DType::I32, vec![]))
+        self.e(
+            Expr::Literal(Literal::Int(c, None)),
+            Type::val(DType::I32, vec![]),
+        )
     }
 
     pub fn lit(&mut self, lit: Literal, d: DType) -> ValueId {
@@ -73,7 +76,10 @@ impl B {
     }
 
     pub fn arange(&mut self, n: i64) -> ValueId {
-        self.e(Expr::Arange { start: 0, end: n }, Type::val(DType::I32, vec![n as usize]))
+        self.e(
+            Expr::Arange { start: 0, end: n },
+            Type::val(DType::I32, vec![n as usize]),
+        )
     }
 
     pub fn splat(&mut self, v: ValueId, shape: &[usize]) -> ValueId {
@@ -156,7 +162,13 @@ impl B {
             self.splat(p, &shape)
         };
         let t = self.ty(p);
-        self.e(Expr::AddPtr { ptr: p, offset: off }, t)
+        self.e(
+            Expr::AddPtr {
+                ptr: p,
+                offset: off,
+            },
+            t,
+        )
     }
 
     pub fn load(&mut self, p: ValueId, mask: Option<ValueId>, other: Option<ValueId>) -> ValueId {
@@ -190,7 +202,13 @@ impl B {
         self.e(Expr::Reduce { op, value: v, axis }, t)
     }
 
-    pub fn atomic(&mut self, op: AtomicOp, p: ValueId, v: ValueId, mask: Option<ValueId>) -> ValueId {
+    pub fn atomic(
+        &mut self,
+        op: AtomicOp,
+        p: ValueId,
+        v: ValueId,
+        mask: Option<ValueId>,
+    ) -> ValueId {
         let t = self.ty(v);
         self.e(
             Expr::Atomic {

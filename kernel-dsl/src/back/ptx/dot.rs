@@ -1,6 +1,8 @@
 //! `dot`: both operands go to shared memory as f32; each thread accumulates its output
 //! elements with FMAs in a run-time loop over K.
 
+use std::collections::btree_map::Entry;
+
 use super::emit::{Emitter, Res};
 use super::layout::Layout;
 use super::regs::{f32_imm, Rk};
@@ -8,7 +10,14 @@ use crate::ir::ValueId;
 
 impl Emitter<'_> {
     /// `a @ b (+ acc)` in the output layout `l` (f32).
-    pub fn dot(&mut self, _v: ValueId, a: ValueId, b: ValueId, acc: Option<ValueId>, l: &Layout) -> Res<Vec<String>> {
+    pub fn dot(
+        &mut self,
+        _v: ValueId,
+        a: ValueId,
+        b: ValueId,
+        acc: Option<ValueId>,
+        l: &Layout,
+    ) -> Res<Vec<String>> {
         let (ta, tb) = (self.k.ty(a).clone(), self.k.ty(b).clone());
         let (Some(da), Some(db)) = (ta.dtype(), tb.dtype()) else {
             return self.err("dot operands must be value tiles");
@@ -35,7 +44,10 @@ impl Emitter<'_> {
         }
         for (r, off) in rb.iter().zip(Self::lin_offsets(&lb)) {
             let x = self.up(db, r);
-            self.ins(format!("st.shared.f32 [{pb}+{}], {x}", b_at as usize + off * 4));
+            self.ins(format!(
+                "st.shared.f32 [{pb}+{}], {x}",
+                b_at as usize + off * 4
+            ));
         }
         self.ins("bar.sync 0");
         let offs = l.reg_offsets();
@@ -49,7 +61,11 @@ impl Emitter<'_> {
         }
         // Row pointer into A (advances by one column) and column pointer into B (one row).
         let (ka, kb, kc) = (self.reg(Rk::R), self.reg(Rk::R), self.reg(Rk::R));
-        self.ins(format!("mul.lo.u32 {ka}, {}, {}", c.base[l.keep[0]], kk * 4));
+        self.ins(format!(
+            "mul.lo.u32 {ka}, {}, {}",
+            c.base[l.keep[0]],
+            kk * 4
+        ));
         self.ins(format!("add.u32 {ka}, {ka}, {}", self.smem_base));
         self.ins(format!("shl.b32 {kb}, {}, 2", c.base[l.keep[1]]));
         self.ins(format!("add.u32 {kb}, {kb}, {}", self.smem_base));
@@ -60,13 +76,11 @@ impl Emitter<'_> {
         let mut cols = std::collections::BTreeMap::new();
         for o in &offs {
             let (r, cidx) = (o[l.keep[0]], o[l.keep[1]]);
-            if !rows.contains_key(&r) {
-                let x = self.ld_shared(Rk::F, &ka, (r * kk * 4) as u32);
-                rows.insert(r, x);
+            if let Entry::Vacant(e) = rows.entry(r) {
+                e.insert(self.ld_shared(Rk::F, &ka, (r * kk * 4) as u32));
             }
-            if !cols.contains_key(&cidx) {
-                let y = self.ld_shared(Rk::F, &kb, b_at + (cidx * 4) as u32);
-                cols.insert(cidx, y);
+            if let Entry::Vacant(e) = cols.entry(cidx) {
+                e.insert(self.ld_shared(Rk::F, &kb, b_at + (cidx * 4) as u32));
             }
         }
         for (o, d) in offs.iter().zip(&out) {

@@ -35,7 +35,11 @@ impl Emitter<'_> {
             }
             Expr::ProgramId(axis) | Expr::NumPrograms(axis) => {
                 let d = self.reg(Rk::R);
-                let reg = if matches!(e, Expr::ProgramId(_)) { "ctaid" } else { "nctaid" };
+                let reg = if matches!(e, Expr::ProgramId(_)) {
+                    "ctaid"
+                } else {
+                    "nctaid"
+                };
                 let c = ["x", "y", "z"].get(*axis as usize).copied();
                 let Some(c) = c else {
                     return self.err(format!("program axis {axis} is out of range (0..3)"));
@@ -65,7 +69,13 @@ impl Emitter<'_> {
                     self.ins(format!("and.pred {t2}, {t2}, {}", a[2]));
                     self.ins(format!("or.pred {d}, {t1}, {t2}"));
                 } else {
-                    self.ins(format!("selp.{} {d}, {}, {}, {}", kind.bits(), a[1], a[2], a[0]));
+                    self.ins(format!(
+                        "selp.{} {d}, {}, {}, {}",
+                        kind.bits(),
+                        a[1],
+                        a[2],
+                        a[0]
+                    ));
                 }
                 Ok(d)
             }
@@ -105,10 +115,14 @@ impl Emitter<'_> {
             DType::I32 | DType::U32 => self.ins(format!("mov.b32 {d}, {}", i as u32)),
             DType::I64 => self.ins(format!("mov.b64 {d}, {i}")),
             DType::F32 => self.ins(format!("mov.f32 {d}, {}", f32_imm(f as f32))),
-            DType::F16 => self.ins(format!("mov.b16 {d}, 0x{:04X}", half::f16::from_f64(f).to_bits())),
-            DType::BF16 => {
-                self.ins(format!("mov.b16 {d}, 0x{:04X}", half::bf16::from_f64(f).to_bits()))
-            }
+            DType::F16 => self.ins(format!(
+                "mov.b16 {d}, 0x{:04X}",
+                half::f16::from_f64(f).to_bits()
+            )),
+            DType::BF16 => self.ins(format!(
+                "mov.b16 {d}, 0x{:04X}",
+                half::bf16::from_f64(f).to_bits()
+            )),
         }
         Ok(d)
     }
@@ -159,7 +173,10 @@ impl Emitter<'_> {
             let (t, b) = (int_ty(dt), bit_ty(dt));
             let d = self.reg(rk(dt));
             match op {
-                UnaryOp::Neg => self.ins(format!("neg.{} {d}, {a}", if dt == DType::I64 { "s64" } else { "s32" })),
+                UnaryOp::Neg => self.ins(format!(
+                    "neg.{} {d}, {a}",
+                    if dt == DType::I64 { "s64" } else { "s32" }
+                )),
                 UnaryOp::Not => self.ins(format!("not.{b} {d}, {a}")),
                 UnaryOp::Abs if dt.is_signed_int() => self.ins(format!("abs.{t} {d}, {a}")),
                 UnaryOp::Abs => self.ins(format!("mov.{b} {d}, {a}")),

@@ -189,10 +189,7 @@ impl<'k> Emitter<'k> {
             pro.push(format!("bfe.u32 {t2}, {}, {ws}, {ww}", self.warp));
             pro.push(format!("shl.b32 {t2}, {t2}, {lw}"));
             pro.push(format!("or.b32 {t1}, {t1}, {t2}"));
-            pro.push(format!(
-                "shl.b32 {t1}, {t1}, {}",
-                l.spt[s].trailing_zeros()
-            ));
+            pro.push(format!("shl.b32 {t1}, {t1}, {}", l.spt[s].trailing_zeros()));
             if l.cover(s) > l.ext[s] {
                 let q = self.reg(Rk::P);
                 pro.push(format!("setp.lt.u32 {q}, {t1}, {}", l.ext[s]));
@@ -209,7 +206,10 @@ impl<'k> Emitter<'k> {
         let shape = l.shape();
         let mut stride = 1;
         for t in (0..shape.len()).rev() {
-            pro.push(format!("mad.lo.u32 {lin}, {}, {stride}, {lin}", base[l.keep[t]]));
+            pro.push(format!(
+                "mad.lo.u32 {lin}, {}, {stride}, {lin}",
+                base[l.keep[t]]
+            ));
             stride *= shape[t];
         }
         for p in pro {
@@ -237,7 +237,10 @@ impl<'k> Emitter<'k> {
 
     /// The single register of a scalar value.
     pub fn scalar(&self, v: ValueId) -> String {
-        self.vals[v.index()].as_ref().expect("scalar defined before use")[0].clone()
+        self.vals[v.index()]
+            .as_ref()
+            .expect("scalar defined before use")[0]
+            .clone()
     }
 
     /// The register class of a value's elements.
@@ -294,7 +297,13 @@ impl<'k> Emitter<'k> {
     }
 
     /// Moves a tile from one layout to another through shared memory.
-    pub fn convert(&mut self, src: &[String], kind: Rk, from: &Layout, to: &Layout) -> Res<Vec<String>> {
+    pub fn convert(
+        &mut self,
+        src: &[String],
+        kind: Rk,
+        from: &Layout,
+        to: &Layout,
+    ) -> Res<Vec<String>> {
         let es = kind.smem_bytes();
         let numel: usize = to.shape().iter().product();
         self.need_smem(numel as u32 * es)?;
@@ -316,7 +325,10 @@ impl<'k> Emitter<'k> {
     pub fn smem_addr(&mut self, l: &Layout, es: u32) -> String {
         let c = self.coords(l);
         let a = self.reg(Rk::R);
-        self.ins(format!("mad.lo.u32 {a}, {}, {es}, {}", c.lin, self.smem_base));
+        self.ins(format!(
+            "mad.lo.u32 {a}, {}, {es}, {}",
+            c.lin, self.smem_base
+        ));
         a
     }
 
@@ -394,7 +406,7 @@ impl<'k> Emitter<'k> {
                 }
                 let mut sl = l.clone();
                 sl.keep.remove(*axis);
-                self.tile(*value, &sl)
+                self.tile(*value, &sl.canon())
             }
             Expr::Splat { value, .. } => Ok(vec![self.scalar(*value); l.nregs()]),
             Expr::Arange { start, .. } => {
@@ -403,7 +415,11 @@ impl<'k> Emitter<'k> {
                 let mut out = Vec::new();
                 for o in l.reg_offsets() {
                     let d = self.reg(Rk::R);
-                    self.ins(format!("add.s32 {d}, {}, {}", c.base[s], o[s] as i64 + start));
+                    self.ins(format!(
+                        "add.s32 {d}, {}, {}",
+                        c.base[s],
+                        o[s] as i64 + start
+                    ));
                     out.push(d);
                 }
                 Ok(out)
@@ -573,7 +589,9 @@ impl<'k> Emitter<'k> {
             };
             let e = e.clone();
             let r = match &e {
-                Expr::Load { ptr, mask, other } => self.load(v, *ptr, *mask, *other, None)?[0].clone(),
+                Expr::Load { ptr, mask, other } => {
+                    self.load(v, *ptr, *mask, *other, None)?[0].clone()
+                }
                 Expr::Atomic {
                     op,
                     ptr,
@@ -608,7 +626,11 @@ impl<'k> Emitter<'k> {
                     "{v}: {} {}{}",
                     self.k.ty(v),
                     l.describe(),
-                    if self.lay.strong[i] { "" } else { " (rematerialized)" }
+                    if self.lay.strong[i] {
+                        ""
+                    } else {
+                        " (rematerialized)"
+                    }
                 );
             }
         }

@@ -366,7 +366,13 @@ fn gpu_gemv() {
             Data::S(Scalar::I32(n as i32)),
             Data::S(Scalar::I32(k as i32)),
         ];
-        diff("gemv", d, [(n as u32).div_ceil(bn as u32), 1, 1], &data, 1e-4);
+        diff(
+            "gemv",
+            d,
+            [(n as u32).div_ceil(bn as u32), 1, 1],
+            &data,
+            1e-4,
+        );
     }
     for (bn, bk, n, k) in [(16, 256, 40, 1024), (8, 64, 8, 192)] {
         let d = def(GEMV1, &[("BLOCK_N", bn), ("BLOCK_K", bk)], 4);
@@ -377,7 +383,13 @@ fn gpu_gemv() {
             Data::S(Scalar::I32(n as i32)),
             Data::S(Scalar::I32(k as i32)),
         ];
-        diff("gemv1", d, [(n as u32).div_ceil(bn as u32), 1, 1], &data, 1e-4);
+        diff(
+            "gemv1",
+            d,
+            [(n as u32).div_ceil(bn as u32), 1, 1],
+            &data,
+            1e-4,
+        );
     }
 }
 
@@ -399,8 +411,16 @@ fn gpu_argmax() {
     for (rr, c, w) in [(8usize, 512usize, 4), (4, 64, 2), (2, 16, 4)] {
         let d = def(ARGMAX, &[("R", rr as i64), ("C", c as i64)], w);
         // Few distinct values: many ties.
-        let x: Vec<f32> = r.vec(rr * c, 1.0).iter().map(|v| (v * 4.0).round()).collect();
-        let data = [Data::F32(x), Data::I32(vec![0; 2 * rr]), Data::I32(vec![0; 1])];
+        let x: Vec<f32> = r
+            .vec(rr * c, 1.0)
+            .iter()
+            .map(|v| (v * 4.0).round())
+            .collect();
+        let data = [
+            Data::F32(x),
+            Data::I32(vec![0; 2 * rr]),
+            Data::I32(vec![0; 1]),
+        ];
         diff("argmax", d, [1, 1, 1], &data, 0.0);
     }
 }
@@ -520,4 +540,20 @@ fn gpu_casts() {
         Data::F32(vec![0.0; 512]),
     ];
     diff("casts", d, [1, 1, 1], &data, 1e-5);
+}
+
+#[test]
+#[ignore]
+fn dump() {
+    let src = std::env::var("DUMP").unwrap_or_default();
+    let (s, c, w): (&str, Vec<(&str, i64)>, u32) = match src.as_str() {
+        "gemv" => (GEMV, vec![("BLOCK_N", 4), ("BLOCK_K", 256)], 4),
+        "gemv1" => (GEMV1, vec![("BLOCK_N", 8), ("BLOCK_K", 64)], 4),
+        "atomics" => (ATOMICS, vec![("B", 16)], 4),
+        "argmax" => (ARGMAX, vec![("R", 2), ("C", 16)], 4),
+        "branch" => (BRANCH, vec![("B", 256)], 4),
+        _ => (SOFTMAX2D, vec![("BM", 2), ("BN", 128)], 2),
+    };
+    let d = def(s, &c, w);
+    println!("{}", d.variants[0].ptx_sm80);
 }

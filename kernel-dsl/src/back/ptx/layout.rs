@@ -124,7 +124,34 @@ impl Layout {
         let mut l = self.clone();
         let s = l.keep.remove(t);
         l.ext[s] = 1;
-        l
+        l.canon()
+    }
+
+    /// Drops space dims that carry nothing (no tile dim, extent 1, one thread, one warp),
+    /// so equal thread mappings compare equal.
+    pub fn canon(self) -> Layout {
+        let rank = self.space_rank();
+        let live: Vec<usize> = (0..rank)
+            .filter(|&s| {
+                self.keep.contains(&s)
+                    || self.ext[s] != 1
+                    || self.spt[s] != 1
+                    || self.tpw[s] != 1
+                    || self.wpc[s] != 1
+            })
+            .collect();
+        if live.len() == rank {
+            return self;
+        }
+        let at = |s: usize| live.iter().position(|&x| x == s);
+        Layout {
+            spt: live.iter().map(|&s| self.spt[s]).collect(),
+            tpw: live.iter().map(|&s| self.tpw[s]).collect(),
+            wpc: live.iter().map(|&s| self.wpc[s]).collect(),
+            ext: live.iter().map(|&s| self.ext[s]).collect(),
+            order: self.order.iter().filter_map(|&s| at(s)).collect(),
+            keep: self.keep.iter().map(|&s| at(s).unwrap()).collect(),
+        }
     }
 
     /// The layout after inserting a tile dim of length 1 at `axis`.
@@ -178,7 +205,11 @@ impl Layout {
             self.order,
             self.ext,
             self.keep,
-            if self.replicated() { " (replicated)" } else { "" }
+            if self.replicated() {
+                " (replicated)"
+            } else {
+                ""
+            }
         )
     }
 }
@@ -287,14 +318,18 @@ fn value(k: &Kernel, v: ValueId, l: &mut Layouts) {
     };
     let strong_of = |l: &Layouts, x: ValueId| l.strong[x.index()] && l.of[x.index()].is_some();
     let (lay, strong) = match e {
-        Expr::Broadcast { value, .. } if strong_of(l, *value) => {
-            (l.of[value.index()].as_ref().unwrap().with_shape(&shape), true)
-        }
+        Expr::Broadcast { value, .. } if strong_of(l, *value) => (
+            l.of[value.index()].as_ref().unwrap().with_shape(&shape),
+            true,
+        ),
         Expr::ExpandDims { value, axis } if strong_of(l, *value) => {
             (l.of[value.index()].as_ref().unwrap().expand(*axis), true)
         }
         Expr::Reduce { value, axis, .. } => {
-            let src = l.of[value.index()].clone().or(default_of(k, *value)).unwrap();
+            let src = l.of[value.index()]
+                .clone()
+                .or(default_of(k, *value))
+                .unwrap();
             (src.slice(*axis), true)
         }
         Expr::Unary { .. }

@@ -19,7 +19,10 @@ impl Emitter<'_> {
         };
         let info = &self.axis[ptr.index()];
         let mut v = l.run(s0) as u64;
-        v = v.min(info.contig[t]).min(info.div[t] / es as u64).min(16 / es as u64);
+        v = v
+            .min(info.contig[t])
+            .min(info.div[t] / es as u64)
+            .min(16 / es as u64);
         if let Some(m) = mask {
             v = v.min(self.axis[m.index()].cons[t]);
         }
@@ -113,7 +116,9 @@ impl Emitter<'_> {
                 if pred.is_some() {
                     for (j, w) in words.iter().enumerate() {
                         match &oth {
-                            Some(o) => self.ins(format!("mov.b32 {w}, {{{}, {}}}", o[2 * j], o[2 * j + 1])),
+                            Some(o) => {
+                                self.ins(format!("mov.b32 {w}, {{{}, {}}}", o[2 * j], o[2 * j + 1]))
+                            }
                             None => self.ins(format!("mov.b32 {w}, 0")),
                         }
                     }
@@ -192,7 +197,11 @@ impl Emitter<'_> {
                 let mut words = Vec::new();
                 for j in 0..vw / 2 {
                     let w = self.reg(Rk::R);
-                    self.ins(format!("mov.b32 {w}, {{{}, {}}}", vals[g + 2 * j], vals[g + 2 * j + 1]));
+                    self.ins(format!(
+                        "mov.b32 {w}, {{{}, {}}}",
+                        vals[g + 2 * j],
+                        vals[g + 2 * j + 1]
+                    ));
                     words.push(w);
                 }
                 self.ins(format!(
@@ -294,7 +303,11 @@ impl Emitter<'_> {
             self.need_smem(numel as u32 * es)?;
             self.ins("bar.sync 0");
             for (r, off) in out.iter().zip(&offs) {
-                self.ins(format!("@{own} st.shared.{} [{addr}+{}], {r}", kind.bits(), *off as u32 * es));
+                self.ins(format!(
+                    "@{own} st.shared.{} [{addr}+{}], {r}",
+                    kind.bits(),
+                    *off as u32 * es
+                ));
             }
             self.ins("bar.sync 0");
             let mut shared = Vec::new();

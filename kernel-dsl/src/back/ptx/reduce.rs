@@ -18,10 +18,17 @@ struct Part {
 impl Emitter<'_> {
     /// Reduces `value` along `axis`; returns the registers of the result in its layout
     /// (one register for a scalar result).
-    pub fn reduce(&mut self, _v: ValueId, op: ReduceOp, value: ValueId, axis: usize) -> Res<Vec<String>> {
+    pub fn reduce(
+        &mut self,
+        _v: ValueId,
+        op: ReduceOp,
+        value: ValueId,
+        axis: usize,
+    ) -> Res<Vec<String>> {
         let dt = self.k.ty(value).dtype().unwrap();
         if dt == DType::Bool {
-            return self.err("reductions over bool tiles are not supported; cast to an integer first");
+            return self
+                .err("reductions over bool tiles are not supported; cast to an integer first");
         }
         let src_l = self.layout_of(value);
         let regs = self.tile(value, &src_l)?;
@@ -42,7 +49,11 @@ impl Emitter<'_> {
             g.sort();
             let mut acc: Option<Part> = None;
             for (along, i) in g {
-                let x = if dt.is_float() { self.up(dt, &regs[i]) } else { regs[i].clone() };
+                let x = if dt.is_float() {
+                    self.up(dt, &regs[i])
+                } else {
+                    regs[i].clone()
+                };
                 let idx = if op == ReduceOp::Argmax {
                     let r = self.reg(Rk::R);
                     self.ins(format!("add.s32 {r}, {}, {along}", c.base[s]));
@@ -94,27 +105,43 @@ impl Emitter<'_> {
             self.ins(format!("mad.lo.u32 {a}, {w}, {es}, {}", self.smem_base));
             self.ins("bar.sync 0");
             for (p, off) in parts.iter().zip(&offs) {
-                self.ins(format!("st.shared.{} [{a}+{}], {}", acc_kind.bits(), *off as u32 * es, p.v));
+                self.ins(format!(
+                    "st.shared.{} [{a}+{}], {}",
+                    acc_kind.bits(),
+                    *off as u32 * es,
+                    p.v
+                ));
             }
             if with_idx {
                 let ai = self.reg(Rk::R);
                 self.ins(format!("mad.lo.u32 {ai}, {w}, 4, {}", self.smem_base));
                 for (p, off) in parts.iter().zip(&offs) {
                     let i = p.i.as_ref().unwrap();
-                    self.ins(format!("st.shared.u32 [{ai}+{}], {i}", idx_at + *off as u32 * 4));
+                    self.ins(format!(
+                        "st.shared.u32 [{ai}+{}], {i}",
+                        idx_at + *off as u32 * 4
+                    ));
                 }
             }
             self.ins("bar.sync 0");
             let (b, bi) = (self.reg(Rk::R), self.reg(Rk::R));
-            self.ins(format!("mad.lo.u32 {b}, {}, {es}, {}", oc.lin, self.smem_base));
-            self.ins(format!("mad.lo.u32 {bi}, {}, 4, {}", oc.lin, self.smem_base));
+            self.ins(format!(
+                "mad.lo.u32 {b}, {}, {es}, {}",
+                oc.lin, self.smem_base
+            ));
+            self.ins(format!(
+                "mad.lo.u32 {bi}, {}, 4, {}",
+                oc.lin, self.smem_base
+            ));
             let mut merged = Vec::new();
             for off in &offs {
                 let mut acc: Option<Part> = None;
                 for wi in 0..ndw {
                     let at = (wi * numel + *off as u32) * es;
                     let v = self.ld_shared(acc_kind, &b, at);
-                    let i = with_idx.then(|| self.ld_shared(Rk::R, &bi, idx_at + (wi * numel + *off as u32) * 4));
+                    let i = with_idx.then(|| {
+                        self.ld_shared(Rk::R, &bi, idx_at + (wi * numel + *off as u32) * 4)
+                    });
                     let p = Part { v, i };
                     acc = Some(match acc {
                         None => p,
@@ -155,7 +182,11 @@ impl Emitter<'_> {
         let d = self.reg(kind);
         match op {
             ReduceOp::Sum => {
-                let i = if kind == Rk::F { "add.rn.f32" } else { &format!("add.{t}") };
+                let i = if kind == Rk::F {
+                    "add.rn.f32"
+                } else {
+                    &format!("add.{t}")
+                };
                 self.ins(format!("{i} {d}, {}, {}", a.v, b.v));
                 if dt == DType::U8 {
                     self.ins(format!("and.b32 {d}, {d}, 255"));
@@ -191,7 +222,12 @@ impl Emitter<'_> {
                     self.ins(format!("or.pred {take}, {take}, {y}"));
                 }
                 let i = self.reg(Rk::R);
-                self.ins(format!("selp.{} {d}, {}, {}, {take}", kind.bits(), b.v, a.v));
+                self.ins(format!(
+                    "selp.{} {d}, {}, {}, {take}",
+                    kind.bits(),
+                    b.v,
+                    a.v
+                ));
                 self.ins(format!("selp.b32 {i}, {bi}, {ai}, {take}"));
                 Part { v: d, i: Some(i) }
             }

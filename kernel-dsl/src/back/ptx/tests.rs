@@ -53,7 +53,8 @@ pub(super) fn assemble(p: &PtxKernel, t: Target) {
         .arg(src.with_extension("cubin"))
         .output()
         .expect("run ptxas");
-    let log = String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
+    let log =
+        String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
         "ptxas failed for {} ({}):\n{log}\n{}",
@@ -61,8 +62,17 @@ pub(super) fn assemble(p: &PtxKernel, t: Target) {
         t.name(),
         numbered(&p.ptx)
     );
-    for want in ["0 bytes spill stores", "0 bytes spill loads", "0 bytes stack frame"] {
-        assert!(log.contains(want), "{} ({}): expected `{want}`:\n{log}", p.entry, t.name());
+    for want in [
+        "0 bytes spill stores",
+        "0 bytes spill loads",
+        "0 bytes stack frame",
+    ] {
+        assert!(
+            log.contains(want),
+            "{} ({}): expected `{want}`:\n{log}",
+            p.entry,
+            t.name()
+        );
     }
 }
 
@@ -164,7 +174,11 @@ fn softmax_reduces_with_shuffles() {
         assert!(p.ptx.contains("shfl.sync.bfly.b32"), "{bm}x{bn}");
         assert!(p.ptx.contains("ex2.approx.ftz.f32"));
         if bm * bn >= 4 * 32 * w as i64 {
-            assert!(p.ptx.contains("ld.global.nc.v4.f32"), "{bm}x{bn}\n{}", p.layouts);
+            assert!(
+                p.ptx.contains("ld.global.nc.v4.f32"),
+                "{bm}x{bn}\n{}",
+                p.layouts
+            );
         }
     }
 }
@@ -270,7 +284,14 @@ fn gemv_bf16_loop() {
 #[test]
 fn casts_between_all_dtypes() {
     let mut b = B::new("casts", 4);
-    let src = [DType::F32, DType::BF16, DType::I32, DType::U8, DType::Bool, DType::I64];
+    let src = [
+        DType::F32,
+        DType::BF16,
+        DType::I32,
+        DType::U8,
+        DType::Bool,
+        DType::I64,
+    ];
     let ins: Vec<_> = src.iter().map(|&d| b.ptr("in", d)).collect();
     let outs: Vec<Vec<_>> = src
         .iter()
@@ -295,7 +316,15 @@ fn elementwise_ops_for_all_dtypes() {
     let mut b = B::new("ops", 2);
     let n = 64;
     let offs = b.arange(n);
-    for d in [DType::F32, DType::F16, DType::BF16, DType::I32, DType::U32, DType::I64, DType::U8] {
+    for d in [
+        DType::F32,
+        DType::F16,
+        DType::BF16,
+        DType::I32,
+        DType::U32,
+        DType::I64,
+        DType::U8,
+    ] {
         let pa = b.ptr("a", d);
         let pb = b.ptr("b", d);
         let po = b.ptr("o", d);
@@ -306,7 +335,14 @@ fn elementwise_ops_for_all_dtypes() {
         let bv = b.load(bb, None, None);
         let mut acc = a;
         let bins: &[BinaryOp] = if d.is_float() {
-            &[BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div, BinaryOp::Max, BinaryOp::Min]
+            &[
+                BinaryOp::Add,
+                BinaryOp::Sub,
+                BinaryOp::Mul,
+                BinaryOp::Div,
+                BinaryOp::Max,
+                BinaryOp::Min,
+            ]
         } else {
             &[
                 BinaryOp::Add,
@@ -417,7 +453,10 @@ fn atomics_are_issued_once() {
     b.atomic(AtomicOp::Add, cnt, one, None);
     let p = check(&b.finish());
     for line in p.ptx.lines().filter(|l| l.contains("atom.global")) {
-        assert!(line.trim_start().starts_with('@'), "unpredicated atomic: {line}");
+        assert!(
+            line.trim_start().starts_with('@'),
+            "unpredicated atomic: {line}"
+        );
     }
     assert!(p.ptx.contains("atom.global.add.f32"));
     assert!(p.ptx.contains("atom.global.add.s32"));
