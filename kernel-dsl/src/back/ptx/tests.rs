@@ -545,3 +545,28 @@ fn unsupported_ops_are_errors() {
     assert_eq!(err.loc, k.value(r).loc);
     let _ = Literal::Bool(true);
 }
+
+#[test]
+fn unaligned_rows_are_not_vectorized() {
+    // offs[i, j] = i + j: rows are contiguous but start at unaligned offsets.
+    let mut b = B::new("skew", 1);
+    let x = b.ptr("x", DType::F32);
+    let out = b.ptr("out", DType::F32);
+    let r = b.arange(4);
+    let c = b.arange(64);
+    let re = b.expand(r, 1);
+    let rb = b.bcast(re, &[4, 64]);
+    let ce = b.expand(c, 0);
+    let cb = b.bcast(ce, &[4, 64]);
+    let offs = b.bin(BinaryOp::Add, rb, cb);
+    let px = b.addptr(x, offs);
+    let v = b.load(px, None, None);
+    let po = b.addptr(out, offs);
+    b.store(po, v, None);
+    let p = check(&b.finish());
+    assert!(
+        !p.ptx.contains(".v2") && !p.ptx.contains(".v4"),
+        "{}",
+        p.ptx
+    );
+}
