@@ -570,3 +570,31 @@ fn unaligned_rows_are_not_vectorized() {
         p.ptx
     );
 }
+
+#[test]
+fn bool_reductions_and_integer_dot() {
+    let mut b = B::new("anyall", 4);
+    let x = b.ptr("x", DType::I32);
+    let out = b.ptr("out", DType::Bool);
+    let res = b.ptr("res", DType::F32);
+    let r = b.arange(16);
+    let c = b.arange(16);
+    let n = b.i32(16);
+    let re = b.expand(r, 1);
+    let rn = b.bin(BinaryOp::Mul, re, n);
+    let rb = b.bcast(rn, &[16, 16]);
+    let ce = b.expand(c, 0);
+    let cb = b.bcast(ce, &[16, 16]);
+    let offs = b.bin(BinaryOp::Add, rb, cb);
+    let px = b.addptr(x, offs);
+    let v = b.load(px, None, None);
+    let zero = b.i32(0);
+    let pos = b.cmp(CmpOp::Gt, v, zero);
+    let any = b.reduce(ReduceOp::Max, pos, 1);
+    let all = b.reduce(ReduceOp::Min, any, 0);
+    b.store(out, all, None);
+    let d = b.dot(v, v, None);
+    let pr = b.addptr(res, offs);
+    b.store(pr, d, None);
+    check(&b.finish());
+}
