@@ -271,8 +271,8 @@ pub fn assign(k: &Kernel) -> Result<Layouts, CompileError> {
                     continue;
                 }
                 if let Some((x, lx)) = prefer(k, o, want.clone()) {
-                    if !over.contains_key(&x) {
-                        over.insert(x, lx);
+                    if let std::collections::hash_map::Entry::Vacant(e) = over.entry(x) {
+                        e.insert(lx);
                         found = true;
                     }
                 }
