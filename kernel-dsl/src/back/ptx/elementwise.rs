@@ -48,15 +48,15 @@ impl Emitter<'_> {
                 Ok(d)
             }
             Expr::Unary { op, arg } => {
-                let dt = self.k.ty(*arg).dtype().unwrap();
+                let dt = self.val_dt(*arg)?;
                 self.unary(*op, dt, &a[0])
             }
             Expr::Binary { op, lhs, .. } => {
-                let dt = self.k.ty(*lhs).dtype().unwrap();
+                let dt = self.val_dt(*lhs)?;
                 self.binary(*op, dt, &a[0], &a[1])
             }
             Expr::Compare { op, lhs, .. } => {
-                let dt = self.k.ty(*lhs).dtype().unwrap();
+                let dt = self.val_dt(*lhs)?;
                 self.compare(*op, dt, &a[0], &a[1])
             }
             Expr::Select { .. } => {
@@ -80,12 +80,12 @@ impl Emitter<'_> {
                 Ok(d)
             }
             Expr::Cast { value, to } => {
-                let from = self.k.ty(*value).dtype().unwrap();
+                let from = self.val_dt(*value)?;
                 self.cast(from, *to, &a[0])
             }
             Expr::AddPtr { ptr, offset } => {
-                let es = self.k.ty(*ptr).pointee().unwrap().size_bytes();
-                let odt = self.k.ty(*offset).dtype().unwrap();
+                let es = self.ptr_dt(*ptr)?.size_bytes();
+                let odt = self.val_dt(*offset)?;
                 let t = self.reg(Rk::D);
                 match odt {
                     DType::I32 => self.ins(format!("mul.wide.s32 {t}, {}, {es}", a[1])),

@@ -25,7 +25,7 @@ impl Emitter<'_> {
         value: ValueId,
         axis: usize,
     ) -> Res<Vec<String>> {
-        let mut dt = self.k.ty(value).dtype().unwrap();
+        let mut dt = self.val_dt(value)?;
         let src_l = self.layout_of(value);
         let mut regs = self.tile(value, &src_l)?;
         let is_bool = dt == DType::Bool;
