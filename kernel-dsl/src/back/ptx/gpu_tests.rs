@@ -497,10 +497,37 @@ fn mm<const M: usize, const N: usize, const K: usize>(a: Ptr<bf16>, b: Ptr<bf16>
 }
 "#;
 
+const DOT32: &str = r#"
+fn mm32<const M: usize, const N: usize, const K: usize>(a: Ptr<f32>, b: Ptr<f32>, c: Ptr<f32>) {
+    let rm = arange(0, M);
+    let rn = arange(0, N);
+    let rk = arange(0, K);
+    let x = load(a + rm.expand_dims(1) * K + rk.expand_dims(0));
+    let y = load(b + rk.expand_dims(1) * N + rn.expand_dims(0));
+    store(c + rm.expand_dims(1) * N + rn.expand_dims(0), dot(x, y));
+}
+"#;
+
+#[test]
+fn gpu_dot_f32() {
+    let mut r = Rng(41);
+    for (m, n, k) in [(32, 32, 16), (16, 8, 64)] {
+        let d = def(DOT32, &[("M", m), ("N", n), ("K", k)], 4);
+        let (m, n, k) = (m as usize, n as usize, k as usize);
+        let data = [
+            Data::F32(r.vec(m * k, 1.0)),
+            Data::F32(r.vec(k * n, 1.0)),
+            Data::F32(vec![0.0; m * n]),
+        ];
+        diff("dot_f32", d, [1, 1, 1], &data, 1e-4);
+    }
+}
+
 #[test]
 fn gpu_dot() {
     let mut r = Rng(23);
-    for (m, n, k) in [(32, 32, 32), (16, 64, 16)] {
+    // Tensor cores (mma.sync) for every shape here, including fewer tiles than warps.
+    for (m, n, k) in [(32, 32, 32), (16, 64, 16), (64, 64, 32), (16, 8, 16)] {
         let d = def(DOT, &[("M", m), ("N", n), ("K", k)], 4);
         let (m, n, k) = (m as usize, n as usize, k as usize);
         let data = [

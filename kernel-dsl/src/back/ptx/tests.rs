@@ -526,8 +526,9 @@ fn dot_through_shared_memory() {
     let c = b.addptr(pc, oc);
     b.store(c, d, None);
     let p = check(&b.finish());
-    assert!(p.shared_bytes >= ((m * k + k * n) * 4) as u32);
-    assert!(p.ptx.contains("fma.rn.f32"));
+    assert!(p
+        .ptx
+        .contains("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"));
 }
 
 #[test]
