@@ -1,10 +1,24 @@
-//! PTX backend: layouts (`layout.rs`), axis analysis (`axis.rs`), then code generation
-//! (`emit.rs` and the per-op files) into one `.entry` per kernel.
+//! PTX backend: typed tile IR to one PTX `.entry` per kernel.
+//!
+//! Passes, one file each:
+//! - `layout.rs`: a distributed (blocked) layout for every tile value; reductions give
+//!   slice layouts so `reduce` -> `expand_dims` -> `broadcast` moves no data; loads take the
+//!   layout their consumer needs and loop-carried zeros take their update's layout.
+//!   Splats, aranges, broadcasts and arithmetic on them are *rematerialized* in whatever
+//!   layout a user needs instead of being moved.
+//! - `axis.rs`: contiguity / divisibility / constancy (Triton's AxisInfo) for vector
+//!   accesses and provably uniform masks.
+//! - `emit.rs`: registers, thread coordinates per layout (computed once at entry),
+//!   materialization of a value in a layout (rematerialization, else a shared-memory
+//!   conversion), statements and structured control flow (`for` stays a loop, `if`
+//!   branches, merges by moves).
+//! - `elementwise.rs`, `memory.rs` (vectorized `ld.global.nc` / `st.global`, owner-only
+//!   stores and atomics), `reduce.rs` (in-thread, `shfl.sync.bfly`, shared memory across
+//!   warps), `dot.rs` (`mma.sync` for f16/bf16, FMA otherwise).
 //!
 //! Every tile element lives in a scalar register with a compile-time name; code is fully
-//! unrolled per element, so kernels need no local memory. Data moves between threads only
-//! through shuffles (reductions) and the one static shared buffer (layout conversions,
-//! cross-warp reductions, `dot`, sharing atomic results with replicas).
+//! unrolled per element, so kernels need no local memory. Elements replicated over threads
+//! (tiles smaller than the program) are stored and atomically updated by one owner thread.
 
 mod axis;
 mod dot;
