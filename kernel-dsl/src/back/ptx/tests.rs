@@ -599,3 +599,35 @@ fn bool_reductions_and_integer_dot() {
     b.store(pr, d, None);
     check(&b.finish());
 }
+
+#[test]
+fn scalars_i64_offsets_and_u32_loops() {
+    let mut b = B::new("misc", 2);
+    let x = b.ptr("x", DType::F32);
+    let out = b.ptr("out", DType::F32);
+    let flag = b.ptr("flag", DType::Bool);
+    let n = b.param("n", ParamKind::Scalar(DType::U32));
+    let off = b.param("off", ParamKind::Scalar(DType::I64));
+    let t = b.lit(Literal::Bool(true), DType::Bool);
+    b.store(flag, t, None);
+    let xs = b.addptr(x, off);
+    let s0 = b.load(xs, None, None);
+    let r = b.arange(64);
+    let r64 = b.cast(r, DType::I64);
+    let o = b.bin(BinaryOp::Add, r64, off);
+    let px = b.addptr(x, o);
+    let v = b.load(px, None, None);
+    let start = b.lit(Literal::Int(0, Some(DType::U32)), DType::U32);
+    let step = b.lit(Literal::Int(1, Some(DType::U32)), DType::U32);
+    let res = b.for_(start, n, step, &[v, s0], |b, i, c| {
+        let fi = b.cast(i, DType::F32);
+        let nv = b.bin(BinaryOp::Add, c[0], fi);
+        let ns = b.bin(BinaryOp::Mul, c[1], fi);
+        vec![nv, ns]
+    });
+    let po = b.addptr(out, r);
+    let y = b.bin(BinaryOp::Add, res[0], res[1]);
+    b.store(po, y, None);
+    b.atomic(AtomicOp::Add, out, res[1], Some(t));
+    check(&b.finish());
+}
