@@ -111,27 +111,33 @@ impl Mem<'_, '_, '_> {
         ptrs: &[(usize, i64)],
         vals: &[T],
         mask: Option<&[bool]>,
-        size: usize,
-        zero: T,
-        dec: impl Fn(&[u8]) -> T,
-        enc: impl Fn(T, &mut [u8]),
+        codec: Codec<T>,
         f: impl Fn(T, T) -> T,
     ) -> OpResult<Vec<T>> {
         let mut old = Vec::with_capacity(ptrs.len());
         for (lane, &(param, off)) in ptrs.iter().enumerate() {
             if mask.is_some_and(|m| !m[lane]) {
-                old.push(zero);
+                old.push(codec.zero);
                 continue;
             }
+            let size = codec.size;
             let len = self.bytes_mut(param)?.len();
             let at = self.range("atomic on", param, off, len, size)?;
             let cell = &mut self.bytes_mut(param)?[at..at + size];
-            let prev = dec(cell);
-            enc(f(prev, vals[lane]), cell);
+            let prev = (codec.dec)(cell);
+            (codec.enc)(f(prev, vals[lane]), cell);
             old.push(prev);
         }
         Ok(old)
     }
+}
+
+/// How one element of a dtype sits in memory.
+struct Codec<T> {
+    size: usize,
+    zero: T,
+    dec: fn(&[u8]) -> T,
+    enc: fn(T, &mut [u8]),
 }
 
 fn le<const N: usize>(b: &[u8]) -> [u8; N] {
@@ -628,40 +634,48 @@ impl<'k, 'b, 'a> Exec<'k, 'b, 'a> {
                         ptrs,
                         x,
                         mask,
-                        size,
-                        0.0,
-                        dec_f(d),
-                        enc_f(d),
+                        Codec {
+                            size,
+                            zero: 0.0,
+                            dec: dec_f(d),
+                            enc: enc_f(d),
+                        },
                         |p, q| ops::round_f(d, p + q),
                     )?),
                     (AtomicOp::Max, Data::F(x)) if d.is_float() => Data::F(self.mem.rmw(
                         ptrs,
                         x,
                         mask,
-                        size,
-                        0.0,
-                        dec_f(d),
-                        enc_f(d),
+                        Codec {
+                            size,
+                            zero: 0.0,
+                            dec: dec_f(d),
+                            enc: enc_f(d),
+                        },
                         f32::max,
                     )?),
                     (AtomicOp::Add, Data::I(x)) if d.is_int() => Data::I(self.mem.rmw(
                         ptrs,
                         x,
                         mask,
-                        size,
-                        0,
-                        dec_i(d),
-                        enc_i(d),
+                        Codec {
+                            size,
+                            zero: 0,
+                            dec: dec_i(d),
+                            enc: enc_i(d),
+                        },
                         |p, q| ops::wrap_i(d, p.wrapping_add(q)),
                     )?),
                     (AtomicOp::Max, Data::I(x)) if d.is_int() => Data::I(self.mem.rmw(
                         ptrs,
                         x,
                         mask,
-                        size,
-                        0,
-                        dec_i(d),
-                        enc_i(d),
+                        Codec {
+                            size,
+                            zero: 0,
+                            dec: dec_i(d),
+                            enc: enc_i(d),
+                        },
                         i64::max,
                     )?),
                     (op, x) => {
