@@ -1,1 +1,267 @@
-//! `#[kernel]`.
+//! `#[kernel]`: compiles a tile function to PTX at build time.
+//!
+//! A thin shell over `tilefuse-dsl`: this crate parses the attribute and the function,
+//! runs the compiler for every listed specialization, turns compile errors into
+//! `compile_error!`s at the user's spans, and generates the typed launch API
+//! (see `docs/design.md`, "The launch contract").
+
+use proc_macro::TokenStream;
+use proc_macro2::{Span, TokenStream as TokenStream2};
+use quote::{format_ident, quote};
+use syn::ItemFn;
+
+use tilefuse_dsl::back::ptx::{self, Target};
+use tilefuse_dsl::ir::{DType, ParamKind};
+
+/// Compiles a tile function to PTX at build time and generates its launch API.
+///
+/// ```ignore
+/// #[kernel(BLOCK = [256, 1024], num_warps = [4])]
+/// fn add<const BLOCK: usize>(x: Ptr<f32>, y: Ptr<f32>, out: Ptr<f32>, n: i32) {
+///     let offs = program_id(0) * BLOCK + arange(0, BLOCK);
+///     let mask = offs < n;
+///     store(out + offs, load(x + offs, mask, 0.0) + load(y + offs, mask, 0.0), mask);
+/// }
+/// // add::<256>::launch(&dev, grid, &x, &y, &mut out, n)?;
+/// ```
+///
+/// See the language guide (`docs/language.md`) for the ops and their semantics.
+#[proc_macro_attribute]
+pub fn kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
+    let attr: TokenStream2 = attr.into();
+    let item = match syn::parse::<ItemFn>(item) {
+        Ok(item) => item,
+        Err(e) => return e.to_compile_error().into(),
+    };
+    expand(attr, item).into()
+}
+
+fn expand(attr: TokenStream2, item: ItemFn) -> TokenStream2 {
+    let ast = match tilefuse_dsl::front::parse_kernel(attr.clone(), &item) {
+        Ok(ast) => ast,
+        Err(e) => return e.to_compile_error(),
+    };
+    let krate = ast
+        .crate_path
+        .as_ref()
+        .map(|p| quote!(#p))
+        .unwrap_or_else(|| quote!(::tilefuse::dsl));
+
+    // The fn text the interpreter re-parses at run time (without doc comments).
+    let mut bare = item.clone();
+    bare.attrs.retain(|a| !a.path().is_ident("doc"));
+    let source = quote!(#[kernel(#attr)] #bare).to_string();
+
+    let mut errors: Vec<syn::Error> = Vec::new();
+    let mut push_error = |span: Span, msg: String| {
+        if !errors.iter().any(|e| e.to_string() == msg) {
+            errors.push(syn::Error::new(span, msg));
+        }
+    };
+    let mut written: Option<Vec<usize>> = None;
+    let mut variants = Vec::new();
+    let specs = ast.specializations();
+    for spec in &specs {
+        let (result, spans) = tilefuse_dsl::compile_with_spans(&ast, spec);
+        let kernel = match result {
+            Ok(k) => k,
+            Err(e) => {
+                push_error(spans.span(e.loc), e.message);
+                continue;
+            }
+        };
+        written.get_or_insert_with(|| kernel.written_params());
+        let mut ptx_text = Vec::new();
+        let mut entry = String::new();
+        let mut shared = 0u32;
+        for target in [Target::Sm80, Target::Sm90] {
+            match ptx::compile(&kernel, target) {
+                Ok(p) => {
+                    entry = p.entry;
+                    shared = shared.max(p.shared_bytes);
+                    ptx_text.push(p.ptx);
+                }
+                Err(e) => {
+                    push_error(spans.span(e.loc), e.message);
+                    ptx_text.push(String::new());
+                }
+            }
+        }
+        let consts: Vec<i64> = spec.consts.iter().map(|(_, v)| *v).collect();
+        let (sm80, sm90) = (&ptx_text[0], &ptx_text[1]);
+        let num_warps = spec.num_warps;
+        variants.push(quote! {
+            #krate::runtime::Variant {
+                consts: &[#(#consts),*],
+                num_warps: #num_warps,
+                ptx_sm80: #sm80,
+                ptx_sm90: #sm90,
+                entry: #entry,
+                shared_bytes: #shared,
+            }
+        });
+    }
+    let written = written.unwrap_or_default();
+
+    let vis = &item.vis;
+    let name = &ast.name;
+    let name_str = name.to_string();
+    let def_name = format_ident!("{}", name_str.to_uppercase());
+    let const_names: Vec<&String> = ast.consts.iter().map(|c| &c.name).collect();
+    let const_idents: Vec<syn::Ident> = ast
+        .consts
+        .iter()
+        .map(|c| format_ident!("{}", c.name))
+        .collect();
+    let docs: Vec<&syn::Attribute> = item
+        .attrs
+        .iter()
+        .filter(|a| a.path().is_ident("doc"))
+        .collect();
+
+    let params = ast.params.iter().enumerate().map(|(i, p)| {
+        let pname = &p.name;
+        let kind = param_kind_tokens(&krate, p.kind);
+        let w = written.contains(&i);
+        quote! { #krate::runtime::ParamDef { name: #pname, kind: #kind, written: #w } }
+    });
+
+    // Typed arguments of `launch`.
+    let mut arg_decls = Vec::new();
+    let mut arg_exprs = Vec::new();
+    for (i, p) in ast.params.iter().enumerate() {
+        let ident = format_ident!("{}", p.name);
+        match p.kind {
+            ParamKind::Ptr(d) => {
+                let t = rust_type(&krate, d);
+                if written.contains(&i) {
+                    arg_decls.push(quote!(#ident: &mut #krate::runtime::Buffer<#t>));
+                    arg_exprs.push(quote!(#krate::runtime::KernelArg::write(#ident)));
+                } else {
+                    arg_decls.push(quote!(#ident: &#krate::runtime::Buffer<#t>));
+                    arg_exprs.push(quote!(#krate::runtime::KernelArg::read(#ident)));
+                }
+            }
+            ParamKind::Scalar(d) | ParamKind::ScalarMultipleOf(d, _) => {
+                let t = rust_type(&krate, d);
+                arg_decls.push(quote!(#ident: #t));
+                arg_exprs.push(quote!(#krate::runtime::KernelArg::from(#ident)));
+            }
+        }
+    }
+
+    // One `launch` per distinct tuple of constants.
+    let mut seen: Vec<Vec<i64>> = Vec::new();
+    let mut impls = Vec::new();
+    for spec in &specs {
+        let consts: Vec<i64> = spec.consts.iter().map(|(_, v)| *v).collect();
+        if seen.contains(&consts) {
+            continue;
+        }
+        seen.push(consts.clone());
+        let generics = if consts.is_empty() {
+            quote!()
+        } else {
+            let lits = consts.iter().map(|v| {
+                let v = *v as usize;
+                quote!(#v)
+            });
+            quote!(<#(#lits),*>)
+        };
+        let warps: Vec<u32> = specs
+            .iter()
+            .filter(|s| s.consts.iter().map(|(_, v)| *v).collect::<Vec<_>>() == consts)
+            .map(|s| s.num_warps)
+            .collect();
+        let doc = format!(
+            "Launches `{name_str}` with {} on `dev` (compiled num_warps: {warps:?}; the first is the default).",
+            if consts.is_empty() {
+                "no constants".to_string()
+            } else {
+                spec.consts
+                    .iter()
+                    .map(|(n, v)| format!("{n} = {v}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            }
+        );
+        impls.push(quote! {
+            impl #name #generics {
+                #[doc = #doc]
+                #[allow(clippy::too_many_arguments)]
+                #vis fn launch(
+                    dev: &#krate::runtime::Device,
+                    cfg: impl ::core::convert::Into<#krate::runtime::LaunchConfig>,
+                    #(#arg_decls),*
+                ) -> ::core::result::Result<(), #krate::runtime::LaunchError> {
+                    #def_name.launch_dyn(dev, cfg, &[#(#consts),*], &mut [#(#arg_exprs),*])
+                }
+            }
+        });
+    }
+
+    let struct_generics = if const_idents.is_empty() {
+        quote!()
+    } else {
+        quote!(<#(const #const_idents: usize),*>)
+    };
+    let struct_doc = format!(
+        "The tilefuse kernel `{name_str}`: call `launch` on a compiled specialization; `{def_name}` describes every variant."
+    );
+    let def_doc = format!(
+        "Description of the kernel `{name_str}`: its signature, source and compiled variants (PTX)."
+    );
+    let errors = errors.iter().map(|e| e.to_compile_error());
+    quote! {
+        #(#docs)*
+        #[doc = #struct_doc]
+        #[allow(non_camel_case_types)]
+        #vis struct #name #struct_generics;
+
+        #[doc = #def_doc]
+        #vis static #def_name: #krate::runtime::KernelDef = #krate::runtime::KernelDef {
+            name: #name_str,
+            source: #source,
+            const_names: &[#(#const_names),*],
+            params: &[#(#params),*],
+            variants: &[#(#variants),*],
+        };
+
+        #(#impls)*
+        #(#errors)*
+    }
+}
+
+fn param_kind_tokens(krate: &TokenStream2, kind: ParamKind) -> TokenStream2 {
+    match kind {
+        ParamKind::Ptr(d) => {
+            let d = dtype_tokens(krate, d);
+            quote!(#krate::ir::ParamKind::Ptr(#d))
+        }
+        ParamKind::Scalar(d) => {
+            let d = dtype_tokens(krate, d);
+            quote!(#krate::ir::ParamKind::Scalar(#d))
+        }
+        ParamKind::ScalarMultipleOf(d, m) => {
+            let d = dtype_tokens(krate, d);
+            quote!(#krate::ir::ParamKind::ScalarMultipleOf(#d, #m))
+        }
+    }
+}
+
+fn dtype_tokens(krate: &TokenStream2, d: DType) -> TokenStream2 {
+    let v = format_ident!("{}", format!("{d:?}"));
+    quote!(#krate::ir::DType::#v)
+}
+
+fn rust_type(krate: &TokenStream2, d: DType) -> TokenStream2 {
+    match d {
+        DType::F16 => quote!(#krate::half::f16),
+        DType::BF16 => quote!(#krate::half::bf16),
+        DType::Bool => quote!(bool),
+        other => {
+            let t = format_ident!("{}", other.name());
+            quote!(#t)
+        }
+    }
+}

@@ -1,1 +1,8 @@
-//! The front end: syntax to AST, then IR construction for one specialization.
+//! The front end: syntax to AST ([`parse`]), then IR construction for one
+//! specialization ([`lower`]).
+
+pub mod lower;
+pub mod parse;
+
+pub use lower::{lower, SpanTable};
+pub use parse::{parse_kernel, ConstDecl, KernelAst, ParamDecl};

@@ -1,1 +1,21 @@
 //! Devices, buffers and launches.
+//!
+//! A [`Device`] is either the CPU (kernels run on the reference interpreter) or a CUDA
+//! GPU (kernels run from the PTX that `#[kernel]` compiled at build time). A
+//! [`Buffer`] holds elements on one device. A [`KernelDef`] is the static description
+//! `#[kernel]` emits; its typed `launch` functions and [`KernelDef::launch_dyn`] check
+//! every argument against the kernel's signature before anything runs.
+//!
+//! GPU detection never panics: the CUDA driver library is probed with `dlopen` before
+//! the driver API is touched, so binaries run (on the CPU) on machines without a GPU.
+
+mod device;
+mod element;
+mod error;
+mod kernel;
+pub mod testing;
+
+pub use device::{cuda_available, Buffer, CudaDevice, Device};
+pub use element::{as_bytes, as_bytes_mut, Element};
+pub use error::{LaunchError, RuntimeError};
+pub use kernel::{KernelArg, KernelDef, LaunchConfig, ParamDef, Variant};

@@ -1,1 +1,6 @@
-//! Type and shape inference, and validation of typed kernels.
+//! Type and shape inference ([`infer`]), producing the typed IR that the interpreter and
+//! the backends consume.
+
+pub mod infer;
+
+pub use infer::infer;

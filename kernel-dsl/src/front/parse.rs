@@ -1,0 +1,334 @@
+//! Syntax: a `#[kernel(..)]` attribute and its `fn` item to a [`KernelAst`].
+//!
+//! This stage checks the signature (constants, parameters, attribute values) and keeps
+//! the body as `syn` syntax for [`super::lower`], which builds the IR one specialization
+//! at a time.
+
+use proc_macro2::{Span, TokenStream};
+use syn::parse::{Parse, ParseStream};
+use syn::punctuated::Punctuated;
+use syn::spanned::Spanned;
+use syn::{Expr, FnArg, GenericParam, Ident, ItemFn, Lit, Pat, ReturnType, Token, Type};
+
+use crate::ir::{DType, ParamKind};
+
+/// Warps per program when the attribute lists none.
+pub const DEFAULT_NUM_WARPS: u32 = 4;
+
+/// A compile-time constant (`const BLOCK: usize`) and the values to compile it for.
+#[derive(Clone, Debug)]
+pub struct ConstDecl {
+    /// The name.
+    pub name: String,
+    /// The values listed in the attribute.
+    pub values: Vec<i64>,
+    /// Where it was declared.
+    pub span: Span,
+}
+
+/// A run-time parameter.
+#[derive(Clone, Debug)]
+pub struct ParamDecl {
+    /// The name.
+    pub name: String,
+    /// Pointer or scalar.
+    pub kind: ParamKind,
+    /// Where it was declared.
+    pub span: Span,
+}
+
+/// A parsed kernel: its checked signature, the values to specialize for, and its body.
+#[derive(Clone, Debug)]
+pub struct KernelAst {
+    /// The function's name.
+    pub name: Ident,
+    /// Compile-time constants in declaration order.
+    pub consts: Vec<ConstDecl>,
+    /// `num_warps` values to compile for.
+    pub num_warps: Vec<u32>,
+    /// Run-time parameters in order.
+    pub params: Vec<ParamDecl>,
+    /// The body.
+    pub body: syn::Block,
+    /// The path generated code uses to reach `tilefuse_dsl` (`crate = path` in the
+    /// attribute); `None` for the default, `::tilefuse::dsl`.
+    pub crate_path: Option<syn::Path>,
+}
+
+impl KernelAst {
+    /// Every combination of constant values and `num_warps`, constants varying slowest
+    /// in declaration order, `num_warps` fastest.
+    pub fn specializations(&self) -> Vec<crate::Specialization> {
+        let mut combos: Vec<Vec<(String, i64)>> = vec![vec![]];
+        for c in &self.consts {
+            combos = combos
+                .into_iter()
+                .flat_map(|prefix| {
+                    c.values.iter().map(move |v| {
+                        let mut next = prefix.clone();
+                        next.push((c.name.clone(), *v));
+                        next
+                    })
+                })
+                .collect();
+        }
+        combos
+            .into_iter()
+            .flat_map(|consts| {
+                self.num_warps
+                    .iter()
+                    .map(move |&num_warps| crate::Specialization {
+                        consts: consts.clone(),
+                        num_warps,
+                    })
+            })
+            .collect()
+    }
+}
+
+/// One `NAME = [v, ..]` or `NAME = v` entry of the attribute, or `crate = path`.
+struct AttrEntry {
+    name: Ident,
+    values: Vec<(i64, Span)>,
+    crate_path: Option<syn::Path>,
+}
+
+impl Parse for AttrEntry {
+    fn parse(input: ParseStream) -> syn::Result<Self> {
+        if input.peek(Token![crate]) {
+            let tok: Token![crate] = input.parse()?;
+            input.parse::<Token![=]>()?;
+            let path: syn::Path = input.parse()?;
+            return Ok(AttrEntry {
+                name: Ident::new("crate", tok.span),
+                values: Vec::new(),
+                crate_path: Some(path),
+            });
+        }
+        let name: Ident = input.parse()?;
+        input.parse::<Token![=]>()?;
+        let expr: Expr = input.parse()?;
+        let items: Vec<Expr> = match expr {
+            Expr::Array(a) => a.elems.into_iter().collect(),
+            other => vec![other],
+        };
+        let mut values = Vec::new();
+        for item in items {
+            values.push((int_literal(&item)?, item.span()));
+        }
+        if values.is_empty() {
+            return Err(syn::Error::new(
+                name.span(),
+                format!("`{name}` lists no values: write `{name} = [v1, v2, ..]`"),
+            ));
+        }
+        Ok(AttrEntry {
+            name,
+            values,
+            crate_path: None,
+        })
+    }
+}
+
+fn int_literal(e: &Expr) -> syn::Result<i64> {
+    match e {
+        Expr::Lit(l) => match &l.lit {
+            Lit::Int(i) => i.base10_parse::<i64>(),
+            _ => Err(syn::Error::new(e.span(), "expected an integer literal")),
+        },
+        Expr::Group(g) => int_literal(&g.expr),
+        _ => Err(syn::Error::new(e.span(), "expected an integer literal")),
+    }
+}
+
+/// Parses the attribute arguments and the function into a [`KernelAst`].
+pub fn parse_kernel(attr: TokenStream, item: &ItemFn) -> syn::Result<KernelAst> {
+    let entries: Punctuated<AttrEntry, Token![,]> =
+        syn::parse::Parser::parse2(Punctuated::parse_terminated, attr)?;
+    let sig = &item.sig;
+    if let Some(tok) = &sig.asyncness {
+        return Err(syn::Error::new(tok.span(), "kernels cannot be `async`"));
+    }
+    if let ReturnType::Type(_, ty) = &sig.output {
+        return Err(syn::Error::new(
+            ty.span(),
+            "kernels return nothing: write results with `store`",
+        ));
+    }
+
+    let mut consts = Vec::new();
+    for g in &sig.generics.params {
+        match g {
+            GenericParam::Const(c) => {
+                let ty = &c.ty;
+                let ty_name = quote::quote!(#ty).to_string();
+                if ty_name != "usize" {
+                    return Err(syn::Error::new(
+                        c.ty.span(),
+                        "kernel constants are `const NAME: usize`",
+                    ));
+                }
+                consts.push(ConstDecl {
+                    name: c.ident.to_string(),
+                    values: Vec::new(),
+                    span: c.ident.span(),
+                });
+            }
+            other => {
+                return Err(syn::Error::new(
+                    other.span(),
+                    "kernels take only const generics (`const BLOCK: usize`)",
+                ))
+            }
+        }
+    }
+
+    let mut num_warps = Vec::new();
+    let mut crate_path = None;
+    for entry in entries {
+        if entry.crate_path.is_some() {
+            crate_path = entry.crate_path;
+            continue;
+        }
+        let name = entry.name.to_string();
+        if name == "num_warps" {
+            for (v, span) in entry.values {
+                if !(1..=32).contains(&v) || (v as u64).count_ones() != 1 {
+                    return Err(syn::Error::new(
+                        span,
+                        format!("num_warps must be a power of two from 1 to 32, got {v}"),
+                    ));
+                }
+                num_warps.push(v as u32);
+            }
+            continue;
+        }
+        let Some(decl) = consts.iter_mut().find(|c| c.name == name) else {
+            return Err(syn::Error::new(
+                entry.name.span(),
+                format!("`{name}` is not a const generic of this kernel (declare `const {name}: usize`)"),
+            ));
+        };
+        if !decl.values.is_empty() {
+            return Err(syn::Error::new(
+                entry.name.span(),
+                format!("values for `{name}` are listed twice"),
+            ));
+        }
+        for (v, span) in entry.values {
+            if v < 0 {
+                return Err(syn::Error::new(span, "kernel constants are non-negative"));
+            }
+            decl.values.push(v);
+        }
+    }
+    for c in &consts {
+        if c.values.is_empty() {
+            return Err(syn::Error::new(
+                c.span,
+                format!(
+                    "constant `{}` has no listed values: add `{} = [..]` to `#[kernel(..)]`",
+                    c.name, c.name
+                ),
+            ));
+        }
+    }
+    if num_warps.is_empty() {
+        num_warps.push(DEFAULT_NUM_WARPS);
+    }
+
+    let mut params = Vec::new();
+    for arg in &sig.inputs {
+        let FnArg::Typed(pt) = arg else {
+            return Err(syn::Error::new(arg.span(), "kernels take no `self`"));
+        };
+        let Pat::Ident(pi) = &*pt.pat else {
+            return Err(syn::Error::new(
+                pt.pat.span(),
+                "parameters are plain names (`x: Ptr<f32>`)",
+            ));
+        };
+        let name = pi.ident.to_string();
+        let mut kind = param_kind(&pt.ty)?;
+        for attr in &pt.attrs {
+            if attr.path().is_ident("multiple_of") {
+                let lit: syn::LitInt = attr.parse_args()?;
+                let d: u32 = lit.base10_parse()?;
+                match kind {
+                    ParamKind::Scalar(dt) if dt.is_int() && d > 0 => {
+                        kind = ParamKind::ScalarMultipleOf(dt, d)
+                    }
+                    _ => {
+                        return Err(syn::Error::new(
+                            attr.span(),
+                            "`#[multiple_of(d)]` applies to integer scalars, with d > 0",
+                        ))
+                    }
+                }
+            } else {
+                return Err(syn::Error::new(
+                    attr.span(),
+                    "unknown parameter attribute (only `#[multiple_of(d)]`)",
+                ));
+            }
+        }
+        if params.iter().any(|p: &ParamDecl| p.name == name)
+            || consts.iter().any(|c| c.name == name)
+        {
+            return Err(syn::Error::new(
+                pi.ident.span(),
+                format!("`{name}` is declared twice"),
+            ));
+        }
+        params.push(ParamDecl {
+            name,
+            kind,
+            span: pi.ident.span(),
+        });
+    }
+
+    Ok(KernelAst {
+        name: sig.ident.clone(),
+        consts,
+        num_warps,
+        params,
+        body: (*item.block).clone(),
+        crate_path,
+    })
+}
+
+fn param_kind(ty: &Type) -> syn::Result<ParamKind> {
+    let err = || {
+        syn::Error::new(
+            ty.span(),
+            "parameters are `Ptr<T>` (T in f32, f16, bf16, i32, u32, i64, u8) or scalars (i32, u32, i64, f32)",
+        )
+    };
+    let Type::Path(tp) = ty else {
+        return Err(err());
+    };
+    let seg = tp.path.segments.last().ok_or_else(err)?;
+    let name = seg.ident.to_string();
+    if name == "Ptr" {
+        let syn::PathArguments::AngleBracketed(args) = &seg.arguments else {
+            return Err(err());
+        };
+        let Some(syn::GenericArgument::Type(Type::Path(inner))) = args.args.first() else {
+            return Err(err());
+        };
+        let inner_name = inner
+            .path
+            .segments
+            .last()
+            .map(|s| s.ident.to_string())
+            .unwrap_or_default();
+        return match DType::from_name(&inner_name) {
+            Some(d) if d != DType::Bool => Ok(ParamKind::Ptr(d)),
+            _ => Err(err()),
+        };
+    }
+    match DType::from_name(&name) {
+        Some(d @ (DType::I32 | DType::U32 | DType::I64 | DType::F32)) => Ok(ParamKind::Scalar(d)),
+        _ => Err(err()),
+    }
+}

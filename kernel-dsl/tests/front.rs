@@ -1,0 +1,201 @@
+//! Front end and inference: kernels from source text to typed IR, and the errors users see.
+
+use tilefuse_dsl::ir::{DType, Def, Elem, Expr, Stmt, Type};
+use tilefuse_dsl::{compile_source, Specialization};
+
+fn spec(consts: &[(&str, i64)], num_warps: u32) -> Specialization {
+    Specialization {
+        consts: consts.iter().map(|(n, v)| (n.to_string(), *v)).collect(),
+        num_warps,
+    }
+}
+
+const ADD: &str = r#"
+#[kernel(BLOCK = [64, 256])]
+fn add<const BLOCK: usize>(x: Ptr<f32>, y: Ptr<f32>, out: Ptr<f32>, n: i32) {
+    let offs = program_id(0) * BLOCK + arange(0, BLOCK);
+    let mask = offs < n;
+    let a = load(x + offs, mask, 0.0);
+    let b = load(y + offs, mask);
+    store(out + offs, a + b, mask);
+}
+"#;
+
+#[test]
+fn vector_add_types() {
+    let k = compile_source(ADD, &spec(&[("BLOCK", 64)], 4)).unwrap();
+    assert_eq!(k.name, "add");
+    assert_eq!(k.params.len(), 4);
+    assert_eq!(k.written_params(), vec![2]);
+    let mut saw_store = false;
+    k.body.visit(&mut |s| {
+        if let Stmt::Store {
+            ptr, value, mask, ..
+        } = s
+        {
+            saw_store = true;
+            assert_eq!(*k.ty(*ptr), Type::tile(Elem::Ptr(DType::F32), vec![64]));
+            assert_eq!(*k.ty(*value), Type::val(DType::F32, vec![64]));
+            assert_eq!(*k.ty(mask.unwrap()), Type::val(DType::Bool, vec![64]));
+        }
+    });
+    assert!(saw_store);
+    // The other specialization gets its own shapes.
+    let k = compile_source(ADD, &spec(&[("BLOCK", 256)], 8)).unwrap();
+    assert_eq!(k.num_warps, 8);
+    assert!(k
+        .values
+        .iter()
+        .any(|v| v.ty.as_ref().is_some_and(|t| t.shape == vec![256])));
+}
+
+#[test]
+fn loops_carry_and_branches_merge() {
+    let src = r#"
+#[kernel(BLOCK_N = [4], BLOCK_K = [128])]
+fn gemv<const BLOCK_N: usize, const BLOCK_K: usize>(w: Ptr<bf16>, x: Ptr<bf16>, y: Ptr<f32>, n: i32, k: i32) {
+    let rows = program_id(0) * BLOCK_N + arange(0, BLOCK_N);
+    let cols = arange(0, BLOCK_K);
+    let mut acc = zeros::<f32>([BLOCK_N, BLOCK_K]);
+    for k0 in (0..k).step_by(BLOCK_K) {
+        let c = k0 + cols;
+        let m = (rows.expand_dims(1) < n) & (c.expand_dims(0) < k);
+        let wt = load(w + rows.expand_dims(1) * k + c.expand_dims(0), m, 0.0);
+        let xt = load(x + c, c < k, 0.0);
+        acc += wt as f32 * (xt as f32).expand_dims(0);
+    }
+    let mut total = acc.sum(1);
+    if n > 100 {
+        total = total * 2.0;
+    }
+    store(y + rows, total, rows < n);
+}
+"#;
+    let k = compile_source(src, &spec(&[("BLOCK_N", 4), ("BLOCK_K", 128)], 4)).unwrap();
+    let mut fors = 0;
+    let mut ifs = 0;
+    k.body.visit(&mut |s| match s {
+        Stmt::For { carried, index, .. } => {
+            fors += 1;
+            assert_eq!(carried.len(), 1);
+            assert_eq!(*k.ty(carried[0].param), Type::val(DType::F32, vec![4, 128]));
+            assert_eq!(*k.ty(*index), Type::val(DType::I32, vec![]));
+        }
+        Stmt::If { merges, .. } => {
+            ifs += 1;
+            assert_eq!(merges.len(), 1);
+            assert_eq!(*k.ty(merges[0].result), Type::val(DType::F32, vec![4]));
+        }
+        _ => {}
+    });
+    assert_eq!((fors, ifs), (1, 1));
+}
+
+#[test]
+fn weak_literals_take_the_other_operands_type() {
+    let src = r#"
+#[kernel(B = [8])]
+fn k<const B: usize>(x: Ptr<bf16>, y: Ptr<i64>) {
+    let v = load(x + arange(0, B)) * 2;
+    store(x + arange(0, B), v);
+    store(y + arange(0, B), load(y + arange(0, B)) + 1);
+}
+"#;
+    let k = compile_source(src, &spec(&[("B", 8)], 1)).unwrap();
+    let lits: Vec<_> = k
+        .values
+        .iter()
+        .filter_map(|v| match &v.def {
+            Def::Expr(Expr::Literal(_)) => v.ty.clone(),
+            _ => None,
+        })
+        .collect();
+    assert!(lits.contains(&Type::val(DType::BF16, vec![])));
+    assert!(lits.contains(&Type::val(DType::I64, vec![])));
+}
+
+fn error_of(src: &str, consts: &[(&str, i64)]) -> String {
+    compile_source(src, &spec(consts, 4)).unwrap_err().message
+}
+
+#[test]
+fn shape_mismatch_is_reported_with_a_location() {
+    let e = error_of(
+        "#[kernel] fn k(x: Ptr<f32>) {\n let a = arange(0, 128) + arange(0, 64);\n}",
+        &[],
+    );
+    assert!(e.contains("shape mismatch"), "{e}");
+    assert!(e.contains("[128]") && e.contains("[64]"), "{e}");
+    assert!(e.starts_with("line 2"), "{e}");
+}
+
+#[test]
+fn mixed_dtypes_need_a_cast() {
+    let e = error_of(
+        "#[kernel] fn k(x: Ptr<f32>, y: Ptr<bf16>) { let a = load(x) + load(y); }",
+        &[],
+    );
+    assert!(
+        e.contains("mismatched types") && e.contains("f32") && e.contains("bf16"),
+        "{e}"
+    );
+    let e = error_of(
+        "#[kernel] fn k(x: Ptr<f32>, n: i32) { let a = load(x) * n; }",
+        &[],
+    );
+    assert!(e.contains("mismatched types"), "{e}");
+}
+
+#[test]
+fn unknown_op_runtime_shape_and_non_power_of_two() {
+    let e = error_of(
+        "#[kernel] fn k(x: Ptr<f32>) { let a = frobnicate(x); }",
+        &[],
+    );
+    assert!(e.contains("unknown op `frobnicate`"), "{e}");
+    let e = error_of(
+        "#[kernel] fn k(x: Ptr<f32>, n: i32) { let a = zeros::<f32>([n]); }",
+        &[],
+    );
+    assert!(e.contains("compile-time constant"), "{e}");
+    let e = error_of(
+        "#[kernel(B = [48])] fn k<const B: usize>(x: Ptr<f32>) { let a = arange(0, B); }",
+        &[("B", 48)],
+    );
+    assert!(e.contains("power of two") && e.contains("48"), "{e}");
+}
+
+#[test]
+fn constants_need_listed_values() {
+    let e = error_of(
+        "#[kernel] fn k<const B: usize>(x: Ptr<f32>) {}",
+        &[("B", 4)],
+    );
+    assert!(e.contains("constant `B` has no listed values"), "{e}");
+}
+
+#[test]
+fn stores_check_the_pointee_type() {
+    let e = error_of(
+        "#[kernel] fn k(x: Ptr<bf16>, y: Ptr<f32>) { store(x, load(y)); }",
+        &[],
+    );
+    assert!(e.contains("convert with `as bf16`"), "{e}");
+}
+
+#[test]
+fn float_literals_never_become_integers() {
+    let e = error_of(
+        "#[kernel] fn k(x: Ptr<i32>) { store(x, load(x) + 1.5); }",
+        &[],
+    );
+    assert!(e.contains("float literal"), "{e}");
+}
+
+#[test]
+fn immutable_assignment_and_unknown_names() {
+    let e = error_of("#[kernel] fn k(x: Ptr<i32>) { let a = 1; a = 2; }", &[]);
+    assert!(e.contains("immutable"), "{e}");
+    let e = error_of("#[kernel] fn k(x: Ptr<i32>) { store(x, y); }", &[]);
+    assert!(e.contains("unknown name `y`"), "{e}");
+}
