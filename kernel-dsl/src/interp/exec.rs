@@ -426,13 +426,15 @@ impl<'k, 'b, 'a> Exec<'k, 'b, 'a> {
                         d if d.is_float() => Data::F(vec![ops::int_to_float(d, x)]),
                         d => Data::I(vec![ops::wrap_i(d, x)]),
                     },
-                    Literal::Float(x, _) => {
-                        let f = Data::F(vec![ops::f64_to_float(DType::F32, x)]);
-                        match d {
-                            d if d.is_float() => Data::F(vec![ops::f64_to_float(d, x)]),
-                            d => ops::cast(&f, DType::F32, d)?,
-                        }
-                    }
+                    // Straight from the written f64: one rounding (or truncation).
+                    Literal::Float(x, _) => match d {
+                        DType::Bool => Data::B(vec![x != 0.0]),
+                        d if d.is_float() => Data::F(vec![ops::f64_to_float(d, x)]),
+                        DType::U8 => Data::I(vec![x as u8 as i64]),
+                        DType::I32 => Data::I(vec![x as i32 as i64]),
+                        DType::U32 => Data::I(vec![x as u32 as i64]),
+                        _ => Data::I(vec![x as i64]),
+                    },
                     Literal::Bool(b) => ops::cast(&Data::B(vec![b]), DType::Bool, d)?,
                 };
                 one.splat(ty.numel())?
@@ -456,6 +458,12 @@ impl<'k, 'b, 'a> Exec<'k, 'b, 'a> {
             Expr::Broadcast { value, shape } => {
                 let from = &k.ty(*value).shape;
                 let src = get(env, *value)?;
+                if src.len() != from.iter().product::<usize>() {
+                    return Err(format!(
+                        "{value} has {} elements for shape {from:?}",
+                        src.len()
+                    ));
+                }
                 if from == shape {
                     src.clone()
                 } else {
@@ -689,6 +697,12 @@ impl<'k, 'b, 'a> Exec<'k, 'b, 'a> {
 
 /// Checks the arguments against the parameters (count, kinds, buffer lengths).
 pub(crate) fn check_args(kernel: &Kernel, args: &[Arg<'_>]) -> Result<(), String> {
+    if let Some(i) = kernel.values.iter().position(|v| v.ty.is_none()) {
+        return Err(format!(
+            "{} has no type: the interpreter runs typed kernels only",
+            ValueId(i as u32)
+        ));
+    }
     if args.len() != kernel.params.len() {
         return Err(format!(
             "{} arguments for {} parameters",

@@ -924,3 +924,25 @@ fn f16_sigmoid_kernel() {
         assert_eq!(f16::from_le_bytes([c[0], c[1]]), want, "x={x}");
     }
 }
+
+#[test]
+fn untyped_kernels_and_literals() {
+    let mut b = Kb::new("lits");
+    let out = b.ptr("out", DType::I32);
+    let big = b.lit(Literal::Float(3e9, None), DType::I32);
+    let neg = b.lit(Literal::Float(-2.7, None), DType::I32);
+    let wrap = b.lit(Literal::Int(1 << 32 | 5, None), DType::I32);
+    let t = b.lit(Literal::Bool(true), DType::I32);
+    for (i, v) in [big, neg, wrap, t].into_iter().enumerate() {
+        let o = b.i32(i as i64);
+        let p = b.add_ptr(out, o);
+        b.store(p, v, None);
+    }
+    let mut k = b.finish();
+    let mut ob = vec![0u8; 16];
+    run(&k, [1, 1, 1], &mut [Arg::Write(&mut ob)]).unwrap();
+    assert_eq!(bytes_i32(&ob), [i32::MAX, -2, 5, 1]);
+    k.values[1].ty = None;
+    let e = run(&k, [1, 1, 1], &mut [Arg::Write(&mut ob)]).unwrap_err();
+    assert!(e.message.contains("typed kernels only"), "{e}");
+}
