@@ -1,0 +1,199 @@
+//! Axis analysis: contiguity, divisibility and constancy of integer and pointer tiles.
+//!
+//! Per tile dim: `contig` = length of the aligned runs (in tile index) over which the value
+//! increases by one; `div` = the power of two dividing the first value of each run (bytes
+//! for pointers); `cons` = length of the aligned runs over which the value is constant.
+//! Scalars use one entry (only `div` matters). All numbers are powers of two.
+
+use crate::ir::{BinaryOp, Block, CmpOp, Def, Expr, Kernel, Literal, ParamKind, Stmt, ValueId};
+
+const MAX_DIV: u64 = 1 << 30;
+
+/// What is known about one value.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AxisInfo {
+    /// Contiguity per dim.
+    pub contig: Vec<u64>,
+    /// Divisibility per dim.
+    pub div: Vec<u64>,
+    /// Constancy per dim.
+    pub cons: Vec<u64>,
+}
+
+impl AxisInfo {
+    fn unknown(rank: usize) -> AxisInfo {
+        let n = rank.max(1);
+        AxisInfo {
+            contig: vec![1; n],
+            div: vec![1; n],
+            cons: vec![1; n],
+        }
+    }
+}
+
+fn pow2_div(x: i64) -> u64 {
+    if x == 0 {
+        MAX_DIV
+    } else {
+        (1u64 << x.unsigned_abs().trailing_zeros()).min(MAX_DIV)
+    }
+}
+
+/// Computes the axis info of every value.
+pub fn analyze(k: &Kernel) -> Vec<AxisInfo> {
+    let mut info: Vec<AxisInfo> = k
+        .values
+        .iter()
+        .map(|v| AxisInfo::unknown(v.ty.as_ref().map_or(0, |t| t.shape.len())))
+        .collect();
+    block(k, &k.body, &mut info);
+    info
+}
+
+fn block(k: &Kernel, b: &Block, info: &mut [AxisInfo]) {
+    for stmt in &b.stmts {
+        match stmt {
+            Stmt::Let(v) => {
+                if let Def::Expr(e) = &k.value(*v).def {
+                    info[v.index()] = expr(k, *v, e, info);
+                }
+            }
+            Stmt::Store { .. } => {}
+            // The index of a loop is a multiple of what divides both its start and step;
+            // loop-carried and merged values keep the pessimistic default.
+            Stmt::For {
+                index,
+                start,
+                step,
+                body,
+                ..
+            } => {
+                let d = info[start.index()].div[0].min(info[step.index()].div[0]);
+                info[index.index()].div[0] = d;
+                block(k, body, info)
+            }
+            Stmt::If {
+                then_body,
+                else_body,
+                ..
+            } => {
+                block(k, then_body, info);
+                block(k, else_body, info);
+            }
+        }
+    }
+}
+
+fn expr(k: &Kernel, v: ValueId, e: &Expr, info: &[AxisInfo]) -> AxisInfo {
+    let ty = k.ty(v);
+    let shape: Vec<u64> = ty.shape.iter().map(|&n| n as u64).collect();
+    let rank = shape.len();
+    let mut out = AxisInfo::unknown(rank);
+    let get = |x: &ValueId| info[x.index()].clone();
+    match e {
+        Expr::Param(i) => {
+            out.div[0] = match k.params[*i].kind {
+                ParamKind::Ptr(_) => 16,
+                ParamKind::ScalarMultipleOf(_, d) => pow2_div(d as i64),
+                ParamKind::Scalar(_) => 1,
+            }
+        }
+        Expr::Literal(Literal::Int(c, _)) => out.div[0] = pow2_div(*c),
+        Expr::Arange { start, end } => {
+            out.contig[0] = (end - start) as u64;
+            out.div[0] = pow2_div(*start);
+        }
+        Expr::Splat { value, .. } => {
+            let d = get(value).div[0];
+            out.div = vec![d; rank];
+            out.cons = shape.clone();
+        }
+        Expr::Broadcast { value, .. } => {
+            let src = get(value);
+            let src_shape = &k.ty(*value).shape;
+            for t in 0..rank {
+                if src_shape[t] == 1 && shape[t] != 1 {
+                    out.cons[t] = shape[t];
+                    out.div[t] = src.div[t];
+                } else {
+                    out.contig[t] = src.contig[t];
+                    out.div[t] = src.div[t];
+                    out.cons[t] = src.cons[t];
+                }
+            }
+        }
+        Expr::ExpandDims { value, axis } => {
+            let src = get(value);
+            let d = src.div.iter().copied().min().unwrap_or(1);
+            let mut c = src.contig.clone();
+            let mut dv = src.div.clone();
+            let mut n = src.cons.clone();
+            if k.ty(*value).is_scalar() {
+                c.clear();
+                dv.clear();
+                n.clear();
+            }
+            c.insert(*axis, 1);
+            dv.insert(*axis, d);
+            n.insert(*axis, 1);
+            out = AxisInfo {
+                contig: c,
+                div: dv,
+                cons: n,
+            };
+        }
+        Expr::Binary { op, lhs, rhs } => {
+            let (a, b) = (get(lhs), get(rhs));
+            for t in 0..out.div.len() {
+                match op {
+                    BinaryOp::Add | BinaryOp::Sub => {
+                        out.contig[t] = a.contig[t].min(b.cons[t]);
+                        if *op == BinaryOp::Add {
+                            out.contig[t] = out.contig[t].max(a.cons[t].min(b.contig[t]));
+                        }
+                        out.div[t] = a.div[t].min(b.div[t]);
+                        out.cons[t] = a.cons[t].min(b.cons[t]);
+                    }
+                    BinaryOp::Mul => {
+                        out.div[t] = (a.div[t] * b.div[t]).min(MAX_DIV);
+                        out.cons[t] = a.cons[t].min(b.cons[t]);
+                    }
+                    _ => out.cons[t] = a.cons[t].min(b.cons[t]),
+                }
+            }
+        }
+        Expr::AddPtr { ptr, offset } => {
+            let (a, b) = (get(ptr), get(offset));
+            let es = ty.pointee().map_or(1, |d| d.size_bytes()) as u64;
+            for t in 0..out.div.len() {
+                out.contig[t] = a.cons[t].min(b.contig[t]);
+                out.div[t] = a.div[t].min((b.div[t] * es).min(MAX_DIV));
+                out.cons[t] = a.cons[t].min(b.cons[t]);
+            }
+        }
+        Expr::Compare { op, lhs, rhs } => {
+            let (a, b) = (get(lhs), get(rhs));
+            for t in 0..out.div.len() {
+                let mut c = a.cons[t].min(b.cons[t]);
+                // `contiguous < multiple of g` is uniform over aligned runs of g.
+                if matches!(op, CmpOp::Lt | CmpOp::Ge) {
+                    c = c.max(a.contig[t].min(a.div[t]).min(b.div[t]).min(b.cons[t]));
+                }
+                out.cons[t] = c;
+            }
+        }
+        Expr::Select { cond, then, other } => {
+            let (c, a, b) = (get(cond), get(then), get(other));
+            for t in 0..out.div.len() {
+                let ct = if c.cons.len() > t { c.cons[t] } else { 1 };
+                out.cons[t] = a.cons[t].min(b.cons[t]).min(ct);
+            }
+        }
+        Expr::Cast { value, .. } => {
+            let a = get(value);
+            out.cons = a.cons;
+        }
+        _ => {}
+    }
+    out
+}

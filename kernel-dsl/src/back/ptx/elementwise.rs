@@ -1,0 +1,395 @@
+//! Per-element instructions: parameters, literals, program ids, unary, binary, compare,
+//! select, cast and pointer arithmetic. f16/bf16 compute in f32 and round every result.
+
+use super::emit::{Emitter, Res};
+use super::regs::{bit_ty, f32_imm, int_ty, rk, Rk};
+use crate::ir::{BinaryOp, CmpOp, DType, Expr, Literal, ParamKind, UnaryOp, ValueId};
+
+const LOG2E: f32 = std::f32::consts::LOG2_E;
+const LN2: f32 = std::f32::consts::LN_2;
+
+impl Emitter<'_> {
+    /// One element of an elementwise expression (also scalar leaves), from operand registers.
+    pub fn elementwise(&mut self, v: ValueId, e: &Expr, a: &[String]) -> Res<String> {
+        let ty = self.k.ty(v).clone();
+        match e {
+            Expr::Param(i) => {
+                let d = self.reg(self.rk_of(v));
+                match self.k.params[*i].kind {
+                    ParamKind::Ptr(_) => {
+                        self.ins(format!("ld.param.u64 {d}, [p{i}]"));
+                        self.ins(format!("cvta.to.global.u64 {d}, {d}"));
+                    }
+                    ParamKind::Scalar(t) | ParamKind::ScalarMultipleOf(t, _) => {
+                        let pt = param_ty(t).ok_or(()).or_else(|_| {
+                            self.err(format!("scalar parameters of type {t} are not supported"))
+                        })?;
+                        self.ins(format!("ld.param.{pt} {d}, [p{i}]"));
+                    }
+                }
+                Ok(d)
+            }
+            Expr::Literal(lit) => {
+                let dt = ty.dtype().unwrap_or(DType::I32);
+                self.literal(*lit, dt)
+            }
+            Expr::ProgramId(axis) | Expr::NumPrograms(axis) => {
+                let d = self.reg(Rk::R);
+                let reg = if matches!(e, Expr::ProgramId(_)) {
+                    "ctaid"
+                } else {
+                    "nctaid"
+                };
+                let c = ["x", "y", "z"].get(*axis as usize).copied();
+                let Some(c) = c else {
+                    return self.err(format!("program axis {axis} is out of range (0..3)"));
+                };
+                self.ins(format!("mov.u32 {d}, %{reg}.{c}"));
+                Ok(d)
+            }
+            Expr::Unary { op, arg } => {
+                let dt = self.k.ty(*arg).dtype().unwrap();
+                self.unary(*op, dt, &a[0])
+            }
+            Expr::Binary { op, lhs, .. } => {
+                let dt = self.k.ty(*lhs).dtype().unwrap();
+                self.binary(*op, dt, &a[0], &a[1])
+            }
+            Expr::Compare { op, lhs, .. } => {
+                let dt = self.k.ty(*lhs).dtype().unwrap();
+                self.compare(*op, dt, &a[0], &a[1])
+            }
+            Expr::Select { .. } => {
+                let kind = self.rk_of(v);
+                let d = self.reg(kind);
+                if kind == Rk::P {
+                    let (t1, t2) = (self.reg(Rk::P), self.reg(Rk::P));
+                    self.ins(format!("and.pred {t1}, {}, {}", a[0], a[1]));
+                    self.ins(format!("not.pred {t2}, {}", a[0]));
+                    self.ins(format!("and.pred {t2}, {t2}, {}", a[2]));
+                    self.ins(format!("or.pred {d}, {t1}, {t2}"));
+                } else {
+                    self.ins(format!(
+                        "selp.{} {d}, {}, {}, {}",
+                        kind.bits(),
+                        a[1],
+                        a[2],
+                        a[0]
+                    ));
+                }
+                Ok(d)
+            }
+            Expr::Cast { value, to } => {
+                let from = self.k.ty(*value).dtype().unwrap();
+                self.cast(from, *to, &a[0])
+            }
+            Expr::AddPtr { ptr, offset } => {
+                let es = self.k.ty(*ptr).pointee().unwrap().size_bytes();
+                let odt = self.k.ty(*offset).dtype().unwrap();
+                let t = self.reg(Rk::D);
+                match odt {
+                    DType::I32 => self.ins(format!("mul.wide.s32 {t}, {}, {es}", a[1])),
+                    DType::U32 | DType::U8 => self.ins(format!("mul.wide.u32 {t}, {}, {es}", a[1])),
+                    DType::I64 => self.ins(format!("mul.lo.s64 {t}, {}, {es}", a[1])),
+                    _ => return self.err(format!("pointer offsets must be integers, not {odt}")),
+                }
+                let d = self.reg(Rk::D);
+                self.ins(format!("add.s64 {d}, {}, {t}", a[0]));
+                Ok(d)
+            }
+            other => self.err(format!("cannot lower {other:?} per element")),
+        }
+    }
+
+    /// A literal of a dtype.
+    pub fn literal(&mut self, lit: Literal, dt: DType) -> Res<String> {
+        let (i, f) = match lit {
+            Literal::Int(i, _) => (i, i as f64),
+            Literal::Float(f, _) => (f as i64, f),
+            Literal::Bool(b) => (b as i64, b as i64 as f64),
+        };
+        let d = self.reg(rk(dt));
+        match dt {
+            DType::Bool => self.ins(format!("setp.ne.u32 {d}, {}, 0", (i != 0) as u32)),
+            DType::U8 => self.ins(format!("mov.u32 {d}, {}", i & 255)),
+            DType::I32 | DType::U32 => self.ins(format!("mov.b32 {d}, {}", i as u32)),
+            DType::I64 => self.ins(format!("mov.b64 {d}, {i}")),
+            DType::F32 => self.ins(format!("mov.f32 {d}, {}", f32_imm(f as f32))),
+            DType::F16 => self.ins(format!(
+                "mov.b16 {d}, 0x{:04X}",
+                half::f16::from_f64(f).to_bits()
+            )),
+            DType::BF16 => self.ins(format!(
+                "mov.b16 {d}, 0x{:04X}",
+                half::bf16::from_f64(f).to_bits()
+            )),
+        }
+        Ok(d)
+    }
+
+    /// Widens a float register to f32.
+    pub fn up(&mut self, dt: DType, a: &str) -> String {
+        match dt {
+            DType::F16 => {
+                let f = self.reg(Rk::F);
+                self.ins(format!("cvt.f32.f16 {f}, {a}"));
+                f
+            }
+            DType::BF16 => {
+                // bf16 is the high half of an f32.
+                let (t, f) = (self.reg(Rk::R), self.reg(Rk::F));
+                self.ins(format!("cvt.u32.u16 {t}, {a}"));
+                self.ins(format!("shl.b32 {t}, {t}, 16"));
+                self.ins(format!("mov.b32 {f}, {t}"));
+                f
+            }
+            _ => a.to_string(),
+        }
+    }
+
+    /// Rounds an f32 register to a float dtype (nearest even).
+    pub fn down(&mut self, dt: DType, f: &str) -> String {
+        match dt {
+            DType::F16 | DType::BF16 => {
+                let h = self.reg(Rk::H);
+                let n = if dt == DType::F16 { "f16" } else { "bf16" };
+                self.ins(format!("cvt.rn.{n}.f32 {h}, {f}"));
+                h
+            }
+            _ => f.to_string(),
+        }
+    }
+
+    fn unary(&mut self, op: UnaryOp, dt: DType, a: &str) -> Res<String> {
+        if dt == DType::Bool {
+            if op != UnaryOp::Not {
+                return self.err(format!("{op:?} is not defined on bool"));
+            }
+            let d = self.reg(Rk::P);
+            self.ins(format!("not.pred {d}, {a}"));
+            return Ok(d);
+        }
+        if dt.is_int() {
+            let (t, b) = (int_ty(dt), bit_ty(dt));
+            let d = self.reg(rk(dt));
+            match op {
+                UnaryOp::Neg => self.ins(format!(
+                    "neg.{} {d}, {a}",
+                    if dt == DType::I64 { "s64" } else { "s32" }
+                )),
+                UnaryOp::Not => self.ins(format!("not.{b} {d}, {a}")),
+                UnaryOp::Abs if dt.is_signed_int() => self.ins(format!("abs.{t} {d}, {a}")),
+                UnaryOp::Abs => self.ins(format!("mov.{b} {d}, {a}")),
+                _ => return self.err(format!("{op:?} needs a float operand, not {dt}")),
+            }
+            if dt == DType::U8 {
+                self.ins(format!("and.b32 {d}, {d}, 255"));
+            }
+            return Ok(d);
+        }
+        let x = self.up(dt, a);
+        let d = self.reg(Rk::F);
+        match op {
+            UnaryOp::Neg => self.ins(format!("neg.f32 {d}, {x}")),
+            UnaryOp::Abs => self.ins(format!("abs.f32 {d}, {x}")),
+            UnaryOp::Not => return self.err(format!("`!` is not defined on {dt}")),
+            UnaryOp::Exp => {
+                self.ins(format!("mul.rn.f32 {d}, {x}, {}", f32_imm(LOG2E)));
+                self.ins(format!("ex2.approx.ftz.f32 {d}, {d}"));
+            }
+            UnaryOp::Exp2 => self.ins(format!("ex2.approx.ftz.f32 {d}, {x}")),
+            UnaryOp::Log => {
+                self.ins(format!("lg2.approx.ftz.f32 {d}, {x}"));
+                self.ins(format!("mul.rn.f32 {d}, {d}, {}", f32_imm(LN2)));
+            }
+            UnaryOp::Log2 => self.ins(format!("lg2.approx.ftz.f32 {d}, {x}")),
+            UnaryOp::Sqrt => self.ins(format!("sqrt.rn.f32 {d}, {x}")),
+            UnaryOp::Rsqrt => self.ins(format!("rsqrt.approx.ftz.f32 {d}, {x}")),
+            UnaryOp::Sin => self.ins(format!("sin.approx.ftz.f32 {d}, {x}")),
+            UnaryOp::Cos => self.ins(format!("cos.approx.ftz.f32 {d}, {x}")),
+            UnaryOp::Tanh => self.ins(format!("tanh.approx.f32 {d}, {x}")),
+            UnaryOp::Sigmoid => {
+                self.ins(format!("mul.rn.f32 {d}, {x}, {}", f32_imm(-LOG2E)));
+                self.ins(format!("ex2.approx.ftz.f32 {d}, {d}"));
+                self.ins(format!("add.rn.f32 {d}, {d}, {}", f32_imm(1.0)));
+                self.ins(format!("rcp.rn.f32 {d}, {d}"));
+            }
+            UnaryOp::Floor => self.ins(format!("cvt.rmi.f32.f32 {d}, {x}")),
+            UnaryOp::Ceil => self.ins(format!("cvt.rpi.f32.f32 {d}, {x}")),
+        }
+        Ok(self.down(dt, &d))
+    }
+
+    fn binary(&mut self, op: BinaryOp, dt: DType, a: &str, b: &str) -> Res<String> {
+        use BinaryOp::*;
+        if dt == DType::Bool {
+            let d = self.reg(Rk::P);
+            let i = match op {
+                And | Min | Mul => "and",
+                Or | Max => "or",
+                Xor => "xor",
+                _ => return self.err(format!("{op:?} is not defined on bool")),
+            };
+            self.ins(format!("{i}.pred {d}, {a}, {b}"));
+            return Ok(d);
+        }
+        if dt.is_int() {
+            let (t, bt) = (int_ty(dt), bit_ty(dt));
+            let d = self.reg(rk(dt));
+            let mut wrap = false;
+            match op {
+                Add => {
+                    self.ins(format!("add.{t} {d}, {a}, {b}"));
+                    wrap = true;
+                }
+                Sub => {
+                    self.ins(format!("sub.{t} {d}, {a}, {b}"));
+                    wrap = true;
+                }
+                Mul => {
+                    self.ins(format!("mul.lo.{t} {d}, {a}, {b}"));
+                    wrap = true;
+                }
+                Div => self.ins(format!("div.{t} {d}, {a}, {b}")),
+                Rem => self.ins(format!("rem.{t} {d}, {a}, {b}")),
+                And => self.ins(format!("and.{bt} {d}, {a}, {b}")),
+                Or => self.ins(format!("or.{bt} {d}, {a}, {b}")),
+                Xor => self.ins(format!("xor.{bt} {d}, {a}, {b}")),
+                Max => self.ins(format!("max.{t} {d}, {a}, {b}")),
+                Min => self.ins(format!("min.{t} {d}, {a}, {b}")),
+                Shl | Shr => {
+                    // PTX shifts clamp at the width: the language semantics.
+                    let amt = if dt == DType::I64 {
+                        let (c, s) = (self.reg(Rk::D), self.reg(Rk::R));
+                        self.ins(format!("min.u64 {c}, {b}, 64"));
+                        self.ins(format!("cvt.u32.u64 {s}, {c}"));
+                        s
+                    } else {
+                        b.to_string()
+                    };
+                    if op == Shl {
+                        self.ins(format!("shl.{bt} {d}, {a}, {amt}"));
+                        wrap = true;
+                    } else {
+                        self.ins(format!("shr.{t} {d}, {a}, {amt}"));
+                    }
+                }
+            }
+            if wrap && dt == DType::U8 {
+                self.ins(format!("and.b32 {d}, {d}, 255"));
+            }
+            return Ok(d);
+        }
+        let (x, y) = (self.up(dt, a), self.up(dt, b));
+        let d = self.reg(Rk::F);
+        // Explicit `.rn` keeps ptxas from contracting mul+add into fma (bit-exactness).
+        let i = match op {
+            Add => "add.rn.f32",
+            Sub => "sub.rn.f32",
+            Mul => "mul.rn.f32",
+            Div => "div.rn.f32",
+            Max => "max.f32",
+            Min => "min.f32",
+            _ => return self.err(format!("{op:?} is not supported on {dt}")),
+        };
+        self.ins(format!("{i} {d}, {x}, {y}"));
+        Ok(self.down(dt, &d))
+    }
+
+    fn compare(&mut self, op: CmpOp, dt: DType, a: &str, b: &str) -> Res<String> {
+        let d = self.reg(Rk::P);
+        let (a, b, t) = if dt == DType::Bool {
+            let (x, y) = (self.reg(Rk::R), self.reg(Rk::R));
+            self.ins(format!("selp.u32 {x}, 1, 0, {a}"));
+            self.ins(format!("selp.u32 {y}, 1, 0, {b}"));
+            (x, y, "u32")
+        } else if dt.is_float() {
+            (self.up(dt, a), self.up(dt, b), "f32")
+        } else {
+            (a.to_string(), b.to_string(), int_ty(dt))
+        };
+        let c = match op {
+            CmpOp::Eq => "eq",
+            // Float `!=` holds for NaN (unordered).
+            CmpOp::Ne if t == "f32" => "neu",
+            CmpOp::Ne => "ne",
+            CmpOp::Lt => "lt",
+            CmpOp::Le => "le",
+            CmpOp::Gt => "gt",
+            CmpOp::Ge => "ge",
+        };
+        self.ins(format!("setp.{c}.{t} {d}, {a}, {b}"));
+        Ok(d)
+    }
+
+    /// Converts one element between dtypes with the language's cast semantics.
+    pub fn cast(&mut self, from: DType, to: DType, a: &str) -> Res<String> {
+        if from == to {
+            return Ok(a.to_string());
+        }
+        let d = self.reg(rk(to));
+        match (from, to) {
+            (_, DType::Bool) => {
+                if from.is_float() {
+                    let x = self.up(from, a);
+                    self.ins(format!("setp.neu.f32 {d}, {x}, 0f00000000"));
+                } else {
+                    self.ins(format!("setp.ne.{} {d}, {a}, 0", int_ty(from)));
+                }
+            }
+            (DType::Bool, _) => match to {
+                DType::F32 => self.ins(format!("selp.f32 {d}, 0f3F800000, 0f00000000, {a}")),
+                DType::F16 => self.ins(format!("selp.b16 {d}, 0x3C00, 0x0000, {a}")),
+                DType::BF16 => self.ins(format!("selp.b16 {d}, 0x3F80, 0x0000, {a}")),
+                DType::I64 => self.ins(format!("selp.b64 {d}, 1, 0, {a}")),
+                _ => self.ins(format!("selp.b32 {d}, 1, 0, {a}")),
+            },
+            _ if from.is_float() && to.is_float() => {
+                let x = self.up(from, a);
+                let r = self.down(to, &x);
+                return Ok(r);
+            }
+            _ if from.is_float() => {
+                // cvt saturates and maps NaN to 0.
+                let x = self.up(from, a);
+                match to {
+                    DType::I32 => self.ins(format!("cvt.rzi.s32.f32 {d}, {x}")),
+                    DType::U32 => self.ins(format!("cvt.rzi.u32.f32 {d}, {x}")),
+                    DType::I64 => self.ins(format!("cvt.rzi.s64.f32 {d}, {x}")),
+                    _ => {
+                        self.ins(format!("cvt.rzi.u32.f32 {d}, {x}"));
+                        self.ins(format!("min.u32 {d}, {d}, 255"));
+                    }
+                }
+            }
+            _ if to.is_float() => {
+                let f = self.reg(Rk::F);
+                self.ins(format!("cvt.rn.f32.{} {f}, {a}", int_ty(from)));
+                return Ok(self.down(to, &f));
+            }
+            _ => match (from, to) {
+                (DType::I32, DType::I64) => self.ins(format!("cvt.s64.s32 {d}, {a}")),
+                (_, DType::I64) => self.ins(format!("cvt.u64.u32 {d}, {a}")),
+                (DType::I64, DType::U8) => {
+                    self.ins(format!("cvt.u32.u64 {d}, {a}"));
+                    self.ins(format!("and.b32 {d}, {d}, 255"));
+                }
+                (DType::I64, _) => self.ins(format!("cvt.u32.u64 {d}, {a}")),
+                (_, DType::U8) => self.ins(format!("and.b32 {d}, {a}, 255")),
+                _ => self.ins(format!("mov.b32 {d}, {a}")),
+            },
+        }
+        Ok(d)
+    }
+}
+
+/// The `.param` type of a scalar parameter.
+pub fn param_ty(t: DType) -> Option<&'static str> {
+    match t {
+        DType::I32 => Some("s32"),
+        DType::U32 => Some("u32"),
+        DType::I64 => Some("s64"),
+        DType::F32 => Some("f32"),
+        _ => None,
+    }
+}

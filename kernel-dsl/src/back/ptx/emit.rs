@@ -1,0 +1,639 @@
+//! The emitter: registers, per-layout thread coordinates, value materialization in a
+//! requested layout (rematerialization or a shared-memory conversion), statements and
+//! control flow. Elementwise ops live in `elementwise.rs`, memory ops in `memory.rs`,
+//! reductions in `reduce.rs`, `dot` in `dot.rs`.
+
+use std::collections::HashMap;
+use std::fmt::Write;
+
+use super::axis::AxisInfo;
+use super::layout::{Layout, Layouts};
+use super::regs::{rk, rk_elem, Rk};
+use crate::error::CompileError;
+use crate::ir::{Block, Def, Expr, Kernel, Loc, Stmt, ValueId};
+
+/// Thread-dependent registers of one layout, computed once in the prologue.
+#[derive(Clone, Debug)]
+pub struct Coords {
+    /// Tile index of the thread's first element along each space dim.
+    pub base: Vec<String>,
+    /// Whether the thread owns its copy (absent when nothing is replicated).
+    pub owner: Option<String>,
+    /// Row-major linear tile index of the thread's first element.
+    pub lin: String,
+}
+
+/// Code generation state for one kernel.
+pub struct Emitter<'k> {
+    /// The kernel.
+    pub k: &'k Kernel,
+    /// Layout of every value.
+    pub lay: Layouts,
+    /// Axis info of every value.
+    pub axis: Vec<AxisInfo>,
+    /// The body text.
+    pub code: String,
+    /// Code run once at entry (thread coordinates), before the body.
+    pub pro: String,
+    counts: HashMap<Rk, u32>,
+    vals: Vec<Option<Vec<String>>>,
+    cache: Vec<HashMap<(ValueId, Layout), Vec<String>>>,
+    coords: HashMap<Layout, Coords>,
+    /// Static shared memory needed, in bytes.
+    pub smem: u32,
+    labels: u32,
+    /// Per parameter: never written, so loads may use the non-coherent path.
+    pub readonly: Vec<bool>,
+    /// `%tid.x`, lane and warp ids.
+    pub tid: String,
+    lane: String,
+    warp: String,
+    /// 32-bit shared address of the shared buffer.
+    pub smem_base: String,
+    /// `tid == 0`: issues scalar stores and atomics.
+    pub tid0: String,
+    /// Where errors point.
+    pub loc: Loc,
+}
+
+/// Shorthand for results of this backend.
+pub type Res<T> = Result<T, CompileError>;
+
+impl<'k> Emitter<'k> {
+    /// A fresh emitter.
+    pub fn new(k: &'k Kernel, lay: Layouts, axis: Vec<AxisInfo>) -> Self {
+        let written = k.written_params();
+        let mut e = Emitter {
+            k,
+            lay,
+            axis,
+            code: String::new(),
+            pro: String::new(),
+            counts: HashMap::new(),
+            vals: vec![None; k.values.len()],
+            cache: vec![HashMap::new()],
+            coords: HashMap::new(),
+            smem: 0,
+            labels: 0,
+            readonly: (0..k.params.len()).map(|i| !written.contains(&i)).collect(),
+            tid: String::new(),
+            lane: String::new(),
+            warp: String::new(),
+            smem_base: String::new(),
+            tid0: String::new(),
+            loc: Loc::default(),
+        };
+        e.tid = e.reg(Rk::R);
+        e.lane = e.reg(Rk::R);
+        e.warp = e.reg(Rk::R);
+        e.smem_base = e.reg(Rk::R);
+        e.tid0 = e.reg(Rk::P);
+        let (t, l, w, s, z) = (
+            e.tid.clone(),
+            e.lane.clone(),
+            e.warp.clone(),
+            e.smem_base.clone(),
+            e.tid0.clone(),
+        );
+        for line in [
+            format!("mov.u32 {t}, %tid.x"),
+            format!("and.b32 {l}, {t}, 31"),
+            format!("shr.u32 {w}, {t}, 5"),
+            format!("mov.u32 {s}, tf_smem"),
+            format!("setp.eq.u32 {z}, {t}, 0"),
+        ] {
+            let _ = writeln!(e.pro, "\t{line};");
+        }
+        e
+    }
+
+    /// The warp id register.
+    pub fn warp_reg(&self) -> String {
+        self.warp.clone()
+    }
+
+    /// A new register of a class.
+    pub fn reg(&mut self, k: Rk) -> String {
+        let n = self.counts.entry(k).or_insert(0);
+        *n += 1;
+        format!("{}{}", k.prefix(), *n - 1)
+    }
+
+    /// The `.reg` declarations for every register used.
+    pub fn decls(&self) -> String {
+        let mut s = String::new();
+        for k in Rk::ALL {
+            if let Some(n) = self.counts.get(&k) {
+                let _ = writeln!(s, "\t.reg {} {}<{}>;", k.decl(), k.prefix(), n);
+            }
+        }
+        s
+    }
+
+    /// Appends one instruction.
+    pub fn ins(&mut self, s: impl AsRef<str>) {
+        let _ = writeln!(self.code, "\t{};", s.as_ref());
+    }
+
+    /// Appends a label.
+    pub fn label(&mut self, l: &str) {
+        let _ = writeln!(self.code, "{l}:");
+    }
+
+    /// A fresh label name.
+    pub fn new_label(&mut self, what: &str) -> String {
+        self.labels += 1;
+        format!("$L_{what}_{}", self.labels)
+    }
+
+    /// An error at the current value.
+    pub fn err<T>(&self, msg: impl Into<String>) -> Res<T> {
+        Err(CompileError::new(
+            self.loc,
+            format!("kernel `{}`: {}", self.k.name, msg.into()),
+        ))
+    }
+
+    /// Reserves `bytes` of the shared buffer (every use starts at offset 0: uses are
+    /// separated by barriers).
+    pub fn need_smem(&mut self, bytes: u32) -> Res<()> {
+        if bytes > 48 * 1024 {
+            return self.err(format!(
+                "needs {bytes} bytes of shared memory (more than 48 KiB); use smaller tiles"
+            ));
+        }
+        self.smem = self.smem.max(bytes);
+        Ok(())
+    }
+
+    /// The thread coordinates of a layout (emitted into the prologue on first use).
+    pub fn coords(&mut self, l: &Layout) -> Coords {
+        if let Some(c) = self.coords.get(l) {
+            return c.clone();
+        }
+        let mut pro = Vec::new();
+        let mut base = Vec::new();
+        let mut owner: Option<String> = None;
+        for s in 0..l.space_rank() {
+            let b = self.reg(Rk::R);
+            if l.ext[s] == 1 && l.cover(s) == 1 {
+                pro.push(format!("mov.u32 {b}, 0"));
+                base.push(b);
+                continue;
+            }
+            let (ls, lw) = l.lane_bits(s);
+            let (ws, ww) = l.warp_bits(s);
+            let t1 = self.reg(Rk::R);
+            let t2 = self.reg(Rk::R);
+            pro.push(format!("bfe.u32 {t1}, {}, {ls}, {lw}", self.lane));
+            pro.push(format!("bfe.u32 {t2}, {}, {ws}, {ww}", self.warp));
+            pro.push(format!("shl.b32 {t2}, {t2}, {lw}"));
+            pro.push(format!("or.b32 {t1}, {t1}, {t2}"));
+            pro.push(format!("shl.b32 {t1}, {t1}, {}", l.spt[s].trailing_zeros()));
+            if l.cover(s) > l.ext[s] {
+                let q = self.reg(Rk::P);
+                pro.push(format!("setp.lt.u32 {q}, {t1}, {}", l.ext[s]));
+                if let Some(o) = &owner {
+                    pro.push(format!("and.pred {q}, {q}, {o}"));
+                }
+                owner = Some(q);
+            }
+            pro.push(format!("and.b32 {b}, {t1}, {}", l.ext[s] - 1));
+            base.push(b);
+        }
+        let lin = self.reg(Rk::R);
+        pro.push(format!("mov.u32 {lin}, 0"));
+        let shape = l.shape();
+        let mut stride = 1;
+        for t in (0..shape.len()).rev() {
+            pro.push(format!(
+                "mad.lo.u32 {lin}, {}, {stride}, {lin}",
+                base[l.keep[t]]
+            ));
+            stride *= shape[t];
+        }
+        for p in pro {
+            let _ = writeln!(self.pro, "\t{p};");
+        }
+        let c = Coords { base, owner, lin };
+        self.coords.insert(l.clone(), c.clone());
+        c
+    }
+
+    /// Compile-time linear tile index offset of each register of a layout.
+    pub fn lin_offsets(l: &Layout) -> Vec<usize> {
+        let shape = l.shape();
+        l.reg_offsets()
+            .iter()
+            .map(|o| {
+                let mut lin = 0;
+                for (t, &n) in shape.iter().enumerate() {
+                    lin = lin * n + o[l.keep[t]];
+                }
+                lin
+            })
+            .collect()
+    }
+
+    /// The single register of a scalar value.
+    pub fn scalar(&self, v: ValueId) -> String {
+        self.vals[v.index()]
+            .as_ref()
+            .expect("scalar defined before use")[0]
+            .clone()
+    }
+
+    /// The register class of a value's elements.
+    pub fn rk_of(&self, v: ValueId) -> Rk {
+        rk_elem(self.k.ty(v).elem)
+    }
+
+    /// The assigned layout of a tile value.
+    pub fn layout_of(&self, v: ValueId) -> Layout {
+        self.lay.of[v.index()]
+            .clone()
+            .unwrap_or_else(|| Layout::default_for(&self.k.ty(v).shape, self.k.num_warps))
+    }
+
+    /// The registers of `v` in layout `l` (a scalar is splat to every register).
+    pub fn tile(&mut self, v: ValueId, l: &Layout) -> Res<Vec<String>> {
+        if self.k.ty(v).is_scalar() {
+            return Ok(vec![self.scalar(v); l.nregs()]);
+        }
+        let key = (v, l.clone());
+        for scope in self.cache.iter().rev() {
+            if let Some(r) = scope.get(&key) {
+                return Ok(r.clone());
+            }
+        }
+        if let Some(r) = &self.vals[v.index()] {
+            if self.lay.of[v.index()].as_ref() == Some(l) {
+                return Ok(r.clone());
+            }
+        }
+        let cheap = match &self.k.value(v).def {
+            Def::Expr(
+                Expr::Broadcast { .. }
+                | Expr::ExpandDims { .. }
+                | Expr::Splat { .. }
+                | Expr::Arange { .. },
+            ) => true,
+            Def::Expr(_) => !self.lay.strong[v.index()],
+            _ => false,
+        };
+        let saved = self.loc;
+        self.loc = self.k.value(v).loc;
+        let r = if cheap || self.vals[v.index()].is_none() {
+            self.compute(v, l)?
+        } else {
+            let from = self.layout_of(v);
+            let src = self.vals[v.index()].clone().unwrap();
+            let kind = self.rk_of(v);
+            self.convert(&src, kind, &from, l)?
+        };
+        self.loc = saved;
+        self.cache.last_mut().unwrap().insert(key, r.clone());
+        Ok(r)
+    }
+
+    /// Moves a tile from one layout to another through shared memory.
+    pub fn convert(
+        &mut self,
+        src: &[String],
+        kind: Rk,
+        from: &Layout,
+        to: &Layout,
+    ) -> Res<Vec<String>> {
+        let es = kind.smem_bytes();
+        let numel: usize = to.shape().iter().product();
+        self.need_smem(numel as u32 * es)?;
+        let a = self.smem_addr(from, es);
+        self.ins("bar.sync 0");
+        for (r, off) in src.iter().zip(Self::lin_offsets(from)) {
+            self.st_shared(kind, &a, off as u32 * es, r);
+        }
+        self.ins("bar.sync 0");
+        let b = self.smem_addr(to, es);
+        let mut out = Vec::new();
+        for off in Self::lin_offsets(to) {
+            out.push(self.ld_shared(kind, &b, off as u32 * es));
+        }
+        Ok(out)
+    }
+
+    /// Shared address of the thread's first element of a layout, for `es`-byte elements.
+    pub fn smem_addr(&mut self, l: &Layout, es: u32) -> String {
+        let c = self.coords(l);
+        let a = self.reg(Rk::R);
+        self.ins(format!(
+            "mad.lo.u32 {a}, {}, {es}, {}",
+            c.lin, self.smem_base
+        ));
+        a
+    }
+
+    /// Stores one register to shared memory.
+    pub fn st_shared(&mut self, kind: Rk, addr: &str, off: u32, r: &str) {
+        match kind {
+            Rk::P => {
+                let t = self.reg(Rk::R);
+                self.ins(format!("selp.u32 {t}, 1, 0, {r}"));
+                self.ins(format!("st.shared.u32 [{addr}+{off}], {t}"));
+            }
+            _ => self.ins(format!("st.shared.{} [{addr}+{off}], {r}", kind.bits())),
+        }
+    }
+
+    /// Loads one register from shared memory.
+    pub fn ld_shared(&mut self, kind: Rk, addr: &str, off: u32) -> String {
+        let d = self.reg(kind);
+        match kind {
+            Rk::P => {
+                let t = self.reg(Rk::R);
+                self.ins(format!("ld.shared.u32 {t}, [{addr}+{off}]"));
+                self.ins(format!("setp.ne.u32 {d}, {t}, 0"));
+            }
+            _ => self.ins(format!("ld.shared.{} {d}, [{addr}+{off}]", kind.bits())),
+        }
+        d
+    }
+
+    /// Copies registers into fresh ones (loop-carried and merged values).
+    pub fn fresh_like(&mut self, kind: Rk, n: usize) -> Vec<String> {
+        (0..n).map(|_| self.reg(kind)).collect()
+    }
+
+    /// `mov` of every register.
+    pub fn moves(&mut self, kind: Rk, dst: &[String], src: &[String]) {
+        for (d, s) in dst.iter().zip(src) {
+            if d != s {
+                self.ins(format!("mov.{} {d}, {s}", kind.bits()));
+            }
+        }
+    }
+
+    /// Computes `v` in layout `l` (or as a scalar) from its definition.
+    fn compute(&mut self, v: ValueId, l: &Layout) -> Res<Vec<String>> {
+        let Def::Expr(e) = &self.k.value(v).def else {
+            return self.err(format!("value {v} has no registers in this scope"));
+        };
+        let e = e.clone();
+        match &e {
+            Expr::Broadcast { value, .. } => {
+                let src_shape = self.k.ty(*value).shape.clone();
+                let sl = l.with_shape(&src_shape);
+                let regs = self.tile(*value, &sl)?;
+                let index: HashMap<Vec<usize>, usize> = sl
+                    .reg_offsets()
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, o)| (o, i))
+                    .collect();
+                let mut out = Vec::new();
+                for mut o in l.reg_offsets() {
+                    for (t, &n) in src_shape.iter().enumerate() {
+                        if n == 1 {
+                            o[l.keep[t]] = 0;
+                        }
+                    }
+                    out.push(regs[index[&o]].clone());
+                }
+                Ok(out)
+            }
+            Expr::ExpandDims { value, axis } => {
+                if self.k.ty(*value).is_scalar() {
+                    return Ok(vec![self.scalar(*value); l.nregs()]);
+                }
+                let mut sl = l.clone();
+                sl.keep.remove(*axis);
+                self.tile(*value, &sl.canon())
+            }
+            Expr::Splat { value, .. } => Ok(vec![self.scalar(*value); l.nregs()]),
+            Expr::Arange { start, .. } => {
+                let c = self.coords(l);
+                let s = l.keep[0];
+                let mut out = Vec::new();
+                for o in l.reg_offsets() {
+                    let d = self.reg(Rk::R);
+                    self.ins(format!(
+                        "add.s32 {d}, {}, {}",
+                        c.base[s],
+                        o[s] as i64 + start
+                    ));
+                    out.push(d);
+                }
+                Ok(out)
+            }
+            Expr::Load { ptr, mask, other } => self.load(v, *ptr, *mask, *other, Some(l)),
+            Expr::Atomic {
+                op,
+                ptr,
+                value,
+                mask,
+            } => self.atomic(v, *op, *ptr, *value, *mask, Some(l)),
+            Expr::Reduce { op, value, axis } => self.reduce(v, *op, *value, *axis),
+            Expr::Dot { a, b, acc } => self.dot(v, *a, *b, *acc, l),
+            _ => {
+                let n = l.nregs();
+                let mut ops = Vec::new();
+                for o in e.operands() {
+                    ops.push(self.tile(o, l)?);
+                }
+                let mut out = Vec::new();
+                for i in 0..n {
+                    let args: Vec<String> = ops.iter().map(|r| r[i].clone()).collect();
+                    out.push(self.elementwise(v, &e, &args)?);
+                }
+                Ok(out)
+            }
+        }
+    }
+
+    /// Emits the body.
+    pub fn block(&mut self, b: &Block) -> Res<()> {
+        for stmt in &b.stmts {
+            self.stmt(stmt)?;
+        }
+        Ok(())
+    }
+
+    fn stmt(&mut self, s: &Stmt) -> Res<()> {
+        match s {
+            Stmt::Let(v) => self.let_(*v),
+            Stmt::Store {
+                ptr,
+                value,
+                mask,
+                loc,
+            } => {
+                self.loc = *loc;
+                self.store(*ptr, *value, *mask)
+            }
+            Stmt::For {
+                index,
+                start,
+                end,
+                step,
+                carried,
+                body,
+                loc,
+            } => {
+                self.loc = *loc;
+                let ity = self.k.ty(*index).dtype().unwrap_or(crate::ir::DType::I32);
+                if !ity.is_int() {
+                    return self.err("loop bounds must be integers");
+                }
+                let t = super::regs::int_ty(ity);
+                let idx = self.reg(rk(ity));
+                self.vals[index.index()] = Some(vec![idx.clone()]);
+                let mut params = Vec::new();
+                for c in carried {
+                    let kind = self.rk_of(c.param);
+                    let (init, n) = if self.k.ty(c.param).is_scalar() {
+                        (vec![self.scalar(c.init)], 1)
+                    } else {
+                        let l = self.layout_of(c.param);
+                        (self.tile(c.init, &l)?, l.nregs())
+                    };
+                    let p = self.fresh_like(kind, n);
+                    self.moves(kind, &p, &init);
+                    self.vals[c.param.index()] = Some(p.clone());
+                    self.vals[c.result.index()] = Some(p.clone());
+                    params.push((kind, p));
+                }
+                let (head, exit) = (self.new_label("loop"), self.new_label("end"));
+                let (s0, e0, st) = (self.scalar(*start), self.scalar(*end), self.scalar(*step));
+                self.ins(format!("mov.{} {idx}, {s0}", rk(ity).bits()));
+                self.label(&head);
+                let p = self.reg(Rk::P);
+                self.ins(format!("setp.ge.{t} {p}, {idx}, {e0}"));
+                self.ins(format!("@{p} bra {exit}"));
+                self.cache.push(HashMap::new());
+                self.block(body)?;
+                // Parallel copy: read every `next` before overwriting any parameter.
+                let mut tmps = Vec::new();
+                for (c, (kind, p)) in carried.iter().zip(&params) {
+                    let next = if self.k.ty(c.param).is_scalar() {
+                        vec![self.scalar(c.next)]
+                    } else {
+                        let l = self.layout_of(c.param);
+                        self.tile(c.next, &l)?
+                    };
+                    let tmp = self.fresh_like(*kind, p.len());
+                    self.moves(*kind, &tmp, &next);
+                    tmps.push(tmp);
+                }
+                for ((kind, p), tmp) in params.iter().zip(&tmps) {
+                    self.moves(*kind, p, tmp);
+                }
+                self.cache.pop();
+                self.ins(format!("add.{t} {idx}, {idx}, {st}"));
+                self.ins(format!("bra.uni {head}"));
+                self.label(&exit);
+                Ok(())
+            }
+            Stmt::If {
+                cond,
+                then_body,
+                else_body,
+                merges,
+                loc,
+            } => {
+                self.loc = *loc;
+                let c = self.scalar(*cond);
+                let (els, end) = (self.new_label("else"), self.new_label("endif"));
+                let mut outs = Vec::new();
+                for m in merges {
+                    let kind = self.rk_of(m.result);
+                    let n = if self.k.ty(m.result).is_scalar() {
+                        1
+                    } else {
+                        self.layout_of(m.result).nregs()
+                    };
+                    let r = self.fresh_like(kind, n);
+                    self.vals[m.result.index()] = Some(r.clone());
+                    outs.push((kind, r));
+                }
+                self.ins(format!("@!{c} bra {els}"));
+                for (which, body) in [(true, then_body), (false, else_body)] {
+                    self.cache.push(HashMap::new());
+                    self.block(body)?;
+                    for (m, (kind, r)) in merges.iter().zip(&outs) {
+                        let src = if which { m.then_value } else { m.else_value };
+                        let regs = if self.k.ty(m.result).is_scalar() {
+                            vec![self.scalar(src)]
+                        } else {
+                            let l = self.layout_of(m.result);
+                            self.tile(src, &l)?
+                        };
+                        self.moves(*kind, r, &regs);
+                    }
+                    self.cache.pop();
+                    if which {
+                        self.ins(format!("bra.uni {end}"));
+                        self.label(&els);
+                    }
+                }
+                self.label(&end);
+                Ok(())
+            }
+        }
+    }
+
+    fn let_(&mut self, v: ValueId) -> Res<()> {
+        self.loc = self.k.value(v).loc;
+        let ty = self.k.ty(v).clone();
+        if ty.is_scalar() {
+            let Def::Expr(e) = &self.k.value(v).def else {
+                return Ok(());
+            };
+            let e = e.clone();
+            let r = match &e {
+                Expr::Load { ptr, mask, other } => {
+                    self.load(v, *ptr, *mask, *other, None)?[0].clone()
+                }
+                Expr::Atomic {
+                    op,
+                    ptr,
+                    value,
+                    mask,
+                } => self.atomic(v, *op, *ptr, *value, *mask, None)?[0].clone(),
+                Expr::Reduce { op, value, axis } => self.reduce(v, *op, *value, *axis)?[0].clone(),
+                _ => {
+                    let args: Vec<String> = e.operands().iter().map(|&o| self.scalar(o)).collect();
+                    self.elementwise(v, &e, &args)?
+                }
+            };
+            self.vals[v.index()] = Some(vec![r]);
+            return Ok(());
+        }
+        if self.lay.strong[v.index()] {
+            let l = self.layout_of(v);
+            let r = self.compute(v, &l)?;
+            self.vals[v.index()] = Some(r);
+        }
+        Ok(())
+    }
+
+    /// The layout report.
+    pub fn report(&self) -> String {
+        let mut s = String::new();
+        for (i, l) in self.lay.of.iter().enumerate() {
+            if let Some(l) = l {
+                let v = ValueId(i as u32);
+                let _ = writeln!(
+                    s,
+                    "{v}: {} {}{}",
+                    self.k.ty(v),
+                    l.describe(),
+                    if self.lay.strong[i] {
+                        ""
+                    } else {
+                        " (rematerialized)"
+                    }
+                );
+            }
+        }
+        s
+    }
+}

@@ -1,0 +1,559 @@
+//! GPU against interpreter: kernels from source text, compiled by this backend, launched
+//! on a CUDA device and on the CPU interpreter with the same inputs; every written buffer
+//! must agree. Skips without a GPU (fails with `TILEFUSE_REQUIRE_GPU=1`).
+
+use half::bf16;
+
+use super::{compile, Target};
+use crate::interp::Scalar;
+use crate::runtime::testing::gpu_or_skip;
+use crate::runtime::{Buffer, Device, KernelArg, KernelDef, ParamDef, Variant};
+use crate::Specialization;
+
+fn leak<T>(v: Vec<T>) -> &'static [T] {
+    Box::leak(v.into_boxed_slice())
+}
+
+fn leak_str(s: String) -> &'static str {
+    Box::leak(s.into_boxed_str())
+}
+
+/// A kernel description with one variant compiled by this backend.
+fn def(src: &'static str, consts: &[(&str, i64)], warps: u32) -> &'static KernelDef {
+    let spec = Specialization {
+        consts: consts.iter().map(|(n, v)| (n.to_string(), *v)).collect(),
+        num_warps: warps,
+    };
+    let mut attr: Vec<String> = consts.iter().map(|(n, v)| format!("{n} = [{v}]")).collect();
+    attr.push(format!("num_warps = [{warps}]"));
+    let src = leak_str(format!("#[kernel({})]\n{src}", attr.join(", ")));
+    let k = crate::compile_source(src, &spec).unwrap_or_else(|e| panic!("front end: {e}"));
+    let p80 = compile(&k, Target::Sm80).unwrap_or_else(|e| panic!("{}: {e}", k.name));
+    let p90 = compile(&k, Target::Sm90).unwrap_or_else(|e| panic!("{}: {e}", k.name));
+    super::tests::assemble(&p80, Target::Sm80);
+    let written = k.written_params();
+    let params = k
+        .params
+        .iter()
+        .enumerate()
+        .map(|(i, p)| ParamDef {
+            name: leak_str(p.name.clone()),
+            kind: p.kind,
+            written: written.contains(&i),
+        })
+        .collect();
+    let variant = Variant {
+        consts: leak(consts.iter().map(|c| c.1).collect()),
+        num_warps: warps,
+        ptx_sm80: leak_str(p80.ptx),
+        ptx_sm90: leak_str(p90.ptx),
+        entry: leak_str(p80.entry),
+        shared_bytes: p80.shared_bytes,
+    };
+    Box::leak(Box::new(KernelDef {
+        name: leak_str(k.name.clone()),
+        source: src,
+        const_names: leak(consts.iter().map(|c| leak_str(c.0.to_string())).collect()),
+        params: leak(params),
+        variants: leak(vec![variant]),
+    }))
+}
+
+#[derive(Clone, Debug)]
+enum Data {
+    F32(Vec<f32>),
+    Bf16(Vec<bf16>),
+    I32(Vec<i32>),
+    U8(Vec<u8>),
+    S(Scalar),
+}
+
+enum Buf {
+    F32(Buffer<f32>),
+    Bf16(Buffer<bf16>),
+    I32(Buffer<i32>),
+    U8(Buffer<u8>),
+    S(Scalar),
+}
+
+fn run_on(dev: &Device, d: &KernelDef, grid: [u32; 3], data: &[Data]) -> Vec<Data> {
+    let mut bufs: Vec<Buf> = data
+        .iter()
+        .map(|x| match x {
+            Data::F32(v) => Buf::F32(dev.upload(v).unwrap()),
+            Data::Bf16(v) => Buf::Bf16(dev.upload(v).unwrap()),
+            Data::I32(v) => Buf::I32(dev.upload(v).unwrap()),
+            Data::U8(v) => Buf::U8(dev.upload(v).unwrap()),
+            Data::S(s) => Buf::S(*s),
+        })
+        .collect();
+    {
+        let mut args: Vec<KernelArg<'_>> = bufs
+            .iter_mut()
+            .zip(d.params)
+            .map(|(b, p)| match b {
+                Buf::F32(b) => {
+                    if p.written {
+                        KernelArg::write(b)
+                    } else {
+                        KernelArg::read(b)
+                    }
+                }
+                Buf::Bf16(b) => {
+                    if p.written {
+                        KernelArg::write(b)
+                    } else {
+                        KernelArg::read(b)
+                    }
+                }
+                Buf::I32(b) => {
+                    if p.written {
+                        KernelArg::write(b)
+                    } else {
+                        KernelArg::read(b)
+                    }
+                }
+                Buf::U8(b) => {
+                    if p.written {
+                        KernelArg::write(b)
+                    } else {
+                        KernelArg::read(b)
+                    }
+                }
+                Buf::S(s) => KernelArg::scalar(*s),
+            })
+            .collect();
+        let consts = d.variants[0].consts;
+        d.launch_dyn(dev, grid, consts, &mut args)
+            .unwrap_or_else(|e| panic!("{} on {dev}: {e}", d.name));
+    }
+    dev.synchronize().unwrap();
+    bufs.iter()
+        .map(|b| match b {
+            Buf::F32(b) => Data::F32(b.to_vec().unwrap()),
+            Buf::Bf16(b) => Data::Bf16(b.to_vec().unwrap()),
+            Buf::I32(b) => Data::I32(b.to_vec().unwrap()),
+            Buf::U8(b) => Data::U8(b.to_vec().unwrap()),
+            Buf::S(s) => Data::S(*s),
+        })
+        .collect()
+}
+
+/// Runs on the GPU and the interpreter and compares written buffers.
+fn diff(name: &str, d: &KernelDef, grid: [u32; 3], data: &[Data], rtol: f32) {
+    let Some(gpu) = gpu_or_skip(name) else {
+        return;
+    };
+    let want = run_on(&Device::cpu(), d, grid, data);
+    let got = run_on(&gpu, d, grid, data);
+    for (i, p) in d.params.iter().enumerate() {
+        if !p.written {
+            continue;
+        }
+        let close = |a: f32, b: f32| {
+            (a.is_nan() && b.is_nan()) || a == b || (a - b).abs() <= 1e-5 + rtol * b.abs()
+        };
+        let bad: Vec<String> = match (&got[i], &want[i]) {
+            (Data::F32(g), Data::F32(w)) => (0..g.len())
+                .filter(|&j| !close(g[j], w[j]))
+                .map(|j| format!("[{j}] gpu {} interp {}", g[j], w[j]))
+                .collect(),
+            (Data::Bf16(g), Data::Bf16(w)) => (0..g.len())
+                .filter(|&j| !close(g[j].to_f32(), w[j].to_f32()))
+                .map(|j| format!("[{j}] gpu {} interp {}", g[j], w[j]))
+                .collect(),
+            (Data::I32(g), Data::I32(w)) => (0..g.len())
+                .filter(|&j| g[j] != w[j])
+                .map(|j| format!("[{j}] gpu {} interp {}", g[j], w[j]))
+                .collect(),
+            (Data::U8(g), Data::U8(w)) => (0..g.len())
+                .filter(|&j| g[j] != w[j])
+                .map(|j| format!("[{j}] gpu {} interp {}", g[j], w[j]))
+                .collect(),
+            _ => unreachable!(),
+        };
+        assert!(
+            bad.is_empty(),
+            "{name}: parameter `{}` differs in {} elements: {:?}",
+            p.name,
+            bad.len(),
+            &bad[..bad.len().min(8)]
+        );
+    }
+    println!("{name}: gpu matches the interpreter");
+}
+
+struct Rng(u64);
+
+impl Rng {
+    fn f(&mut self) -> f32 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.f() * scale).collect()
+    }
+    fn bf(&mut self, n: usize) -> Vec<bf16> {
+        (0..n).map(|_| bf16::from_f32(self.f())).collect()
+    }
+}
+
+const ADD: &str = r#"
+fn vector_add<const BLOCK: usize>(x: Ptr<f32>, y: Ptr<f32>, out: Ptr<f32>, n: i32) {
+    let offs = program_id(0) * BLOCK + arange(0, BLOCK);
+    let mask = offs < n;
+    let a = load(x + offs, mask, 0.0);
+    let b = load(y + offs, mask, 0.0);
+    store(out + offs, a + b, mask);
+}
+"#;
+
+const ADD16: &str = r#"
+fn vector_add16<const BLOCK: usize>(x: Ptr<f32>, y: Ptr<f32>, out: Ptr<f32>, #[multiple_of(16)] n: i32) {
+    let offs = program_id(0) * BLOCK + arange(0, BLOCK);
+    let mask = offs < n;
+    let a = load(x + offs, mask, 0.0);
+    let b = load(y + offs, mask, 0.0);
+    store(out + offs, a + b, mask);
+}
+"#;
+
+#[test]
+fn gpu_vector_add() {
+    let mut r = Rng(7);
+    for (block, warps, n) in [(1024, 4, 3000), (256, 4, 1000), (32, 4, 77)] {
+        let d = def(ADD, &[("BLOCK", block)], warps);
+        let grid = (n as u32).div_ceil(block as u32);
+        let data = [
+            Data::F32(r.vec(n, 1.0)),
+            Data::F32(r.vec(n, 1.0)),
+            Data::F32(vec![0.0; n]),
+            Data::S(Scalar::I32(n as i32)),
+        ];
+        diff("vector_add", d, [grid, 1, 1], &data, 0.0);
+    }
+    let d = def(ADD16, &[("BLOCK", 1024)], 4);
+    let n = 4096 + 16;
+    let data = [
+        Data::F32(r.vec(n, 1.0)),
+        Data::F32(r.vec(n, 1.0)),
+        Data::F32(vec![0.0; n]),
+        Data::S(Scalar::I32(n as i32)),
+    ];
+    diff("vector_add16", d, [5, 1, 1], &data, 0.0);
+}
+
+const SOFTMAX: &str = r#"
+fn softmax<const BLOCK: usize>(x: Ptr<f32>, out: Ptr<f32>, n_cols: i32) {
+    let row = program_id(0);
+    let cols = arange(0, BLOCK);
+    let mask = cols < n_cols;
+    let v = load(x + row * n_cols + cols, mask, f32::NEG_INFINITY);
+    let e = exp(v - v.max(0));
+    store(out + row * n_cols + cols, e / e.sum(0), mask);
+}
+"#;
+
+const SOFTMAX2D: &str = r#"
+fn softmax2d<const BM: usize, const BN: usize>(x: Ptr<f32>, out: Ptr<f32>, n_cols: i32) {
+    let rows = program_id(0) * BM + arange(0, BM);
+    let cols = arange(0, BN);
+    let mask = cols.expand_dims(0) < n_cols;
+    let offs = rows.expand_dims(1) * n_cols + cols.expand_dims(0);
+    let v = load(x + offs, mask, f32::NEG_INFINITY);
+    let e = exp(v - v.max(1).expand_dims(1));
+    store(out + offs, e / e.sum(1).expand_dims(1), mask);
+}
+"#;
+
+#[test]
+fn gpu_softmax() {
+    let mut r = Rng(3);
+    for (block, warps, rows, cols) in [(1024, 4, 4, 1000), (128, 4, 3, 100), (64, 1, 2, 64)] {
+        let d = def(SOFTMAX, &[("BLOCK", block)], warps);
+        let data = [
+            Data::F32(r.vec(rows * cols, 4.0)),
+            Data::F32(vec![0.0; rows * cols]),
+            Data::S(Scalar::I32(cols as i32)),
+        ];
+        diff("softmax", d, [rows as u32, 1, 1], &data, 1e-4);
+    }
+    for (bm, bn, warps) in [(4, 256, 4), (8, 32, 8), (2, 128, 2)] {
+        let d = def(SOFTMAX2D, &[("BM", bm), ("BN", bn)], warps);
+        let (rows, cols) = (bm as usize * 3, bn as usize);
+        let data = [
+            Data::F32(r.vec(rows * cols, 4.0)),
+            Data::F32(vec![0.0; rows * cols]),
+            Data::S(Scalar::I32(cols as i32)),
+        ];
+        diff("softmax2d", d, [3, 1, 1], &data, 1e-4);
+    }
+}
+
+const RMSNORM: &str = r#"
+fn rmsnorm<const BLOCK: usize>(x: Ptr<bf16>, w: Ptr<bf16>, out: Ptr<bf16>, n: i32, eps: f32) {
+    let row = program_id(0);
+    let cols = arange(0, BLOCK);
+    let mask = cols < n;
+    let v = load(x + row * n + cols, mask, 0.0) as f32;
+    let r = rsqrt((v * v).sum(0) / (n as f32) + eps);
+    let g = load(w + cols, mask, 0.0) as f32;
+    store(out + row * n + cols, (v * r * g) as bf16, mask);
+}
+"#;
+
+#[test]
+fn gpu_rmsnorm() {
+    let mut r = Rng(5);
+    for (block, n) in [(1024, 1000), (256, 256)] {
+        let d = def(RMSNORM, &[("BLOCK", block)], 4);
+        let rows = 3;
+        let data = [
+            Data::Bf16(r.bf(rows * n)),
+            Data::Bf16(r.bf(n)),
+            Data::Bf16(vec![bf16::ZERO; rows * n]),
+            Data::S(Scalar::I32(n as i32)),
+            Data::S(Scalar::F32(1e-5)),
+        ];
+        // One bf16 ulp: the sum's order differs.
+        diff("rmsnorm", d, [rows as u32, 1, 1], &data, 1.0 / 128.0);
+    }
+}
+
+const GEMV: &str = r#"
+fn gemv<const BLOCK_N: usize, const BLOCK_K: usize>(w: Ptr<bf16>, x: Ptr<bf16>, y: Ptr<f32>, n: i32, k: i32) {
+    let rows = program_id(0) * BLOCK_N + arange(0, BLOCK_N);
+    let row_ok = rows < n;
+    let mut acc = zeros::<f32>([BLOCK_N, BLOCK_K]);
+    for k0 in (0..k).step_by(BLOCK_K) {
+        let cols = k0 + arange(0, BLOCK_K);
+        let col_ok = cols < k;
+        let xs = load(x + cols, col_ok, 0.0) as f32;
+        let mask = row_ok.expand_dims(1) & col_ok.expand_dims(0);
+        let ws = load(w + rows.expand_dims(1) * k + cols.expand_dims(0), mask, 0.0) as f32;
+        acc += ws * xs.expand_dims(0);
+    }
+    store(y + rows, acc.sum(1), row_ok);
+}
+"#;
+
+const GEMV1: &str = r#"
+fn gemv1<const BLOCK_N: usize, const BLOCK_K: usize>(w: Ptr<bf16>, x: Ptr<bf16>, y: Ptr<f32>, n: i32, #[multiple_of(64)] k: i32) {
+    let rows = program_id(0) * BLOCK_N + arange(0, BLOCK_N);
+    let row_ok = rows < n;
+    let mut acc = zeros::<f32>([BLOCK_N]);
+    for k0 in (0..k).step_by(BLOCK_K) {
+        let cols = k0 + arange(0, BLOCK_K);
+        let xs = load(x + cols) as f32;
+        let ws = load(w + rows.expand_dims(1) * k + cols.expand_dims(0), row_ok.expand_dims(1), 0.0) as f32;
+        acc += (ws * xs.expand_dims(0)).sum(1);
+    }
+    store(y + rows, acc, row_ok);
+}
+"#;
+
+#[test]
+fn gpu_gemv() {
+    let mut r = Rng(11);
+    for (bn, bk, n, k) in [(4, 256, 37, 1000), (16, 128, 64, 512)] {
+        let d = def(GEMV, &[("BLOCK_N", bn), ("BLOCK_K", bk)], 4);
+        let data = [
+            Data::Bf16(r.bf(n * k)),
+            Data::Bf16(r.bf(k)),
+            Data::F32(vec![0.0; n]),
+            Data::S(Scalar::I32(n as i32)),
+            Data::S(Scalar::I32(k as i32)),
+        ];
+        diff(
+            "gemv",
+            d,
+            [(n as u32).div_ceil(bn as u32), 1, 1],
+            &data,
+            1e-4,
+        );
+    }
+    for (bn, bk, n, k) in [(16, 256, 40, 1024), (8, 64, 8, 192)] {
+        let d = def(GEMV1, &[("BLOCK_N", bn), ("BLOCK_K", bk)], 4);
+        let data = [
+            Data::Bf16(r.bf(n * k)),
+            Data::Bf16(r.bf(k)),
+            Data::F32(vec![0.0; n]),
+            Data::S(Scalar::I32(n as i32)),
+            Data::S(Scalar::I32(k as i32)),
+        ];
+        diff(
+            "gemv1",
+            d,
+            [(n as u32).div_ceil(bn as u32), 1, 1],
+            &data,
+            1e-4,
+        );
+    }
+}
+
+const ARGMAX: &str = r#"
+fn argmax_rows<const R: usize, const C: usize>(x: Ptr<f32>, out: Ptr<i32>, first: Ptr<i32>) {
+    let rows = arange(0, R);
+    let cols = arange(0, C);
+    let v = load(x + rows.expand_dims(1) * C + cols.expand_dims(0));
+    store(out + rows, v.argmax(1));
+    let mx = v.max(1);
+    store(first, load(x + cols).argmax(0));
+    store(out + R + rows, (mx * 1000.0) as i32);
+}
+"#;
+
+#[test]
+fn gpu_argmax() {
+    let mut r = Rng(13);
+    for (rr, c, w) in [(8usize, 512usize, 4), (4, 64, 2), (2, 16, 4)] {
+        let d = def(ARGMAX, &[("R", rr as i64), ("C", c as i64)], w);
+        // Few distinct values: many ties.
+        let x: Vec<f32> = r
+            .vec(rr * c, 1.0)
+            .iter()
+            .map(|v| (v * 4.0).round())
+            .collect();
+        let data = [
+            Data::F32(x),
+            Data::I32(vec![0; 2 * rr]),
+            Data::I32(vec![0; 1]),
+        ];
+        diff("argmax", d, [1, 1, 1], &data, 0.0);
+    }
+}
+
+const ATOMICS: &str = r#"
+fn atomics<const B: usize>(x: Ptr<f32>, acc: Ptr<f32>, mx: Ptr<f32>, cnt: Ptr<i32>, old: Ptr<f32>, n: i32) {
+    let offs = arange(0, B);
+    let mask = offs < n;
+    let v = load(x + offs, mask, 0.0);
+    let o = atomic_add(acc + offs, v, mask);
+    atomic_max(mx + offs, v, mask);
+    store(old + offs, o, mask);
+    atomic_add(cnt + offs, 1, mask);
+}
+"#;
+
+#[test]
+fn gpu_atomics() {
+    let mut r = Rng(17);
+    for (b, w, n) in [(16, 4, 13), (256, 4, 256), (1024, 2, 1000)] {
+        let d = def(ATOMICS, &[("B", b)], w);
+        let data = [
+            Data::F32(r.vec(b as usize, 1.0)),
+            Data::F32(vec![0.5; b as usize]),
+            Data::F32(r.vec(b as usize, 1.0)),
+            Data::I32(vec![0; b as usize]),
+            Data::F32(vec![0.0; b as usize]),
+            Data::S(Scalar::I32(n)),
+        ];
+        diff("atomics", d, [1, 1, 1], &data, 0.0);
+    }
+}
+
+const BRANCH: &str = r#"
+fn branch<const B: usize>(x: Ptr<f32>, out: Ptr<f32>, steps: i32) {
+    let offs = program_id(0) * B + arange(0, B);
+    let v = load(x + offs);
+    let mut y = v;
+    if program_id(0) == 1 {
+        y = v * 2.0;
+    } else {
+        y = v - v.sum(0);
+    }
+    let mut s = 0.0;
+    for i in 0..steps {
+        y = y + 1.0;
+        s = s + (i as f32);
+    }
+    store(out + offs, y + s);
+}
+"#;
+
+#[test]
+fn gpu_control_flow() {
+    let mut r = Rng(19);
+    let d = def(BRANCH, &[("B", 256)], 4);
+    let data = [
+        Data::F32(r.vec(512, 1.0)),
+        Data::F32(vec![0.0; 512]),
+        Data::S(Scalar::I32(5)),
+    ];
+    diff("branch", d, [2, 1, 1], &data, 1e-5);
+}
+
+const DOT: &str = r#"
+fn mm<const M: usize, const N: usize, const K: usize>(a: Ptr<bf16>, b: Ptr<bf16>, c: Ptr<f32>) {
+    let rm = arange(0, M);
+    let rn = arange(0, N);
+    let rk = arange(0, K);
+    let x = load(a + rm.expand_dims(1) * K + rk.expand_dims(0));
+    let y = load(b + rk.expand_dims(1) * N + rn.expand_dims(0));
+    let acc = zeros::<f32>([M, N]) + 1.0;
+    store(c + rm.expand_dims(1) * N + rn.expand_dims(0), dot(x, y, acc));
+}
+"#;
+
+#[test]
+fn gpu_dot() {
+    let mut r = Rng(23);
+    for (m, n, k) in [(32, 32, 32), (16, 64, 16)] {
+        let d = def(DOT, &[("M", m), ("N", n), ("K", k)], 4);
+        let (m, n, k) = (m as usize, n as usize, k as usize);
+        let data = [
+            Data::Bf16(r.bf(m * k)),
+            Data::Bf16(r.bf(k * n)),
+            Data::F32(vec![0.0; m * n]),
+        ];
+        diff("dot", d, [1, 1, 1], &data, 1e-4);
+    }
+}
+
+const CASTS: &str = r#"
+fn casts<const B: usize>(x: Ptr<f32>, i: Ptr<i32>, u: Ptr<u8>, h: Ptr<bf16>, f: Ptr<f32>) {
+    let offs = arange(0, B);
+    let v = load(x + offs);
+    store(i + offs, v as i32);
+    store(u + offs, v as u8);
+    store(h + offs, v as bf16);
+    store(f + offs, ((v as i32) as f32) + ((v > 0.0) as f32) + sigmoid(v) + tanh(v) * 0.0);
+}
+"#;
+
+#[test]
+fn gpu_casts() {
+    let mut r = Rng(29);
+    let d = def(CASTS, &[("B", 512)], 4);
+    let mut x = r.vec(512, 400.0);
+    x[0] = f32::NAN;
+    x[1] = 1e20;
+    x[2] = -1e20;
+    x[3] = -0.5;
+    let data = [
+        Data::F32(x),
+        Data::I32(vec![0; 512]),
+        Data::U8(vec![0; 512]),
+        Data::Bf16(vec![bf16::ZERO; 512]),
+        Data::F32(vec![0.0; 512]),
+    ];
+    diff("casts", d, [1, 1, 1], &data, 1e-5);
+}
+
+#[test]
+#[ignore]
+fn dump() {
+    let src = std::env::var("DUMP").unwrap_or_default();
+    let (s, c, w): (&str, Vec<(&str, i64)>, u32) = match src.as_str() {
+        "gemv" => (GEMV, vec![("BLOCK_N", 4), ("BLOCK_K", 256)], 4),
+        "gemv1" => (GEMV1, vec![("BLOCK_N", 8), ("BLOCK_K", 64)], 4),
+        "atomics" => (ATOMICS, vec![("B", 16)], 4),
+        "argmax" => (ARGMAX, vec![("R", 2), ("C", 16)], 4),
+        "branch" => (BRANCH, vec![("B", 256)], 4),
+        _ => (SOFTMAX2D, vec![("BM", 2), ("BN", 128)], 2),
+    };
+    let d = def(s, &c, w);
+    println!("{}", d.variants[0].ptx_sm80);
+}

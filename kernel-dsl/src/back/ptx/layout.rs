@@ -1,0 +1,381 @@
+//! Distributed layouts of tile values and the pass that assigns one to every tile.
+//!
+//! A [`Layout`] is a blocked layout over a *space* of some rank (elements per thread,
+//! threads per warp and warps per program along each space dim, plus an order) with an
+//! extent per space dim, and a map from the tile's dims to space dims. Space dims that no
+//! tile dim maps to have extent 1: that is how a reduction result (a slice layout) keeps
+//! the parent's thread mapping, so `reduce` -> `expand_dims` -> `broadcast` moves no data.
+//!
+//! Thread coordinate along space dim `s`: `tc = warp_s * tpw_s + lane_s`. The thread holds
+//! tile indices `(tc * spt_s) mod ext_s + r + rep * cover_s` for `r < min(spt_s, ext_s)` and
+//! `rep < max(1, ext_s / cover_s)`. When the layout covers more than the extent, several
+//! threads hold the same element; the owner is the one with `tc * spt_s < ext_s`.
+
+use crate::error::CompileError;
+use crate::ir::{Block, Def, Expr, Kernel, Stmt, ValueId};
+
+/// A blocked layout with extents, see the module docs.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Layout {
+    /// Elements per thread along each space dim.
+    pub spt: Vec<usize>,
+    /// Threads per warp along each space dim (product 32).
+    pub tpw: Vec<usize>,
+    /// Warps per program along each space dim (product `num_warps`).
+    pub wpc: Vec<usize>,
+    /// Space dims, fastest varying first.
+    pub order: Vec<usize>,
+    /// Extent along each space dim (1 for dims no tile dim maps to).
+    pub ext: Vec<usize>,
+    /// Tile dim `t` lives on space dim `keep[t]`.
+    pub keep: Vec<usize>,
+}
+
+impl Layout {
+    /// Triton-like default layout for a tile shape: up to 8 contiguous elements per
+    /// thread along the last dim, lanes fastest-dim first, warps slowest-dim first.
+    pub fn default_for(shape: &[usize], num_warps: u32) -> Layout {
+        let rank = shape.len();
+        assert!(rank > 0, "scalars have no layout");
+        let last = rank - 1;
+        let numel: usize = shape.iter().product();
+        let threads = 32 * num_warps as usize;
+        let mut spt = vec![1; rank];
+        spt[last] = (numel / threads).clamp(1, 8).min(shape[last]);
+        let order: Vec<usize> = (0..rank).rev().collect();
+        let mut tpw = vec![1; rank];
+        let mut left = 32;
+        for &s in &order {
+            let t = left.min((shape[s] / spt[s]).max(1));
+            tpw[s] = t;
+            left /= t;
+        }
+        tpw[order[rank - 1]] *= left;
+        let mut wpc = vec![1; rank];
+        let mut left = num_warps as usize;
+        for s in 0..rank {
+            let w = left.min((shape[s] / (spt[s] * tpw[s])).max(1));
+            wpc[s] = w;
+            left /= w;
+        }
+        wpc[0] *= left;
+        Layout {
+            spt,
+            tpw,
+            wpc,
+            order,
+            ext: shape.to_vec(),
+            keep: (0..rank).collect(),
+        }
+    }
+
+    /// Rank of the space.
+    pub fn space_rank(&self) -> usize {
+        self.spt.len()
+    }
+
+    /// The tile shape.
+    pub fn shape(&self) -> Vec<usize> {
+        self.keep.iter().map(|&s| self.ext[s]).collect()
+    }
+
+    /// Elements covered by one pass of the whole program along space dim `s`.
+    pub fn cover(&self, s: usize) -> usize {
+        self.spt[s] * self.tpw[s] * self.wpc[s]
+    }
+
+    /// Distinct elements per thread along `s` in one contiguous run.
+    pub fn run(&self, s: usize) -> usize {
+        self.spt[s].min(self.ext[s])
+    }
+
+    /// Registers per thread along `s`.
+    pub fn count(&self, s: usize) -> usize {
+        self.run(s) * (self.ext[s] / self.cover(s)).max(1)
+    }
+
+    /// Registers per thread.
+    pub fn nregs(&self) -> usize {
+        (0..self.space_rank()).map(|s| self.count(s)).product()
+    }
+
+    /// The space offset (added to the thread's base) of every register, fastest dim
+    /// innermost so that a thread's contiguous run occupies consecutive registers.
+    pub fn reg_offsets(&self) -> Vec<Vec<usize>> {
+        let rank = self.space_rank();
+        let mut out = vec![vec![0; rank]];
+        for &s in self.order.iter().rev() {
+            let mut next = Vec::with_capacity(out.len() * self.count(s));
+            for o in &out {
+                for j in 0..self.count(s) {
+                    let run = self.run(s);
+                    let mut o = o.clone();
+                    o[s] = j % run + (j / run) * self.cover(s);
+                    next.push(o);
+                }
+            }
+            out = next;
+        }
+        out
+    }
+
+    /// The layout of the result of reducing tile dim `t`.
+    pub fn slice(&self, t: usize) -> Layout {
+        let mut l = self.clone();
+        let s = l.keep.remove(t);
+        l.ext[s] = 1;
+        l.canon()
+    }
+
+    /// Drops space dims that carry nothing (no tile dim, extent 1, one thread, one warp),
+    /// so equal thread mappings compare equal.
+    pub fn canon(self) -> Layout {
+        let rank = self.space_rank();
+        let live: Vec<usize> = (0..rank)
+            .filter(|&s| {
+                self.keep.contains(&s)
+                    || self.ext[s] != 1
+                    || self.spt[s] != 1
+                    || self.tpw[s] != 1
+                    || self.wpc[s] != 1
+            })
+            .collect();
+        if live.len() == rank {
+            return self;
+        }
+        let at = |s: usize| live.iter().position(|&x| x == s);
+        Layout {
+            spt: live.iter().map(|&s| self.spt[s]).collect(),
+            tpw: live.iter().map(|&s| self.tpw[s]).collect(),
+            wpc: live.iter().map(|&s| self.wpc[s]).collect(),
+            ext: live.iter().map(|&s| self.ext[s]).collect(),
+            order: self.order.iter().filter_map(|&s| at(s)).collect(),
+            keep: self.keep.iter().map(|&s| at(s).unwrap()).collect(),
+        }
+    }
+
+    /// The layout after inserting a tile dim of length 1 at `axis`.
+    pub fn expand(&self, axis: usize) -> Layout {
+        let mut l = self.clone();
+        if let Some(s) = (0..l.space_rank()).find(|s| !l.keep.contains(s)) {
+            l.keep.insert(axis, s);
+        } else {
+            let s = l.space_rank();
+            l.spt.push(1);
+            l.tpw.push(1);
+            l.wpc.push(1);
+            l.ext.push(1);
+            l.order.push(s);
+            l.keep.insert(axis, s);
+        }
+        l
+    }
+
+    /// The same thread mapping over another shape of the same rank.
+    pub fn with_shape(&self, shape: &[usize]) -> Layout {
+        let mut l = self.clone();
+        for (t, &n) in shape.iter().enumerate() {
+            l.ext[l.keep[t]] = n;
+        }
+        l
+    }
+
+    /// Bit position and width of space dim `s` in the lane id.
+    pub fn lane_bits(&self, s: usize) -> (u32, u32) {
+        bits_of(&self.tpw, &self.order, s)
+    }
+
+    /// Bit position and width of space dim `s` in the warp id.
+    pub fn warp_bits(&self, s: usize) -> (u32, u32) {
+        bits_of(&self.wpc, &self.order, s)
+    }
+
+    /// Whether some thread holds a copy of an element that another thread owns.
+    pub fn replicated(&self) -> bool {
+        (0..self.space_rank()).any(|s| self.spt[s] * self.tpw[s] * self.wpc[s] > self.ext[s])
+    }
+
+    /// One-line description for the layout report.
+    pub fn describe(&self) -> String {
+        format!(
+            "blocked{{spt={:?}, tpw={:?}, wpc={:?}, order={:?}}} ext={:?} dims={:?}{}",
+            self.spt,
+            self.tpw,
+            self.wpc,
+            self.order,
+            self.ext,
+            self.keep,
+            if self.replicated() {
+                " (replicated)"
+            } else {
+                ""
+            }
+        )
+    }
+}
+
+fn bits_of(per_dim: &[usize], order: &[usize], s: usize) -> (u32, u32) {
+    let mut shift = 0;
+    for &d in order {
+        let w = per_dim[d].trailing_zeros();
+        if d == s {
+            return (shift, w);
+        }
+        shift += w;
+    }
+    unreachable!("dim in order")
+}
+
+/// The layout of every value: `None` for scalars.
+#[derive(Clone, Debug)]
+pub struct Layouts {
+    /// Per value.
+    pub of: Vec<Option<Layout>>,
+    /// Whether the value is computed once in its layout (`true`), or is cheap to recompute
+    /// in whatever layout a user needs (splats, aranges, broadcasts and their arithmetic).
+    pub strong: Vec<bool>,
+}
+
+/// Assigns a layout to every tile value.
+pub fn assign(k: &Kernel) -> Result<Layouts, CompileError> {
+    let mut l = Layouts {
+        of: vec![None; k.values.len()],
+        strong: vec![false; k.values.len()],
+    };
+    block(k, &k.body, &mut l)?;
+    Ok(l)
+}
+
+fn default_of(k: &Kernel, v: ValueId) -> Option<Layout> {
+    let ty = k.ty(v);
+    (!ty.is_scalar()).then(|| Layout::default_for(&ty.shape, k.num_warps))
+}
+
+fn block(k: &Kernel, b: &Block, l: &mut Layouts) -> Result<(), CompileError> {
+    for stmt in &b.stmts {
+        match stmt {
+            Stmt::Let(v) => value(k, *v, l),
+            Stmt::Store { .. } => {}
+            Stmt::For { carried, body, .. } => {
+                for c in carried {
+                    l.of[c.param.index()] = l.of[c.init.index()].clone().or(default_of(k, c.init));
+                    l.strong[c.param.index()] = true;
+                }
+                // Loop-carried tiles starting from a cheap value (zeros) take the layout
+                // their update produces, so the loop moves no data.
+                for _ in 0..3 {
+                    block(k, body, l)?;
+                    let mut changed = false;
+                    for c in carried {
+                        let (p, n) = (c.param.index(), c.next.index());
+                        if !l.strong[c.init.index()] && l.of[n].is_some() && l.of[p] != l.of[n] {
+                            l.of[p] = l.of[n].clone();
+                            changed = true;
+                        }
+                    }
+                    if !changed {
+                        break;
+                    }
+                }
+                for c in carried {
+                    l.of[c.result.index()] = l.of[c.param.index()].clone();
+                    l.strong[c.result.index()] = true;
+                }
+            }
+            Stmt::If {
+                then_body,
+                else_body,
+                merges,
+                ..
+            } => {
+                block(k, then_body, l)?;
+                block(k, else_body, l)?;
+                for m in merges {
+                    let pick = if l.strong[m.then_value.index()] {
+                        m.then_value
+                    } else {
+                        m.else_value
+                    };
+                    l.of[m.result.index()] = l.of[pick.index()].clone();
+                    l.strong[m.result.index()] = true;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn value(k: &Kernel, v: ValueId, l: &mut Layouts) {
+    let i = v.index();
+    if k.ty(v).is_scalar() {
+        return;
+    }
+    let shape = k.ty(v).shape.clone();
+    let Def::Expr(e) = &k.value(v).def else {
+        l.of[i] = default_of(k, v);
+        l.strong[i] = true;
+        return;
+    };
+    let strong_of = |l: &Layouts, x: ValueId| l.strong[x.index()] && l.of[x.index()].is_some();
+    let (lay, strong) = match e {
+        Expr::Broadcast { value, .. } if strong_of(l, *value) => (
+            l.of[value.index()].as_ref().unwrap().with_shape(&shape),
+            true,
+        ),
+        Expr::ExpandDims { value, axis } if strong_of(l, *value) => {
+            (l.of[value.index()].as_ref().unwrap().expand(*axis), true)
+        }
+        Expr::Reduce { value, axis, .. } => {
+            let src = l.of[value.index()]
+                .clone()
+                .or(default_of(k, *value))
+                .unwrap();
+            (src.slice(*axis), true)
+        }
+        Expr::Unary { .. }
+        | Expr::Binary { .. }
+        | Expr::Compare { .. }
+        | Expr::Select { .. }
+        | Expr::Cast { .. }
+        | Expr::AddPtr { .. }
+        | Expr::Load { .. }
+        | Expr::Atomic { .. } => {
+            let anchor = e
+                .operands()
+                .into_iter()
+                .find(|&o| strong_of(l, o) && k.ty(o).shape == shape);
+            let forced = matches!(e, Expr::Load { .. } | Expr::Atomic { .. });
+            match anchor {
+                Some(o) => (l.of[o.index()].clone().unwrap(), true),
+                None => (Layout::default_for(&shape, k.num_warps), forced),
+            }
+        }
+        Expr::Dot { .. } => (Layout::default_for(&shape, k.num_warps), true),
+        _ => (Layout::default_for(&shape, k.num_warps), false),
+    };
+    l.of[i] = Some(lay);
+    l.strong[i] = strong;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_layouts_cover_the_tile() {
+        let l = Layout::default_for(&[1024], 4);
+        assert_eq!((l.spt[0], l.tpw[0], l.wpc[0]), (8, 32, 4));
+        assert_eq!(l.nregs(), 8);
+        let l = Layout::default_for(&[4, 256], 4);
+        assert_eq!(l.spt, vec![1, 8]);
+        assert_eq!(l.tpw, vec![1, 32]);
+        assert_eq!(l.wpc, vec![4, 1]);
+        let l = Layout::default_for(&[16], 4);
+        assert!(l.replicated());
+        assert_eq!(l.nregs(), 1);
+        let s = Layout::default_for(&[32, 128], 4).slice(1);
+        assert_eq!(s.shape(), vec![32]);
+        let e = s.expand(1);
+        assert_eq!(e, Layout::default_for(&[32, 128], 4).with_shape(&[32, 1]));
+    }
+}

@@ -1,0 +1,321 @@
+//! Global memory: loads (vectorized when axis analysis proves contiguity, alignment and a
+//! uniform mask), stores (one owner thread per element) and atomics.
+
+use super::emit::{Emitter, Res};
+use super::layout::Layout;
+use super::regs::{mem_ty, rk, Rk};
+use crate::ir::{AtomicOp, DType, ValueId};
+
+impl Emitter<'_> {
+    /// Elements per vector access for pointers `ptr` in layout `l`.
+    fn vec_width(&self, ptr: ValueId, mask: Option<ValueId>, l: &Layout, dt: DType) -> usize {
+        let es = dt.size_bytes();
+        if es == 1 {
+            return 1;
+        }
+        let s0 = l.order[0];
+        let Some(t) = l.keep.iter().position(|&s| s == s0) else {
+            return 1;
+        };
+        let info = &self.axis[ptr.index()];
+        let mut v = l.run(s0) as u64;
+        v = v
+            .min(info.contig[t])
+            .min(info.div[t] / es as u64)
+            .min(16 / es as u64);
+        if let Some(m) = mask {
+            v = v.min(self.axis[m.index()].cons[t]);
+        }
+        v.max(1) as usize
+    }
+
+    fn zero(&mut self, kind: Rk, d: &str) {
+        match kind {
+            Rk::F => self.ins(format!("mov.f32 {d}, 0f00000000")),
+            Rk::P => self.ins(format!("setp.ne.u32 {d}, 0, 0")),
+            _ => self.ins(format!("mov.{} {d}, 0", kind.bits())),
+        }
+    }
+
+    /// `a && b` over optional predicates.
+    fn and_pred(&mut self, a: Option<&str>, b: Option<&str>) -> Option<String> {
+        match (a, b) {
+            (Some(a), Some(b)) => {
+                let p = self.reg(Rk::P);
+                self.ins(format!("and.pred {p}, {a}, {b}"));
+                Some(p)
+            }
+            (Some(a), None) | (None, Some(a)) => Some(a.to_string()),
+            (None, None) => None,
+        }
+    }
+
+    fn regs_list(r: &[String]) -> String {
+        if r.len() == 1 {
+            r[0].clone()
+        } else {
+            format!("{{{}}}", r.join(", "))
+        }
+    }
+
+    fn vsuf(n: usize) -> String {
+        if n == 1 {
+            String::new()
+        } else {
+            format!(".v{n}")
+        }
+    }
+
+    /// Loads a tile (in layout `l`) or a scalar (`l == None`).
+    pub fn load(
+        &mut self,
+        v: ValueId,
+        ptr: ValueId,
+        mask: Option<ValueId>,
+        other: Option<ValueId>,
+        l: Option<&Layout>,
+    ) -> Res<Vec<String>> {
+        let dt = self.k.ty(v).dtype().unwrap();
+        let nc = match self.k.root_param(ptr) {
+            Some(p) if self.readonly[p] => ".nc",
+            _ => "",
+        };
+        let (ptrs, masks, others, vw) = match l {
+            Some(l) => (
+                self.tile(ptr, l)?,
+                mask.map(|m| self.tile(m, l)).transpose()?,
+                other.map(|o| self.tile(o, l)).transpose()?,
+                self.vec_width(ptr, mask, l, dt),
+            ),
+            None => (
+                vec![self.scalar(ptr)],
+                mask.map(|m| vec![self.scalar(m)]),
+                other.map(|o| vec![self.scalar(o)]),
+                1,
+            ),
+        };
+        let kind = rk(dt);
+        let mut out = Vec::new();
+        for g in (0..ptrs.len()).step_by(vw) {
+            let pred = masks.as_ref().map(|m| m[g].clone());
+            let at = pred.as_ref().map_or(String::new(), |p| format!("@{p} "));
+            let a = &ptrs[g];
+            let oth: Option<Vec<String>> = others.as_ref().map(|o| o[g..g + vw].to_vec());
+            if dt == DType::Bool {
+                let (t, d) = (self.reg(Rk::R), self.reg(Rk::P));
+                self.ins(format!("mov.u32 {t}, 0"));
+                self.ins(format!("{at}ld.global{nc}.u8 {t}, [{a}]"));
+                self.ins(format!("setp.ne.u32 {d}, {t}, 0"));
+                if let (Some(p), Some(o)) = (&pred, &oth) {
+                    self.ins(format!("@!{p} mov.pred {d}, {}", o[0]));
+                }
+                out.push(d);
+            } else if kind == Rk::H && vw >= 2 {
+                // Halves travel as packed 32-bit words.
+                let words: Vec<String> = (0..vw / 2).map(|_| self.reg(Rk::R)).collect();
+                if pred.is_some() {
+                    for (j, w) in words.iter().enumerate() {
+                        match &oth {
+                            Some(o) => {
+                                self.ins(format!("mov.b32 {w}, {{{}, {}}}", o[2 * j], o[2 * j + 1]))
+                            }
+                            None => self.ins(format!("mov.b32 {w}, 0")),
+                        }
+                    }
+                }
+                self.ins(format!(
+                    "{at}ld.global{nc}{}.b32 {}, [{a}]",
+                    Self::vsuf(words.len()),
+                    Self::regs_list(&words)
+                ));
+                for w in &words {
+                    let (lo, hi) = (self.reg(Rk::H), self.reg(Rk::H));
+                    self.ins(format!("mov.b32 {{{lo}, {hi}}}, {w}"));
+                    out.push(lo);
+                    out.push(hi);
+                }
+            } else {
+                let ds: Vec<String> = (0..vw).map(|_| self.reg(kind)).collect();
+                if pred.is_some() {
+                    for (j, d) in ds.iter().enumerate() {
+                        match &oth {
+                            Some(o) => self.ins(format!("mov.{} {d}, {}", kind.bits(), o[j])),
+                            None => self.zero(kind, d),
+                        }
+                    }
+                }
+                self.ins(format!(
+                    "{at}ld.global{nc}{}.{} {}, [{a}]",
+                    Self::vsuf(vw),
+                    mem_ty(dt),
+                    Self::regs_list(&ds)
+                ));
+                out.extend(ds);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Stores a tile or scalar; each element is written by its owner thread only.
+    pub fn store(&mut self, ptr: ValueId, value: ValueId, mask: Option<ValueId>) -> Res<()> {
+        let dt = self.k.ty(ptr).pointee().unwrap();
+        let kind = rk(dt);
+        let (ptrs, vals, masks, owner, vw) = if self.k.ty(ptr).is_scalar() {
+            let tid0 = self.tid0.clone();
+            (
+                vec![self.scalar(ptr)],
+                vec![self.scalar(value)],
+                mask.map(|m| vec![self.scalar(m)]),
+                Some(tid0),
+                1,
+            )
+        } else {
+            let l = if self.lay.strong[value.index()] && !self.k.ty(value).is_scalar() {
+                self.layout_of(value)
+            } else {
+                self.layout_of(ptr)
+            };
+            let owner = self.coords(&l).owner;
+            (
+                self.tile(ptr, &l)?,
+                self.tile(value, &l)?,
+                mask.map(|m| self.tile(m, &l)).transpose()?,
+                owner,
+                self.vec_width(ptr, mask, &l, dt),
+            )
+        };
+        for g in (0..ptrs.len()).step_by(vw) {
+            let m = masks.as_ref().map(|m| m[g].clone());
+            let pred = self.and_pred(owner.as_deref(), m.as_deref());
+            let at = pred.as_ref().map_or(String::new(), |p| format!("@{p} "));
+            let a = &ptrs[g];
+            if dt == DType::Bool {
+                let t = self.reg(Rk::R);
+                self.ins(format!("selp.u32 {t}, 1, 0, {}", vals[g]));
+                self.ins(format!("{at}st.global.u8 [{a}], {t}"));
+            } else if kind == Rk::H && vw >= 2 {
+                let mut words = Vec::new();
+                for j in 0..vw / 2 {
+                    let w = self.reg(Rk::R);
+                    self.ins(format!(
+                        "mov.b32 {w}, {{{}, {}}}",
+                        vals[g + 2 * j],
+                        vals[g + 2 * j + 1]
+                    ));
+                    words.push(w);
+                }
+                self.ins(format!(
+                    "{at}st.global{}.b32 [{a}], {}",
+                    Self::vsuf(words.len()),
+                    Self::regs_list(&words)
+                ));
+            } else {
+                self.ins(format!(
+                    "{at}st.global{}.{} [{a}], {}",
+                    Self::vsuf(vw),
+                    mem_ty(dt),
+                    Self::regs_list(&vals[g..g + vw])
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Atomic read-modify-write; every element is updated once (by its owner) and the old
+    /// values are shared with the threads holding copies.
+    pub fn atomic(
+        &mut self,
+        v: ValueId,
+        op: AtomicOp,
+        ptr: ValueId,
+        value: ValueId,
+        mask: Option<ValueId>,
+        l: Option<&Layout>,
+    ) -> Res<Vec<String>> {
+        let dt = self.k.ty(ptr).pointee().unwrap();
+        let ty = match (op, dt) {
+            (AtomicOp::Add, DType::F32) => "add.f32",
+            (AtomicOp::Add, DType::I32) => "add.s32",
+            (AtomicOp::Add, DType::U32) => "add.u32",
+            (AtomicOp::Max, DType::I32) => "max.s32",
+            (AtomicOp::Max, DType::U32) => "max.u32",
+            (AtomicOp::Max, DType::F32) => "max.f32",
+            _ => return self.err(format!("atomic {op:?} on {dt} is not supported")),
+        };
+        let _ = v;
+        let (ptrs, vals, masks, owner) = match l {
+            Some(l) => {
+                let owner = self.coords(l).owner;
+                (
+                    self.tile(ptr, l)?,
+                    self.tile(value, l)?,
+                    mask.map(|m| self.tile(m, l)).transpose()?,
+                    owner,
+                )
+            }
+            None => {
+                let tid0 = self.tid0.clone();
+                (
+                    vec![self.scalar(ptr)],
+                    vec![self.scalar(value)],
+                    mask.map(|m| vec![self.scalar(m)]),
+                    Some(tid0),
+                )
+            }
+        };
+        let kind = rk(dt);
+        let mut out = Vec::new();
+        for i in 0..ptrs.len() {
+            let m = masks.as_ref().map(|m| m[i].clone());
+            let pred = self.and_pred(owner.as_deref(), m.as_deref());
+            let at = pred.as_ref().map_or(String::new(), |p| format!("@{p} "));
+            let (a, x) = (&ptrs[i], &vals[i]);
+            let d = self.reg(kind);
+            self.zero(kind, &d);
+            if ty == "max.f32" {
+                // Non-negative floats order like signed ints; negative ones reverse as unsigned.
+                let (bits, old) = (self.reg(Rk::R), self.reg(Rk::R));
+                let (pos, neg) = (self.reg(Rk::P), self.reg(Rk::P));
+                self.ins(format!("mov.b32 {bits}, {x}"));
+                self.ins(format!("mov.b32 {old}, 0"));
+                self.ins(format!("setp.ge.s32 {pos}, {bits}, 0"));
+                self.ins(format!("not.pred {neg}, {pos}"));
+                let p1 = self.and_pred(pred.as_deref(), Some(&pos)).unwrap();
+                let p2 = self.and_pred(pred.as_deref(), Some(&neg)).unwrap();
+                self.ins(format!("@{p1} atom.global.max.s32 {old}, [{a}], {bits}"));
+                self.ins(format!("@{p2} atom.global.min.u32 {old}, [{a}], {bits}"));
+                self.ins(format!("mov.b32 {d}, {old}"));
+            } else {
+                self.ins(format!("{at}atom.global.{ty} {d}, [{a}], {x}"));
+            }
+            out.push(d);
+        }
+        // Share the owner's old values with the replicas.
+        if let Some(own) = owner {
+            let es = kind.smem_bytes();
+            let (addr, offs, numel) = match l {
+                Some(l) => {
+                    let n: usize = l.shape().iter().product();
+                    (self.smem_addr(l, es), Self::lin_offsets(l), n)
+                }
+                None => (self.smem_base.clone(), vec![0], 1),
+            };
+            self.need_smem(numel as u32 * es)?;
+            self.ins("bar.sync 0");
+            for (r, off) in out.iter().zip(&offs) {
+                self.ins(format!(
+                    "@{own} st.shared.{} [{addr}+{}], {r}",
+                    kind.bits(),
+                    *off as u32 * es
+                ));
+            }
+            self.ins("bar.sync 0");
+            let mut shared = Vec::new();
+            for off in &offs {
+                shared.push(self.ld_shared(kind, &addr, *off as u32 * es));
+            }
+            out = shared;
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,544 @@
+//! Backend tests: hand-built typed kernels, compiled for both targets and assembled with
+//! `ptxas` (no spills, no stack frame), plus checks on the instructions chosen.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use super::build::B;
+use super::{compile, PtxKernel, Target};
+use crate::ir::{AtomicOp, BinaryOp, CmpOp, DType, Kernel, Literal, ParamKind, ReduceOp, UnaryOp};
+
+fn ptxas() -> Option<PathBuf> {
+    if let Ok(p) = std::env::var("TILEFUSE_PTXAS") {
+        return Some(PathBuf::from(p));
+    }
+    let mut dir = std::env::current_dir().ok()?;
+    loop {
+        let c = dir.join(".tools/nvcc/nvidia/cuda_nvcc/bin/ptxas");
+        if c.exists() {
+            return Some(c);
+        }
+        if !dir.pop() {
+            return None;
+        }
+    }
+}
+
+/// Compiles for both targets and assembles each; returns the sm_80 kernel.
+fn check(k: &Kernel) -> PtxKernel {
+    let mut first = None;
+    for t in [Target::Sm80, Target::Sm90] {
+        let p = compile(k, t).unwrap_or_else(|e| panic!("{}: {e:?}", k.name));
+        assert!(p.ptx.contains(&format!(".target {}", t.name())));
+        assemble(&p, t);
+        first.get_or_insert(p);
+    }
+    first.unwrap()
+}
+
+pub(super) fn assemble(p: &PtxKernel, t: Target) {
+    let Some(bin) = ptxas() else {
+        eprintln!("skipped: no ptxas");
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("tilefuse-ptx-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = dir.join(format!("{}_{}.ptx", p.entry, t.name()));
+    std::fs::write(&src, &p.ptx).unwrap();
+    let out = Command::new(&bin)
+        .arg(format!("-arch={}", t.name()))
+        .arg("-v")
+        .arg(&src)
+        .arg("-o")
+        .arg(src.with_extension("cubin"))
+        .output()
+        .expect("run ptxas");
+    let log =
+        String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "ptxas failed for {} ({}):\n{log}\n{}",
+        p.entry,
+        t.name(),
+        numbered(&p.ptx)
+    );
+    for want in [
+        "0 bytes spill stores",
+        "0 bytes spill loads",
+        "0 bytes stack frame",
+    ] {
+        assert!(
+            log.contains(want),
+            "{} ({}): expected `{want}`:\n{log}",
+            p.entry,
+            t.name()
+        );
+    }
+}
+
+fn numbered(s: &str) -> String {
+    s.lines()
+        .enumerate()
+        .map(|(i, l)| format!("{:4} {l}\n", i + 1))
+        .collect()
+}
+
+fn mult(d: DType, m: u32) -> ParamKind {
+    ParamKind::ScalarMultipleOf(d, m)
+}
+
+/// `out[i] = x[i] + y[i]` for `i < n`.
+fn vector_add(n_kind: ParamKind, block: i64) -> Kernel {
+    let mut b = B::new("add", 4);
+    let x = b.ptr("x", DType::F32);
+    let y = b.ptr("y", DType::F32);
+    let out = b.ptr("out", DType::F32);
+    let n = b.param("n", n_kind);
+    let pid = b.pid(0);
+    let bs = b.i32(block);
+    let start = b.bin(BinaryOp::Mul, pid, bs);
+    let ar = b.arange(block);
+    let offs = b.bin(BinaryOp::Add, ar, start);
+    let mask = b.cmp(CmpOp::Lt, offs, n);
+    let px = b.addptr(x, offs);
+    let py = b.addptr(y, offs);
+    let xv = b.load(px, Some(mask), None);
+    let yv = b.load(py, Some(mask), None);
+    let s = b.bin(BinaryOp::Add, xv, yv);
+    let po = b.addptr(out, offs);
+    b.store(po, s, Some(mask));
+    b.finish()
+}
+
+#[test]
+fn vector_add_vectorizes_when_n_is_aligned() {
+    let p = check(&vector_add(mult(DType::I32, 16), 1024));
+    assert!(p.ptx.contains("ld.global.nc.v4.f32"), "{}", p.ptx);
+    assert!(p.ptx.contains("st.global.v4.f32"), "{}", p.ptx);
+    assert!(!p.ptx.contains(".local"));
+    assert!(p.layouts.contains("blocked"));
+}
+
+#[test]
+fn vector_add_masked_scalar_fallback() {
+    let p = check(&vector_add(ParamKind::Scalar(DType::I32), 1024));
+    assert!(!p.ptx.contains(".v4"), "mask is not uniform over vectors");
+    assert!(p.ptx.contains("ld.global.nc.f32"));
+    // Small tile: replicated threads must not store twice.
+    let p = check(&vector_add(ParamKind::Scalar(DType::I32), 32));
+    assert!(p.layouts.contains("replicated"), "{}", p.layouts);
+}
+
+/// Row softmax over a `[BM, N]` tile.
+fn softmax(bm: i64, bn: i64, warps: u32) -> Kernel {
+    let mut b = B::new("softmax", warps);
+    let x = b.ptr("x", DType::F32);
+    let out = b.ptr("out", DType::F32);
+    let stride = b.param("stride", mult(DType::I32, 16));
+    let n = b.param("n", mult(DType::I32, 16));
+    let pid = b.pid(0);
+    let bmv = b.i32(bm);
+    let r0 = b.bin(BinaryOp::Mul, pid, bmv);
+    let ar = b.arange(bm);
+    let rows = b.bin(BinaryOp::Add, ar, r0);
+    let cols = b.arange(bn);
+    let re = b.expand(rows, 1);
+    let rs = b.bin(BinaryOp::Mul, re, stride);
+    let rb = b.bcast(rs, &[bm as usize, bn as usize]);
+    let ce = b.expand(cols, 0);
+    let cb = b.bcast(ce, &[bm as usize, bn as usize]);
+    let offs = b.bin(BinaryOp::Add, rb, cb);
+    let cm = b.cmp(CmpOp::Lt, cb, n);
+    let px = b.addptr(x, offs);
+    let ninf = b.f32(f64::NEG_INFINITY);
+    let other = b.splat(ninf, &[bm as usize, bn as usize]);
+    let xv = b.load(px, Some(cm), Some(other));
+    let m = b.reduce(ReduceOp::Max, xv, 1);
+    let me = b.expand(m, 1);
+    let mb = b.bcast(me, &[bm as usize, bn as usize]);
+    let d = b.bin(BinaryOp::Sub, xv, mb);
+    let e = b.un(UnaryOp::Exp, d);
+    let s = b.reduce(ReduceOp::Sum, e, 1);
+    let se = b.expand(s, 1);
+    let sb = b.bcast(se, &[bm as usize, bn as usize]);
+    let y = b.bin(BinaryOp::Div, e, sb);
+    let po = b.addptr(out, offs);
+    b.store(po, y, Some(cm));
+    b.finish()
+}
+
+#[test]
+fn softmax_reduces_with_shuffles() {
+    for (bm, bn, w) in [(4, 256, 4), (1, 1024, 4), (2, 64, 1), (8, 32, 8)] {
+        let p = check(&softmax(bm, bn, w));
+        assert!(p.ptx.contains("shfl.sync.bfly.b32"), "{bm}x{bn}");
+        assert!(p.ptx.contains("ex2.approx.ftz.f32"));
+        if bm * bn >= 4 * 32 * w as i64 {
+            assert!(
+                p.ptx.contains("ld.global.nc.v4.f32"),
+                "{bm}x{bn}\n{}",
+                p.layouts
+            );
+        }
+    }
+}
+
+/// RMSNorm of one bf16 row: `y = x * rsqrt(mean(x^2) + eps) * w`.
+fn rmsnorm(block: i64) -> Kernel {
+    let mut b = B::new("rmsnorm", 4);
+    let x = b.ptr("x", DType::BF16);
+    let w = b.ptr("w", DType::BF16);
+    let out = b.ptr("out", DType::BF16);
+    let n = b.param("n", mult(DType::I32, 8));
+    let eps = b.param("eps", ParamKind::Scalar(DType::F32));
+    let pid = b.pid(0);
+    let row = b.bin(BinaryOp::Mul, pid, n);
+    let cols = b.arange(block);
+    let mask = b.cmp(CmpOp::Lt, cols, n);
+    let xr = b.addptr(x, row);
+    let px = b.addptr(xr, cols);
+    let xv = b.load(px, Some(mask), None);
+    let xf = b.cast(xv, DType::F32);
+    let sq = b.bin(BinaryOp::Mul, xf, xf);
+    let ss = b.reduce(ReduceOp::Sum, sq, 0);
+    let nf = b.cast(n, DType::F32);
+    let mean = b.bin(BinaryOp::Div, ss, nf);
+    let me = b.bin(BinaryOp::Add, mean, eps);
+    let r = b.un(UnaryOp::Rsqrt, me);
+    let pw = b.addptr(w, cols);
+    let wv = b.load(pw, Some(mask), None);
+    let wf = b.cast(wv, DType::F32);
+    let y = b.bin(BinaryOp::Mul, xf, r);
+    let y = b.bin(BinaryOp::Mul, y, wf);
+    let yb = b.cast(y, DType::BF16);
+    let or = b.addptr(out, row);
+    let po = b.addptr(or, cols);
+    b.store(po, yb, Some(mask));
+    b.finish()
+}
+
+#[test]
+fn rmsnorm_bf16() {
+    let p = check(&rmsnorm(2048));
+    assert!(p.ptx.contains("rsqrt.approx"));
+    assert!(p.ptx.contains("cvt.rn.bf16.f32"));
+    assert!(p.ptx.contains("shfl.sync.bfly.b32"));
+    assert!(p.ptx.contains("ld.global.nc.v4.b32"), "{}", p.ptx);
+    assert!(p.ptx.contains("st.global.v4.b32"));
+    check(&rmsnorm(64));
+}
+
+/// `y[n] = sum_k W[n, k] * x[k]`, bf16 inputs, f32 accumulation in a loop over K.
+fn gemv(bn: i64, bk: i64, warps: u32) -> Kernel {
+    let mut b = B::new("gemv", warps);
+    let w = b.ptr("w", DType::BF16);
+    let x = b.ptr("x", DType::BF16);
+    let y = b.ptr("y", DType::F32);
+    let kdim = b.param("k", mult(DType::I32, 64));
+    let pid = b.pid(0);
+    let bnv = b.i32(bn);
+    let r0 = b.bin(BinaryOp::Mul, pid, bnv);
+    let ar = b.arange(bn);
+    let rows = b.bin(BinaryOp::Add, ar, r0);
+    let zero = b.f32(0.0);
+    let acc0 = b.splat(zero, &[bn as usize]);
+    let start = b.i32(0);
+    let step = b.i32(bk);
+    let shape = [bn as usize, bk as usize];
+    let acc = b.for_(start, kdim, step, &[acc0], |b, k, carried| {
+        let ak = b.arange(bk);
+        let cols = b.bin(BinaryOp::Add, ak, k);
+        let re = b.expand(rows, 1);
+        let rk = b.bin(BinaryOp::Mul, re, kdim);
+        let rb = b.bcast(rk, &shape);
+        let ce = b.expand(cols, 0);
+        let cb = b.bcast(ce, &shape);
+        let offs = b.bin(BinaryOp::Add, rb, cb);
+        let pw = b.addptr(w, offs);
+        let wv = b.load(pw, None, None);
+        let px = b.addptr(x, cols);
+        let xv = b.load(px, None, None);
+        let wf = b.cast(wv, DType::F32);
+        let xf = b.cast(xv, DType::F32);
+        let xe = b.expand(xf, 0);
+        let xb = b.bcast(xe, &shape);
+        let prod = b.bin(BinaryOp::Mul, wf, xb);
+        let s = b.reduce(ReduceOp::Sum, prod, 1);
+        vec![b.bin(BinaryOp::Add, carried[0], s)]
+    });
+    let py = b.addptr(y, rows);
+    b.store(py, acc[0], None);
+    b.finish()
+}
+
+#[test]
+fn gemv_bf16_loop() {
+    for (bn, bk, w) in [(16, 256, 4), (64, 128, 4), (8, 64, 2)] {
+        let p = check(&gemv(bn, bk, w));
+        assert!(p.ptx.contains("ld.global.nc.v4.b32"), "{}", p.layouts);
+        assert!(p.ptx.contains("shfl.sync.bfly.b32"));
+        assert!(p.ptx.contains("bra.uni"));
+    }
+}
+
+#[test]
+fn casts_between_all_dtypes() {
+    let mut b = B::new("casts", 4);
+    let src = [
+        DType::F32,
+        DType::BF16,
+        DType::I32,
+        DType::U8,
+        DType::Bool,
+        DType::I64,
+    ];
+    let ins: Vec<_> = src.iter().map(|&d| b.ptr("in", d)).collect();
+    let outs: Vec<Vec<_>> = src
+        .iter()
+        .map(|_| DType::ALL.iter().map(|&d| b.ptr("out", d)).collect())
+        .collect();
+    let offs = b.arange(256);
+    for (i, &from) in src.iter().enumerate() {
+        let p = b.addptr(ins[i], offs);
+        let v = b.load(p, None, None);
+        for (j, &to) in DType::ALL.iter().enumerate() {
+            let c = b.cast(v, to);
+            let po = b.addptr(outs[i][j], offs);
+            b.store(po, c, None);
+        }
+        let _ = from;
+    }
+    check(&b.finish());
+}
+
+#[test]
+fn elementwise_ops_for_all_dtypes() {
+    let mut b = B::new("ops", 2);
+    let n = 64;
+    let offs = b.arange(n);
+    for d in [
+        DType::F32,
+        DType::F16,
+        DType::BF16,
+        DType::I32,
+        DType::U32,
+        DType::I64,
+        DType::U8,
+    ] {
+        let pa = b.ptr("a", d);
+        let pb = b.ptr("b", d);
+        let po = b.ptr("o", d);
+        let pc = b.ptr("c", DType::Bool);
+        let a = b.addptr(pa, offs);
+        let a = b.load(a, None, None);
+        let bb = b.addptr(pb, offs);
+        let bv = b.load(bb, None, None);
+        let mut acc = a;
+        let bins: &[BinaryOp] = if d.is_float() {
+            &[
+                BinaryOp::Add,
+                BinaryOp::Sub,
+                BinaryOp::Mul,
+                BinaryOp::Div,
+                BinaryOp::Max,
+                BinaryOp::Min,
+            ]
+        } else {
+            &[
+                BinaryOp::Add,
+                BinaryOp::Sub,
+                BinaryOp::Mul,
+                BinaryOp::Div,
+                BinaryOp::Rem,
+                BinaryOp::And,
+                BinaryOp::Or,
+                BinaryOp::Xor,
+                BinaryOp::Shl,
+                BinaryOp::Shr,
+                BinaryOp::Max,
+                BinaryOp::Min,
+            ]
+        };
+        for &op in bins {
+            acc = b.bin(op, acc, bv);
+        }
+        let uns: &[UnaryOp] = if d.is_float() {
+            &[
+                UnaryOp::Neg,
+                UnaryOp::Exp,
+                UnaryOp::Exp2,
+                UnaryOp::Log,
+                UnaryOp::Log2,
+                UnaryOp::Sqrt,
+                UnaryOp::Rsqrt,
+                UnaryOp::Sin,
+                UnaryOp::Cos,
+                UnaryOp::Abs,
+                UnaryOp::Sigmoid,
+                UnaryOp::Tanh,
+                UnaryOp::Floor,
+                UnaryOp::Ceil,
+            ]
+        } else {
+            &[UnaryOp::Neg, UnaryOp::Not, UnaryOp::Abs]
+        };
+        for &op in uns {
+            acc = b.un(op, acc);
+        }
+        let mut m = b.cmp(CmpOp::Eq, acc, bv);
+        for op in [CmpOp::Ne, CmpOp::Lt, CmpOp::Le, CmpOp::Gt, CmpOp::Ge] {
+            let c = b.cmp(op, acc, a);
+            m = b.bin(BinaryOp::Xor, m, c);
+        }
+        let nm = b.un(UnaryOp::Not, m);
+        let r = b.select(nm, acc, bv);
+        let o = b.addptr(po, offs);
+        b.store(o, r, Some(m));
+        let c = b.addptr(pc, offs);
+        b.store(c, m, None);
+    }
+    check(&b.finish());
+}
+
+#[test]
+fn argmax_rows_and_scalar() {
+    let mut b = B::new("argmax", 4);
+    let x = b.ptr("x", DType::F32);
+    let out = b.ptr("out", DType::I32);
+    let one = b.ptr("one", DType::I32);
+    let r = b.arange(8);
+    let c = b.arange(512);
+    let n = b.i32(512);
+    let re = b.expand(r, 1);
+    let rn = b.bin(BinaryOp::Mul, re, n);
+    let rb = b.bcast(rn, &[8, 512]);
+    let ce = b.expand(c, 0);
+    let cb = b.bcast(ce, &[8, 512]);
+    let offs = b.bin(BinaryOp::Add, rb, cb);
+    let px = b.addptr(x, offs);
+    let v = b.load(px, None, None);
+    let am = b.reduce(ReduceOp::Argmax, v, 1);
+    let po = b.addptr(out, r);
+    b.store(po, am, None);
+    let p1 = b.addptr(x, c);
+    let v1 = b.load(p1, None, None);
+    let a1 = b.reduce(ReduceOp::Argmax, v1, 0);
+    b.store(one, a1, None);
+    let p = check(&b.finish());
+    assert!(p.ptx.contains("shfl.sync.bfly.b32"));
+    assert!(p.ptx.contains("setp.nan.f32"));
+}
+
+#[test]
+fn atomics_are_issued_once() {
+    let mut b = B::new("atomics", 4);
+    let acc = b.ptr("acc", DType::F32);
+    let cnt = b.ptr("cnt", DType::I32);
+    let mx = b.ptr("mx", DType::F32);
+    let old = b.ptr("old", DType::F32);
+    let x = b.ptr("x", DType::F32);
+    let n = b.param("n", ParamKind::Scalar(DType::I32));
+    // A 16-element tile on 128 threads: replicated 8 times.
+    let offs = b.arange(16);
+    let mask = b.cmp(CmpOp::Lt, offs, n);
+    let px = b.addptr(x, offs);
+    let v = b.load(px, Some(mask), None);
+    let pa = b.addptr(acc, offs);
+    let o = b.atomic(AtomicOp::Add, pa, v, Some(mask));
+    let pm = b.addptr(mx, offs);
+    b.atomic(AtomicOp::Max, pm, v, Some(mask));
+    let po = b.addptr(old, offs);
+    b.store(po, o, Some(mask));
+    let one = b.i32(1);
+    b.atomic(AtomicOp::Add, cnt, one, None);
+    let p = check(&b.finish());
+    for line in p.ptx.lines().filter(|l| l.contains("atom.global")) {
+        assert!(
+            line.trim_start().starts_with('@'),
+            "unpredicated atomic: {line}"
+        );
+    }
+    assert!(p.ptx.contains("atom.global.add.f32"));
+    assert!(p.ptx.contains("atom.global.add.s32"));
+}
+
+#[test]
+fn if_merges_tiles() {
+    let mut b = B::new("branch", 4);
+    let x = b.ptr("x", DType::F32);
+    let out = b.ptr("out", DType::F32);
+    let pid = b.pid(0);
+    let zero = b.i32(0);
+    let c = b.cmp(CmpOp::Eq, pid, zero);
+    let offs = b.arange(256);
+    let px = b.addptr(x, offs);
+    let v = b.load(px, None, None);
+    let r = b.if_(
+        c,
+        |b| {
+            let two = b.f32(2.0);
+            vec![b.bin(BinaryOp::Mul, v, two)]
+        },
+        |b| {
+            let s = b.reduce(ReduceOp::Sum, v, 0);
+            vec![b.splat(s, &[256])]
+        },
+    );
+    let po = b.addptr(out, offs);
+    b.store(po, r[0], None);
+    let p = check(&b.finish());
+    assert!(p.ptx.contains("$L_else"));
+}
+
+#[test]
+fn dot_through_shared_memory() {
+    let mut b = B::new("mm", 4);
+    let pa = b.ptr("a", DType::BF16);
+    let pb = b.ptr("b", DType::BF16);
+    let pc = b.ptr("c", DType::F32);
+    let (m, k, n) = (32usize, 32usize, 32usize);
+    let rm = b.arange(m as i64);
+    let rk = b.arange(k as i64);
+    let rn = b.arange(n as i64);
+    let kk = b.i32(k as i64);
+    let nn = b.i32(n as i64);
+    let grid = |b: &mut B, r, c, stride, shape: [usize; 2]| {
+        let re = b.expand(r, 1);
+        let rs = b.bin(BinaryOp::Mul, re, stride);
+        let rb = b.bcast(rs, &shape);
+        let ce = b.expand(c, 0);
+        let cb = b.bcast(ce, &shape);
+        b.bin(BinaryOp::Add, rb, cb)
+    };
+    let oa = grid(&mut b, rm, rk, kk, [m, k]);
+    let ob = grid(&mut b, rk, rn, nn, [k, n]);
+    let oc = grid(&mut b, rm, rn, nn, [m, n]);
+    let a = b.addptr(pa, oa);
+    let a = b.load(a, None, None);
+    let bv = b.addptr(pb, ob);
+    let bv = b.load(bv, None, None);
+    let z = b.f32(1.0);
+    let acc = b.splat(z, &[m, n]);
+    let d = b.dot(a, bv, Some(acc));
+    let c = b.addptr(pc, oc);
+    b.store(c, d, None);
+    let p = check(&b.finish());
+    assert!(p.shared_bytes >= ((m * k + k * n) * 4) as u32);
+    assert!(p.ptx.contains("fma.rn.f32"));
+}
+
+#[test]
+fn unsupported_ops_are_errors() {
+    let mut b = B::new("bad", 1);
+    let x = b.ptr("x", DType::F32);
+    let offs = b.arange(32);
+    let px = b.addptr(x, offs);
+    let v = b.load(px, None, None);
+    let r = b.bin(BinaryOp::Rem, v, v);
+    b.store(px, r, None);
+    let k = b.finish();
+    let err = compile(&k, Target::Sm80).unwrap_err();
+    assert!(err.message.contains("Rem"), "{}", err.message);
+    assert_eq!(err.loc, k.value(r).loc);
+    let _ = Literal::Bool(true);
+}
