@@ -39,6 +39,16 @@ fn pow2_div(x: i64) -> u64 {
     }
 }
 
+/// Divisibility of `x` at the starts of runs of length `rc` along `t`: its own run
+/// starts are only guaranteed to be among them when its runs are no longer.
+fn at_runs(x: &AxisInfo, t: usize, rc: u64) -> u64 {
+    if x.contig[t] <= rc {
+        x.div[t]
+    } else {
+        1
+    }
+}
+
 /// Computes the axis info of every value.
 pub fn analyze(k: &Kernel) -> Vec<AxisInfo> {
     let mut info: Vec<AxisInfo> = k
@@ -124,7 +134,13 @@ fn expr(k: &Kernel, v: ValueId, e: &Expr, info: &[AxisInfo]) -> AxisInfo {
         }
         Expr::ExpandDims { value, axis } => {
             let src = get(value);
-            let d = src.div.iter().copied().min().unwrap_or(1);
+            // Along the new dim every element starts a run: only a nowhere-contiguous
+            // source keeps its divisibility.
+            let d = if src.contig.iter().all(|&c| c == 1) {
+                src.div.iter().copied().min().unwrap_or(1)
+            } else {
+                1
+            };
             let mut c = src.contig.clone();
             let mut dv = src.div.clone();
             let mut n = src.cons.clone();
@@ -151,11 +167,12 @@ fn expr(k: &Kernel, v: ValueId, e: &Expr, info: &[AxisInfo]) -> AxisInfo {
                         if *op == BinaryOp::Add {
                             out.contig[t] = out.contig[t].max(a.cons[t].min(b.contig[t]));
                         }
-                        out.div[t] = a.div[t].min(b.div[t]);
+                        let rc = out.contig[t];
+                        out.div[t] = at_runs(&a, t, rc).min(at_runs(&b, t, rc));
                         out.cons[t] = a.cons[t].min(b.cons[t]);
                     }
                     BinaryOp::Mul => {
-                        out.div[t] = (a.div[t] * b.div[t]).min(MAX_DIV);
+                        out.div[t] = (at_runs(&a, t, 1) * at_runs(&b, t, 1)).min(MAX_DIV);
                         out.cons[t] = a.cons[t].min(b.cons[t]);
                     }
                     _ => out.cons[t] = a.cons[t].min(b.cons[t]),
@@ -167,7 +184,8 @@ fn expr(k: &Kernel, v: ValueId, e: &Expr, info: &[AxisInfo]) -> AxisInfo {
             let es = ty.pointee().map_or(1, |d| d.size_bytes()) as u64;
             for t in 0..out.div.len() {
                 out.contig[t] = a.cons[t].min(b.contig[t]);
-                out.div[t] = a.div[t].min((b.div[t] * es).min(MAX_DIV));
+                let rc = out.contig[t];
+                out.div[t] = at_runs(&a, t, rc).min((at_runs(&b, t, rc) * es).min(MAX_DIV));
                 out.cons[t] = a.cons[t].min(b.cons[t]);
             }
         }

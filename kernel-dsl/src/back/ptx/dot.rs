@@ -6,7 +6,7 @@ use std::collections::btree_map::Entry;
 use super::emit::{Emitter, Res};
 use super::layout::Layout;
 use super::regs::{f32_imm, Rk};
-use crate::ir::ValueId;
+use crate::ir::{DType, ValueId};
 
 impl Emitter<'_> {
     /// `a @ b (+ acc)` in the output layout `l` (f32).
@@ -22,8 +22,8 @@ impl Emitter<'_> {
         let (Some(da), Some(db)) = (ta.dtype(), tb.dtype()) else {
             return self.err("dot operands must be value tiles");
         };
-        if !da.is_float() || !db.is_float() || ta.shape.len() != 2 || tb.shape.len() != 2 {
-            return self.err(format!("dot needs 2-D float tiles, not {ta} and {tb}"));
+        if ta.shape.len() != 2 || tb.shape.len() != 2 {
+            return self.err(format!("dot needs 2-D tiles, not {ta} and {tb}"));
         }
         let (m, kk, n) = (ta.shape[0], ta.shape[1], tb.shape[1]);
         let b_at = (m * kk * 4) as u32;
@@ -39,11 +39,11 @@ impl Emitter<'_> {
         let pb = self.smem_addr(&lb, 4);
         self.ins("bar.sync 0");
         for (r, off) in ra.iter().zip(Self::lin_offsets(&la)) {
-            let x = self.up(da, r);
+            let x = self.cast(da, DType::F32, r)?;
             self.ins(format!("st.shared.f32 [{pa}+{}], {x}", off * 4));
         }
         for (r, off) in rb.iter().zip(Self::lin_offsets(&lb)) {
-            let x = self.up(db, r);
+            let x = self.cast(db, DType::F32, r)?;
             self.ins(format!(
                 "st.shared.f32 [{pb}+{}], {x}",
                 b_at as usize + off * 4

@@ -48,15 +48,15 @@ impl Emitter<'_> {
                 Ok(d)
             }
             Expr::Unary { op, arg } => {
-                let dt = self.k.ty(*arg).dtype().unwrap();
+                let dt = self.val_dt(*arg)?;
                 self.unary(*op, dt, &a[0])
             }
             Expr::Binary { op, lhs, .. } => {
-                let dt = self.k.ty(*lhs).dtype().unwrap();
+                let dt = self.val_dt(*lhs)?;
                 self.binary(*op, dt, &a[0], &a[1])
             }
             Expr::Compare { op, lhs, .. } => {
-                let dt = self.k.ty(*lhs).dtype().unwrap();
+                let dt = self.val_dt(*lhs)?;
                 self.compare(*op, dt, &a[0], &a[1])
             }
             Expr::Select { .. } => {
@@ -80,12 +80,12 @@ impl Emitter<'_> {
                 Ok(d)
             }
             Expr::Cast { value, to } => {
-                let from = self.k.ty(*value).dtype().unwrap();
+                let from = self.val_dt(*value)?;
                 self.cast(from, *to, &a[0])
             }
             Expr::AddPtr { ptr, offset } => {
-                let es = self.k.ty(*ptr).pointee().unwrap().size_bytes();
-                let odt = self.k.ty(*offset).dtype().unwrap();
+                let es = self.ptr_dt(*ptr)?.size_bytes();
+                let odt = self.val_dt(*offset)?;
                 let t = self.reg(Rk::D);
                 match odt {
                     DType::I32 => self.ins(format!("mul.wide.s32 {t}, {}, {es}", a[1])),
@@ -362,10 +362,26 @@ impl Emitter<'_> {
                     }
                 }
             }
-            _ if to.is_float() => {
+            _ if to == DType::F32 || (to.is_float() && from == DType::U8) => {
                 let f = self.reg(Rk::F);
                 self.ins(format!("cvt.rn.f32.{} {f}, {a}", int_ty(from)));
                 return Ok(self.down(to, &f));
+            }
+            _ if to.is_float() => {
+                // One rounding to f16/bf16: truncate to f32 with a sticky low bit when
+                // inexact (round to odd), then round to nearest even.
+                let t = int_ty(from);
+                let (f, g) = (self.reg(Rk::F), self.reg(Rk::F));
+                let (back, p) = (self.reg(rk(from)), self.reg(Rk::P));
+                let (bits, odd) = (self.reg(Rk::R), self.reg(Rk::R));
+                self.ins(format!("cvt.rz.f32.{t} {f}, {a}"));
+                self.ins(format!("cvt.rzi.{t}.f32 {back}, {f}"));
+                self.ins(format!("setp.ne.{t} {p}, {back}, {a}"));
+                self.ins(format!("mov.b32 {bits}, {f}"));
+                self.ins(format!("or.b32 {odd}, {bits}, 1"));
+                self.ins(format!("selp.b32 {bits}, {odd}, {bits}, {p}"));
+                self.ins(format!("mov.b32 {g}, {bits}"));
+                return Ok(self.down(to, &g));
             }
             _ => match (from, to) {
                 (DType::I32, DType::I64) => self.ins(format!("cvt.s64.s32 {d}, {a}")),

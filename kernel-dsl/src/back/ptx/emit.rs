@@ -243,6 +243,22 @@ impl<'k> Emitter<'k> {
             .clone()
     }
 
+    /// The dtype of a value tile or scalar (an error for pointers).
+    pub fn val_dt(&self, v: ValueId) -> Res<crate::ir::DType> {
+        match self.k.ty(v).dtype() {
+            Some(d) => Ok(d),
+            None => self.err(format!("{v} is a pointer where a value is needed")),
+        }
+    }
+
+    /// The pointee dtype of a pointer tile or scalar (an error for values).
+    pub fn ptr_dt(&self, v: ValueId) -> Res<crate::ir::DType> {
+        match self.k.ty(v).pointee() {
+            Some(d) => Ok(d),
+            None => self.err(format!("{v} is a value where a pointer is needed")),
+        }
+    }
+
     /// The register class of a value's elements.
     pub fn rk_of(&self, v: ValueId) -> Rk {
         rk_elem(self.k.ty(v).elem)

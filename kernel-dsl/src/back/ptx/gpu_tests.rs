@@ -557,3 +557,62 @@ fn dump() {
     let d = def(s, &c, w);
     println!("{}", d.variants[0].ptx_sm80);
 }
+
+const COLSUM: &str = r#"
+fn colstats<const M: usize, const N: usize>(x: Ptr<f32>, sums: Ptr<f32>, idx: Ptr<i32>, cnt: Ptr<i32>) {
+    let r = arange(0, M);
+    let c = arange(0, N);
+    let v = load(x + r.expand_dims(1) * N + c.expand_dims(0));
+    store(sums + c, v.sum(0));
+    store(sums + N + c, maximum(v.max(0), 0.0) - minimum(v.min(0), 0.0));
+    store(idx + c, v.argmax(0));
+    let big = select(v > 0.5, 1, 0);
+    atomic_max(cnt + c, big.sum(0));
+    atomic_add(cnt + N, num_programs(0));
+}
+"#;
+
+#[test]
+fn gpu_column_reductions() {
+    let mut r = Rng(31);
+    for (m, n, w) in [(64, 32, 4), (128, 8, 8), (4, 64, 1)] {
+        let d = def(COLSUM, &[("M", m), ("N", n)], w);
+        let (m, n) = (m as usize, n as usize);
+        let data = [
+            Data::F32(r.vec(m * n, 1.0)),
+            Data::F32(vec![0.0; 2 * n]),
+            Data::I32(vec![0; n]),
+            Data::I32(vec![0; n + 1]),
+        ];
+        diff("colstats", d, [1, 1, 1], &data, 1e-5);
+    }
+}
+
+const TILE3: &str = r#"
+fn tile3<const A: usize, const B: usize, const C: usize>(x: Ptr<bf16>, out: Ptr<f32>, o2: Ptr<bf16>) {
+    let a = arange(0, A);
+    let b = arange(0, B);
+    let c = arange(0, C);
+    let offs = (a.expand_dims(1).expand_dims(2) * B + b.expand_dims(0).expand_dims(2)) * C + c.expand_dims(0).expand_dims(1);
+    let v = load(x + offs) as f32;
+    let s = v.sum(2);
+    let t = exp(s - s.max(1).expand_dims(1));
+    store(out + a.expand_dims(1) * B + b.expand_dims(0), t / t.sum(1).expand_dims(1));
+    store(o2 + offs, (v * sigmoid(v)) as bf16);
+}
+"#;
+
+#[test]
+fn gpu_rank3_tiles() {
+    let mut r = Rng(37);
+    for (a, b, c, w) in [(2, 4, 32, 4), (4, 8, 16, 2)] {
+        let d = def(TILE3, &[("A", a), ("B", b), ("C", c)], w);
+        let (a, b, c) = (a as usize, b as usize, c as usize);
+        let data = [
+            Data::Bf16(r.bf(a * b * c)),
+            Data::F32(vec![0.0; a * b]),
+            Data::Bf16(vec![bf16::ZERO; a * b * c]),
+        ];
+        diff("tile3", d, [1, 1, 1], &data, 1.0 / 128.0);
+    }
+}

@@ -11,6 +11,8 @@
 //! `rep < max(1, ext_s / cover_s)`. When the layout covers more than the extent, several
 //! threads hold the same element; the owner is the one with `tc * spt_s < ext_s`.
 
+use std::collections::HashMap;
+
 use crate::error::CompileError;
 use crate::ir::{Block, Def, Expr, Kernel, Stmt, ValueId};
 
@@ -234,16 +236,80 @@ pub struct Layouts {
     /// Whether the value is computed once in its layout (`true`), or is cheap to recompute
     /// in whatever layout a user needs (splats, aranges, broadcasts and their arithmetic).
     pub strong: Vec<bool>,
+    /// Layouts chosen for loads from their consumers.
+    pub over: HashMap<ValueId, Layout>,
 }
 
 /// Assigns a layout to every tile value.
+///
+/// A forward pass first; then loads that only feed (through casts, `expand_dims` and
+/// broadcasts) an op laid out differently are re-laid out to match their consumer, so
+/// e.g. the `x` vector of a GEMV is loaded straight into the slice of the weight tile's
+/// layout instead of being moved through shared memory every iteration.
 pub fn assign(k: &Kernel) -> Result<Layouts, CompileError> {
+    let mut over: HashMap<ValueId, Layout> = HashMap::new();
+    for _ in 0..4 {
+        let mut l = Layouts {
+            of: vec![None; k.values.len()],
+            strong: vec![false; k.values.len()],
+            over: over.clone(),
+        };
+        block(k, &k.body, &mut l)?;
+        let mut found = false;
+        for (i, v) in k.values.iter().enumerate() {
+            let Def::Expr(e) = &v.def else { continue };
+            let elementwise = matches!(
+                e,
+                Expr::Binary { .. } | Expr::Compare { .. } | Expr::Select { .. }
+            );
+            let Some(want) = l.of[i].clone().filter(|_| elementwise && l.strong[i]) else {
+                continue;
+            };
+            for o in e.operands() {
+                let (oi, shape) = (o.index(), &k.ty(o).shape);
+                if *shape != want.shape() || !l.strong[oi] || l.of[oi].as_ref() == Some(&want) {
+                    continue;
+                }
+                if let Some((x, lx)) = prefer(k, o, want.clone()) {
+                    if let std::collections::hash_map::Entry::Vacant(e) = over.entry(x) {
+                        e.insert(lx);
+                        found = true;
+                    }
+                }
+            }
+        }
+        if !found {
+            return Ok(l);
+        }
+    }
     let mut l = Layouts {
         of: vec![None; k.values.len()],
         strong: vec![false; k.values.len()],
+        over,
     };
     block(k, &k.body, &mut l)?;
     Ok(l)
+}
+
+/// The load (and its layout) that would make `v` come out in layout `want` for free.
+fn prefer(k: &Kernel, v: ValueId, want: Layout) -> Option<(ValueId, Layout)> {
+    let Def::Expr(e) = &k.value(v).def else {
+        return None;
+    };
+    match e {
+        Expr::Broadcast { value, .. } if !k.ty(*value).is_scalar() => {
+            prefer(k, *value, want.with_shape(&k.ty(*value).shape))
+        }
+        Expr::ExpandDims { value, axis } if !k.ty(*value).is_scalar() => {
+            let mut s = want;
+            s.keep.remove(*axis);
+            prefer(k, *value, s.canon())
+        }
+        Expr::Cast { value, .. } => prefer(k, *value, want),
+        Expr::Unary { arg, .. } => prefer(k, *arg, want),
+        Expr::Load { .. } => Some((v, want)),
+        _ => None,
+    }
 }
 
 fn default_of(k: &Kernel, v: ValueId) -> Option<Layout> {
@@ -257,26 +323,22 @@ fn block(k: &Kernel, b: &Block, l: &mut Layouts) -> Result<(), CompileError> {
             Stmt::Let(v) => value(k, *v, l),
             Stmt::Store { .. } => {}
             Stmt::For { carried, body, .. } => {
+                // Loop-carried tiles starting from a cheap value (zeros) take the layout
+                // their update produces, so the loop moves no data: a first pass treats
+                // them as cheap, then they adopt the layout of their `next` value.
                 for c in carried {
                     l.of[c.param.index()] = l.of[c.init.index()].clone().or(default_of(k, c.init));
-                    l.strong[c.param.index()] = true;
+                    l.strong[c.param.index()] = l.strong[c.init.index()];
                 }
-                // Loop-carried tiles starting from a cheap value (zeros) take the layout
-                // their update produces, so the loop moves no data.
-                for _ in 0..3 {
-                    block(k, body, l)?;
-                    let mut changed = false;
-                    for c in carried {
-                        let (p, n) = (c.param.index(), c.next.index());
-                        if !l.strong[c.init.index()] && l.of[n].is_some() && l.of[p] != l.of[n] {
-                            l.of[p] = l.of[n].clone();
-                            changed = true;
-                        }
+                block(k, body, l)?;
+                for c in carried {
+                    let (p, n) = (c.param.index(), c.next.index());
+                    if !l.strong[c.init.index()] && l.of[n].is_some() {
+                        l.of[p] = l.of[n].clone();
                     }
-                    if !changed {
-                        break;
-                    }
+                    l.strong[p] = true;
                 }
+                block(k, body, l)?;
                 for c in carried {
                     l.of[c.result.index()] = l.of[c.param.index()].clone();
                     l.strong[c.result.index()] = true;
@@ -325,6 +387,7 @@ fn value(k: &Kernel, v: ValueId, l: &mut Layouts) {
         Expr::ExpandDims { value, axis } if strong_of(l, *value) => {
             (l.of[value.index()].as_ref().unwrap().expand(*axis), true)
         }
+        Expr::Load { .. } if l.over.contains_key(&v) => (l.over[&v].clone(), true),
         Expr::Reduce { value, axis, .. } => {
             let src = l.of[value.index()]
                 .clone()

@@ -75,7 +75,7 @@ impl Emitter<'_> {
         other: Option<ValueId>,
         l: Option<&Layout>,
     ) -> Res<Vec<String>> {
-        let dt = self.k.ty(v).dtype().unwrap();
+        let dt = self.val_dt(v)?;
         let nc = match self.k.root_param(ptr) {
             Some(p) if self.readonly[p] => ".nc",
             _ => "",
@@ -158,7 +158,7 @@ impl Emitter<'_> {
 
     /// Stores a tile or scalar; each element is written by its owner thread only.
     pub fn store(&mut self, ptr: ValueId, value: ValueId, mask: Option<ValueId>) -> Res<()> {
-        let dt = self.k.ty(ptr).pointee().unwrap();
+        let dt = self.ptr_dt(ptr)?;
         let kind = rk(dt);
         let (ptrs, vals, masks, owner, vw) = if self.k.ty(ptr).is_scalar() {
             let tid0 = self.tid0.clone();
@@ -232,7 +232,7 @@ impl Emitter<'_> {
         mask: Option<ValueId>,
         l: Option<&Layout>,
     ) -> Res<Vec<String>> {
-        let dt = self.k.ty(ptr).pointee().unwrap();
+        let dt = self.ptr_dt(ptr)?;
         let ty = match (op, dt) {
             (AtomicOp::Add, DType::F32) => "add.f32",
             (AtomicOp::Add, DType::I32) => "add.s32",

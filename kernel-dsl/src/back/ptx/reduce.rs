@@ -25,13 +25,24 @@ impl Emitter<'_> {
         value: ValueId,
         axis: usize,
     ) -> Res<Vec<String>> {
-        let dt = self.k.ty(value).dtype().unwrap();
-        if dt == DType::Bool {
-            return self
-                .err("reductions over bool tiles are not supported; cast to an integer first");
-        }
+        let mut dt = self.val_dt(value)?;
         let src_l = self.layout_of(value);
-        let regs = self.tile(value, &src_l)?;
+        let mut regs = self.tile(value, &src_l)?;
+        let is_bool = dt == DType::Bool;
+        if is_bool {
+            if !matches!(op, ReduceOp::Max | ReduceOp::Min) {
+                return self.err(format!(
+                    "{op:?} of a bool tile is not defined; cast to an integer first"
+                ));
+            }
+            // any/all as max/min over 0/1.
+            for r in regs.iter_mut() {
+                let t = self.reg(Rk::R);
+                self.ins(format!("selp.u32 {t}, 1, 0, {r}"));
+                *r = t;
+            }
+            dt = DType::U32;
+        }
         let s = src_l.keep[axis];
         let out_l = src_l.slice(axis);
         let acc_kind = if dt.is_float() { Rk::F } else { rk(dt) };
@@ -156,6 +167,11 @@ impl Emitter<'_> {
         for p in parts {
             out.push(match op {
                 ReduceOp::Argmax => p.i.unwrap(),
+                _ if is_bool => {
+                    let b = self.reg(Rk::P);
+                    self.ins(format!("setp.ne.u32 {b}, {}, 0", p.v));
+                    b
+                }
                 _ if dt.is_float() => self.down(dt, &p.v),
                 _ => p.v,
             });

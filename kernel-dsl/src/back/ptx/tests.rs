@@ -278,6 +278,9 @@ fn gemv_bf16_loop() {
         assert!(p.ptx.contains("ld.global.nc.v4.b32"), "{}", p.layouts);
         assert!(p.ptx.contains("shfl.sync.bfly.b32"));
         assert!(p.ptx.contains("bra.uni"));
+        // x is loaded in the slice of W's layout and the accumulator lives in the
+        // reduction's layout: no shared-memory traffic in the loop.
+        assert!(!p.ptx.contains("bar.sync"), "{}", p.layouts);
     }
 }
 
@@ -541,4 +544,57 @@ fn unsupported_ops_are_errors() {
     assert!(err.message.contains("Rem"), "{}", err.message);
     assert_eq!(err.loc, k.value(r).loc);
     let _ = Literal::Bool(true);
+}
+
+#[test]
+fn unaligned_rows_are_not_vectorized() {
+    // offs[i, j] = i + j: rows are contiguous but start at unaligned offsets.
+    let mut b = B::new("skew", 1);
+    let x = b.ptr("x", DType::F32);
+    let out = b.ptr("out", DType::F32);
+    let r = b.arange(4);
+    let c = b.arange(64);
+    let re = b.expand(r, 1);
+    let rb = b.bcast(re, &[4, 64]);
+    let ce = b.expand(c, 0);
+    let cb = b.bcast(ce, &[4, 64]);
+    let offs = b.bin(BinaryOp::Add, rb, cb);
+    let px = b.addptr(x, offs);
+    let v = b.load(px, None, None);
+    let po = b.addptr(out, offs);
+    b.store(po, v, None);
+    let p = check(&b.finish());
+    assert!(
+        !p.ptx.contains(".v2") && !p.ptx.contains(".v4"),
+        "{}",
+        p.ptx
+    );
+}
+
+#[test]
+fn bool_reductions_and_integer_dot() {
+    let mut b = B::new("anyall", 4);
+    let x = b.ptr("x", DType::I32);
+    let out = b.ptr("out", DType::Bool);
+    let res = b.ptr("res", DType::F32);
+    let r = b.arange(16);
+    let c = b.arange(16);
+    let n = b.i32(16);
+    let re = b.expand(r, 1);
+    let rn = b.bin(BinaryOp::Mul, re, n);
+    let rb = b.bcast(rn, &[16, 16]);
+    let ce = b.expand(c, 0);
+    let cb = b.bcast(ce, &[16, 16]);
+    let offs = b.bin(BinaryOp::Add, rb, cb);
+    let px = b.addptr(x, offs);
+    let v = b.load(px, None, None);
+    let zero = b.i32(0);
+    let pos = b.cmp(CmpOp::Gt, v, zero);
+    let any = b.reduce(ReduceOp::Max, pos, 1);
+    let all = b.reduce(ReduceOp::Min, any, 0);
+    b.store(out, all, None);
+    let d = b.dot(v, v, None);
+    let pr = b.addptr(res, offs);
+    b.store(pr, d, None);
+    check(&b.finish());
 }
