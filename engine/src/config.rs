@@ -473,3 +473,125 @@ impl Fields<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<ModelConfig> {
+        ModelConfig::from_json_str(text, Path::new("dir/config.json"))
+    }
+
+    /// Llama-3.2-1B's config.json as transformers 4.x writes it.
+    const LLAMA_4X: &str = r#"{
+        "architectures": ["LlamaForCausalLM"], "attention_bias": false, "bos_token_id": 128000,
+        "eos_token_id": [128001, 128008, 128009], "hidden_act": "silu", "hidden_size": 2048,
+        "intermediate_size": 8192, "max_position_embeddings": 131072, "mlp_bias": false,
+        "num_attention_heads": 32, "num_hidden_layers": 16, "num_key_value_heads": 8,
+        "rms_norm_eps": 1e-05, "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0,
+        "low_freq_factor": 1.0, "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+        "rope_theta": 500000.0, "tie_word_embeddings": true, "torch_dtype": "bfloat16",
+        "vocab_size": 128256}"#;
+
+    #[test]
+    fn llama_4x_layout_with_llama3_scaling() {
+        let c = parse(LLAMA_4X).unwrap();
+        assert_eq!(c.arch, Arch::Llama);
+        assert_eq!(c.head_dim, 64, "absent head_dim is hidden / heads");
+        assert_eq!(c.rope_theta, 500000.0);
+        assert_eq!(
+            c.rope_scaling,
+            RopeScaling::Llama3 {
+                factor: 32.0,
+                low_freq_factor: 1.0,
+                high_freq_factor: 4.0,
+                original_max_position_embeddings: 8192
+            }
+        );
+        assert!(c.tie_word_embeddings && !c.qkv_bias && !c.qk_norm);
+        assert_eq!(c.eos_token_ids, vec![128001, 128008, 128009]);
+        assert_eq!(c.bos_token_id, Some(128000));
+        assert_eq!(c.rms_norm_eps, 1e-5);
+    }
+
+    #[test]
+    fn llama_5x_layout_matches_4x() {
+        let text = LLAMA_4X
+            .replace(r#""rope_scaling""#, r#""rope_parameters""#)
+            .replace(
+                r#""rope_type": "llama3"}"#,
+                r#""rope_type": "llama3", "rope_theta": 500000.0}"#,
+            )
+            .replace(r#""rope_theta": 500000.0, "tie"#, r#""tie"#);
+        assert!(text.contains("rope_parameters") && !text.contains("\"rope_scaling\""));
+        assert_eq!(parse(&text).unwrap(), parse(LLAMA_4X).unwrap());
+    }
+
+    #[test]
+    fn qwen3_and_qwen2_flags() {
+        let q3 = r#"{"architectures": ["Qwen3ForCausalLM"], "hidden_size": 1024, "head_dim": 128,
+            "intermediate_size": 3072, "num_attention_heads": 16, "num_hidden_layers": 28,
+            "num_key_value_heads": 8, "rope_theta": 1000000, "rope_scaling": null,
+            "tie_word_embeddings": true, "vocab_size": 151936, "eos_token_id": 151645}"#;
+        let c = parse(q3).unwrap();
+        assert!(c.qk_norm && c.tie_word_embeddings && !c.qkv_bias);
+        assert_eq!(
+            (c.head_dim, c.rope_theta, c.rope_scaling),
+            (128, 1e6, RopeScaling::None)
+        );
+        assert_eq!(c.eos_token_ids, vec![151645]);
+        let q2 = q3
+            .replace("Qwen3", "Qwen2")
+            .replace(r#""head_dim": 128,"#, "");
+        let c = parse(&q2).unwrap();
+        assert!(c.qkv_bias && !c.o_bias && !c.qk_norm);
+        assert_eq!(c.head_dim, 64);
+    }
+
+    #[test]
+    fn generation_config_overrides_eos() {
+        let mut c = parse(LLAMA_4X).unwrap();
+        let p = Path::new("dir/generation_config.json");
+        c.apply_generation_config(r#"{"eos_token_id": 7, "bos_token_id": 1}"#, p)
+            .unwrap();
+        assert_eq!(
+            (c.eos_token_ids.clone(), c.bos_token_id),
+            (vec![7], Some(1))
+        );
+        let e = c
+            .apply_generation_config(r#"{"eos_token_id": "x"}"#, p)
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("generation_config.json")
+                && e.to_string().contains("eos_token_id")
+        );
+    }
+
+    #[test]
+    fn errors_name_file_and_value() {
+        let msg = |t: &str| parse(t).unwrap_err().to_string();
+        let m = msg(&LLAMA_4X.replace("LlamaForCausalLM", "GPT2LMHeadModel"));
+        assert!(
+            m.contains("dir/config.json") && m.contains("GPT2LMHeadModel"),
+            "{m}"
+        );
+        let m = msg(&LLAMA_4X.replace(r#""rope_type": "llama3""#, r#""rope_type": "yarn""#));
+        assert!(m.contains("dir/config.json") && m.contains("yarn"), "{m}");
+        let m = msg(&LLAMA_4X.replace(r#""hidden_size": 2048,"#, ""));
+        assert!(m.contains("hidden_size") && m.contains("missing"), "{m}");
+        let m =
+            msg(&LLAMA_4X.replace(r#""num_key_value_heads": 8"#, r#""num_key_value_heads": 5"#));
+        assert!(m.contains("num_key_value_heads") && m.contains('5'), "{m}");
+        let m = msg(&LLAMA_4X.replace(r#""hidden_size": 2048"#, r#""hidden_size": "big""#));
+        assert!(m.contains("hidden_size") && m.contains("big"), "{m}");
+        let m = msg("{\"architectures\": [");
+        assert!(
+            m.contains("dir/config.json") && m.contains("malformed JSON"),
+            "{m}"
+        );
+        let m = msg(&LLAMA_4X.replace(r#""original_max_position_embeddings": 8192, "#, ""));
+        assert!(m.contains("original_max_position_embeddings"), "{m}");
+        let m = msg(&LLAMA_4X.replace(r#""hidden_act": "silu""#, r#""hidden_act": "gelu""#));
+        assert!(m.contains("hidden_act") && m.contains("gelu"), "{m}");
+    }
+}

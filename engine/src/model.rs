@@ -70,6 +70,59 @@ impl<'a> ModelWeights<'a> {
         self.lm_head.as_deref().unwrap_or(&self.embed_tokens)
     }
 
+    /// Every tensor with its Hugging Face name and shape, in checkpoint
+    /// order (embedding, layers, final norm, untied LM head). Useful for
+    /// uploading weights or writing them back out as safetensors.
+    pub fn named_tensors(&self, cfg: &ModelConfig) -> Vec<(String, Vec<usize>, &[bf16])> {
+        let (h, qd, kvd, hd, im, v) = (
+            cfg.hidden_size,
+            cfg.q_dim(),
+            cfg.kv_dim(),
+            cfg.head_dim,
+            cfg.intermediate_size,
+            cfg.vocab_size,
+        );
+        let mut out: Vec<(String, Vec<usize>, &[bf16])> = vec![(
+            "model.embed_tokens.weight".into(),
+            vec![v, h],
+            &self.embed_tokens,
+        )];
+        for (i, l) in self.layers.iter().enumerate() {
+            let n = |s: &str| format!("model.layers.{i}.{s}");
+            out.push((n("input_layernorm.weight"), vec![h], &l.input_norm));
+            out.push((n("self_attn.q_proj.weight"), vec![qd, h], &l.q_proj));
+            out.push((n("self_attn.k_proj.weight"), vec![kvd, h], &l.k_proj));
+            out.push((n("self_attn.v_proj.weight"), vec![kvd, h], &l.v_proj));
+            out.push((n("self_attn.o_proj.weight"), vec![h, qd], &l.o_proj));
+            let optional = [
+                ("self_attn.q_proj.bias", qd, &l.q_bias),
+                ("self_attn.k_proj.bias", kvd, &l.k_bias),
+                ("self_attn.v_proj.bias", kvd, &l.v_bias),
+                ("self_attn.o_proj.bias", h, &l.o_bias),
+                ("self_attn.q_norm.weight", hd, &l.q_norm),
+                ("self_attn.k_norm.weight", hd, &l.k_norm),
+            ];
+            for (name, len, t) in optional {
+                if let Some(t) = t {
+                    out.push((n(name), vec![len], t));
+                }
+            }
+            out.push((
+                n("post_attention_layernorm.weight"),
+                vec![h],
+                &l.post_attention_norm,
+            ));
+            out.push((n("mlp.gate_proj.weight"), vec![im, h], &l.gate_proj));
+            out.push((n("mlp.up_proj.weight"), vec![im, h], &l.up_proj));
+            out.push((n("mlp.down_proj.weight"), vec![h, im], &l.down_proj));
+        }
+        out.push(("model.norm.weight".into(), vec![h], &self.norm));
+        if let Some(head) = &self.lm_head {
+            out.push(("lm_head.weight".into(), vec![v, h], head));
+        }
+        out
+    }
+
     /// Checks that every tensor has the number of elements `cfg` implies
     /// (shapes are checked at load; this guards hand-built weights).
     pub fn validate(&self, cfg: &ModelConfig) -> Result<()> {

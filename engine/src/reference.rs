@@ -99,7 +99,9 @@ pub fn rope_inv_freq(cfg: &ModelConfig) -> Vec<f32> {
             let high_freq_wavelen = old_ctx / high;
             plain
                 .map(|inv| {
-                    let wavelen = 2.0 * std::f32::consts::PI / inv;
+                    // `scalar / tensor` in torch is `reciprocal(tensor) * scalar`;
+                    // mirrored because the two differ in the last f32 bit.
+                    let wavelen = (1.0 / inv) * (2.0 * std::f32::consts::PI);
                     if wavelen < high_freq_wavelen {
                         // High frequencies: untouched.
                         inv
@@ -108,7 +110,7 @@ pub fn rope_inv_freq(cfg: &ModelConfig) -> Vec<f32> {
                         inv / factor
                     } else {
                         // In between: blend the two.
-                        let smooth = (old_ctx / wavelen - low) / (high - low);
+                        let smooth = ((1.0 / wavelen) * old_ctx - low) / (high - low);
                         (1.0 - smooth) * inv / factor + smooth * inv
                     }
                 })
