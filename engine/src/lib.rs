@@ -5,8 +5,10 @@
 //! - [`weights`]: memory-mapped safetensors, looked up by tensor name.
 //! - [`model`]: per-layer weights ([`ModelWeights`]) and [`Checkpoint`].
 //! - [`preset`]: real model shapes with seeded random weights.
-//! - [`reference`]: the plain-Rust decoder the kernel engine is checked against.
+//! - [`reference`](mod@reference): the plain-Rust decoder the kernel engine is checked against.
 //! - [`error`]: [`EngineError`], which names the file, tensor or value at fault.
+
+#![warn(missing_docs)]
 
 pub mod config;
 pub mod error;

@@ -373,3 +373,27 @@ fn presets_have_real_shapes_and_are_seeded() {
         );
     }
 }
+
+/// Full-size presets: random weights at real shapes, a few decode steps.
+/// Slow in debug; run with `cargo test -p tilefuse-engine --release -- --ignored`.
+#[test]
+#[ignore]
+fn real_presets_decode() {
+    for name in ["qwen3-0.6b", "llama-3.2-1b"] {
+        let t = std::time::Instant::now();
+        let (cfg, w) = preset::load(name, 0).unwrap();
+        let gen = t.elapsed();
+        let params: usize = w.named_tensors(&cfg).iter().map(|(_, _, t)| t.len()).sum();
+        let mut r = Reference::new(cfg, w).unwrap();
+        let t = std::time::Instant::now();
+        let out = r.generate_greedy(&[1, 2, 3], 3).unwrap();
+        let logits = r.forward(out[0], r.cached_len()).unwrap();
+        let max = logits.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+        eprintln!(
+            "{name}: {:.0}M params, weights in {gen:.1?}, 6 decode steps in {:.1?}, max |logit| {max:.2}",
+            params as f64 / 1e6,
+            t.elapsed()
+        );
+        assert!(logits.iter().all(|x| x.is_finite()) && max < 50.0);
+    }
+}
