@@ -30,6 +30,8 @@ pub use tilefuse_macros::kernel;
 /// What kernel authors and engine users need in scope.
 pub mod prelude {
     pub use crate::dsl::half::{bf16, f16};
-    pub use crate::dsl::runtime::{Buffer, Device, KernelArg, KernelDef, LaunchConfig, LaunchError};
+    pub use crate::dsl::runtime::{
+        Buffer, Device, KernelArg, KernelDef, LaunchConfig, LaunchError,
+    };
     pub use crate::kernel;
 }

@@ -1,1 +1,24 @@
-//! The decode engine.
+//! The decode engine: Hugging Face checkpoints (Qwen3, Qwen2/2.5, Llama 3.x),
+//! built-in presets with random weights, and a host reference decoder.
+//!
+//! - [`config`]: `config.json` / `generation_config.json` → [`ModelConfig`].
+//! - [`weights`]: memory-mapped safetensors, looked up by tensor name.
+//! - [`model`]: per-layer weights ([`ModelWeights`]) and [`Checkpoint`].
+//! - [`preset`]: real model shapes with seeded random weights.
+//! - [`reference`](mod@reference): the plain-Rust decoder the kernel engine is checked against.
+//! - [`error`]: [`EngineError`], which names the file, tensor or value at fault.
+
+#![warn(missing_docs)]
+
+pub mod config;
+pub mod error;
+pub mod model;
+pub mod preset;
+pub mod reference;
+pub mod weights;
+
+pub use config::{Arch, ModelConfig, RopeScaling};
+pub use error::{EngineError, Result};
+pub use model::{Checkpoint, LayerWeights, ModelWeights};
+pub use reference::Reference;
+pub use weights::Weights;

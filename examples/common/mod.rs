@@ -97,9 +97,20 @@ pub fn check_vector_add(dev: &Device, n: usize, rng: &mut Rng) -> anyhow::Result
     let (x, y) = (rng.vec(n), rng.vec(n));
     let (bx, by) = (dev.upload(&x)?, dev.upload(&y)?);
     let mut out = dev.alloc_filled(n, f32::NAN)?;
-    vector_add::<1024>::launch(dev, (n as u32).div_ceil(1024).max(1), &bx, &by, &mut out, n as i32)?;
+    vector_add::<1024>::launch(
+        dev,
+        (n as u32).div_ceil(1024).max(1),
+        &bx,
+        &by,
+        &mut out,
+        n as i32,
+    )?;
     let got = out.to_vec()?;
-    let want: Vec<f64> = x.iter().zip(&y).map(|(a, b)| *a as f64 + *b as f64).collect();
+    let want: Vec<f64> = x
+        .iter()
+        .zip(&y)
+        .map(|(a, b)| *a as f64 + *b as f64)
+        .collect();
     Ok(max_rel_err(&got, &want, 1e-3))
 }
 
@@ -122,7 +133,11 @@ pub fn check_softmax(dev: &Device, rows: usize, cols: usize, rng: &mut Rng) -> a
 /// Runs `rmsnorm` over `[rows, n]` and checks it.
 pub fn check_rmsnorm(dev: &Device, rows: usize, n: usize, rng: &mut Rng) -> anyhow::Result<f64> {
     let x: Vec<bf16> = rng.vec(rows * n).into_iter().map(bf16::from_f32).collect();
-    let w: Vec<bf16> = rng.vec(n).into_iter().map(|v| bf16::from_f32(1.0 + v / 2.0)).collect();
+    let w: Vec<bf16> = rng
+        .vec(n)
+        .into_iter()
+        .map(|v| bf16::from_f32(1.0 + v / 2.0))
+        .collect();
     let (bx, bw) = (dev.upload(&x)?, dev.upload(&w)?);
     let mut out = dev.alloc_filled(rows * n, bf16::NAN)?;
     rmsnorm::<1024>::launch(dev, rows as u32, &bx, &bw, &mut out, n as i32, 1e-6)?;
@@ -142,11 +157,24 @@ pub fn check_gemv(dev: &Device, n: usize, k: usize, rng: &mut Rng) -> anyhow::Re
     let x: Vec<bf16> = rng.vec(k).into_iter().map(bf16::from_f32).collect();
     let (bw, bx) = (dev.upload(&w)?, dev.upload(&x)?);
     let mut y = dev.alloc_filled(n, f32::NAN)?;
-    gemv::<4, 256>::launch(dev, (n as u32).div_ceil(4), &bw, &bx, &mut y, n as i32, k as i32)?;
+    gemv::<4, 256>::launch(
+        dev,
+        (n as u32).div_ceil(4),
+        &bw,
+        &bx,
+        &mut y,
+        n as i32,
+        k as i32,
+    )?;
     let got = y.to_vec()?;
     let want: Vec<f64> = w
         .chunks(k)
-        .map(|row| row.iter().zip(&x).map(|(a, b)| a.to_f64() * b.to_f64()).sum())
+        .map(|row| {
+            row.iter()
+                .zip(&x)
+                .map(|(a, b)| a.to_f64() * b.to_f64())
+                .sum()
+        })
         .collect();
     // Errors relative to the row's scale (sum of |w||x|), as for any dot product.
     let scale = (k as f64).sqrt() * 0.3;

@@ -111,27 +111,33 @@ impl Mem<'_, '_, '_> {
         ptrs: &[(usize, i64)],
         vals: &[T],
         mask: Option<&[bool]>,
-        size: usize,
-        zero: T,
-        dec: impl Fn(&[u8]) -> T,
-        enc: impl Fn(T, &mut [u8]),
+        codec: Codec<T>,
         f: impl Fn(T, T) -> T,
     ) -> OpResult<Vec<T>> {
         let mut old = Vec::with_capacity(ptrs.len());
         for (lane, &(param, off)) in ptrs.iter().enumerate() {
             if mask.is_some_and(|m| !m[lane]) {
-                old.push(zero);
+                old.push(codec.zero);
                 continue;
             }
+            let size = codec.size;
             let len = self.bytes_mut(param)?.len();
             let at = self.range("atomic on", param, off, len, size)?;
             let cell = &mut self.bytes_mut(param)?[at..at + size];
-            let prev = dec(cell);
-            enc(f(prev, vals[lane]), cell);
+            let prev = (codec.dec)(cell);
+            (codec.enc)(f(prev, vals[lane]), cell);
             old.push(prev);
         }
         Ok(old)
     }
+}
+
+/// How one element of a dtype sits in memory.
+struct Codec<T> {
+    size: usize,
+    zero: T,
+    dec: fn(&[u8]) -> T,
+    enc: fn(T, &mut [u8]),
 }
 
 fn le<const N: usize>(b: &[u8]) -> [u8; N] {
@@ -420,13 +426,15 @@ impl<'k, 'b, 'a> Exec<'k, 'b, 'a> {
                         d if d.is_float() => Data::F(vec![ops::int_to_float(d, x)]),
                         d => Data::I(vec![ops::wrap_i(d, x)]),
                     },
-                    Literal::Float(x, _) => {
-                        let f = Data::F(vec![ops::f64_to_float(DType::F32, x)]);
-                        match d {
-                            d if d.is_float() => Data::F(vec![ops::f64_to_float(d, x)]),
-                            d => ops::cast(&f, DType::F32, d)?,
-                        }
-                    }
+                    // Straight from the written f64: one rounding (or truncation).
+                    Literal::Float(x, _) => match d {
+                        DType::Bool => Data::B(vec![x != 0.0]),
+                        d if d.is_float() => Data::F(vec![ops::f64_to_float(d, x)]),
+                        DType::U8 => Data::I(vec![x as u8 as i64]),
+                        DType::I32 => Data::I(vec![x as i32 as i64]),
+                        DType::U32 => Data::I(vec![x as u32 as i64]),
+                        _ => Data::I(vec![x as i64]),
+                    },
                     Literal::Bool(b) => ops::cast(&Data::B(vec![b]), DType::Bool, d)?,
                 };
                 one.splat(ty.numel())?
@@ -450,6 +458,12 @@ impl<'k, 'b, 'a> Exec<'k, 'b, 'a> {
             Expr::Broadcast { value, shape } => {
                 let from = &k.ty(*value).shape;
                 let src = get(env, *value)?;
+                if src.len() != from.iter().product::<usize>() {
+                    return Err(format!(
+                        "{value} has {} elements for shape {from:?}",
+                        src.len()
+                    ));
+                }
                 if from == shape {
                     src.clone()
                 } else {
@@ -628,40 +642,48 @@ impl<'k, 'b, 'a> Exec<'k, 'b, 'a> {
                         ptrs,
                         x,
                         mask,
-                        size,
-                        0.0,
-                        dec_f(d),
-                        enc_f(d),
+                        Codec {
+                            size,
+                            zero: 0.0,
+                            dec: dec_f(d),
+                            enc: enc_f(d),
+                        },
                         |p, q| ops::round_f(d, p + q),
                     )?),
                     (AtomicOp::Max, Data::F(x)) if d.is_float() => Data::F(self.mem.rmw(
                         ptrs,
                         x,
                         mask,
-                        size,
-                        0.0,
-                        dec_f(d),
-                        enc_f(d),
+                        Codec {
+                            size,
+                            zero: 0.0,
+                            dec: dec_f(d),
+                            enc: enc_f(d),
+                        },
                         f32::max,
                     )?),
                     (AtomicOp::Add, Data::I(x)) if d.is_int() => Data::I(self.mem.rmw(
                         ptrs,
                         x,
                         mask,
-                        size,
-                        0,
-                        dec_i(d),
-                        enc_i(d),
+                        Codec {
+                            size,
+                            zero: 0,
+                            dec: dec_i(d),
+                            enc: enc_i(d),
+                        },
                         |p, q| ops::wrap_i(d, p.wrapping_add(q)),
                     )?),
                     (AtomicOp::Max, Data::I(x)) if d.is_int() => Data::I(self.mem.rmw(
                         ptrs,
                         x,
                         mask,
-                        size,
-                        0,
-                        dec_i(d),
-                        enc_i(d),
+                        Codec {
+                            size,
+                            zero: 0,
+                            dec: dec_i(d),
+                            enc: enc_i(d),
+                        },
                         i64::max,
                     )?),
                     (op, x) => {
@@ -675,6 +697,12 @@ impl<'k, 'b, 'a> Exec<'k, 'b, 'a> {
 
 /// Checks the arguments against the parameters (count, kinds, buffer lengths).
 pub(crate) fn check_args(kernel: &Kernel, args: &[Arg<'_>]) -> Result<(), String> {
+    if let Some(i) = kernel.values.iter().position(|v| v.ty.is_none()) {
+        return Err(format!(
+            "{} has no type: the interpreter runs typed kernels only",
+            ValueId(i as u32)
+        ));
+    }
     if args.len() != kernel.params.len() {
         return Err(format!(
             "{} arguments for {} parameters",

@@ -37,6 +37,8 @@ mod exec;
 mod ops;
 
 #[cfg(test)]
+mod source_tests;
+#[cfg(test)]
 mod testkit;
 #[cfg(test)]
 mod tests;

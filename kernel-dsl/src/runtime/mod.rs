@@ -19,3 +19,6 @@ pub use device::{cuda_available, Buffer, CudaDevice, Device};
 pub use element::{as_bytes, as_bytes_mut, Element};
 pub use error::{LaunchError, RuntimeError};
 pub use kernel::{KernelArg, KernelDef, LaunchConfig, ParamDef, Variant};
+
+#[cfg(test)]
+mod gpu_tests;

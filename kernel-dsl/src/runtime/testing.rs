@@ -23,7 +23,12 @@ pub fn gpu_or_skip(test_name: &str) -> Option<Device> {
         Ok(d) => return Some(d),
         Err(e) => e.to_string(),
     };
-    if gpu_required() {
+    no_gpu(test_name, &err, gpu_required())
+}
+
+/// What a test does without a GPU: skip, or fail when a GPU is required.
+fn no_gpu(test_name: &str, err: &str, required: bool) -> Option<Device> {
+    if required {
         panic!("{test_name}: {REQUIRE_GPU_ENV}=1 but no CUDA device is usable: {err}");
     }
     println!("{test_name}: skipped: no CUDA device ({err})");
@@ -80,6 +85,19 @@ mod tests {
     fn skip_or_device() {
         let d = gpu_or_skip("skip_or_device");
         assert_eq!(d.is_some(), cuda_available());
+    }
+
+    #[test]
+    fn skips_unless_required() {
+        assert!(no_gpu("t", "no CUDA driver found (libcuda.so.1)", false).is_none());
+    }
+
+    #[test]
+    #[should_panic(
+        expected = "t: TILEFUSE_REQUIRE_GPU=1 but no CUDA device is usable: no CUDA device"
+    )]
+    fn required_gpu_fails_instead_of_skipping() {
+        no_gpu("t", "no CUDA device", true);
     }
 
     #[test]

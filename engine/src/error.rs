@@ -1,0 +1,149 @@
+//! The engine's error type: every bad input becomes an [`EngineError`] that
+//! names the file, tensor or value at fault, never a panic.
+
+use std::path::PathBuf;
+
+/// Result alias used throughout the engine.
+pub type Result<T> = std::result::Result<T, EngineError>;
+
+/// Everything that can go wrong while loading or running a model.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// A file could not be opened, read or memory-mapped.
+    #[error("{path}: {source}", path = path.display())]
+    Io {
+        /// The file involved.
+        path: PathBuf,
+        /// The underlying I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// A JSON file is not valid JSON (or not the expected shape of JSON).
+    #[error("{path}: malformed JSON: {source}", path = path.display())]
+    Json {
+        /// The file involved.
+        path: PathBuf,
+        /// The parser's error, with line and column.
+        #[source]
+        source: serde_json::Error,
+    },
+
+    /// A config file is valid JSON but a field is missing, mistyped or
+    /// holds a value the engine does not support.
+    #[error("{path}: {message}", path = path.display())]
+    Config {
+        /// The file involved.
+        path: PathBuf,
+        /// What is wrong, naming the field and its value.
+        message: String,
+    },
+
+    /// `architectures` names a model class the engine does not implement.
+    #[error(
+        "{path}: unsupported architecture `{value}` (supported: Qwen3ForCausalLM, Qwen2ForCausalLM, LlamaForCausalLM)",
+        path = path.display()
+    )]
+    UnsupportedArchitecture {
+        /// The config file.
+        path: PathBuf,
+        /// The architecture string found.
+        value: String,
+    },
+
+    /// The rope scaling type is not one the engine implements.
+    #[error(
+        "{path}: unsupported rope type `{value}` (supported: default, llama3)",
+        path = path.display()
+    )]
+    UnsupportedRope {
+        /// The config file.
+        path: PathBuf,
+        /// The rope type string found.
+        value: String,
+    },
+
+    /// A safetensors file's header could not be parsed.
+    #[error("{path}: invalid safetensors file: {message}", path = path.display())]
+    Safetensors {
+        /// The file involved.
+        path: PathBuf,
+        /// The parser's complaint.
+        message: String,
+    },
+
+    /// A tensor the model needs is in none of the checkpoint's files.
+    #[error("tensor `{name}` not found in {location}", location = location.display())]
+    MissingTensor {
+        /// The Hugging Face tensor name.
+        name: String,
+        /// The checkpoint file or directory searched.
+        location: PathBuf,
+    },
+
+    /// A tensor exists but its shape is not what the config implies.
+    #[error(
+        "{path}: tensor `{name}` has shape {found:?}, expected {expected:?}",
+        path = path.display()
+    )]
+    ShapeMismatch {
+        /// The file holding the tensor.
+        path: PathBuf,
+        /// The tensor name.
+        name: String,
+        /// The shape the config implies.
+        expected: Vec<usize>,
+        /// The shape in the file.
+        found: Vec<usize>,
+    },
+
+    /// A tensor has a dtype the engine cannot convert to bf16.
+    #[error(
+        "{path}: tensor `{name}` has unsupported dtype {dtype} (supported: BF16, F16, F32)",
+        path = path.display()
+    )]
+    UnsupportedDtype {
+        /// The file holding the tensor.
+        path: PathBuf,
+        /// The tensor name.
+        name: String,
+        /// The dtype found, as safetensors spells it.
+        dtype: String,
+    },
+
+    /// A preset name that does not exist.
+    #[error("unknown preset `{name}` (available: {available})")]
+    UnknownPreset {
+        /// The name asked for.
+        name: String,
+        /// Comma-separated list of known presets.
+        available: String,
+    },
+
+    /// A token id outside the vocabulary.
+    #[error("token id {token} is out of range for a vocabulary of {vocab}")]
+    TokenOutOfRange {
+        /// The offending token id.
+        token: u32,
+        /// The vocabulary size.
+        vocab: usize,
+    },
+
+    /// A decode position that skips ahead of the KV cache.
+    #[error("position {pos} is past the KV cache, which holds {cached} positions (positions must be decoded in order)")]
+    PositionGap {
+        /// The position asked for.
+        pos: usize,
+        /// How many positions the cache holds.
+        cached: usize,
+    },
+
+    /// A tokenizer file could not be loaded, or encoding/decoding failed.
+    #[error("{path}: tokenizer error: {message}", path = path.display())]
+    Tokenizer {
+        /// The tokenizer file.
+        path: PathBuf,
+        /// The tokenizer library's message.
+        message: String,
+    },
+}
