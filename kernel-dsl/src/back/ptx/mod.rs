@@ -108,7 +108,7 @@ pub fn compile(kernel: &Kernel, target: Target) -> Result<PtxKernel, CompileErro
         e.block(&kernel.body)?;
         Ok(e)
     }));
-    let e = match run {
+    let mut e = match run {
         Ok(r) => r?,
         Err(_) => {
             return Err(CompileError::new(
@@ -148,8 +148,18 @@ pub fn compile(kernel: &Kernel, target: Target) -> Result<PtxKernel, CompileErro
     let _ = writeln!(ptx, "{}\n)", params.join(",\n"));
     let _ = writeln!(ptx, ".maxntid {}, 1, 1\n{{", kernel.threads_per_program());
     ptx.push_str(&e.decls());
-    let smem = e.smem.max(16).next_multiple_of(16);
-    let _ = writeln!(ptx, "\t.shared .align 16 .b8 tf_smem[{smem}];");
+    let smem = e.smem.next_multiple_of(16);
+    if smem > 0 {
+        let _ = writeln!(ptx, "\t.shared .align 16 .b8 tf_smem[{smem}];");
+    } else {
+        // No shared memory: drop the buffer's address from the prologue.
+        e.pro = e
+            .pro
+            .lines()
+            .filter(|l| !l.contains("tf_smem"))
+            .map(|l| format!("{l}\n"))
+            .collect();
+    }
     for (i, p) in kernel.params.iter().enumerate() {
         let _ = writeln!(ptx, "\t// p{i}: {} {:?}", p.name, p.kind);
     }

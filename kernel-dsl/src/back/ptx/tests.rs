@@ -116,6 +116,8 @@ fn vector_add_vectorizes_when_n_is_aligned() {
     assert!(p.ptx.contains("ld.global.nc.v4.f32"), "{}", p.ptx);
     assert!(p.ptx.contains("st.global.v4.f32"), "{}", p.ptx);
     assert!(!p.ptx.contains(".local"));
+    assert_eq!(p.shared_bytes, 0);
+    assert!(!p.ptx.contains(".shared"));
     assert!(p.layouts.contains("blocked"));
 }
 
