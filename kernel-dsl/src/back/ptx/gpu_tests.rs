@@ -603,7 +603,7 @@ fn colstats<const M: usize, const N: usize>(x: Ptr<f32>, sums: Ptr<f32>, idx: Pt
 #[test]
 fn gpu_column_reductions() {
     let mut r = Rng(31);
-    for (m, n, w) in [(64, 32, 4), (128, 8, 8), (4, 64, 1)] {
+    for (m, n, w) in [(64, 32, 4), (128, 8, 8), (4, 64, 1), (2, 256, 1)] {
         let d = def(COLSUM, &[("M", m), ("N", n)], w);
         let (m, n) = (m as usize, n as usize);
         let data = [

@@ -2,7 +2,7 @@
 //! hold the axis, then shared memory across warps. The result is left in the slice
 //! layout, replicated on every thread that held the axis.
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 
 use super::emit::{Emitter, Res};
 use super::regs::{int_ty, rk, Rk};
@@ -47,16 +47,24 @@ impl Emitter<'_> {
         let out_l = src_l.slice(axis);
         let acc_kind = if dt.is_float() { Rk::F } else { rk(dt) };
         let c = self.coords(&src_l);
-        // Group the input registers by their position off the reduced dim.
-        let mut groups: BTreeMap<Vec<usize>, Vec<(usize, usize)>> = BTreeMap::new();
+        // Group the input registers by their position off the reduced dim; groups in
+        // order of first appearance are the output registers in order (also when the
+        // slice layout dropped the reduced space dim).
+        let mut slot: HashMap<Vec<usize>, usize> = HashMap::new();
+        let mut groups: Vec<Vec<(usize, usize)>> = Vec::new();
         for (i, mut o) in src_l.reg_offsets().into_iter().enumerate() {
             let along = o[s];
             o[s] = 0;
-            groups.entry(o).or_default().push((along, i));
+            let n = groups.len();
+            let at = *slot.entry(o).or_insert(n);
+            if at == n {
+                groups.push(Vec::new());
+            }
+            groups[at].push((along, i));
         }
+        debug_assert_eq!(groups.len(), out_l.nregs());
         let mut parts = Vec::new();
-        for o in out_l.reg_offsets() {
-            let mut g = groups[&o].clone();
+        for mut g in groups {
             g.sort();
             let mut acc: Option<Part> = None;
             for (along, i) in g {

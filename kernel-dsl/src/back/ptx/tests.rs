@@ -633,3 +633,33 @@ fn scalars_i64_offsets_and_u32_loops() {
     b.atomic(AtomicOp::Add, out, res[1], Some(t));
     check(&b.finish());
 }
+
+#[test]
+fn reduce_along_a_register_only_dim() {
+    // [2, 256] on one warp: dim 0 lives only in registers, so its slice drops the dim.
+    let mut b = B::new("colnorm", 1);
+    let x = b.ptr("x", DType::F32);
+    let out = b.ptr("out", DType::F32);
+    let idx = b.ptr("idx", DType::I32);
+    let r = b.arange(2);
+    let c = b.arange(256);
+    let n = b.i32(256);
+    let re = b.expand(r, 1);
+    let rn = b.bin(BinaryOp::Mul, re, n);
+    let rb = b.bcast(rn, &[2, 256]);
+    let ce = b.expand(c, 0);
+    let cb = b.bcast(ce, &[2, 256]);
+    let offs = b.bin(BinaryOp::Add, rb, cb);
+    let px = b.addptr(x, offs);
+    let v = b.load(px, None, None);
+    let m = b.reduce(ReduceOp::Max, v, 0);
+    let me = b.expand(m, 0);
+    let mb = b.bcast(me, &[2, 256]);
+    let d = b.bin(BinaryOp::Sub, v, mb);
+    let po = b.addptr(out, offs);
+    b.store(po, d, None);
+    let am = b.reduce(ReduceOp::Argmax, v, 0);
+    let pi = b.addptr(idx, c);
+    b.store(pi, am, None);
+    check(&b.finish());
+}
