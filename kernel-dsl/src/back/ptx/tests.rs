@@ -496,12 +496,29 @@ fn if_merges_tiles() {
 }
 
 #[test]
-fn dot_through_shared_memory() {
-    let mut b = B::new("mm", 4);
-    let pa = b.ptr("a", DType::BF16);
-    let pb = b.ptr("b", DType::BF16);
+fn dot_tensor_cores() {
+    for (dt, m, k, n, w) in [
+        (DType::BF16, 32, 32, 32, 4),
+        (DType::F16, 64, 64, 64, 8),
+        (DType::BF16, 16, 16, 8, 4),
+    ] {
+        let p = check(&dot_kernel(dt, m, k, n, w));
+        let ty = if dt == DType::BF16 { "bf16" } else { "f16" };
+        let want = format!("mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32");
+        assert!(p.ptx.contains(&want), "{m}x{k}x{n}");
+    }
+    // Other shapes and dtypes take the FMA path.
+    let p = check(&dot_kernel(DType::F32, 16, 8, 32, 4));
+    assert!(p.ptx.contains("fma.rn.f32") && !p.ptx.contains("mma.sync"));
+    let p = check(&dot_kernel(DType::BF16, 8, 16, 8, 2));
+    assert!(p.ptx.contains("fma.rn.f32") && !p.ptx.contains("mma.sync"));
+}
+
+fn dot_kernel(dt: DType, m: usize, k: usize, n: usize, warps: u32) -> Kernel {
+    let mut b = B::new("mm", warps);
+    let pa = b.ptr("a", dt);
+    let pb = b.ptr("b", dt);
     let pc = b.ptr("c", DType::F32);
-    let (m, k, n) = (32usize, 32usize, 32usize);
     let rm = b.arange(m as i64);
     let rk = b.arange(k as i64);
     let rn = b.arange(n as i64);
@@ -527,10 +544,7 @@ fn dot_through_shared_memory() {
     let d = b.dot(a, bv, Some(acc));
     let c = b.addptr(pc, oc);
     b.store(c, d, None);
-    let p = check(&b.finish());
-    assert!(p
-        .ptx
-        .contains("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"));
+    b.finish()
 }
 
 #[test]
