@@ -141,10 +141,11 @@ fn run_on(dev: &Device, d: &KernelDef, grid: [u32; 3], data: &[Data]) -> Vec<Dat
 
 /// Runs on the GPU and the interpreter and compares written buffers.
 fn diff(name: &str, d: &KernelDef, grid: [u32; 3], data: &[Data], rtol: f32) {
+    // The interpreter runs everywhere: the test kernels and inputs are valid without a GPU.
+    let want = run_on(&Device::cpu(), d, grid, data);
     let Some(gpu) = gpu_or_skip(name) else {
         return;
     };
-    let want = run_on(&Device::cpu(), d, grid, data);
     let got = run_on(&gpu, d, grid, data);
     for (i, p) in d.params.iter().enumerate() {
         if !p.written {
@@ -643,4 +644,150 @@ fn gpu_rank3_tiles() {
         ];
         diff("tile3", d, [1, 1, 1], &data, 1.0 / 128.0);
     }
+}
+
+const ROPE: &str = r#"
+fn rope<const D: usize>(x: Ptr<bf16>, out: Ptr<bf16>, pos: i32, theta: f32) {
+    let head = program_id(0);
+    let i = arange(0, D / 2);
+    let freq = exp2(-(i as f32) * (2.0 / (D as f32)) * log2(theta));
+    let ang = (pos as f32) * freq;
+    let c = cos(ang);
+    let s = sin(ang);
+    let base = head * D;
+    let a = load(x + base + i) as f32;
+    let b = load(x + base + D / 2 + i) as f32;
+    store(out + base + i, (a * c - b * s) as bf16);
+    store(out + base + D / 2 + i, (b * c + a * s) as bf16);
+}
+"#;
+
+#[test]
+fn gpu_rope() {
+    let mut r = Rng(43);
+    let d = def(ROPE, &[("D", 64)], 1);
+    let data = [
+        Data::Bf16(r.bf(4 * 64)),
+        Data::Bf16(vec![bf16::ZERO; 4 * 64]),
+        Data::S(Scalar::I32(7)),
+        Data::S(Scalar::F32(10000.0)),
+    ];
+    // sin/cos/exp2 are approximate on the GPU: allow a bf16 ulp.
+    diff("rope", d, [4, 1, 1], &data, 1.0 / 64.0);
+}
+
+const DECODE_ATTN: &str = r#"
+fn attn<const D: usize, const BS: usize>(q: Ptr<f32>, k: Ptr<bf16>, v: Ptr<bf16>, out: Ptr<f32>, seq: i32, scale: f32) {
+    let d = arange(0, D);
+    let qv = load(q + d);
+    let mut m = f32::NEG_INFINITY;
+    let mut l = 0.0;
+    let mut acc = zeros::<f32>([D]);
+    for s0 in (0..seq).step_by(BS) {
+        let s = s0 + arange(0, BS);
+        let ok = s < seq;
+        let kt = load(k + s.expand_dims(1) * D + d.expand_dims(0), ok.expand_dims(1), 0.0) as f32;
+        let sc = select(ok, (kt * qv.expand_dims(0)).sum(1) * scale, f32::NEG_INFINITY);
+        let m_new = maximum(m, sc.max(0));
+        let p = exp(sc - m_new);
+        let alpha = exp(m - m_new);
+        let vt = load(v + s.expand_dims(1) * D + d.expand_dims(0), ok.expand_dims(1), 0.0) as f32;
+        acc = acc * alpha + (vt * p.expand_dims(1)).sum(0);
+        l = l * alpha + p.sum(0);
+        m = m_new;
+    }
+    store(out + d, acc / l);
+}
+"#;
+
+#[test]
+fn gpu_decode_attention() {
+    let mut r = Rng(47);
+    for (dd, bs, seq, w) in [(64, 16, 37, 4), (128, 32, 100, 4), (32, 8, 8, 1)] {
+        let d = def(DECODE_ATTN, &[("D", dd), ("BS", bs)], w);
+        let (dd, seq) = (dd as usize, seq as usize);
+        let data = [
+            Data::F32(r.vec(dd, 1.0)),
+            Data::Bf16(r.bf(seq * dd)),
+            Data::Bf16(r.bf(seq * dd)),
+            Data::F32(vec![0.0; dd]),
+            Data::S(Scalar::I32(seq as i32)),
+            Data::S(Scalar::F32(0.125)),
+        ];
+        diff("decode_attention", d, [1, 1, 1], &data, 1e-4);
+    }
+}
+
+const SAMPLE: &str = r#"
+fn greedy<const B: usize>(logits: Ptr<f32>, out: Ptr<i32>, n: i32) {
+    let mut best = f32::NEG_INFINITY;
+    let mut idx = 0;
+    for s0 in (0..n).step_by(B) {
+        let offs = s0 + arange(0, B);
+        let v = load(logits + offs, offs < n, f32::NEG_INFINITY);
+        let m = v.max(0);
+        if m > best {
+            best = m;
+            idx = s0 + v.argmax(0);
+        }
+    }
+    store(out, idx);
+}
+"#;
+
+#[test]
+fn gpu_greedy_sampling() {
+    let mut r = Rng(53);
+    for (b, n) in [(1024, 5000), (256, 256), (128, 77)] {
+        let d = def(SAMPLE, &[("B", b)], 4);
+        let mut x: Vec<f32> = r.vec(n, 3.0).iter().map(|v| (v * 8.0).round()).collect();
+        x[n / 2] = 100.0;
+        x[n - 1] = 100.0;
+        let data = [
+            Data::F32(x),
+            Data::I32(vec![-1]),
+            Data::S(Scalar::I32(n as i32)),
+        ];
+        diff("greedy", d, [1, 1, 1], &data, 0.0);
+    }
+}
+
+const SILU_MUL: &str = r#"
+fn silu_mul<const B: usize>(g: Ptr<bf16>, u: Ptr<bf16>, out: Ptr<bf16>, #[multiple_of(8)] n: i32) {
+    let offs = program_id(0) * B + arange(0, B);
+    let mask = offs < n;
+    let a = load(g + offs, mask, 0.0) as f32;
+    let b = load(u + offs, mask, 0.0) as f32;
+    store(out + offs, (a * sigmoid(a) * b) as bf16, mask);
+}
+"#;
+
+#[test]
+fn gpu_silu_mul() {
+    let mut r = Rng(59);
+    let d = def(SILU_MUL, &[("B", 1024)], 4);
+    let p = compile(
+        &crate::compile_source(
+            d.source,
+            &Specialization {
+                consts: vec![("B".into(), 1024)],
+                num_warps: 4,
+            },
+        )
+        .unwrap(),
+        Target::Sm80,
+    )
+    .unwrap();
+    assert!(
+        p.ptx.contains("ld.global.nc.v4.b32"),
+        "bf16 loads are vectorized"
+    );
+    let n = 3000;
+    let data = [
+        Data::Bf16(r.bf(n)),
+        Data::Bf16(r.bf(n)),
+        Data::Bf16(vec![bf16::ZERO; n]),
+        Data::S(Scalar::I32(n as i32)),
+    ];
+    diff("silu_mul", d, [3, 1, 1], &data, 1.0 / 64.0);
 }
