@@ -580,6 +580,8 @@ fn dump() {
         "atomics" => (ATOMICS, vec![("B", 16)], 4),
         "argmax" => (ARGMAX, vec![("R", 2), ("C", 16)], 4),
         "branch" => (BRANCH, vec![("B", 256)], 4),
+        "attn" => (DECODE_ATTN, vec![("D", 64), ("BS", 16)], 4),
+        "greedy" => (SAMPLE, vec![("B", 1024)], 4),
         "dot" => (DOT, vec![("M", 16), ("N", 8), ("K", 16)], 4),
         _ => (SOFTMAX2D, vec![("BM", 2), ("BN", 128)], 2),
     };
