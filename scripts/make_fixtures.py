@@ -234,6 +234,46 @@ def build(name, spec, out_root):
     print(f"{name}: {size / 1024:.0f} KiB, prompt {prompt_len}, tokens {tokens}")
 
 
+TOKENIZER_CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Tiles fuse into kernels; kernels decode tokens, one at a time.",
+    "Numbers like 12345 and 3.14159 split into digits.",
+    "Unicode: caf\u00e9, na\u00efve, \u4f60\u597d, \U0001f642!",
+    "    indented code(x, y) -> z\n\tnext line",
+]
+
+
+def build_tokenizer(out_root):
+    """A tiny byte-level BPE tokenizer.json (GPT-2/Qwen-style pre-tokenizer
+    regex, which needs look-ahead) plus expected encodings."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=["<|endoftext|>", "<|im_start|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(TOKENIZER_CORPUS * 4, trainer=trainer)
+    out = os.path.join(out_root, "tokenizer")
+    os.makedirs(out, exist_ok=True)
+    tok.save(os.path.join(out, "tokenizer.json"))
+    texts = TOKENIZER_CORPUS + ["<|im_start|>unseen words: zebra quartz 987<|endoftext|>", ""]
+    cases = [{"text": t, "ids": tok.encode(t).ids} for t in texts]
+    for c in cases:
+        c["decoded"] = tok.decode(c["ids"], skip_special_tokens=False)
+    import tokenizers
+
+    with open(os.path.join(out, "expected.json"), "w") as fh:
+        json.dump({"tokenizers_version": tokenizers.__version__, "cases": cases}, fh, ensure_ascii=False, indent=1)
+        fh.write("\n")
+    size = sum(os.path.getsize(os.path.join(out, f)) for f in os.listdir(out))
+    print(f"tokenizer: {size / 1024:.0f} KiB, vocab {tok.get_vocab_size()}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     here = os.path.dirname(os.path.abspath(__file__))
@@ -245,6 +285,8 @@ def main():
         if args.only and name not in args.only:
             continue
         build(name, spec, args.out)
+    if not args.only or "tokenizer" in args.only:
+        build_tokenizer(args.out)
 
 
 if __name__ == "__main__":

@@ -80,7 +80,8 @@ pub struct ModelConfig {
     pub tie_word_embeddings: bool,
     /// Whether q/k/v projections carry a bias.
     pub qkv_bias: bool,
-    /// Whether the output projection carries a bias (Llama `attention_bias`).
+    /// Whether the output projection carries a bias (`attention_bias` in
+    /// Qwen3 and Llama configs; never in Qwen2).
     pub o_bias: bool,
     /// Whether q and k get a per-head RMSNorm before RoPE (Qwen3).
     pub qk_norm: bool,
@@ -101,6 +102,57 @@ impl ModelConfig {
     /// Total key (and value) width, `num_kv_heads * head_dim`.
     pub fn kv_dim(&self) -> usize {
         self.num_kv_heads * self.head_dim
+    }
+
+    /// This config as a transformers 4.x-style `config.json` value (top-level
+    /// `rope_theta`, `rope_scaling`), which [`ModelConfig::from_json_str`]
+    /// reads back to an equal config.
+    pub fn to_hf_json(&self) -> Value {
+        let rope_scaling = match self.rope_scaling {
+            RopeScaling::None => Value::Null,
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            } => serde_json::json!({
+                "rope_type": "llama3",
+                "factor": factor,
+                "low_freq_factor": low_freq_factor,
+                "high_freq_factor": high_freq_factor,
+                "original_max_position_embeddings": original_max_position_embeddings,
+            }),
+        };
+        let eos = match self.eos_token_ids.as_slice() {
+            [] => Value::Null,
+            [one] => Value::from(*one),
+            many => Value::from(many.to_vec()),
+        };
+        // Qwen2 always has q/k/v bias; for the others it is `attention_bias`.
+        let attention_bias = match self.arch {
+            Arch::Qwen2 => false,
+            _ => self.qkv_bias,
+        };
+        serde_json::json!({
+            "architectures": [self.arch.hf_name()],
+            "hidden_act": "silu",
+            "hidden_size": self.hidden_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "intermediate_size": self.intermediate_size,
+            "vocab_size": self.vocab_size,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "rope_scaling": rope_scaling,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "attention_bias": attention_bias,
+            "max_position_embeddings": self.max_position_embeddings,
+            "bos_token_id": self.bos_token_id,
+            "eos_token_id": eos,
+            "torch_dtype": "bfloat16",
+        })
     }
 
     /// Reads `dir/config.json` and, if present, `dir/generation_config.json`
@@ -217,8 +269,8 @@ impl ModelConfig {
         let (qkv_bias, o_bias) = match arch {
             // Qwen2's q/k/v always carry a bias; o_proj never does.
             Arch::Qwen2 => (true, false),
-            Arch::Qwen3 => (attention_bias, false),
-            Arch::Llama => (attention_bias, attention_bias),
+            // Qwen3 and Llama apply `attention_bias` to all four projections.
+            Arch::Qwen3 | Arch::Llama => (attention_bias, attention_bias),
         };
         let (rope_theta, rope_scaling) = parse_rope(&f)?;
 
@@ -546,6 +598,17 @@ mod tests {
         let c = parse(&q2).unwrap();
         assert!(c.qkv_bias && !c.o_bias && !c.qk_norm);
         assert_eq!(c.head_dim, 64);
+    }
+
+    #[test]
+    fn hf_json_round_trips() {
+        let c = parse(LLAMA_4X).unwrap();
+        let text = c.to_hf_json().to_string();
+        assert_eq!(parse(&text).unwrap(), c);
+        for name in crate::preset::PRESETS {
+            let c = crate::preset::config(name).unwrap();
+            assert_eq!(parse(&c.to_hf_json().to_string()).unwrap(), c, "{name}");
+        }
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! - [`model`]: per-layer weights ([`ModelWeights`]) and [`Checkpoint`].
 //! - [`preset`]: real model shapes with seeded random weights.
 //! - [`reference`](mod@reference): the plain-Rust decoder the kernel engine is checked against.
+//! - [`tokenizer`]: `tokenizer.json` encode/decode ([`Tokenizer`]).
 //! - [`error`]: [`EngineError`], which names the file, tensor or value at fault.
 
 #![warn(missing_docs)]
@@ -15,10 +16,12 @@ pub mod error;
 pub mod model;
 pub mod preset;
 pub mod reference;
+pub mod tokenizer;
 pub mod weights;
 
 pub use config::{Arch, ModelConfig, RopeScaling};
 pub use error::{EngineError, Result};
 pub use model::{Checkpoint, LayerWeights, ModelWeights};
 pub use reference::Reference;
+pub use tokenizer::Tokenizer;
 pub use weights::Weights;

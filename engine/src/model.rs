@@ -262,6 +262,38 @@ impl<'a> ModelWeights<'a> {
     }
 }
 
+/// Writes `cfg` and `weights` as a Hugging Face model directory:
+/// `config.json` (transformers 4.x layout) and a bf16 `model.safetensors`.
+/// Used to turn a preset into a checkpoint that [`Checkpoint::open`] reads.
+pub fn write_checkpoint(dir: &Path, cfg: &ModelConfig, weights: &ModelWeights<'_>) -> Result<()> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| EngineError::Io { path, source }
+    };
+    std::fs::create_dir_all(dir).map_err(io(dir))?;
+    let config_path = dir.join("config.json");
+    let text = serde_json::to_string_pretty(&cfg.to_hf_json()).expect("a JSON value serializes");
+    std::fs::write(&config_path, text + "\n").map_err(io(&config_path))?;
+
+    let tensors = weights.named_tensors(cfg);
+    let bytes: Vec<Vec<u8>> = tensors
+        .iter()
+        .map(|(_, _, t)| t.iter().flat_map(|x| x.to_le_bytes()).collect())
+        .collect();
+    let path = dir.join("model.safetensors");
+    let bad = |e: safetensors::SafeTensorError| EngineError::Safetensors {
+        path: path.clone(),
+        message: e.to_string(),
+    };
+    let mut views = Vec::with_capacity(tensors.len());
+    for ((name, shape, _), b) in tensors.iter().zip(&bytes) {
+        let view = safetensors::tensor::TensorView::new(safetensors::Dtype::BF16, shape.clone(), b)
+            .map_err(bad)?;
+        views.push((name.clone(), view));
+    }
+    safetensors::serialize_to_file(views, None, &path).map_err(bad)
+}
+
 /// A Hugging Face model directory opened for use: its config and its
 /// memory-mapped tensors. Build [`ModelWeights`] from it with
 /// [`Checkpoint::model_weights`].

@@ -46,9 +46,27 @@ fn f(x: bf16) -> f32 {
 }
 
 /// `out = round(W x + b)` for `W` of shape `[out.len(), x.len()]`.
+///
+/// Large matrices are split by rows over threads; each row is still summed
+/// in the same order, so the result does not depend on the thread count.
 fn linear(w: &[bf16], bias: Option<&[bf16]>, x: &[f32], out: &mut [f32]) {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if threads == 1 || out.len() * x.len() < (1 << 20) {
+        return linear_rows(w, bias, x, out, 0);
+    }
+    let rows = out.len().div_ceil(threads);
+    std::thread::scope(|s| {
+        for (i, chunk) in out.chunks_mut(rows).enumerate() {
+            s.spawn(move || linear_rows(w, bias, x, chunk, i * rows));
+        }
+    });
+}
+
+/// Rows `first..first + out.len()` of [`linear`].
+fn linear_rows(w: &[bf16], bias: Option<&[bf16]>, x: &[f32], out: &mut [f32], first: usize) {
     let n = x.len();
-    for (o, y) in out.iter_mut().enumerate() {
+    for (r, y) in out.iter_mut().enumerate() {
+        let o = first + r;
         let row = &w[o * n..(o + 1) * n];
         let mut acc = 0.0f32;
         for (wi, xi) in row.iter().zip(x) {

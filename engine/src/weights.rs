@@ -172,8 +172,7 @@ impl Weights {
 
     /// The shape of tensor `name`.
     pub fn shape(&self, name: &str) -> Result<&[usize]> {
-        let (shard, info) = self.lookup(name)?;
-        let _ = shard;
+        let (_, info) = self.lookup(name)?;
         Ok(&info.shape)
     }
 

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use half::{bf16, f16};
 use safetensors::tensor::{Dtype, TensorView};
 use serde_json::json;
+use tilefuse_engine::model::write_checkpoint;
 use tilefuse_engine::preset;
 use tilefuse_engine::{Checkpoint, EngineError, ModelConfig, ModelWeights, Reference, Weights};
 
@@ -40,31 +41,15 @@ fn raw_tensors(cfg: &ModelConfig, w: &ModelWeights<'_>) -> Vec<Raw> {
         .collect()
 }
 
-/// A transformers-style config.json for `cfg` (4.x layout).
+/// A transformers-style config.json for `cfg`.
 fn config_json(cfg: &ModelConfig) -> serde_json::Value {
-    let arch = cfg.arch.hf_name();
-    json!({
-        "architectures": [arch],
-        "hidden_size": cfg.hidden_size,
-        "num_hidden_layers": cfg.num_layers,
-        "num_attention_heads": cfg.num_heads,
-        "num_key_value_heads": cfg.num_kv_heads,
-        "head_dim": cfg.head_dim,
-        "intermediate_size": cfg.intermediate_size,
-        "vocab_size": cfg.vocab_size,
-        "rms_norm_eps": cfg.rms_norm_eps,
-        "rope_theta": cfg.rope_theta,
-        "tie_word_embeddings": cfg.tie_word_embeddings,
-        "max_position_embeddings": cfg.max_position_embeddings,
-        "eos_token_id": cfg.eos_token_ids,
-    })
+    cfg.to_hf_json()
 }
 
 /// Writes preset `name` as a checkpoint directory; returns its config.
 fn write_preset(dir: &Path, name: &str) -> ModelConfig {
     let (cfg, w) = preset::load(name, 7).unwrap();
-    std::fs::write(dir.join("config.json"), config_json(&cfg).to_string()).unwrap();
-    write_safetensors(&dir.join("model.safetensors"), &raw_tensors(&cfg, &w));
+    write_checkpoint(dir, &cfg, &w).unwrap();
     cfg
 }
 
@@ -79,12 +64,13 @@ fn logits_of(cfg: &ModelConfig, w: ModelWeights<'_>, tokens: &[u32]) -> Vec<f32>
 
 #[test]
 fn preset_written_and_loaded_gives_same_logits() {
-    // tiny-qwen2 covers biases and an untied head; tiny-qwen3 QK-norm and tying.
-    for name in ["tiny-qwen2", "tiny-qwen3"] {
+    // tiny-qwen2 covers biases and an untied head, tiny-qwen3 QK-norm and
+    // tying, tiny-llama3 rope scaling.
+    for name in ["tiny-qwen2", "tiny-qwen3", "tiny-llama3"] {
         let dir = scratch(&format!("roundtrip-{name}"));
         let cfg = write_preset(&dir, name);
         let ckpt = Checkpoint::open(&dir).unwrap();
-        assert_eq!(ckpt.config.arch, cfg.arch);
+        assert_eq!(ckpt.config, cfg);
         let loaded = ckpt.model_weights().unwrap();
         // bf16 tensors are borrowed from the memory map, not copied.
         assert!(matches!(loaded.embed_tokens, std::borrow::Cow::Borrowed(_)));
