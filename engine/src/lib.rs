@@ -13,6 +13,7 @@
 
 pub mod config;
 pub mod error;
+pub mod kernels;
 pub mod model;
 pub mod preset;
 pub mod reference;
