@@ -146,4 +146,41 @@ pub enum EngineError {
         /// The tokenizer library's message.
         message: String,
     },
+
+    /// The model needs something the decode kernels do not implement.
+    #[error("unsupported model: {message}")]
+    Unsupported {
+        /// What is unsupported, naming the config value.
+        message: String,
+    },
+
+    /// A prompt (plus the tokens to generate) does not fit the KV cache.
+    #[error("the prompt has {prompt} tokens; with {new} new tokens that exceeds max_seq_len = {max} (raise max_seq_len or shorten the prompt)")]
+    TooLong {
+        /// Prompt tokens.
+        prompt: usize,
+        /// Tokens to generate.
+        new: usize,
+        /// The KV cache's capacity.
+        max: usize,
+    },
+
+    /// An empty prompt: decoding needs at least one token to start from.
+    #[error("the prompt is empty: give at least one token")]
+    EmptyPrompt,
+
+    /// An invalid generation or engine option.
+    #[error("invalid option: {message}")]
+    Option {
+        /// What is wrong, naming the option and its value.
+        message: String,
+    },
+
+    /// Creating a device, allocating, copying or capturing failed.
+    #[error(transparent)]
+    Runtime(#[from] tilefuse_dsl::runtime::RuntimeError),
+
+    /// A kernel launch failed (the error names the kernel).
+    #[error(transparent)]
+    Launch(#[from] tilefuse_dsl::runtime::LaunchError),
 }

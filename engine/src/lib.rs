@@ -12,6 +12,7 @@
 #![warn(missing_docs)]
 
 pub mod config;
+pub mod decode;
 pub mod error;
 pub mod kernels;
 pub mod model;

@@ -7,8 +7,9 @@
 //! prompt and the continuation token by token (teacher forcing) and compare
 //! the logits at every generated step.
 
-use std::path::{Path, PathBuf};
+mod common;
 
+use common::{fixtures_dir, norm, read_reference};
 use tilefuse_engine::reference::argmax;
 use tilefuse_engine::{Arch, Checkpoint, Reference, RopeScaling};
 
@@ -22,67 +23,6 @@ use tilefuse_engine::{Arch, Checkpoint, Reference, RopeScaling};
 /// are deterministic, so these numbers do not vary between runs.
 /// One bf16 ulp is 2^-8 ≈ 3.9e-3 relative.
 const REL_TOL: f32 = 2e-2;
-
-/// Finds `tests/fixtures` at run time: next to the crate's manifest if that
-/// still exists, else in the working directory or one of its parents.
-fn fixtures_dir() -> PathBuf {
-    let from_manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures");
-    if from_manifest.is_dir() {
-        return from_manifest;
-    }
-    let cwd = std::env::current_dir().expect("current directory");
-    for dir in cwd.ancestors() {
-        let candidate = dir.join("tests/fixtures");
-        if candidate.is_dir() {
-            return candidate;
-        }
-    }
-    panic!(
-        "tests/fixtures not found next to {} or above {}",
-        env!("CARGO_MANIFEST_DIR"),
-        cwd.display()
-    );
-}
-
-struct Reported {
-    prompt_ids: Vec<u32>,
-    tokens: Vec<u32>,
-    logits: Vec<Vec<f32>>,
-}
-
-fn read_reference(dir: &Path) -> Reported {
-    let path = dir.join("reference.json");
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-    let ids = |k: &str| -> Vec<u32> {
-        v[k].as_array()
-            .unwrap_or_else(|| panic!("{}: no `{k}`", path.display()))
-            .iter()
-            .map(|x| x.as_u64().unwrap() as u32)
-            .collect()
-    };
-    let logits = v["logits"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|row| {
-            row.as_array()
-                .unwrap()
-                .iter()
-                .map(|x| x.as_f64().unwrap() as f32)
-                .collect()
-        })
-        .collect();
-    Reported {
-        prompt_ids: ids("prompt_ids"),
-        tokens: ids("tokens"),
-        logits,
-    }
-}
-
-fn norm(v: impl Iterator<Item = f32>) -> f32 {
-    v.map(|x| x * x).sum::<f32>().sqrt()
-}
 
 /// Runs one fixture; returns the worst relative error seen.
 fn check_fixture(name: &str) -> f32 {

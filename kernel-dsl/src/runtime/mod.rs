@@ -12,12 +12,14 @@
 mod device;
 mod element;
 mod error;
+mod graph;
 mod kernel;
 pub mod testing;
 
 pub use device::{cuda_available, Buffer, CudaDevice, Device};
 pub use element::{as_bytes, as_bytes_mut, Element};
 pub use error::{LaunchError, RuntimeError};
+pub use graph::Graph;
 pub use kernel::{KernelArg, KernelDef, LaunchConfig, ParamDef, Variant};
 
 #[cfg(test)]

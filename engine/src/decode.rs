@@ -1,0 +1,679 @@
+//! The kernel-based decoder: model weights on a device, a preallocated KV cache, and
+//! one decode step as a fixed sequence of kernel launches (see [`crate::kernels`]).
+//!
+//! Everything a step reads that changes from token to token lives in device memory:
+//! `state = [token, pos]` is read by the kernels, and the last kernel writes the greedy
+//! next token and `pos + 1` back. The launch sequence is therefore the same at every
+//! position, which is what lets [`Decoder::capture`] record it once as a CUDA graph and
+//! replay it for every token. On the CPU device the same launches run on the interpreter.
+//!
+//! Prompts are processed through the same single-token step, one token at a time
+//! (there is no batched prefill yet).
+
+use half::bf16;
+use tilefuse_dsl::runtime::{Buffer, Device, Graph, KernelArg, KernelDef};
+
+use crate::config::ModelConfig;
+use crate::error::{EngineError, Result};
+use crate::kernels::{
+    ARGMAX_FINISH, ATTENTION_COMBINE, ATTENTION_SPLIT, EMBED, GEMV_RESIDUAL, LM_HEAD_ARGMAX,
+    QK_NORM_ROPE_APPEND, RMS_NORM_GATE_UP, RMS_NORM_GEMV,
+};
+use crate::model::ModelWeights;
+use crate::reference::rope_inv_freq;
+
+/// A compiled kernel variant and its grid: one launch of a step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelChoice {
+    /// Compile-time constants, in the kernel's declaration order.
+    pub consts: &'static [i64],
+    /// Warps per program.
+    pub num_warps: u32,
+}
+
+/// Which compiled variant each kernel of a step uses; derived from the model's shapes
+/// and the device by [`LaunchPlan::new`].
+#[derive(Clone, Debug)]
+pub struct LaunchPlan {
+    /// `rms_norm_gemv` for the QKV projection: `[BLOCK_N, BLOCK_K]`.
+    pub qkv: KernelChoice,
+    /// `gemv_residual` for the O projection.
+    pub o_proj: KernelChoice,
+    /// `rms_norm_gate_up`.
+    pub gate_up: KernelChoice,
+    /// `gemv_residual` for the down projection.
+    pub down: KernelChoice,
+    /// `lm_head_argmax`.
+    pub lm_head: KernelChoice,
+    /// `argmax_finish`: `[B]`.
+    pub argmax: KernelChoice,
+    /// `attention_split`: `[D, G, BS]`.
+    pub attention: KernelChoice,
+    /// `attention_combine`: `[D, S]`.
+    pub combine: KernelChoice,
+    /// `qk_norm_rope_append`: `[D]`.
+    pub rope: KernelChoice,
+    /// Splits of the KV sequence in decode attention.
+    pub splits: usize,
+}
+
+/// Leaks a small constant list, so plans can hold `&'static` slices like the kernel
+/// descriptions do. Plans are built a handful of times per process.
+fn consts(values: &[i64]) -> &'static [i64] {
+    Box::leak(values.to_vec().into_boxed_slice())
+}
+
+/// GEMV block shape for an `[n, k]` weight: on the GPU, rows per program and a K block
+/// that keeps 16-byte loads in flight; on the interpreter, small tiles (less masked work).
+fn gemv_choice(dev: &Device, k: usize) -> KernelChoice {
+    if dev.is_cuda() {
+        let block_k = if k >= 1024 { 1024 } else { 512 };
+        KernelChoice {
+            consts: consts(&[4, block_k]),
+            num_warps: 4,
+        }
+    } else {
+        let block_k = if k > 256 { 512 } else { 256 };
+        KernelChoice {
+            consts: consts(&[8, block_k]),
+            num_warps: 4,
+        }
+    }
+}
+
+impl LaunchPlan {
+    /// The plan for `cfg` on `dev`; fails when the model needs a shape no kernel variant
+    /// was compiled for (the message names the config value).
+    pub fn new(cfg: &ModelConfig, dev: &Device) -> Result<LaunchPlan> {
+        let d = cfg.head_dim;
+        if ![32, 64, 128, 256].contains(&d) {
+            return Err(EngineError::Unsupported {
+                message: format!("head_dim = {d} (supported: 32, 64, 128, 256)"),
+            });
+        }
+        if cfg.num_kv_heads == 0 || cfg.num_heads % cfg.num_kv_heads != 0 {
+            return Err(EngineError::Unsupported {
+                message: format!(
+                    "num_attention_heads = {} is not a multiple of num_key_value_heads = {}",
+                    cfg.num_heads, cfg.num_kv_heads
+                ),
+            });
+        }
+        let group = cfg.num_heads / cfg.num_kv_heads;
+        if group > 8 {
+            return Err(EngineError::Unsupported {
+                message: format!("{group} query heads per KV head (supported: up to 8)"),
+            });
+        }
+        for (name, k) in [
+            ("hidden_size", cfg.hidden_size),
+            ("intermediate_size", cfg.intermediate_size),
+            ("num_attention_heads * head_dim", cfg.q_dim()),
+        ] {
+            if k % 8 != 0 {
+                return Err(EngineError::Unsupported {
+                    message: format!("{name} = {k} is not a multiple of 8"),
+                });
+            }
+        }
+        // Enough (kv_head, split) programs to fill a GPU; the interpreter gets two
+        // splits, so the combine step is exercised everywhere.
+        let splits = if dev.is_cuda() {
+            (256 / cfg.num_kv_heads).next_power_of_two().clamp(1, 64)
+        } else {
+            2
+        };
+        let d = d as i64;
+        let lm_block_n = if dev.is_cuda() { 8 } else { 16 };
+        let lm = gemv_choice(dev, cfg.hidden_size);
+        Ok(LaunchPlan {
+            qkv: gemv_choice(dev, cfg.hidden_size),
+            o_proj: gemv_choice(dev, cfg.q_dim()),
+            gate_up: gemv_choice(dev, cfg.hidden_size),
+            down: gemv_choice(dev, cfg.intermediate_size),
+            lm_head: KernelChoice {
+                consts: consts(&[lm_block_n, lm.consts[1]]),
+                num_warps: lm.num_warps,
+            },
+            argmax: KernelChoice {
+                consts: consts(&[if dev.is_cuda() { 4096 } else { 256 }]),
+                num_warps: if dev.is_cuda() { 8 } else { 4 },
+            },
+            attention: KernelChoice {
+                consts: consts(&[d, group.next_power_of_two() as i64, 32]),
+                num_warps: 4,
+            },
+            combine: KernelChoice {
+                consts: consts(&[d, splits.max(8) as i64]),
+                num_warps: 1,
+            },
+            rope: KernelChoice {
+                consts: consts(&[d]),
+                num_warps: 1,
+            },
+            splits,
+        })
+    }
+
+    /// Programs of the LM head launch (= greedy candidates written).
+    fn lm_programs(&self, vocab: usize) -> usize {
+        vocab.div_ceil(self.lm_head.consts[0] as usize)
+    }
+}
+
+/// One layer's weights in the kernels' layout, and its KV cache.
+struct Layer {
+    input_norm: Buffer<bf16>,
+    /// `[q; k; v]` projection rows, `[q_dim + 2 kv_dim, hidden]`.
+    qkv_w: Buffer<bf16>,
+    /// Their biases (zeros when the model has none).
+    qkv_b: Buffer<bf16>,
+    /// QK-norm weights, `[head_dim]` (ones, unused, when the model has none).
+    q_norm: Buffer<bf16>,
+    k_norm: Buffer<bf16>,
+    o_w: Buffer<bf16>,
+    o_b: Buffer<bf16>,
+    post_norm: Buffer<bf16>,
+    /// `[gate; up]` projection rows, `[2 * intermediate, hidden]`.
+    gate_up_w: Buffer<bf16>,
+    down_w: Buffer<bf16>,
+    /// `[num_kv_heads, max_seq_len, head_dim]`.
+    k_cache: Buffer<bf16>,
+    v_cache: Buffer<bf16>,
+}
+
+/// Activations and scratch of one step, allocated once.
+struct Scratch {
+    /// `[token, pos]`: the step's input, and the next step's after the last kernel.
+    state: Buffer<i32>,
+    /// The residual stream, `[hidden]`.
+    x: Buffer<bf16>,
+    qkv: Buffer<bf16>,
+    /// Queries after QK-norm and RoPE, `[q_dim]`.
+    q: Buffer<bf16>,
+    /// Attention output, `[q_dim]`.
+    attn: Buffer<bf16>,
+    /// `silu(gate) * up`, `[intermediate]`.
+    act: Buffer<bf16>,
+    /// Split-attention partials: max, denominator, `[num_heads, splits]`; weighted sums
+    /// `[num_heads, splits, head_dim]`.
+    part_m: Buffer<f32>,
+    part_l: Buffer<f32>,
+    part_acc: Buffer<f32>,
+    /// `[vocab]` logits (bf16 values stored as f32).
+    logits: Buffer<f32>,
+    /// Greedy candidates per LM-head program.
+    part_val: Buffer<f32>,
+    part_idx: Buffer<i32>,
+    /// A zero bias as long as the longest projection, for layers without one.
+    zeros: Buffer<bf16>,
+}
+
+/// A model resident on a device, ready to decode.
+pub struct Decoder {
+    cfg: ModelConfig,
+    dev: Device,
+    plan: LaunchPlan,
+    max_seq_len: usize,
+    embed: Buffer<bf16>,
+    /// `None` when the LM head is tied to the embedding.
+    lm_head: Option<Buffer<bf16>>,
+    final_norm: Buffer<bf16>,
+    rope_cos: Buffer<f32>,
+    rope_sin: Buffer<f32>,
+    layers: Vec<Layer>,
+    s: Scratch,
+    graph: Option<Graph>,
+}
+
+impl std::fmt::Debug for Decoder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Decoder")
+            .field("device", &self.dev)
+            .field("max_seq_len", &self.max_seq_len)
+            .field("plan", &self.plan)
+            .field("graph", &self.graph.is_some())
+            .finish()
+    }
+}
+
+fn concat(parts: &[&[bf16]]) -> Vec<bf16> {
+    parts.concat()
+}
+
+impl Decoder {
+    /// Uploads `w` to `dev` in the kernels' layout (fused QKV and gate/up rows) and
+    /// allocates a KV cache for `max_seq_len` positions and every step buffer.
+    pub fn new(
+        cfg: &ModelConfig,
+        w: &ModelWeights<'_>,
+        dev: &Device,
+        max_seq_len: usize,
+    ) -> Result<Decoder> {
+        w.validate(cfg)?;
+        if max_seq_len == 0 {
+            return Err(EngineError::Option {
+                message: "max_seq_len must be at least 1".into(),
+            });
+        }
+        let plan = LaunchPlan::new(cfg, dev)?;
+        let (h, hd, im, v) = (
+            cfg.hidden_size,
+            cfg.head_dim,
+            cfg.intermediate_size,
+            cfg.vocab_size,
+        );
+        let (qd, kvd) = (cfg.q_dim(), cfg.kv_dim());
+        let qkv_dim = qd + 2 * kvd;
+        let zeros_len = qkv_dim.max(h);
+        let ones = vec![bf16::ONE; hd];
+
+        let mut layers = Vec::with_capacity(cfg.num_layers);
+        for lw in &w.layers {
+            let qkv_b = match (&lw.q_bias, &lw.k_bias, &lw.v_bias) {
+                (Some(q), Some(k), Some(v)) => dev.upload(&concat(&[q, k, v]))?,
+                _ => dev.zeros(qkv_dim)?,
+            };
+            layers.push(Layer {
+                input_norm: dev.upload(&lw.input_norm)?,
+                qkv_w: dev.upload(&concat(&[&lw.q_proj, &lw.k_proj, &lw.v_proj]))?,
+                qkv_b,
+                q_norm: dev.upload(lw.q_norm.as_deref().unwrap_or(&ones))?,
+                k_norm: dev.upload(lw.k_norm.as_deref().unwrap_or(&ones))?,
+                o_w: dev.upload(&lw.o_proj)?,
+                o_b: match &lw.o_bias {
+                    Some(b) => dev.upload(b)?,
+                    None => dev.zeros(h)?,
+                },
+                post_norm: dev.upload(&lw.post_attention_norm)?,
+                gate_up_w: dev.upload(&concat(&[&lw.gate_proj, &lw.up_proj]))?,
+                down_w: dev.upload(&lw.down_proj)?,
+                k_cache: dev.zeros(cfg.num_kv_heads * max_seq_len * hd)?,
+                v_cache: dev.zeros(cfg.num_kv_heads * max_seq_len * hd)?,
+            });
+        }
+
+        // RoPE tables, computed as the reference computes them.
+        let inv_freq = rope_inv_freq(cfg);
+        let mut cos = Vec::with_capacity(max_seq_len * hd / 2);
+        let mut sin = Vec::with_capacity(max_seq_len * hd / 2);
+        for pos in 0..max_seq_len {
+            for fr in &inv_freq {
+                let angle = fr * pos as f32;
+                cos.push(bf16::from_f32(angle.cos()).to_f32());
+                sin.push(bf16::from_f32(angle.sin()).to_f32());
+            }
+        }
+
+        let splits = plan.splits;
+        let s = Scratch {
+            state: dev.upload(&[0i32, 0])?,
+            x: dev.zeros(h)?,
+            qkv: dev.zeros(qkv_dim)?,
+            q: dev.zeros(qd)?,
+            attn: dev.zeros(qd)?,
+            act: dev.zeros(im)?,
+            part_m: dev.zeros(cfg.num_heads * splits)?,
+            part_l: dev.zeros(cfg.num_heads * splits)?,
+            part_acc: dev.zeros(cfg.num_heads * splits * hd)?,
+            logits: dev.zeros(v)?,
+            part_val: dev.zeros(plan.lm_programs(v))?,
+            part_idx: dev.zeros(plan.lm_programs(v))?,
+            zeros: dev.zeros(zeros_len)?,
+        };
+        Ok(Decoder {
+            cfg: cfg.clone(),
+            dev: dev.clone(),
+            max_seq_len,
+            embed: dev.upload(&w.embed_tokens)?,
+            lm_head: match &w.lm_head {
+                Some(t) => Some(dev.upload(t)?),
+                None => None,
+            },
+            final_norm: dev.upload(&w.norm)?,
+            rope_cos: dev.upload(&cos)?,
+            rope_sin: dev.upload(&sin)?,
+            layers,
+            s,
+            plan,
+            graph: None,
+        })
+    }
+
+    /// The model's config.
+    pub fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    /// The device the model lives on.
+    pub fn device(&self) -> &Device {
+        &self.dev
+    }
+
+    /// The KV cache's capacity in positions.
+    pub fn max_seq_len(&self) -> usize {
+        self.max_seq_len
+    }
+
+    /// The kernel variants a step launches.
+    pub fn plan(&self) -> &LaunchPlan {
+        &self.plan
+    }
+
+    /// Kernel launches per step.
+    pub fn kernels_per_step(&self) -> usize {
+        3 + 7 * self.cfg.num_layers
+    }
+
+    /// Bytes of weights one step reads (every matrix, norm and bias once; the embedding
+    /// table only through its one row unless it is also the LM head).
+    pub fn weight_bytes_per_step(&self) -> usize {
+        let layer: usize = self
+            .layers
+            .iter()
+            .map(|l| {
+                l.input_norm.len()
+                    + l.qkv_w.len()
+                    + l.qkv_b.len()
+                    + l.o_w.len()
+                    + l.o_b.len()
+                    + l.post_norm.len()
+                    + l.gate_up_w.len()
+                    + l.down_w.len()
+                    + if self.cfg.qk_norm { 2 * l.q_norm.len() } else { 0 }
+            })
+            .sum();
+        let head = self.lm_head.as_ref().unwrap_or(&self.embed).len();
+        2 * (layer + head + self.final_norm.len() + self.cfg.hidden_size)
+    }
+
+    /// Bytes of KV cache one step reads at context `len` (keys and values of every
+    /// layer and KV head).
+    pub fn kv_bytes_per_step(&self, len: usize) -> usize {
+        2 * 2 * self.cfg.num_layers * self.cfg.num_kv_heads * self.cfg.head_dim * len
+    }
+
+    /// Sets the step's input: `token` at position `pos` (a small host-to-device copy).
+    pub fn set_input(&mut self, token: u32, pos: usize) -> Result<()> {
+        if token as usize >= self.cfg.vocab_size {
+            return Err(EngineError::TokenOutOfRange {
+                token,
+                vocab: self.cfg.vocab_size,
+            });
+        }
+        if pos >= self.max_seq_len {
+            return Err(EngineError::TooLong {
+                prompt: pos + 1,
+                new: 0,
+                max: self.max_seq_len,
+            });
+        }
+        self.s.state.copy_from_host(&[token as i32, pos as i32])?;
+        Ok(())
+    }
+
+    /// Runs one step with individual launches: reads `state`, appends to the KV cache,
+    /// leaves the logits in the device buffer and writes the greedy token and `pos + 1`
+    /// into `state`. Asynchronous on a GPU.
+    pub fn step_eager(&mut self) -> Result<()> {
+        let cfg = &self.cfg;
+        let plan = &self.plan;
+        let dev = &self.dev;
+        let s = &mut self.s;
+        let (h, hd) = (cfg.hidden_size as i32, cfg.head_dim);
+        let (nh, nkv) = (cfg.num_heads, cfg.num_kv_heads);
+        let qkv_dim = (cfg.q_dim() + 2 * cfg.kv_dim()) as i32;
+        let im = cfg.intermediate_size as i32;
+        let eps = cfg.rms_norm_eps as f32;
+        let max_seq = self.max_seq_len as i32;
+        let scale = (hd as f32).powf(-0.5);
+        let rows = |choice: &KernelChoice, n: usize| n.div_ceil(choice.consts[0] as usize) as u32;
+
+        launch(
+            dev,
+            &EMBED,
+            cfg.hidden_size.div_ceil(1024) as u32,
+            &[1024],
+            4,
+            &mut [
+                (&self.embed).into(),
+                (&s.state).into(),
+                (&mut s.x).into(),
+                h.into(),
+            ],
+        )?;
+        for l in self.layers.iter_mut() {
+            // (1) RMSNorm + QKV projection (+ bias).
+            launch(
+                dev,
+                &RMS_NORM_GEMV,
+                rows(&plan.qkv, qkv_dim as usize),
+                plan.qkv.consts,
+                plan.qkv.num_warps,
+                &mut [
+                    (&s.x).into(),
+                    (&l.input_norm).into(),
+                    (&l.qkv_w).into(),
+                    (&l.qkv_b).into(),
+                    (&mut s.qkv).into(),
+                    qkv_dim.into(),
+                    h.into(),
+                    eps.into(),
+                ],
+            )?;
+            // (2) QK-norm + RoPE + KV append.
+            launch(
+                dev,
+                &QK_NORM_ROPE_APPEND,
+                (nh + 2 * nkv) as u32,
+                plan.rope.consts,
+                plan.rope.num_warps,
+                &mut [
+                    (&s.qkv).into(),
+                    (&l.q_norm).into(),
+                    (&l.k_norm).into(),
+                    (&self.rope_cos).into(),
+                    (&self.rope_sin).into(),
+                    (&s.state).into(),
+                    (&mut s.q).into(),
+                    (&mut l.k_cache).into(),
+                    (&mut l.v_cache).into(),
+                    (nh as i32).into(),
+                    (nkv as i32).into(),
+                    max_seq.into(),
+                    i32::from(cfg.qk_norm).into(),
+                    eps.into(),
+                ],
+            )?;
+            // (3) Split-K attention over the cache, then the merge of the splits.
+            launch(
+                dev,
+                &ATTENTION_SPLIT,
+                [nkv as u32, plan.splits as u32, 1],
+                plan.attention.consts,
+                plan.attention.num_warps,
+                &mut [
+                    (&s.q).into(),
+                    (&l.k_cache).into(),
+                    (&l.v_cache).into(),
+                    (&s.state).into(),
+                    (&mut s.part_m).into(),
+                    (&mut s.part_l).into(),
+                    (&mut s.part_acc).into(),
+                    ((nh / nkv) as i32).into(),
+                    max_seq.into(),
+                    scale.into(),
+                ],
+            )?;
+            launch(
+                dev,
+                &ATTENTION_COMBINE,
+                nh as u32,
+                plan.combine.consts,
+                plan.combine.num_warps,
+                &mut [
+                    (&s.part_m).into(),
+                    (&s.part_l).into(),
+                    (&s.part_acc).into(),
+                    (&mut s.attn).into(),
+                    (plan.splits as i32).into(),
+                ],
+            )?;
+            // (4) O projection + residual.
+            launch(
+                dev,
+                &GEMV_RESIDUAL,
+                rows(&plan.o_proj, cfg.hidden_size),
+                plan.o_proj.consts,
+                plan.o_proj.num_warps,
+                &mut [
+                    (&l.o_w).into(),
+                    (&s.attn).into(),
+                    (&l.o_b).into(),
+                    (&mut s.x).into(),
+                    h.into(),
+                    (cfg.q_dim() as i32).into(),
+                ],
+            )?;
+            // (5) RMSNorm + gate/up projection + SiLU gate.
+            launch(
+                dev,
+                &RMS_NORM_GATE_UP,
+                rows(&plan.gate_up, cfg.intermediate_size),
+                plan.gate_up.consts,
+                plan.gate_up.num_warps,
+                &mut [
+                    (&s.x).into(),
+                    (&l.post_norm).into(),
+                    (&l.gate_up_w).into(),
+                    (&mut s.act).into(),
+                    im.into(),
+                    h.into(),
+                    eps.into(),
+                ],
+            )?;
+            // (6) Down projection + residual.
+            launch(
+                dev,
+                &GEMV_RESIDUAL,
+                rows(&plan.down, cfg.hidden_size),
+                plan.down.consts,
+                plan.down.num_warps,
+                &mut [
+                    (&l.down_w).into(),
+                    (&s.act).into(),
+                    (&s.zeros).into(),
+                    (&mut s.x).into(),
+                    h.into(),
+                    im.into(),
+                ],
+            )?;
+        }
+        // Final norm + LM head + greedy token.
+        let parts = plan.lm_programs(cfg.vocab_size);
+        launch(
+            dev,
+            &LM_HEAD_ARGMAX,
+            parts as u32,
+            plan.lm_head.consts,
+            plan.lm_head.num_warps,
+            &mut [
+                (&s.x).into(),
+                (&self.final_norm).into(),
+                self.lm_head.as_ref().unwrap_or(&self.embed).into(),
+                (&mut s.logits).into(),
+                (&mut s.part_val).into(),
+                (&mut s.part_idx).into(),
+                (cfg.vocab_size as i32).into(),
+                h.into(),
+                eps.into(),
+            ],
+        )?;
+        launch(
+            dev,
+            &ARGMAX_FINISH,
+            1,
+            plan.argmax.consts,
+            plan.argmax.num_warps,
+            &mut [
+                (&s.part_val).into(),
+                (&s.part_idx).into(),
+                (&mut s.state).into(),
+                (parts as i32).into(),
+            ],
+        )?;
+        Ok(())
+    }
+
+    /// Records one step as a CUDA graph (running it eagerly once first, so every kernel
+    /// is loaded). Afterwards [`Decoder::step`] replays the graph. Fails on the CPU
+    /// device and whenever the capture fails; nothing falls back silently.
+    ///
+    /// The warm-up step writes the KV cache at the position in `state`; it is
+    /// overwritten when that position is decoded for real.
+    pub fn capture(&mut self) -> Result<()> {
+        self.graph = None;
+        let saved = self.s.state.to_vec()?;
+        self.step_eager()?;
+        self.s.state.copy_from_host(&saved)?;
+        let dev = self.dev.clone();
+        let graph = dev.capture(|| self.step_eager())?;
+        self.graph = Some(graph);
+        Ok(())
+    }
+
+    /// Drops a captured graph; steps launch kernels one by one again.
+    pub fn release_graph(&mut self) {
+        self.graph = None;
+    }
+
+    /// Whether steps replay a captured graph.
+    pub fn uses_graph(&self) -> bool {
+        self.graph.is_some()
+    }
+
+    /// Runs one step: the graph if one was captured, individual launches otherwise.
+    pub fn step(&mut self) -> Result<()> {
+        match &self.graph {
+            Some(g) => Ok(g.launch()?),
+            None => self.step_eager(),
+        }
+    }
+
+    /// Waits for the step and reads `state`: the greedy next token and the next position.
+    pub fn read_state(&self) -> Result<(u32, usize)> {
+        let st = self.s.state.to_vec()?;
+        Ok((st[0] as u32, st[1] as usize))
+    }
+
+    /// Waits for the step and copies its logits to the host.
+    pub fn read_logits(&self) -> Result<Vec<f32>> {
+        Ok(self.s.logits.to_vec()?)
+    }
+
+    /// Waits for the device to finish all queued work.
+    pub fn synchronize(&self) -> Result<()> {
+        Ok(self.dev.synchronize()?)
+    }
+
+    /// Decodes `token` at `pos` and returns the logits for the next token (a
+    /// convenience for tests and tools; [`crate::Engine`] drives steps directly).
+    pub fn forward(&mut self, token: u32, pos: usize) -> Result<Vec<f32>> {
+        self.set_input(token, pos)?;
+        self.step()?;
+        self.read_logits()
+    }
+}
+
+/// Launches `def` with its compiled variant for `consts` / `num_warps`.
+fn launch(
+    dev: &Device,
+    def: &KernelDef,
+    grid: impl Into<tilefuse_dsl::runtime::LaunchConfig>,
+    consts: &[i64],
+    num_warps: u32,
+    args: &mut [KernelArg<'_>],
+) -> Result<()> {
+    def.launch_dyn(dev, grid.into().num_warps(num_warps), consts, args)?;
+    Ok(())
+}

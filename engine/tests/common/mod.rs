@@ -1,0 +1,73 @@
+//! Fixture helpers shared by the engine's integration tests.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+
+/// Finds `tests/fixtures` at run time: next to the crate's manifest if that
+/// still exists, else in the working directory or one of its parents.
+pub fn fixtures_dir() -> PathBuf {
+    let from_manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures");
+    if from_manifest.is_dir() {
+        return from_manifest;
+    }
+    let cwd = std::env::current_dir().expect("current directory");
+    for dir in cwd.ancestors() {
+        let candidate = dir.join("tests/fixtures");
+        if candidate.is_dir() {
+            return candidate;
+        }
+    }
+    panic!(
+        "tests/fixtures not found next to {} or above {}",
+        env!("CARGO_MANIFEST_DIR"),
+        cwd.display()
+    );
+}
+
+/// A fixture's `reference.json`: prompt, greedy continuation and the logits each
+/// token was chosen from.
+pub struct Reported {
+    pub prompt_ids: Vec<u32>,
+    pub tokens: Vec<u32>,
+    pub logits: Vec<Vec<f32>>,
+}
+
+pub fn read_reference(dir: &Path) -> Reported {
+    let path = dir.join("reference.json");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let ids = |k: &str| -> Vec<u32> {
+        v[k].as_array()
+            .unwrap_or_else(|| panic!("{}: no `{k}`", path.display()))
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect()
+    };
+    let logits = v["logits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|row| {
+            row.as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap() as f32)
+                .collect()
+        })
+        .collect();
+    Reported {
+        prompt_ids: ids("prompt_ids"),
+        tokens: ids("tokens"),
+        logits,
+    }
+}
+
+pub fn norm(v: impl Iterator<Item = f32>) -> f32 {
+    v.map(|x| x * x).sum::<f32>().sqrt()
+}
+
+/// `‖a − b‖ / ‖b‖`.
+pub fn rel_err(a: &[f32], b: &[f32]) -> f32 {
+    norm(a.iter().zip(b).map(|(x, y)| x - y)) / norm(b.iter().copied())
+}
