@@ -125,16 +125,15 @@ fn every_kernel_assembles_without_spills() {
         let threads = std::thread::available_parallelism().map_or(2, |n| n.get().min(8));
         std::thread::scope(|s| {
             for _ in 0..threads {
-                s.spawn(|| loop {
-                    let Some(job) = jobs.get(next.fetch_add(1, Ordering::Relaxed)) else {
-                        break;
-                    };
-                    let msg = match ptxas::assemble(&bin, &job.kernel, job.target) {
-                        Ok(r) if r.is_clean() => continue,
-                        Ok(r) => format!("{}: {r}", job.what),
-                        Err(e) => format!("{}: {e}", job.what),
-                    };
-                    failed.lock().unwrap().push(msg);
+                s.spawn(|| {
+                    while let Some(job) = jobs.get(next.fetch_add(1, Ordering::Relaxed)) {
+                        let msg = match ptxas::assemble(&bin, &job.kernel, job.target) {
+                            Ok(r) if r.is_clean() => continue,
+                            Ok(r) => format!("{}: {r}", job.what),
+                            Err(e) => format!("{}: {e}", job.what),
+                        };
+                        failed.lock().unwrap().push(msg);
+                    }
                 });
             }
         });
