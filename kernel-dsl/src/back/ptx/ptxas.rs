@@ -179,8 +179,18 @@ impl std::error::Error for AssembleError {}
 /// Assembles `kernel` (compiled for `target`) with the `ptxas` at `ptxas`, verbosely, and
 /// returns its resource report. Safe to call from several threads at once.
 pub fn assemble(ptxas: &Path, kernel: &PtxKernel, target: Target) -> Result<Report, AssembleError> {
+    assemble_text(ptxas, &kernel.ptx, &kernel.entry, target)
+}
+
+/// [`assemble`] for PTX text with the `.entry` named `entry` (hand-written PTX included).
+pub fn assemble_text(
+    ptxas: &Path,
+    ptx: &str,
+    entry: &str,
+    target: Target,
+) -> Result<Report, AssembleError> {
     let fail = |message: String| AssembleError {
-        entry: kernel.entry.clone(),
+        entry: entry.to_string(),
         target,
         message,
     };
@@ -192,8 +202,8 @@ pub fn assemble(ptxas: &Path, kernel: &PtxKernel, target: Target) -> Result<Repo
         NEXT.fetch_add(1, Ordering::Relaxed)
     ));
     std::fs::create_dir_all(&dir).map_err(|e| fail(format!("{}: {e}", dir.display())))?;
-    let src = dir.join(format!("{}.ptx", kernel.entry));
-    let result = std::fs::write(&src, &kernel.ptx)
+    let src = dir.join(format!("{entry}.ptx"));
+    let result = std::fs::write(&src, ptx)
         .map_err(|e| fail(format!("{}: {e}", src.display())))
         .and_then(|()| {
             Command::new(ptxas)
