@@ -23,6 +23,8 @@
 //! assert_eq!(out.to_vec().unwrap(), vec![2.0, 4.0, 6.0]);
 //! ```
 
+pub mod cli;
+
 pub use tilefuse_dsl as dsl;
 pub use tilefuse_engine as engine;
 pub use tilefuse_macros::kernel;

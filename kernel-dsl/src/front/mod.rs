@@ -1,8 +1,10 @@
 //! The front end: syntax to AST ([`parse`]), then IR construction for one
-//! specialization ([`lower`]).
+//! specialization ([`lower`]); [`scan`] finds the kernels of a source file for tools.
 
 pub mod lower;
 pub mod parse;
+pub mod scan;
 
 pub use lower::{lower, SpanTable};
 pub use parse::{parse_kernel, ConstDecl, KernelAst, ParamDecl};
+pub use scan::{find_kernels, FoundKernel};

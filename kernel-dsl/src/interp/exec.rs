@@ -85,7 +85,8 @@ impl Mem<'_, '_, '_> {
         Ok(out)
     }
 
-    /// Writes the unmasked lanes in row-major order, so the last lane to an address wins.
+    /// Writes the unmasked lanes. Two lanes writing different values to one address is
+    /// an error: on the GPU which one lands is unspecified.
     fn scatter<T: Copy>(
         &mut self,
         ptrs: &[(usize, i64)],
@@ -94,6 +95,7 @@ impl Mem<'_, '_, '_> {
         size: usize,
         enc: impl Fn(T, &mut [u8]),
     ) -> OpResult<()> {
+        self.check_duplicates(ptrs, vals, mask, size, &enc)?;
         for (lane, &(param, off)) in ptrs.iter().enumerate() {
             if mask.is_some_and(|m| !m[lane]) {
                 continue;
@@ -101,6 +103,48 @@ impl Mem<'_, '_, '_> {
             let len = self.bytes_mut(param)?.len();
             let at = self.range("store to", param, off, len, size)?;
             enc(vals[lane], &mut self.bytes_mut(param)?[at..at + size]);
+        }
+        Ok(())
+    }
+
+    /// Fails when two unmasked lanes store different bytes to one element.
+    fn check_duplicates<T: Copy>(
+        &self,
+        ptrs: &[(usize, i64)],
+        vals: &[T],
+        mask: Option<&[bool]>,
+        size: usize,
+        enc: &impl Fn(T, &mut [u8]),
+    ) -> OpResult<()> {
+        let live = |lane: &usize| mask.is_none_or(|m| m[*lane]);
+        // Strictly increasing addresses (the common case) cannot repeat: skip the sort.
+        let mut prev = None;
+        let increasing = (0..ptrs.len()).filter(live).all(|lane| {
+            let ok = prev < Some(ptrs[lane]);
+            prev = Some(ptrs[lane]);
+            ok
+        });
+        if increasing {
+            return Ok(());
+        }
+        let mut lanes: Vec<usize> = (0..ptrs.len()).filter(live).collect();
+        // Stable: equal addresses keep row-major lane order, so errors name the first pair.
+        lanes.sort_by_key(|&lane| ptrs[lane]);
+        let bytes = |lane: usize| {
+            let mut b = [0u8; 8];
+            enc(vals[lane], &mut b[..size]);
+            b
+        };
+        for w in lanes.windows(2) {
+            let (a, b) = (w[0], w[1]);
+            if ptrs[a] == ptrs[b] && bytes(a) != bytes(b) {
+                let (param, off) = ptrs[a];
+                return Err(format!(
+                    "store to `{}` at element index {off}: lanes {a} and {b} (row-major) write \
+                     different values to the same address; which one lands is unspecified",
+                    self.name(param)
+                ));
+            }
         }
         Ok(())
     }

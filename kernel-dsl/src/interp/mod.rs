@@ -19,9 +19,12 @@
 //! - `load`: masked-off lanes touch no memory and yield `other` (0 when absent); an
 //!   unmasked lane outside its buffer is an error naming the kernel, the program, the
 //!   parameter and the element index.
-//! - `store`: masked-off lanes write nothing; lanes are written in row-major order, so
-//!   when two lanes hit one address the highest linear index wins. Writing through a
-//!   [`Arg::Read`] buffer is an error.
+//! - `store`: masked-off lanes write nothing. Two unmasked lanes of one store writing
+//!   *different* values (different bytes once converted to the element type) to one
+//!   address is an error naming the kernel, the program, the parameter, the element
+//!   index and the two lanes: on the GPU which one lands is unspecified. Equal values
+//!   are fine (a scalar broadcast to every lane). Writing through a [`Arg::Read`] buffer
+//!   is an error.
 //! - `sum` accumulates in `f32` (for `f16`/`bf16` too) and rounds once to the input
 //!   dtype; `max`/`min` ignore NaN unless every lane is NaN; `argmax` gives the first
 //!   index of the maximum, never a NaN lane unless all are NaN (then 0).

@@ -3,7 +3,7 @@
 
 use super::ops::{self, Data};
 use super::testkit::*;
-use super::{run, Arg, Scalar};
+use super::{run, Arg, InterpError, Scalar};
 use crate::ir::{AtomicOp, BinaryOp, CmpOp, DType, Kernel, Literal, ReduceOp, UnaryOp, ValueId};
 use half::{bf16, f16};
 
@@ -833,19 +833,78 @@ fn atomics_return_old_values() {
     assert_eq!(bytes_i32(&imb), [mx]);
 }
 
-#[test]
-fn duplicate_store_addresses_highest_lane_wins() {
-    let mut b = Kb::new("dup");
+/// `out[idx[i]] = vals[i]` for the 16 lanes where `mask` holds, one program.
+fn scatter_kernel(mask_below: i64) -> Kernel {
+    let mut b = Kb::new("scatter");
+    let idx = b.ptr("idx", DType::I32);
+    let vals = b.ptr("vals", DType::I32);
     let out = b.ptr("out", DType::I32);
     let ar = b.arange(0, 16);
+    let ip = b.add_ptr(idx, ar);
+    let i = b.load(ip, None, None);
+    let vp = b.add_ptr(vals, ar);
+    let v = b.load(vp, None, None);
+    let lim = b.i32(mask_below);
+    let m = b.cmp(CmpOp::Lt, ar, lim);
+    let op = b.add_ptr(out, i);
+    b.store(op, v, Some(m));
+    b.finish()
+}
+
+fn run_scatter(k: &Kernel, idx: &[i32; 16], vals: &[i32; 16]) -> Result<Vec<i32>, InterpError> {
+    let (ib, vb) = (i32_bytes(idx), i32_bytes(vals));
+    let mut ob = vec![0u8; 4 * 16];
+    run(
+        k,
+        [1, 1, 1],
+        &mut [Arg::Read(&ib), Arg::Read(&vb), Arg::Write(&mut ob)],
+    )?;
+    Ok(bytes_i32(&ob))
+}
+
+#[test]
+fn duplicate_store_addresses_with_different_values_are_an_error() {
+    let k = scatter_kernel(16);
+    let mut idx: [i32; 16] = std::array::from_fn(|i| 15 - i as i32);
+    let vals: [i32; 16] = std::array::from_fn(|i| 100 + i as i32);
+    // A permutation (decreasing addresses) is fine.
+    let out = run_scatter(&k, &idx, &vals).unwrap();
+    assert_eq!(out[15], 100);
+    // Lanes 3 and 9 both write element 4, with different values.
+    idx[3] = 4;
+    idx[9] = 4;
+    let e = run_scatter(&k, &idx, &vals).unwrap_err();
+    assert_eq!(e.kernel, "scatter");
+    let s = e.to_string();
+    assert!(s.contains("`scatter`") && s.contains("`out`"), "{s}");
+    assert!(s.contains("element index 4"), "{s}");
+    assert!(s.contains("lanes 3 and 9"), "{s}");
+    assert!(s.contains("program (0, 0, 0)"), "{s}");
+    // Masking one of the two lanes off removes the conflict.
+    let k = scatter_kernel(9);
+    let out = run_scatter(&k, &idx, &vals).unwrap();
+    assert_eq!(out[4], 103);
+}
+
+#[test]
+fn duplicate_store_addresses_with_equal_values_are_fine() {
+    // Every lane stores the same scalar to one address (a broadcast store).
+    let mut b = Kb::new("dup");
+    let out = b.ptr("out", DType::I32);
     let p = b.splat(out, &[16]);
     let seven = b.i32(7);
-    let m = b.cmp(CmpOp::Lt, ar, seven);
-    b.store(p, ar, Some(m));
+    let v = b.splat(seven, &[16]);
+    b.store(p, v, None);
     let k = b.finish();
     let mut ob = vec![0u8; 4];
     run(&k, [1, 1, 1], &mut [Arg::Write(&mut ob)]).unwrap();
-    assert_eq!(bytes_i32(&ob), [6]);
+    assert_eq!(bytes_i32(&ob), [7]);
+    // Equal values through a scatter with repeats, too.
+    let k = scatter_kernel(16);
+    let idx: [i32; 16] = std::array::from_fn(|i| (i % 4) as i32);
+    let vals: [i32; 16] = std::array::from_fn(|i| (i % 4) as i32 * 10);
+    let out = run_scatter(&k, &idx, &vals).unwrap();
+    assert_eq!(out[..5], [0, 10, 20, 30, 0]);
 }
 
 #[test]

@@ -225,24 +225,20 @@ fn gpu_reports_device_and_target() {
 
 #[test]
 fn hand_written_ptx_assembles() {
-    // Checks the test kernel itself when `ptxas` is available (CI sets TILEFUSE_PTXAS).
-    let Some(ptxas) = std::env::var_os("TILEFUSE_PTXAS") else {
-        println!("hand_written_ptx_assembles: skipped: TILEFUSE_PTXAS not set");
-        return;
+    // Checks the test kernel itself when `ptxas` is available (CI requires it).
+    use crate::back::ptx::{ptxas, Target};
+    let bin = match ptxas::find() {
+        Ok(bin) => bin,
+        Err(e) if std::env::var("TILEFUSE_REQUIRE_PTXAS").as_deref() == Ok("1") => panic!("{e}"),
+        Err(e) => {
+            println!("hand_written_ptx_assembles: skipped: {e}");
+            return;
+        }
     };
-    let dir = std::env::temp_dir().join(format!("tilefuse-runtime-ptx-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    for (arch, ptx) in [("sm_80", SCALE_ADD_SM80), ("sm_90", SCALE_ADD_SM90)] {
-        let file = dir.join(format!("scale_add_{arch}.ptx"));
-        std::fs::write(&file, ptx).unwrap();
-        let status = std::process::Command::new(&ptxas)
-            .arg(format!("-arch={arch}"))
-            .arg(&file)
-            .arg("-o")
-            .arg(dir.join(format!("scale_add_{arch}.cubin")))
-            .status()
-            .unwrap();
-        assert!(status.success(), "ptxas rejected the {arch} test kernel");
+    for (target, ptx) in [
+        (Target::Sm80, SCALE_ADD_SM80),
+        (Target::Sm90, SCALE_ADD_SM90),
+    ] {
+        ptxas::assemble_text(&bin, ptx, "scale_add", target).unwrap_or_else(|e| panic!("{e}"));
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }

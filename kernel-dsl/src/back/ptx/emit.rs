@@ -54,6 +54,8 @@ pub struct Emitter<'k> {
     pub tid0: String,
     /// Where errors point.
     pub loc: Loc,
+    /// Global memory accesses emitted so far.
+    pub accesses: Vec<super::Access>,
 }
 
 /// Shorthand for results of this backend.
@@ -82,6 +84,7 @@ impl<'k> Emitter<'k> {
             smem_base: String::new(),
             tid0: String::new(),
             loc: Loc::default(),
+            accesses: Vec::new(),
         };
         e.tid = e.reg(Rk::R);
         e.lane = e.reg(Rk::R);
@@ -631,7 +634,26 @@ impl<'k> Emitter<'k> {
         Ok(())
     }
 
-    /// The layout report.
+    /// The layout of every tile value, in value order.
+    pub fn value_layouts(&self) -> Vec<super::ValueLayout> {
+        self.lay
+            .of
+            .iter()
+            .enumerate()
+            .filter_map(|(i, l)| {
+                let v = ValueId(i as u32);
+                Some(super::ValueLayout {
+                    value: v,
+                    ty: self.k.ty(v).clone(),
+                    loc: self.k.value(v).loc,
+                    layout: l.clone()?,
+                    rematerialized: !self.lay.strong[i],
+                })
+            })
+            .collect()
+    }
+
+    /// The layouts as text, one value a line.
     pub fn report(&self) -> String {
         let mut s = String::new();
         for (i, l) in self.lay.of.iter().enumerate() {

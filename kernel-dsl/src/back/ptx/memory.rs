@@ -4,6 +4,7 @@
 use super::emit::{Emitter, Res};
 use super::layout::Layout;
 use super::regs::{mem_ty, rk, Rk};
+use super::{Access, AccessKind};
 use crate::ir::{AtomicOp, DType, ValueId};
 
 impl Emitter<'_> {
@@ -27,6 +28,17 @@ impl Emitter<'_> {
             v = v.min(self.axis[m.index()].cons[t]);
         }
         v.max(1) as usize
+    }
+
+    fn record(&mut self, kind: AccessKind, ptr: ValueId, dtype: DType, width: usize, n: usize) {
+        self.accesses.push(Access {
+            kind,
+            ptr,
+            loc: self.loc,
+            dtype,
+            width,
+            elements: n,
+        });
     }
 
     fn zero(&mut self, kind: Rk, d: &str) {
@@ -94,6 +106,7 @@ impl Emitter<'_> {
                 1,
             ),
         };
+        self.record(AccessKind::Load, ptr, dt, vw, ptrs.len());
         let kind = rk(dt);
         let mut out = Vec::new();
         for g in (0..ptrs.len()).step_by(vw) {
@@ -184,6 +197,7 @@ impl Emitter<'_> {
                 self.vec_width(ptr, mask, &l, dt),
             )
         };
+        self.record(AccessKind::Store, ptr, dt, vw, ptrs.len());
         for g in (0..ptrs.len()).step_by(vw) {
             let m = masks.as_ref().map(|m| m[g].clone());
             let pred = self.and_pred(owner.as_deref(), m.as_deref());
@@ -263,6 +277,7 @@ impl Emitter<'_> {
                 )
             }
         };
+        self.record(AccessKind::Atomic, ptr, dt, 1, ptrs.len());
         let kind = rk(dt);
         let mut out = Vec::new();
         for i in 0..ptrs.len() {

@@ -26,6 +26,7 @@ mod elementwise;
 mod emit;
 mod layout;
 mod memory;
+pub mod ptxas;
 mod reduce;
 mod regs;
 
@@ -39,7 +40,7 @@ mod tests;
 use std::fmt::Write;
 
 use crate::error::CompileError;
-use crate::ir::{Kernel, ParamKind};
+use crate::ir::{DType, Kernel, Loc, ParamKind, Type, ValueId};
 
 pub use layout::Layout;
 
@@ -73,6 +74,54 @@ pub struct PtxKernel {
     pub shared_bytes: u32,
     /// A human-readable report of the layout chosen for each tile value.
     pub layouts: String,
+    /// The layout chosen for each tile value, in value order (what `layouts` prints).
+    pub value_layouts: Vec<ValueLayout>,
+    /// Every global memory access, in program order, with its vector width.
+    pub accesses: Vec<Access>,
+}
+
+/// The layout the backend chose for one tile value.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ValueLayout {
+    /// The value.
+    pub value: ValueId,
+    /// Its type.
+    pub ty: Type,
+    /// Where it comes from in the source.
+    pub loc: Loc,
+    /// Its layout.
+    pub layout: Layout,
+    /// Recomputed in whatever layout a user needs (splats, aranges, broadcasts and their
+    /// arithmetic) rather than computed once in `layout`.
+    pub rematerialized: bool,
+}
+
+/// What a global memory access does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AccessKind {
+    /// `load` (`.nc` when the buffer is never written by the kernel).
+    Load,
+    /// `store`.
+    Store,
+    /// `atomic_*` (always one element per instruction).
+    Atomic,
+}
+
+/// One global memory access of the kernel.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Access {
+    /// Load, store or atomic.
+    pub kind: AccessKind,
+    /// The pointer value.
+    pub ptr: ValueId,
+    /// The source location of the access.
+    pub loc: Loc,
+    /// The element type.
+    pub dtype: DType,
+    /// Elements per instruction (1 = scalar, up to 16 bytes' worth).
+    pub width: usize,
+    /// Elements per thread.
+    pub elements: usize,
 }
 
 /// Compiles a typed kernel to PTX.
@@ -171,5 +220,7 @@ pub fn compile(kernel: &Kernel, target: Target) -> Result<PtxKernel, CompileErro
         entry: kernel.name.clone(),
         shared_bytes: smem,
         layouts: e.report(),
+        value_layouts: e.value_layouts(),
+        accesses: e.accesses,
     })
 }

@@ -1,0 +1,150 @@
+//! Finding `#[kernel]` functions in Rust source text, without compiling the crate.
+//!
+//! Tools (`tilefuse inspect`, the repository-wide `ptxas` test) use this to compile the
+//! kernels of a file the way `#[kernel]` would, with errors pointing at the file's lines.
+
+use proc_macro2::{Span, TokenStream};
+use syn::visit::Visit;
+
+use super::{parse_kernel, KernelAst, SpanTable};
+use crate::error::CompileError;
+use crate::{ir, Specialization};
+
+/// A `#[kernel]` function found in a source file.
+#[derive(Clone, Debug)]
+pub struct FoundKernel {
+    /// The function's name.
+    pub name: String,
+    /// The line of its `fn` (1-based).
+    pub line: usize,
+    /// The parsed kernel.
+    pub ast: KernelAst,
+}
+
+impl FoundKernel {
+    /// Lowers and type-checks one specialization; errors carry the line and column in
+    /// the file the kernel was found in.
+    pub fn compile(&self, spec: &Specialization) -> Result<(ir::Kernel, SpanTable), CompileError> {
+        let (result, spans) = crate::compile_with_spans(&self.ast, spec);
+        match result {
+            Ok(k) => Ok((k, spans)),
+            Err(e) => {
+                let mut located = located(spans.span(e.loc), &e.message);
+                located.loc = e.loc;
+                Err(located)
+            }
+        }
+    }
+}
+
+fn located(span: Span, msg: &str) -> CompileError {
+    let start = span.start();
+    CompileError::new(
+        ir::Loc::default(),
+        format!("line {}, column {}: {msg}", start.line, start.column + 1),
+    )
+}
+
+/// Every `#[kernel]` function in `src` (a whole Rust file), in source order, including
+/// those inside inline modules and function bodies.
+///
+/// A file that does not parse, or a kernel whose attribute or signature is invalid, is an
+/// error with its line and column.
+pub fn find_kernels(src: &str) -> Result<Vec<FoundKernel>, CompileError> {
+    let file = syn::parse_file(src).map_err(|e| located(e.span(), &e.to_string()))?;
+    let mut finder = Finder::default();
+    finder.visit_file(&file);
+    finder
+        .found
+        .into_iter()
+        .map(|(attr, item)| {
+            let ast = parse_kernel(attr, &item)
+                .map_err(|e| located(e.span(), &format!("kernel `{}`: {e}", item.sig.ident)))?;
+            Ok(FoundKernel {
+                name: item.sig.ident.to_string(),
+                line: item.sig.fn_token.span.start().line,
+                ast,
+            })
+        })
+        .collect()
+}
+
+/// Whether an attribute is `#[kernel]` (also as a path, `#[tilefuse::kernel]`).
+fn is_kernel_attr(a: &syn::Attribute) -> bool {
+    a.path()
+        .segments
+        .last()
+        .is_some_and(|s| s.ident == "kernel")
+}
+
+#[derive(Default)]
+struct Finder {
+    found: Vec<(TokenStream, syn::ItemFn)>,
+}
+
+impl<'ast> Visit<'ast> for Finder {
+    fn visit_item_fn(&mut self, f: &'ast syn::ItemFn) {
+        if let Some(a) = f.attrs.iter().find(|a| is_kernel_attr(a)) {
+            let attr = match &a.meta {
+                syn::Meta::List(l) => l.tokens.clone(),
+                _ => TokenStream::new(),
+            };
+            // What the attribute macro receives: the item without its own attribute.
+            let mut item = f.clone();
+            item.attrs.retain(|a| !is_kernel_attr(a));
+            self.found.push((attr, item));
+        }
+        syn::visit::visit_item_fn(self, f);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SRC: &str = r#"
+use tilefuse::prelude::*;
+
+/// Doubles.
+#[kernel(BLOCK = [64, 128], num_warps = [1, 2])]
+pub fn double<const BLOCK: usize>(x: Ptr<f32>, n: i32) {
+    let offs = arange(0, BLOCK);
+    store(x + offs, load(x + offs, offs < n, 0.0) * 2.0, offs < n);
+}
+
+fn not_a_kernel() {}
+
+mod inner {
+    fn host() {
+        #[tilefuse::kernel(num_warps = [4])]
+        fn nested(x: Ptr<i32>) {
+            store(x, 1);
+        }
+    }
+}
+"#;
+
+    #[test]
+    fn finds_kernels_in_modules_and_bodies() {
+        let found = find_kernels(SRC).unwrap();
+        let names: Vec<&str> = found.iter().map(|k| k.name.as_str()).collect();
+        assert_eq!(names, ["double", "nested"]);
+        assert_eq!(found[0].line, 6);
+        assert_eq!(found[0].ast.specializations().len(), 4);
+        let spec = &found[0].ast.specializations()[0];
+        let (k, _) = found[0].compile(spec).unwrap();
+        assert_eq!(k.name, "double");
+    }
+
+    #[test]
+    fn errors_carry_the_file_line() {
+        let bad = SRC.replace("offs < n, 0.0", "offs < m, 0.0");
+        let found = find_kernels(&bad).unwrap();
+        let spec = &found[0].ast.specializations()[0];
+        let err = found[0].compile(spec).unwrap_err();
+        assert!(err.message.starts_with("line 8,"), "{}", err.message);
+        assert!(err.message.contains('m'), "{}", err.message);
+        let err = find_kernels("fn broken(").unwrap_err();
+        assert!(err.message.starts_with("line 1,"), "{}", err.message);
+    }
+}

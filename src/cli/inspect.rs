@@ -1,0 +1,492 @@
+//! `tilefuse inspect FILE.rs`: compiles the `#[kernel]` functions of a source file (without
+//! building its crate) and shows what the backend chose for one specialization.
+
+use std::collections::HashMap;
+use std::fmt::Write;
+use std::path::PathBuf;
+
+use anyhow::{anyhow, bail, Context};
+use clap::{Args, ValueEnum};
+use syn::spanned::Spanned;
+use syn::visit::Visit;
+
+use crate::dsl::back::ptx::{self, ptxas, AccessKind, PtxKernel, Target};
+use crate::dsl::front::{find_kernels, FoundKernel, SpanTable};
+use crate::dsl::ir::{Kernel, Loc};
+use crate::dsl::Specialization;
+
+/// Arguments of `tilefuse inspect`.
+#[derive(Args, Clone, Debug)]
+pub struct InspectArgs {
+    /// A Rust source file with `#[kernel]` functions.
+    pub file: PathBuf,
+    /// The kernel to inspect (default: every kernel in the file).
+    #[arg(long, value_name = "NAME")]
+    pub kernel: Option<String>,
+    /// A compile-time constant's value (default: the first listed value); repeatable.
+    #[arg(long = "const", value_name = "NAME=V", value_parser = parse_const)]
+    pub consts: Vec<(String, i64)>,
+    /// Warps per program (default: the first listed value).
+    #[arg(long, value_name = "W")]
+    pub num_warps: Option<u32>,
+    /// The target whose layouts and PTX are shown (ptxas reports cover both).
+    #[arg(long, value_enum, default_value_t = TargetArg::Sm80)]
+    pub target: TargetArg,
+    /// Print the PTX.
+    #[arg(long)]
+    pub ptx: bool,
+    /// Print the layout of every tile value, rematerialized ones included.
+    #[arg(long)]
+    pub layouts: bool,
+    /// Print ptxas' full report for sm_80 and sm_90 (an error when ptxas is missing).
+    #[arg(long)]
+    pub ptxas: bool,
+}
+
+/// `--target`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum TargetArg {
+    /// `sm_80` (Ampere and newer through the driver's JIT).
+    Sm80,
+    /// `sm_90` (Hopper).
+    Sm90,
+}
+
+impl From<TargetArg> for Target {
+    fn from(t: TargetArg) -> Target {
+        match t {
+            TargetArg::Sm80 => Target::Sm80,
+            TargetArg::Sm90 => Target::Sm90,
+        }
+    }
+}
+
+fn parse_const(s: &str) -> Result<(String, i64), String> {
+    let (name, value) = s
+        .split_once('=')
+        .ok_or_else(|| format!("`{s}`: expected NAME=VALUE, e.g. BLOCK=1024"))?;
+    let value = value
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}`: `{value}` is not an integer"))?;
+    Ok((name.trim().to_string(), value))
+}
+
+/// Runs the inspection and returns what `tilefuse inspect` prints.
+///
+/// Without `--ptx`, `--layouts` or `--ptxas` the result is a summary of every selected
+/// kernel; with any of them, just those sections.
+pub fn run(args: &InspectArgs) -> anyhow::Result<String> {
+    let file = args.file.display().to_string();
+    let src = std::fs::read_to_string(&args.file).with_context(|| format!("cannot read {file}"))?;
+    let found = find_kernels(&src).map_err(|e| anyhow!("{file}: {e}"))?;
+    if found.is_empty() {
+        bail!("{file}: no #[kernel] functions");
+    }
+    let selected: Vec<&FoundKernel> = match &args.kernel {
+        Some(name) => match found.iter().find(|k| &k.name == name) {
+            Some(k) => vec![k],
+            None => bail!(
+                "{file}: no kernel `{name}`; the file has: {}",
+                names(&found)
+            ),
+        },
+        None => found.iter().collect(),
+    };
+    for (name, _) in &args.consts {
+        if !selected
+            .iter()
+            .any(|k| k.ast.consts.iter().any(|c| &c.name == name))
+        {
+            bail!(
+                "{file}: no constant `{name}` in {}",
+                describe_consts(&selected)
+            );
+        }
+    }
+    let summary = !(args.ptx || args.layouts || args.ptxas);
+    let lines: Vec<&str> = src.lines().collect();
+    let mut out = String::new();
+    for k in selected {
+        inspect_one(args, &file, &lines, k, summary, &mut out)?;
+    }
+    Ok(out)
+}
+
+fn names(found: &[FoundKernel]) -> String {
+    found
+        .iter()
+        .map(|k| format!("`{}` (line {})", k.name, k.line))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn describe_consts(kernels: &[&FoundKernel]) -> String {
+    kernels
+        .iter()
+        .map(|k| {
+            let cs: Vec<&str> = k.ast.consts.iter().map(|c| c.name.as_str()).collect();
+            if cs.is_empty() {
+                format!("`{}` (no constants)", k.name)
+            } else {
+                format!("`{}` (constants: {})", k.name, cs.join(", "))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The specialization `args` asks for: given values, else the first listed ones.
+fn specialization(args: &InspectArgs, k: &FoundKernel) -> anyhow::Result<Specialization> {
+    let consts = k
+        .ast
+        .consts
+        .iter()
+        .map(|c| {
+            let v = args
+                .consts
+                .iter()
+                .rev()
+                .find(|(n, _)| *n == c.name)
+                .map(|(_, v)| *v)
+                .or_else(|| c.values.first().copied())
+                .ok_or_else(|| {
+                    anyhow!("kernel `{}`: constant `{}` lists no values", k.name, c.name)
+                })?;
+            Ok((c.name.clone(), v))
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let num_warps = match args.num_warps.or_else(|| k.ast.num_warps.first().copied()) {
+        Some(w) => w,
+        None => bail!("kernel `{}`: no num_warps listed; pass --num-warps", k.name),
+    };
+    Ok(Specialization { consts, num_warps })
+}
+
+fn spec_text(spec: &Specialization) -> String {
+    let mut parts: Vec<String> = spec
+        .consts
+        .iter()
+        .map(|(n, v)| format!("{n} = {v}"))
+        .collect();
+    parts.push(format!("num_warps = {}", spec.num_warps));
+    parts.join(", ")
+}
+
+fn inspect_one(
+    args: &InspectArgs,
+    file: &str,
+    lines: &[&str],
+    k: &FoundKernel,
+    summary: bool,
+    out: &mut String,
+) -> anyhow::Result<()> {
+    let spec = specialization(args, k)?;
+    let listed = k.ast.specializations().contains(&spec);
+    let (kernel, spans) = k.compile(&spec).map_err(|e| {
+        anyhow!(
+            "{file}: kernel `{}` ({}): {}",
+            k.name,
+            spec_text(&spec),
+            e.message
+        )
+    })?;
+    let compile = |t: Target| {
+        ptx::compile(&kernel, t).map_err(|e| {
+            let at = src_pos(&spans, e.loc);
+            anyhow!(
+                "{file}:{at}: kernel `{}` ({}, {}): {}",
+                k.name,
+                spec_text(&spec),
+                t.name(),
+                e.message
+            )
+        })
+    };
+    let target = Target::from(args.target);
+    let p = compile(target)?;
+    let names = binding_names(&k.ast.body);
+    let src = Src {
+        lines,
+        spans: &spans,
+        names: &names,
+    };
+
+    if summary {
+        let _ = writeln!(out, "kernel `{}` ({file}:{})", k.name, k.line);
+        let _ = writeln!(
+            out,
+            "  specialization: {}{}",
+            spec_text(&spec),
+            if listed {
+                ""
+            } else {
+                "  (not a listed specialization: #[kernel] does not build it)"
+            }
+        );
+        let all = k.ast.specializations();
+        let _ = writeln!(
+            out,
+            "  listed: {} specialization(s); threads per program: {}",
+            all.len(),
+            kernel.threads_per_program()
+        );
+        let _ = writeln!(out, "  target: {}", target.name());
+        let _ = writeln!(
+            out,
+            "  shared memory: {} bytes (static, from the compiler)",
+            p.shared_bytes
+        );
+        write_layouts(out, &src, &kernel, &p, false);
+        write_accesses(out, &src, &kernel, &p);
+        write_ptxas(out, &kernel, &compile, false)?;
+        out.push('\n');
+        return Ok(());
+    }
+    if args.layouts {
+        let _ = writeln!(
+            out,
+            "kernel `{}` ({}, {}):",
+            k.name,
+            spec_text(&spec),
+            target.name()
+        );
+        write_layouts(out, &src, &kernel, &p, true);
+    }
+    if args.ptxas {
+        let _ = writeln!(out, "kernel `{}` ({}):", k.name, spec_text(&spec));
+        write_ptxas(out, &kernel, &compile, true)?;
+    }
+    if args.ptx {
+        out.push_str(&p.ptx);
+    }
+    Ok(())
+}
+
+/// What the source says about a location: its line and column, the variable it is bound
+/// to (if a `let` or an assignment names it), and its text.
+struct Src<'a> {
+    lines: &'a [&'a str],
+    spans: &'a SpanTable,
+    names: &'a HashMap<SpanKey, String>,
+}
+
+type SpanKey = (usize, usize, usize, usize);
+
+fn key(span: proc_macro2::Span) -> SpanKey {
+    let (s, e) = (span.start(), span.end());
+    (s.line, s.column, e.line, e.column)
+}
+
+fn src_pos(spans: &SpanTable, loc: Loc) -> String {
+    let s = spans.span(loc).start();
+    format!("{}:{}", s.line, s.column + 1)
+}
+
+impl Src<'_> {
+    /// `name (line:col)` or `` `text` (line:col) ``.
+    fn describe(&self, loc: Loc) -> String {
+        let span = self.spans.span(loc);
+        let pos = src_pos(self.spans, loc);
+        if let Some(n) = self.names.get(&key(span)) {
+            return format!("{n} ({pos})");
+        }
+        let (s, e) = (span.start(), span.end());
+        let text = match self.lines.get(s.line.wrapping_sub(1)) {
+            Some(l) if s.line == e.line => {
+                l.chars().skip(s.column).take(e.column - s.column).collect()
+            }
+            Some(l) => l.chars().skip(s.column).collect::<String>() + " ..",
+            None => String::new(),
+        };
+        let text = if text.chars().count() > 40 {
+            text.chars().take(37).collect::<String>() + "..."
+        } else {
+            text
+        };
+        format!("`{}` ({pos})", text.trim())
+    }
+}
+
+/// The spans of the expressions that `let` statements and assignments name.
+fn binding_names(body: &syn::Block) -> HashMap<SpanKey, String> {
+    #[derive(Default)]
+    struct Names(HashMap<SpanKey, String>);
+    impl<'a> Visit<'a> for Names {
+        fn visit_local(&mut self, l: &'a syn::Local) {
+            if let (syn::Pat::Ident(pi), Some(init)) = (&l.pat, &l.init) {
+                self.0.insert(key(init.expr.span()), pi.ident.to_string());
+            }
+            syn::visit::visit_local(self, l);
+        }
+        fn visit_expr_assign(&mut self, a: &'a syn::ExprAssign) {
+            if let syn::Expr::Path(p) = &*a.left {
+                if let Some(id) = p.path.get_ident() {
+                    self.0.insert(key(a.right.span()), id.to_string());
+                }
+            }
+            syn::visit::visit_expr_assign(self, a);
+        }
+        fn visit_expr_binary(&mut self, b: &'a syn::ExprBinary) {
+            // `x += e` lowers to one value spanning the whole statement.
+            if let syn::Expr::Path(p) = &*b.left {
+                if let (Some(id), true) = (p.path.get_ident(), is_compound(&b.op)) {
+                    self.0.insert(key(b.span()), id.to_string());
+                }
+            }
+            syn::visit::visit_expr_binary(self, b);
+        }
+    }
+    let mut n = Names::default();
+    n.visit_block(body);
+    n.0
+}
+
+fn is_compound(op: &syn::BinOp) -> bool {
+    use syn::BinOp::*;
+    matches!(
+        op,
+        AddAssign(_)
+            | SubAssign(_)
+            | MulAssign(_)
+            | DivAssign(_)
+            | RemAssign(_)
+            | BitAndAssign(_)
+            | BitOrAssign(_)
+            | BitXorAssign(_)
+            | ShlAssign(_)
+            | ShrAssign(_)
+    )
+}
+
+fn dims(v: &[usize]) -> String {
+    let v: Vec<String> = v.iter().map(|x| x.to_string()).collect();
+    format!("[{}]", v.join(", "))
+}
+
+fn write_layouts(out: &mut String, src: &Src, kernel: &Kernel, p: &PtxKernel, all: bool) {
+    let shown: Vec<_> = p
+        .value_layouts
+        .iter()
+        .filter(|v| all || !v.rematerialized)
+        .collect();
+    let _ = writeln!(
+        out,
+        "  layouts ({} of {} tile values{}; per space dim, fastest dim first in `order`):",
+        shown.len(),
+        p.value_layouts.len(),
+        if all {
+            ""
+        } else {
+            ", rematerialized ones left out (see --layouts)"
+        }
+    );
+    for v in shown {
+        let l = &v.layout;
+        let mut notes = Vec::new();
+        if l.keep.len() < l.space_rank() {
+            let gone: Vec<usize> = (0..l.space_rank())
+                .filter(|s| !l.keep.contains(s))
+                .collect();
+            notes.push(format!("slice: space dims {} reduced away", dims(&gone)));
+        } else if l.keep.iter().enumerate().any(|(t, &s)| t != s) {
+            notes.push(format!("tile dims on space dims {}", dims(&l.keep)));
+        }
+        if l.replicated() {
+            notes.push("replicated over threads".into());
+        }
+        if v.rematerialized {
+            notes.push("rematerialized".into());
+        }
+        let _ = writeln!(
+            out,
+            "    {:<5} {:<16} {}\n          per thread {} x threads/warp {} x warps {}, order {}, {} regs/thread{}",
+            v.value.to_string(),
+            kernel.ty(v.value).to_string(),
+            src.describe(v.loc),
+            dims(&l.spt),
+            dims(&l.tpw),
+            dims(&l.wpc),
+            dims(&l.order),
+            l.nregs(),
+            if notes.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", notes.join("; "))
+            }
+        );
+    }
+}
+
+fn write_accesses(out: &mut String, src: &Src, kernel: &Kernel, p: &PtxKernel) {
+    let _ = writeln!(out, "  global memory accesses (per thread):");
+    if p.accesses.is_empty() {
+        let _ = writeln!(out, "    none");
+    }
+    for a in &p.accesses {
+        let kind = match a.kind {
+            AccessKind::Load => "load",
+            AccessKind::Store => "store",
+            AccessKind::Atomic => "atomic",
+        };
+        let param = kernel
+            .root_param(a.ptr)
+            .and_then(|i| kernel.params.get(i))
+            .map_or("?", |p| p.name.as_str());
+        let bytes = a.width * a.dtype.size_bytes();
+        let _ = writeln!(
+            out,
+            "    {kind:<6} {param:<8} {} x {}: {} instruction(s) of {} element(s) ({} bytes{}) at {}",
+            a.elements,
+            a.dtype,
+            a.elements.div_ceil(a.width),
+            a.width,
+            bytes,
+            if a.width > 1 {
+                format!(", .v{}", a.width)
+            } else {
+                String::new()
+            },
+            src.describe(a.loc)
+        );
+    }
+}
+
+/// ptxas' report for both targets, or a line saying why there is none (an error with
+/// `--ptxas`).
+fn write_ptxas(
+    out: &mut String,
+    kernel: &Kernel,
+    compile: &dyn Fn(Target) -> anyhow::Result<PtxKernel>,
+    full: bool,
+) -> anyhow::Result<()> {
+    let bin = match ptxas::find() {
+        Ok(b) => b,
+        Err(e) if full => bail!("{e}"),
+        Err(e) => {
+            let _ = writeln!(out, "  ptxas: not available: {e}");
+            return Ok(());
+        }
+    };
+    let _ = writeln!(out, "  ptxas ({}):", bin.display());
+    for t in [Target::Sm80, Target::Sm90] {
+        let p = compile(t)?;
+        let r =
+            ptxas::assemble(&bin, &p, t).map_err(|e| anyhow!("kernel `{}`: {e}", kernel.name))?;
+        let _ = writeln!(
+            out,
+            "    {r}{}",
+            if r.is_clean() {
+                ""
+            } else {
+                "  <- spills or a stack frame: local memory traffic"
+            }
+        );
+        if full {
+            for l in r.log.lines() {
+                let _ = writeln!(out, "      | {l}");
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,41 @@
+//! The `tilefuse` command line: one module per subcommand, so each can grow on its own.
+
+pub mod device;
+pub mod inspect;
+
+use clap::{Parser, Subcommand};
+
+/// The `tilefuse` command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "tilefuse",
+    version,
+    about = "tilefuse: tile kernels for Rust, and a decode engine"
+)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Print the device kernels run on (the GPU if a driver and device are found,
+    /// otherwise the CPU interpreter; TILEFUSE_DEVICE=cpu forces the CPU).
+    Device,
+    /// Compile the #[kernel] functions of a Rust file and show what the compiler chose:
+    /// layouts, vector widths, shared memory, ptxas' register and spill report, PTX.
+    Inspect(inspect::InspectArgs),
+}
+
+/// Runs one command, printing to stdout.
+pub fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Device => device::run(),
+        Command::Inspect(args) => {
+            print!("{}", inspect::run(&args)?);
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,171 @@
+//! `tilefuse inspect`: the summary of the examples' kernels, the sections the flags select,
+//! and clear errors (never panics) for bad input.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use tilefuse::cli::inspect::{run, InspectArgs, TargetArg};
+
+fn args(file: &str) -> InspectArgs {
+    InspectArgs {
+        file: PathBuf::from(file),
+        kernel: None,
+        consts: Vec::new(),
+        num_warps: None,
+        target: TargetArg::Sm80,
+        ptx: false,
+        layouts: false,
+        ptxas: false,
+    }
+}
+
+const EXAMPLES: &str = "examples/common/mod.rs";
+
+#[test]
+fn summarizes_every_kernel_of_the_examples() {
+    let out = run(&args(EXAMPLES)).unwrap();
+    for k in ["vector_add", "softmax", "rmsnorm", "gemv"] {
+        assert!(out.contains(&format!("kernel `{k}` ({EXAMPLES}:")), "{out}");
+    }
+    // First listed values by default.
+    assert!(out.contains("BLOCK = 256, num_warps = 4"), "{out}");
+    assert!(
+        out.contains("BLOCK_N = 4, BLOCK_K = 256, num_warps = 4"),
+        "{out}"
+    );
+    // gemv's accumulator is named by its `let`, with its layout in words.
+    let acc = out
+        .lines()
+        .position(|l| l.contains(" acc (51:"))
+        .expect(&out);
+    let next = out.lines().nth(acc + 1).unwrap();
+    assert!(
+        next.contains("per thread [1, 8] x threads/warp [1, 32] x warps [4, 1]"),
+        "{next}"
+    );
+    assert!(out.contains("load   w "), "{out}");
+    assert!(out.contains("shared memory: 16 bytes"), "{out}");
+    // Either ptxas' report for both targets or how to get it.
+    assert!(
+        (out.contains("sm_80: ") && out.contains("sm_90: "))
+            || out.contains("ptxas: not available"),
+        "{out}"
+    );
+}
+
+#[test]
+fn shows_vector_widths_and_chosen_specialization() {
+    let dir = std::env::temp_dir().join(format!("tilefuse-inspect-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("copy.rs");
+    std::fs::write(
+        &file,
+        "#[kernel(BLOCK = [512, 1024], num_warps = [4, 8])]\n\
+         fn copy<const BLOCK: usize>(x: Ptr<f32>, y: Ptr<f32>, #[multiple_of(16)] n: i32) {\n\
+         \x20   let offs = program_id(0) * BLOCK + arange(0, BLOCK);\n\
+         \x20   let v = load(x + offs, offs < n, 0.0);\n\
+         \x20   store(y + offs, v, offs < n);\n\
+         }\n",
+    )
+    .unwrap();
+    let mut a = args(file.to_str().unwrap());
+    a.consts = vec![("BLOCK".into(), 1024)];
+    a.num_warps = Some(8);
+    let out = run(&a).unwrap();
+    assert!(out.contains("BLOCK = 1024, num_warps = 8"), "{out}");
+    assert!(!out.contains("not a listed"), "{out}");
+    // 1024 elements over 256 threads: 4 per thread, one 16-byte vector each way.
+    assert!(
+        out.contains(
+            "load   x        4 x f32: 1 instruction(s) of 4 element(s) (16 bytes, .v4) at v (4:13)"
+        ),
+        "{out}"
+    );
+    assert!(
+        out.contains("store  y        4 x f32: 1 instruction(s) of 4 element(s)"),
+        "{out}"
+    );
+    a.consts = vec![("BLOCK".into(), 64)];
+    let out = run(&a).unwrap();
+    assert!(out.contains("not a listed specialization"), "{out}");
+
+    a.consts = vec![("BLOCK".into(), 1024)];
+    a.ptx = true;
+    a.target = TargetArg::Sm90;
+    let out = run(&a).unwrap();
+    assert!(out.starts_with("// kernel `copy`"), "{out}");
+    assert!(
+        out.contains(".target sm_90") && out.contains("st.global.v4.f32"),
+        "{out}"
+    );
+    assert!(!out.contains("layouts ("), "only the PTX with --ptx");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn bad_input_is_a_clear_error() {
+    let err = |a: &InspectArgs| format!("{:#}", run(a).unwrap_err());
+    let e = err(&args("no/such/file.rs"));
+    assert!(e.contains("cannot read no/such/file.rs"), "{e}");
+
+    let mut a = args(EXAMPLES);
+    a.kernel = Some("matmul".into());
+    let e = err(&a);
+    assert!(
+        e.contains("no kernel `matmul`") && e.contains("`gemv` (line 42)"),
+        "{e}"
+    );
+
+    let mut a = args(EXAMPLES);
+    a.kernel = Some("gemv".into());
+    a.consts = vec![("BLOCK".into(), 4)];
+    let e = err(&a);
+    assert!(
+        e.contains("no constant `BLOCK`") && e.contains("BLOCK_N, BLOCK_K"),
+        "{e}"
+    );
+
+    // A value the kernel cannot be compiled with names the kernel and the value.
+    let mut a = args(EXAMPLES);
+    a.kernel = Some("vector_add".into());
+    a.consts = vec![("BLOCK".into(), 100)];
+    let e = err(&a);
+    assert!(
+        e.contains("kernel `vector_add` (BLOCK = 100, num_warps = 4)"),
+        "{e}"
+    );
+
+    let e = err(&args("Cargo.toml"));
+    assert!(e.starts_with("Cargo.toml: line "), "{e}");
+}
+
+#[test]
+fn the_binary_reports_errors_without_panicking() {
+    let bin = env!("CARGO_BIN_EXE_tilefuse");
+    let out = Command::new(bin)
+        .args(["inspect", EXAMPLES, "--kernel", "nope"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.starts_with("error: examples/common/mod.rs: no kernel `nope`"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+
+    let out = Command::new(bin)
+        .args(["inspect", EXAMPLES, "--const", "BLOCK"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("expected NAME=VALUE"));
+
+    let out = Command::new(bin)
+        .args(["inspect", EXAMPLES, "--kernel", "softmax", "--layouts"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("rematerialized"), "{stdout}");
+}

@@ -1,0 +1,153 @@
+//! Every `#[kernel]` in the repository, in every listed specialization, assembles with
+//! `ptxas` for sm_80 and sm_90 with no spills and no stack frame.
+//!
+//! The kernels are found by walking the sources (examples, benches, the root crate, the
+//! engine, root tests) with `syn`, so new kernels are covered without listing them here.
+//! `kernel-dsl`'s own test kernels are checked by its tests. Without `ptxas` the test
+//! only compiles and prints a notice; `TILEFUSE_REQUIRE_PTXAS=1` (set by `.ci/run`) makes
+//! that a failure.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use tilefuse::dsl::back::ptx::{self, ptxas, PtxKernel, Target};
+use tilefuse::dsl::front::find_kernels;
+
+/// Directories walked, relative to the repository root.
+const ROOTS: &[&str] = &["examples", "benches", "src", "engine", "tests"];
+/// Kernels that must not compile, on purpose.
+const SKIP: &[&str] = &["tests/compile_fail", "engine/target"];
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let mut entries: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
+    entries.sort();
+    for p in entries {
+        let rel = p.to_string_lossy().replace('\\', "/");
+        if SKIP.iter().any(|s| rel.starts_with(s)) {
+            continue;
+        }
+        if p.is_dir() {
+            rust_files(&p, out);
+        } else if p.extension().is_some_and(|e| e == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+/// One kernel specialization compiled for one target, to assemble.
+struct Job {
+    what: String,
+    target: Target,
+    kernel: PtxKernel,
+}
+
+#[test]
+fn every_kernel_assembles_without_spills() {
+    let mut files = Vec::new();
+    for r in ROOTS {
+        rust_files(Path::new(r), &mut files);
+    }
+    let mut failures = Vec::new();
+    let mut jobs = Vec::new();
+    let mut kernels = 0;
+    for file in &files {
+        let src = std::fs::read_to_string(file).unwrap();
+        if !src.contains("kernel") {
+            continue;
+        }
+        let found = match find_kernels(&src) {
+            Ok(f) => f,
+            Err(e) => {
+                failures.push(format!("{}: {e}", file.display()));
+                continue;
+            }
+        };
+        for k in &found {
+            kernels += 1;
+            for spec in k.ast.specializations() {
+                let consts: Vec<String> = spec
+                    .consts
+                    .iter()
+                    .map(|(n, v)| format!("{n}={v}"))
+                    .chain([format!("num_warps={}", spec.num_warps)])
+                    .collect();
+                let what = format!(
+                    "{}:{} `{}` ({})",
+                    file.display(),
+                    k.line,
+                    k.name,
+                    consts.join(", ")
+                );
+                let ir = match k.compile(&spec) {
+                    Ok((ir, _)) => ir,
+                    Err(e) => {
+                        failures.push(format!("{what}: {e}"));
+                        continue;
+                    }
+                };
+                for target in [Target::Sm80, Target::Sm90] {
+                    match ptx::compile(&ir, target) {
+                        Ok(kernel) => jobs.push(Job {
+                            what: what.clone(),
+                            target,
+                            kernel,
+                        }),
+                        Err(e) => failures.push(format!("{what} {}: {e}", target.name())),
+                    }
+                }
+            }
+        }
+    }
+    assert!(
+        kernels >= 4 && jobs.len() >= 12,
+        "found only {kernels} kernels ({} compiled variants): is the working directory the repository root?",
+        jobs.len()
+    );
+
+    let bin = match ptxas::find() {
+        Ok(bin) => Some(bin),
+        Err(e) if std::env::var("TILEFUSE_REQUIRE_PTXAS").as_deref() == Ok("1") => {
+            panic!("TILEFUSE_REQUIRE_PTXAS=1 but {e}")
+        }
+        Err(e) => {
+            println!("ptxas_all: skipped assembling {} variants: {e}", jobs.len());
+            None
+        }
+    };
+    if let Some(bin) = bin {
+        // ptxas is single-threaded: one call per core.
+        let next = AtomicUsize::new(0);
+        let failed = Mutex::new(Vec::new());
+        let threads = std::thread::available_parallelism().map_or(2, |n| n.get().min(8));
+        std::thread::scope(|s| {
+            for _ in 0..threads {
+                s.spawn(|| {
+                    while let Some(job) = jobs.get(next.fetch_add(1, Ordering::Relaxed)) {
+                        let msg = match ptxas::assemble(&bin, &job.kernel, job.target) {
+                            Ok(r) if r.is_clean() => continue,
+                            Ok(r) => format!("{}: {r}", job.what),
+                            Err(e) => format!("{}: {e}", job.what),
+                        };
+                        failed.lock().unwrap().push(msg);
+                    }
+                });
+            }
+        });
+        failures.extend(failed.into_inner().unwrap());
+        println!(
+            "ptxas_all: {kernels} kernels, {} variants assembled with {}",
+            jobs.len(),
+            bin.display()
+        );
+    }
+    assert!(
+        failures.is_empty(),
+        "{} failure(s):\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
