@@ -36,7 +36,7 @@ fn check(k: &Kernel) -> PtxKernel {
     first.unwrap()
 }
 
-pub(super) fn assemble(p: &PtxKernel, t: Target) {
+pub(crate) fn assemble(p: &PtxKernel, t: Target) {
     let Some(bin) = ptxas() else {
         eprintln!("skipped: no ptxas");
         return;
