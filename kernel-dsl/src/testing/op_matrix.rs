@@ -578,9 +578,6 @@ fn matrix_arithmetic() {
     ];
     for (name, expr, op) in ops {
         for dt in ALL {
-            if op == "%" && dt.is_float() {
-                continue; // float `%` is not in the PTX backend yet
-            }
             let tol = if op == "max" || op == "min" {
                 Tol {
                     any_zero: true,
