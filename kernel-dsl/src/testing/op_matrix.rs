@@ -981,3 +981,419 @@ fn int_to_narrow_rounds_once() {
     assert_eq!(int_to_narrow(DType::F16, 65519), 65504.0);
     assert_eq!(int_to_narrow(DType::F16, 65520), f32::INFINITY);
 }
+
+// ---------------------------------------------------------------------------------------
+// Reductions along each axis of a masked 2-D tile, and to a scalar.
+
+/// The identity of a reduction in dtype `dt`, as kernel source and as a value.
+fn neutral(op: &str, dt: DType) -> (String, V) {
+    let t = ty(dt);
+    match (op, dt.is_float()) {
+        ("sum", true) => ("0.0".into(), V::F(0.0)),
+        ("sum", false) => ("0".into(), V::I(0)),
+        ("min", true) => (format!("f32::INFINITY as {t}"), V::F(f32::INFINITY)),
+        (_, true) => (format!("f32::NEG_INFINITY as {t}"), V::F(f32::NEG_INFINITY)),
+        ("min", false) => match dt {
+            DType::U8 => ("255".into(), V::I(255)),
+            DType::I32 => ("i32::MAX".into(), V::I(i32::MAX as i64)),
+            DType::U32 => ("u32::MAX".into(), V::I(u32::MAX as i64)),
+            _ => ("i64::MAX".into(), V::I(i64::MAX)),
+        },
+        (_, false) => match dt {
+            DType::I32 => ("i32::MIN".into(), V::I(i32::MIN as i64)),
+            DType::I64 => ("i64::MIN".into(), V::I(i64::MIN)),
+            _ => ("0".into(), V::I(0)),
+        },
+    }
+}
+
+/// The reference reduction of one row of lanes (masked-off lanes hold the identity).
+fn reduce_ref(op: &str, dt: DType, lanes: &[V]) -> V {
+    match op {
+        "sum" if dt.is_float() => {
+            // f32 accumulation, one rounding to the dtype; the order is free (tolerance).
+            round(dt, lanes.iter().map(|v| v.f() as f64).sum::<f64>() as f32)
+        }
+        "sum" => V::I(wrap(
+            dt,
+            lanes.iter().fold(0i64, |s, v| s.wrapping_add(v.i())),
+        )),
+        "max" | "min" => {
+            let better = |a: V, b: V| {
+                let o = compare(if op == "max" { ">" } else { "<" }, a, b);
+                // NaN never wins unless every lane is NaN.
+                (o || matches!(b, V::F(x) if x.is_nan())) && !matches!(a, V::F(x) if x.is_nan())
+            };
+            lanes
+                .iter()
+                .copied()
+                .reduce(|b, a| if better(a, b) { a } else { b })
+                .unwrap()
+        }
+        _ => {
+            // argmax: the first index of the maximum, never a NaN lane.
+            let mut best: Option<(usize, V)> = None;
+            for (j, &v) in lanes.iter().enumerate() {
+                if matches!(v, V::F(x) if x.is_nan()) {
+                    continue;
+                }
+                if best.is_none_or(|(_, b)| compare(">", v, b)) {
+                    best = Some((j, v));
+                }
+            }
+            V::I(best.map_or(0, |b| b.0 as i64))
+        }
+    }
+}
+
+#[test]
+fn matrix_reductions() {
+    let mut r = Rng(0x5E0);
+    let mut cases = vec![];
+    const RM: usize = 8;
+    const RN: usize = 32;
+    for op in ["sum", "max", "min", "argmax"] {
+        for dt in ALL {
+            let out = if op == "argmax" { DType::I32 } else { dt };
+            let (other, id) = neutral(op, dt);
+            let tol = if op == "sum" && dt.is_float() {
+                approx(p2(-20), 1e-4).for_dtype(dt)
+            } else {
+                EXACT
+            };
+            // Float inputs in [-1, 1] for sums (bounded error); ties for argmax.
+            let dist = match (op, dt.is_float()) {
+                ("argmax", _) => Dist::Ties,
+                ("sum", true) => Dist::Range(-1.0, 1.0),
+                _ => Dist::Any,
+            };
+            for axis in [0usize, 1] {
+                let kname = format!("{op}{axis}_{}", ty(dt));
+                let (idx, keep) = if axis == 1 {
+                    ("rows", "rows < m")
+                } else {
+                    ("cols", "cols < n")
+                };
+                let src = format!(
+                    "fn {kname}<const RM: usize, const RN: usize>(x: Ptr<{t}>, out: Ptr<{o}>, m: i32, n: i32) {{
+    let rows = arange(0, RM);
+    let cols = arange(0, RN);
+    let mask = (rows.expand_dims(1) < m) & (cols.expand_dims(0) < n);
+    let v = load(x + rows.expand_dims(1) * n + cols.expand_dims(0), mask, {other});
+    store(out + {idx}, v.{op}({axis}), {keep});
+}}",
+                    t = ty(dt),
+                    o = ty(out),
+                );
+                let mut runs = vec![];
+                for (m, n) in [(5usize, 19usize), (RM, RN), (3, 0)] {
+                    let x = gen(&mut r, dt, (m * n).max(1), dist);
+                    let lane = |i: usize, j: usize| if i < m && j < n { x[i * n + j] } else { id };
+                    let want: Vec<V> = if axis == 1 {
+                        (0..RM)
+                            .map(|i| {
+                                let row: Vec<V> = (0..RN).map(|j| lane(i, j)).collect();
+                                if i < m {
+                                    reduce_ref(op, dt, &row)
+                                } else {
+                                    poison(out)
+                                }
+                            })
+                            .collect()
+                    } else {
+                        (0..RN)
+                            .map(|j| {
+                                let col: Vec<V> = (0..RM).map(|i| lane(i, j)).collect();
+                                if j < n {
+                                    reduce_ref(op, dt, &col)
+                                } else {
+                                    poison(out)
+                                }
+                            })
+                            .collect()
+                    };
+                    runs.push(Run {
+                        what: format!("m = {m}, n = {n}"),
+                        grid: [1, 1, 1],
+                        args: vec![
+                            data(dt, &x),
+                            data(out, &vec![poison(out); want.len()]),
+                            Data::S(Scalar::I32(m as i32)),
+                            Data::S(Scalar::I32(n as i32)),
+                        ],
+                        want: vec![None, Some(want), None, None],
+                    });
+                }
+                cases.push(Case {
+                    src,
+                    consts: vec![("RM", RM as i64), ("RN", RN as i64)],
+                    warps: 2,
+                    tol,
+                    assemble: axis == 0,
+                    runs,
+                });
+            }
+        }
+    }
+    check_all("matrix_reductions", cases);
+}
+
+fn p2(e: i32) -> f32 {
+    2f32.powi(e)
+}
+
+// ---------------------------------------------------------------------------------------
+// dot, atomics, cdiv, full/zeros, program_id/num_programs.
+
+#[test]
+fn matrix_dot() {
+    let mut r = Rng(0xD07);
+    let mut cases = vec![];
+    const M: usize = 16;
+    for dt in FLOATS {
+        for with_acc in [false, true] {
+            let kname = format!("dot{}_{}", if with_acc { "_acc" } else { "" }, ty(dt));
+            let call = if with_acc {
+                "dot(x, y, load(d + cofs, cmask, 0.0))"
+            } else {
+                "dot(x, y)"
+            };
+            let src = format!(
+                "fn {kname}<const M: usize, const N: usize, const K: usize>(a: Ptr<{t}>, b: Ptr<{t}>, d: Ptr<f32>, c: Ptr<f32>, m: i32, n: i32, k: i32) {{
+    let rm = arange(0, M);
+    let rn = arange(0, N);
+    let rk = arange(0, K);
+    let x = load(a + rm.expand_dims(1) * k + rk.expand_dims(0), (rm.expand_dims(1) < m) & (rk.expand_dims(0) < k), 0.0);
+    let y = load(b + rk.expand_dims(1) * n + rn.expand_dims(0), (rk.expand_dims(1) < k) & (rn.expand_dims(0) < n), 0.0);
+    let cmask = (rm.expand_dims(1) < m) & (rn.expand_dims(0) < n);
+    let cofs = rm.expand_dims(1) * n + rn.expand_dims(0);
+    store(c + cofs, {call}, cmask);
+}}",
+                t = ty(dt)
+            );
+            let mut runs = vec![];
+            for (m, n, k) in [(M, M, M), (13, 9, 7), (5, 16, 0)] {
+                let dist = Dist::Range(-1.0, 1.0);
+                let (a, b) = (
+                    gen(&mut r, dt, (m * k).max(1), dist),
+                    gen(&mut r, dt, (k * n).max(1), dist),
+                );
+                let d = gen(&mut r, DType::F32, (m * n).max(1), dist);
+                let mut want = vec![poison(DType::F32); M * M + M];
+                for i in 0..m {
+                    for j in 0..n {
+                        let acc = if with_acc {
+                            d[i * n + j].f() as f64
+                        } else {
+                            0.0
+                        };
+                        let s: f64 = (0..k)
+                            .map(|q| a[i * k + q].f() as f64 * b[q * n + j].f() as f64)
+                            .sum();
+                        want[i * n + j] = V::F((acc + s) as f32);
+                    }
+                }
+                runs.push(Run {
+                    what: format!("m = {m}, n = {n}, k = {k}"),
+                    grid: [1, 1, 1],
+                    args: vec![
+                        data(dt, &a),
+                        data(dt, &b),
+                        data(DType::F32, &d),
+                        data(DType::F32, &vec![poison(DType::F32); want.len()]),
+                        Data::S(Scalar::I32(m as i32)),
+                        Data::S(Scalar::I32(n as i32)),
+                        Data::S(Scalar::I32(k as i32)),
+                    ],
+                    want: vec![None, None, None, Some(want), None, None, None],
+                });
+            }
+            let consts = vec![("M", M as i64), ("N", M as i64), ("K", M as i64)];
+            cases.push(Case {
+                src,
+                consts,
+                warps: 4,
+                tol: approx(p2(-20), 1e-4),
+                assemble: true,
+                runs,
+            });
+        }
+    }
+    check_all("matrix_dot", cases);
+}
+
+#[test]
+fn matrix_atomics() {
+    let mut r = Rng(0xA70);
+    let mut cases = vec![];
+    for dt in [DType::F32, DType::I32] {
+        for op in ["add", "max"] {
+            let t = ty(dt);
+            let kname = format!("atomic_{op}_{t}");
+            // Distinct addresses return exact old values; the tail slots collide.
+            let src = format!(
+                "fn {kname}<const BLOCK: usize>(x: Ptr<{t}>, acc: Ptr<{t}>, old: Ptr<{t}>, n: i32) {{
+    let offs = program_id(0) * BLOCK + arange(0, BLOCK);
+    let mask = offs < n;
+    let v = load(x + offs, mask);
+    store(old + offs, atomic_{op}(acc + offs, v, mask), mask);
+    atomic_{op}(acc + BLOCK * num_programs(0) + offs % 3, v, mask);
+}}"
+            );
+            let dist = if dt.is_float() {
+                Dist::Range(-4.0, 4.0)
+            } else {
+                Dist::Range(-1000.0, 1000.0)
+            };
+            let mut runs = vec![];
+            for n in NS {
+                let grid = n.div_ceil(BLOCK).max(1);
+                let x = gen(&mut r, dt, n.max(1), dist);
+                let acc0 = gen(&mut r, dt, grid * BLOCK + 3, dist);
+                let mut acc = acc0.clone();
+                let mut old = vec![poison(dt); grid * BLOCK];
+                let apply = |a: V, v: V| match (op, a, v) {
+                    ("add", V::F(p), V::F(q)) => V::F(p + q),
+                    ("add", V::I(p), V::I(q)) => V::I(wrap(dt, p + q)),
+                    (_, V::F(p), V::F(q)) => V::F(p.max(q)),
+                    (_, p, q) => V::I(p.i().max(q.i())),
+                };
+                for j in 0..n {
+                    old[j] = acc[j];
+                    acc[j] = apply(acc[j], x[j]);
+                }
+                for j in 0..n {
+                    let s = grid * BLOCK + j % 3;
+                    acc[s] = apply(acc[s], x[j]);
+                }
+                runs.push(Run {
+                    what: format!("n = {n}"),
+                    grid: [grid as u32, 1, 1],
+                    args: vec![
+                        data(dt, &x),
+                        data(dt, &acc0),
+                        data(dt, &vec![poison(dt); old.len()]),
+                        Data::S(Scalar::I32(n as i32)),
+                    ],
+                    want: vec![None, Some(acc), Some(old), None],
+                });
+            }
+            cases.push(Case {
+                src,
+                consts: vec![("BLOCK", BLOCK as i64)],
+                warps: 2,
+                // Float sums into one slot run in any order.
+                tol: if dt.is_float() && op == "add" {
+                    approx(p2(-20), 1e-4)
+                } else {
+                    EXACT
+                },
+                assemble: true,
+                runs,
+            });
+        }
+    }
+    check_all("matrix_atomics", cases);
+}
+
+#[test]
+fn matrix_full_zeros_and_program_ids() {
+    let mut r = Rng(0xF11);
+    let mut cases = vec![];
+    for dt in ALL {
+        let t = ty(dt);
+        // Scalar parameters are i32, u32, i64 or f32: convert to the tile's dtype.
+        let (st, sv) = if dt.is_float() {
+            ("f32", Scalar::F32(r.f32() * 100.0))
+        } else {
+            ("i64", Scalar::I64(r.next_u64() as i64))
+        };
+        let v = match sv {
+            Scalar::F32(x) => round(dt, x),
+            Scalar::I64(x) => V::I(wrap(dt, x)),
+            _ => unreachable!(),
+        };
+        let kname = format!("full_zeros_{t}");
+        let src = format!(
+            "fn {kname}<const BLOCK: usize>(a: Ptr<{t}>, b: Ptr<{t}>, c: Ptr<{t}>, n: i32, v: {st}) {{
+    let offs = program_id(0) * BLOCK + arange(0, BLOCK);
+    let mask = offs < n;
+    store(a + offs, full([BLOCK], v as {t}), mask);
+    store(b + offs, zeros::<{t}>([BLOCK]), mask);
+    store(c + offs, full::<{t}>([BLOCK], v), mask);
+}}"
+        );
+        let zero = if dt.is_float() { V::F(0.0) } else { V::I(0) };
+        let runs = NS
+            .iter()
+            .map(|&n| {
+                let grid = n.div_ceil(BLOCK).max(1);
+                let fill = |x: V| -> Vec<V> {
+                    (0..grid * BLOCK)
+                        .map(|j| if j < n { x } else { poison(dt) })
+                        .collect()
+                };
+                let p = data(dt, &vec![poison(dt); grid * BLOCK]);
+                Run {
+                    what: format!("n = {n}"),
+                    grid: [grid as u32, 1, 1],
+                    args: vec![
+                        p.clone(),
+                        p.clone(),
+                        p,
+                        Data::S(Scalar::I32(n as i32)),
+                        Data::S(sv),
+                    ],
+                    want: vec![Some(fill(v)), Some(fill(zero)), Some(fill(v)), None, None],
+                }
+            })
+            .collect();
+        cases.push(Case {
+            src,
+            consts: vec![("BLOCK", BLOCK as i64)],
+            warps: 2,
+            tol: EXACT,
+            assemble: true,
+            runs,
+        });
+    }
+    let src = "fn program_ids<const B: usize>(out: Ptr<i32>) {
+    let p = (program_id(2) * num_programs(1) + program_id(1)) * num_programs(0) + program_id(0);
+    let lane = arange(0, B);
+    let v = select(lane == 0, program_id(0), select(lane == 1, program_id(1), select(lane == 2, program_id(2),
+        select(lane == 3, num_programs(0), select(lane == 4, num_programs(1), num_programs(2))))));
+    store(out + p * 6 + lane, v, lane < 6);
+}";
+    let runs = [[3u32, 2, 2], [1, 1, 1], [5, 1, 3]]
+        .iter()
+        .map(|&g| {
+            let total = (g[0] * g[1] * g[2]) as usize;
+            let mut want = vec![poison(DType::I32); total * 6 + 2];
+            for z in 0..g[2] {
+                for y in 0..g[1] {
+                    for x in 0..g[0] {
+                        let p = ((z * g[1] + y) * g[0] + x) as usize;
+                        for (l, v) in [x, y, z, g[0], g[1], g[2]].into_iter().enumerate() {
+                            want[p * 6 + l] = V::I(v as i64);
+                        }
+                    }
+                }
+            }
+            Run {
+                what: format!("grid {g:?}"),
+                grid: g,
+                args: vec![data(DType::I32, &vec![poison(DType::I32); want.len()])],
+                want: vec![Some(want)],
+            }
+        })
+        .collect();
+    cases.push(Case {
+        src: src.into(),
+        consts: vec![("B", 8)],
+        warps: 1,
+        tol: EXACT,
+        assemble: true,
+        runs,
+    });
+    check_all("matrix_full_zeros_and_program_ids", cases);
+}
