@@ -733,6 +733,7 @@ fn matrix_compare_and_select() {
 // Unary ops and casts (1-D, every edge size).
 
 /// A one-input kernel storing `expr` (over `a`); masked-off lanes load 1.
+#[allow(clippy::too_many_arguments)]
 fn unary_case(
     r: &mut Rng,
     name: &str,
@@ -868,7 +869,8 @@ fn matrix_unary() {
         }
     }
     for dt in INTS {
-        let ops: [(&str, &str, fn(i64) -> i64); 3] = [
+        type IntOp = (&'static str, &'static str, fn(i64) -> i64);
+        let ops: [IntOp; 3] = [
             ("neg", "-a", i64::wrapping_neg),
             ("not", "!a", |x| !x),
             ("abs", "abs(a)", i64::wrapping_abs),
@@ -1262,9 +1264,9 @@ fn matrix_atomics() {
                     old[j] = acc[j];
                     acc[j] = apply(acc[j], x[j]);
                 }
-                for j in 0..n {
+                for (j, &v) in x.iter().enumerate().take(n) {
                     let s = grid * BLOCK + j % 3;
-                    acc[s] = apply(acc[s], x[j]);
+                    acc[s] = apply(acc[s], v);
                 }
                 runs.push(Run {
                     what: format!("n = {n}"),
