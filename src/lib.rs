@@ -22,6 +22,10 @@
 //! scale::<64>::launch(&dev, 1, &x, &mut out, 3, 2.0).unwrap();
 //! assert_eq!(out.to_vec().unwrap(), vec![2.0, 4.0, 6.0]);
 //! ```
+//!
+//! Every op of the kernel language has a documented item in [`lang`], with an example.
+
+pub mod lang;
 
 pub mod cli;
 

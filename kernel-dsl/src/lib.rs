@@ -20,6 +20,8 @@ pub mod front;
 pub mod interp;
 pub mod ir;
 pub mod runtime;
+#[cfg(test)]
+mod testing;
 pub mod valid;
 
 pub use error::CompileError;

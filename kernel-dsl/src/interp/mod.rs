@@ -42,7 +42,7 @@ mod ops;
 #[cfg(test)]
 mod source_tests;
 #[cfg(test)]
-mod testkit;
+pub(crate) mod testkit;
 #[cfg(test)]
 mod tests;
 

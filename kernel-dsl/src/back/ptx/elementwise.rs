@@ -281,6 +281,11 @@ impl Emitter<'_> {
             return Ok(d);
         }
         let (x, y) = (self.up(dt, a), self.up(dt, b));
+        if op == Rem {
+            // The remainder of f16/bf16 values is exact in f32 and in the dtype.
+            let d = self.frem(&x, &y);
+            return Ok(self.down(dt, &d));
+        }
         let d = self.reg(Rk::F);
         // Explicit `.rn` keeps ptxas from contracting mul+add into fma (bit-exactness).
         let i = match op {
@@ -294,6 +299,81 @@ impl Emitter<'_> {
         };
         self.ins(format!("{i} {d}, {x}, {y}"));
         Ok(self.down(dt, &d))
+    }
+
+    /// `a % b` on f32 registers, exactly as C's `fmod` (and the interpreter): the
+    /// remainder of the quotient truncated toward zero, with the dividend's sign.
+    ///
+    /// PTX has no float remainder, and `a - trunc(a / b) * b` is not exact. Instead the
+    /// magnitudes are reduced in f64, branch-free, in steps: with `x = |a|`, `y = |b|`,
+    /// each step takes `x mod (y * 2^k)`, with `k` chosen so that the quotient is below
+    /// 2^28; since `y * 2^k` is a multiple of `y`, this keeps `x mod y`. Every step is
+    /// exact: the rounded f64 quotient truncates to the true one or one more (fixed by
+    /// adding back `y * 2^k`), and the remainder is a multiple of the quantum of
+    /// `y * 2^k` below `y * 2^k`, so 24 bits, which the fused multiply-add gets exactly.
+    /// Each step removes 27 bits of exponent difference; f32 spans 276 (2^127 over
+    /// 2^-149), so 11 steps reach `x < y` for any pair.
+    fn frem(&mut self, a: &str, b: &str) -> String {
+        let (x, y) = (self.reg(Rk::D), self.reg(Rk::D));
+        self.ins(format!("cvt.f64.f32 {x}, {a}"));
+        self.ins(format!("abs.f64 {x}, {x}"));
+        self.ins(format!("cvt.f64.f32 {y}, {b}"));
+        self.ins(format!("abs.f64 {y}, {y}"));
+        let (t, ey) = (self.reg(Rk::D), self.reg(Rk::R));
+        self.ins(format!("shr.u64 {t}, {y}, 52"));
+        self.ins(format!("cvt.u32.u64 {ey}, {t}"));
+        for _ in 0..11 {
+            let (k, s, ys, q, r, p) = (
+                self.reg(Rk::R),
+                self.reg(Rk::D),
+                self.reg(Rk::D),
+                self.reg(Rk::D),
+                self.reg(Rk::D),
+                self.reg(Rk::P),
+            );
+            // k = clamp(exponent(x) - exponent(y) - 27, 0, 300); the upper clamp only
+            // matters for y = 0, whose result is replaced by NaN below.
+            self.ins(format!("shr.u64 {t}, {x}, 52"));
+            self.ins(format!("cvt.u32.u64 {k}, {t}"));
+            self.ins(format!("sub.s32 {k}, {k}, {ey}"));
+            self.ins(format!("sub.s32 {k}, {k}, 27"));
+            self.ins(format!("max.s32 {k}, {k}, 0"));
+            self.ins(format!("min.s32 {k}, {k}, 300"));
+            // 2^k from its exponent field, then y * 2^k (exact).
+            self.ins(format!("add.s32 {k}, {k}, 1023"));
+            self.ins(format!("cvt.u64.u32 {s}, {k}"));
+            self.ins(format!("shl.b64 {s}, {s}, 52"));
+            self.ins(format!("mul.rn.f64 {ys}, {y}, {s}"));
+            self.ins(format!("div.rn.f64 {q}, {x}, {ys}"));
+            self.ins(format!("cvt.rzi.f64.f64 {q}, {q}"));
+            self.ins(format!("neg.f64 {q}, {q}"));
+            self.ins(format!("fma.rn.f64 {r}, {q}, {ys}, {x}"));
+            // The quotient was one too many: add the divisor back.
+            self.ins(format!("setp.lt.f64 {p}, {r}, 0d0000000000000000"));
+            self.ins(format!("add.rn.f64 {x}, {r}, {ys}"));
+            self.ins(format!("selp.f64 {x}, {x}, {r}, {p}"));
+        }
+        // The dividend's sign (also on a zero remainder), then the special cases: NaN
+        // for a non-finite dividend, a NaN or zero divisor; the dividend for an infinite
+        // divisor.
+        let (f, bits, sign) = (self.reg(Rk::F), self.reg(Rk::R), self.reg(Rk::R));
+        self.ins(format!("cvt.rn.f32.f64 {f}, {x}"));
+        self.ins(format!("mov.b32 {bits}, {f}"));
+        self.ins(format!("mov.b32 {sign}, {a}"));
+        self.ins(format!("and.b32 {sign}, {sign}, -2147483648"));
+        self.ins(format!("or.b32 {bits}, {bits}, {sign}"));
+        self.ins(format!("mov.b32 {f}, {bits}"));
+        let (p, q) = (self.reg(Rk::P), self.reg(Rk::P));
+        self.ins(format!("testp.infinite.f32 {p}, {b}"));
+        self.ins(format!("selp.f32 {f}, {a}, {f}, {p}"));
+        self.ins(format!("testp.finite.f32 {p}, {a}"));
+        self.ins(format!("not.pred {p}, {p}"));
+        self.ins(format!("setp.nan.f32 {q}, {b}, {b}"));
+        self.ins(format!("or.pred {p}, {p}, {q}"));
+        self.ins(format!("setp.eq.f32 {q}, {b}, 0f00000000"));
+        self.ins(format!("or.pred {p}, {p}, {q}"));
+        self.ins(format!("selp.f32 {f}, 0f7FC00000, {f}, {p}"));
+        f
     }
 
     fn compare(&mut self, op: CmpOp, dt: DType, a: &str, b: &str) -> Res<String> {

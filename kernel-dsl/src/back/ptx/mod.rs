@@ -35,7 +35,7 @@ mod build;
 #[cfg(test)]
 mod gpu_tests;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use std::fmt::Write;
 

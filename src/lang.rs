@@ -1,0 +1,479 @@
+//! The kernel language's ops, one documented item each.
+//!
+//! Tile ops are not Rust functions: `#[kernel]` compiles the kernel body itself (see
+//! `docs/language.md`). This module exists so that every op has a rustdoc page with its
+//! meaning and an example. **Its items are only meaningful inside `#[kernel]`**: [`Tile`]
+//! and [`Ptr`] have no values, so the methods and operators here cannot be called from
+//! ordinary Rust, and the few free functions that take no tile ([`program_id`],
+//! [`num_programs`], [`arange`], [`zeros`], [`full`]) panic with
+//! "only meaningful inside #[kernel]". Kernels never import this module: inside
+//! `#[kernel]` the names are the language's own.
+//!
+//! In the signatures, `Tile<T>` stands for a tile *or a scalar* of element type `T` (a
+//! scalar is a rank-0 tile, and scalars broadcast), and `Ptr<T>` for a pointer parameter
+//! or a tile of pointers. Elementwise ops broadcast NumPy-style; operand dtypes must match
+//! (convert with `as`), and literals adapt to the other operand.
+//!
+//! | Triton | tilefuse | item |
+//! |---|---|---|
+//! | `tl.program_id`, `tl.num_programs` | `program_id(0)`, `num_programs(0)` | [`program_id`], [`num_programs`] |
+//! | `tl.arange` | `arange(0, BLOCK)` | [`arange`] |
+//! | `tl.zeros`, `tl.full` | `zeros::<f32>([M, N])`, `full([M, N], v)` | [`zeros`], [`full`] |
+//! | `tl.broadcast_to`, `x[:, None]` | `broadcast_to(x, [M, N])`, `x.expand_dims(1)` | [`broadcast_to`], [`Tile::expand_dims`] |
+//! | `x_ptr + offs` | `x + offs` | [`Ptr`] (`Add`) |
+//! | `tl.load`, `tl.store` | `load(p, mask, other)`, `store(p, v, mask)` | [`load`], [`store`] |
+//! | `+ - * / %`, `& \| ^ << >>`, unary `-`, `~` | the same, `!` for `~` | [`Tile`]'s operator impls |
+//! | `== != < <= > >=` | the same | [`Tile`] ("Comparisons") |
+//! | `tl.where` | `select(c, a, b)` | [`select`] |
+//! | `tl.exp` .. `tl.math.tanh` | `exp(x)` or `x.exp()`, .. | [`exp`], [`exp2`], [`log`], [`log2`], [`sqrt`], [`rsqrt`], [`sin`], [`cos`], [`abs`], [`sigmoid`], [`tanh`], [`floor`], [`ceil`] |
+//! | `tl.maximum`, `tl.minimum` | `maximum(a, b)`, `minimum(a, b)` | [`maximum`], [`minimum`] |
+//! | `x.to(tl.float32)` | `x as f32` | [`Tile`] ("Casts") |
+//! | `tl.sum`, `tl.max`, `tl.min`, `tl.argmax` | `x.sum(1)`, `x.max(1)`, `x.min(1)`, `x.argmax(1)` | [`Tile::sum`], [`Tile::max`], [`Tile::min`], [`Tile::argmax`] |
+//! | `tl.dot` | `dot(a, b)`, `dot(a, b, acc)` | [`dot`] |
+//! | `tl.atomic_add`, `tl.atomic_max` | `atomic_add(p, v, mask)`, `atomic_max(p, v, mask)` | [`atomic_add`], [`atomic_max`] |
+//! | `tl.cdiv` | `cdiv(a, b)` | [`cdiv`] |
+//!
+//! The exact rules (integer wrapping, shifts past the width, rounding, casts, NaN in
+//! reductions) are in `docs/design.md`, "Semantics". Every op is checked against a
+//! plain-Rust reference for every dtype it supports, on the interpreter and the GPU, by
+//! the op matrix in `tilefuse-dsl`'s tests.
+//!
+//! # Examples
+//!
+//! Elementwise ops, casts, `select` and `%` on the CPU interpreter:
+//!
+//! ```
+//! use tilefuse::prelude::*;
+//!
+//! #[kernel(BLOCK = [64], num_warps = [1])]
+//! fn ops<const BLOCK: usize>(x: Ptr<f32>, out: Ptr<f32>, idx: Ptr<i32>, n: i32) {
+//!     let offs = program_id(0) * BLOCK + arange(0, BLOCK);
+//!     let mask = offs < n;
+//!     let v = load(x + offs, mask, 0.0);
+//!     let r = select(v < 0.0, -(v % 2.0), maximum(sqrt(v), 1.5));
+//!     store(out + offs, r, mask);
+//!     store(idx + offs, (v * 10.0) as i32 >> 1, mask);
+//! }
+//!
+//! let dev = Device::cpu();
+//! let x = dev.upload(&[-5.0f32, 4.0, 0.25]).unwrap();
+//! let mut out = dev.alloc_filled(3, f32::NAN).unwrap();
+//! let mut idx = dev.zeros::<i32>(3).unwrap();
+//! ops::<64>::launch(&dev, 1, &x, &mut out, &mut idx, 3).unwrap();
+//! assert_eq!(out.to_vec().unwrap(), vec![1.0, 2.0, 1.5]);
+//! assert_eq!(idx.to_vec().unwrap(), vec![-25, 20, 1]);
+//! ```
+//!
+//! Reductions along each axis of a masked 2-D tile:
+//!
+//! ```
+//! use tilefuse::prelude::*;
+//!
+//! #[kernel(M = [4], N = [8], num_warps = [1])]
+//! fn stats<const M: usize, const N: usize>(x: Ptr<f32>, sums: Ptr<f32>, best: Ptr<i32>, m: i32, n: i32) {
+//!     let rows = arange(0, M);
+//!     let cols = arange(0, N);
+//!     let mask = (rows.expand_dims(1) < m) & (cols.expand_dims(0) < n);
+//!     let v = load(x + rows.expand_dims(1) * n + cols.expand_dims(0), mask, f32::NEG_INFINITY);
+//!     store(sums + rows, select(mask, v, 0.0).sum(1), rows < m);
+//!     store(best + cols, v.argmax(0), cols < n);
+//! }
+//!
+//! let dev = Device::cpu();
+//! // 2 rows of 3 columns.
+//! let x = dev.upload(&[1.0f32, 5.0, 2.0, 4.0, 0.0, 3.0]).unwrap();
+//! let mut sums = dev.zeros::<f32>(2).unwrap();
+//! let mut best = dev.zeros::<i32>(3).unwrap();
+//! stats::<4, 8>::launch(&dev, 1, &x, &mut sums, &mut best, 2, 3).unwrap();
+//! assert_eq!(sums.to_vec().unwrap(), vec![8.0, 7.0]);
+//! assert_eq!(best.to_vec().unwrap(), vec![1, 0, 1]);
+//! ```
+//!
+//! `dot` and `atomic_add` (every program adds its partial sums):
+//!
+//! ```
+//! use tilefuse::prelude::*;
+//!
+//! #[kernel(M = [16], num_warps = [1])]
+//! fn mm<const M: usize>(a: Ptr<f32>, b: Ptr<f32>, c: Ptr<f32>, total: Ptr<f32>) {
+//!     let r = arange(0, M);
+//!     let x = load(a + r.expand_dims(1) * M + r.expand_dims(0));
+//!     let y = load(b + r.expand_dims(1) * M + r.expand_dims(0));
+//!     let acc = full([M, M], 1.0);
+//!     let z = dot(x, y, acc);
+//!     store(c + r.expand_dims(1) * M + r.expand_dims(0), z);
+//!     atomic_add(total + r * 0, z.sum(1));
+//! }
+//!
+//! let dev = Device::cpu();
+//! let eye: Vec<f32> = (0..256).map(|i| if i % 17 == 0 { 1.0 } else { 0.0 }).collect();
+//! let twos = vec![2.0f32; 256];
+//! let (a, b) = (dev.upload(&eye).unwrap(), dev.upload(&twos).unwrap());
+//! let mut c = dev.zeros::<f32>(256).unwrap();
+//! let mut total = dev.zeros::<f32>(1).unwrap();
+//! mm::<16>::launch(&dev, 2, &a, &b, &mut c, &mut total).unwrap();
+//! assert!(c.to_vec().unwrap().iter().all(|&v| v == 3.0));
+//! assert_eq!(total.to_vec().unwrap(), vec![2.0 * 256.0 * 3.0]);
+//! ```
+
+use std::marker::PhantomData;
+
+/// No values: the types below cannot be constructed.
+#[derive(Clone, Copy, Debug)]
+enum Never {}
+
+/// A tile (or a scalar: a rank-0 tile) of elements of type `T`, as seen inside
+/// `#[kernel]`. Shapes are compile-time powers of two, rank 0 to 4.
+///
+/// # Operators
+///
+/// `+ - * / %` on numbers, `& | ^ << >>` on integers (and `& | ^` on `bool`), unary `-`
+/// and `!` (bitwise not on integers, logical on `bool`), elementwise. Integers wrap;
+/// `/` truncates and `%` takes the dividend's sign (also on floats: C's `fmod`);
+/// shifts at or past the width give 0 (or all sign bits for `>>` on signed).
+/// `f16`/`bf16` compute in `f32` and round every result. Compound assignment
+/// (`acc += x`) works on `let mut` variables.
+///
+/// ```rust,ignore
+/// let y = (a * 2.0 + b) % 3.0;        // f32 tiles and literals
+/// let h = (i >> 4) & 0xF;             // i32 tile
+/// ```
+///
+/// # Comparisons
+///
+/// `== != < <= > >=` compare elementwise and give a `bool` tile (a mask). Float `!=`
+/// holds for NaN. Mind Rust's precedence: `&` and `|` bind tighter than `<`, so write
+/// `(a < n) & (b < m)`.
+///
+/// ```rust,ignore
+/// let mask = (rows.expand_dims(1) < m) & (cols.expand_dims(0) < n);
+/// ```
+///
+/// # Casts
+///
+/// `x as T` converts between all dtypes (`f32 f16 bf16 i32 u32 i64 u8 bool`): floats
+/// round to nearest even, float to int truncates and saturates (NaN to 0), int to int
+/// wraps, to `bool` tests `!= 0`, `bool` gives 0 or 1.
+///
+/// ```rust,ignore
+/// let w = load(w_ptr + offs, mask, 0.0) as f32;   // bf16 -> f32
+/// store(out + offs, (acc * scale) as bf16, mask);
+/// ```
+pub struct Tile<T> {
+    never: Never,
+    _elem: PhantomData<T>,
+}
+
+/// A pointer parameter (`x: Ptr<f32>`), or a tile of pointers (`x + offs`).
+///
+/// `ptr + offsets` adds integer offsets, in elements, and broadcasts like any
+/// elementwise op. Element types: `f32 f16 bf16 i32 u32 i64 u8`.
+///
+/// ```rust,ignore
+/// let ptrs = x + rows.expand_dims(1) * stride + cols.expand_dims(0); // [M, N] pointers
+/// ```
+pub struct Ptr<T> {
+    never: Never,
+    _elem: PhantomData<T>,
+}
+
+fn outside_kernel(op: &str) -> ! {
+    panic!("`{op}` is only meaningful inside #[kernel]")
+}
+
+macro_rules! binary_ops {
+    ($($tr:ident $f:ident),*) => {$(
+        /// Elementwise (see "Operators" on [`Tile`]).
+        impl<T> std::ops::$tr for Tile<T> {
+            type Output = Tile<T>;
+            fn $f(self, _rhs: Tile<T>) -> Tile<T> {
+                match self.never {}
+            }
+        }
+    )*};
+}
+
+binary_ops!(Add add, Sub sub, Mul mul, Div div, Rem rem, BitAnd bitand, BitOr bitor, BitXor bitxor, Shl shl, Shr shr);
+
+/// Elementwise negation (see "Operators" on [`Tile`]).
+impl<T> std::ops::Neg for Tile<T> {
+    type Output = Tile<T>;
+    fn neg(self) -> Tile<T> {
+        match self.never {}
+    }
+}
+
+/// Bitwise not on integers, logical not on `bool` (see "Operators" on [`Tile`]).
+impl<T> std::ops::Not for Tile<T> {
+    type Output = Tile<T>;
+    fn not(self) -> Tile<T> {
+        match self.never {}
+    }
+}
+
+/// `ptr + offsets`: a tile of pointers (see [`Ptr`]).
+impl<T> std::ops::Add<Tile<i32>> for Ptr<T> {
+    type Output = Ptr<T>;
+    fn add(self, _offsets: Tile<i32>) -> Ptr<T> {
+        match self.never {}
+    }
+}
+
+impl<T> Tile<T> {
+    /// Inserts an axis of extent 1 at `axis`: Triton's `x[:, None]` is
+    /// `x.expand_dims(1)`, `x[None, :]` is `x.expand_dims(0)`.
+    ///
+    /// ```rust,ignore
+    /// let offs = rows.expand_dims(1) * n + cols.expand_dims(0); // [M, 1] and [1, N] -> [M, N]
+    /// ```
+    pub fn expand_dims(self, axis: usize) -> Tile<T> {
+        let _ = axis;
+        match self.never {}
+    }
+
+    /// Sum along `axis` (dropped; rank 1 gives a scalar). Floats accumulate in `f32`
+    /// (also for `f16`/`bf16`, rounded once to the dtype); the order of additions is
+    /// unspecified. Integers wrap.
+    ///
+    /// ```rust,ignore
+    /// let row_sums = v.sum(1); // [M, N] -> [M]
+    /// ```
+    pub fn sum(self, axis: usize) -> Tile<T> {
+        let _ = axis;
+        match self.never {}
+    }
+
+    /// Maximum along `axis`; NaN is ignored unless every lane is NaN. Mask with
+    /// `other = f32::NEG_INFINITY` (or the integer minimum).
+    ///
+    /// ```rust,ignore
+    /// let m = load(x + cols, cols < n, f32::NEG_INFINITY).max(0);
+    /// ```
+    pub fn max(self, axis: usize) -> Tile<T> {
+        let _ = axis;
+        match self.never {}
+    }
+
+    /// Minimum along `axis`; NaN is ignored unless every lane is NaN.
+    ///
+    /// ```rust,ignore
+    /// let lo = v.min(1);
+    /// ```
+    pub fn min(self, axis: usize) -> Tile<T> {
+        let _ = axis;
+        match self.never {}
+    }
+
+    /// Index (`i32`) of the maximum along `axis`: the first (lowest) one on ties, never a
+    /// NaN lane unless all are NaN.
+    ///
+    /// ```rust,ignore
+    /// let token = s0 + logits.argmax(0);
+    /// ```
+    pub fn argmax(self, axis: usize) -> Tile<i32> {
+        let _ = axis;
+        match self.never {}
+    }
+}
+
+/// This program's index along grid axis `axis` (0, 1 or 2), as an `i32` scalar.
+///
+/// ```rust,ignore
+/// let offs = program_id(0) * BLOCK + arange(0, BLOCK);
+/// ```
+pub fn program_id(axis: i32) -> Tile<i32> {
+    let _ = axis;
+    outside_kernel("program_id")
+}
+
+/// The grid's size along `axis` (0, 1 or 2), as an `i32` scalar.
+///
+/// ```rust,ignore
+/// for start in (program_id(0) * BLOCK..n).step_by(BLOCK * num_programs(0)) { /* .. */ }
+/// ```
+pub fn num_programs(axis: i32) -> Tile<i32> {
+    let _ = axis;
+    outside_kernel("num_programs")
+}
+
+/// The `i32` tile `[start, start + 1, .., end - 1]`; `end - start` is a compile-time
+/// power of two.
+///
+/// ```rust,ignore
+/// let cols = arange(0, BLOCK);
+/// ```
+pub fn arange(start: i32, end: i32) -> Tile<i32> {
+    let _ = (start, end);
+    outside_kernel("arange")
+}
+
+/// A tile of zeros of dtype `T`: `zeros::<f32>([M, N])`.
+///
+/// ```rust,ignore
+/// let mut acc = zeros::<f32>([BLOCK_N, BLOCK_K]);
+/// ```
+pub fn zeros<T>(shape: &[usize]) -> Tile<T> {
+    let _ = shape;
+    outside_kernel("zeros")
+}
+
+/// A tile of `shape` filled with `value` (a scalar, or a literal that takes the dtype
+/// of its use); `full::<T>(shape, v)` converts `v` to `T` first.
+///
+/// ```rust,ignore
+/// let m = full([BLOCK], f32::NEG_INFINITY);
+/// ```
+pub fn full<T>(shape: &[usize], value: T) -> Tile<T> {
+    let _ = (shape, value);
+    outside_kernel("full")
+}
+
+/// Broadcasts `x` to `shape` explicitly (extents of 1 stretch; shapes align on the
+/// right).
+///
+/// ```rust,ignore
+/// let b = broadcast_to(bias.expand_dims(0), [M, N]);
+/// ```
+pub fn broadcast_to<T>(x: Tile<T>, shape: &[usize]) -> Tile<T> {
+    let _ = shape;
+    match x.never {}
+}
+
+/// Loads one element per pointer lane: `load(ptrs)`, `load(ptrs, mask)`,
+/// `load(ptrs, mask, other)`. Masked-off lanes touch no memory and give `other` (0 when
+/// absent). The interpreter reports an unmasked lane outside its buffer as an error
+/// naming the kernel, the parameter and the index.
+///
+/// ```rust,ignore
+/// let x = load(x_ptr + offs, offs < n, 0.0);
+/// ```
+pub fn load<T>(ptrs: Ptr<T>, mask: Tile<bool>, other: Tile<T>) -> Tile<T> {
+    let _ = (mask, other);
+    match ptrs.never {}
+}
+
+/// Stores `values` through `ptrs`: `store(ptrs, values)` or `store(ptrs, values, mask)`.
+/// Masked-off lanes write nothing; when two lanes hit one address, the highest linear
+/// index wins. A statement: it returns nothing.
+///
+/// ```rust,ignore
+/// store(out + offs, a + b, offs < n);
+/// ```
+pub fn store<T>(ptrs: Ptr<T>, values: Tile<T>, mask: Tile<bool>) {
+    let _ = (values, mask);
+    match ptrs.never {}
+}
+
+/// Triton's `tl.where` (`where` is a Rust keyword): `cond ? a : b` elementwise, with
+/// broadcasting of all three.
+///
+/// ```rust,ignore
+/// let s = select(ok, scores * scale, f32::NEG_INFINITY);
+/// ```
+pub fn select<T>(cond: Tile<bool>, a: Tile<T>, b: Tile<T>) -> Tile<T> {
+    let _ = (a, b);
+    match cond.never {}
+}
+
+macro_rules! math {
+    ($($name:ident: $what:literal, $ex:literal;)*) => {$(
+        #[doc = concat!($what, " Float dtypes; also written `x.", stringify!($name), "()`.")]
+        ///
+        /// ```rust,ignore
+        #[doc = $ex]
+        /// ```
+        pub fn $name<T>(x: Tile<T>) -> Tile<T> {
+            match x.never {}
+        }
+    )*};
+}
+
+math! {
+    exp: "`e^x`. On the GPU: `ex2.approx` of `x * log2(e)` (a few ulp).", "let e = exp(v - v.max(0));";
+    exp2: "`2^x`. On the GPU: `ex2.approx` (2 ulp).", "let freq = exp2(-(i as f32) * (2.0 / (D as f32)) * log2(theta));";
+    log: "Natural logarithm. On the GPU: `lg2.approx` times ln 2.", "let lse = m + log(s);";
+    log2: "Base-2 logarithm. On the GPU: `lg2.approx`.", "let bits = log2(x);";
+    sqrt: "Square root, correctly rounded on every device.", "let norm = sqrt((v * v).sum(0));";
+    rsqrt: "`1 / sqrt(x)`. On the GPU: `rsqrt.approx`.", "let r = rsqrt((v * v).sum(0) / (n as f32) + eps);";
+    sin: "Sine. On the GPU: `sin.approx` (absolute error about 2^-21 on [-π, π]).", "let s = sin(ang);";
+    cos: "Cosine. On the GPU: `cos.approx` (absolute error about 2^-21 on [-π, π]).", "let c = cos(ang);";
+    sigmoid: "`1 / (1 + e^-x)`.", "let silu = g * sigmoid(g);";
+    tanh: "Hyperbolic tangent. On the GPU: `tanh.approx` (relative error about 2^-11).", "let gelu = 0.5 * x * (1.0 + tanh(0.7978846 * (x + 0.044715 * x * x * x)));";
+    floor: "Rounds toward negative infinity (exact).", "let cell = floor(x / h) as i32;";
+    ceil: "Rounds toward positive infinity (exact).", "let pages = ceil(len / 16.0);";
+}
+
+/// Absolute value: floats, and integers (wrapping: `abs(i32::MIN)` is `i32::MIN`).
+/// Also written `x.abs()`.
+///
+/// ```rust,ignore
+/// let err = abs(got - want).max(0);
+/// ```
+pub fn abs<T>(x: Tile<T>) -> Tile<T> {
+    match x.never {}
+}
+
+/// Elementwise maximum; for floats, the non-NaN operand when one is NaN.
+///
+/// ```rust,ignore
+/// let m_new = maximum(m, scores.max(0));
+/// ```
+pub fn maximum<T>(a: Tile<T>, b: Tile<T>) -> Tile<T> {
+    let _ = b;
+    match a.never {}
+}
+
+/// Elementwise minimum; for floats, the non-NaN operand when one is NaN.
+///
+/// ```rust,ignore
+/// let clipped = minimum(maximum(x, -1.0), 1.0);
+/// ```
+pub fn minimum<T>(a: Tile<T>, b: Tile<T>) -> Tile<T> {
+    let _ = b;
+    match a.never {}
+}
+
+/// `[M, K] x [K, N]` matrix product with `f32` accumulation, plus `acc` when given:
+/// `dot(a, b)` or `dot(a, b, acc)`. Operands `f32`, `f16` or `bf16` (tensor cores for
+/// the 16-bit ones); the result is `f32`.
+///
+/// ```rust,ignore
+/// acc = dot(a_tile, b_tile, acc);
+/// ```
+pub fn dot<T>(a: Tile<T>, b: Tile<T>, acc: Tile<f32>) -> Tile<f32> {
+    let _ = (b, acc);
+    match a.never {}
+}
+
+/// Atomically adds `values` at `ptrs` (`f32` or `i32`), lane by lane for unmasked
+/// lanes, and returns the old values (0 for masked-off lanes). Float sums into one
+/// address happen in an unspecified order.
+///
+/// ```rust,ignore
+/// atomic_add(hist + bucket, 1, mask);
+/// ```
+pub fn atomic_add<T>(ptrs: Ptr<T>, values: Tile<T>, mask: Tile<bool>) -> Tile<T> {
+    let _ = (values, mask);
+    match ptrs.never {}
+}
+
+/// Atomically takes the maximum of `values` and the memory at `ptrs` (`f32`, compared
+/// as floats, or `i32`), and returns the old values.
+///
+/// ```rust,ignore
+/// atomic_max(global_max, local.max(0));
+/// ```
+pub fn atomic_max<T>(ptrs: Ptr<T>, values: Tile<T>, mask: Tile<bool>) -> Tile<T> {
+    let _ = (values, mask);
+    match ptrs.never {}
+}
+
+/// Integer division rounding up: `(a + b - 1) / b`.
+///
+/// ```rust,ignore
+/// let blocks = cdiv(n, BLOCK);
+/// ```
+pub fn cdiv<T>(a: Tile<T>, b: Tile<T>) -> Tile<T> {
+    let _ = b;
+    match a.never {}
+}
