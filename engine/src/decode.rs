@@ -47,7 +47,7 @@ pub struct LaunchPlan {
     pub lm_head: KernelChoice,
     /// `argmax_finish`: `[B]`.
     pub argmax: KernelChoice,
-    /// `attention_split`: `[D, G, BS]`.
+    /// `attention_split`: `[D, G, BS]`; groups larger than `G` take several programs.
     pub attention: KernelChoice,
     /// `attention_combine`: `[D, S]`.
     pub combine: KernelChoice,
@@ -86,9 +86,9 @@ impl LaunchPlan {
     /// was compiled for (the message names the config value).
     pub fn new(cfg: &ModelConfig, dev: &Device) -> Result<LaunchPlan> {
         let d = cfg.head_dim;
-        if ![32, 64, 128, 256].contains(&d) {
+        if ![32, 64, 128].contains(&d) {
             return Err(EngineError::Unsupported {
-                message: format!("head_dim = {d} (supported: 32, 64, 128, 256)"),
+                message: format!("head_dim = {d} (supported: 32, 64, 128)"),
             });
         }
         if cfg.num_kv_heads == 0 || cfg.num_heads % cfg.num_kv_heads != 0 {
@@ -100,11 +100,6 @@ impl LaunchPlan {
             });
         }
         let group = cfg.num_heads / cfg.num_kv_heads;
-        if group > 8 {
-            return Err(EngineError::Unsupported {
-                message: format!("{group} query heads per KV head (supported: up to 8)"),
-            });
-        }
         for (name, k) in [
             ("hidden_size", cfg.hidden_size),
             ("intermediate_size", cfg.intermediate_size),
@@ -140,12 +135,12 @@ impl LaunchPlan {
                 num_warps: if dev.is_cuda() { 8 } else { 4 },
             },
             attention: KernelChoice {
-                consts: consts(&[d, group.next_power_of_two() as i64, 32]),
+                consts: consts(&[d, group.next_power_of_two().min(4) as i64, 32]),
                 num_warps: 4,
             },
             combine: KernelChoice {
                 consts: consts(&[d, splits.max(8) as i64]),
-                num_warps: 1,
+                num_warps: 4,
             },
             rope: KernelChoice {
                 consts: consts(&[d]),
@@ -489,7 +484,11 @@ impl Decoder {
             launch(
                 dev,
                 &ATTENTION_SPLIT,
-                [nkv as u32, plan.splits as u32, 1],
+                [
+                    nkv as u32,
+                    plan.splits as u32,
+                    (nh / nkv).div_ceil(plan.attention.consts[1] as usize) as u32,
+                ],
                 plan.attention.consts,
                 plan.attention.num_warps,
                 &mut [

@@ -117,7 +117,7 @@ pub fn gemv_residual<const BLOCK_N: usize, const BLOCK_K: usize>(
 /// `act = bf16(bf16(silu(g)) * u)` with `g = W[r] · rmsnorm(x)` and
 /// `u = W[inter + r] · rmsnorm(x)`: the MLP's first half, over one fused `[2 * inter, k]`
 /// weight (gate rows, then up rows).
-#[kernel(crate = tilefuse_dsl, BLOCK_N = [1, 2, 4, 8], BLOCK_K = [256, 512, 1024], num_warps = [4, 8])]
+#[kernel(crate = tilefuse_dsl, BLOCK_N = [1, 2, 4, 8], BLOCK_K = [256, 512, 1024], num_warps = [4])]
 pub fn rms_norm_gate_up<const BLOCK_N: usize, const BLOCK_K: usize>(
     x: Ptr<bf16>,
     norm_w: Ptr<bf16>,
@@ -162,7 +162,7 @@ pub fn rms_norm_gate_up<const BLOCK_N: usize, const BLOCK_K: usize>(
 /// Query heads go to `q_out`; key and value heads to row `pos` of their cache
 /// (`[num_kv_heads, max_seq, D]`). `rope_cos` / `rope_sin` hold `[max_seq, D / 2]`
 /// bf16-rounded values, computed on the host once, as the reference does.
-#[kernel(crate = tilefuse_dsl, D = [32, 64, 128, 256], num_warps = [1])]
+#[kernel(crate = tilefuse_dsl, D = [32, 64, 128], num_warps = [1])]
 pub fn qk_norm_rope_append<const D: usize>(
     qkv: Ptr<bf16>,
     q_norm_w: Ptr<bf16>,
@@ -214,14 +214,14 @@ pub fn qk_norm_rope_append<const D: usize>(
     }
 }
 
-/// Decode attention, first pass: program `(kv_head, split)` attends the `G`-padded group
-/// of query heads sharing `kv_head` over its share of positions `0..=pos` (`pos` read
+/// Decode attention, first pass: program `(kv_head, split, chunk)` attends `G` of the
+/// query heads sharing `kv_head` (the group padded to a multiple of `G`) over its share of positions `0..=pos` (`pos` read
 /// from `state[1]`), with an online softmax, and writes the partial max, denominator and
 /// weighted value sum per query head and split.
 ///
 /// Scores round like the reference (`bf16(bf16(q·k) * scale)`); the probabilities stay
 /// f32 (the reference rounds the normalized probabilities, which a split pass cannot).
-#[kernel(crate = tilefuse_dsl, D = [32, 64, 128, 256], G = [1, 2, 4, 8], BS = [16, 32], num_warps = [4])]
+#[kernel(crate = tilefuse_dsl, D = [32, 64, 128], G = [1, 2, 4], BS = [32], num_warps = [4])]
 pub fn attention_split<const D: usize, const G: usize, const BS: usize>(
     q: Ptr<bf16>,
     k_cache: Ptr<bf16>,
@@ -242,7 +242,8 @@ pub fn attention_split<const D: usize, const G: usize, const BS: usize>(
     let start = split * per_split;
     let end = minimum(start + per_split, seq);
 
-    let g = arange(0, G);
+    // Groups larger than G are split over grid axis 2.
+    let g = program_id(2) * G + arange(0, G);
     let g_ok = g < group;
     let heads = kv_head * group + g;
     let d = arange(0, D);
@@ -261,14 +262,16 @@ pub fn attention_split<const D: usize, const G: usize, const BS: usize>(
         let ok = s < end;
         let offs = base + s.expand_dims(1) * D + d.expand_dims(0);
         let kt = load(k_cache + offs, ok.expand_dims(1), 0.0) as f32;
-        let dots = (qt.expand_dims(1) * kt.expand_dims(0)).sum(2);
+        // The cache tile comes first: the product takes its layout (16-byte loads
+        // along D) and `qt` is loaded to match.
+        let dots = (kt.expand_dims(0) * qt.expand_dims(1)).sum(2);
         let scores = ((dots as bf16 as f32) * scale) as bf16 as f32;
         let scores = select(ok.expand_dims(0), scores, f32::NEG_INFINITY);
         let m_new = maximum(m, scores.max(1));
         let p = exp(scores - m_new.expand_dims(1));
         let alpha = exp(m - m_new);
         let vt = load(v_cache + offs, ok.expand_dims(1), 0.0) as f32;
-        acc = acc * alpha.expand_dims(1) + (p.expand_dims(2) * vt.expand_dims(0)).sum(1);
+        acc = acc * alpha.expand_dims(1) + (vt.expand_dims(0) * p.expand_dims(2)).sum(1);
         l = l * alpha + p.sum(1);
         m = m_new;
     }
@@ -284,7 +287,7 @@ pub fn attention_split<const D: usize, const G: usize, const BS: usize>(
 
 /// Decode attention, second pass: one program per query head merges the `splits`
 /// partials (`S` is a power of two at least `splits`) into the bf16 head output.
-#[kernel(crate = tilefuse_dsl, D = [32, 64, 128, 256], S = [8, 16, 32, 64], num_warps = [1])]
+#[kernel(crate = tilefuse_dsl, D = [32, 64, 128], S = [8, 16, 32, 64], num_warps = [4])]
 pub fn attention_combine<const D: usize, const S: usize>(
     part_m: Ptr<f32>,
     part_l: Ptr<f32>,

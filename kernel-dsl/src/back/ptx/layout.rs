@@ -270,10 +270,12 @@ pub fn assign(k: &Kernel) -> Result<Layouts, CompileError> {
                 if *shape != want.shape() || !l.strong[oi] || l.of[oi].as_ref() == Some(&want) {
                     continue;
                 }
-                if let Some((x, lx)) = prefer(k, o, want.clone()) {
-                    if let std::collections::hash_map::Entry::Vacant(e) = over.entry(x) {
-                        e.insert(lx);
-                        found = true;
+                if let Some(loads) = prefer(k, &l, o, want.clone()) {
+                    for (x, lx) in loads {
+                        if let std::collections::hash_map::Entry::Vacant(e) = over.entry(x) {
+                            e.insert(lx);
+                            found = true;
+                        }
                     }
                 }
             }
@@ -291,23 +293,41 @@ pub fn assign(k: &Kernel) -> Result<Layouts, CompileError> {
     Ok(l)
 }
 
-/// The load (and its layout) that would make `v` come out in layout `want` for free.
-fn prefer(k: &Kernel, v: ValueId, want: Layout) -> Option<(ValueId, Layout)> {
+/// The loads (and their layouts) that would make `v` come out in layout `want` for
+/// free: `v` is a load, or is computed elementwise from such loads, scalars and cheap
+/// values, through casts, `expand_dims` and broadcasts. E.g. a GEMV's normalized input
+/// `bf16(g * bf16(x * r))` is then loaded straight into the weight tile's slice layout.
+fn prefer(k: &Kernel, l: &Layouts, v: ValueId, want: Layout) -> Option<Vec<(ValueId, Layout)>> {
     let Def::Expr(e) = &k.value(v).def else {
         return None;
     };
     match e {
         Expr::Broadcast { value, .. } if !k.ty(*value).is_scalar() => {
-            prefer(k, *value, want.with_shape(&k.ty(*value).shape))
+            prefer(k, l, *value, want.with_shape(&k.ty(*value).shape))
         }
         Expr::ExpandDims { value, axis } if !k.ty(*value).is_scalar() => {
             let mut s = want;
             s.keep.remove(*axis);
-            prefer(k, *value, s.canon())
+            prefer(k, l, *value, s.canon())
         }
-        Expr::Cast { value, .. } => prefer(k, *value, want),
-        Expr::Unary { arg, .. } => prefer(k, *arg, want),
-        Expr::Load { .. } => Some((v, want)),
+        Expr::Cast { value, .. } => prefer(k, l, *value, want),
+        Expr::Unary { arg, .. } => prefer(k, l, *arg, want),
+        Expr::Load { .. } => Some(vec![(v, want)]),
+        Expr::Binary { .. } | Expr::Compare { .. } | Expr::Select { .. } => {
+            let shape = &k.ty(v).shape;
+            let mut loads = Vec::new();
+            for o in e.operands() {
+                // Scalars and cheap values are recomputed in any layout.
+                if k.ty(o).is_scalar() || !l.strong[o.index()] {
+                    continue;
+                }
+                if k.ty(o).shape != *shape {
+                    return None;
+                }
+                loads.extend(prefer(k, l, o, want.clone())?);
+            }
+            (!loads.is_empty()).then_some(loads)
+        }
         _ => None,
     }
 }
