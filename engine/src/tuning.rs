@@ -156,7 +156,10 @@ mod tests {
         assert!(defaults_are_compiled());
         for seq in [1, 3, 512, 4096, 32768] {
             let c = attention_config(seq, 8, DEFAULT_SM_COUNT);
-            assert!(c.splits >= 1 && c.splits <= c.s && c.s <= MAX_SPLITS, "{c:?}");
+            assert!(
+                c.splits >= 1 && c.splits <= c.s && c.s <= MAX_SPLITS,
+                "{c:?}"
+            );
             assert!(kernels::ATTENTION_COMBINE
                 .variant(&[128, c.s as i64], None)
                 .is_ok());
