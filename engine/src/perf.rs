@@ -25,7 +25,12 @@ use cudarc::driver::sys::{
 };
 use cudarc::driver::{CudaGraph, CudaStream};
 use tilefuse_dsl::half::bf16;
-use tilefuse_dsl::runtime::{Buffer, Device, Element, LaunchError, RuntimeError};
+use tilefuse_dsl::runtime::{
+    Buffer, Device, Element, KernelDef, LaunchConfig, LaunchError, RuntimeError,
+};
+
+use crate::kernels;
+use crate::tuning::{self, AttentionConfig, GemvConfig};
 
 /// Why a measurement could not be taken.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -545,6 +550,371 @@ impl Cublas {
     }
 }
 
+/// The GEMV-family decode kernels a [`GemvWorkload`] measures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GemvKind {
+    /// [`kernels::rms_norm_gemv`] (QKV projection).
+    RmsNormGemv,
+    /// [`kernels::gemv_residual`] (O and down projections).
+    GemvResidual,
+    /// [`kernels::rms_norm_gate_up`] (fused gate and up; the weight has `2 × inter` rows).
+    RmsNormGateUp,
+    /// [`kernels::lm_head_argmax`] followed by [`kernels::argmax_finish`].
+    LmHead,
+}
+
+impl GemvKind {
+    /// The kernel's description (for the LM head, the GEMV part).
+    pub fn def(self) -> &'static KernelDef {
+        match self {
+            GemvKind::RmsNormGemv => &kernels::RMS_NORM_GEMV,
+            GemvKind::GemvResidual => &kernels::GEMV_RESIDUAL,
+            GemvKind::RmsNormGateUp => &kernels::RMS_NORM_GATE_UP,
+            GemvKind::LmHead => &kernels::LM_HEAD_ARGMAX,
+        }
+    }
+
+    /// A short name for tables.
+    pub fn name(self) -> &'static str {
+        match self {
+            GemvKind::RmsNormGemv => "rms_norm_gemv",
+            GemvKind::GemvResidual => "gemv_residual",
+            GemvKind::RmsNormGateUp => "rms_norm_gate_up",
+            GemvKind::LmHead => "lm_head_argmax",
+        }
+    }
+}
+
+/// One set of a GEMV workload's buffers.
+struct GemvSet {
+    w: Buffer<bf16>,
+    x: Buffer<bf16>,
+    norm: Buffer<bf16>,
+    bias: Buffer<bf16>,
+    y: Buffer<bf16>,
+}
+
+/// A GEMV-family kernel at one shape, with enough buffer sets to exceed 4× L2, plus the
+/// cuBLAS baseline at the same shape.
+///
+/// `n × k` is the weight's shape (for [`GemvKind::RmsNormGateUp`], `n = 2 × inter`).
+pub struct GemvWorkload {
+    /// Which kernel.
+    pub kind: GemvKind,
+    /// Weight rows.
+    pub n: usize,
+    /// Weight columns.
+    pub k: usize,
+    sets: Vec<GemvSet>,
+    y_blas: Buffer<bf16>,
+    logits: Buffer<f32>,
+    part_val: Buffer<f32>,
+    part_idx: Buffer<i32>,
+    state: Buffer<i32>,
+}
+
+const EPS: f32 = 1e-6;
+
+impl GemvWorkload {
+    /// Allocates `rotation_sets` sets of random non-zero inputs on `dev`.
+    pub fn new(
+        dev: &Device,
+        kind: GemvKind,
+        n: usize,
+        k: usize,
+        l2_bytes: usize,
+        seed: u64,
+    ) -> Result<GemvWorkload> {
+        let mut rng = Rng::new(seed);
+        let sets = rotation_sets(n * k * 2, l2_bytes);
+        // One random weight, uploaded to distinct buffers: the addresses are what the
+        // cache sees.
+        let w = rng.bf16_vec(n * k, 0.05);
+        let mut v = Vec::with_capacity(sets);
+        for _ in 0..sets {
+            v.push(GemvSet {
+                w: dev.upload(&w)?,
+                x: dev.upload(&rng.bf16_vec(k, 1.0))?,
+                norm: dev.upload(&rng.bf16_vec(k, 1.0))?,
+                bias: dev.upload(&rng.bf16_vec(n, 0.1))?,
+                y: dev.upload(&rng.bf16_vec(n, 1.0))?,
+            });
+        }
+        Ok(GemvWorkload {
+            kind,
+            n,
+            k,
+            sets: v,
+            y_blas: dev.alloc_filled(n, bf16::NAN)?,
+            logits: dev.alloc_filled(if kind == GemvKind::LmHead { n } else { 1 }, f32::NAN)?,
+            part_val: dev.alloc_filled(if kind == GemvKind::LmHead { n } else { 1 }, f32::NAN)?,
+            part_idx: dev.alloc_filled(if kind == GemvKind::LmHead { n } else { 1 }, 0i32)?,
+            state: dev.upload(&[0i32, 0])?,
+        })
+    }
+
+    /// Buffer sets cycled through.
+    pub fn sets(&self) -> usize {
+        self.sets.len()
+    }
+
+    /// Launches per captured graph: every set at least once, and at least 16.
+    pub fn launches(&self) -> usize {
+        self.sets().max(16)
+    }
+
+    /// Bytes one tilefuse launch must move: the weight, the vectors read (input, norm
+    /// weight, bias, residual) and the output written.
+    pub fn bytes(&self) -> u64 {
+        let (n, k) = (self.n as u64, self.k as u64);
+        let vectors = match self.kind {
+            // x, norm weight, bias; y.
+            GemvKind::RmsNormGemv => 2 * k + n + n,
+            // a, bias; x read and written.
+            GemvKind::GemvResidual => k + n + 2 * n,
+            // x, norm weight; act (n / 2).
+            GemvKind::RmsNormGateUp => 2 * k + n / 2,
+            // x, norm weight; f32 logits.
+            GemvKind::LmHead => 2 * k + 2 * n,
+        };
+        2 * (n * k + vectors)
+    }
+
+    /// Bytes one cuBLAS GEMV of the same shape must move (weight, x, y).
+    pub fn cublas_bytes(&self) -> u64 {
+        2 * (self.n as u64 * self.k as u64 + self.k as u64 + self.n as u64)
+    }
+
+    /// The default configuration from [`tuning`].
+    pub fn default_config(&self) -> GemvConfig {
+        match self.kind {
+            GemvKind::RmsNormGateUp => tuning::gemv_config(self.n / 2, self.k),
+            GemvKind::LmHead => tuning::lm_head_config(self.n, self.k),
+            _ => tuning::gemv_config(self.n, self.k),
+        }
+    }
+
+    /// Every compiled configuration of the kernel.
+    pub fn variants(&self) -> Vec<GemvConfig> {
+        tuning::gemv_variants(self.kind.def())
+    }
+
+    /// Queues the kernel on buffer set `i % sets` with configuration `cfg`.
+    pub fn launch(&mut self, dev: &Device, i: usize, cfg: GemvConfig) -> Result<()> {
+        let (n, k) = (self.n as i32, self.k as i32);
+        let consts = cfg.consts();
+        let nsets = self.sets.len();
+        let set = &mut self.sets[i % nsets];
+        let lc = |rows: usize| LaunchConfig::from(cfg.grid(rows)).num_warps(cfg.num_warps);
+        match self.kind {
+            GemvKind::RmsNormGemv => kernels::RMS_NORM_GEMV.launch_dyn(
+                dev,
+                lc(self.n),
+                &consts,
+                &mut [
+                    (&set.x).into(),
+                    (&set.norm).into(),
+                    (&set.w).into(),
+                    (&set.bias).into(),
+                    (&mut set.y).into(),
+                    n.into(),
+                    k.into(),
+                    EPS.into(),
+                ],
+            )?,
+            GemvKind::GemvResidual => kernels::GEMV_RESIDUAL.launch_dyn(
+                dev,
+                lc(self.n),
+                &consts,
+                &mut [
+                    (&set.w).into(),
+                    (&set.x).into(),
+                    (&set.bias).into(),
+                    (&mut set.y).into(),
+                    n.into(),
+                    k.into(),
+                ],
+            )?,
+            GemvKind::RmsNormGateUp => kernels::RMS_NORM_GATE_UP.launch_dyn(
+                dev,
+                lc(self.n / 2),
+                &consts,
+                &mut [
+                    (&set.x).into(),
+                    (&set.norm).into(),
+                    (&set.w).into(),
+                    (&mut set.y).into(),
+                    (n / 2).into(),
+                    k.into(),
+                    EPS.into(),
+                ],
+            )?,
+            GemvKind::LmHead => {
+                let parts = cfg.grid(self.n);
+                kernels::LM_HEAD_ARGMAX.launch_dyn(
+                    dev,
+                    lc(self.n),
+                    &consts,
+                    &mut [
+                        (&set.x).into(),
+                        (&set.norm).into(),
+                        (&set.w).into(),
+                        (&mut self.logits).into(),
+                        (&mut self.part_val).into(),
+                        (&mut self.part_idx).into(),
+                        n.into(),
+                        k.into(),
+                        EPS.into(),
+                    ],
+                )?;
+                let b = tuning::argmax_finish_block(parts as usize) as i64;
+                kernels::ARGMAX_FINISH.launch_dyn(
+                    dev,
+                    LaunchConfig::from(1),
+                    &[b],
+                    &mut [
+                        (&self.part_val).into(),
+                        (&self.part_idx).into(),
+                        (&mut self.state).into(),
+                        (parts as i32).into(),
+                    ],
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Queues the cuBLAS GEMV of the same weight shape on buffer set `i % sets`.
+    pub fn launch_cublas(&mut self, blas: &Cublas, i: usize) -> Result<()> {
+        let nsets = self.sets.len();
+        let set = &self.sets[i % nsets];
+        blas.gemv_bf16(&set.w, &set.x, &mut self.y_blas, self.n, self.k)
+    }
+}
+
+/// Decode attention (`attention_split` + `attention_combine`) at one context length,
+/// with enough KV-cache sets to exceed 4× L2 (within device memory).
+pub struct AttentionWorkload {
+    /// Cached positions read (the context length).
+    pub seq: usize,
+    /// Query heads.
+    pub num_heads: usize,
+    /// KV heads.
+    pub num_kv_heads: usize,
+    /// Head size.
+    pub head_dim: usize,
+    sets: Vec<(Buffer<bf16>, Buffer<bf16>, Buffer<bf16>)>,
+    state: Buffer<i32>,
+    part_m: Buffer<f32>,
+    part_l: Buffer<f32>,
+    part_acc: Buffer<f32>,
+    out: Buffer<bf16>,
+}
+
+impl AttentionWorkload {
+    /// Allocates the sets: per set a query and `[num_kv_heads, seq, head_dim]` K and V
+    /// caches of random non-zero values; the position `seq - 1` lives in a device
+    /// `state` buffer, as in decode.
+    pub fn new(
+        dev: &Device,
+        seq: usize,
+        (num_heads, num_kv_heads, head_dim): (usize, usize, usize),
+        info: &DeviceInfo,
+        seed: u64,
+    ) -> Result<AttentionWorkload> {
+        let mut rng = Rng::new(seed);
+        let cache = num_kv_heads * seq * head_dim;
+        let set_bytes = 2 * cache * 2;
+        // Keep the sets within half of device memory.
+        let fit = (info.total_mem / 2 / set_bytes.max(1)).max(1);
+        let sets = rotation_sets(set_bytes, info.l2_bytes).min(fit);
+        let k = rng.bf16_vec(cache, 1.0);
+        let v = rng.bf16_vec(cache, 1.0);
+        let mut s = Vec::with_capacity(sets);
+        for _ in 0..sets {
+            s.push((
+                dev.upload(&rng.bf16_vec(num_heads * head_dim, 1.0))?,
+                dev.upload(&k)?,
+                dev.upload(&v)?,
+            ));
+        }
+        let slots = num_heads * tuning::MAX_SPLITS;
+        Ok(AttentionWorkload {
+            seq,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            sets: s,
+            state: dev.upload(&[0i32, seq as i32 - 1])?,
+            part_m: dev.alloc_filled(slots, f32::NAN)?,
+            part_l: dev.alloc_filled(slots, f32::NAN)?,
+            part_acc: dev.alloc_filled(slots * head_dim, f32::NAN)?,
+            out: dev.alloc_filled(num_heads * head_dim, bf16::NAN)?,
+        })
+    }
+
+    /// KV-cache sets cycled through.
+    pub fn sets(&self) -> usize {
+        self.sets.len()
+    }
+
+    /// Launch pairs per captured graph: every set at least once, and at least 16.
+    pub fn launches(&self) -> usize {
+        self.sets().max(16)
+    }
+
+    /// KV bytes read per step: `2 × num_kv_heads × seq × head_dim × 2`.
+    pub fn bytes(&self) -> u64 {
+        (2 * self.num_kv_heads * self.seq * self.head_dim * 2) as u64
+    }
+
+    /// The padded query-group size `G` the split kernel is launched with.
+    pub fn padded_group(&self) -> usize {
+        (self.num_heads / self.num_kv_heads.max(1))
+            .next_power_of_two()
+            .max(1)
+    }
+
+    /// Queues split + combine on set `i % sets`.
+    pub fn launch(&mut self, dev: &Device, i: usize, cfg: AttentionConfig) -> Result<()> {
+        let nsets = self.sets.len();
+        let (q, k, v) = &self.sets[i % nsets];
+        let d = self.head_dim as i64;
+        let group = (self.num_heads / self.num_kv_heads) as i32;
+        let scale = (self.head_dim as f32).powf(-0.5);
+        kernels::ATTENTION_SPLIT.launch_dyn(
+            dev,
+            (self.num_kv_heads as u32, cfg.splits as u32),
+            &[d, self.padded_group() as i64, cfg.bs as i64],
+            &mut [
+                q.into(),
+                k.into(),
+                v.into(),
+                (&self.state).into(),
+                (&mut self.part_m).into(),
+                (&mut self.part_l).into(),
+                (&mut self.part_acc).into(),
+                group.into(),
+                (self.seq as i32).into(),
+                scale.into(),
+            ],
+        )?;
+        kernels::ATTENTION_COMBINE.launch_dyn(
+            dev,
+            self.num_heads as u32,
+            &[d, cfg.s as i64],
+            &mut [
+                (&self.part_m).into(),
+                (&self.part_l).into(),
+                (&self.part_acc).into(),
+                (&mut self.out).into(),
+                (cfg.splits as i32).into(),
+            ],
+        )?;
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -576,7 +946,9 @@ mod tests {
     fn rng_values_are_nonzero_and_seeded() {
         let a = Rng::new(7).bf16_vec(1000, 0.5);
         assert_eq!(a, Rng::new(7).bf16_vec(1000, 0.5));
-        assert!(a.iter().all(|v| *v != bf16::ZERO && v.to_f32().abs() <= 0.5));
+        assert!(a
+            .iter()
+            .all(|v| *v != bf16::ZERO && v.to_f32().abs() <= 0.5));
         assert_ne!(a, Rng::new(8).bf16_vec(1000, 0.5));
     }
 

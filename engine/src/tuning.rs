@@ -13,7 +13,7 @@ use crate::kernels;
 pub const DEFAULT_SM_COUNT: usize = 132;
 
 /// A GEMV-family launch: the variant's constants and warp count.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct GemvConfig {
     /// Rows per program.
     pub block_n: usize,

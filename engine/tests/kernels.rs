@@ -60,7 +60,10 @@ fn check(what: &str, got: &[f32], want: &[f64], tol: &[f64]) {
     }
     // Over a few elements one cancellation dominates; the norm check needs many.
     let rel = (err2 / ref2.max(1e-30)).sqrt();
-    assert!(got.len() < 32 || rel < 1e-2, "{what}: relative L2 error {rel:.2e}");
+    assert!(
+        got.len() < 32 || rel < 1e-2,
+        "{what}: relative L2 error {rel:.2e}"
+    );
 }
 
 /// `bf16(g * bf16(x * inv_rms))`, inv_rms in f32 as the kernels compute it.
