@@ -7,6 +7,8 @@
 //! - [`preset`]: real model shapes with seeded random weights.
 //! - [`reference`](mod@reference): the plain-Rust decoder the kernel engine is checked against.
 //! - [`tokenizer`]: `tokenizer.json` encode/decode ([`Tokenizer`]).
+//! - [`kernels`]: the decode kernels; [`tuning`]: their launch configurations.
+//! - [`perf`]: copy ceiling, event and graph timing, cuBLAS baseline.
 //! - [`error`]: [`EngineError`], which names the file, tensor or value at fault.
 
 #![warn(missing_docs)]
@@ -16,9 +18,11 @@ pub mod decode;
 pub mod error;
 pub mod kernels;
 pub mod model;
+pub mod perf;
 pub mod preset;
 pub mod reference;
 pub mod tokenizer;
+pub mod tuning;
 pub mod weights;
 
 pub use config::{Arch, ModelConfig, RopeScaling};

@@ -1,0 +1,181 @@
+//! Launch configurations for the decode kernels: which compiled variant, and how many
+//! programs, for a given shape.
+//!
+//! The GEMV defaults are a first guess from the access pattern, not yet from
+//! measurements: each thread reads 16-byte vectors (8 bf16), so `BLOCK_K = 8 × threads`
+//! gives one vector per row per iteration, and `BLOCK_N` rows give that many independent
+//! loads in flight while keeping enough programs to fill the SMs. `examples/bandwidth.rs
+//! --sweep` times every compiled variant; replace these with its best per shape.
+
+use crate::kernels;
+
+/// The Hopper SM count (H100 SXM, H200) assumed when no device is at hand.
+pub const DEFAULT_SM_COUNT: usize = 132;
+
+/// A GEMV-family launch: the variant's constants and warp count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct GemvConfig {
+    /// Rows per program.
+    pub block_n: usize,
+    /// Columns per loop iteration.
+    pub block_k: usize,
+    /// Warps per program.
+    pub num_warps: u32,
+}
+
+impl GemvConfig {
+    /// Programs for `n` rows.
+    pub fn grid(&self, n: usize) -> u32 {
+        n.div_ceil(self.block_n) as u32
+    }
+
+    /// The constants in declaration order (`[BLOCK_N, BLOCK_K]`), for `launch_dyn`.
+    pub fn consts(&self) -> [i64; 2] {
+        [self.block_n as i64, self.block_k as i64]
+    }
+}
+
+/// The default configuration of [`kernels::rms_norm_gemv`] and
+/// [`kernels::gemv_residual`] for a `[n, k]` weight (for `rms_norm_gate_up`, pass
+/// `n = inter`: each program reads `2 × block_n` rows), on a GPU with
+/// [`DEFAULT_SM_COUNT`] SMs.
+pub fn gemv_config(n: usize, k: usize) -> GemvConfig {
+    gemv_config_for(n, k, DEFAULT_SM_COUNT)
+}
+
+/// [`gemv_config`] for a GPU with `sm_count` SMs.
+pub fn gemv_config_for(n: usize, k: usize, sm_count: usize) -> GemvConfig {
+    // 8 warps read 2048 columns per step with one 16-byte vector each; narrower rows
+    // take 4 warps and 1024 columns, so few lanes idle on masked columns.
+    let (block_k, num_warps) = if k >= 2048 { (1024, 8) } else { (1024, 4) };
+    let block_k = block_k.min(k.next_power_of_two()).max(256);
+    // As many rows per program as keep at least 4 programs per SM.
+    let mut block_n = 8;
+    while block_n > 1 && n.div_ceil(block_n) < 4 * sm_count.max(1) {
+        block_n /= 2;
+    }
+    GemvConfig {
+        block_n,
+        block_k,
+        num_warps,
+    }
+}
+
+/// The default configuration of [`kernels::lm_head_argmax`] for a `[vocab, k]` head.
+pub fn lm_head_config(vocab: usize, k: usize) -> GemvConfig {
+    let mut c = gemv_config_for(vocab, k, DEFAULT_SM_COUNT);
+    // Large vocabularies have programs to spare: more rows per program means fewer
+    // partial candidates for `argmax_finish`.
+    if vocab >= 32 * 1024 {
+        c.block_n = 16;
+    }
+    c
+}
+
+/// The `B` of [`kernels::argmax_finish`] for `parts` candidates.
+pub fn argmax_finish_block(parts: usize) -> usize {
+    match parts {
+        0..=256 => 256,
+        257..=1024 => 1024,
+        _ => 4096,
+    }
+}
+
+/// A split-K attention launch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AttentionConfig {
+    /// Programs along the sequence per KV head (`attention_split`'s grid y).
+    pub splits: usize,
+    /// Positions per loop iteration of `attention_split`.
+    pub bs: usize,
+    /// `attention_combine`'s `S`: a compiled power of two ≥ `splits`.
+    pub s: usize,
+}
+
+/// The largest split count `attention_combine` is compiled for.
+pub const MAX_SPLITS: usize = 64;
+
+/// The smallest compiled `S` of `attention_combine` that holds `splits`.
+pub fn combine_s(splits: usize) -> usize {
+    splits.next_power_of_two().clamp(8, MAX_SPLITS)
+}
+
+/// The default attention launch for `seq` cached positions and `num_kv_heads`, on a GPU
+/// with `sm_count` SMs: enough programs to fill the SMs twice
+/// (`num_kv_heads × splits ≥ 2 × sm_count`), no more splits than blocks of `bs`
+/// positions, at most [`MAX_SPLITS`].
+pub fn attention_config(seq: usize, num_kv_heads: usize, sm_count: usize) -> AttentionConfig {
+    let bs = 32;
+    let splits = attention_splits(seq, num_kv_heads, sm_count, bs);
+    AttentionConfig {
+        splits,
+        bs,
+        s: combine_s(splits),
+    }
+}
+
+/// The split count of [`attention_config`] for a given `bs`.
+pub fn attention_splits(seq: usize, num_kv_heads: usize, sm_count: usize, bs: usize) -> usize {
+    let fill = (2 * sm_count.max(1)).div_ceil(num_kv_heads.max(1));
+    let useful = seq.max(1).div_ceil(bs.max(1));
+    fill.min(useful).clamp(1, MAX_SPLITS)
+}
+
+/// Every compiled `(BLOCK_N, BLOCK_K, num_warps)` of a GEMV-family kernel, for sweeps.
+pub fn gemv_variants(def: &tilefuse_dsl::runtime::KernelDef) -> Vec<GemvConfig> {
+    def.variants
+        .iter()
+        .map(|v| GemvConfig {
+            block_n: v.consts[0] as usize,
+            block_k: v.consts[1] as usize,
+            num_warps: v.num_warps,
+        })
+        .collect()
+}
+
+/// Whether the defaults name compiled variants (checked by tests).
+pub fn defaults_are_compiled() -> bool {
+    let shapes = [(4096, 1024), (1024, 2048), (3072, 1024), (1024, 3072)];
+    let has = |def: &tilefuse_dsl::runtime::KernelDef, c: GemvConfig| {
+        def.variant(&c.consts(), Some(c.num_warps)).is_ok()
+    };
+    shapes.iter().all(|&(n, k)| {
+        let c = gemv_config(n, k);
+        has(&kernels::RMS_NORM_GEMV, c)
+            && has(&kernels::GEMV_RESIDUAL, c)
+            && has(&kernels::RMS_NORM_GATE_UP, c)
+    }) && has(&kernels::LM_HEAD_ARGMAX, lm_head_config(151_936, 1024))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_name_compiled_variants() {
+        assert!(defaults_are_compiled());
+        for seq in [1, 3, 512, 4096, 32768] {
+            let c = attention_config(seq, 8, DEFAULT_SM_COUNT);
+            assert!(
+                c.splits >= 1 && c.splits <= c.s && c.s <= MAX_SPLITS,
+                "{c:?}"
+            );
+            assert!(kernels::ATTENTION_COMBINE
+                .variant(&[128, c.s as i64], None)
+                .is_ok());
+            assert!(kernels::ATTENTION_SPLIT
+                .variant(&[128, 2, c.bs as i64], None)
+                .is_ok());
+        }
+        assert_eq!(attention_config(32768, 8, 132).splits, 33);
+        assert_eq!(attention_config(1, 8, 132).splits, 1);
+    }
+
+    #[test]
+    fn gemv_defaults_fill_the_gpu() {
+        let c = gemv_config(1024, 2048);
+        assert!(c.grid(1024) as usize >= 4 * DEFAULT_SM_COUNT || c.block_n == 1);
+        assert_eq!(argmax_finish_block(9496), 4096);
+        assert_eq!(argmax_finish_block(13), 256);
+    }
+}

@@ -1,0 +1,839 @@
+//! The decode kernels against an f64 host reference that rounds to bf16 where the
+//! kernels (and `engine/src/reference.rs`) do.
+//!
+//! Every check runs on the interpreter at small, awkward shapes, and on the GPU (when
+//! there is one; `TILEFUSE_REQUIRE_GPU=1` makes its absence a failure) at those shapes
+//! plus Qwen3-0.6B's decode shapes. Inputs are fresh seeded random non-zero values;
+//! outputs are poisoned (NaN) before each launch so unwritten elements fail.
+
+use tilefuse_dsl::half::bf16;
+use tilefuse_dsl::runtime::testing::gpu_or_skip;
+use tilefuse_dsl::runtime::{Buffer, Device, KernelArg, KernelDef, LaunchConfig};
+use tilefuse_engine::kernels::*;
+use tilefuse_engine::perf::Rng;
+use tilefuse_engine::tuning::{self, GemvConfig};
+
+const EPS: f32 = 1e-6;
+
+/// Rounds to bf16 (nearest even) and back.
+fn bf(x: f32) -> f32 {
+    bf16::from_f32(x).to_f32()
+}
+
+fn f32s(v: &[bf16]) -> Vec<f32> {
+    v.iter().map(|x| x.to_f32()).collect()
+}
+
+/// The interpreter, and the GPU when one is usable.
+fn devices(test: &str) -> Vec<Device> {
+    let mut d = vec![Device::cpu()];
+    d.extend(gpu_or_skip(test));
+    d
+}
+
+fn launch(
+    def: &KernelDef,
+    dev: &Device,
+    cfg: LaunchConfig,
+    consts: &[i64],
+    args: &mut [KernelArg<'_>],
+) {
+    def.launch_dyn(dev, cfg, consts, args)
+        .unwrap_or_else(|e| panic!("{} {consts:?} on {dev}: {e}", def.name));
+}
+
+/// Checks `got[i]` against `want[i]` within `tol[i]`; NaN (unwritten) always fails.
+fn check(what: &str, got: &[f32], want: &[f64], tol: &[f64]) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let mut err2 = 0.0;
+    let mut ref2 = 0.0;
+    for i in 0..got.len() {
+        let g = got[i] as f64;
+        assert!(
+            g.is_finite() && (g - want[i]).abs() <= tol[i],
+            "{what}: element {i}: got {g}, want {} (tol {:.3e})",
+            want[i],
+            tol[i]
+        );
+        err2 += (g - want[i]).powi(2);
+        ref2 += want[i].powi(2);
+    }
+    // Over a few elements one cancellation dominates; the norm check needs many.
+    let rel = (err2 / ref2.max(1e-30)).sqrt();
+    assert!(
+        got.len() < 32 || rel < 1e-2,
+        "{what}: relative L2 error {rel:.2e}"
+    );
+}
+
+/// `bf16(g * bf16(x * inv_rms))`, inv_rms in f32 as the kernels compute it.
+fn host_rms_norm(x: &[f32], g: &[f32]) -> Vec<f32> {
+    let mean_sq = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
+    let inv_rms = 1.0 / (mean_sq + EPS).sqrt();
+    x.iter()
+        .zip(g)
+        .map(|(v, w)| bf(w * bf(v * inv_rms)))
+        .collect()
+}
+
+/// Row dot products in f64: `(Σ w·a, Σ |w·a|)` per row.
+fn host_matvec(w: &[f32], a: &[f32], n: usize, k: usize) -> Vec<(f64, f64)> {
+    (0..n)
+        .map(|r| {
+            let row = &w[r * k..(r + 1) * k];
+            row.iter().zip(a).fold((0.0, 0.0), |(s, m), (&wi, &ai)| {
+                let t = wi as f64 * ai as f64;
+                (s + t, m + t.abs())
+            })
+        })
+        .collect()
+}
+
+/// One bf16 ulp at |v| (relative 2^-7) plus room for f32 accumulation order.
+fn tol_bf16(v: f64, abs_sum: f64) -> f64 {
+    v.abs() / 128.0 + abs_sum * 1e-4 + 1e-30
+}
+
+struct GemvCase {
+    x: Vec<bf16>,
+    g: Vec<bf16>,
+    w: Vec<bf16>,
+    b: Vec<bf16>,
+}
+
+fn gemv_case(rng: &mut Rng, rows: usize, k: usize) -> GemvCase {
+    GemvCase {
+        x: rng.bf16_vec(k, 2.0),
+        g: rng.bf16_vec(k, 1.5),
+        w: rng.bf16_vec(rows * k, 0.1),
+        b: rng.bf16_vec(rows, 0.5),
+    }
+}
+
+fn configs_for_cpu() -> Vec<GemvConfig> {
+    vec![
+        GemvConfig {
+            block_n: 1,
+            block_k: 256,
+            num_warps: 4,
+        },
+        GemvConfig {
+            block_n: 8,
+            block_k: 512,
+            num_warps: 8,
+        },
+        GemvConfig {
+            block_n: 4,
+            block_k: 1024,
+            num_warps: 4,
+        },
+    ]
+}
+
+/// Variants to run at a shape: a few on the interpreter, every compiled one on a GPU.
+fn configs(dev: &Device, def: &KernelDef, n: usize, k: usize) -> Vec<GemvConfig> {
+    if dev.is_cuda() {
+        let mut c = tuning::gemv_variants(def);
+        c.push(tuning::gemv_config(n, k));
+        c
+    } else {
+        configs_for_cpu()
+    }
+}
+
+const SMALL_GEMV: [(usize, usize); 5] = [(1, 8), (13, 8), (13, 200), (1, 1032), (13, 1032)];
+const QWEN_QKV: (usize, usize) = (4096, 1024);
+const QWEN_O: (usize, usize) = (1024, 2048);
+const QWEN_DOWN: (usize, usize) = (1024, 3072);
+
+fn gemv_shapes(dev: &Device, big: &[(usize, usize)]) -> Vec<(usize, usize)> {
+    let mut s = SMALL_GEMV.to_vec();
+    if dev.is_cuda() {
+        s.extend_from_slice(big);
+    }
+    s
+}
+
+#[test]
+fn rms_norm_gemv_matches_host() {
+    let mut rng = Rng::new(101);
+    for dev in devices("rms_norm_gemv_matches_host") {
+        for (n, k) in gemv_shapes(&dev, &[QWEN_QKV]) {
+            let c = gemv_case(&mut rng, n, k);
+            let xn = host_rms_norm(&f32s(&c.x), &f32s(&c.g));
+            let dots = host_matvec(&f32s(&c.w), &xn, n, k);
+            let want: Vec<f64> = dots
+                .iter()
+                .zip(&c.b)
+                .map(|(d, b)| d.0 + b.to_f64())
+                .collect();
+            let tol: Vec<f64> = dots
+                .iter()
+                .zip(&want)
+                .map(|(d, w)| tol_bf16(*w, d.1))
+                .collect();
+            let (x, g, w, b) = (
+                dev.upload(&c.x).unwrap(),
+                dev.upload(&c.g).unwrap(),
+                dev.upload(&c.w).unwrap(),
+                dev.upload(&c.b).unwrap(),
+            );
+            for cfg in configs(&dev, &RMS_NORM_GEMV, n, k) {
+                let mut y = dev.alloc_filled(n, bf16::NAN).unwrap();
+                launch(
+                    &RMS_NORM_GEMV,
+                    &dev,
+                    LaunchConfig::from(cfg.grid(n)).num_warps(cfg.num_warps),
+                    &cfg.consts(),
+                    &mut [
+                        (&x).into(),
+                        (&g).into(),
+                        (&w).into(),
+                        (&b).into(),
+                        (&mut y).into(),
+                        (n as i32).into(),
+                        (k as i32).into(),
+                        EPS.into(),
+                    ],
+                );
+                let got = f32s(&y.to_vec().unwrap());
+                check(
+                    &format!("rms_norm_gemv {n}x{k} {cfg:?} on {dev}"),
+                    &got,
+                    &want,
+                    &tol,
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn gemv_residual_matches_host() {
+    let mut rng = Rng::new(202);
+    for dev in devices("gemv_residual_matches_host") {
+        for (n, k) in gemv_shapes(&dev, &[QWEN_O, QWEN_DOWN]) {
+            let c = gemv_case(&mut rng, n, k);
+            let x_old = rng.bf16_vec(n, 4.0);
+            let a = f32s(&c.x);
+            let dots = host_matvec(&f32s(&c.w), &a, n, k);
+            let proj: Vec<f64> = dots
+                .iter()
+                .zip(&c.b)
+                .map(|(d, b)| d.0 + b.to_f64())
+                .collect();
+            let want: Vec<f64> = proj
+                .iter()
+                .zip(&x_old)
+                .map(|(p, x)| p + x.to_f64())
+                .collect();
+            // Two roundings: the projection, then the residual sum.
+            let tol: Vec<f64> = (0..n)
+                .map(|i| tol_bf16(want[i], dots[i].1) + proj[i].abs() / 128.0)
+                .collect();
+            let (w, av, b) = (
+                dev.upload(&c.w).unwrap(),
+                dev.upload(&c.x).unwrap(),
+                dev.upload(&c.b).unwrap(),
+            );
+            for cfg in configs(&dev, &GEMV_RESIDUAL, n, k) {
+                let mut x = dev.upload(&x_old).unwrap();
+                launch(
+                    &GEMV_RESIDUAL,
+                    &dev,
+                    LaunchConfig::from(cfg.grid(n)).num_warps(cfg.num_warps),
+                    &cfg.consts(),
+                    &mut [
+                        (&w).into(),
+                        (&av).into(),
+                        (&b).into(),
+                        (&mut x).into(),
+                        (n as i32).into(),
+                        (k as i32).into(),
+                    ],
+                );
+                let got = f32s(&x.to_vec().unwrap());
+                check(
+                    &format!("gemv_residual {n}x{k} {cfg:?} on {dev}"),
+                    &got,
+                    &want,
+                    &tol,
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn rms_norm_gate_up_matches_host() {
+    let mut rng = Rng::new(303);
+    for dev in devices("rms_norm_gate_up_matches_host") {
+        let mut shapes = vec![(1, 8), (13, 200), (5, 1032)];
+        if dev.is_cuda() {
+            shapes.push((3072, 1024));
+        }
+        for (inter, k) in shapes {
+            let c = gemv_case(&mut rng, 2 * inter, k);
+            let xn = host_rms_norm(&f32s(&c.x), &f32s(&c.g));
+            let dots = host_matvec(&f32s(&c.w), &xn, 2 * inter, k);
+            let mut want = Vec::new();
+            let mut tol = Vec::new();
+            for r in 0..inter {
+                let (g, u) = (dots[r], dots[inter + r]);
+                // silu rounded, times up rounded, as the kernel does, from the exact
+                // gate and up rounded once.
+                let gate = bf(g.0 as f32);
+                let silu = bf(gate / (1.0 + (-gate).exp())) as f64;
+                let up = bf(u.0 as f32) as f64;
+                let act = silu * up;
+                want.push(act);
+                // Up to one ulp each for gate, up, silu and the product, plus the
+                // accumulation error of both dot products carried through.
+                let dsilu = 1.1; // |silu'(x)| < 1.1
+                tol.push(
+                    act.abs() * 4.0 / 128.0
+                        + (g.0.abs() / 128.0 + g.1 * 1e-4) * dsilu * up.abs()
+                        + (u.0.abs() / 128.0 + u.1 * 1e-4) * silu.abs()
+                        + 1e-30,
+                );
+            }
+            let (x, g, w) = (
+                dev.upload(&c.x).unwrap(),
+                dev.upload(&c.g).unwrap(),
+                dev.upload(&c.w).unwrap(),
+            );
+            for cfg in configs(&dev, &RMS_NORM_GATE_UP, inter, k) {
+                let mut act = dev.alloc_filled(inter, bf16::NAN).unwrap();
+                launch(
+                    &RMS_NORM_GATE_UP,
+                    &dev,
+                    LaunchConfig::from(cfg.grid(inter)).num_warps(cfg.num_warps),
+                    &cfg.consts(),
+                    &mut [
+                        (&x).into(),
+                        (&g).into(),
+                        (&w).into(),
+                        (&mut act).into(),
+                        (inter as i32).into(),
+                        (k as i32).into(),
+                        EPS.into(),
+                    ],
+                );
+                let got = f32s(&act.to_vec().unwrap());
+                check(
+                    &format!("rms_norm_gate_up inter={inter} k={k} {cfg:?} on {dev}"),
+                    &got,
+                    &want,
+                    &tol,
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn embed_copies_the_token_row() {
+    let mut rng = Rng::new(404);
+    for dev in devices("embed_copies_the_token_row") {
+        for (vocab, h) in [(3, 13), (7, 1000), (5, 2056)] {
+            let table = rng.bf16_vec(vocab * h, 1.0);
+            let tb = dev.upload(&table).unwrap();
+            for token in [0, vocab - 1] {
+                let state = dev.upload(&[token as i32, 17]).unwrap();
+                let mut x = dev.alloc_filled(h, bf16::NAN).unwrap();
+                launch(
+                    &EMBED,
+                    &dev,
+                    LaunchConfig::from(h.div_ceil(1024) as u32),
+                    &[1024],
+                    &mut [
+                        (&tb).into(),
+                        (&state).into(),
+                        (&mut x).into(),
+                        (h as i32).into(),
+                    ],
+                );
+                let got = x.to_vec().unwrap();
+                assert_eq!(
+                    got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    table[token * h..(token + 1) * h]
+                        .iter()
+                        .map(|v| v.to_bits())
+                        .collect::<Vec<_>>(),
+                    "embed token {token} h={h} on {dev}"
+                );
+            }
+        }
+    }
+}
+
+/// Runs `lm_head_argmax` + `argmax_finish`; returns (logits, token, new position).
+fn run_lm_head(
+    dev: &Device,
+    cfg: GemvConfig,
+    bufs: (&Buffer<bf16>, &Buffer<bf16>, &Buffer<bf16>),
+    n: usize,
+    k: usize,
+    pos: i32,
+) -> (Vec<f32>, i32, i32) {
+    let parts = cfg.grid(n) as usize;
+    let mut logits = dev.alloc_filled(n, f32::NAN).unwrap();
+    let mut pv = dev.alloc_filled(parts, f32::NAN).unwrap();
+    let mut pi = dev.alloc_filled(parts, -1i32).unwrap();
+    let mut state = dev.upload(&[-5i32, pos]).unwrap();
+    launch(
+        &LM_HEAD_ARGMAX,
+        dev,
+        LaunchConfig::from(parts as u32).num_warps(cfg.num_warps),
+        &cfg.consts(),
+        &mut [
+            bufs.0.into(),
+            bufs.1.into(),
+            bufs.2.into(),
+            (&mut logits).into(),
+            (&mut pv).into(),
+            (&mut pi).into(),
+            (n as i32).into(),
+            (k as i32).into(),
+            EPS.into(),
+        ],
+    );
+    let b = tuning::argmax_finish_block(parts);
+    launch(
+        &ARGMAX_FINISH,
+        dev,
+        LaunchConfig::from(1),
+        &[b as i64],
+        &mut [
+            (&pv).into(),
+            (&pi).into(),
+            (&mut state).into(),
+            (parts as i32).into(),
+        ],
+    );
+    let s = state.to_vec().unwrap();
+    (logits.to_vec().unwrap(), s[0], s[1])
+}
+
+/// First index of the largest value.
+fn first_argmax(v: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, x) in v.iter().enumerate() {
+        if *x > v[best] {
+            best = i;
+        }
+    }
+    best
+}
+
+#[test]
+fn lm_head_argmax_matches_host() {
+    let mut rng = Rng::new(505);
+    for dev in devices("lm_head_argmax_matches_host") {
+        let mut shapes = vec![(1, 8), (13, 200), (37, 1032)];
+        if dev.is_cuda() {
+            shapes.push((151_936, 1024));
+        }
+        for (n, k) in shapes {
+            let c = gemv_case(&mut rng, n, k);
+            let xn = host_rms_norm(&f32s(&c.x), &f32s(&c.g));
+            let dots = host_matvec(&f32s(&c.w), &xn, n, k);
+            let want: Vec<f64> = dots.iter().map(|d| d.0).collect();
+            let tol: Vec<f64> = dots.iter().map(|d| tol_bf16(d.0, d.1)).collect();
+            let (x, g, w) = (
+                dev.upload(&c.x).unwrap(),
+                dev.upload(&c.g).unwrap(),
+                dev.upload(&c.w).unwrap(),
+            );
+            let mut cfgs = if dev.is_cuda() {
+                tuning::gemv_variants(&LM_HEAD_ARGMAX)
+            } else {
+                let mut v = configs_for_cpu();
+                v.push(GemvConfig {
+                    block_n: 16,
+                    block_k: 256,
+                    num_warps: 8,
+                });
+                v
+            };
+            cfgs.push(tuning::lm_head_config(n, k));
+            for cfg in cfgs {
+                let (logits, token, pos) = run_lm_head(&dev, cfg, (&x, &g, &w), n, k, 41);
+                let what = format!("lm_head_argmax {n}x{k} {cfg:?} on {dev}");
+                check(&what, &logits, &want, &tol);
+                assert!(
+                    logits.iter().all(|v| bf(*v) == *v),
+                    "{what}: logits not bf16"
+                );
+                assert_eq!(token as usize, first_argmax(&logits), "{what}: token");
+                assert_eq!(pos, 42, "{what}: state[1] must advance");
+            }
+        }
+    }
+}
+
+#[test]
+fn argmax_finish_takes_first_of_ties_across_blocks() {
+    let mut rng = Rng::new(606);
+    for dev in devices("argmax_finish_takes_first_of_ties_across_blocks") {
+        for (parts, b) in [(1usize, 256i64), (600, 256), (600, 1024), (5000, 4096)] {
+            let vals: Vec<f32> = (0..parts).map(|_| rng.uniform(-3.0, 3.0)).collect();
+            let mut vals = vals;
+            // A tie for the maximum: the first must win, also across loop blocks.
+            if parts > 1 {
+                vals[parts / 2] = 10.0;
+                vals[parts - 1] = 10.0;
+            }
+            let idx: Vec<i32> = (0..parts as i32).map(|i| 3 * i + 1).collect();
+            let pv = dev.upload(&vals).unwrap();
+            let pi = dev.upload(&idx).unwrap();
+            let mut state = dev.upload(&[-1i32, 7]).unwrap();
+            launch(
+                &ARGMAX_FINISH,
+                &dev,
+                LaunchConfig::from(1),
+                &[b],
+                &mut [
+                    (&pv).into(),
+                    (&pi).into(),
+                    (&mut state).into(),
+                    (parts as i32).into(),
+                ],
+            );
+            let s = state.to_vec().unwrap();
+            let want = idx[first_argmax(&vals)];
+            assert_eq!(
+                s,
+                vec![want, 8],
+                "argmax_finish parts={parts} B={b} on {dev}"
+            );
+        }
+    }
+}
+
+/// Host cos/sin tables, `[max_seq, d / 2]`, bf16-rounded, as the reference builds them
+/// (`reference::rope_inv_freq` without scaling).
+fn rope_tables(d: usize, max_seq: usize, theta: f32) -> (Vec<f32>, Vec<f32>) {
+    let inv: Vec<f32> = (0..d / 2)
+        .map(|i| 1.0 / theta.powf((2 * i) as f32 / d as f32))
+        .collect();
+    let mut cos = Vec::new();
+    let mut sin = Vec::new();
+    for p in 0..max_seq {
+        for fr in &inv {
+            cos.push(bf((fr * p as f32).cos()));
+            sin.push(bf((fr * p as f32).sin()));
+        }
+    }
+    (cos, sin)
+}
+
+#[test]
+fn qk_norm_rope_append_matches_host() {
+    let mut rng = Rng::new(707);
+    for dev in devices("qk_norm_rope_append_matches_host") {
+        let mut cases = vec![(32usize, 4usize, 2usize, 9usize, 5usize), (64, 3, 3, 4, 0)];
+        if dev.is_cuda() {
+            cases.push((128, 16, 8, 4096, 4095));
+        }
+        for (d, nh, nkv, max_seq, pos) in cases {
+            let heads = nh + 2 * nkv;
+            let (cos, sin) = rope_tables(d, max_seq, 1e6);
+            for use_norm in [0i32, 1] {
+                let qkv = rng.bf16_vec(heads * d, 3.0);
+                let qw = rng.bf16_vec(d, 1.5);
+                let kw = rng.bf16_vec(d, 1.5);
+                let kc0 = rng.bf16_vec(nkv * max_seq * d, 1.0);
+                let vc0 = rng.bf16_vec(nkv * max_seq * d, 1.0);
+                let (q_in, qwb, kwb) = (
+                    dev.upload(&qkv).unwrap(),
+                    dev.upload(&qw).unwrap(),
+                    dev.upload(&kw).unwrap(),
+                );
+                let (cb, sb) = (dev.upload(&cos).unwrap(), dev.upload(&sin).unwrap());
+                let state = dev.upload(&[3i32, pos as i32]).unwrap();
+                let mut q_out = dev.alloc_filled(nh * d, bf16::NAN).unwrap();
+                let mut kc = dev.upload(&kc0).unwrap();
+                let mut vc = dev.upload(&vc0).unwrap();
+                launch(
+                    &QK_NORM_ROPE_APPEND,
+                    &dev,
+                    LaunchConfig::from(heads as u32),
+                    &[d as i64],
+                    &mut [
+                        (&q_in).into(),
+                        (&qwb).into(),
+                        (&kwb).into(),
+                        (&cb).into(),
+                        (&sb).into(),
+                        (&state).into(),
+                        (&mut q_out).into(),
+                        (&mut kc).into(),
+                        (&mut vc).into(),
+                        (nh as i32).into(),
+                        (nkv as i32).into(),
+                        (max_seq as i32).into(),
+                        use_norm.into(),
+                        EPS.into(),
+                    ],
+                );
+                let what = format!(
+                    "qk_norm_rope_append D={d} heads={nh}/{nkv} pos={pos} norm={use_norm} on {dev}"
+                );
+                let half = d / 2;
+                let (c, s) = (
+                    &cos[pos * half..(pos + 1) * half],
+                    &sin[pos * half..(pos + 1) * half],
+                );
+                let mut want_q = Vec::new();
+                let mut tol_q = Vec::new();
+                let mut tol_k = vec![0.0f64; kc0.len()];
+                let mut want_k = kc0.iter().map(|v| v.to_f32()).collect::<Vec<_>>();
+                let mut want_v = vc0.iter().map(|v| v.to_f32()).collect::<Vec<_>>();
+                for h in 0..heads {
+                    let x = f32s(&qkv[h * d..(h + 1) * d]);
+                    if h >= nh + nkv {
+                        let row = ((h - nh - nkv) * max_seq + pos) * d;
+                        want_v[row..row + d].copy_from_slice(&x);
+                        continue;
+                    }
+                    let w = if h < nh { f32s(&qw) } else { f32s(&kw) };
+                    let xn = if use_norm != 0 {
+                        host_rms_norm(&x, &w)
+                    } else {
+                        x
+                    };
+                    let mut out = vec![0.0f32; d];
+                    let mut tol = vec![0.0f64; d];
+                    for i in 0..half {
+                        let (a, b) = (xn[i], xn[i + half]);
+                        out[i] = bf(bf(a * c[i]) + bf(-b * s[i]));
+                        out[i + half] = bf(bf(b * c[i]) + bf(a * s[i]));
+                        // One ulp of the output, and with QK-norm one ulp of a or b
+                        // (inv_rms's summation order can move a rounding).
+                        let moved = if use_norm != 0 {
+                            ((a * c[i]).abs()
+                                + (b * s[i]).abs()
+                                + (b * c[i]).abs()
+                                + (a * s[i]).abs()) as f64
+                                / 128.0
+                        } else {
+                            0.0
+                        };
+                        tol[i] = out[i].abs() as f64 / 128.0 + moved + 1e-6;
+                        tol[i + half] = out[i + half].abs() as f64 / 128.0 + moved + 1e-6;
+                    }
+                    if h < nh {
+                        want_q.extend_from_slice(&out);
+                        tol_q.extend_from_slice(&tol);
+                    } else {
+                        let row = ((h - nh) * max_seq + pos) * d;
+                        want_k[row..row + d].copy_from_slice(&out);
+                        tol_k[row..row + d].copy_from_slice(&tol);
+                    }
+                }
+                // Exact except where inv_rms's f32 summation order moves a rounding.
+                let near = |got: &[f32], want: &[f32], tol: &[f64], name: &str| {
+                    let w64: Vec<f64> = want.iter().map(|v| *v as f64).collect();
+                    let tol: Vec<f64> = tol.iter().map(|t| t.max(1e-6)).collect();
+                    check(&format!("{what}: {name}"), got, &w64, &tol);
+                    let exact = got.iter().zip(want).filter(|(a, b)| a == b).count();
+                    assert!(
+                        exact * 100 >= got.len() * 99,
+                        "{what}: {name}: only {exact} of {} exact",
+                        got.len()
+                    );
+                };
+                near(&f32s(&q_out.to_vec().unwrap()), &want_q, &tol_q, "q");
+                near(&f32s(&kc.to_vec().unwrap()), &want_k, &tol_k, "k cache");
+                let got_v = f32s(&vc.to_vec().unwrap());
+                assert_eq!(got_v, want_v, "{what}: v cache");
+            }
+        }
+    }
+}
+
+struct AttnCase {
+    d: usize,
+    num_kv: usize,
+    group: usize,
+    g: usize,
+    seq: usize,
+    max_seq: usize,
+}
+
+/// Host attention for one query head: f64 sums, scores rounded as the kernel does.
+/// Returns (output, weighted mean |v| per dim) for the tolerance.
+/// The tolerance term covers scores whose bf16 rounding the f32 summation order of `q·k`
+/// can move (their dot lies next to a rounding midpoint).
+fn host_attention(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    seq: usize,
+    d: usize,
+    scale: f32,
+) -> (Vec<f64>, Vec<f64>) {
+    let mut ambiguous = vec![false; seq];
+    let scores: Vec<f64> = (0..seq)
+        .map(|p| {
+            let dot: f64 = (0..d).map(|i| q[i] as f64 * k[p * d + i] as f64).sum();
+            ambiguous[p] = bf((dot * (1.0 + 1e-5)) as f32) != bf((dot * (1.0 - 1e-5)) as f32);
+            bf(bf(dot as f32) * scale) as f64
+        })
+        .collect();
+    let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let p: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
+    let l: f64 = p.iter().sum();
+    let out = (0..d)
+        .map(|i| (0..seq).map(|s| p[s] * v[s * d + i] as f64).sum::<f64>() / l)
+        .collect();
+    let mag = (0..d)
+        .map(|i| {
+            let mean = (0..seq)
+                .map(|s| p[s] * (v[s * d + i] as f64).abs())
+                .sum::<f64>();
+            let moved = (0..seq)
+                .filter(|&s| ambiguous[s])
+                .map(|s| p[s] * (1.0 + (v[s * d + i] as f64).abs()))
+                .sum::<f64>();
+            (4e-3 * mean + 0.05 * moved) / l
+        })
+        .collect();
+    (out, mag)
+}
+
+fn check_attention(dev: &Device, rng: &mut Rng, c: &AttnCase, bs: usize, splits_list: &[usize]) {
+    let nh = c.num_kv * c.group;
+    let scale = (c.d as f32).powf(-0.5);
+    let q = rng.bf16_vec(nh * c.d, 2.0);
+    let kc = rng.bf16_vec(c.num_kv * c.max_seq * c.d, 1.0);
+    let vc = rng.bf16_vec(c.num_kv * c.max_seq * c.d, 1.0);
+    let (qf, kf, vf) = (f32s(&q), f32s(&kc), f32s(&vc));
+    let mut want = Vec::new();
+    let mut tol = Vec::new();
+    for h in 0..nh {
+        let kvh = h / c.group;
+        let base = kvh * c.max_seq * c.d;
+        let (o, mag) = host_attention(
+            &qf[h * c.d..(h + 1) * c.d],
+            &kf[base..base + c.seq * c.d],
+            &vf[base..base + c.seq * c.d],
+            c.seq,
+            c.d,
+            scale,
+        );
+        for i in 0..c.d {
+            want.push(o[i]);
+            // The output rounding, plus a score that rounds the other way.
+            tol.push(o[i].abs() / 128.0 + mag[i] + 1e-6);
+        }
+    }
+    let (qb, kb, vb) = (
+        dev.upload(&q).unwrap(),
+        dev.upload(&kc).unwrap(),
+        dev.upload(&vc).unwrap(),
+    );
+    let state = dev.upload(&[0i32, c.seq as i32 - 1]).unwrap();
+    for &splits in splits_list {
+        let s = tuning::combine_s(splits);
+        let slots = nh * splits;
+        let mut pm = dev.alloc_filled(slots, f32::NAN).unwrap();
+        let mut pl = dev.alloc_filled(slots, f32::NAN).unwrap();
+        let mut pa = dev.alloc_filled(slots * c.d, f32::NAN).unwrap();
+        let mut out = dev.alloc_filled(nh * c.d, bf16::NAN).unwrap();
+        launch(
+            &ATTENTION_SPLIT,
+            dev,
+            LaunchConfig::from((c.num_kv as u32, splits as u32)),
+            &[c.d as i64, c.g as i64, bs as i64],
+            &mut [
+                (&qb).into(),
+                (&kb).into(),
+                (&vb).into(),
+                (&state).into(),
+                (&mut pm).into(),
+                (&mut pl).into(),
+                (&mut pa).into(),
+                (c.group as i32).into(),
+                (c.max_seq as i32).into(),
+                scale.into(),
+            ],
+        );
+        launch(
+            &ATTENTION_COMBINE,
+            dev,
+            LaunchConfig::from(nh as u32),
+            &[c.d as i64, s as i64],
+            &mut [
+                (&pm).into(),
+                (&pl).into(),
+                (&pa).into(),
+                (&mut out).into(),
+                (splits as i32).into(),
+            ],
+        );
+        let got = f32s(&out.to_vec().unwrap());
+        check(
+            &format!(
+                "attention D={} kv={} group={} G={} seq={} BS={bs} splits={splits} S={s} on {dev}",
+                c.d, c.num_kv, c.group, c.g, c.seq
+            ),
+            &got,
+            &want,
+            &tol,
+        );
+    }
+}
+
+#[test]
+fn attention_small_contexts_all_groups() {
+    let mut rng = Rng::new(808);
+    for dev in devices("attention_small_contexts_all_groups") {
+        // (group, padded G): 1/1, 2/2, 4/4 and 3 padded to 4.
+        for (group, g) in [(1, 1), (2, 2), (4, 4), (3, 4)] {
+            for seq in [1, 3, 37, 100] {
+                let c = AttnCase {
+                    d: 32,
+                    num_kv: 2,
+                    group,
+                    g,
+                    seq,
+                    max_seq: seq + 5,
+                };
+                // More splits than blocks leaves some empty (seq 1 and 3 with 8 splits).
+                check_attention(&dev, &mut rng, &c, 16, &[1, 3, 8]);
+            }
+        }
+        // The other BS, and the Qwen3-0.6B head size, on a short context.
+        let c = AttnCase {
+            d: 128,
+            num_kv: 1,
+            group: 2,
+            g: 2,
+            seq: 37,
+            max_seq: 40,
+        };
+        check_attention(&dev, &mut rng, &c, 32, &[2, 16]);
+    }
+}
+
+#[test]
+fn attention_qwen3_shape_on_gpu() {
+    let Some(dev) = gpu_or_skip("attention_qwen3_shape_on_gpu") else {
+        return;
+    };
+    let mut rng = Rng::new(909);
+    let c = AttnCase {
+        d: 128,
+        num_kv: 8,
+        group: 2,
+        g: 2,
+        seq: 4096,
+        max_seq: 4096,
+    };
+    let default = tuning::attention_config(4096, 8, tuning::DEFAULT_SM_COUNT);
+    for bs in [16, 32] {
+        check_attention(&dev, &mut rng, &c, bs, &[1, 7, default.splits, 64]);
+    }
+}

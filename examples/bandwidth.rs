@@ -1,0 +1,262 @@
+//! Decode kernels against the device's copy ceiling and cuBLAS, at Qwen3-0.6B shapes.
+//!
+//! `cargo run --release --example bandwidth [-- --sweep]`
+//!
+//! Prints one table: per kernel and shape, the best compiled variant's time, GB/s, share
+//! of the measured device-to-device copy ceiling, and cuBLAS's time for the same GEMV
+//! (bf16 in/out, f32 compute, n = 1). `--sweep` adds every variant's time, to pick the
+//! defaults in `engine/src/tuning.rs` from. Without a GPU it says so and exits 0.
+//!
+//! Method (docs/perf.md): CUDA events around CUDA-graph replays of ≥ 16 launches that
+//! cycle through buffer sets larger than 4× L2 together; median of 30 after 5 warm-ups.
+
+use std::collections::BTreeMap;
+
+use tilefuse::engine::perf::{
+    self, AttentionWorkload, Cublas, DeviceInfo, GemvKind, GemvWorkload, Method, Stats,
+    TimingOptions,
+};
+use tilefuse::engine::tuning::{self, AttentionConfig, GemvConfig};
+use tilefuse::prelude::*;
+
+/// Qwen3-0.6B decode GEMVs: (kernel, weight rows, columns, what).
+const GEMVS: [(GemvKind, usize, usize, &str); 5] = [
+    (GemvKind::RmsNormGemv, 4096, 1024, "QKV"),
+    (GemvKind::GemvResidual, 1024, 2048, "O"),
+    (GemvKind::RmsNormGateUp, 6144, 1024, "gate+up"),
+    (GemvKind::GemvResidual, 1024, 3072, "down"),
+    (GemvKind::LmHead, 151_936, 1024, "LM head"),
+];
+
+/// Qwen3-0.6B attention: (query heads, KV heads, head size).
+const ATTN: (usize, usize, usize) = (16, 8, 128);
+const CONTEXTS: [usize; 3] = [512, 4096, 32768];
+
+struct Row {
+    kernel: String,
+    shape: String,
+    config: String,
+    stats: Stats,
+    bytes: u64,
+    method: Method,
+    default_us: f64,
+    cublas: Option<(Stats, u64)>,
+}
+
+fn main() {
+    let sweep = std::env::args().any(|a| a == "--sweep");
+    let dev = Device::auto();
+    if !dev.is_cuda() {
+        println!("bandwidth: skipped: no CUDA device");
+        return;
+    }
+    if let Err(e) = run(&dev, sweep) {
+        eprintln!("bandwidth: error: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run(dev: &Device, sweep: bool) -> perf::Result<()> {
+    let info = perf::device_info(dev)?;
+    let opts = TimingOptions {
+        warmup: 5,
+        reps: 30,
+    };
+    let ceiling = perf::copy_ceiling(dev, 1 << 30, opts)?;
+    let blas = match Cublas::new(dev) {
+        Ok(b) => Some(b),
+        Err(e) => {
+            println!(
+                "cuBLAS unavailable ({e}); put a directory with libcublas.so on LD_LIBRARY_PATH"
+            );
+            None
+        }
+    };
+    let mut rows = Vec::new();
+    let mut sweeps: Vec<String> = Vec::new();
+
+    for (i, &(kind, n, k, what)) in GEMVS.iter().enumerate() {
+        let mut w = GemvWorkload::new(dev, kind, n, k, info.l2_bytes, 1000 + i as u64)?;
+        let launches = w.launches();
+        let default = w.default_config();
+        let mut results: BTreeMap<GemvConfig, (Stats, Method)> = BTreeMap::new();
+        let mut cfgs = w.variants();
+        cfgs.push(default);
+        for cfg in cfgs {
+            if results.contains_key(&cfg) {
+                continue;
+            }
+            let r = perf::time_graph(dev, launches, opts, |j| w.launch(dev, j, cfg))?;
+            results.insert(cfg, r);
+        }
+        let (best, (stats, method)) = results
+            .iter()
+            .min_by(|a, b| a.1 .0.median_us.total_cmp(&b.1 .0.median_us))
+            .map(|(c, r)| (*c, *r))
+            .expect("at least one variant");
+        let cublas = match &blas {
+            Some(b) => Some((
+                perf::time_graph(dev, launches, opts, |j| w.launch_cublas(b, j))?.0,
+                w.cublas_bytes(),
+            )),
+            None => None,
+        };
+        let shape = format!("{n}x{k} ({what})");
+        if sweep {
+            sweeps.push(format!(
+                "{} {shape}, {} buffer sets:",
+                kind.name(),
+                w.sets()
+            ));
+            for (c, (s, _)) in &results {
+                sweeps.push(format!(
+                    "  BLOCK_N={:<2} BLOCK_K={:<4} warps={}  {:>9.2} us  {:>7.1} GB/s{}",
+                    c.block_n,
+                    c.block_k,
+                    c.num_warps,
+                    s.median_us,
+                    s.gb_per_s(w.bytes()),
+                    if *c == default { "  (default)" } else { "" }
+                ));
+            }
+        }
+        rows.push(Row {
+            kernel: kind.name().into(),
+            shape,
+            config: format!("N{} K{} w{}", best.block_n, best.block_k, best.num_warps),
+            stats,
+            bytes: w.bytes(),
+            method,
+            default_us: results[&default].0.median_us,
+            cublas,
+        });
+    }
+
+    for (i, &ctx) in CONTEXTS.iter().enumerate() {
+        let mut w = AttentionWorkload::new(dev, ctx, ATTN, &info, 2000 + i as u64)?;
+        let launches = w.launches();
+        let default = tuning::attention_config(ctx, ATTN.1, info.sm_count);
+        let mut cfgs = vec![default];
+        for bs in [16, 32] {
+            let useful = ctx.div_ceil(bs);
+            let fill = tuning::attention_splits(ctx, ATTN.1, info.sm_count, bs);
+            for splits in [fill, 8, 16, 32, 64] {
+                if splits <= useful.max(1) && splits <= tuning::MAX_SPLITS {
+                    cfgs.push(AttentionConfig {
+                        splits,
+                        bs,
+                        s: tuning::combine_s(splits),
+                    });
+                }
+            }
+        }
+        let mut results: Vec<(AttentionConfig, Stats, Method)> = Vec::new();
+        for cfg in cfgs {
+            if results.iter().any(|r| r.0 == cfg) {
+                continue;
+            }
+            let (s, m) = perf::time_graph(dev, launches, opts, |j| w.launch(dev, j, cfg))?;
+            results.push((cfg, s, m));
+        }
+        let best = *results
+            .iter()
+            .min_by(|a, b| a.1.median_us.total_cmp(&b.1.median_us))
+            .expect("at least one config");
+        let shape = format!("ctx {ctx}, 16/8 heads, D 128");
+        if sweep {
+            sweeps.push(format!("attention {shape}, {} KV sets:", w.sets()));
+            for (c, s, _) in &results {
+                sweeps.push(format!(
+                    "  BS={:<2} splits={:<2} S={:<2}  {:>9.2} us  {:>7.1} GB/s{}",
+                    c.bs,
+                    c.splits,
+                    c.s,
+                    s.median_us,
+                    s.gb_per_s(w.bytes()),
+                    if *c == default { "  (default)" } else { "" }
+                ));
+            }
+        }
+        rows.push(Row {
+            kernel: "attention split+combine".into(),
+            shape,
+            config: format!("BS{} splits{}", best.0.bs, best.0.splits),
+            stats: best.1,
+            bytes: w.bytes(),
+            method: best.2,
+            default_us: results[0].1.median_us,
+            cublas: None,
+        });
+    }
+
+    if sweep {
+        println!("== sweep (median per launch)");
+        for l in &sweeps {
+            println!("{l}");
+        }
+        println!();
+    }
+    print_table(&info, &ceiling, &rows);
+    Ok(())
+}
+
+fn print_table(info: &DeviceInfo, ceiling: &perf::CopyCeiling, rows: &[Row]) {
+    let cgb = ceiling.gb_per_s();
+    println!(
+        "device: {} (sm_{}{}, {} SMs, L2 {} MiB, {} GiB)",
+        info.name,
+        info.compute_capability.0,
+        info.compute_capability.1,
+        info.sm_count,
+        info.l2_bytes >> 20,
+        info.total_mem >> 30
+    );
+    println!(
+        "copy ceiling: {:.0} GB/s (dtod of {} MiB, read+write; median {:.1} us, p10 {:.1}, p90 {:.1})",
+        cgb,
+        ceiling.buffer_bytes >> 20,
+        ceiling.stats.median_us,
+        ceiling.stats.p10_us,
+        ceiling.stats.p90_us
+    );
+    println!(
+        "{:<24} {:<28} {:<16} {:>9} {:>9} {:>7} {:>6} {:>9} {:>9} {:>8} {:>6}",
+        "kernel",
+        "shape",
+        "best config",
+        "us",
+        "GB/s",
+        "%ceil",
+        "how",
+        "dflt us",
+        "cuBLAS us",
+        "cuBLAS%",
+        "speed"
+    );
+    for r in rows {
+        let gb = r.stats.gb_per_s(r.bytes);
+        let (cu_us, cu_pct, speed) = match r.cublas {
+            Some((s, b)) => (
+                format!("{:.2}", s.median_us),
+                format!("{:.1}", 100.0 * s.gb_per_s(b) / cgb),
+                format!("{:.2}x", s.median_us / r.stats.median_us),
+            ),
+            None => ("-".into(), "-".into(), "-".into()),
+        };
+        println!(
+            "{:<24} {:<28} {:<16} {:>9.2} {:>9.1} {:>7.1} {:>6} {:>9.2} {:>9} {:>8} {:>6}",
+            r.kernel,
+            r.shape,
+            r.config,
+            r.stats.median_us,
+            gb,
+            100.0 * gb / cgb,
+            r.method.to_string(),
+            r.default_us,
+            cu_us,
+            cu_pct,
+            speed
+        );
+    }
+    println!("(us: median per launch; speed: cuBLAS time / tilefuse time, >1 is faster than cuBLAS; dflt: tuning.rs default)");
+}
