@@ -27,6 +27,7 @@ import argparse
 import contextlib
 import datetime
 import gc
+import importlib
 import inspect
 import json
 import math
@@ -578,6 +579,16 @@ def _sync(device):
 # ---------------------------------------------------------------------------
 
 
+class SkipMode(Exception):
+    """A mode that cannot run here (reason in the message)."""
+
+
+def _require_cuda(ctx):
+    """Skip the mode unless it runs on a CUDA device."""
+    if ctx["device"].type != "cuda":
+        raise SkipMode("needs CUDA")
+
+
 def run_eager(ctx):
     """eager: the forward with a DynamicCache, one token per call."""
     model, prompt, dev = ctx["model"], ctx["prompt"], ctx["device"]
@@ -646,20 +657,30 @@ def run_static(ctx):
         step()
         timer.stop(i)
     _sync(dev)
-    extra = {"host_syncs": syncs}
+    extra = {"host_syncs": syncs, "mask": "library" if ctx["hf_mask"] else "explicit"}
     return timer, _history_tokens(bufs, ctx["context"], ctx["tokens"]), extra
 
 
 def run_graph(ctx):
     """graph: one decode step with a StaticCache captured in a CUDA graph, replayed
     per token. The step advances its own buffers, so a token is one replay."""
-    if ctx["device"].type != "cuda":
-        raise SkipMode("needs CUDA")
+    _require_cuda(ctx)
     model, dev = ctx["model"], ctx["device"]
     cache, bufs, restart = _static_setup(ctx)
-    step = static_step_fn(model, ctx["fargs"], cache, bufs, explicit_mask=not ctx["hf_mask"])
+    explicit = not ctx["hf_mask"]
+    step = static_step_fn(model, ctx["fargs"], cache, bufs, explicit_mask=explicit)
     restart()
     syncs = find_host_syncs(step)
+    if syncs:
+        # A capture would fail; try the other way of building the mask.
+        other = static_step_fn(model, ctx["fargs"], cache, bufs, explicit_mask=not explicit)
+        restart()
+        other_syncs = find_host_syncs(other)
+        if other_syncs == []:
+            print(f"    graph: step syncs with the host ({', '.join(syncs)}); "
+                  f"using the {'library' if explicit else 'explicit'} mask instead", flush=True)
+            step, syncs, explicit = other, other_syncs, not explicit
+        restart()
     # Warm up on a side stream before capture (allocator, library handles).
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -687,7 +708,7 @@ def run_graph(ctx):
     _sync(dev)
     tokens = _history_tokens(bufs, ctx["context"], ctx["tokens"])
     del graph
-    return timer, tokens, {"host_syncs": syncs}
+    return timer, tokens, {"host_syncs": syncs, "mask": "explicit" if explicit else "library"}
 
 
 def _mark_step_begin():
@@ -695,9 +716,8 @@ def _mark_step_begin():
     torch._inductor)."""
     fn = getattr(getattr(torch, "compiler", None), "cudagraph_mark_step_begin", None)
     if fn is None:
-        import torch._inductor
-
-        fn = getattr(torch._inductor, "cudagraph_mark_step_begin", None)
+        inductor = importlib.import_module("torch._inductor")
+        fn = getattr(inductor, "cudagraph_mark_step_begin", None)
     return fn or (lambda: None)
 
 
@@ -705,10 +725,15 @@ def run_compile(ctx):
     """compile: torch.compile(model.forward, mode=reduce-overhead, fullgraph=True)
     with a StaticCache; the library builds the attention mask (unless --explicit-mask)."""
     mode = ctx["compile_mode"]
-    if ctx["device"].type != "cuda" and mode == "reduce-overhead":
-        raise SkipMode("needs CUDA")
+    if mode == "reduce-overhead":
+        _require_cuda(ctx)
     model, dev, fargs = ctx["model"], ctx["device"], ctx["fargs"]
-    torch._dynamo.reset()
+    dynamo = importlib.import_module("torch._dynamo")
+    dynamo.reset()
+    try:
+        importlib.import_module("torch._dynamo.utils").counters.clear()
+    except Exception:
+        pass
     opts = dict(fullgraph=True, backend=ctx["compile_backend"])
     if ctx["compile_backend"] == "inductor":
         opts["mode"] = None if mode == "default" else mode
@@ -748,11 +773,16 @@ def run_compile(ctx):
         timer.stop(i)
     _sync(dev)
     tokens = _history_tokens(bufs, ctx["context"], ctx["tokens"])
-    return timer, tokens, {"first_call_s": round(compile_s, 2)}
+    extra = {"first_call_s": round(compile_s, 2), "mask": "explicit" if explicit else "library"}
+    try:
+        from torch._dynamo.utils import counters
+
+        extra["dynamo_unique_graphs"] = int(counters["stats"]["unique_graphs"])
+    except Exception:
+        pass
+    return timer, tokens, extra
 
 
-class SkipMode(Exception):
-    """A mode that cannot run here (reason in the message)."""
 
 
 RUNNERS = {"eager": run_eager, "static": run_static, "graph": run_graph, "compile": run_compile}
@@ -835,6 +865,10 @@ def print_preset_report(r, out=sys.stdout):
         notes = []
         if "first_call_s" in m:
             notes.append(f"first call {m['first_call_s']}s")
+        if m.get("dynamo_unique_graphs", 1) > 1:
+            notes.append(f"{m['dynamo_unique_graphs']} graphs (recompiled)")
+        if "mask" in m:
+            notes.append(f"{m['mask']} mask")
         if m.get("host_syncs"):
             notes.append("host syncs: " + ",".join(m["host_syncs"]))
         notes.append(f"wall {m['wall_s']}s")
