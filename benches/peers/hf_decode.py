@@ -24,7 +24,6 @@ Needs only torch and transformers (4.4x through 5.x). On a machine without CUDA,
 """
 
 import argparse
-import contextlib
 import datetime
 import gc
 import importlib
@@ -835,8 +834,12 @@ def run_mode(name, ctx, floor_bytes, copy_bw):
 
 
 def _gb(n):
-    """Bytes as a GB (1e9) string."""
-    return f"{n / 1e9:.3f} GB"
+    """Bytes as a GB (1e9) string, or MB / kB when small."""
+    if n >= 1e8:
+        return f"{n / 1e9:.3f} GB"
+    if n >= 1e5:
+        return f"{n / 1e6:.2f} MB"
+    return f"{n / 1e3:.1f} kB"
 
 
 def print_preset_report(r, out=sys.stdout):
@@ -902,7 +905,7 @@ def environment(device):
         env["cuda"] = torch.version.cuda
         env["device_memory_gib"] = round(props.total_memory / 2**30, 1)
         env["sm"] = f"{props.major}.{props.minor}"
-        env["driver_cudnn"] = torch.backends.cudnn.version()
+        env["cudnn"] = torch.backends.cudnn.version()
     else:
         env["device"] = f"cpu ({platform.processor() or platform.machine()}, "\
                         f"{torch.get_num_threads()} threads)"
@@ -971,7 +974,7 @@ def bench_preset(name, args, device, dtype, copy_bw):
     prompt = torch.randint(0, spec["vocab_size"], (1, args.context), generator=gen).to(device)
     # Positions the static cache must hold: the prompt, then the longer of the
     # warm-up (at most max(warmup, 3) steps between restarts) and the timed run.
-    need = args.context + max(args.tokens, args.warmup, 3) + 1
+    need = args.context + max(args.tokens, args.warmup, 3) + 8
     max_len = -(-need // 16) * 16
     if max_len > spec["max_position_embeddings"]:
         raise SystemExit(f"context + tokens exceeds the preset's {spec['max_position_embeddings']}")
