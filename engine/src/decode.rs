@@ -21,6 +21,7 @@ use crate::kernels::{
 };
 use crate::model::ModelWeights;
 use crate::reference::rope_inv_freq;
+use crate::tuning::{self, GemvConfig};
 
 /// A compiled kernel variant and its grid: one launch of a step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -63,19 +64,17 @@ fn consts(values: &[i64]) -> &'static [i64] {
     Box::leak(values.to_vec().into_boxed_slice())
 }
 
-/// GEMV block shape for an `[n, k]` weight: on the GPU, rows per program and a K block
-/// that keeps 16-byte loads in flight; on the interpreter, small tiles (less masked work).
-fn gemv_choice(dev: &Device, k: usize) -> KernelChoice {
+/// On the GPU, the tuned configuration; on the interpreter, small tiles (less masked
+/// work per program).
+fn gemv_choice(dev: &Device, tuned: GemvConfig) -> KernelChoice {
     if dev.is_cuda() {
-        let block_k = if k >= 1024 { 1024 } else { 512 };
         KernelChoice {
-            consts: consts(&[4, block_k]),
-            num_warps: 4,
+            consts: consts(&tuned.consts()),
+            num_warps: tuned.num_warps,
         }
     } else {
-        let block_k = if k > 256 { 512 } else { 256 };
         KernelChoice {
-            consts: consts(&[8, block_k]),
+            consts: consts(&[8, 256]),
             num_warps: 4,
         }
     }
@@ -84,7 +83,7 @@ fn gemv_choice(dev: &Device, k: usize) -> KernelChoice {
 impl LaunchPlan {
     /// The plan for `cfg` on `dev`; fails when the model needs a shape no kernel variant
     /// was compiled for (the message names the config value).
-    pub fn new(cfg: &ModelConfig, dev: &Device) -> Result<LaunchPlan> {
+    pub fn new(cfg: &ModelConfig, dev: &Device, max_seq_len: usize) -> Result<LaunchPlan> {
         let d = cfg.head_dim;
         if ![32, 64, 128].contains(&d) {
             return Err(EngineError::Unsupported {
@@ -111,35 +110,48 @@ impl LaunchPlan {
                 });
             }
         }
-        // Enough (kv_head, split) programs to fill a GPU; the interpreter gets two
-        // splits, so the combine step is exercised everywhere.
-        let splits = if dev.is_cuda() {
-            (256 / cfg.num_kv_heads).next_power_of_two().clamp(1, 64)
+        let (h, im, qd, v) = (
+            cfg.hidden_size,
+            cfg.intermediate_size,
+            cfg.q_dim(),
+            cfg.vocab_size,
+        );
+        let qkv_dim = qd + 2 * cfg.kv_dim();
+        let gpu = dev.is_cuda();
+        // Enough (kv_head, split) programs to fill a GPU at any length (the graph is
+        // the same at every position); the interpreter gets two splits, so the combine
+        // step is exercised everywhere.
+        let splits = if gpu {
+            tuning::attention_splits(max_seq_len, cfg.num_kv_heads, tuning::DEFAULT_SM_COUNT, 32)
         } else {
             2
         };
+        let lm = tuning::lm_head_config(v, h);
+        let parts = v.div_ceil(if gpu { lm.block_n } else { 16 });
         let d = d as i64;
-        let lm_block_n = if dev.is_cuda() { 8 } else { 16 };
-        let lm = gemv_choice(dev, cfg.hidden_size);
         Ok(LaunchPlan {
-            qkv: gemv_choice(dev, cfg.hidden_size),
-            o_proj: gemv_choice(dev, cfg.q_dim()),
-            gate_up: gemv_choice(dev, cfg.hidden_size),
-            down: gemv_choice(dev, cfg.intermediate_size),
-            lm_head: KernelChoice {
-                consts: consts(&[lm_block_n, lm.consts[1]]),
-                num_warps: lm.num_warps,
+            qkv: gemv_choice(dev, tuning::gemv_config(qkv_dim, h)),
+            o_proj: gemv_choice(dev, tuning::gemv_config(h, qd)),
+            gate_up: gemv_choice(dev, tuning::gate_up_config(im, h)),
+            down: gemv_choice(dev, tuning::gemv_config(h, im)),
+            lm_head: if gpu {
+                gemv_choice(dev, lm)
+            } else {
+                KernelChoice {
+                    consts: consts(&[16, 256]),
+                    num_warps: 4,
+                }
             },
             argmax: KernelChoice {
-                consts: consts(&[if dev.is_cuda() { 4096 } else { 256 }]),
-                num_warps: if dev.is_cuda() { 8 } else { 4 },
+                consts: consts(&[tuning::argmax_finish_block(parts) as i64]),
+                num_warps: 4,
             },
             attention: KernelChoice {
                 consts: consts(&[d, group.next_power_of_two().min(4) as i64, 32]),
                 num_warps: 4,
             },
             combine: KernelChoice {
-                consts: consts(&[d, splits.max(8) as i64]),
+                consts: consts(&[d, tuning::combine_s(splits) as i64]),
                 num_warps: 4,
             },
             rope: KernelChoice {
@@ -251,7 +263,7 @@ impl Decoder {
                 message: "max_seq_len must be at least 1".into(),
             });
         }
-        let plan = LaunchPlan::new(cfg, dev)?;
+        let plan = LaunchPlan::new(cfg, dev, max_seq_len)?;
         let (h, hd, im, v) = (
             cfg.hidden_size,
             cfg.head_dim,

@@ -872,7 +872,7 @@ impl AttentionWorkload {
     pub fn padded_group(&self) -> usize {
         (self.num_heads / self.num_kv_heads.max(1))
             .next_power_of_two()
-            .max(1)
+            .clamp(1, 4)
     }
 
     /// Queues split + combine on set `i % sets`.
@@ -884,7 +884,11 @@ impl AttentionWorkload {
         let scale = (self.head_dim as f32).powf(-0.5);
         kernels::ATTENTION_SPLIT.launch_dyn(
             dev,
-            (self.num_kv_heads as u32, cfg.splits as u32),
+            (
+                self.num_kv_heads as u32,
+                cfg.splits as u32,
+                (group as usize).div_ceil(self.padded_group()) as u32,
+            ),
             &[d, self.padded_group() as i64, cfg.bs as i64],
             &mut [
                 q.into(),

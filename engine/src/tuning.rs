@@ -61,6 +61,16 @@ pub fn gemv_config_for(n: usize, k: usize, sm_count: usize) -> GemvConfig {
     }
 }
 
+/// The default configuration of [`kernels::rms_norm_gate_up`] for `inter` rows of gate
+/// (and as many of up) over `k` columns: compiled with 4 warps only, since two f32
+/// accumulators at 8 warps exceed ptxas' register budget and spill.
+pub fn gate_up_config(inter: usize, k: usize) -> GemvConfig {
+    GemvConfig {
+        num_warps: 4,
+        ..gemv_config(inter, k)
+    }
+}
+
 /// The default configuration of [`kernels::lm_head_argmax`] for a `[vocab, k]` head.
 pub fn lm_head_config(vocab: usize, k: usize) -> GemvConfig {
     let mut c = gemv_config_for(vocab, k, DEFAULT_SM_COUNT);
@@ -143,7 +153,7 @@ pub fn defaults_are_compiled() -> bool {
         let c = gemv_config(n, k);
         has(&kernels::RMS_NORM_GEMV, c)
             && has(&kernels::GEMV_RESIDUAL, c)
-            && has(&kernels::RMS_NORM_GATE_UP, c)
+            && has(&kernels::RMS_NORM_GATE_UP, gate_up_config(n, k))
     }) && has(&kernels::LM_HEAD_ARGMAX, lm_head_config(151_936, 1024))
 }
 
