@@ -23,6 +23,47 @@ use crate::model::ModelWeights;
 use crate::reference::rope_inv_freq;
 use crate::tuning::{self, GemvConfig};
 
+/// The launches of a step, by block; used to time a step part by part.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Block {
+    /// Embedding row of the input token.
+    Embed,
+    /// RMSNorm + fused QKV projection.
+    Qkv,
+    /// QK-norm + RoPE + KV-cache append.
+    Rope,
+    /// Split-K attention, first pass.
+    Attention,
+    /// Merge of the attention splits.
+    Combine,
+    /// O projection + residual.
+    OProj,
+    /// RMSNorm + gate/up projection + SiLU gate.
+    GateUp,
+    /// Down projection + residual.
+    Down,
+    /// Final norm + LM head + per-program greedy candidates.
+    LmHead,
+    /// The greedy token and the position update.
+    Argmax,
+}
+
+impl Block {
+    /// Every block, in step order.
+    pub const ALL: [Block; 10] = [
+        Block::Embed,
+        Block::Qkv,
+        Block::Rope,
+        Block::Attention,
+        Block::Combine,
+        Block::OProj,
+        Block::GateUp,
+        Block::Down,
+        Block::LmHead,
+        Block::Argmax,
+    ];
+}
+
 /// A compiled kernel variant and its grid: one launch of a step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KernelChoice {
@@ -387,7 +428,11 @@ impl Decoder {
                     + l.post_norm.len()
                     + l.gate_up_w.len()
                     + l.down_w.len()
-                    + if self.cfg.qk_norm { 2 * l.q_norm.len() } else { 0 }
+                    + if self.cfg.qk_norm {
+                        2 * l.q_norm.len()
+                    } else {
+                        0
+                    }
             })
             .sum();
         let head = self.lm_head.as_ref().unwrap_or(&self.embed).len();
@@ -423,6 +468,12 @@ impl Decoder {
     /// leaves the logits in the device buffer and writes the greedy token and `pos + 1`
     /// into `state`. Asynchronous on a GPU.
     pub fn step_eager(&mut self) -> Result<()> {
+        self.step_blocks(|_| true)
+    }
+
+    /// Launches only the blocks `want` selects, in step order (for timing a step part
+    /// by part; a partial step leaves the model's state meaningless).
+    pub fn step_blocks(&mut self, mut want: impl FnMut(Block) -> bool) -> Result<()> {
         let cfg = &self.cfg;
         let plan = &self.plan;
         let dev = &self.dev;
@@ -436,183 +487,203 @@ impl Decoder {
         let scale = (hd as f32).powf(-0.5);
         let rows = |choice: &KernelChoice, n: usize| n.div_ceil(choice.consts[0] as usize) as u32;
 
-        launch(
-            dev,
-            &EMBED,
-            cfg.hidden_size.div_ceil(1024) as u32,
-            &[1024],
-            4,
-            &mut [
-                (&self.embed).into(),
-                (&s.state).into(),
-                (&mut s.x).into(),
-                h.into(),
-            ],
-        )?;
-        for l in self.layers.iter_mut() {
-            // (1) RMSNorm + QKV projection (+ bias).
+        if want(Block::Embed) {
             launch(
                 dev,
-                &RMS_NORM_GEMV,
-                rows(&plan.qkv, qkv_dim as usize),
-                plan.qkv.consts,
-                plan.qkv.num_warps,
+                &EMBED,
+                cfg.hidden_size.div_ceil(1024) as u32,
+                &[1024],
+                4,
                 &mut [
-                    (&s.x).into(),
-                    (&l.input_norm).into(),
-                    (&l.qkv_w).into(),
-                    (&l.qkv_b).into(),
-                    (&mut s.qkv).into(),
-                    qkv_dim.into(),
-                    h.into(),
-                    eps.into(),
-                ],
-            )?;
-            // (2) QK-norm + RoPE + KV append.
-            launch(
-                dev,
-                &QK_NORM_ROPE_APPEND,
-                (nh + 2 * nkv) as u32,
-                plan.rope.consts,
-                plan.rope.num_warps,
-                &mut [
-                    (&s.qkv).into(),
-                    (&l.q_norm).into(),
-                    (&l.k_norm).into(),
-                    (&self.rope_cos).into(),
-                    (&self.rope_sin).into(),
+                    (&self.embed).into(),
                     (&s.state).into(),
-                    (&mut s.q).into(),
-                    (&mut l.k_cache).into(),
-                    (&mut l.v_cache).into(),
-                    (nh as i32).into(),
-                    (nkv as i32).into(),
-                    max_seq.into(),
-                    i32::from(cfg.qk_norm).into(),
-                    eps.into(),
-                ],
-            )?;
-            // (3) Split-K attention over the cache, then the merge of the splits.
-            launch(
-                dev,
-                &ATTENTION_SPLIT,
-                [
-                    nkv as u32,
-                    plan.splits as u32,
-                    (nh / nkv).div_ceil(plan.attention.consts[1] as usize) as u32,
-                ],
-                plan.attention.consts,
-                plan.attention.num_warps,
-                &mut [
-                    (&s.q).into(),
-                    (&l.k_cache).into(),
-                    (&l.v_cache).into(),
-                    (&s.state).into(),
-                    (&mut s.part_m).into(),
-                    (&mut s.part_l).into(),
-                    (&mut s.part_acc).into(),
-                    ((nh / nkv) as i32).into(),
-                    max_seq.into(),
-                    scale.into(),
-                ],
-            )?;
-            launch(
-                dev,
-                &ATTENTION_COMBINE,
-                nh as u32,
-                plan.combine.consts,
-                plan.combine.num_warps,
-                &mut [
-                    (&s.part_m).into(),
-                    (&s.part_l).into(),
-                    (&s.part_acc).into(),
-                    (&mut s.attn).into(),
-                    (plan.splits as i32).into(),
-                ],
-            )?;
-            // (4) O projection + residual.
-            launch(
-                dev,
-                &GEMV_RESIDUAL,
-                rows(&plan.o_proj, cfg.hidden_size),
-                plan.o_proj.consts,
-                plan.o_proj.num_warps,
-                &mut [
-                    (&l.o_w).into(),
-                    (&s.attn).into(),
-                    (&l.o_b).into(),
                     (&mut s.x).into(),
                     h.into(),
-                    (cfg.q_dim() as i32).into(),
-                ],
-            )?;
-            // (5) RMSNorm + gate/up projection + SiLU gate.
-            launch(
-                dev,
-                &RMS_NORM_GATE_UP,
-                rows(&plan.gate_up, cfg.intermediate_size),
-                plan.gate_up.consts,
-                plan.gate_up.num_warps,
-                &mut [
-                    (&s.x).into(),
-                    (&l.post_norm).into(),
-                    (&l.gate_up_w).into(),
-                    (&mut s.act).into(),
-                    im.into(),
-                    h.into(),
-                    eps.into(),
-                ],
-            )?;
-            // (6) Down projection + residual.
-            launch(
-                dev,
-                &GEMV_RESIDUAL,
-                rows(&plan.down, cfg.hidden_size),
-                plan.down.consts,
-                plan.down.num_warps,
-                &mut [
-                    (&l.down_w).into(),
-                    (&s.act).into(),
-                    (&s.zeros).into(),
-                    (&mut s.x).into(),
-                    h.into(),
-                    im.into(),
                 ],
             )?;
         }
+        for l in self.layers.iter_mut() {
+            // (1) RMSNorm + QKV projection (+ bias).
+            if want(Block::Qkv) {
+                launch(
+                    dev,
+                    &RMS_NORM_GEMV,
+                    rows(&plan.qkv, qkv_dim as usize),
+                    plan.qkv.consts,
+                    plan.qkv.num_warps,
+                    &mut [
+                        (&s.x).into(),
+                        (&l.input_norm).into(),
+                        (&l.qkv_w).into(),
+                        (&l.qkv_b).into(),
+                        (&mut s.qkv).into(),
+                        qkv_dim.into(),
+                        h.into(),
+                        eps.into(),
+                    ],
+                )?;
+            }
+            // (2) QK-norm + RoPE + KV append.
+            if want(Block::Rope) {
+                launch(
+                    dev,
+                    &QK_NORM_ROPE_APPEND,
+                    (nh + 2 * nkv) as u32,
+                    plan.rope.consts,
+                    plan.rope.num_warps,
+                    &mut [
+                        (&s.qkv).into(),
+                        (&l.q_norm).into(),
+                        (&l.k_norm).into(),
+                        (&self.rope_cos).into(),
+                        (&self.rope_sin).into(),
+                        (&s.state).into(),
+                        (&mut s.q).into(),
+                        (&mut l.k_cache).into(),
+                        (&mut l.v_cache).into(),
+                        (nh as i32).into(),
+                        (nkv as i32).into(),
+                        max_seq.into(),
+                        i32::from(cfg.qk_norm).into(),
+                        eps.into(),
+                    ],
+                )?;
+            }
+            // (3) Split-K attention over the cache, then the merge of the splits.
+            if want(Block::Attention) {
+                launch(
+                    dev,
+                    &ATTENTION_SPLIT,
+                    [
+                        nkv as u32,
+                        plan.splits as u32,
+                        (nh / nkv).div_ceil(plan.attention.consts[1] as usize) as u32,
+                    ],
+                    plan.attention.consts,
+                    plan.attention.num_warps,
+                    &mut [
+                        (&s.q).into(),
+                        (&l.k_cache).into(),
+                        (&l.v_cache).into(),
+                        (&s.state).into(),
+                        (&mut s.part_m).into(),
+                        (&mut s.part_l).into(),
+                        (&mut s.part_acc).into(),
+                        ((nh / nkv) as i32).into(),
+                        max_seq.into(),
+                        scale.into(),
+                    ],
+                )?;
+            }
+            if want(Block::Combine) {
+                launch(
+                    dev,
+                    &ATTENTION_COMBINE,
+                    nh as u32,
+                    plan.combine.consts,
+                    plan.combine.num_warps,
+                    &mut [
+                        (&s.part_m).into(),
+                        (&s.part_l).into(),
+                        (&s.part_acc).into(),
+                        (&mut s.attn).into(),
+                        (plan.splits as i32).into(),
+                    ],
+                )?;
+            }
+            // (4) O projection + residual.
+            if want(Block::OProj) {
+                launch(
+                    dev,
+                    &GEMV_RESIDUAL,
+                    rows(&plan.o_proj, cfg.hidden_size),
+                    plan.o_proj.consts,
+                    plan.o_proj.num_warps,
+                    &mut [
+                        (&l.o_w).into(),
+                        (&s.attn).into(),
+                        (&l.o_b).into(),
+                        (&mut s.x).into(),
+                        h.into(),
+                        (cfg.q_dim() as i32).into(),
+                    ],
+                )?;
+            }
+            // (5) RMSNorm + gate/up projection + SiLU gate.
+            if want(Block::GateUp) {
+                launch(
+                    dev,
+                    &RMS_NORM_GATE_UP,
+                    rows(&plan.gate_up, cfg.intermediate_size),
+                    plan.gate_up.consts,
+                    plan.gate_up.num_warps,
+                    &mut [
+                        (&s.x).into(),
+                        (&l.post_norm).into(),
+                        (&l.gate_up_w).into(),
+                        (&mut s.act).into(),
+                        im.into(),
+                        h.into(),
+                        eps.into(),
+                    ],
+                )?;
+            }
+            // (6) Down projection + residual.
+            if want(Block::Down) {
+                launch(
+                    dev,
+                    &GEMV_RESIDUAL,
+                    rows(&plan.down, cfg.hidden_size),
+                    plan.down.consts,
+                    plan.down.num_warps,
+                    &mut [
+                        (&l.down_w).into(),
+                        (&s.act).into(),
+                        (&s.zeros).into(),
+                        (&mut s.x).into(),
+                        h.into(),
+                        im.into(),
+                    ],
+                )?;
+            }
+        }
         // Final norm + LM head + greedy token.
         let parts = plan.lm_programs(cfg.vocab_size);
-        launch(
-            dev,
-            &LM_HEAD_ARGMAX,
-            parts as u32,
-            plan.lm_head.consts,
-            plan.lm_head.num_warps,
-            &mut [
-                (&s.x).into(),
-                (&self.final_norm).into(),
-                self.lm_head.as_ref().unwrap_or(&self.embed).into(),
-                (&mut s.logits).into(),
-                (&mut s.part_val).into(),
-                (&mut s.part_idx).into(),
-                (cfg.vocab_size as i32).into(),
-                h.into(),
-                eps.into(),
-            ],
-        )?;
-        launch(
-            dev,
-            &ARGMAX_FINISH,
-            1,
-            plan.argmax.consts,
-            plan.argmax.num_warps,
-            &mut [
-                (&s.part_val).into(),
-                (&s.part_idx).into(),
-                (&mut s.state).into(),
-                (parts as i32).into(),
-            ],
-        )?;
+        if want(Block::LmHead) {
+            launch(
+                dev,
+                &LM_HEAD_ARGMAX,
+                parts as u32,
+                plan.lm_head.consts,
+                plan.lm_head.num_warps,
+                &mut [
+                    (&s.x).into(),
+                    (&self.final_norm).into(),
+                    self.lm_head.as_ref().unwrap_or(&self.embed).into(),
+                    (&mut s.logits).into(),
+                    (&mut s.part_val).into(),
+                    (&mut s.part_idx).into(),
+                    (cfg.vocab_size as i32).into(),
+                    h.into(),
+                    eps.into(),
+                ],
+            )?;
+        }
+        if want(Block::Argmax) {
+            launch(
+                dev,
+                &ARGMAX_FINISH,
+                1,
+                plan.argmax.consts,
+                plan.argmax.num_warps,
+                &mut [
+                    (&s.part_val).into(),
+                    (&s.part_idx).into(),
+                    (&mut s.state).into(),
+                    (parts as i32).into(),
+                ],
+            )?;
+        }
         Ok(())
     }
 
@@ -673,6 +744,81 @@ impl Decoder {
         self.set_input(token, pos)?;
         self.step()?;
         self.read_logits()
+    }
+}
+
+/// One block's share of a step, from [`Decoder::profile`].
+#[derive(Clone, Debug)]
+pub struct BlockTime {
+    /// The block.
+    pub block: Block,
+    /// Its launches per step.
+    pub launches: usize,
+    /// Median GPU time of all its launches in one step, in microseconds.
+    pub us: f64,
+}
+
+impl Decoder {
+    /// Times each block of a step on its own: a graph of just that block's launches
+    /// (every layer's), replayed `reps` times between CUDA events; the median per block.
+    /// Summed, they are the step without the gaps between blocks. GPU only; `state`
+    /// is restored before every replay and afterwards.
+    pub fn profile(&mut self, reps: usize) -> Result<Vec<BlockTime>> {
+        use cudarc::driver::sys::CUevent_flags;
+        let Some(cuda) = self.dev.as_cuda().cloned() else {
+            return Err(EngineError::Option {
+                message: "profiling needs a GPU".into(),
+            });
+        };
+        let stream = cuda.stream().clone();
+        let event = || {
+            cuda.context()
+                .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(|e| tilefuse_dsl::runtime::RuntimeError::Driver {
+                    what: "creating a timing event".into(),
+                    source: e,
+                })
+        };
+        let (start, end) = (event()?, event()?);
+        let saved = self.s.state.to_vec()?;
+        let mut out = Vec::new();
+        for block in Block::ALL {
+            let dev = self.dev.clone();
+            let graph = dev.capture(|| self.step_blocks(|b| b == block))?;
+            let mut samples = Vec::with_capacity(reps);
+            for rep in 0..reps.max(1) + 2 {
+                self.s.state.copy_from_host(&saved)?;
+                fn timed<T>(
+                    r: std::result::Result<T, cudarc::driver::DriverError>,
+                ) -> std::result::Result<T, tilefuse_dsl::runtime::RuntimeError> {
+                    r.map_err(|e| tilefuse_dsl::runtime::RuntimeError::Driver {
+                        what: "timing a block".into(),
+                        source: e,
+                    })
+                }
+                timed(start.record(&stream))?;
+                graph.launch()?;
+                timed(end.record(&stream))?;
+                let ms = timed(start.elapsed_ms(&end))?;
+                // The first two replays warm up.
+                if rep >= 2 {
+                    samples.push(f64::from(ms) * 1e3);
+                }
+            }
+            samples.sort_by(f64::total_cmp);
+            let launches = match block {
+                Block::Embed | Block::LmHead | Block::Argmax => 1,
+                _ => self.cfg.num_layers,
+            };
+            out.push(BlockTime {
+                block,
+                launches,
+                us: samples[samples.len() / 2],
+            });
+        }
+        self.s.state.copy_from_host(&saved)?;
+        self.synchronize()?;
+        Ok(out)
     }
 }
 

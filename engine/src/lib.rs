@@ -13,21 +13,27 @@
 
 #![warn(missing_docs)]
 
+pub mod bench;
 pub mod config;
 pub mod decode;
+pub mod engine;
 pub mod error;
 pub mod kernels;
 pub mod model;
 pub mod perf;
 pub mod preset;
 pub mod reference;
+pub mod sampling;
 pub mod tokenizer;
 pub mod tuning;
 pub mod weights;
 
 pub use config::{Arch, ModelConfig, RopeScaling};
+pub use decode::Decoder;
+pub use engine::{Engine, EngineOptions, GenerateOptions, Generation};
 pub use error::{EngineError, Result};
 pub use model::{Checkpoint, LayerWeights, ModelWeights};
 pub use reference::Reference;
+pub use sampling::{Sampler, Sampling};
 pub use tokenizer::Tokenizer;
 pub use weights::Weights;

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use crate::error::{EngineError, Result};
 
 /// A Hugging Face tokenizer loaded from `tokenizer.json`.
+#[derive(Clone)]
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     path: PathBuf,

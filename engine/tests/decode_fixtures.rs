@@ -42,7 +42,10 @@ fn run_fixture(name: &str, dev: &Device, graph: bool) -> Vec<Vec<f32>> {
         let ours = dec.read_logits().unwrap();
         let (greedy, next_pos) = dec.read_state().unwrap();
         let pos = r.prompt_ids.len() + step;
-        assert_eq!(next_pos, pos, "{name} on {dev}: the step advances the position");
+        assert_eq!(
+            next_pos, pos,
+            "{name} on {dev}: the step advances the position"
+        );
         assert_eq!(
             greedy as usize,
             argmax(&ours),
@@ -76,10 +79,16 @@ fn check(name: &str) {
     if let Some(gpu) = gpu_or_skip(name) {
         let eager = run_fixture(name, &gpu, false);
         let graph = run_fixture(name, &gpu, true);
-        assert_eq!(eager, graph, "{name}: graph replay and eager launches agree bit for bit");
+        assert_eq!(
+            eager, graph,
+            "{name}: graph replay and eager launches agree bit for bit"
+        );
         for (step, (g, c)) in eager.iter().zip(&cpu).enumerate() {
             let rel = rel_err(g, c);
-            assert!(rel < 1e-2, "{name} step {step}: GPU vs interpreter {rel:.3e}");
+            assert!(
+                rel < 1e-2,
+                "{name} step {step}: GPU vs interpreter {rel:.3e}"
+            );
         }
     }
 }

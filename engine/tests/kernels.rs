@@ -142,7 +142,13 @@ fn configs(dev: &Device, def: &KernelDef, n: usize, k: usize) -> Vec<GemvConfig>
         // The interpreter ignores the warp count: any compiled one of the shape will do.
         configs_for_cpu()
             .into_iter()
-            .map(|c| if compiled(&c) { c } else { GemvConfig { num_warps: 4, ..c } })
+            .map(|c| {
+                if compiled(&c) {
+                    c
+                } else {
+                    GemvConfig { num_warps: 4, ..c }
+                }
+            })
             .collect()
     }
 }
@@ -751,11 +757,7 @@ fn check_attention(dev: &Device, rng: &mut Rng, c: &AttnCase, bs: usize, splits_
         launch(
             &ATTENTION_SPLIT,
             dev,
-            LaunchConfig::from((
-                c.num_kv as u32,
-                splits as u32,
-                c.group.div_ceil(c.g) as u32,
-            )),
+            LaunchConfig::from((c.num_kv as u32, splits as u32, c.group.div_ceil(c.g) as u32)),
             &[c.d as i64, c.g as i64, bs as i64],
             &mut [
                 (&qb).into(),

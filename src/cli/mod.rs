@@ -1,6 +1,8 @@
 //! The `tilefuse` command line: one module per subcommand, so each can grow on its own.
 
+pub mod bench;
 pub mod device;
+pub mod generate;
 pub mod inspect;
 
 use clap::{Parser, Subcommand};
@@ -27,6 +29,12 @@ pub enum Command {
     /// Compile the #[kernel] functions of a Rust file and show what the compiler chose:
     /// layouts, vector widths, shared memory, ptxas' register and spill report, PTX.
     Inspect(inspect::InspectArgs),
+    /// Generate text (or token ids) from a Hugging Face model directory or a preset,
+    /// streaming it, with a tokens/s summary at the end.
+    Generate(generate::GenerateArgs),
+    /// Decode throughput of a random-weight preset against the bandwidth floor
+    /// measured in the same run (graph and eager).
+    Bench(bench::BenchArgs),
 }
 
 /// Runs one command, printing to stdout.
@@ -37,5 +45,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             print!("{}", inspect::run(&args)?);
             Ok(())
         }
+        Command::Generate(args) => generate::run(&args),
+        Command::Bench(args) => bench::run(&args),
     }
 }

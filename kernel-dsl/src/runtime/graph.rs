@@ -17,7 +17,9 @@ pub struct Graph {
 
 impl std::fmt::Debug for Graph {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Graph").field("device", &self.device).finish()
+        f.debug_struct("Graph")
+            .field("device", &self.device)
+            .finish()
     }
 }
 
@@ -50,8 +52,7 @@ impl Device {
         let Some(cuda) = self.as_cuda() else {
             return Err(RuntimeError::NoDevice {
                 ordinal: None,
-                detail: "CUDA graphs need a GPU; the CPU interpreter runs launches directly"
-                    .into(),
+                detail: "CUDA graphs need a GPU; the CPU interpreter runs launches directly".into(),
             }
             .into());
         };

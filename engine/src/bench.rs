@@ -1,0 +1,263 @@
+//! The decode benchmark behind `tilefuse bench`: a preset with random weights, a KV
+//! cache filled to a given context, then timed greedy decode steps, graph and eager,
+//! against the bandwidth floor measured in the same run.
+
+use std::fmt;
+use std::time::Instant;
+
+use tilefuse_dsl::runtime::Device;
+
+use crate::decode::{BlockTime, Decoder};
+use crate::error::{EngineError, Result};
+use crate::perf::{self, TimingOptions};
+
+/// What to measure.
+#[derive(Clone, Debug)]
+pub struct DecodeBenchOptions {
+    /// Preset name (see [`crate::preset::PRESETS`]).
+    pub preset: String,
+    /// Tokens already in the KV cache when timing starts.
+    pub context: usize,
+    /// Decode steps timed per mode.
+    pub tokens: usize,
+    /// The device.
+    pub device: Device,
+    /// Seed of the random weights and prompt.
+    pub seed: u64,
+    /// Also time eager launches (always on when graphs are off).
+    pub eager: bool,
+    /// Time graph replays (GPU only).
+    pub graph: bool,
+    /// Time each block on its own (GPU only).
+    pub profile: bool,
+}
+
+/// One mode's figures.
+#[derive(Clone, Debug)]
+pub struct ModeResult {
+    /// `"graph"` or `"eager"`.
+    pub mode: &'static str,
+    /// Median milliseconds per step, the token read back each step (as generation does).
+    pub ms_per_token: f64,
+    /// Steps per second over the whole timed run.
+    pub tokens_per_s: f64,
+    /// Median host microseconds per step spent issuing work (launch calls), not waiting.
+    pub host_us_per_token: f64,
+}
+
+/// The benchmark's report.
+#[derive(Clone, Debug)]
+pub struct DecodeReport {
+    /// Device name.
+    pub device: String,
+    /// Preset.
+    pub preset: String,
+    /// Context at the first timed step.
+    pub context: usize,
+    /// Steps timed.
+    pub tokens: usize,
+    /// Weight bytes read per step.
+    pub weight_bytes: usize,
+    /// KV bytes read per step, at the middle of the timed run.
+    pub kv_bytes: usize,
+    /// Device-to-device copy bandwidth (read + write bytes per second), if measured.
+    pub copy_bytes_per_s: Option<f64>,
+    /// Kernel launches per step.
+    pub kernels_per_step: usize,
+    /// Per mode.
+    pub modes: Vec<ModeResult>,
+    /// Per block, when profiled.
+    pub blocks: Vec<BlockTime>,
+}
+
+impl DecodeReport {
+    /// Milliseconds per step if it ran at the copy bandwidth.
+    pub fn floor_ms(&self) -> Option<f64> {
+        self.copy_bytes_per_s
+            .map(|bw| (self.weight_bytes + self.kv_bytes) as f64 / bw * 1e3)
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Times `opts.tokens` greedy steps in the current mode of `dec`, starting at position
+/// `context` (whose KV is already cached) with `token`.
+fn time_mode(
+    dec: &mut Decoder,
+    mode: &'static str,
+    token: u32,
+    context: usize,
+    tokens: usize,
+) -> Result<ModeResult> {
+    // Warm up (and leave the cache as it was: the same positions are rewritten).
+    for i in 0..3.min(tokens) {
+        dec.set_input(token, context + i)?;
+        dec.step()?;
+        dec.read_state()?;
+    }
+    dec.set_input(token, context)?;
+    dec.synchronize()?;
+    let mut step_ms = Vec::with_capacity(tokens);
+    let mut host_us = Vec::with_capacity(tokens);
+    let t0 = Instant::now();
+    for _ in 0..tokens {
+        let t = Instant::now();
+        dec.step()?;
+        host_us.push(t.elapsed().as_secs_f64() * 1e6);
+        // Generation reads each token back; so does the benchmark.
+        dec.read_state()?;
+        step_ms.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    let total = t0.elapsed().as_secs_f64();
+    Ok(ModeResult {
+        mode,
+        ms_per_token: median(step_ms),
+        tokens_per_s: tokens as f64 / total,
+        host_us_per_token: median(host_us),
+    })
+}
+
+/// Runs the benchmark.
+pub fn run(opts: &DecodeBenchOptions) -> Result<DecodeReport> {
+    if opts.tokens == 0 {
+        return Err(EngineError::Option {
+            message: "tokens must be at least 1".into(),
+        });
+    }
+    let (cfg, weights) = crate::preset::load(&opts.preset, opts.seed)?;
+    let max_seq = opts.context + opts.tokens + 8;
+    let mut dec = Decoder::new(&cfg, &weights, &opts.device, max_seq)?;
+    drop(weights);
+    let gpu = opts.device.is_cuda();
+
+    let copy_bytes_per_s = if gpu {
+        let c =
+            perf::copy_ceiling(&opts.device, 1 << 30, TimingOptions::default()).map_err(|e| {
+                EngineError::Option {
+                    message: format!("measuring the copy ceiling: {e}"),
+                }
+            })?;
+        Some(c.bytes_per_s())
+    } else {
+        None
+    };
+
+    // Fill the cache: `context` random tokens through the decode path (graph replays
+    // when possible: this is the slow part on the interpreter).
+    let mut rng = perf::Rng::new(opts.seed ^ 0x5EED);
+    let vocab = cfg.vocab_size as u32;
+    dec.set_input(rng.next_u32() % vocab, 0)?;
+    if gpu && opts.graph {
+        dec.capture()?;
+    }
+    for pos in 0..opts.context {
+        dec.set_input(rng.next_u32() % vocab, pos)?;
+        dec.step()?;
+    }
+    dec.synchronize()?;
+    let token = rng.next_u32() % vocab;
+
+    let mut modes = Vec::new();
+    if gpu && opts.graph {
+        modes.push(time_mode(
+            &mut dec,
+            "graph",
+            token,
+            opts.context,
+            opts.tokens,
+        )?);
+    }
+    if opts.eager || !gpu || !opts.graph {
+        dec.release_graph();
+        modes.push(time_mode(
+            &mut dec,
+            "eager",
+            token,
+            opts.context,
+            opts.tokens,
+        )?);
+    }
+    let blocks = if gpu && opts.profile {
+        dec.release_graph();
+        dec.set_input(token, opts.context + opts.tokens / 2)?;
+        dec.profile(20)?
+    } else {
+        Vec::new()
+    };
+    Ok(DecodeReport {
+        device: opts.device.name(),
+        preset: opts.preset.clone(),
+        context: opts.context,
+        tokens: opts.tokens,
+        weight_bytes: dec.weight_bytes_per_step(),
+        kv_bytes: dec.kv_bytes_per_step(opts.context + opts.tokens / 2),
+        copy_bytes_per_s,
+        kernels_per_step: dec.kernels_per_step(),
+        modes,
+        blocks,
+    })
+}
+
+impl fmt::Display for DecodeReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mb = |b: usize| b as f64 / 1e6;
+        writeln!(f, "device            {}", self.device)?;
+        writeln!(
+            f,
+            "model             {} (random weights), context {}, {} timed steps",
+            self.preset, self.context, self.tokens
+        )?;
+        writeln!(
+            f,
+            "bytes per token   {:.1} MB weights + {:.1} MB KV",
+            mb(self.weight_bytes),
+            mb(self.kv_bytes)
+        )?;
+        writeln!(f, "kernels per step  {}", self.kernels_per_step)?;
+        match (self.copy_bytes_per_s, self.floor_ms()) {
+            (Some(bw), Some(floor)) => writeln!(
+                f,
+                "copy bandwidth    {:.0} GB/s (device-to-device, read + write)\nbandwidth floor   {floor:.3} ms/token",
+                bw / 1e9
+            )?,
+            _ => writeln!(f, "bandwidth floor   not measured (no GPU)")?,
+        }
+        writeln!(
+            f,
+            "\n{:<7} {:>10} {:>10} {:>11} {:>14}",
+            "mode", "tokens/s", "ms/token", "% of floor", "host µs/token"
+        )?;
+        for m in &self.modes {
+            let pct = self.floor_ms().map_or("-".to_string(), |fl| {
+                format!("{:.1}%", 100.0 * fl / m.ms_per_token)
+            });
+            writeln!(
+                f,
+                "{:<7} {:>10.1} {:>10.3} {:>11} {:>14.1}",
+                m.mode, m.tokens_per_s, m.ms_per_token, pct, m.host_us_per_token
+            )?;
+        }
+        if !self.blocks.is_empty() {
+            let total: f64 = self.blocks.iter().map(|b| b.us).sum();
+            writeln!(
+                f,
+                "\nper block (each timed alone as a graph; sum {:.1} µs):",
+                total
+            )?;
+            for b in &self.blocks {
+                writeln!(
+                    f,
+                    "  {:<10} {:>4} launches {:>9.1} µs {:>6.1}%",
+                    format!("{:?}", b.block),
+                    b.launches,
+                    b.us,
+                    100.0 * b.us / total
+                )?;
+            }
+        }
+        Ok(())
+    }
+}

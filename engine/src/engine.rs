@@ -1,0 +1,287 @@
+//! The library entry point: load a model onto a device and generate.
+//!
+//! ```no_run
+//! use tilefuse_engine::{Engine, EngineOptions, GenerateOptions};
+//!
+//! let mut engine = Engine::load("path/to/Qwen3-0.6B", EngineOptions::default())?;
+//! let prompt = engine.encode("The capital of France is")?;
+//! let out = engine.generate(&prompt, &GenerateOptions::default(), |token| {
+//!     println!("{token}");
+//!     std::ops::ControlFlow::Continue(())
+//! })?;
+//! println!("{:.1} tokens/s", out.tokens_per_s());
+//! # Ok::<(), tilefuse_engine::EngineError>(())
+//! ```
+
+use std::ops::ControlFlow;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use tilefuse_dsl::runtime::Device;
+
+use crate::config::ModelConfig;
+use crate::decode::Decoder;
+use crate::error::{EngineError, Result};
+use crate::model::{Checkpoint, ModelWeights};
+use crate::sampling::{Sampler, Sampling};
+use crate::tokenizer::Tokenizer;
+
+/// How an [`Engine`] is set up.
+#[derive(Clone, Debug)]
+pub struct EngineOptions {
+    /// Where the model runs: `Device::cuda(n)` or `Device::cpu()` (the interpreter).
+    pub device: Device,
+    /// KV-cache capacity in positions; default: the model's
+    /// `max_position_embeddings`, capped at 4096.
+    pub max_seq_len: Option<usize>,
+    /// Replay each decode step as one CUDA graph (GPU only). Default: on, unless the
+    /// environment sets `TILEFUSE_CUDA_GRAPH=0`.
+    pub cuda_graph: bool,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        EngineOptions {
+            device: Device::auto(),
+            max_seq_len: None,
+            cuda_graph: std::env::var("TILEFUSE_CUDA_GRAPH").map_or(true, |v| v != "0"),
+        }
+    }
+}
+
+/// What [`Engine::generate`] does.
+#[derive(Clone, Debug)]
+pub struct GenerateOptions {
+    /// Stop after this many new tokens.
+    pub max_new_tokens: usize,
+    /// Greedy (the default) or sampled.
+    pub sampling: Sampling,
+    /// Stop after an end-of-sequence token of the model's config.
+    pub stop_at_eos: bool,
+    /// Keep the logits each token was chosen from (one `vocab_size` row per token;
+    /// costs a device-to-host copy per token).
+    pub keep_logits: bool,
+}
+
+impl Default for GenerateOptions {
+    fn default() -> Self {
+        GenerateOptions {
+            max_new_tokens: 64,
+            sampling: Sampling::greedy(),
+            stop_at_eos: true,
+            keep_logits: false,
+        }
+    }
+}
+
+/// The result of [`Engine::generate`].
+#[derive(Clone, Debug)]
+pub struct Generation {
+    /// The prompt's token ids.
+    pub prompt_ids: Vec<u32>,
+    /// The generated token ids.
+    pub tokens: Vec<u32>,
+    /// `logits[i]`: the logits `tokens[i]` was chosen from (when kept).
+    pub logits: Vec<Vec<f32>>,
+    /// Time to run the prompt through the model (token by token).
+    pub prompt_time: Duration,
+    /// Time from the first generated token to the last.
+    pub decode_time: Duration,
+    /// Decode steps run in `decode_time` (one per token after the first).
+    pub decode_steps: usize,
+    /// Whether steps replayed a CUDA graph.
+    pub used_graph: bool,
+    /// Whether generation ended on an end-of-sequence token.
+    pub hit_eos: bool,
+}
+
+impl Generation {
+    /// Decode throughput: steps per second after the prompt (0 when none ran).
+    pub fn tokens_per_s(&self) -> f64 {
+        if self.decode_steps == 0 || self.decode_time.is_zero() {
+            0.0
+        } else {
+            self.decode_steps as f64 / self.decode_time.as_secs_f64()
+        }
+    }
+
+    /// Milliseconds per decode step.
+    pub fn ms_per_token(&self) -> f64 {
+        if self.decode_steps == 0 {
+            0.0
+        } else {
+            self.decode_time.as_secs_f64() * 1e3 / self.decode_steps as f64
+        }
+    }
+}
+
+/// A model on a device, with its tokenizer when the checkpoint has one.
+#[derive(Debug)]
+pub struct Engine {
+    decoder: Decoder,
+    tokenizer: Option<Tokenizer>,
+    cuda_graph: bool,
+}
+
+impl Engine {
+    /// Loads a Hugging Face model directory (`config.json`, safetensors weights,
+    /// optional `generation_config.json` and `tokenizer.json`) onto `opts.device`.
+    pub fn load(dir: impl AsRef<Path>, opts: EngineOptions) -> Result<Engine> {
+        let dir = dir.as_ref();
+        let ckpt = Checkpoint::open(dir)?;
+        let weights = ckpt.model_weights()?;
+        let tokenizer = if dir.join("tokenizer.json").is_file() {
+            Some(Tokenizer::from_dir(dir)?)
+        } else {
+            None
+        };
+        let mut engine = Engine::from_weights(&ckpt.config, &weights, opts)?;
+        engine.tokenizer = tokenizer;
+        Ok(engine)
+    }
+
+    /// A built-in preset (see [`crate::preset`]) with seeded random weights.
+    pub fn from_preset(name: &str, seed: u64, opts: EngineOptions) -> Result<Engine> {
+        let (cfg, weights) = crate::preset::load(name, seed)?;
+        Engine::from_weights(&cfg, &weights, opts)
+    }
+
+    /// An engine over weights already in host memory.
+    pub fn from_weights(
+        cfg: &ModelConfig,
+        weights: &ModelWeights<'_>,
+        opts: EngineOptions,
+    ) -> Result<Engine> {
+        let max_seq_len = opts
+            .max_seq_len
+            .unwrap_or(cfg.max_position_embeddings.min(4096));
+        let decoder = Decoder::new(cfg, weights, &opts.device, max_seq_len)?;
+        Ok(Engine {
+            decoder,
+            tokenizer: None,
+            cuda_graph: opts.cuda_graph && opts.device.is_cuda(),
+        })
+    }
+
+    /// The model's config.
+    pub fn config(&self) -> &ModelConfig {
+        self.decoder.config()
+    }
+
+    /// The tokenizer, if the model directory had one.
+    pub fn tokenizer(&self) -> Option<&Tokenizer> {
+        self.tokenizer.as_ref()
+    }
+
+    /// The decoder, for step-level control (benchmarks, tools).
+    pub fn decoder(&mut self) -> &mut Decoder {
+        &mut self.decoder
+    }
+
+    /// Encodes `text` with the model's tokenizer (special tokens added as the tokenizer
+    /// specifies); an error when the model has no tokenizer.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        match &self.tokenizer {
+            Some(t) => t.encode(text, true),
+            None => Err(EngineError::Option {
+                message: "this model has no tokenizer.json: give token ids instead of text".into(),
+            }),
+        }
+    }
+
+    /// Runs `prompt` through the model, then generates up to `opts.max_new_tokens`
+    /// tokens, calling `on_token` with each as soon as it is known (return
+    /// `ControlFlow::Break(())` to stop early). The KV cache starts empty each call.
+    pub fn generate(
+        &mut self,
+        prompt: &[u32],
+        opts: &GenerateOptions,
+        mut on_token: impl FnMut(u32) -> ControlFlow<()>,
+    ) -> Result<Generation> {
+        opts.sampling.validate()?;
+        let cfg = self.decoder.config();
+        let vocab = cfg.vocab_size;
+        let eos = cfg.eos_token_ids.clone();
+        if prompt.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= vocab) {
+            return Err(EngineError::TokenOutOfRange { token: bad, vocab });
+        }
+        let max = self.decoder.max_seq_len();
+        // The last generated token is never fed back, so it needs no cache slot.
+        if prompt.len() + opts.max_new_tokens.saturating_sub(1) > max {
+            return Err(EngineError::TooLong {
+                prompt: prompt.len(),
+                new: opts.max_new_tokens,
+                max,
+            });
+        }
+        let mut out = Generation {
+            prompt_ids: prompt.to_vec(),
+            tokens: Vec::new(),
+            logits: Vec::new(),
+            prompt_time: Duration::ZERO,
+            decode_time: Duration::ZERO,
+            decode_steps: 0,
+            used_graph: false,
+            hit_eos: false,
+        };
+        if opts.max_new_tokens == 0 {
+            return Ok(out);
+        }
+
+        let t0 = Instant::now();
+        self.decoder.set_input(prompt[0], 0)?;
+        if self.cuda_graph && !self.decoder.uses_graph() {
+            self.decoder.capture()?;
+        }
+        out.used_graph = self.decoder.uses_graph();
+        for (pos, &token) in prompt.iter().enumerate() {
+            self.decoder.set_input(token, pos)?;
+            self.decoder.step()?;
+        }
+        self.decoder.synchronize()?;
+        out.prompt_time = t0.elapsed();
+
+        let mut sampler = Sampler::new(opts.sampling.clone());
+        let greedy = opts.sampling.is_greedy();
+        let t1 = Instant::now();
+        let mut pos = prompt.len();
+        loop {
+            // The device has written the greedy token and the next position.
+            let (device_token, next_pos) = self.decoder.read_state()?;
+            debug_assert_eq!(next_pos, pos);
+            let logits = if opts.keep_logits || !greedy {
+                Some(self.decoder.read_logits()?)
+            } else {
+                None
+            };
+            let token = match &logits {
+                Some(l) if !greedy => sampler.sample(l),
+                _ => device_token,
+            };
+            if let Some(l) = logits.filter(|_| opts.keep_logits) {
+                out.logits.push(l);
+            }
+            out.tokens.push(token);
+            let stop = on_token(token).is_break();
+            if opts.stop_at_eos && eos.contains(&token) {
+                out.hit_eos = true;
+                break;
+            }
+            if stop || out.tokens.len() == opts.max_new_tokens {
+                break;
+            }
+            if !greedy {
+                // The state holds the greedy token; overwrite it with the sample.
+                self.decoder.set_input(token, pos)?;
+            }
+            self.decoder.step()?;
+            out.decode_steps += 1;
+            pos += 1;
+        }
+        out.decode_time = t1.elapsed();
+        Ok(out)
+    }
+}

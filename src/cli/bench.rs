@@ -1,0 +1,91 @@
+//! `tilefuse bench`: decode throughput on a preset against the bandwidth floor.
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+use crate::engine::bench::{self, DecodeBenchOptions};
+
+/// Arguments of `tilefuse bench`.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// The preset (random weights at real shape).
+    #[arg(long, default_value = "qwen3-0.6b")]
+    pub preset: String,
+    /// Tokens of KV already in the cache.
+    #[arg(long, default_value_t = 1024)]
+    pub context: usize,
+    /// Decode steps to time per mode.
+    #[arg(long, default_value_t = 128)]
+    pub tokens: usize,
+    /// `cpu`, `cuda` or `cuda:K`; default: the GPU if there is one.
+    #[arg(long)]
+    pub device: Option<String>,
+    /// Seed of the random weights.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Time eager launches only (also: TILEFUSE_CUDA_GRAPH=0).
+    #[arg(long)]
+    pub no_graph: bool,
+    /// Skip the eager comparison.
+    #[arg(long)]
+    pub no_eager: bool,
+    /// Time each block of a step on its own.
+    #[arg(long)]
+    pub profile: bool,
+    /// Also write the report as JSON.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+/// Runs `tilefuse bench`.
+pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
+    let device = super::generate::parse_device(args.device.as_deref())?;
+    let graph = !args.no_graph && std::env::var("TILEFUSE_CUDA_GRAPH").map_or(true, |v| v != "0");
+    let report = bench::run(&DecodeBenchOptions {
+        preset: args.preset.clone(),
+        context: args.context,
+        tokens: args.tokens,
+        device,
+        seed: args.seed,
+        eager: !args.no_eager,
+        graph,
+        profile: args.profile,
+    })?;
+    print!("{report}");
+    if let Some(path) = &args.json {
+        let modes: Vec<_> = report
+            .modes
+            .iter()
+            .map(|m| {
+                serde_json::json!({
+                    "mode": m.mode,
+                    "tokens_per_s": m.tokens_per_s,
+                    "ms_per_token": m.ms_per_token,
+                    "host_us_per_token": m.host_us_per_token,
+                    "pct_of_floor": report.floor_ms().map(|f| 100.0 * f / m.ms_per_token),
+                })
+            })
+            .collect();
+        let blocks: Vec<_> = report
+            .blocks
+            .iter()
+            .map(|b| serde_json::json!({"block": format!("{:?}", b.block), "launches": b.launches, "us": b.us}))
+            .collect();
+        let json = serde_json::json!({
+            "device": report.device,
+            "preset": report.preset,
+            "context": report.context,
+            "tokens": report.tokens,
+            "weight_bytes": report.weight_bytes,
+            "kv_bytes": report.kv_bytes,
+            "copy_bytes_per_s": report.copy_bytes_per_s,
+            "floor_ms": report.floor_ms(),
+            "kernels_per_step": report.kernels_per_step,
+            "modes": modes,
+            "blocks": blocks,
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&json)?)?;
+    }
+    Ok(())
+}
