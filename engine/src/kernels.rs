@@ -62,25 +62,39 @@ pub fn rms_norm_gemv<const BLOCK_N: usize, const BLOCK_K: usize>(
     #[multiple_of(8)] k: i32,
     eps: f32,
 ) {
+    let rows = program_id(0) * BLOCK_N + arange(0, BLOCK_N);
+    let row_ok = rows < n;
+    let row_offs = rows.expand_dims(1) * k;
+    // The first weight tile is requested before the norm's reduction, so its DRAM
+    // latency overlaps the reduction (and with k <= BLOCK_K it is the only tile).
+    let cols = arange(0, BLOCK_K);
+    let col_ok = cols < k;
+    let w_first = load(
+        w + row_offs + cols.expand_dims(0),
+        row_ok.expand_dims(1) & col_ok.expand_dims(0),
+        0.0,
+    );
+
     let mut sq = zeros::<f32>([BLOCK_K]);
     for k0 in (0..k).step_by(BLOCK_K) {
-        let cols = k0 + arange(0, BLOCK_K);
-        let v = load(x + cols, cols < k, 0.0) as f32;
+        let c = k0 + arange(0, BLOCK_K);
+        let v = load(x + c, c < k, 0.0) as f32;
         sq += v * v;
     }
     let inv_rms = 1.0 / sqrt(sq.sum(0) / (k as f32) + eps);
 
-    let rows = program_id(0) * BLOCK_N + arange(0, BLOCK_N);
-    let row_ok = rows < n;
-    let mut acc = zeros::<f32>([BLOCK_N, BLOCK_K]);
-    for k0 in (0..k).step_by(BLOCK_K) {
+    let xv = load(x + cols, col_ok, 0.0) as f32;
+    let g = load(norm_w + cols, col_ok, 0.0) as f32;
+    let xn = (g * ((xv * inv_rms) as bf16 as f32)) as bf16 as f32;
+    let mut acc = (w_first as f32) * xn.expand_dims(0);
+    for k0 in (BLOCK_K..k).step_by(BLOCK_K) {
         let cols = k0 + arange(0, BLOCK_K);
         let col_ok = cols < k;
         let xv = load(x + cols, col_ok, 0.0) as f32;
         let g = load(norm_w + cols, col_ok, 0.0) as f32;
         let xn = (g * ((xv * inv_rms) as bf16 as f32)) as bf16 as f32;
         let mask = row_ok.expand_dims(1) & col_ok.expand_dims(0);
-        let wt = load(w + rows.expand_dims(1) * k + cols.expand_dims(0), mask, 0.0) as f32;
+        let wt = load(w + row_offs + cols.expand_dims(0), mask, 0.0) as f32;
         acc += wt * xn.expand_dims(0);
     }
     let b = load(bias + rows, row_ok, 0.0) as f32;
@@ -127,26 +141,37 @@ pub fn rms_norm_gate_up<const BLOCK_N: usize, const BLOCK_K: usize>(
     #[multiple_of(8)] k: i32,
     eps: f32,
 ) {
+    let rows = program_id(0) * BLOCK_N + arange(0, BLOCK_N);
+    let row_ok = rows < inter;
+    let row_offs = rows.expand_dims(1) * k;
+    // First gate and up tiles requested before the norm's reduction (see rms_norm_gemv).
+    let cols = arange(0, BLOCK_K);
+    let col_ok = cols < k;
+    let mask = row_ok.expand_dims(1) & col_ok.expand_dims(0);
+    let g_first = load(w + row_offs + cols.expand_dims(0), mask, 0.0);
+    let u_first = load(w + inter * k + row_offs + cols.expand_dims(0), mask, 0.0);
+
     let mut sq = zeros::<f32>([BLOCK_K]);
     for k0 in (0..k).step_by(BLOCK_K) {
-        let cols = k0 + arange(0, BLOCK_K);
-        let v = load(x + cols, cols < k, 0.0) as f32;
+        let c = k0 + arange(0, BLOCK_K);
+        let v = load(x + c, c < k, 0.0) as f32;
         sq += v * v;
     }
     let inv_rms = 1.0 / sqrt(sq.sum(0) / (k as f32) + eps);
 
-    let rows = program_id(0) * BLOCK_N + arange(0, BLOCK_N);
-    let row_ok = rows < inter;
-    let mut acc_g = zeros::<f32>([BLOCK_N, BLOCK_K]);
-    let mut acc_u = zeros::<f32>([BLOCK_N, BLOCK_K]);
-    for k0 in (0..k).step_by(BLOCK_K) {
+    let xv = load(x + cols, col_ok, 0.0) as f32;
+    let gw = load(norm_w + cols, col_ok, 0.0) as f32;
+    let xn = ((gw * ((xv * inv_rms) as bf16 as f32)) as bf16 as f32).expand_dims(0);
+    let mut acc_g = (g_first as f32) * xn;
+    let mut acc_u = (u_first as f32) * xn;
+    for k0 in (BLOCK_K..k).step_by(BLOCK_K) {
         let cols = k0 + arange(0, BLOCK_K);
         let col_ok = cols < k;
         let xv = load(x + cols, col_ok, 0.0) as f32;
-        let g = load(norm_w + cols, col_ok, 0.0) as f32;
-        let xn = ((g * ((xv * inv_rms) as bf16 as f32)) as bf16 as f32).expand_dims(0);
+        let gw = load(norm_w + cols, col_ok, 0.0) as f32;
+        let xn = ((gw * ((xv * inv_rms) as bf16 as f32)) as bf16 as f32).expand_dims(0);
         let mask = row_ok.expand_dims(1) & col_ok.expand_dims(0);
-        let offs = rows.expand_dims(1) * k + cols.expand_dims(0);
+        let offs = row_offs + cols.expand_dims(0);
         acc_g += (load(w + offs, mask, 0.0) as f32) * xn;
         acc_u += (load(w + inter * k + offs, mask, 0.0) as f32) * xn;
     }
@@ -261,7 +286,9 @@ pub fn attention_split<const D: usize, const G: usize, const BS: usize>(
         let s = s0 + arange(0, BS);
         let ok = s < end;
         let offs = base + s.expand_dims(1) * D + d.expand_dims(0);
+        // Both tiles are requested up front, so their latencies overlap.
         let kt = load(k_cache + offs, ok.expand_dims(1), 0.0) as f32;
+        let vt = load(v_cache + offs, ok.expand_dims(1), 0.0) as f32;
         // The cache tile comes first: the product takes its layout (16-byte loads
         // along D) and `qt` is loaded to match.
         let dots = (kt.expand_dims(0) * qt.expand_dims(1)).sum(2);
@@ -270,7 +297,6 @@ pub fn attention_split<const D: usize, const G: usize, const BS: usize>(
         let m_new = maximum(m, scores.max(1));
         let p = exp(scores - m_new.expand_dims(1));
         let alpha = exp(m - m_new);
-        let vt = load(v_cache + offs, ok.expand_dims(1), 0.0) as f32;
         acc = acc * alpha.expand_dims(1) + (vt.expand_dims(0) * p.expand_dims(2)).sum(1);
         l = l * alpha + p.sum(1);
         m = m_new;
@@ -316,7 +342,7 @@ pub fn attention_combine<const D: usize, const S: usize>(
 /// Final norm and LM head: `logits = bf16(W · rmsnorm(x))` (stored as f32), plus each
 /// program's greedy candidate (largest logit, first index on ties) in `part_val` /
 /// `part_idx`, indexed by program.
-#[kernel(crate = tilefuse_dsl, BLOCK_N = [1, 2, 4, 8, 16], BLOCK_K = [256, 512, 1024], num_warps = [4, 8])]
+#[kernel(crate = tilefuse_dsl, BLOCK_N = [4, 8, 16], BLOCK_K = [256, 1024], num_warps = [4, 8])]
 pub fn lm_head_argmax<const BLOCK_N: usize, const BLOCK_K: usize>(
     x: Ptr<bf16>,
     norm_w: Ptr<bf16>,
@@ -328,25 +354,39 @@ pub fn lm_head_argmax<const BLOCK_N: usize, const BLOCK_K: usize>(
     #[multiple_of(8)] k: i32,
     eps: f32,
 ) {
+    let rows = program_id(0) * BLOCK_N + arange(0, BLOCK_N);
+    let row_ok = rows < n;
+    let row_offs = rows.expand_dims(1) * k;
+    // The first weight tile is requested before the norm's reduction, so its DRAM
+    // latency overlaps the reduction (and with k <= BLOCK_K it is the only tile).
+    let cols = arange(0, BLOCK_K);
+    let col_ok = cols < k;
+    let w_first = load(
+        w + row_offs + cols.expand_dims(0),
+        row_ok.expand_dims(1) & col_ok.expand_dims(0),
+        0.0,
+    );
+
     let mut sq = zeros::<f32>([BLOCK_K]);
     for k0 in (0..k).step_by(BLOCK_K) {
-        let cols = k0 + arange(0, BLOCK_K);
-        let v = load(x + cols, cols < k, 0.0) as f32;
+        let c = k0 + arange(0, BLOCK_K);
+        let v = load(x + c, c < k, 0.0) as f32;
         sq += v * v;
     }
     let inv_rms = 1.0 / sqrt(sq.sum(0) / (k as f32) + eps);
 
-    let rows = program_id(0) * BLOCK_N + arange(0, BLOCK_N);
-    let row_ok = rows < n;
-    let mut acc = zeros::<f32>([BLOCK_N, BLOCK_K]);
-    for k0 in (0..k).step_by(BLOCK_K) {
+    let xv = load(x + cols, col_ok, 0.0) as f32;
+    let g = load(norm_w + cols, col_ok, 0.0) as f32;
+    let xn = (g * ((xv * inv_rms) as bf16 as f32)) as bf16 as f32;
+    let mut acc = (w_first as f32) * xn.expand_dims(0);
+    for k0 in (BLOCK_K..k).step_by(BLOCK_K) {
         let cols = k0 + arange(0, BLOCK_K);
         let col_ok = cols < k;
         let xv = load(x + cols, col_ok, 0.0) as f32;
         let g = load(norm_w + cols, col_ok, 0.0) as f32;
         let xn = (g * ((xv * inv_rms) as bf16 as f32)) as bf16 as f32;
         let mask = row_ok.expand_dims(1) & col_ok.expand_dims(0);
-        let wt = load(w + rows.expand_dims(1) * k + cols.expand_dims(0), mask, 0.0) as f32;
+        let wt = load(w + row_offs + cols.expand_dims(0), mask, 0.0) as f32;
         acc += wt * xn.expand_dims(0);
     }
     let out = acc.sum(1) as bf16 as f32;

@@ -74,9 +74,14 @@ fn run_fixture(name: &str, dev: &Device, graph: bool) -> Vec<Vec<f32>> {
     out
 }
 
+/// The GPU's one stream is shared by every test thread, and a stream being captured
+/// into a graph must see no other work: GPU runs take turns.
+static GPU: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn check(name: &str) {
     let cpu = run_fixture(name, &Device::cpu(), false);
     if let Some(gpu) = gpu_or_skip(name) {
+        let _turn = GPU.lock().unwrap_or_else(|e| e.into_inner());
         let eager = run_fixture(name, &gpu, false);
         let graph = run_fixture(name, &gpu, true);
         assert_eq!(

@@ -45,6 +45,10 @@ impl Device {
     /// first, so the stream stays usable), or when the driver rejects the capture: a
     /// failed capture is an error, never a silent fallback to eager launches. Run
     /// `record`'s launches once eagerly before capturing, so that kernels are loaded.
+    ///
+    /// A device has one stream, shared by every clone of the `Device`: while a capture
+    /// is under way, no other thread may use the device (its work would be captured, or
+    /// would invalidate the capture).
     pub fn capture<E: From<RuntimeError>>(
         &self,
         record: impl FnOnce() -> Result<(), E>,

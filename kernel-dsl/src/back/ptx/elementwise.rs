@@ -435,7 +435,13 @@ impl Emitter<'_> {
                 match to {
                     DType::I32 => self.ins(format!("cvt.rzi.s32.f32 {d}, {x}")),
                     DType::U32 => self.ins(format!("cvt.rzi.u32.f32 {d}, {x}")),
-                    DType::I64 => self.ins(format!("cvt.rzi.s64.f32 {d}, {x}")),
+                    DType::I64 => {
+                        // The 64-bit cvt maps NaN to i64::MIN, not 0: select 0 for NaN.
+                        let nan = self.reg(Rk::P);
+                        self.ins(format!("cvt.rzi.s64.f32 {d}, {x}"));
+                        self.ins(format!("setp.nan.f32 {nan}, {x}, {x}"));
+                        self.ins(format!("selp.b64 {d}, 0, {d}, {nan}"));
+                    }
                     _ => {
                         self.ins(format!("cvt.rzi.u32.f32 {d}, {x}"));
                         self.ins(format!("min.u32 {d}, {d}, 255"));
