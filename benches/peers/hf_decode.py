@@ -1028,6 +1028,9 @@ def main(argv=None):
         pass
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda":
+        # An index is required by set_device on some torch versions.
+        if device.index is None:
+            device = torch.device("cuda", 0)
         torch.cuda.set_device(device)
     dtype = getattr(torch, args.dtype)
     env = environment(device)

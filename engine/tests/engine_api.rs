@@ -1,0 +1,218 @@
+//! The library API: generation on every available device, graph replay against eager
+//! launches, sampling, and errors for bad input.
+
+use std::ops::ControlFlow;
+
+use tilefuse_dsl::runtime::testing::gpu_or_skip;
+use tilefuse_dsl::runtime::Device;
+use tilefuse_engine::reference::argmax;
+use tilefuse_engine::{Engine, EngineError, EngineOptions, GenerateOptions, Sampling};
+
+fn engine(dev: &Device, graph: bool, max_seq_len: usize) -> Engine {
+    Engine::from_preset(
+        "tiny-qwen3",
+        7,
+        EngineOptions {
+            device: dev.clone(),
+            max_seq_len: Some(max_seq_len),
+            cuda_graph: graph,
+        },
+    )
+    .unwrap()
+}
+
+fn opts(max_new_tokens: usize) -> GenerateOptions {
+    GenerateOptions {
+        max_new_tokens,
+        stop_at_eos: false,
+        keep_logits: true,
+        ..GenerateOptions::default()
+    }
+}
+
+#[test]
+fn greedy_tokens_are_the_argmax_of_their_logits_and_stream_in_order() {
+    let mut e = engine(&Device::cpu(), false, 64);
+    let mut streamed = Vec::new();
+    let out = e
+        .generate(&[3, 17, 256, 9], &opts(10), |t| {
+            streamed.push(t);
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+    assert_eq!(out.tokens.len(), 10);
+    assert_eq!(streamed, out.tokens);
+    assert_eq!(out.logits.len(), 10);
+    for (t, l) in out.tokens.iter().zip(&out.logits) {
+        assert_eq!(l.len(), e.config().vocab_size);
+        assert_eq!(*t as usize, argmax(l));
+    }
+    assert_eq!(out.decode_steps, 9);
+    assert!(!out.used_graph);
+
+    // A second call starts from an empty cache: the same prompt gives the same tokens.
+    let again = e
+        .generate(&[3, 17, 256, 9], &opts(10), |_| ControlFlow::Continue(()))
+        .unwrap();
+    assert_eq!(again.tokens, out.tokens);
+}
+
+#[test]
+fn the_callback_stops_generation_and_eos_ends_it() {
+    let mut e = engine(&Device::cpu(), false, 64);
+    let mut n = 0;
+    let out = e
+        .generate(&[1, 2], &opts(20), |_| {
+            n += 1;
+            if n == 3 {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
+        })
+        .unwrap();
+    assert_eq!(out.tokens.len(), 3);
+
+    // Make the first greedy token an end-of-sequence token: generation stops there.
+    let first = out.tokens[0];
+    let (cfg, w) = tilefuse_engine::preset::load("tiny-qwen3", 7).unwrap();
+    let cfg = tilefuse_engine::ModelConfig {
+        eos_token_ids: vec![first],
+        ..cfg
+    };
+    let mut e = Engine::from_weights(
+        &cfg,
+        &w,
+        EngineOptions {
+            device: Device::cpu(),
+            max_seq_len: Some(64),
+            cuda_graph: false,
+        },
+    )
+    .unwrap();
+    let out = e
+        .generate(
+            &[1, 2],
+            &GenerateOptions {
+                stop_at_eos: true,
+                ..opts(20)
+            },
+            |_| ControlFlow::Continue(()),
+        )
+        .unwrap();
+    assert_eq!(out.tokens, vec![first]);
+    assert!(out.hit_eos);
+}
+
+#[test]
+fn sampling_is_seeded_and_stays_in_the_top_k() {
+    let mut e = engine(&Device::cpu(), false, 64);
+    let sampled = |e: &mut Engine, seed| {
+        let o = GenerateOptions {
+            sampling: Sampling {
+                temperature: 1.5,
+                top_k: 5,
+                top_p: 0.95,
+                seed,
+            },
+            ..opts(8)
+        };
+        e.generate(&[5, 6, 7], &o, |_| ControlFlow::Continue(()))
+            .unwrap()
+    };
+    let a = sampled(&mut e, 1);
+    let b = sampled(&mut e, 1);
+    assert_eq!(a.tokens, b.tokens, "same seed, same tokens");
+    for (t, l) in a.tokens.iter().zip(&a.logits) {
+        let mut order: Vec<usize> = (0..l.len()).collect();
+        order.sort_by(|&x, &y| l[y].total_cmp(&l[x]));
+        assert!(
+            order[..5].contains(&(*t as usize)),
+            "token {t} outside the top 5"
+        );
+    }
+}
+
+#[test]
+fn bad_input_is_a_clear_error() {
+    let mut e = engine(&Device::cpu(), false, 16);
+    let go = |e: &mut Engine, prompt: &[u32], o: &GenerateOptions| {
+        e.generate(prompt, o, |_| ControlFlow::Continue(()))
+            .unwrap_err()
+    };
+    assert!(matches!(
+        go(&mut e, &[], &opts(4)),
+        EngineError::EmptyPrompt
+    ));
+    let err = go(&mut e, &[1, 1000], &opts(4));
+    assert!(
+        matches!(
+            err,
+            EngineError::TokenOutOfRange {
+                token: 1000,
+                vocab: 1000
+            }
+        ),
+        "{err}"
+    );
+    let err = go(&mut e, &[1; 10], &opts(8));
+    assert!(err.to_string().contains("max_seq_len = 16"), "{err}");
+    let bad = GenerateOptions {
+        sampling: Sampling {
+            temperature: f32::NAN,
+            ..Sampling::greedy()
+        },
+        ..opts(4)
+    };
+    assert!(go(&mut e, &[1], &bad).to_string().contains("temperature"));
+    // After errors the engine still works.
+    let ok = e
+        .generate(&[1, 2], &opts(3), |_| ControlFlow::Continue(()))
+        .unwrap();
+    assert_eq!(ok.tokens.len(), 3);
+
+    let err = Engine::from_preset("no-such-model", 0, EngineOptions::default()).unwrap_err();
+    assert!(err.to_string().contains("no-such-model"), "{err}");
+    let err = Engine::load("/nonexistent/model", EngineOptions::default()).unwrap_err();
+    assert!(err.to_string().contains("/nonexistent/model"), "{err}");
+}
+
+/// The GPU's one stream is shared by every test thread, and a stream being captured
+/// must see no other work: GPU tests take turns.
+static GPU: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+#[test]
+fn graph_replay_and_eager_launches_give_bit_identical_logits_over_80_tokens() {
+    let Some(gpu) = gpu_or_skip("graph_replay_and_eager_launches_give_bit_identical_logits") else {
+        return;
+    };
+    let _turn = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let prompt: Vec<u32> = (0..20).map(|i| (i * 37 + 11) % 1000).collect();
+    let mut runs = Vec::new();
+    for graph in [true, false] {
+        let mut e = engine(&gpu, graph, 128);
+        let out = e
+            .generate(&prompt, &opts(80), |_| ControlFlow::Continue(()))
+            .unwrap();
+        assert_eq!(out.used_graph, graph);
+        assert_eq!(out.tokens.len(), 80);
+        runs.push(out);
+    }
+    assert_eq!(runs[0].tokens, runs[1].tokens);
+    for (step, (g, e)) in runs[0].logits.iter().zip(&runs[1].logits).enumerate() {
+        let same = g.iter().zip(e).all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same, "step {step}: graph and eager logits differ");
+    }
+
+    // The interpreter agrees with the GPU (to f32 summation order).
+    let mut cpu = engine(&Device::cpu(), false, 128);
+    let c = cpu
+        .generate(&prompt, &opts(16), |_| ControlFlow::Continue(()))
+        .unwrap();
+    for (step, (g, c)) in runs[0].logits.iter().zip(&c.logits).enumerate() {
+        let num: f32 = g.iter().zip(c).map(|(a, b)| (a - b) * (a - b)).sum();
+        let den: f32 = c.iter().map(|b| b * b).sum();
+        let rel = (num / den).sqrt();
+        assert!(rel < 1e-2, "step {step}: GPU vs interpreter {rel:.3e}");
+    }
+}

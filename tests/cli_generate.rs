@@ -1,0 +1,156 @@
+//! `tilefuse generate` and `tilefuse bench` as a user runs them (on the interpreter).
+
+use std::process::Command;
+
+fn tilefuse(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_tilefuse"))
+        .args(args)
+        .env("TILEFUSE_DEVICE", "cpu")
+        .output()
+        .expect("run tilefuse")
+}
+
+#[test]
+fn generate_writes_tokens_and_logits_json() {
+    let dir = std::env::temp_dir().join(format!("tilefuse-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let logits = dir.join("logits.json");
+    let out = tilefuse(&[
+        "generate",
+        "--preset",
+        "tiny-qwen3",
+        "--prompt-ids",
+        "5,6,7",
+        "--max-new-tokens",
+        "4",
+        "--ignore-eos",
+        "--device",
+        "cpu",
+        "--logits-out",
+        logits.to_str().unwrap(),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("tokens/s"), "summary line: {stderr}");
+    let printed: Vec<u32> = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .map(|t| t.parse().unwrap())
+        .collect();
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&logits).unwrap()).unwrap();
+    let tokens: Vec<u32> = json["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_u64().unwrap() as u32)
+        .collect();
+    assert_eq!(printed, tokens);
+    assert_eq!(json["prompt_ids"], serde_json::json!([5, 6, 7]));
+    let rows = json["logits"].as_array().unwrap();
+    assert_eq!(rows.len(), 4);
+    for (row, &t) in rows.iter().zip(&tokens) {
+        let row: Vec<f64> = row
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .collect();
+        assert_eq!(row.len(), 1000);
+        let best = (0..row.len()).fold(0, |b, i| if row[i] > row[b] { i } else { b });
+        assert_eq!(
+            best as u32, t,
+            "greedy token is the argmax of its logits row"
+        );
+    }
+}
+
+#[test]
+fn bad_arguments_are_clear_errors() {
+    let out = tilefuse(&[
+        "generate",
+        "--preset",
+        "tiny-qwen3",
+        "--prompt-ids",
+        "5,99999",
+        "--device",
+        "cpu",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("99999"), "{err}");
+
+    let out = tilefuse(&[
+        "generate",
+        "--model",
+        "/nonexistent/dir",
+        "--prompt-ids",
+        "1",
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/dir"));
+
+    // A preset has no tokenizer: text prompts need one.
+    let out = tilefuse(&[
+        "generate",
+        "--preset",
+        "tiny-qwen3",
+        "--prompt",
+        "hi",
+        "--device",
+        "cpu",
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("tokenizer"));
+
+    let out = tilefuse(&[
+        "generate",
+        "--preset",
+        "tiny-qwen3",
+        "--prompt-ids",
+        "1",
+        "--device",
+        "tpu",
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--device tpu"));
+
+    if !tilefuse::dsl::runtime::cuda_available() {
+        let out = tilefuse(&[
+            "generate",
+            "--preset",
+            "tiny-qwen3",
+            "--prompt-ids",
+            "1",
+            "--device",
+            "cuda",
+        ]);
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("CUDA"), "{err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}
+
+#[test]
+fn bench_runs_on_the_interpreter() {
+    let out = tilefuse(&[
+        "bench",
+        "--preset",
+        "tiny-qwen3",
+        "--context",
+        "8",
+        "--tokens",
+        "4",
+        "--device",
+        "cpu",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("tokens/s") && text.contains("eager"),
+        "{text}"
+    );
+}
