@@ -104,6 +104,14 @@ impl CudaDevice {
     pub fn name(&self) -> &str {
         &self.name
     }
+
+    /// Whether launches use programmatic dependent launch: on Hopper and newer (where
+    /// the sm_90 PTX waits for its predecessor itself), unless `TILEFUSE_PDL=0`.
+    pub fn programmatic_launch(&self) -> bool {
+        static ENABLED: OnceLock<bool> = OnceLock::new();
+        self.compute_capability.0 >= 9
+            && *ENABLED.get_or_init(|| std::env::var("TILEFUSE_PDL").map_or(true, |v| v != "0"))
+    }
 }
 
 impl fmt::Debug for CudaDevice {

@@ -550,6 +550,41 @@ impl KernelDef {
             .bind_to_thread()
             .map_err(driver_err("binding the context"))?;
         let block = 32 * variant.num_warps;
+        if dev.programmatic_launch() && !variant.ptx_sm90.is_empty() {
+            // The sm_90 PTX waits for the previous kernel (`griddepcontrol.wait`) before
+            // any global access, so the launch may overlap the previous kernel's tail.
+            use cudarc::driver::sys;
+            let mut attr = sys::CUlaunchAttribute {
+                id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+                pad: [0; 4],
+                // SAFETY: an all-zero value is valid for this plain-data union.
+                value: unsafe { std::mem::zeroed() },
+            };
+            attr.value.programmaticStreamSerializationAllowed = 1;
+            let config = sys::CUlaunchConfig {
+                gridDimX: grid[0],
+                gridDimY: grid[1],
+                gridDimZ: grid[2],
+                blockDimX: block,
+                blockDimY: 1,
+                blockDimZ: 1,
+                sharedMemBytes: 0,
+                hStream: dev.stream().cu_stream(),
+                attrs: &mut attr,
+                numAttrs: 1,
+            };
+            // SAFETY: as below; `config` and `attr` outlive the call.
+            return unsafe {
+                sys::cuLaunchKernelEx(
+                    &config,
+                    f.cu_function(),
+                    params.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+            }
+            .result()
+            .map_err(driver_err("launching (programmatic dependent launch)"));
+        }
         // SAFETY: the arguments were checked against the signature the PTX was generated
         // from (count, pointer vs scalar, dtype, device); each slot holds the parameter's
         // value in its native size and outlives the call, which copies them.

@@ -213,6 +213,13 @@ pub fn compile(kernel: &Kernel, target: Target) -> Result<PtxKernel, CompileErro
         let _ = writeln!(ptx, "\t// p{i}: {} {:?}", p.name, p.kind);
     }
     ptx.push_str(&e.pro);
+    if target == Target::Sm90 {
+        // Programmatic dependent launch (Hopper): let the next kernel of the stream be
+        // scheduled now, and wait for the previous kernel's completion (and memory)
+        // before touching global memory. Launched without the PDL attribute, both are
+        // no-ops; with it, back-to-back kernels overlap their launch latency.
+        ptx.push_str("\tgriddepcontrol.launch_dependents;\n\tgriddepcontrol.wait;\n");
+    }
     ptx.push_str(&e.code);
     ptx.push_str("\tret;\n}\n");
     Ok(PtxKernel {
