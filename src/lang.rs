@@ -353,8 +353,9 @@ pub fn load<T>(ptrs: Ptr<T>, mask: Tile<bool>, other: Tile<T>) -> Tile<T> {
 }
 
 /// Stores `values` through `ptrs`: `store(ptrs, values)` or `store(ptrs, values, mask)`.
-/// Masked-off lanes write nothing; when two lanes hit one address, the highest linear
-/// index wins. A statement: it returns nothing.
+/// Masked-off lanes write nothing. Two unmasked lanes writing different values to one
+/// address is an error on the interpreter (on a GPU the winner is unspecified); equal
+/// values are fine. A statement: it returns nothing.
 ///
 /// ```rust,ignore
 /// store(out + offs, a + b, offs < n);
@@ -363,6 +364,22 @@ pub fn store<T>(ptrs: Ptr<T>, values: Tile<T>, mask: Tile<bool>) {
     let _ = (values, mask);
     match ptrs.never {}
 }
+
+/// Waits until the kernels launched before this one on the stream have finished and
+/// their writes are visible. A statement, only at the top level of the kernel body.
+///
+/// On Hopper, tilefuse launches kernels with programmatic dependent launch: a kernel
+/// may start while its predecessor is still running, and by default waits at entry.
+/// Placing the wait yourself lets the loads above it (of data no kernel of the stream
+/// writes, such as weights) overlap the predecessor's tail. Everything read before the
+/// wait must be immutable; nothing may be written before it. Elsewhere it is a no-op.
+///
+/// ```rust,ignore
+/// let w_tile = load(w + rows.expand_dims(1) * k + cols.expand_dims(0)); // weights
+/// wait_for_prior_kernels();
+/// let x_tile = load(x + cols); // written by the previous kernel
+/// ```
+pub fn wait_for_prior_kernels() {}
 
 /// Triton's `tl.where` (`where` is a Rust keyword): `cond ? a : b` elementwise, with
 /// broadcasting of all three.

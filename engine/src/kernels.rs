@@ -74,6 +74,9 @@ pub fn rms_norm_gemv<const BLOCK_N: usize, const BLOCK_K: usize>(
         row_ok.expand_dims(1) & col_ok.expand_dims(0),
         0.0,
     );
+    // Weights are never written during decode: only now wait for the kernels before
+    // this one (with programmatic launch on Hopper, the loads above overlap their tail).
+    wait_for_prior_kernels();
 
     let mut sq = zeros::<f32>([BLOCK_K]);
     for k0 in (0..k).step_by(BLOCK_K) {
@@ -113,13 +116,25 @@ pub fn gemv_residual<const BLOCK_N: usize, const BLOCK_K: usize>(
 ) {
     let rows = program_id(0) * BLOCK_N + arange(0, BLOCK_N);
     let row_ok = rows < n;
-    let mut acc = zeros::<f32>([BLOCK_N, BLOCK_K]);
-    for k0 in (0..k).step_by(BLOCK_K) {
+    let row_offs = rows.expand_dims(1) * k;
+    // The first weight tile is requested before waiting for the kernels that produce
+    // `a` and `x` (see rms_norm_gemv).
+    let cols = arange(0, BLOCK_K);
+    let col_ok = cols < k;
+    let w_first = load(
+        w + row_offs + cols.expand_dims(0),
+        row_ok.expand_dims(1) & col_ok.expand_dims(0),
+        0.0,
+    );
+    wait_for_prior_kernels();
+    let av = load(a + cols, col_ok, 0.0) as f32;
+    let mut acc = (w_first as f32) * av.expand_dims(0);
+    for k0 in (BLOCK_K..k).step_by(BLOCK_K) {
         let cols = k0 + arange(0, BLOCK_K);
         let col_ok = cols < k;
         let av = load(a + cols, col_ok, 0.0) as f32;
         let mask = row_ok.expand_dims(1) & col_ok.expand_dims(0);
-        let wt = load(w + rows.expand_dims(1) * k + cols.expand_dims(0), mask, 0.0) as f32;
+        let wt = load(w + row_offs + cols.expand_dims(0), mask, 0.0) as f32;
         acc += wt * av.expand_dims(0);
     }
     let b = load(bias + rows, row_ok, 0.0) as f32;
@@ -150,6 +165,7 @@ pub fn rms_norm_gate_up<const BLOCK_N: usize, const BLOCK_K: usize>(
     let mask = row_ok.expand_dims(1) & col_ok.expand_dims(0);
     let g_first = load(w + row_offs + cols.expand_dims(0), mask, 0.0);
     let u_first = load(w + inter * k + row_offs + cols.expand_dims(0), mask, 0.0);
+    wait_for_prior_kernels();
 
     let mut sq = zeros::<f32>([BLOCK_K]);
     for k0 in (0..k).step_by(BLOCK_K) {
@@ -366,6 +382,9 @@ pub fn lm_head_argmax<const BLOCK_N: usize, const BLOCK_K: usize>(
         row_ok.expand_dims(1) & col_ok.expand_dims(0),
         0.0,
     );
+    // Weights are never written during decode: only now wait for the kernels before
+    // this one (with programmatic launch on Hopper, the loads above overlap their tail).
+    wait_for_prior_kernels();
 
     let mut sq = zeros::<f32>([BLOCK_K]);
     for k0 in (0..k).step_by(BLOCK_K) {

@@ -199,3 +199,36 @@ fn immutable_assignment_and_unknown_names() {
     let e = error_of("#[kernel] fn k(x: Ptr<i32>) { store(x, y); }", &[]);
     assert!(e.contains("unknown name `y`"), "{e}");
 }
+
+#[test]
+fn wait_for_prior_kernels_only_at_top_level_and_placed_in_sm90_ptx() {
+    let e = error_of(
+        "#[kernel] fn k(x: Ptr<f32>, n: i32) { if n > 0 { wait_for_prior_kernels(); } }",
+        &[],
+    );
+    assert!(e.contains("top level"), "{e}");
+    let e = error_of("#[kernel] fn k(x: Ptr<f32>) { wait_for_prior_kernels(1); }", &[]);
+    assert!(e.contains("no arguments"), "{e}");
+
+    let src = "#[kernel(B = [128])] fn k<const B: usize>(w: Ptr<f32>, x: Ptr<f32>) {
+        let offs = arange(0, B);
+        let wv = load(w + offs);
+        wait_for_prior_kernels();
+        store(x + offs, load(x + offs) + wv);
+    }";
+    let k = compile_source(src, &spec(&[("B", 128)], 4)).unwrap();
+    let p90 = tilefuse_dsl::back::ptx::compile(&k, tilefuse_dsl::back::ptx::Target::Sm90).unwrap();
+    let wait = p90.ptx.find("griddepcontrol.wait").expect("a wait");
+    assert_eq!(p90.ptx.matches("griddepcontrol.wait").count(), 1, "{}", p90.ptx);
+    let w_load = p90.ptx.find("ld.global.nc").expect("the weight load");
+    assert!(w_load < wait, "the weight load comes before the wait");
+    assert!(p90.ptx.contains("griddepcontrol.launch_dependents"));
+    let p80 = tilefuse_dsl::back::ptx::compile(&k, tilefuse_dsl::back::ptx::Target::Sm80).unwrap();
+    assert!(!p80.ptx.contains("griddepcontrol"), "sm_80 has no programmatic launch");
+
+    // Without an explicit wait, sm_90 code waits at entry, before any access.
+    let k = compile_source(ADD, &spec(&[("BLOCK", 64)], 4)).unwrap();
+    let p90 = tilefuse_dsl::back::ptx::compile(&k, tilefuse_dsl::back::ptx::Target::Sm90).unwrap();
+    let wait = p90.ptx.find("griddepcontrol.wait").expect("a wait");
+    assert!(wait < p90.ptx.find("ld.global").unwrap());
+}

@@ -250,6 +250,21 @@ impl Lower {
                 r
             }
             SynExpr::Call(c) if call_name(&c.func).as_deref() == Some("store") => self.store(c),
+            SynExpr::Call(c) if call_name(&c.func).as_deref() == Some("wait_for_prior_kernels") => {
+                if !c.args.is_empty() {
+                    return self.err(c.span(), "`wait_for_prior_kernels()` takes no arguments");
+                }
+                // Nested in a loop or branch, a program could skip the wait.
+                if self.blocks.len() > 1 {
+                    return self.err(
+                        c.span(),
+                        "`wait_for_prior_kernels()` must be at the top level of the kernel body",
+                    );
+                }
+                let loc = self.loc(c.span());
+                self.push_stmt(Stmt::WaitPriorKernels { loc });
+                Ok(())
+            }
             SynExpr::Return(r) => self.err(
                 r.span(),
                 "`return` is not supported: guard the work with masks or an `if`",

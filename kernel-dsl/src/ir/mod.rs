@@ -546,6 +546,13 @@ pub enum Stmt {
         /// The statement's location.
         loc: Loc,
     },
+    /// `wait_for_prior_kernels()`: memory written by the kernels launched before this
+    /// one on the stream is visible after this point (Hopper's programmatic dependent
+    /// launch); a no-op elsewhere. Only at the top level of the kernel body.
+    WaitPriorKernels {
+        /// The statement's location.
+        loc: Loc,
+    },
     /// `if cond { .. } else { .. }` on a scalar `bool`.
     If {
         /// A scalar `bool`.

@@ -110,6 +110,13 @@ impl Infer<'_> {
 
     fn stmt(&mut self, s: &Stmt) -> R<()> {
         match s {
+            Stmt::WaitPriorKernels { loc } => {
+                self.blocks
+                    .last_mut()
+                    .expect("open block")
+                    .push(Stmt::WaitPriorKernels { loc: *loc });
+                Ok(())
+            }
             Stmt::Let(v) => {
                 let new = self.expr(*v)?;
                 self.map[v.index()] = Some(new);

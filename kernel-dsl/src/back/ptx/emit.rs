@@ -3,6 +3,9 @@
 //! control flow. Elementwise ops live in `elementwise.rs`, memory ops in `memory.rs`,
 //! reductions in `reduce.rs`, `dot` in `dot.rs`.
 
+/// Where `wait_for_prior_kernels()` was; `compile` turns it into the target's wait.
+pub(super) const WAIT_MARKER: &str = "\t// wait_for_prior_kernels\n";
+
 use std::collections::HashMap;
 use std::fmt::Write;
 
@@ -479,6 +482,11 @@ impl<'k> Emitter<'k> {
     fn stmt(&mut self, s: &Stmt) -> Res<()> {
         match s {
             Stmt::Let(v) => self.let_(*v),
+            Stmt::WaitPriorKernels { .. } => {
+                // Becomes `griddepcontrol.wait` for sm_90 (see `compile`).
+                self.code.push_str(WAIT_MARKER);
+                Ok(())
+            }
             Stmt::Store {
                 ptr,
                 value,

@@ -213,14 +213,24 @@ pub fn compile(kernel: &Kernel, target: Target) -> Result<PtxKernel, CompileErro
         let _ = writeln!(ptx, "\t// p{i}: {} {:?}", p.name, p.kind);
     }
     ptx.push_str(&e.pro);
+    let explicit_wait = e.code.contains(emit::WAIT_MARKER);
     if target == Target::Sm90 {
         // Programmatic dependent launch (Hopper): let the next kernel of the stream be
         // scheduled now, and wait for the previous kernel's completion (and memory)
-        // before touching global memory. Launched without the PDL attribute, both are
-        // no-ops; with it, back-to-back kernels overlap their launch latency.
-        ptx.push_str("\tgriddepcontrol.launch_dependents;\n\tgriddepcontrol.wait;\n");
+        // before touching global memory, at entry unless the kernel placed
+        // `wait_for_prior_kernels()` itself (after loads of data no prior kernel
+        // writes, such as weights). Launched without the PDL attribute, both are no-ops.
+        ptx.push_str("\tgriddepcontrol.launch_dependents;\n");
+        if !explicit_wait {
+            ptx.push_str("\tgriddepcontrol.wait;\n");
+        }
+        ptx.push_str(
+            &e.code
+                .replace(emit::WAIT_MARKER, "\tgriddepcontrol.wait;\n"),
+        );
+    } else {
+        ptx.push_str(&e.code);
     }
-    ptx.push_str(&e.code);
     ptx.push_str("\tret;\n}\n");
     Ok(PtxKernel {
         ptx,
