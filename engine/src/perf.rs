@@ -688,7 +688,7 @@ impl GemvWorkload {
     /// The default configuration from [`tuning`].
     pub fn default_config(&self) -> GemvConfig {
         match self.kind {
-            GemvKind::RmsNormGateUp => tuning::gemv_config(self.n / 2, self.k),
+            GemvKind::RmsNormGateUp => tuning::gate_up_config(self.n / 2, self.k),
             GemvKind::LmHead => tuning::lm_head_config(self.n, self.k),
             _ => tuning::gemv_config(self.n, self.k),
         }

@@ -45,19 +45,13 @@ pub fn gemv_config(n: usize, k: usize) -> GemvConfig {
 
 /// [`gemv_config`] for a GPU with `sm_count` SMs.
 ///
-/// From the sweep of `examples/bandwidth.rs --sweep` (H100, 2026-11-22, see
-/// docs/perf.md): tall matrices (many rows, `k` ≈ 1024) do best with 8 rows per program
-/// and 256-column steps; short wide ones (`n` ≈ 1024, `k` ≥ 2048) with 2 rows per
-/// program over 8 warps, so that there are enough programs to fill the SMs.
-pub fn gemv_config_for(n: usize, k: usize, sm_count: usize) -> GemvConfig {
+/// From `examples/bandwidth.rs` (H100, 2026-11-22, see docs/perf.md): tall matrices
+/// (many rows, `k` ≈ 1024) do best with 4 rows per program, 512-column steps and 8
+/// warps; short wide ones (`n` ≈ 1024, `k` ≥ 2048) with 2 rows per program and
+/// 1024-column steps over 8 warps, which keeps enough programs to fill the SMs.
+pub fn gemv_config_for(n: usize, _k: usize, sm_count: usize) -> GemvConfig {
     let tall = n >= 8 * 2 * sm_count.max(1);
-    let (block_n, block_k, num_warps) = if tall {
-        (8, 256, 4)
-    } else if k <= 2048 {
-        (2, 256, 8)
-    } else {
-        (2, 1024, 8)
-    };
+    let (block_n, block_k, num_warps) = if tall { (4, 512, 8) } else { (2, 1024, 8) };
     GemvConfig {
         block_n,
         block_k,
@@ -70,8 +64,7 @@ pub fn gemv_config_for(n: usize, k: usize, sm_count: usize) -> GemvConfig {
 /// accumulators at 8 warps exceed ptxas' register budget and spill.
 ///
 /// Measured best for Qwen3-0.6B's 3072 × 1024: 8 rows, 512-column steps.
-pub fn gate_up_config(inter: usize, k: usize) -> GemvConfig {
-    let _ = k;
+pub fn gate_up_config(inter: usize, _k: usize) -> GemvConfig {
     GemvConfig {
         block_n: if inter >= 1024 { 8 } else { 2 },
         block_k: 512,
@@ -80,8 +73,7 @@ pub fn gate_up_config(inter: usize, k: usize) -> GemvConfig {
 }
 
 /// The default configuration of [`kernels::lm_head_argmax`] for a `[vocab, k]` head.
-pub fn lm_head_config(vocab: usize, k: usize) -> GemvConfig {
-    let _ = k;
+pub fn lm_head_config(vocab: usize, _k: usize) -> GemvConfig {
     // Large vocabularies have programs to spare: more rows per program means fewer
     // partial candidates for `argmax_finish`.
     GemvConfig {
@@ -194,7 +186,7 @@ mod tests {
     fn gemv_defaults_fill_the_gpu() {
         let c = gemv_config(1024, 2048);
         assert!(c.grid(1024) as usize >= 2 * DEFAULT_SM_COUNT);
-        assert_eq!(gemv_config(4096, 1024).block_n, 8);
+        assert_eq!(gemv_config(4096, 1024).block_n, 4);
         assert_eq!(argmax_finish_block(9496), 4096);
         assert_eq!(argmax_finish_block(13), 256);
     }

@@ -207,7 +207,10 @@ fn wait_for_prior_kernels_only_at_top_level_and_placed_in_sm90_ptx() {
         &[],
     );
     assert!(e.contains("top level"), "{e}");
-    let e = error_of("#[kernel] fn k(x: Ptr<f32>) { wait_for_prior_kernels(1); }", &[]);
+    let e = error_of(
+        "#[kernel] fn k(x: Ptr<f32>) { wait_for_prior_kernels(1); }",
+        &[],
+    );
     assert!(e.contains("no arguments"), "{e}");
 
     let src = "#[kernel(B = [128])] fn k<const B: usize>(w: Ptr<f32>, x: Ptr<f32>) {
@@ -219,12 +222,20 @@ fn wait_for_prior_kernels_only_at_top_level_and_placed_in_sm90_ptx() {
     let k = compile_source(src, &spec(&[("B", 128)], 4)).unwrap();
     let p90 = tilefuse_dsl::back::ptx::compile(&k, tilefuse_dsl::back::ptx::Target::Sm90).unwrap();
     let wait = p90.ptx.find("griddepcontrol.wait").expect("a wait");
-    assert_eq!(p90.ptx.matches("griddepcontrol.wait").count(), 1, "{}", p90.ptx);
+    assert_eq!(
+        p90.ptx.matches("griddepcontrol.wait").count(),
+        1,
+        "{}",
+        p90.ptx
+    );
     let w_load = p90.ptx.find("ld.global.nc").expect("the weight load");
     assert!(w_load < wait, "the weight load comes before the wait");
     assert!(p90.ptx.contains("griddepcontrol.launch_dependents"));
     let p80 = tilefuse_dsl::back::ptx::compile(&k, tilefuse_dsl::back::ptx::Target::Sm80).unwrap();
-    assert!(!p80.ptx.contains("griddepcontrol"), "sm_80 has no programmatic launch");
+    assert!(
+        !p80.ptx.contains("griddepcontrol"),
+        "sm_80 has no programmatic launch"
+    );
 
     // Without an explicit wait, sm_90 code waits at entry, before any access.
     let k = compile_source(ADD, &spec(&[("BLOCK", 64)], 4)).unwrap();
