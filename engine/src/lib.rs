@@ -1,6 +1,12 @@
 //! The decode engine: Hugging Face checkpoints (Qwen3, Qwen2/2.5, Llama 3.x),
-//! built-in presets with random weights, and a host reference decoder.
+//! built-in presets with random weights, decode through fused tilefuse kernels with one
+//! CUDA graph per token, and a host reference decoder.
 //!
+//! - [`engine`](mod@engine): [`Engine`], the library entry point (load, generate).
+//! - [`decode`]: [`Decoder`], the model on a device: weights, KV cache, one step of
+//!   kernel launches, graph capture.
+//! - [`sampling`]: greedy / temperature / top-k / top-p.
+//! - [`bench`](mod@bench): the decode benchmark behind `tilefuse bench`.
 //! - [`config`]: `config.json` / `generation_config.json` → [`ModelConfig`].
 //! - [`weights`]: memory-mapped safetensors, looked up by tensor name.
 //! - [`model`]: per-layer weights ([`ModelWeights`]) and [`Checkpoint`].
