@@ -63,21 +63,29 @@ fn generate_writes_tokens_and_logits_json() {
     }
 }
 
+/// Runs `tilefuse generate` with `args` after the preset; it must fail, without a panic,
+/// with a message naming `needle`.
+fn generate_fails_with(args: &[&str], needle: &str) {
+    let mut all = vec!["generate", "--preset", "tiny-qwen3"];
+    all.extend_from_slice(args);
+    let out = tilefuse(&all);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{all:?} succeeded");
+    assert!(
+        err.contains(needle) && !err.contains("panicked"),
+        "{all:?}: {err}"
+    );
+}
+
 #[test]
 fn bad_arguments_are_clear_errors() {
-    let out = tilefuse(&[
-        "generate",
-        "--preset",
-        "tiny-qwen3",
-        "--prompt-ids",
-        "5,99999",
-        "--device",
-        "cpu",
-    ]);
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("99999"), "{err}");
-
+    generate_fails_with(&["--prompt-ids", "5,99999", "--device", "cpu"], "99999");
+    // A preset has no tokenizer: text prompts need one.
+    generate_fails_with(&["--prompt", "hi", "--device", "cpu"], "tokenizer");
+    generate_fails_with(&["--prompt-ids", "1", "--device", "tpu"], "--device tpu");
+    if !tilefuse::dsl::runtime::cuda_available() {
+        generate_fails_with(&["--prompt-ids", "1", "--device", "cuda"], "CUDA");
+    }
     let out = tilefuse(&[
         "generate",
         "--model",
@@ -87,47 +95,6 @@ fn bad_arguments_are_clear_errors() {
     ]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/dir"));
-
-    // A preset has no tokenizer: text prompts need one.
-    let out = tilefuse(&[
-        "generate",
-        "--preset",
-        "tiny-qwen3",
-        "--prompt",
-        "hi",
-        "--device",
-        "cpu",
-    ]);
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("tokenizer"));
-
-    let out = tilefuse(&[
-        "generate",
-        "--preset",
-        "tiny-qwen3",
-        "--prompt-ids",
-        "1",
-        "--device",
-        "tpu",
-    ]);
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--device tpu"));
-
-    if !tilefuse::dsl::runtime::cuda_available() {
-        let out = tilefuse(&[
-            "generate",
-            "--preset",
-            "tiny-qwen3",
-            "--prompt-ids",
-            "1",
-            "--device",
-            "cuda",
-        ]);
-        assert!(!out.status.success());
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains("CUDA"), "{err}");
-        assert!(!err.contains("panicked"), "{err}");
-    }
 }
 
 #[test]
