@@ -221,7 +221,9 @@ pub fn qk_norm_rope_append<const D: usize>(
     eps: f32,
 ) {
     let head = program_id(0);
-    let pos = load(state + 1);
+    // Clamped so that a step past the cache's end stays inside every buffer (its
+    // result is meaningless; the engine never runs one).
+    let pos = minimum(load(state + 1), max_seq - 1);
     let i = arange(0, D / 2);
     let lo = load(qkv + head * D + i) as f32;
     let hi = load(qkv + head * D + D / 2 + i) as f32;
@@ -278,7 +280,8 @@ pub fn attention_split<const D: usize, const G: usize, const BS: usize>(
     let kv_head = program_id(0);
     let split = program_id(1);
     let splits = num_programs(1);
-    let seq = load(state + 1) + 1;
+    // Clamped like `qk_norm_rope_append`'s position: never past the cache.
+    let seq = minimum(load(state + 1), max_seq - 1) + 1;
     let per_split = cdiv(cdiv(seq, splits), BS) * BS;
     let start = split * per_split;
     let end = minimum(start + per_split, seq);

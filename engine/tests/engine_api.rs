@@ -216,3 +216,28 @@ fn graph_replay_and_eager_launches_give_bit_identical_logits_over_80_tokens() {
         assert!(rel < 1e-2, "step {step}: GPU vs interpreter {rel:.3e}");
     }
 }
+
+#[test]
+fn steps_past_the_cache_stay_in_bounds() {
+    // Stepping past max_seq_len through the low-level API must not touch memory
+    // outside the cache (the interpreter would report it as an error).
+    let (cfg, w) = tilefuse_engine::preset::load("tiny-qwen3", 3).unwrap();
+    let mut devs = vec![Device::cpu()];
+    let _turn = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(gpu) = gpu_or_skip("steps_past_the_cache_stay_in_bounds") {
+        devs.push(gpu);
+    }
+    for dev in devs {
+        let mut dec = tilefuse_engine::Decoder::new(&cfg, &w, &dev, 4).unwrap();
+        dec.set_input(1, 0).unwrap();
+        for _ in 0..7 {
+            dec.step().unwrap();
+        }
+        let (_, pos) = dec.read_state().unwrap();
+        assert_eq!(pos, 7, "on {dev}");
+        assert!(
+            dec.set_input(1, 4).is_err(),
+            "set_input checks the position"
+        );
+    }
+}
