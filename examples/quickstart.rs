@@ -17,7 +17,7 @@ use tilefuse::prelude::*;
 
 fn main() -> anyhow::Result<()> {
     let dev = Device::auto();
-    println!("tilefuse quickstart on {dev} ({})", dev.name());
+    println!("tilefuse quickstart on {}", dev.name());
     if !dev.is_cuda() {
         println!("(no CUDA device found: running the CPU interpreter, the language's reference semantics)");
     }
@@ -88,7 +88,7 @@ fn main() -> anyhow::Result<()> {
     let dec = engine.decoder();
     let bytes = dec.weight_bytes_per_step() + dec.kv_bytes_per_step(prompt.len() + new_tokens / 2);
     println!(
-        "{:.1} tokens/s, {:.3} ms/token, {} kernels per step, {}, {:.0} MB read per token",
+        "{:.1} tokens/s, {:.3} ms/token, {} kernels per step, {}, {:.2} MB read per token",
         out.tokens_per_s(),
         out.ms_per_token(),
         dec.kernels_per_step(),
