@@ -368,8 +368,8 @@ pub fn store<T>(ptrs: Ptr<T>, values: Tile<T>, mask: Tile<bool>) {
 /// Waits until the kernels launched before this one on the stream have finished and
 /// their writes are visible. A statement, only at the top level of the kernel body.
 ///
-/// On Hopper, tilefuse launches kernels with programmatic dependent launch: a kernel
-/// may start while its predecessor is still running, and by default waits at entry.
+/// On Hopper with programmatic dependent launch (`TILEFUSE_PDL=1`, experimental), a
+/// kernel may start while its predecessor is still running, and by default waits at entry.
 /// Placing the wait yourself lets the loads above it (of data no kernel of the stream
 /// writes, such as weights) overlap the predecessor's tail. Everything read before the
 /// wait must be immutable; nothing may be written before it. Elsewhere it is a no-op.

@@ -105,12 +105,18 @@ impl CudaDevice {
         &self.name
     }
 
-    /// Whether launches use programmatic dependent launch: on Hopper and newer (where
-    /// the sm_90 PTX waits for its predecessor itself), unless `TILEFUSE_PDL=0`.
+    /// Whether launches use programmatic dependent launch: only when asked for with
+    /// `TILEFUSE_PDL=1`, and only on Hopper and newer (where the sm_90 PTX waits for its
+    /// predecessor itself).
+    ///
+    /// Off by default: on an H100, decode steps replayed from a CUDA graph with it on
+    /// gave wrong logits (deterministically; eager launches were right), most likely
+    /// because non-coherent loads after `griddepcontrol.wait` can be scheduled above
+    /// it. Until the backend orders those loads, it stays opt-in (see docs/perf.md).
     pub fn programmatic_launch(&self) -> bool {
         static ENABLED: OnceLock<bool> = OnceLock::new();
         self.compute_capability.0 >= 9
-            && *ENABLED.get_or_init(|| std::env::var("TILEFUSE_PDL").map_or(true, |v| v != "0"))
+            && *ENABLED.get_or_init(|| std::env::var("TILEFUSE_PDL").is_ok_and(|v| v == "1"))
     }
 }
 
