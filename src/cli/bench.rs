@@ -52,7 +52,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         graph,
         profile: args.profile,
     })?;
-    print!("{report}");
+    super::write_stdout(&report.to_string())?;
     if let Some(path) = &args.json {
         let modes: Vec<_> = report
             .modes

@@ -134,7 +134,7 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
             }
         }
     })?;
-    println!();
+    let _ = writeln!(stdout);
     if let Some(e) = failed {
         return Err(e.into());
     }

@@ -37,12 +37,23 @@ pub enum Command {
     Bench(bench::BenchArgs),
 }
 
+/// Writes `text` to stdout; a reader that went away (`tilefuse inspect .. | head`) is
+/// not an error.
+pub fn write_stdout(text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(()),
+    }
+}
+
 /// Runs one command, printing to stdout.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Device => device::run(),
         Command::Inspect(args) => {
-            print!("{}", inspect::run(&args)?);
+            write_stdout(&inspect::run(&args)?)?;
             Ok(())
         }
         Command::Generate(args) => generate::run(&args),
