@@ -195,7 +195,15 @@ pub fn compile(kernel: &Kernel, target: Target) -> Result<PtxKernel, CompileErro
         })
         .collect::<Result<_, _>>()?;
     let _ = writeln!(ptx, "{}\n)", params.join(",\n"));
-    let _ = writeln!(ptx, ".maxntid {}, 1, 1\n{{", kernel.threads_per_program());
+    // Without `.maxnreg`, ptxas sometimes caps a kernel at 64 registers and spills to
+    // reach an occupancy it guesses; allow what one program per SM can use instead
+    // (65536 registers per SM, at most 255 per thread).
+    let threads = kernel.threads_per_program() as usize;
+    let _ = writeln!(
+        ptx,
+        ".maxntid {threads}, 1, 1\n.maxnreg {}\n{{",
+        (65536 / threads.max(1)).min(255) / 8 * 8
+    );
     ptx.push_str(&e.decls());
     let smem = e.smem.next_multiple_of(16);
     if smem > 0 {
