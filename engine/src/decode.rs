@@ -65,10 +65,10 @@ impl Block {
 }
 
 /// A compiled kernel variant and its grid: one launch of a step.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KernelChoice {
     /// Compile-time constants, in the kernel's declaration order.
-    pub consts: &'static [i64],
+    pub consts: Vec<i64>,
     /// Warps per program.
     pub num_warps: u32,
 }
@@ -99,23 +99,17 @@ pub struct LaunchPlan {
     pub splits: usize,
 }
 
-/// Leaks a small constant list, so plans can hold `&'static` slices like the kernel
-/// descriptions do. Plans are built a handful of times per process.
-fn consts(values: &[i64]) -> &'static [i64] {
-    Box::leak(values.to_vec().into_boxed_slice())
-}
-
 /// On the GPU, the tuned configuration; on the interpreter, small tiles (less masked
 /// work per program).
 fn gemv_choice(dev: &Device, tuned: GemvConfig) -> KernelChoice {
     if dev.is_cuda() {
         KernelChoice {
-            consts: consts(&tuned.consts()),
+            consts: tuned.consts().to_vec(),
             num_warps: tuned.num_warps,
         }
     } else {
         KernelChoice {
-            consts: consts(&[8, 256]),
+            consts: [8, 256].to_vec(),
             num_warps: 4,
         }
     }
@@ -181,24 +175,24 @@ impl LaunchPlan {
                 gemv_choice(dev, lm)
             } else {
                 KernelChoice {
-                    consts: consts(&[16, 256]),
+                    consts: [16, 256].to_vec(),
                     num_warps: 4,
                 }
             },
             argmax: KernelChoice {
-                consts: consts(&[tuning::argmax_finish_block(parts) as i64]),
+                consts: [tuning::argmax_finish_block(parts) as i64].to_vec(),
                 num_warps: 4,
             },
             attention: KernelChoice {
-                consts: consts(&[d, group.next_power_of_two().min(4) as i64, 32]),
+                consts: [d, group.next_power_of_two().min(4) as i64, 32].to_vec(),
                 num_warps: 4,
             },
             combine: KernelChoice {
-                consts: consts(&[d, tuning::combine_s(splits) as i64]),
+                consts: [d, tuning::combine_s(splits) as i64].to_vec(),
                 num_warps: 4,
             },
             rope: KernelChoice {
-                consts: consts(&[d]),
+                consts: [d].to_vec(),
                 num_warps: 1,
             },
             splits,
@@ -511,7 +505,7 @@ impl Decoder {
                     dev,
                     &RMS_NORM_GEMV,
                     rows(&plan.qkv, qkv_dim as usize),
-                    plan.qkv.consts,
+                    &plan.qkv.consts,
                     plan.qkv.num_warps,
                     &mut [
                         (&s.x).into(),
@@ -531,7 +525,7 @@ impl Decoder {
                     dev,
                     &QK_NORM_ROPE_APPEND,
                     (nh + 2 * nkv) as u32,
-                    plan.rope.consts,
+                    &plan.rope.consts,
                     plan.rope.num_warps,
                     &mut [
                         (&s.qkv).into(),
@@ -561,7 +555,7 @@ impl Decoder {
                         plan.splits as u32,
                         (nh / nkv).div_ceil(plan.attention.consts[1] as usize) as u32,
                     ],
-                    plan.attention.consts,
+                    &plan.attention.consts,
                     plan.attention.num_warps,
                     &mut [
                         (&s.q).into(),
@@ -582,7 +576,7 @@ impl Decoder {
                     dev,
                     &ATTENTION_COMBINE,
                     nh as u32,
-                    plan.combine.consts,
+                    &plan.combine.consts,
                     plan.combine.num_warps,
                     &mut [
                         (&s.part_m).into(),
@@ -599,7 +593,7 @@ impl Decoder {
                     dev,
                     &GEMV_RESIDUAL,
                     rows(&plan.o_proj, cfg.hidden_size),
-                    plan.o_proj.consts,
+                    &plan.o_proj.consts,
                     plan.o_proj.num_warps,
                     &mut [
                         (&l.o_w).into(),
@@ -617,7 +611,7 @@ impl Decoder {
                     dev,
                     &RMS_NORM_GATE_UP,
                     rows(&plan.gate_up, cfg.intermediate_size),
-                    plan.gate_up.consts,
+                    &plan.gate_up.consts,
                     plan.gate_up.num_warps,
                     &mut [
                         (&s.x).into(),
@@ -636,7 +630,7 @@ impl Decoder {
                     dev,
                     &GEMV_RESIDUAL,
                     rows(&plan.down, cfg.hidden_size),
-                    plan.down.consts,
+                    &plan.down.consts,
                     plan.down.num_warps,
                     &mut [
                         (&l.down_w).into(),
@@ -656,7 +650,7 @@ impl Decoder {
                 dev,
                 &LM_HEAD_ARGMAX,
                 parts as u32,
-                plan.lm_head.consts,
+                &plan.lm_head.consts,
                 plan.lm_head.num_warps,
                 &mut [
                     (&s.x).into(),
@@ -676,7 +670,7 @@ impl Decoder {
                 dev,
                 &ARGMAX_FINISH,
                 1,
-                plan.argmax.consts,
+                &plan.argmax.consts,
                 plan.argmax.num_warps,
                 &mut [
                     (&s.part_val).into(),
