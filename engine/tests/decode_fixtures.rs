@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::{fixtures_dir, read_reference, rel_err};
+use common::{fixtures_dir, read_reference, rel_err, GPU};
 use tilefuse_dsl::runtime::testing::gpu_or_skip;
 use tilefuse_dsl::runtime::Device;
 use tilefuse_engine::decode::Decoder;
@@ -73,10 +73,6 @@ fn run_fixture(name: &str, dev: &Device, graph: bool) -> Vec<Vec<f32>> {
     eprintln!("{name} on {dev} (graph {graph}): worst relative logit error {worst:.3e}");
     out
 }
-
-/// The GPU's one stream is shared by every test thread, and a stream being captured
-/// into a graph must see no other work: GPU runs take turns.
-static GPU: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn check(name: &str) {
     let cpu = run_fixture(name, &Device::cpu(), false);

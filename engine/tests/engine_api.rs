@@ -1,7 +1,11 @@
 //! The library API: generation on every available device, graph replay against eager
 //! launches, sampling, and errors for bad input.
 
+mod common;
+
 use std::ops::ControlFlow;
+
+use common::GPU;
 
 use tilefuse_dsl::runtime::testing::gpu_or_skip;
 use tilefuse_dsl::runtime::Device;
@@ -176,10 +180,6 @@ fn bad_input_is_a_clear_error() {
     let err = Engine::load("/nonexistent/model", EngineOptions::default()).unwrap_err();
     assert!(err.to_string().contains("/nonexistent/model"), "{err}");
 }
-
-/// The GPU's one stream is shared by every test thread, and a stream being captured
-/// must see no other work: GPU tests take turns.
-static GPU: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 #[test]
 fn graph_replay_and_eager_launches_give_bit_identical_logits_over_80_tokens() {

@@ -4,26 +4,15 @@
 
 use std::path::{Path, PathBuf};
 
-/// Finds `tests/fixtures` at run time: next to the crate's manifest if that
-/// still exists, else in the working directory or one of its parents.
+/// The repository's `tests/fixtures`, found at run time (see
+/// [`tilefuse_dsl::runtime::testing::fixture_path`]), so staged test binaries find it too.
 pub fn fixtures_dir() -> PathBuf {
-    let from_manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures");
-    if from_manifest.is_dir() {
-        return from_manifest;
-    }
-    let cwd = std::env::current_dir().expect("current directory");
-    for dir in cwd.ancestors() {
-        let candidate = dir.join("tests/fixtures");
-        if candidate.is_dir() {
-            return candidate;
-        }
-    }
-    panic!(
-        "tests/fixtures not found next to {} or above {}",
-        env!("CARGO_MANIFEST_DIR"),
-        cwd.display()
-    );
+    tilefuse_dsl::runtime::testing::fixture_path("tests/fixtures").unwrap_or_else(|e| panic!("{e}"))
 }
+
+/// The GPU's one stream is shared by every test thread, and a stream being captured
+/// into a graph must see no other work: GPU tests take turns.
+pub static GPU: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// A fixture's `reference.json`: prompt, greedy continuation and the logits each
 /// token was chosen from.
