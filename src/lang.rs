@@ -368,11 +368,16 @@ pub fn store<T>(ptrs: Ptr<T>, values: Tile<T>, mask: Tile<bool>) {
 /// Waits until the kernels launched before this one on the stream have finished and
 /// their writes are visible. A statement, only at the top level of the kernel body.
 ///
-/// On Hopper with programmatic dependent launch (`TILEFUSE_PDL=1`, experimental), a
+/// On Hopper with programmatic dependent launch (on by default; `TILEFUSE_PDL=0` turns it off), a
 /// kernel may start while its predecessor is still running, and by default waits at entry.
 /// Placing the wait yourself lets the loads above it (of data no kernel of the stream
 /// writes, such as weights) overlap the predecessor's tail. Everything read before the
 /// wait must be immutable; nothing may be written before it. Elsewhere it is a no-op.
+///
+/// The placement also picks cache paths on sm_90: a buffer loaded above the wait is
+/// declared immutable, so all its loads use the non-coherent path (`ld.global.nc`);
+/// every other load is an ordinary one, which the wait makes coherent with the
+/// previous kernels' writes.
 ///
 /// ```rust,ignore
 /// let w_tile = load(w + rows.expand_dims(1) * k + cols.expand_dims(0)); // weights

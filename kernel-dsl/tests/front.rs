@@ -213,11 +213,11 @@ fn wait_for_prior_kernels_only_at_top_level_and_placed_in_sm90_ptx() {
     );
     assert!(e.contains("no arguments"), "{e}");
 
-    let src = "#[kernel(B = [128])] fn k<const B: usize>(w: Ptr<f32>, x: Ptr<f32>) {
+    let src = "#[kernel(B = [128])] fn k<const B: usize>(w: Ptr<f32>, a: Ptr<f32>, x: Ptr<f32>) {
         let offs = arange(0, B);
         let wv = load(w + offs);
         wait_for_prior_kernels();
-        store(x + offs, load(x + offs) + wv);
+        store(x + offs, load(x + offs) + wv + load(w + B + offs) * load(a + offs));
     }";
     let k = compile_source(src, &spec(&[("B", 128)], 4)).unwrap();
     let p90 = tilefuse_dsl::back::ptx::compile(&k, tilefuse_dsl::back::ptx::Target::Sm90).unwrap();
@@ -231,11 +231,40 @@ fn wait_for_prior_kernels_only_at_top_level_and_placed_in_sm90_ptx() {
     let w_load = p90.ptx.find("ld.global.nc").expect("the weight load");
     assert!(w_load < wait, "the weight load comes before the wait");
     assert!(p90.ptx.contains("griddepcontrol.launch_dependents"));
+    // Cache paths on sm_90: `w`, loaded before the wait, is declared unwritten by prior
+    // kernels and stays non-coherent (both loads); `a` and `x` may have been written by
+    // the kernel just before, so their loads are ordinary ones.
+    let qualifiers = |ptx: &str| -> Vec<String> {
+        ptx.lines()
+            .filter_map(|l| l.trim().split_whitespace().next())
+            .filter(|op| op.starts_with("ld.global"))
+            .map(str::to_string)
+            .collect()
+    };
+    let q90 = qualifiers(&p90.ptx);
+    assert_eq!(
+        q90.iter().filter(|q| q.contains(".nc")).count(),
+        2,
+        "{q90:?}"
+    );
+    assert_eq!(
+        q90.iter().filter(|q| !q.contains(".nc")).count(),
+        2,
+        "{q90:?}"
+    );
     let p80 = tilefuse_dsl::back::ptx::compile(&k, tilefuse_dsl::back::ptx::Target::Sm80).unwrap();
     assert!(
         !p80.ptx.contains("griddepcontrol"),
         "sm_80 has no programmatic launch"
     );
+    // Without programmatic launch every buffer the kernel never writes is non-coherent.
+    let q80 = qualifiers(&p80.ptx);
+    assert_eq!(
+        q80.iter().filter(|q| q.contains(".nc")).count(),
+        3,
+        "{q80:?}"
+    );
+    assert_eq!(q80.len(), 4, "{q80:?}");
 
     // Without an explicit wait, sm_90 code waits at entry, before any access.
     let k = compile_source(ADD, &spec(&[("BLOCK", 64)], 4)).unwrap();

@@ -106,6 +106,37 @@ impl Kernel {
         written
     }
 
+    /// Pointer parameters loaded before the kernel's `wait_for_prior_kernels()`. Loading
+    /// a buffer before the wait declares that no kernel launched before this one writes
+    /// it (weights, say), so every load from it may take the non-coherent path. Empty
+    /// when the kernel has no explicit wait (it then waits at entry).
+    pub fn params_loaded_before_wait(&self) -> Vec<usize> {
+        let mut before = true;
+        let mut seen_wait = false;
+        let mut loaded = Vec::new();
+        self.body.visit(&mut |stmt| match stmt {
+            Stmt::WaitPriorKernels { .. } => {
+                before = false;
+                seen_wait = true;
+            }
+            Stmt::Let(v) if before => {
+                if let Def::Expr(Expr::Load { ptr, .. }) = &self.value(*v).def {
+                    if let Some(p) = self.root_param(*ptr) {
+                        if !loaded.contains(&p) {
+                            loaded.push(p);
+                        }
+                    }
+                }
+            }
+            _ => {}
+        });
+        if !seen_wait {
+            loaded.clear();
+        }
+        loaded.sort_unstable();
+        loaded
+    }
+
     /// The pointer parameter a pointer value is derived from (through `AddPtr`,
     /// broadcasts, splats, selects of pointers and loop-carried values), if one.
     pub fn root_param(&self, mut v: ValueId) -> Option<usize> {

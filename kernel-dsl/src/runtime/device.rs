@@ -105,18 +105,17 @@ impl CudaDevice {
         &self.name
     }
 
-    /// Whether launches use programmatic dependent launch: only when asked for with
-    /// `TILEFUSE_PDL=1`, and only on Hopper and newer (where the sm_90 PTX waits for its
-    /// predecessor itself).
+    /// Whether launches use programmatic dependent launch: on Hopper and newer (where
+    /// the sm_90 PTX waits for its predecessor itself), unless `TILEFUSE_PDL=0`.
     ///
-    /// Off by default: on an H100, decode steps replayed from a CUDA graph with it on
-    /// gave wrong logits (deterministically; eager launches were right), most likely
-    /// because non-coherent loads after `griddepcontrol.wait` can be scheduled above
-    /// it. Until the backend orders those loads, it stays opt-in (see docs/perf.md).
+    /// A kernel then starts while its predecessor finishes: loads placed above
+    /// `wait_for_prior_kernels()` (weights) overlap the predecessor's tail, and each
+    /// launch's ramp-up overlaps the one before (about 5% of a Qwen3-0.6B decode step
+    /// on an H100, docs/perf.md). `TILEFUSE_PDL=0` gives plain stream order, to bisect.
     pub fn programmatic_launch(&self) -> bool {
         static ENABLED: OnceLock<bool> = OnceLock::new();
         self.compute_capability.0 >= 9
-            && *ENABLED.get_or_init(|| std::env::var("TILEFUSE_PDL").is_ok_and(|v| v == "1"))
+            && *ENABLED.get_or_init(|| std::env::var("TILEFUSE_PDL").map_or(true, |v| v != "0"))
     }
 }
 

@@ -12,6 +12,7 @@ use std::fmt::Write;
 use super::axis::AxisInfo;
 use super::layout::{Layout, Layouts};
 use super::regs::{rk, rk_elem, Rk};
+use super::Target;
 use crate::error::CompileError;
 use crate::ir::{Block, Def, Expr, Kernel, Loc, Stmt, ValueId};
 
@@ -45,8 +46,8 @@ pub struct Emitter<'k> {
     /// Static shared memory needed, in bytes.
     pub smem: u32,
     labels: u32,
-    /// Per parameter: never written, so loads may use the non-coherent path.
-    pub readonly: Vec<bool>,
+    /// Per parameter: the cache qualifier of its loads (see [`load_qualifiers`]).
+    pub load_qualifier: Vec<&'static str>,
     /// `%tid.x`, lane and warp ids.
     pub tid: String,
     lane: String,
@@ -61,13 +62,37 @@ pub struct Emitter<'k> {
     pub accesses: Vec<super::Access>,
 }
 
+/// The cache qualifier of each parameter's loads.
+///
+/// Without programmatic dependent launch (before sm_90) a kernel starts after the
+/// previous one has finished and its L1 cache starts clean, so any buffer the kernel
+/// never writes may use the non-coherent path (`.nc`). On sm_90 the kernel may start
+/// while earlier kernels still run; what they write becomes visible at
+/// `griddepcontrol.wait` to ordinary loads, while `.nc` promises that the data does not
+/// change during the kernel's lifetime, which already began. So there only buffers
+/// loaded before `wait_for_prior_kernels()` (declared unwritten by prior kernels, see
+/// [`Kernel::params_loaded_before_wait`]) use `.nc`; every other load is ordinary. (With
+/// `.nc` everywhere, decode steps replayed from a graph read stale values on an H100.
+/// `.cg`, through L2 only, is also correct but measured slower than ordinary loads.)
+pub fn load_qualifiers(k: &Kernel, target: Target) -> Vec<&'static str> {
+    let written = k.written_params();
+    let constant = k.params_loaded_before_wait();
+    (0..k.params.len())
+        .map(|i| match target {
+            Target::Sm80 if !written.contains(&i) => ".nc",
+            Target::Sm80 => "",
+            Target::Sm90 if constant.contains(&i) && !written.contains(&i) => ".nc",
+            Target::Sm90 => "",
+        })
+        .collect()
+}
+
 /// Shorthand for results of this backend.
 pub type Res<T> = Result<T, CompileError>;
 
 impl<'k> Emitter<'k> {
     /// A fresh emitter.
-    pub fn new(k: &'k Kernel, lay: Layouts, axis: Vec<AxisInfo>) -> Self {
-        let written = k.written_params();
+    pub fn new(k: &'k Kernel, lay: Layouts, axis: Vec<AxisInfo>, target: Target) -> Self {
         let mut e = Emitter {
             k,
             lay,
@@ -80,7 +105,7 @@ impl<'k> Emitter<'k> {
             coords: HashMap::new(),
             smem: 0,
             labels: 0,
-            readonly: (0..k.params.len()).map(|i| !written.contains(&i)).collect(),
+            load_qualifier: load_qualifiers(k, target),
             tid: String::new(),
             lane: String::new(),
             warp: String::new(),

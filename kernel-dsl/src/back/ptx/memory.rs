@@ -89,8 +89,8 @@ impl Emitter<'_> {
     ) -> Res<Vec<String>> {
         let dt = self.val_dt(v)?;
         let nc = match self.k.root_param(ptr) {
-            Some(p) if self.readonly[p] => ".nc",
-            _ => "",
+            Some(p) => self.load_qualifier[p],
+            None => ".cg",
         };
         let (ptrs, masks, others, vw) = match l {
             Some(l) => (

@@ -99,7 +99,7 @@ pub struct ValueLayout {
 /// What a global memory access does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum AccessKind {
-    /// `load` (`.nc` when the buffer is never written by the kernel).
+    /// `load` (cache path per [`emit::load_qualifiers`]).
     Load,
     /// `store`.
     Store,
@@ -153,7 +153,7 @@ pub fn compile(kernel: &Kernel, target: Target) -> Result<PtxKernel, CompileErro
     let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let lay = layout::assign(kernel)?;
         let axis = axis::analyze(kernel);
-        let mut e = emit::Emitter::new(kernel, lay, axis);
+        let mut e = emit::Emitter::new(kernel, lay, axis, target);
         e.block(&kernel.body)?;
         Ok(e)
     }));
