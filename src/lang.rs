@@ -471,8 +471,20 @@ pub fn dot<T>(a: Tile<T>, b: Tile<T>, acc: Tile<f32>) -> Tile<f32> {
 /// lanes, and returns the old values (0 for masked-off lanes). Float sums into one
 /// address happen in an unspecified order.
 ///
+/// Like every atomic, it orders the whole program's memory accesses (acquire-release at
+/// device scope): the program's earlier writes are visible to any program that sees
+/// this atomic's effect, and its later reads see what that program wrote before its
+/// own atomic. That makes "the last program to arrive finishes the job" safe:
+///
 /// ```rust,ignore
-/// atomic_add(hist + bucket, 1, mask);
+/// store(partials + program_id(0), my_part);
+/// let arrived = atomic_add(counter, 1);
+/// if arrived == num_programs(0) - 1 {
+///     // every program's partial is visible here
+///     let all = load(partials + arange(0, P), arange(0, P) < num_programs(0), 0.0);
+///     store(result, all.sum(0));
+///     store(counter, 0); // ready for the next launch
+/// }
 /// ```
 pub fn atomic_add<T>(ptrs: Ptr<T>, values: Tile<T>, mask: Tile<bool>) -> Tile<T> {
     let _ = (values, mask);

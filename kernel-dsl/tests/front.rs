@@ -236,7 +236,7 @@ fn wait_for_prior_kernels_only_at_top_level_and_placed_in_sm90_ptx() {
     // the kernel just before, so their loads are ordinary ones.
     let qualifiers = |ptx: &str| -> Vec<String> {
         ptx.lines()
-            .filter_map(|l| l.trim().split_whitespace().next())
+            .filter_map(|l| l.split_whitespace().next())
             .filter(|op| op.starts_with("ld.global"))
             .map(str::to_string)
             .collect()
@@ -265,6 +265,10 @@ fn wait_for_prior_kernels_only_at_top_level_and_placed_in_sm90_ptx() {
         "{q80:?}"
     );
     assert_eq!(q80.len(), 4, "{q80:?}");
+    // A buffer the kernel writes is read through L2 on both targets.
+    for q in [&q80, &q90] {
+        assert_eq!(q.iter().filter(|q| q.contains(".cg")).count(), 1, "{q:?}");
+    }
 
     // Without an explicit wait, sm_90 code waits at entry, before any access.
     let k = compile_source(ADD, &spec(&[("BLOCK", 64)], 4)).unwrap();

@@ -74,14 +74,20 @@ pub struct Emitter<'k> {
 /// [`Kernel::params_loaded_before_wait`]) use `.nc`; every other load is ordinary. (With
 /// `.nc` everywhere, decode steps replayed from a graph read stale values on an H100.
 /// `.cg`, through L2 only, is also correct but measured slower than ordinary loads.)
+///
+/// On both targets a buffer the kernel writes is read with `.cg`: a program may read
+/// what other programs wrote (after an atomic, which orders them), and L1 is not
+/// coherent across SMs.
 pub fn load_qualifiers(k: &Kernel, target: Target) -> Vec<&'static str> {
     let written = k.written_params();
     let constant = k.params_loaded_before_wait();
     (0..k.params.len())
         .map(|i| match target {
-            Target::Sm80 if !written.contains(&i) => ".nc",
-            Target::Sm80 => "",
-            Target::Sm90 if constant.contains(&i) && !written.contains(&i) => ".nc",
+            // What the program reads back (its own or another program's writes, after
+            // an atomic) comes from L2, never from a line cached in L1 before.
+            _ if written.contains(&i) => ".cg",
+            Target::Sm80 => ".nc",
+            Target::Sm90 if constant.contains(&i) => ".nc",
             Target::Sm90 => "",
         })
         .collect()

@@ -327,6 +327,60 @@ fn gpu_atomics() {
     }
 }
 
+const LAST_PROGRAM: &str = r#"
+fn last_program<const B: usize>(x: Ptr<f32>, scaled: Ptr<f32>, partial: Ptr<f32>, cnt: Ptr<i32>, total: Ptr<f32>, n: i32) {
+    let pid = program_id(0);
+    let offs = pid * B + arange(0, B);
+    let v = load(x + offs, offs < n, 0.0) * 2.0;
+    store(scaled + offs, v, offs < n);
+    store(partial + pid, v.sum(0));
+    let arrived = atomic_add(cnt, 1);
+    if arrived == num_programs(0) - 1 {
+        let mut acc = zeros::<f32>([B]);
+        for s0 in (0..n).step_by(B) {
+            let o = s0 + arange(0, B);
+            acc += load(scaled + o, o < n, 0.0);
+        }
+        let mut pacc = zeros::<f32>([B]);
+        for s0 in (0..num_programs(0)).step_by(B) {
+            let o = s0 + arange(0, B);
+            pacc += load(partial + o, o < num_programs(0), 0.0);
+        }
+        store(total, acc.sum(0));
+        store(total + 1, pacc.sum(0));
+        store(cnt, 0);
+    }
+}
+"#;
+
+/// The last program to bump a counter reads every other program's writes (tiles stored
+/// by all of their threads, and scalars): atomics order the whole program.
+#[test]
+fn gpu_last_program_reads_every_program_s_writes() {
+    let mut r = Rng(23);
+    for (b, w, programs) in [(256i32, 4, 1024i32), (128, 8, 517)] {
+        let d = def(LAST_PROGRAM, &[("B", b as i64)], w);
+        let n = programs * b - 37;
+        // Quarter-integers: every partial and total sum is exact, in any order.
+        let x: Vec<f32> = (0..n).map(|_| (r.f() * 32.0).round() * 0.25).collect();
+        let data = [
+            Data::F32(x),
+            Data::F32(vec![f32::NAN; n as usize]),
+            Data::F32(vec![f32::NAN; programs as usize]),
+            Data::I32(vec![0; 1]),
+            Data::F32(vec![f32::NAN; 2]),
+            Data::S(Scalar::I32(n)),
+        ];
+        let want = run_on(&Device::cpu(), d, [programs as u32, 1, 1], &data);
+        let (Data::F32(x), Data::F32(t)) = (&data[0], &want[4]) else {
+            unreachable!()
+        };
+        let sum: f32 = x.iter().map(|v| v * 2.0).sum();
+        assert_eq!(t, &vec![sum, sum], "interpreter");
+        diff("last program", d, [programs as u32, 1, 1], &data, 0.0);
+    }
+}
+
 const BRANCH: &str = r#"
 fn branch<const B: usize>(x: Ptr<f32>, out: Ptr<f32>, steps: i32) {
     let offs = program_id(0) * B + arange(0, B);

@@ -278,6 +278,12 @@ impl Emitter<'_> {
             }
         };
         self.record(AccessKind::Atomic, ptr, dt, 1, ptrs.len());
+        // An atomic orders the whole program's memory accesses (acquire-release at
+        // device scope): every thread's earlier writes are visible before it, and
+        // reads after it see what the atomic observed. So a program that finds itself
+        // last (a counter reaching the program count) can read the others' results.
+        self.ins("fence.acq_rel.gpu");
+        self.ins("bar.sync 0");
         let kind = rk(dt);
         let mut out = Vec::new();
         for i in 0..ptrs.len() {
@@ -297,11 +303,15 @@ impl Emitter<'_> {
                 self.ins(format!("not.pred {neg}, {pos}"));
                 let p1 = self.and_pred(pred.as_deref(), Some(&pos)).unwrap();
                 let p2 = self.and_pred(pred.as_deref(), Some(&neg)).unwrap();
-                self.ins(format!("@{p1} atom.global.max.s32 {old}, [{a}], {bits}"));
-                self.ins(format!("@{p2} atom.global.min.u32 {old}, [{a}], {bits}"));
+                self.ins(format!(
+                    "@{p1} atom.acq_rel.gpu.global.max.s32 {old}, [{a}], {bits}"
+                ));
+                self.ins(format!(
+                    "@{p2} atom.acq_rel.gpu.global.min.u32 {old}, [{a}], {bits}"
+                ));
                 self.ins(format!("mov.b32 {d}, {old}"));
             } else {
-                self.ins(format!("{at}atom.global.{ty} {d}, [{a}], {x}"));
+                self.ins(format!("{at}atom.acq_rel.gpu.global.{ty} {d}, [{a}], {x}"));
             }
             out.push(d);
         }
@@ -330,7 +340,10 @@ impl Emitter<'_> {
                 shared.push(self.ld_shared(kind, &addr, *off as u32 * es));
             }
             out = shared;
+        } else {
+            self.ins("bar.sync 0");
         }
+        self.ins("fence.acq_rel.gpu");
         Ok(out)
     }
 }

@@ -420,14 +420,18 @@ fn atomics_are_issued_once() {
     let one = b.i32(1);
     b.atomic(AtomicOp::Add, cnt, one, None);
     let p = check(&b.finish());
-    for line in p.ptx.lines().filter(|l| l.contains("atom.global")) {
+    let atoms: Vec<&str> = p.ptx.lines().filter(|l| l.contains("atom.")).collect();
+    for line in &atoms {
         assert!(
             line.trim_start().starts_with('@'),
             "unpredicated atomic: {line}"
         );
     }
-    assert!(p.ptx.contains("atom.global.add.f32"));
-    assert!(p.ptx.contains("atom.global.add.s32"));
+    assert!(p.ptx.contains("atom.acq_rel.gpu.global.add.f32"));
+    assert!(p.ptx.contains("atom.acq_rel.gpu.global.add.s32"));
+    // Each of the three atomics is fenced and synchronized on both sides, so it orders
+    // the whole program's accesses.
+    assert_eq!(p.ptx.matches("fence.acq_rel.gpu").count(), 6, "{}", p.ptx);
 }
 
 #[test]
