@@ -142,7 +142,11 @@ fn run(dev: &Device, sweep: bool) -> perf::Result<()> {
             let fill = tuning::attention_splits(ctx, ATTN.1, info.sm_count, bs);
             for splits in [fill, 8, 16, 32, 64] {
                 if splits <= useful.max(1) && splits <= tuning::MAX_SPLITS {
-                    cfgs.push(AttentionConfig { splits, bs });
+                    cfgs.push(AttentionConfig {
+                        splits,
+                        bs,
+                        s: tuning::combine_s(splits),
+                    });
                 }
             }
         }
@@ -163,9 +167,10 @@ fn run(dev: &Device, sweep: bool) -> perf::Result<()> {
             sweeps.push(format!("attention {shape}, {} KV sets:", w.sets()));
             for (c, s, _) in &results {
                 sweeps.push(format!(
-                    "  BS={:<2} splits={:<2}  {:>9.2} us  {:>7.1} GB/s{}",
+                    "  BS={:<2} splits={:<2} S={:<2}  {:>9.2} us  {:>7.1} GB/s{}",
                     c.bs,
                     c.splits,
+                    c.s,
                     s.median_us,
                     s.gb_per_s(w.bytes()),
                     if *c == default { "  (default)" } else { "" }
@@ -173,7 +178,7 @@ fn run(dev: &Device, sweep: bool) -> perf::Result<()> {
             }
         }
         rows.push(Row {
-            kernel: "attention (splits merged)".into(),
+            kernel: "attention split+combine".into(),
             shape,
             config: format!("BS{} splits{}", best.0.bs, best.0.splits),
             stats: best.1,

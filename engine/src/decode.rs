@@ -16,8 +16,8 @@ use tilefuse_dsl::runtime::{Buffer, Device, Graph, KernelArg, KernelDef};
 use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};
 use crate::kernels::{
-    ARGMAX_FINISH, ATTENTION, EMBED, GEMV_RESIDUAL, LM_HEAD_ARGMAX, QK_NORM_ROPE_APPEND,
-    RMS_NORM_GATE_UP, RMS_NORM_GEMV,
+    ARGMAX_FINISH, ATTENTION_COMBINE, ATTENTION_SPLIT, EMBED, GEMV_RESIDUAL, LM_HEAD_ARGMAX,
+    QK_NORM_ROPE_APPEND, RMS_NORM_GATE_UP, RMS_NORM_GEMV,
 };
 use crate::model::ModelWeights;
 use crate::reference::rope_inv_freq;
@@ -32,8 +32,10 @@ pub enum Block {
     Qkv,
     /// QK-norm + RoPE + KV-cache append.
     Rope,
-    /// Split-K attention (the last program of each head group merges the splits).
+    /// Split-K attention, first pass.
     Attention,
+    /// Merge of the attention splits.
+    Combine,
     /// O projection + residual.
     OProj,
     /// RMSNorm + gate/up projection + SiLU gate.
@@ -48,11 +50,12 @@ pub enum Block {
 
 impl Block {
     /// Every block, in step order.
-    pub const ALL: [Block; 9] = [
+    pub const ALL: [Block; 10] = [
         Block::Embed,
         Block::Qkv,
         Block::Rope,
         Block::Attention,
+        Block::Combine,
         Block::OProj,
         Block::GateUp,
         Block::Down,
@@ -86,8 +89,10 @@ pub struct LaunchPlan {
     pub lm_head: KernelChoice,
     /// `argmax_finish`: `[B]`.
     pub argmax: KernelChoice,
-    /// `attention`: `[D, G, BS]`; groups larger than `G` take several programs.
+    /// `attention_split`: `[D, G, BS]`; groups larger than `G` take several programs.
     pub attention: KernelChoice,
+    /// `attention_combine`: `[D, S]`.
+    pub combine: KernelChoice,
     /// `qk_norm_rope_append`: `[D]`.
     pub rope: KernelChoice,
     /// Splits of the KV sequence in decode attention.
@@ -149,7 +154,7 @@ impl LaunchPlan {
         let qkv_dim = qd + 2 * cfg.kv_dim();
         let gpu = dev.is_cuda();
         // The split count is fixed for the graph's sake (the same at every position);
-        // the interpreter gets two splits, so merging splits is exercised everywhere.
+        // the interpreter gets two splits, so the combine step is exercised everywhere.
         // More splits mean fewer serial iterations per program; at short contexts the
         // extra splits are empty and cost only their launch slot (measured on H100:
         // 64 splits beat 33 at every context from 512 to 32k).
@@ -180,6 +185,10 @@ impl LaunchPlan {
             },
             attention: KernelChoice {
                 consts: [d, group.next_power_of_two().min(4) as i64, 32].to_vec(),
+                num_warps: 4,
+            },
+            combine: KernelChoice {
+                consts: [d, tuning::combine_s(splits) as i64].to_vec(),
                 num_warps: 4,
             },
             rope: KernelChoice {
@@ -235,9 +244,6 @@ struct Scratch {
     part_m: Buffer<f32>,
     part_l: Buffer<f32>,
     part_acc: Buffer<f32>,
-    /// Arrival counters of the attention programs, one per `(kv_head, group chunk)`;
-    /// zero between launches (the last program resets its counter).
-    arrivals: Buffer<i32>,
     /// `[vocab]` logits (bf16 values stored as f32).
     logits: Buffer<f32>,
     /// Greedy candidates per LM-head program.
@@ -354,7 +360,6 @@ impl Decoder {
             part_m: dev.zeros(cfg.num_heads * splits)?,
             part_l: dev.zeros(cfg.num_heads * splits)?,
             part_acc: dev.zeros(cfg.num_heads * splits * hd)?,
-            arrivals: dev.zeros(cfg.num_heads)?,
             logits: dev.zeros(v)?,
             part_val: dev.zeros(plan.lm_programs(v))?,
             part_idx: dev.zeros(plan.lm_programs(v))?,
@@ -540,11 +545,11 @@ impl Decoder {
                     ],
                 )?;
             }
-            // (3) Split-K attention over the cache; the splits merge in the same launch.
+            // (3) Split-K attention over the cache, then the merge of the splits.
             if want(Block::Attention) {
                 launch(
                     dev,
-                    &ATTENTION,
+                    &ATTENTION_SPLIT,
                     [
                         nkv as u32,
                         plan.splits as u32,
@@ -560,11 +565,25 @@ impl Decoder {
                         (&mut s.part_m).into(),
                         (&mut s.part_l).into(),
                         (&mut s.part_acc).into(),
-                        (&mut s.arrivals).into(),
-                        (&mut s.attn).into(),
                         ((nh / nkv) as i32).into(),
                         max_seq.into(),
                         scale.into(),
+                    ],
+                )?;
+            }
+            if want(Block::Combine) {
+                launch(
+                    dev,
+                    &ATTENTION_COMBINE,
+                    nh as u32,
+                    &plan.combine.consts,
+                    plan.combine.num_warps,
+                    &mut [
+                        (&s.part_m).into(),
+                        (&s.part_l).into(),
+                        (&s.part_acc).into(),
+                        (&mut s.attn).into(),
+                        (plan.splits as i32).into(),
                     ],
                 )?;
             }

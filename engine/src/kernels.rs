@@ -5,7 +5,7 @@
 //! 1. [`rms_norm_gemv`]: RMSNorm of the hidden state, then the fused QKV projection
 //!    (`[q; k; v]` rows of one weight) plus bias;
 //! 2. [`qk_norm_rope_append`]: QK-norm (Qwen3), RoPE, and the K/V append to the cache;
-//! 3. [`attention`]: split-K decode attention, the splits merged by the last program;
+//! 3. [`attention_split`] + [`attention_combine`]: split-K decode attention;
 //! 4. [`gemv_residual`]: O projection added into the hidden state;
 //! 5. [`rms_norm_gate_up`]: RMSNorm, the fused `[gate; up]` projection and `silu(g) * u`;
 //! 6. [`gemv_residual`]: down projection added into the hidden state;
@@ -24,12 +24,13 @@
 use tilefuse_macros::kernel;
 
 /// Every kernel description in this module, for tooling (offline assembly, inspection).
-pub fn all() -> [&'static tilefuse_dsl::runtime::KernelDef; 8] {
+pub fn all() -> [&'static tilefuse_dsl::runtime::KernelDef; 9] {
     [
         &EMBED,
         &RMS_NORM_GEMV,
         &QK_NORM_ROPE_APPEND,
-        &ATTENTION,
+        &ATTENTION_SPLIT,
+        &ATTENTION_COMBINE,
         &GEMV_RESIDUAL,
         &RMS_NORM_GATE_UP,
         &LM_HEAD_ARGMAX,
@@ -256,18 +257,15 @@ pub fn qk_norm_rope_append<const D: usize>(
     }
 }
 
-/// Decode attention: program `(kv_head, split, chunk)` attends `G` of the query heads
-/// sharing `kv_head` (the group padded to a multiple of `G`) over its share of positions
-/// `0..=pos` (`pos` read from `state[1]`) with an online softmax (flash-decoding), and
-/// writes the partial max, denominator and weighted value sum per query head and split.
-/// The last program of a `(kv_head, chunk)` to finish, found with an atomic counter
-/// (reset to 0 for the next launch), merges the splits into the bf16 head outputs: no
-/// second kernel.
+/// Decode attention, first pass: program `(kv_head, split, chunk)` attends `G` of the
+/// query heads sharing `kv_head` (the group padded to a multiple of `G`) over its share of positions `0..=pos` (`pos` read
+/// from `state[1]`), with an online softmax, and writes the partial max, denominator and
+/// weighted value sum per query head and split.
 ///
 /// Scores round like the reference (`bf16(bf16(q·k) * scale)`); the probabilities stay
 /// f32 (the reference rounds the normalized probabilities, which a split pass cannot).
 #[kernel(crate = tilefuse_dsl, D = [32, 64, 128], G = [1, 2, 4], BS = [32], num_warps = [4])]
-pub fn attention<const D: usize, const G: usize, const BS: usize>(
+pub fn attention_split<const D: usize, const G: usize, const BS: usize>(
     q: Ptr<bf16>,
     k_cache: Ptr<bf16>,
     v_cache: Ptr<bf16>,
@@ -275,8 +273,6 @@ pub fn attention<const D: usize, const G: usize, const BS: usize>(
     part_m: Ptr<f32>,
     part_l: Ptr<f32>,
     part_acc: Ptr<f32>,
-    counters: Ptr<i32>,
-    out: Ptr<bf16>,
     group: i32,
     max_seq: i32,
     scale: f32,
@@ -332,43 +328,34 @@ pub fn attention<const D: usize, const G: usize, const BS: usize>(
         acc,
         g_ok.expand_dims(1),
     );
+}
 
-    // The atomic orders this program's stores before it, and the last program's
-    // loads after it, so the last one to arrive sees every split.
-    let counter = counters + kv_head * num_programs(2) + program_id(2);
-    let arrived = atomic_add(counter, 1);
-    if arrived == splits - 1 {
-        // Only the first `used` splits hold positions; the rest are empty.
-        let used = cdiv(seq, per_split);
-        let mut m_all = full([G], f32::NEG_INFINITY);
-        let mut l_all = zeros::<f32>([G]);
-        let mut o = zeros::<f32>([G, D]);
-        for c0 in (0..used).step_by(8) {
-            let c = c0 + arange(0, 8);
-            let ok = g_ok.expand_dims(1) & (c < used).expand_dims(0);
-            let slots = heads.expand_dims(1) * splits + c.expand_dims(0);
-            let pm = load(part_m + slots, ok, f32::NEG_INFINITY);
-            let pl = load(part_l + slots, ok, 0.0);
-            let pa = load(
-                part_acc + slots.expand_dims(2) * D + d.expand_dims(0).expand_dims(0),
-                ok.expand_dims(2),
-                0.0,
-            );
-            // Split 0 is never empty, so `m_new` is finite for every real head.
-            let m_new = maximum(m_all, pm.max(1));
-            let w = exp(pm - m_new.expand_dims(1));
-            let alpha = exp(m_all - m_new);
-            l_all = l_all * alpha + (w * pl).sum(1);
-            o = o * alpha.expand_dims(1) + (pa * w.expand_dims(2)).sum(1);
-            m_all = m_new;
-        }
-        store(
-            out + heads.expand_dims(1) * D + d.expand_dims(0),
-            (o / l_all.expand_dims(1)) as bf16,
-            g_ok.expand_dims(1),
-        );
-        store(counter, 0);
-    }
+/// Decode attention, second pass: one program per query head merges the `splits`
+/// partials (`S` is a power of two at least `splits`) into the bf16 head output.
+#[kernel(crate = tilefuse_dsl, D = [32, 64, 128], S = [8, 16, 32, 64], num_warps = [4])]
+pub fn attention_combine<const D: usize, const S: usize>(
+    part_m: Ptr<f32>,
+    part_l: Ptr<f32>,
+    part_acc: Ptr<f32>,
+    out: Ptr<bf16>,
+    splits: i32,
+) {
+    let head = program_id(0);
+    let s = arange(0, S);
+    let ok = s < splits;
+    let slot = head * splits + s;
+    let m = load(part_m + slot, ok, f32::NEG_INFINITY);
+    // Empty splits hold m = -inf and weigh exp(-inf) = 0; split 0 is never empty.
+    let weight = exp(m - m.max(0));
+    let denom = (weight * load(part_l + slot, ok, 0.0)).sum(0);
+    let d = arange(0, D);
+    let acc = load(
+        part_acc + slot.expand_dims(1) * D + d.expand_dims(0),
+        ok.expand_dims(1),
+        0.0,
+    );
+    let o = (acc * weight.expand_dims(1)).sum(0) / denom;
+    store(out + head * D + d, o as bf16);
 }
 
 /// Final norm and LM head: `logits = bf16(W · rmsnorm(x))` (stored as f32), plus each

@@ -792,7 +792,7 @@ impl GemvWorkload {
     }
 }
 
-/// Decode attention (`kernels::attention`, splits merged in the same launch) at one context length,
+/// Decode attention (`attention_split` + `attention_combine`) at one context length,
 /// with enough KV-cache sets to exceed 4× L2 (within device memory).
 pub struct AttentionWorkload {
     /// Cached positions read (the context length).
@@ -808,7 +808,6 @@ pub struct AttentionWorkload {
     part_m: Buffer<f32>,
     part_l: Buffer<f32>,
     part_acc: Buffer<f32>,
-    counters: Buffer<i32>,
     out: Buffer<bf16>,
 }
 
@@ -850,7 +849,6 @@ impl AttentionWorkload {
             part_m: dev.alloc_filled(slots, f32::NAN)?,
             part_l: dev.alloc_filled(slots, f32::NAN)?,
             part_acc: dev.alloc_filled(slots * head_dim, f32::NAN)?,
-            counters: dev.alloc_filled(num_heads, 0i32)?,
             out: dev.alloc_filled(num_heads * head_dim, bf16::NAN)?,
         })
     }
@@ -860,7 +858,7 @@ impl AttentionWorkload {
         self.sets.len()
     }
 
-    /// Launches per captured graph: every set at least once, and at least 16.
+    /// Launch pairs per captured graph: every set at least once, and at least 16.
     pub fn launches(&self) -> usize {
         self.sets().max(16)
     }
@@ -877,14 +875,14 @@ impl AttentionWorkload {
             .clamp(1, 4)
     }
 
-    /// Queues the attention of set `i % sets`.
+    /// Queues split + combine on set `i % sets`.
     pub fn launch(&mut self, dev: &Device, i: usize, cfg: AttentionConfig) -> Result<()> {
         let nsets = self.sets.len();
         let (q, k, v) = &self.sets[i % nsets];
         let d = self.head_dim as i64;
         let group = (self.num_heads / self.num_kv_heads) as i32;
         let scale = (self.head_dim as f32).powf(-0.5);
-        kernels::ATTENTION.launch_dyn(
+        kernels::ATTENTION_SPLIT.launch_dyn(
             dev,
             (
                 self.num_kv_heads as u32,
@@ -900,11 +898,21 @@ impl AttentionWorkload {
                 (&mut self.part_m).into(),
                 (&mut self.part_l).into(),
                 (&mut self.part_acc).into(),
-                (&mut self.counters).into(),
-                (&mut self.out).into(),
                 group.into(),
                 (self.seq as i32).into(),
                 scale.into(),
+            ],
+        )?;
+        kernels::ATTENTION_COMBINE.launch_dyn(
+            dev,
+            self.num_heads as u32,
+            &[d, cfg.s as i64],
+            &mut [
+                (&self.part_m).into(),
+                (&self.part_l).into(),
+                (&self.part_acc).into(),
+                (&mut self.out).into(),
+                (cfg.splits as i32).into(),
             ],
         )?;
         Ok(())

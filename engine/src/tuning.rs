@@ -95,15 +95,21 @@ pub fn argmax_finish_block(parts: usize) -> usize {
 /// A split-K attention launch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct AttentionConfig {
-    /// Programs along the sequence per KV head (`attention`'s grid y).
+    /// Programs along the sequence per KV head (`attention_split`'s grid y).
     pub splits: usize,
-    /// Positions per loop iteration of `attention`.
+    /// Positions per loop iteration of `attention_split`.
     pub bs: usize,
+    /// `attention_combine`'s `S`: a compiled power of two ≥ `splits`.
+    pub s: usize,
 }
 
-/// The most splits the engine launches (its scratch buffers hold this many partials
-/// per query head).
+/// The largest split count `attention_combine` is compiled for.
 pub const MAX_SPLITS: usize = 64;
+
+/// The smallest compiled `S` of `attention_combine` that holds `splits`.
+pub fn combine_s(splits: usize) -> usize {
+    splits.next_power_of_two().clamp(8, MAX_SPLITS)
+}
 
 /// The default attention launch for `seq` cached positions and `num_kv_heads`, on a GPU
 /// with `sm_count` SMs: enough programs to fill the SMs twice
@@ -112,7 +118,11 @@ pub const MAX_SPLITS: usize = 64;
 pub fn attention_config(seq: usize, num_kv_heads: usize, sm_count: usize) -> AttentionConfig {
     let bs = 32;
     let splits = attention_splits(seq, num_kv_heads, sm_count, bs);
-    AttentionConfig { splits, bs }
+    AttentionConfig {
+        splits,
+        bs,
+        s: combine_s(splits),
+    }
 }
 
 /// The split count of [`attention_config`] for a given `bs`.
@@ -157,8 +167,14 @@ mod tests {
         assert!(defaults_are_compiled());
         for seq in [1, 3, 512, 4096, 32768] {
             let c = attention_config(seq, 8, DEFAULT_SM_COUNT);
-            assert!(c.splits >= 1 && c.splits <= MAX_SPLITS, "{c:?}");
-            assert!(kernels::ATTENTION
+            assert!(
+                c.splits >= 1 && c.splits <= c.s && c.s <= MAX_SPLITS,
+                "{c:?}"
+            );
+            assert!(kernels::ATTENTION_COMBINE
+                .variant(&[128, c.s as i64], None)
+                .is_ok());
+            assert!(kernels::ATTENTION_SPLIT
                 .variant(&[128, 2, c.bs as i64], None)
                 .is_ok());
         }

@@ -761,19 +761,17 @@ fn check_attention(dev: &Device, rng: &mut Rng, c: &AttnCase, bs: usize, splits_
         dev.upload(&vc).unwrap(),
     );
     let state = dev.upload(&[0i32, c.seq as i32 - 1]).unwrap();
-    // One set of arrival counters for every launch: each launch leaves them at zero.
-    let chunks = c.group.div_ceil(c.g);
-    let mut arrivals = dev.alloc_filled(c.num_kv * chunks, 0i32).unwrap();
     for &splits in splits_list {
+        let s = tuning::combine_s(splits);
         let slots = nh * splits;
         let mut pm = dev.alloc_filled(slots, f32::NAN).unwrap();
         let mut pl = dev.alloc_filled(slots, f32::NAN).unwrap();
         let mut pa = dev.alloc_filled(slots * c.d, f32::NAN).unwrap();
         let mut out = dev.alloc_filled(nh * c.d, bf16::NAN).unwrap();
         launch(
-            &ATTENTION,
+            &ATTENTION_SPLIT,
             dev,
-            LaunchConfig::from((c.num_kv as u32, splits as u32, chunks as u32)),
+            LaunchConfig::from((c.num_kv as u32, splits as u32, c.group.div_ceil(c.g) as u32)),
             &[c.d as i64, c.g as i64, bs as i64],
             &mut [
                 (&qb).into(),
@@ -783,22 +781,28 @@ fn check_attention(dev: &Device, rng: &mut Rng, c: &AttnCase, bs: usize, splits_
                 (&mut pm).into(),
                 (&mut pl).into(),
                 (&mut pa).into(),
-                (&mut arrivals).into(),
-                (&mut out).into(),
                 (c.group as i32).into(),
                 (c.max_seq as i32).into(),
                 scale.into(),
             ],
         );
-        let got = f32s(&out.to_vec().unwrap());
-        // The last program of each head group resets its counter for the next launch.
-        assert!(
-            arrivals.to_vec().unwrap().iter().all(|&a| a == 0),
-            "arrival counters not reset"
+        launch(
+            &ATTENTION_COMBINE,
+            dev,
+            LaunchConfig::from(nh as u32),
+            &[c.d as i64, s as i64],
+            &mut [
+                (&pm).into(),
+                (&pl).into(),
+                (&pa).into(),
+                (&mut out).into(),
+                (splits as i32).into(),
+            ],
         );
+        let got = f32s(&out.to_vec().unwrap());
         check(
             &format!(
-                "attention D={} kv={} group={} G={} seq={} BS={bs} splits={splits} on {dev}",
+                "attention D={} kv={} group={} G={} seq={} BS={bs} splits={splits} S={s} on {dev}",
                 c.d, c.num_kv, c.group, c.g, c.seq
             ),
             &got,
