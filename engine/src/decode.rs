@@ -17,7 +17,7 @@ use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};
 use crate::kernels::{
     ARGMAX_FINISH, ATTENTION_COMBINE, ATTENTION_SPLIT, EMBED, GEMV_RESIDUAL, LM_HEAD_ARGMAX,
-    QK_NORM_ROPE_APPEND, RMS_NORM_GATE_UP, RMS_NORM_GEMV,
+    RMS_NORM_GATE_UP, RMS_NORM_GEMV,
 };
 use crate::model::ModelWeights;
 use crate::reference::rope_inv_freq;
@@ -30,9 +30,7 @@ pub enum Block {
     Embed,
     /// RMSNorm + fused QKV projection.
     Qkv,
-    /// QK-norm + RoPE + KV-cache append.
-    Rope,
-    /// Split-K attention, first pass.
+    /// QK-norm + RoPE + KV-cache append + split-K attention, first pass.
     Attention,
     /// Merge of the attention splits.
     Combine,
@@ -50,10 +48,9 @@ pub enum Block {
 
 impl Block {
     /// Every block, in step order.
-    pub const ALL: [Block; 10] = [
+    pub const ALL: [Block; 9] = [
         Block::Embed,
         Block::Qkv,
-        Block::Rope,
         Block::Attention,
         Block::Combine,
         Block::OProj,
@@ -93,8 +90,6 @@ pub struct LaunchPlan {
     pub attention: KernelChoice,
     /// `attention_combine`: `[D, S]`.
     pub combine: KernelChoice,
-    /// `qk_norm_rope_append`: `[D]`.
-    pub rope: KernelChoice,
     /// Splits of the KV sequence in decode attention.
     pub splits: usize,
 }
@@ -190,10 +185,6 @@ impl LaunchPlan {
             combine: KernelChoice {
                 consts: [d, tuning::combine_s(splits) as i64].to_vec(),
                 num_warps: 4,
-            },
-            rope: KernelChoice {
-                consts: [d].to_vec(),
-                num_warps: 1,
             },
             splits,
         })
@@ -406,7 +397,7 @@ impl Decoder {
 
     /// Kernel launches per step.
     pub fn kernels_per_step(&self) -> usize {
-        3 + 7 * self.cfg.num_layers
+        3 + 6 * self.cfg.num_layers
     }
 
     /// Bytes of weights one step reads (every matrix, norm and bias once; the embedding
@@ -519,33 +510,8 @@ impl Decoder {
                     ],
                 )?;
             }
-            // (2) QK-norm + RoPE + KV append.
-            if want(Block::Rope) {
-                launch(
-                    dev,
-                    &QK_NORM_ROPE_APPEND,
-                    (nh + 2 * nkv) as u32,
-                    &plan.rope.consts,
-                    plan.rope.num_warps,
-                    &mut [
-                        (&s.qkv).into(),
-                        (&l.q_norm).into(),
-                        (&l.k_norm).into(),
-                        (&self.rope_cos).into(),
-                        (&self.rope_sin).into(),
-                        (&s.state).into(),
-                        (&mut s.q).into(),
-                        (&mut l.k_cache).into(),
-                        (&mut l.v_cache).into(),
-                        (nh as i32).into(),
-                        (nkv as i32).into(),
-                        max_seq.into(),
-                        i32::from(cfg.qk_norm).into(),
-                        eps.into(),
-                    ],
-                )?;
-            }
-            // (3) Split-K attention over the cache, then the merge of the splits.
+            // (2) QK-norm + RoPE + KV append folded into split-K attention over the
+            // cache, then the merge of the splits.
             if want(Block::Attention) {
                 launch(
                     dev,
@@ -558,15 +524,22 @@ impl Decoder {
                     &plan.attention.consts,
                     plan.attention.num_warps,
                     &mut [
-                        (&s.q).into(),
-                        (&l.k_cache).into(),
-                        (&l.v_cache).into(),
+                        (&s.qkv).into(),
+                        (&l.q_norm).into(),
+                        (&l.k_norm).into(),
+                        (&self.rope_cos).into(),
+                        (&self.rope_sin).into(),
                         (&s.state).into(),
+                        (&mut l.k_cache).into(),
+                        (&mut l.v_cache).into(),
+                        (&mut s.q).into(),
                         (&mut s.part_m).into(),
                         (&mut s.part_l).into(),
                         (&mut s.part_acc).into(),
                         ((nh / nkv) as i32).into(),
                         max_seq.into(),
+                        i32::from(cfg.qk_norm).into(),
+                        eps.into(),
                         scale.into(),
                     ],
                 )?;
@@ -587,7 +560,7 @@ impl Decoder {
                     ],
                 )?;
             }
-            // (4) O projection + residual.
+            // (3) O projection + residual.
             if want(Block::OProj) {
                 launch(
                     dev,
@@ -605,7 +578,7 @@ impl Decoder {
                     ],
                 )?;
             }
-            // (5) RMSNorm + gate/up projection + SiLU gate.
+            // (4) RMSNorm + gate/up projection + SiLU gate.
             if want(Block::GateUp) {
                 launch(
                     dev,
@@ -624,7 +597,7 @@ impl Decoder {
                     ],
                 )?;
             }
-            // (6) Down projection + residual.
+            // (5) Down projection + residual.
             if want(Block::Down) {
                 launch(
                     dev,

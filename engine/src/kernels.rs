@@ -4,11 +4,12 @@
 //!
 //! 1. [`rms_norm_gemv`]: RMSNorm of the hidden state, then the fused QKV projection
 //!    (`[q; k; v]` rows of one weight) plus bias;
-//! 2. [`qk_norm_rope_append`]: QK-norm (Qwen3), RoPE, and the K/V append to the cache;
-//! 3. [`attention_split`] + [`attention_combine`]: split-K decode attention;
-//! 4. [`gemv_residual`]: O projection added into the hidden state;
-//! 5. [`rms_norm_gate_up`]: RMSNorm, the fused `[gate; up]` projection and `silu(g) * u`;
-//! 6. [`gemv_residual`]: down projection added into the hidden state;
+//! 2. [`attention_split`] + [`attention_combine`]: QK-norm (Qwen3), RoPE and the K/V
+//!    append to the cache, folded into split-K decode attention, then the merge of the
+//!    splits;
+//! 3. [`gemv_residual`]: O projection added into the hidden state;
+//! 4. [`rms_norm_gate_up`]: RMSNorm, the fused `[gate; up]` projection and `silu(g) * u`;
+//! 5. [`gemv_residual`]: down projection added into the hidden state;
 //!
 //! and around the layers [`embed`], then [`lm_head_argmax`] + [`argmax_finish`].
 //!
@@ -24,11 +25,10 @@
 use tilefuse_macros::kernel;
 
 /// Every kernel description in this module, for tooling (offline assembly, inspection).
-pub fn all() -> [&'static tilefuse_dsl::runtime::KernelDef; 9] {
+pub fn all() -> [&'static tilefuse_dsl::runtime::KernelDef; 8] {
     [
         &EMBED,
         &RMS_NORM_GEMV,
-        &QK_NORM_ROPE_APPEND,
         &ATTENTION_SPLIT,
         &ATTENTION_COMBINE,
         &GEMV_RESIDUAL,
@@ -197,106 +197,91 @@ pub fn rms_norm_gate_up<const BLOCK_N: usize, const BLOCK_K: usize>(
     store(act + rows, (silu * up) as bf16, row_ok);
 }
 
-/// QK-norm (when `use_norm != 0`), RoPE at the position in `state[1]`, and the KV-cache
-/// append, one program per head of the fused `qkv` vector `[q heads | k heads | v heads]`.
+/// Decode attention, first pass, with the step's QK-norm (when `use_norm != 0`), RoPE
+/// and KV-cache append folded in.
 ///
-/// Query heads go to `q_out`; key and value heads to row `pos` of their cache
-/// (`[num_kv_heads, max_seq, D]`). `rope_cos` / `rope_sin` hold `[max_seq, D / 2]`
-/// bf16-rounded values, computed on the host once, as the reference does.
-#[kernel(crate = tilefuse_dsl, D = [32, 64, 128], num_warps = [1])]
-pub fn qk_norm_rope_append<const D: usize>(
+/// Program `(kv_head, split, chunk)` attends `G` of the query heads sharing `kv_head`
+/// (the group padded to a multiple of `G`; larger groups take several programs along
+/// grid z) over its share of the positions `0..=pos` (`pos` read from `state[1]`), with
+/// an online softmax, and writes the partial max, denominator and weighted value sum per
+/// query head and split for [`attention_combine`].
+///
+/// The queries and the new key and value come straight from the fused projection `qkv`
+/// (`[q heads | k heads | v heads]`): each program normalizes and rotates its queries
+/// (`rope_cos` / `rope_sin` hold `[max_seq, D / 2]` bf16-rounded values, as the reference
+/// computes them); the program whose share holds `pos` computes the new key, takes the
+/// new position from registers and appends key and value to row `pos` of the caches
+/// (`[num_kv_heads, max_seq, D]`), which no program of this launch reads. Split 0 also
+/// stores the rotated queries in `q_out`, for inspection.
+///
+/// Scores round like the reference (`bf16(bf16(q·k) * scale)`); the probabilities stay
+/// f32 (the reference rounds the normalized probabilities, which a split pass cannot).
+#[kernel(crate = tilefuse_dsl, D = [32, 64, 128], G = [1, 2, 4], BS = [32], num_warps = [4])]
+pub fn attention_split<const D: usize, const G: usize, const BS: usize>(
     qkv: Ptr<bf16>,
     q_norm_w: Ptr<bf16>,
     k_norm_w: Ptr<bf16>,
     rope_cos: Ptr<f32>,
     rope_sin: Ptr<f32>,
     state: Ptr<i32>,
+    k_cache: Ptr<bf16>,
+    v_cache: Ptr<bf16>,
     q_out: Ptr<bf16>,
-    k_cache: Ptr<bf16>,
-    v_cache: Ptr<bf16>,
-    num_heads: i32,
-    num_kv_heads: i32,
-    max_seq: i32,
-    use_norm: i32,
-    eps: f32,
-) {
-    let head = program_id(0);
-    // Clamped so that a step past the cache's end stays inside every buffer (its
-    // result is meaningless; the engine never runs one).
-    let pos = minimum(load(state + 1), max_seq - 1);
-    let i = arange(0, D / 2);
-    let lo = load(qkv + head * D + i) as f32;
-    let hi = load(qkv + head * D + D / 2 + i) as f32;
-    if head < num_heads + num_kv_heads {
-        let is_q = head < num_heads;
-        let mut a = lo;
-        let mut b = hi;
-        if use_norm != 0 {
-            let inv_rms = 1.0 / sqrt(((lo * lo).sum(0) + (hi * hi).sum(0)) / (D as f32) + eps);
-            let w_lo = select(is_q, load(q_norm_w + i), load(k_norm_w + i)) as f32;
-            let w_hi = select(is_q, load(q_norm_w + D / 2 + i), load(k_norm_w + D / 2 + i)) as f32;
-            a = (w_lo * ((lo * inv_rms) as bf16 as f32)) as bf16 as f32;
-            b = (w_hi * ((hi * inv_rms) as bf16 as f32)) as bf16 as f32;
-        }
-        let c = load(rope_cos + pos * (D / 2) + i);
-        let s = load(rope_sin + pos * (D / 2) + i);
-        let out_lo = (((a * c) as bf16 as f32) + ((-b * s) as bf16 as f32)) as bf16;
-        let out_hi = (((b * c) as bf16 as f32) + ((a * s) as bf16 as f32)) as bf16;
-        if is_q {
-            store(q_out + head * D + i, out_lo);
-            store(q_out + head * D + D / 2 + i, out_hi);
-        } else {
-            let row = ((head - num_heads) * max_seq + pos) * D;
-            store(k_cache + row + i, out_lo);
-            store(k_cache + row + D / 2 + i, out_hi);
-        }
-    } else {
-        let row = ((head - num_heads - num_kv_heads) * max_seq + pos) * D;
-        store(v_cache + row + i, lo as bf16);
-        store(v_cache + row + D / 2 + i, hi as bf16);
-    }
-}
-
-/// Decode attention, first pass: program `(kv_head, split, chunk)` attends `G` of the
-/// query heads sharing `kv_head` (the group padded to a multiple of `G`) over its share of positions `0..=pos` (`pos` read
-/// from `state[1]`), with an online softmax, and writes the partial max, denominator and
-/// weighted value sum per query head and split.
-///
-/// Scores round like the reference (`bf16(bf16(q·k) * scale)`); the probabilities stay
-/// f32 (the reference rounds the normalized probabilities, which a split pass cannot).
-#[kernel(crate = tilefuse_dsl, D = [32, 64, 128], G = [1, 2, 4], BS = [32], num_warps = [4])]
-pub fn attention_split<const D: usize, const G: usize, const BS: usize>(
-    q: Ptr<bf16>,
-    k_cache: Ptr<bf16>,
-    v_cache: Ptr<bf16>,
-    state: Ptr<i32>,
     part_m: Ptr<f32>,
     part_l: Ptr<f32>,
     part_acc: Ptr<f32>,
     group: i32,
     max_seq: i32,
+    use_norm: i32,
+    eps: f32,
     scale: f32,
 ) {
     let kv_head = program_id(0);
     let split = program_id(1);
     let splits = num_programs(1);
-    // Clamped like `qk_norm_rope_append`'s position: never past the cache.
-    let seq = minimum(load(state + 1), max_seq - 1) + 1;
-    let per_split = cdiv(cdiv(seq, splits), BS) * BS;
+    let num_heads = num_programs(0) * group;
+    // Clamped so that a step past the cache's end stays inside every buffer (its
+    // result is meaningless; the engine never runs one).
+    let pos = minimum(load(state + 1), max_seq - 1);
+    let per_split = cdiv(cdiv(pos + 1, splits), BS) * BS;
     let start = split * per_split;
-    let end = minimum(start + per_split, seq);
+    // Cached positions only: `pos` itself is not in the cache yet.
+    let end = minimum(start + per_split, pos);
+    let base = kv_head * max_seq * D;
+    let i = arange(0, D / 2);
+    let d = arange(0, D);
 
-    // Groups larger than G are split over grid axis 2.
+    // The first cache tile is requested before the queries are computed, so its
+    // latency overlaps theirs; each iteration then requests the next tile.
+    let s = start + arange(0, BS);
+    let ok = (s < end).expand_dims(1);
+    let offs = base + s.expand_dims(1) * D;
+    let mut k_lo = load(k_cache + offs + i.expand_dims(0), ok, 0.0);
+    let mut k_hi = load(k_cache + offs + D / 2 + i.expand_dims(0), ok, 0.0);
+    let mut vt = load(v_cache + offs + d.expand_dims(0), ok, 0.0);
+
+    // Queries: QK-norm and RoPE, in halves (RoPE pairs element j with j + D / 2).
     let g = program_id(2) * G + arange(0, G);
     let g_ok = g < group;
     let heads = kv_head * group + g;
-    let d = arange(0, D);
-    let qt = load(
-        q + heads.expand_dims(1) * D + d.expand_dims(0),
-        g_ok.expand_dims(1),
-        0.0,
-    ) as f32;
-    let base = kv_head * max_seq * D;
+    let q_offs = heads.expand_dims(1) * D + i.expand_dims(0);
+    let c = load(rope_cos + pos * (D / 2) + i).expand_dims(0);
+    let sn = load(rope_sin + pos * (D / 2) + i).expand_dims(0);
+    let mut a = load(qkv + q_offs, g_ok.expand_dims(1), 0.0) as f32;
+    let mut b = load(qkv + q_offs + D / 2, g_ok.expand_dims(1), 0.0) as f32;
+    if use_norm != 0 {
+        let inv_rms = 1.0 / sqrt(((a * a).sum(1) + (b * b).sum(1)) / (D as f32) + eps);
+        let w_lo = (load(q_norm_w + i) as f32).expand_dims(0);
+        let w_hi = (load(q_norm_w + D / 2 + i) as f32).expand_dims(0);
+        a = (w_lo * ((a * inv_rms.expand_dims(1)) as bf16 as f32)) as bf16 as f32;
+        b = (w_hi * ((b * inv_rms.expand_dims(1)) as bf16 as f32)) as bf16 as f32;
+    }
+    let q_lo = (((a * c) as bf16 as f32) + ((-b * sn) as bf16 as f32)) as bf16 as f32;
+    let q_hi = (((b * c) as bf16 as f32) + ((a * sn) as bf16 as f32)) as bf16 as f32;
+    if split == 0 {
+        store(q_out + q_offs, q_lo as bf16, g_ok.expand_dims(1));
+        store(q_out + q_offs + D / 2, q_hi as bf16, g_ok.expand_dims(1));
+    }
 
     let mut m = full([G], f32::NEG_INFINITY);
     let mut l = zeros::<f32>([G]);
@@ -304,22 +289,63 @@ pub fn attention_split<const D: usize, const G: usize, const BS: usize>(
     for s0 in (start..end).step_by(BS) {
         let s = s0 + arange(0, BS);
         let ok = s < end;
-        let offs = base + s.expand_dims(1) * D + d.expand_dims(0);
-        // Both tiles are requested up front, so their latencies overlap.
-        let kt = load(k_cache + offs, ok.expand_dims(1), 0.0) as f32;
-        let vt = load(v_cache + offs, ok.expand_dims(1), 0.0) as f32;
-        // The cache tile comes first: the product takes its layout (16-byte loads
-        // along D) and `qt` is loaded to match.
-        let dots = (kt.expand_dims(0) * qt.expand_dims(1)).sum(2);
+        // Request the next tile before using this one.
+        let next = s + BS;
+        let next_ok = (next < end).expand_dims(1);
+        let next_offs = base + next.expand_dims(1) * D;
+        let k_lo_next = load(k_cache + next_offs + i.expand_dims(0), next_ok, 0.0);
+        let k_hi_next = load(k_cache + next_offs + D / 2 + i.expand_dims(0), next_ok, 0.0);
+        let vt_next = load(v_cache + next_offs + d.expand_dims(0), next_ok, 0.0);
+
+        let dots = ((k_lo as f32).expand_dims(0) * q_lo.expand_dims(1)).sum(2)
+            + ((k_hi as f32).expand_dims(0) * q_hi.expand_dims(1)).sum(2);
         let scores = ((dots as bf16 as f32) * scale) as bf16 as f32;
         let scores = select(ok.expand_dims(0), scores, f32::NEG_INFINITY);
         let m_new = maximum(m, scores.max(1));
         let p = exp(scores - m_new.expand_dims(1));
         let alpha = exp(m - m_new);
-        acc = acc * alpha.expand_dims(1) + (vt.expand_dims(0) * p.expand_dims(2)).sum(1);
+        acc = acc * alpha.expand_dims(1) + ((vt as f32).expand_dims(0) * p.expand_dims(2)).sum(1);
         l = l * alpha + p.sum(1);
         m = m_new;
+        k_lo = k_lo_next;
+        k_hi = k_hi_next;
+        vt = vt_next;
     }
+
+    // The new position, from registers; its program appends it to the caches.
+    if (pos >= start) & (pos < start + per_split) {
+        let k_offs = (num_heads + kv_head) * D + i;
+        let mut ka = load(qkv + k_offs) as f32;
+        let mut kb = load(qkv + k_offs + D / 2) as f32;
+        if use_norm != 0 {
+            let inv_rms = 1.0 / sqrt(((ka * ka).sum(0) + (kb * kb).sum(0)) / (D as f32) + eps);
+            let w_lo = load(k_norm_w + i) as f32;
+            let w_hi = load(k_norm_w + D / 2 + i) as f32;
+            ka = (w_lo * ((ka * inv_rms) as bf16 as f32)) as bf16 as f32;
+            kb = (w_hi * ((kb * inv_rms) as bf16 as f32)) as bf16 as f32;
+        }
+        let c = load(rope_cos + pos * (D / 2) + i);
+        let sn = load(rope_sin + pos * (D / 2) + i);
+        let k_new_lo = (((ka * c) as bf16 as f32) + ((-kb * sn) as bf16 as f32)) as bf16;
+        let k_new_hi = (((kb * c) as bf16 as f32) + ((ka * sn) as bf16 as f32)) as bf16;
+        let v_new = load(qkv + (num_heads + num_programs(0) + kv_head) * D + d);
+        if program_id(2) == 0 {
+            let at = base + pos * D;
+            store(k_cache + at + i, k_new_lo);
+            store(k_cache + at + D / 2 + i, k_new_hi);
+            store(v_cache + at + d, v_new);
+        }
+        let dots = (q_lo * (k_new_lo as f32).expand_dims(0)).sum(1)
+            + (q_hi * (k_new_hi as f32).expand_dims(0)).sum(1);
+        let score = ((dots as bf16 as f32) * scale) as bf16 as f32;
+        let m_new = maximum(m, score);
+        let p = exp(score - m_new);
+        let alpha = exp(m - m_new);
+        acc = acc * alpha.expand_dims(1) + (v_new as f32).expand_dims(0) * p.expand_dims(1);
+        l = l * alpha + p;
+        m = m_new;
+    }
+
     let slot = heads * splits + split;
     store(part_m + slot, m, g_ok);
     store(part_l + slot, l, g_ok);

@@ -792,8 +792,9 @@ impl GemvWorkload {
     }
 }
 
-/// Decode attention (`attention_split` + `attention_combine`) at one context length,
-/// with enough KV-cache sets to exceed 4× L2 (within device memory).
+/// Decode attention (`attention_split`, with its QK-norm, RoPE and append, +
+/// `attention_combine`) at one context length, with enough KV-cache sets to exceed 4× L2
+/// (within device memory).
 pub struct AttentionWorkload {
     /// Cached positions read (the context length).
     pub seq: usize,
@@ -804,6 +805,10 @@ pub struct AttentionWorkload {
     /// Head size.
     pub head_dim: usize,
     sets: Vec<(Buffer<bf16>, Buffer<bf16>, Buffer<bf16>)>,
+    norm_w: Buffer<bf16>,
+    rope_cos: Buffer<f32>,
+    rope_sin: Buffer<f32>,
+    q: Buffer<bf16>,
     state: Buffer<i32>,
     part_m: Buffer<f32>,
     part_l: Buffer<f32>,
@@ -812,9 +817,10 @@ pub struct AttentionWorkload {
 }
 
 impl AttentionWorkload {
-    /// Allocates the sets: per set a query and `[num_kv_heads, seq, head_dim]` K and V
-    /// caches of random non-zero values; the position `seq - 1` lives in a device
-    /// `state` buffer, as in decode.
+    /// Allocates the sets: per set a fused `qkv` projection and `[num_kv_heads, seq,
+    /// head_dim]` K and V caches of random non-zero values; the position `seq - 1` lives
+    /// in a device `state` buffer, as in decode (so each launch appends its key and value
+    /// at the last row and reads the `seq - 1` before it).
     pub fn new(
         dev: &Device,
         seq: usize,
@@ -833,18 +839,26 @@ impl AttentionWorkload {
         let mut s = Vec::with_capacity(sets);
         for _ in 0..sets {
             s.push((
-                dev.upload(&rng.bf16_vec(num_heads * head_dim, 1.0))?,
+                dev.upload(&rng.bf16_vec((num_heads + 2 * num_kv_heads) * head_dim, 1.0))?,
                 dev.upload(&k)?,
                 dev.upload(&v)?,
             ));
         }
         let slots = num_heads * tuning::MAX_SPLITS;
+        // Any rotation will do for timing: random angles' cosines and sines.
+        let angles: Vec<f32> = (0..seq * head_dim / 2)
+            .map(|_| rng.bf16_vec(1, 3.0)[0].to_f32())
+            .collect();
         Ok(AttentionWorkload {
             seq,
             num_heads,
             num_kv_heads,
             head_dim,
             sets: s,
+            norm_w: dev.upload(&rng.bf16_vec(head_dim, 1.5))?,
+            rope_cos: dev.upload(&angles.iter().map(|a| a.cos()).collect::<Vec<_>>())?,
+            rope_sin: dev.upload(&angles.iter().map(|a| a.sin()).collect::<Vec<_>>())?,
+            q: dev.alloc_filled(num_heads * head_dim, bf16::NAN)?,
             state: dev.upload(&[0i32, seq as i32 - 1])?,
             part_m: dev.alloc_filled(slots, f32::NAN)?,
             part_l: dev.alloc_filled(slots, f32::NAN)?,
@@ -878,7 +892,8 @@ impl AttentionWorkload {
     /// Queues split + combine on set `i % sets`.
     pub fn launch(&mut self, dev: &Device, i: usize, cfg: AttentionConfig) -> Result<()> {
         let nsets = self.sets.len();
-        let (q, k, v) = &self.sets[i % nsets];
+        let padded = self.padded_group();
+        let (qkv, k, v) = &mut self.sets[i % nsets];
         let d = self.head_dim as i64;
         let group = (self.num_heads / self.num_kv_heads) as i32;
         let scale = (self.head_dim as f32).powf(-0.5);
@@ -887,19 +902,26 @@ impl AttentionWorkload {
             (
                 self.num_kv_heads as u32,
                 cfg.splits as u32,
-                (group as usize).div_ceil(self.padded_group()) as u32,
+                (group as usize).div_ceil(padded) as u32,
             ),
-            &[d, self.padded_group() as i64, cfg.bs as i64],
+            &[d, padded as i64, cfg.bs as i64],
             &mut [
-                q.into(),
+                (&*qkv).into(),
+                (&self.norm_w).into(),
+                (&self.norm_w).into(),
+                (&self.rope_cos).into(),
+                (&self.rope_sin).into(),
+                (&self.state).into(),
                 k.into(),
                 v.into(),
-                (&self.state).into(),
+                (&mut self.q).into(),
                 (&mut self.part_m).into(),
                 (&mut self.part_l).into(),
                 (&mut self.part_acc).into(),
                 group.into(),
                 (self.seq as i32).into(),
+                1i32.into(),
+                1e-6f32.into(),
                 scale.into(),
             ],
         )?;

@@ -554,129 +554,53 @@ fn rope_tables(d: usize, max_seq: usize, theta: f32) -> (Vec<f32>, Vec<f32>) {
     (cos, sin)
 }
 
-#[test]
-fn qk_norm_rope_append_matches_host() {
-    let mut rng = Rng::new(707);
-    for dev in devices("qk_norm_rope_append_matches_host") {
-        let mut cases = vec![(32usize, 4usize, 2usize, 9usize, 5usize), (64, 3, 3, 4, 0)];
-        if dev.is_cuda() {
-            cases.push((128, 16, 8, 4096, 4095));
-        }
-        for (d, nh, nkv, max_seq, pos) in cases {
-            let heads = nh + 2 * nkv;
-            let (cos, sin) = rope_tables(d, max_seq, 1e6);
-            for use_norm in [0i32, 1] {
-                let qkv = rng.bf16_vec(heads * d, 3.0);
-                let qw = rng.bf16_vec(d, 1.5);
-                let kw = rng.bf16_vec(d, 1.5);
-                let kc0 = rng.bf16_vec(nkv * max_seq * d, 1.0);
-                let vc0 = rng.bf16_vec(nkv * max_seq * d, 1.0);
-                let (q_in, qwb, kwb) = (
-                    dev.upload(&qkv).unwrap(),
-                    dev.upload(&qw).unwrap(),
-                    dev.upload(&kw).unwrap(),
-                );
-                let (cb, sb) = (dev.upload(&cos).unwrap(), dev.upload(&sin).unwrap());
-                let state = dev.upload(&[3i32, pos as i32]).unwrap();
-                let mut q_out = dev.alloc_filled(nh * d, bf16::NAN).unwrap();
-                let mut kc = dev.upload(&kc0).unwrap();
-                let mut vc = dev.upload(&vc0).unwrap();
-                launch(
-                    &QK_NORM_ROPE_APPEND,
-                    &dev,
-                    LaunchConfig::from(heads as u32),
-                    &[d as i64],
-                    &mut [
-                        (&q_in).into(),
-                        (&qwb).into(),
-                        (&kwb).into(),
-                        (&cb).into(),
-                        (&sb).into(),
-                        (&state).into(),
-                        (&mut q_out).into(),
-                        (&mut kc).into(),
-                        (&mut vc).into(),
-                        (nh as i32).into(),
-                        (nkv as i32).into(),
-                        (max_seq as i32).into(),
-                        use_norm.into(),
-                        EPS.into(),
-                    ],
-                );
-                let what = format!(
-                    "qk_norm_rope_append D={d} heads={nh}/{nkv} pos={pos} norm={use_norm} on {dev}"
-                );
-                let half = d / 2;
-                let (c, s) = (
-                    &cos[pos * half..(pos + 1) * half],
-                    &sin[pos * half..(pos + 1) * half],
-                );
-                let mut want_q = Vec::new();
-                let mut tol_q = Vec::new();
-                let mut tol_k = vec![0.0f64; kc0.len()];
-                let mut want_k = kc0.iter().map(|v| v.to_f32()).collect::<Vec<_>>();
-                let mut want_v = vc0.iter().map(|v| v.to_f32()).collect::<Vec<_>>();
-                for h in 0..heads {
-                    let x = f32s(&qkv[h * d..(h + 1) * d]);
-                    if h >= nh + nkv {
-                        let row = ((h - nh - nkv) * max_seq + pos) * d;
-                        want_v[row..row + d].copy_from_slice(&x);
-                        continue;
-                    }
-                    let w = if h < nh { f32s(&qw) } else { f32s(&kw) };
-                    let xn = if use_norm != 0 {
-                        host_rms_norm(&x, &w)
-                    } else {
-                        x
-                    };
-                    let mut out = vec![0.0f32; d];
-                    let mut tol = vec![0.0f64; d];
-                    for i in 0..half {
-                        let (a, b) = (xn[i], xn[i + half]);
-                        out[i] = bf(bf(a * c[i]) + bf(-b * s[i]));
-                        out[i + half] = bf(bf(b * c[i]) + bf(a * s[i]));
-                        // One ulp of the output, and with QK-norm one ulp of a or b
-                        // (inv_rms's summation order can move a rounding).
-                        let moved = if use_norm != 0 {
-                            ((a * c[i]).abs()
-                                + (b * s[i]).abs()
-                                + (b * c[i]).abs()
-                                + (a * s[i]).abs()) as f64
-                                / 128.0
-                        } else {
-                            0.0
-                        };
-                        tol[i] = out[i].abs() as f64 / 128.0 + moved + 1e-6;
-                        tol[i + half] = out[i + half].abs() as f64 / 128.0 + moved + 1e-6;
-                    }
-                    if h < nh {
-                        want_q.extend_from_slice(&out);
-                        tol_q.extend_from_slice(&tol);
-                    } else {
-                        let row = ((h - nh) * max_seq + pos) * d;
-                        want_k[row..row + d].copy_from_slice(&out);
-                        tol_k[row..row + d].copy_from_slice(&tol);
-                    }
-                }
-                // Exact except where inv_rms's f32 summation order moves a rounding.
-                let near = |got: &[f32], want: &[f32], tol: &[f64], name: &str| {
-                    let w64: Vec<f64> = want.iter().map(|v| *v as f64).collect();
-                    let tol: Vec<f64> = tol.iter().map(|t| t.max(1e-6)).collect();
-                    check(&format!("{what}: {name}"), got, &w64, &tol);
-                    let exact = got.iter().zip(want).filter(|(a, b)| a == b).count();
-                    assert!(
-                        exact * 100 >= got.len() * 99,
-                        "{what}: {name}: only {exact} of {} exact",
-                        got.len()
-                    );
-                };
-                near(&f32s(&q_out.to_vec().unwrap()), &want_q, &tol_q, "q");
-                near(&f32s(&kc.to_vec().unwrap()), &want_k, &tol_k, "k cache");
-                let got_v = f32s(&vc.to_vec().unwrap());
-                assert_eq!(got_v, want_v, "{what}: v cache");
-            }
-        }
+/// QK-norm (optional) and RoPE of one head on the host, rounding like the kernel.
+/// Returns the rotated head and a tolerance per element: one ulp of the output, and
+/// with QK-norm one ulp of an input (inv_rms's summation order can move a rounding).
+fn host_norm_rope(
+    x: &[f32],
+    w: &[f32],
+    use_norm: bool,
+    c: &[f32],
+    s: &[f32],
+) -> (Vec<f32>, Vec<f64>) {
+    let d = x.len();
+    let half = d / 2;
+    let xn = if use_norm {
+        host_rms_norm(x, w)
+    } else {
+        x.to_vec()
+    };
+    let mut out = vec![0.0f32; d];
+    let mut tol = vec![0.0f64; d];
+    for i in 0..half {
+        let (a, b) = (xn[i], xn[i + half]);
+        out[i] = bf(bf(a * c[i]) + bf(-b * s[i]));
+        out[i + half] = bf(bf(b * c[i]) + bf(a * s[i]));
+        let moved = if use_norm {
+            ((a * c[i]).abs() + (b * s[i]).abs() + (b * c[i]).abs() + (a * s[i]).abs()) as f64
+                / 128.0
+        } else {
+            0.0
+        };
+        tol[i] = out[i].abs() as f64 / 128.0 + moved + 1e-6;
+        tol[i + half] = out[i + half].abs() as f64 / 128.0 + moved + 1e-6;
     }
+    (out, tol)
+}
+
+/// Within `tol`, and exact except where inv_rms's f32 summation order moves a rounding
+/// (at least 99% of the elements).
+fn near(what: &str, got: &[f32], want: &[f32], tol: &[f64]) {
+    let w64: Vec<f64> = want.iter().map(|v| *v as f64).collect();
+    let tol: Vec<f64> = tol.iter().map(|t| t.max(1e-6)).collect();
+    check(what, got, &w64, &tol);
+    let exact = got.iter().zip(want).filter(|(a, b)| a == b).count();
+    assert!(
+        exact * 100 >= got.len() * 99,
+        "{what}: only {exact} of {} exact",
+        got.len()
+    );
 }
 
 struct AttnCase {
@@ -729,60 +653,100 @@ fn host_attention(
     (out, mag)
 }
 
-fn check_attention(dev: &Device, rng: &mut Rng, c: &AttnCase, bs: usize, splits_list: &[usize]) {
-    let nh = c.num_kv * c.group;
-    let scale = (c.d as f32).powf(-0.5);
-    let q = rng.bf16_vec(nh * c.d, 2.0);
-    let kc = rng.bf16_vec(c.num_kv * c.max_seq * c.d, 1.0);
-    let vc = rng.bf16_vec(c.num_kv * c.max_seq * c.d, 1.0);
-    let (qf, kf, vf) = (f32s(&q), f32s(&kc), f32s(&vc));
-    let mut want = Vec::new();
-    let mut tol = Vec::new();
-    for h in 0..nh {
-        let kvh = h / c.group;
-        let base = kvh * c.max_seq * c.d;
-        let (o, mag) = host_attention(
-            &qf[h * c.d..(h + 1) * c.d],
-            &kf[base..base + c.seq * c.d],
-            &vf[base..base + c.seq * c.d],
-            c.seq,
-            c.d,
-            scale,
-        );
-        for i in 0..c.d {
-            want.push(o[i]);
-            // The output rounding, plus a score that rounds the other way.
-            tol.push(o[i].abs() / 128.0 + mag[i] + 1e-6);
+/// One decode-attention step at position `c.seq - 1`: `attention_split` (QK-norm when
+/// `use_norm`, RoPE, the KV append, the split pass) then `attention_combine`, for each
+/// split count. Checks the rotated queries and the appended cache row against the host,
+/// that no other cache row changed, and the output against host attention over the
+/// kernel's own queries and cache.
+fn check_attention(
+    dev: &Device,
+    rng: &mut Rng,
+    c: &AttnCase,
+    use_norm: bool,
+    bs: usize,
+    splits_list: &[usize],
+) {
+    let (nh, nkv, d) = (c.num_kv * c.group, c.num_kv, c.d);
+    let pos = c.seq - 1;
+    let scale = (d as f32).powf(-0.5);
+    let qkv = rng.bf16_vec((nh + 2 * nkv) * d, 3.0);
+    let (qw, kw) = (rng.bf16_vec(d, 1.5), rng.bf16_vec(d, 1.5));
+    let (cos, sin) = rope_tables(d, c.max_seq, 1e6);
+    // Rows from `pos` on are poison: the kernel must write row `pos` before any use and
+    // never read past it.
+    let mut kc0 = rng.bf16_vec(nkv * c.max_seq * d, 1.0);
+    let mut vc0 = rng.bf16_vec(nkv * c.max_seq * d, 1.0);
+    for h in 0..nkv {
+        for p in pos..c.max_seq {
+            let row = (h * c.max_seq + p) * d;
+            kc0[row..row + d].fill(bf16::NAN);
+            vc0[row..row + d].fill(bf16::NAN);
         }
     }
-    let (qb, kb, vb) = (
-        dev.upload(&q).unwrap(),
-        dev.upload(&kc).unwrap(),
-        dev.upload(&vc).unwrap(),
+
+    // Host: rotated queries, and the cache rows the step appends.
+    let half = d / 2;
+    let (cp, sp) = (
+        &cos[pos * half..(pos + 1) * half],
+        &sin[pos * half..(pos + 1) * half],
     );
-    let state = dev.upload(&[0i32, c.seq as i32 - 1]).unwrap();
+    let head = |h: usize| f32s(&qkv[h * d..(h + 1) * d]);
+    let (mut want_q, mut tol_q) = (Vec::new(), Vec::new());
+    for h in 0..nh {
+        let (o, t) = host_norm_rope(&head(h), &f32s(&qw), use_norm, cp, sp);
+        want_q.extend(o);
+        tol_q.extend(t);
+    }
+    let mut want_k = f32s(&kc0);
+    let mut want_v = f32s(&vc0);
+    let mut tol_k = vec![0.0f64; want_k.len()];
+    for h in 0..nkv {
+        let row = (h * c.max_seq + pos) * d;
+        let (o, t) = host_norm_rope(&head(nh + h), &f32s(&kw), use_norm, cp, sp);
+        want_k[row..row + d].copy_from_slice(&o);
+        tol_k[row..row + d].copy_from_slice(&t);
+        want_v[row..row + d].copy_from_slice(&head(nh + nkv + h));
+    }
+
+    let up = |v: &[bf16]| dev.upload(v).unwrap();
+    let (qkv_b, qw_b, kw_b) = (up(&qkv), up(&qw), up(&kw));
+    let (cos_b, sin_b) = (dev.upload(&cos).unwrap(), dev.upload(&sin).unwrap());
+    let state = dev.upload(&[0i32, pos as i32]).unwrap();
     for &splits in splits_list {
-        let s = tuning::combine_s(splits);
+        let what = format!(
+            "attention D={d} kv={nkv} group={} G={} pos={pos} norm={use_norm} BS={bs} \
+             splits={splits} on {dev}",
+            c.group, c.g
+        );
+        let (mut kc, mut vc) = (up(&kc0), up(&vc0));
+        let mut q_out = dev.alloc_filled(nh * d, bf16::NAN).unwrap();
         let slots = nh * splits;
         let mut pm = dev.alloc_filled(slots, f32::NAN).unwrap();
         let mut pl = dev.alloc_filled(slots, f32::NAN).unwrap();
-        let mut pa = dev.alloc_filled(slots * c.d, f32::NAN).unwrap();
-        let mut out = dev.alloc_filled(nh * c.d, bf16::NAN).unwrap();
+        let mut pa = dev.alloc_filled(slots * d, f32::NAN).unwrap();
+        let mut out = dev.alloc_filled(nh * d, bf16::NAN).unwrap();
         launch(
             &ATTENTION_SPLIT,
             dev,
-            LaunchConfig::from((c.num_kv as u32, splits as u32, c.group.div_ceil(c.g) as u32)),
-            &[c.d as i64, c.g as i64, bs as i64],
+            LaunchConfig::from((nkv as u32, splits as u32, c.group.div_ceil(c.g) as u32)),
+            &[d as i64, c.g as i64, bs as i64],
             &mut [
-                (&qb).into(),
-                (&kb).into(),
-                (&vb).into(),
+                (&qkv_b).into(),
+                (&qw_b).into(),
+                (&kw_b).into(),
+                (&cos_b).into(),
+                (&sin_b).into(),
                 (&state).into(),
+                (&mut kc).into(),
+                (&mut vc).into(),
+                (&mut q_out).into(),
                 (&mut pm).into(),
                 (&mut pl).into(),
                 (&mut pa).into(),
                 (c.group as i32).into(),
                 (c.max_seq as i32).into(),
+                i32::from(use_norm).into(),
+                EPS.into(),
                 scale.into(),
             ],
         );
@@ -790,7 +754,7 @@ fn check_attention(dev: &Device, rng: &mut Rng, c: &AttnCase, bs: usize, splits_
             &ATTENTION_COMBINE,
             dev,
             LaunchConfig::from(nh as u32),
-            &[c.d as i64, s as i64],
+            &[d as i64, tuning::combine_s(splits) as i64],
             &mut [
                 (&pm).into(),
                 (&pl).into(),
@@ -799,16 +763,51 @@ fn check_attention(dev: &Device, rng: &mut Rng, c: &AttnCase, bs: usize, splits_
                 (splits as i32).into(),
             ],
         );
-        let got = f32s(&out.to_vec().unwrap());
-        check(
-            &format!(
-                "attention D={} kv={} group={} G={} seq={} BS={bs} splits={splits} S={s} on {dev}",
-                c.d, c.num_kv, c.group, c.g, c.seq
-            ),
-            &got,
-            &want,
-            &tol,
+
+        let got_q = f32s(&q_out.to_vec().unwrap());
+        near(&format!("{what}: q"), &got_q, &want_q, &tol_q);
+        // The cache: row `pos` appended, every other row untouched (poison included).
+        let got_k = f32s(&kc.to_vec().unwrap());
+        let got_v = f32s(&vc.to_vec().unwrap());
+        let appended = |i: usize| (i / d) % c.max_seq == pos;
+        let same = |a: f32, b: f32| a == b || (a.is_nan() && b.is_nan());
+        for (name, got, want) in [("k", &got_k, &want_k), ("v", &got_v, &want_v)] {
+            let bad = (0..got.len())
+                .filter(|&i| !appended(i) && !same(got[i], want[i]))
+                .count();
+            assert_eq!(bad, 0, "{what}: {name} cache rows other than {pos} changed");
+        }
+        let rows: Vec<usize> = (0..got_k.len()).filter(|&i| appended(i)).collect();
+        let pick = |v: &[f32]| rows.iter().map(|&i| v[i]).collect::<Vec<f32>>();
+        let tol_rows: Vec<f64> = rows.iter().map(|&i| tol_k[i]).collect();
+        near(
+            &format!("{what}: k row"),
+            &pick(&got_k),
+            &pick(&want_k),
+            &tol_rows,
         );
+        assert_eq!(pick(&got_v), pick(&want_v), "{what}: v row");
+
+        // The output, against host attention over the kernel's queries and cache.
+        let mut want = Vec::new();
+        let mut tol = Vec::new();
+        for h in 0..nh {
+            let base = (h / c.group) * c.max_seq * d;
+            let (o, mag) = host_attention(
+                &got_q[h * d..(h + 1) * d],
+                &got_k[base..base + c.seq * d],
+                &got_v[base..base + c.seq * d],
+                c.seq,
+                d,
+                scale,
+            );
+            for i in 0..d {
+                want.push(o[i]);
+                // The output rounding, plus a score that rounds the other way.
+                tol.push(o[i].abs() / 128.0 + mag[i] + 1e-6);
+            }
+        }
+        check(&what, &f32s(&out.to_vec().unwrap()), &want, &tol);
     }
 }
 
@@ -829,7 +828,8 @@ fn attention_small_contexts_all_groups() {
                     max_seq: seq + 5,
                 };
                 // More splits than blocks leaves some empty (seq 1 and 3 with 8 splits).
-                check_attention(&dev, &mut rng, &c, 32, &[1, 3, 8]);
+                let norm = (seq + group) % 2 == 1;
+                check_attention(&dev, &mut rng, &c, norm, 32, &[1, 3, 8]);
             }
         }
         // The Qwen3-0.6B head size on a short context.
@@ -841,7 +841,21 @@ fn attention_small_contexts_all_groups() {
             seq: 37,
             max_seq: 40,
         };
-        check_attention(&dev, &mut rng, &c, 32, &[2, 16]);
+        for norm in [false, true] {
+            check_attention(&dev, &mut rng, &c, norm, 32, &[2, 16]);
+        }
+        // D = 64 at the first position and at the last row of the cache.
+        for seq in [1, 70] {
+            let c = AttnCase {
+                d: 64,
+                num_kv: 3,
+                group: 1,
+                g: 1,
+                seq,
+                max_seq: 70,
+            };
+            check_attention(&dev, &mut rng, &c, true, 32, &[1, 4]);
+        }
     }
 }
 
@@ -860,5 +874,5 @@ fn attention_qwen3_shape_on_gpu() {
         max_seq: 4096,
     };
     let default = tuning::attention_config(4096, 8, tuning::DEFAULT_SM_COUNT);
-    check_attention(&dev, &mut rng, &c, 32, &[1, 7, default.splits, 64]);
+    check_attention(&dev, &mut rng, &c, true, 32, &[1, 7, default.splits, 64]);
 }
