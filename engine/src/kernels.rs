@@ -252,7 +252,7 @@ pub fn attention_split<const D: usize, const G: usize, const BS: usize>(
     let d = arange(0, D);
 
     // The first cache tile is requested before the queries are computed, so its
-    // latency overlaps theirs; each iteration then requests the next tile.
+    // latency overlaps theirs; each iteration then requests the next one.
     let s = start + arange(0, BS);
     let ok = (s < end).expand_dims(1);
     let offs = base + s.expand_dims(1) * D;
@@ -289,14 +289,6 @@ pub fn attention_split<const D: usize, const G: usize, const BS: usize>(
     for s0 in (start..end).step_by(BS) {
         let s = s0 + arange(0, BS);
         let ok = s < end;
-        // Request the next tile before using this one.
-        let next = s + BS;
-        let next_ok = (next < end).expand_dims(1);
-        let next_offs = base + next.expand_dims(1) * D;
-        let k_lo_next = load(k_cache + next_offs + i.expand_dims(0), next_ok, 0.0);
-        let k_hi_next = load(k_cache + next_offs + D / 2 + i.expand_dims(0), next_ok, 0.0);
-        let vt_next = load(v_cache + next_offs + d.expand_dims(0), next_ok, 0.0);
-
         let dots = ((k_lo as f32).expand_dims(0) * q_lo.expand_dims(1)).sum(2)
             + ((k_hi as f32).expand_dims(0) * q_hi.expand_dims(1)).sum(2);
         let scores = ((dots as bf16 as f32) * scale) as bf16 as f32;
@@ -307,9 +299,14 @@ pub fn attention_split<const D: usize, const G: usize, const BS: usize>(
         acc = acc * alpha.expand_dims(1) + ((vt as f32).expand_dims(0) * p.expand_dims(2)).sum(1);
         l = l * alpha + p.sum(1);
         m = m_new;
-        k_lo = k_lo_next;
-        k_hi = k_hi_next;
-        vt = vt_next;
+        // The next tile, requested once this one is consumed (two tiles in flight
+        // would cost registers, and with them programs per SM).
+        let next = s + BS;
+        let next_ok = (next < end).expand_dims(1);
+        let next_offs = base + next.expand_dims(1) * D;
+        k_lo = load(k_cache + next_offs + i.expand_dims(0), next_ok, 0.0);
+        k_hi = load(k_cache + next_offs + D / 2 + i.expand_dims(0), next_ok, 0.0);
+        vt = load(v_cache + next_offs + d.expand_dims(0), next_ok, 0.0);
     }
 
     // The new position, from registers; its program appends it to the caches.
