@@ -259,14 +259,20 @@ pub fn attention_split<const D: usize, const G: usize, const BS: usize>(
     let mut k_lo = load(k_cache + offs + i.expand_dims(0), ok, 0.0);
     let mut k_hi = load(k_cache + offs + D / 2 + i.expand_dims(0), ok, 0.0);
     let mut vt = load(v_cache + offs + d.expand_dims(0), ok, 0.0);
+    let rot_cos = load(rope_cos + pos * (D / 2) + i);
+    let rot_sin = load(rope_sin + pos * (D / 2) + i);
+    // Everything above was written before this step began (the position by the last
+    // step, cache rows below `pos` by earlier ones): only the projection `qkv` comes
+    // from the kernel just before.
+    wait_for_prior_kernels();
 
     // Queries: QK-norm and RoPE, in halves (RoPE pairs element j with j + D / 2).
     let g = program_id(2) * G + arange(0, G);
     let g_ok = g < group;
     let heads = kv_head * group + g;
     let q_offs = heads.expand_dims(1) * D + i.expand_dims(0);
-    let c = load(rope_cos + pos * (D / 2) + i).expand_dims(0);
-    let sn = load(rope_sin + pos * (D / 2) + i).expand_dims(0);
+    let c = rot_cos.expand_dims(0);
+    let sn = rot_sin.expand_dims(0);
     let mut a = load(qkv + q_offs, g_ok.expand_dims(1), 0.0) as f32;
     let mut b = load(qkv + q_offs + D / 2, g_ok.expand_dims(1), 0.0) as f32;
     if use_norm != 0 {
@@ -321,10 +327,8 @@ pub fn attention_split<const D: usize, const G: usize, const BS: usize>(
             ka = (w_lo * ((ka * inv_rms) as bf16 as f32)) as bf16 as f32;
             kb = (w_hi * ((kb * inv_rms) as bf16 as f32)) as bf16 as f32;
         }
-        let c = load(rope_cos + pos * (D / 2) + i);
-        let sn = load(rope_sin + pos * (D / 2) + i);
-        let k_new_lo = (((ka * c) as bf16 as f32) + ((-kb * sn) as bf16 as f32)) as bf16;
-        let k_new_hi = (((kb * c) as bf16 as f32) + ((ka * sn) as bf16 as f32)) as bf16;
+        let k_new_lo = (((ka * rot_cos) as bf16 as f32) + ((-kb * rot_sin) as bf16 as f32)) as bf16;
+        let k_new_hi = (((kb * rot_cos) as bf16 as f32) + ((ka * rot_sin) as bf16 as f32)) as bf16;
         let v_new = load(qkv + (num_heads + num_programs(0) + kv_head) * D + d);
         if program_id(2) == 0 {
             let at = base + pos * D;
