@@ -397,7 +397,15 @@ impl Decoder {
 
     /// Kernel launches per step.
     pub fn kernels_per_step(&self) -> usize {
-        3 + 6 * self.cfg.num_layers
+        Block::ALL.iter().map(|&b| self.launches(b)).sum()
+    }
+
+    /// Launches of `block` per step: once per layer, or once for the step.
+    fn launches(&self, block: Block) -> usize {
+        match block {
+            Block::Embed | Block::LmHead | Block::Argmax => 1,
+            _ => self.cfg.num_layers,
+        }
     }
 
     /// Bytes of weights one step reads (every matrix, norm and bias once; the embedding
@@ -775,13 +783,9 @@ impl Decoder {
                 }
             }
             samples.sort_by(f64::total_cmp);
-            let launches = match block {
-                Block::Embed | Block::LmHead | Block::Argmax => 1,
-                _ => self.cfg.num_layers,
-            };
             out.push(BlockTime {
                 block,
-                launches,
+                launches: self.launches(block),
                 us: samples[samples.len() / 2],
             });
         }

@@ -846,8 +846,10 @@ impl AttentionWorkload {
         }
         let slots = num_heads * tuning::MAX_SPLITS;
         // Any rotation will do for timing: random angles' cosines and sines.
-        let angles: Vec<f32> = (0..seq * head_dim / 2)
-            .map(|_| rng.bf16_vec(1, 3.0)[0].to_f32())
+        let angles: Vec<f32> = rng
+            .bf16_vec(seq * head_dim / 2, 3.0)
+            .iter()
+            .map(|a| a.to_f32())
             .collect();
         Ok(AttentionWorkload {
             seq,
