@@ -146,6 +146,8 @@ fn run(dev: &Device, sweep: bool) -> perf::Result<()> {
                         splits,
                         bs,
                         s: tuning::combine_s(splits),
+                        min_chunk: tuning::ATTENTION_MIN_CHUNK,
+                        dc: 32,
                     });
                 }
             }

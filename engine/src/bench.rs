@@ -5,11 +5,16 @@
 use std::fmt;
 use std::time::Instant;
 
-use tilefuse_dsl::runtime::Device;
+use tilefuse_dsl::runtime::{Device, KernelDef};
 
-use crate::decode::{BlockTime, Decoder};
+use crate::decode::{BlockTime, Decoder, KernelChoice, LaunchPlan};
 use crate::error::{EngineError, Result};
+use crate::kernels::{
+    ATTENTION_COMBINE, ATTENTION_SPLIT, GEMV_RESIDUAL, LM_HEAD_ARGMAX, RMS_NORM_GATE_UP,
+    RMS_NORM_GEMV,
+};
 use crate::perf::{self, TimingOptions};
+use crate::tuning;
 
 /// What to measure.
 #[derive(Clone, Debug)]
@@ -30,6 +35,8 @@ pub struct DecodeBenchOptions {
     pub graph: bool,
     /// Time each block on its own (GPU only).
     pub profile: bool,
+    /// Try every compiled variant of each launch in the whole graph (GPU only).
+    pub sweep: bool,
 }
 
 /// One mode's figures.
@@ -68,6 +75,33 @@ pub struct DecodeReport {
     pub modes: Vec<ModeResult>,
     /// Per block, when profiled.
     pub blocks: Vec<BlockTime>,
+    /// The variant sweep, when asked for.
+    pub sweep: Option<Sweep>,
+}
+
+/// One plan timed by [`sweep`].
+#[derive(Clone, Debug)]
+pub struct SweepRow {
+    /// The launch that differs from the best plan so far (`"default"` for the first).
+    pub role: &'static str,
+    /// The variant tried, e.g. `BLOCK_N=4 BLOCK_K=512 warps=8`.
+    pub choice: String,
+    /// Median ms per token of graph replays.
+    pub ms_per_token: f64,
+}
+
+/// What [`sweep`] measured and chose.
+#[derive(Clone, Debug)]
+pub struct Sweep {
+    /// Every plan tried, in order.
+    pub rows: Vec<SweepRow>,
+    /// The default plan and the best found, timed again one after the other (the
+    /// difference between a row and its re-timing is the noise).
+    pub default_ms: f64,
+    /// See `default_ms`.
+    pub best_ms: f64,
+    /// The best plan found.
+    pub best: LaunchPlan,
 }
 
 impl DecodeReport {
@@ -117,6 +151,163 @@ fn time_mode(
         ms_per_token: median(step_ms),
         tokens_per_s: tokens as f64 / total,
         host_us_per_token: median(host_us),
+    })
+}
+
+/// `BLOCK_N=4 BLOCK_K=512 warps=8`: a launch choice in words.
+pub fn describe(def: &KernelDef, choice: &KernelChoice) -> String {
+    let mut out: Vec<String> = def
+        .const_names
+        .iter()
+        .zip(&choice.consts)
+        .map(|(n, v)| format!("{n}={v}"))
+        .collect();
+    out.push(format!("warps={}", choice.num_warps));
+    out.join(" ")
+}
+
+/// Every compiled variant of `def` whose constants `keep` accepts.
+fn candidates(def: &KernelDef, keep: impl Fn(&[i64]) -> bool) -> Vec<KernelChoice> {
+    def.variants
+        .iter()
+        .filter(|v| keep(&v.consts))
+        .map(|v| KernelChoice {
+            consts: v.consts.to_vec(),
+            num_warps: v.num_warps,
+        })
+        .collect()
+}
+
+/// The plans that differ from `base` in one launch, as `(role, choice, plan)`.
+fn neighbours(
+    base: &LaunchPlan,
+    vocab: usize,
+    head_dim: i64,
+) -> Vec<(&'static str, String, LaunchPlan)> {
+    let mut out = Vec::new();
+    let mut gemv =
+        |role: &'static str, def: &'static KernelDef, set: fn(&mut LaunchPlan, KernelChoice)| {
+            for c in candidates(def, |_| true) {
+                let mut p = base.clone();
+                set(&mut p, c.clone());
+                out.push((role, describe(def, &c), p));
+            }
+        };
+    gemv("qkv", &RMS_NORM_GEMV, |p, c| p.qkv = c);
+    gemv("o_proj", &GEMV_RESIDUAL, |p, c| p.o_proj = c);
+    gemv("gate_up", &RMS_NORM_GATE_UP, |p, c| p.gate_up = c);
+    gemv("down", &GEMV_RESIDUAL, |p, c| p.down = c);
+    for c in candidates(&ATTENTION_SPLIT, |k| k[0] == head_dim) {
+        let mut p = base.clone();
+        p.attention = c.clone();
+        out.push(("attention", describe(&ATTENTION_SPLIT, &c), p));
+    }
+    let s = base.combine.consts[1];
+    for c in candidates(&ATTENTION_COMBINE, |k| k[0] == head_dim && k[1] == s) {
+        let mut p = base.clone();
+        p.combine = c.clone();
+        out.push(("combine", describe(&ATTENTION_COMBINE, &c), p));
+    }
+    for c in candidates(&LM_HEAD_ARGMAX, |_| true) {
+        out.push((
+            "lm_head",
+            describe(&LM_HEAD_ARGMAX, &c),
+            base.clone().with_lm_head(c, vocab),
+        ));
+    }
+    out
+}
+
+/// Greedy search over the compiled variants, timed in the whole captured step (a
+/// kernel alone, with an idle GPU before and after it, ranks variants differently
+/// from a kernel between its neighbours in a graph): each launch in turn takes the
+/// variant with the lowest ms/token, the others keeping the best found so far; then
+/// the split count (up to the one the decoder was built with) and the fewest
+/// positions per split. Two passes. GPU only.
+pub fn sweep(dec: &mut Decoder, token: u32, context: usize, tokens: usize) -> Result<Sweep> {
+    if !dec.device().is_cuda() {
+        return Err(EngineError::Option {
+            message: "the variant sweep needs a GPU".into(),
+        });
+    }
+    let default = dec.plan().clone();
+    let (vocab, head_dim) = (dec.config().vocab_size, dec.config().head_dim as i64);
+    let time = |dec: &mut Decoder, plan: &LaunchPlan| -> Result<f64> {
+        dec.set_plan(plan.clone())?;
+        dec.capture()?;
+        Ok(time_mode(dec, "graph", token, context, tokens)?.ms_per_token)
+    };
+    let mut best = default.clone();
+    let mut best_ms = time(dec, &best)?;
+    let mut rows = vec![SweepRow {
+        role: "default",
+        choice: String::new(),
+        ms_per_token: best_ms,
+    }];
+    let most = tuning::MAX_SPLITS;
+    for _pass in 0..2 {
+        let roles = [
+            "qkv",
+            "o_proj",
+            "gate_up",
+            "down",
+            "attention",
+            "combine",
+            "lm_head",
+            "splits",
+            "min_chunk",
+        ];
+        for role in roles {
+            let tries: Vec<(String, LaunchPlan)> = match role {
+                "splits" => (8..=most)
+                    .step_by(8)
+                    .map(|n| (n.to_string(), best.clone().with_splits(n)))
+                    .collect(),
+                "min_chunk" => [1, 32, 64, 96, 128, 192, 256]
+                    .into_iter()
+                    .map(|n| {
+                        let mut p = best.clone();
+                        p.min_chunk = n;
+                        (n.to_string(), p)
+                    })
+                    .collect(),
+                _ => neighbours(&best, vocab, head_dim)
+                    .into_iter()
+                    .filter(|t| t.0 == role)
+                    .map(|t| (t.1, t.2))
+                    .collect(),
+            };
+            let mut role_best = best.clone();
+            for (choice, plan) in tries {
+                if plan == best || plan.check().is_err() {
+                    continue;
+                }
+                let ms = time(dec, &plan)?;
+                rows.push(SweepRow {
+                    role,
+                    choice,
+                    ms_per_token: ms,
+                });
+                if ms < best_ms {
+                    best_ms = ms;
+                    role_best = plan;
+                }
+            }
+            best = role_best;
+        }
+    }
+    // Re-time both, interleaved, for a fair last word.
+    let (mut d, mut b) = (Vec::new(), Vec::new());
+    for _ in 0..3 {
+        d.push(time(dec, &default)?);
+        b.push(time(dec, &best)?);
+    }
+    dec.set_plan(default)?;
+    Ok(Sweep {
+        rows,
+        default_ms: median(d),
+        best_ms: median(b),
+        best,
     })
 }
 
@@ -187,7 +378,13 @@ pub fn run(opts: &DecodeBenchOptions) -> Result<DecodeReport> {
     } else {
         Vec::new()
     };
+    let sweep = if opts.sweep {
+        Some(sweep(&mut dec, token, opts.context, opts.tokens)?)
+    } else {
+        None
+    };
     Ok(DecodeReport {
+        sweep,
         device: opts.device.name(),
         preset: opts.preset.clone(),
         context: opts.context,
@@ -239,6 +436,36 @@ impl fmt::Display for DecodeReport {
                 "{:<7} {:>10.1} {:>10.3} {:>11} {:>14.1}",
                 m.mode, m.tokens_per_s, m.ms_per_token, pct, m.host_us_per_token
             )?;
+        }
+        if let Some(sw) = &self.sweep {
+            writeln!(
+                f,
+                "\nvariant sweep (graph replays; each row changes one launch of the best plan so far):"
+            )?;
+            let base = sw.rows.first().map_or(1.0, |r| r.ms_per_token);
+            for r in &sw.rows {
+                writeln!(
+                    f,
+                    "  {:<10} {:<36} {:>8.4} ms/token {:>+6.1}%",
+                    r.role,
+                    r.choice,
+                    r.ms_per_token,
+                    100.0 * (r.ms_per_token / base - 1.0)
+                )?;
+            }
+            writeln!(
+                f,
+                "re-timed: default {:.4} ms/token, best {:.4} ms/token ({:+.1}%)",
+                sw.default_ms,
+                sw.best_ms,
+                100.0 * (sw.best_ms / sw.default_ms - 1.0)
+            )?;
+            writeln!(f, "best plan:")?;
+            for (def, c) in sw.best.choices() {
+                writeln!(f, "  {:<18} {}", def.name, describe(def, c))?;
+            }
+            writeln!(f, "  splits             {}", sw.best.splits)?;
+            writeln!(f, "  min_chunk          {}", sw.best.min_chunk)?;
         }
         if !self.blocks.is_empty() {
             let total: f64 = self.blocks.iter().map(|b| b.us).sum();

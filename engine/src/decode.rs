@@ -72,7 +72,7 @@ pub struct KernelChoice {
 
 /// Which compiled variant each kernel of a step uses; derived from the model's shapes
 /// and the device by [`LaunchPlan::new`].
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LaunchPlan {
     /// `rms_norm_gemv` for the QKV projection: `[BLOCK_N, BLOCK_K]`.
     pub qkv: KernelChoice,
@@ -92,6 +92,9 @@ pub struct LaunchPlan {
     pub combine: KernelChoice,
     /// Splits of the KV sequence in decode attention.
     pub splits: usize,
+    /// Fewest positions per split (`attention_split`'s `min_chunk`): at short contexts
+    /// only `ceil((pos + 1) / min_chunk)` splits hold positions.
+    pub min_chunk: usize,
 }
 
 /// On the GPU, the tuned configuration; on the interpreter, small tiles (less masked
@@ -150,18 +153,18 @@ impl LaunchPlan {
         let gpu = dev.is_cuda();
         // The split count is fixed for the graph's sake (the same at every position);
         // the interpreter gets two splits, so the combine step is exercised everywhere.
-        // More splits mean fewer serial iterations per program; at short contexts the
-        // extra splits are empty and cost only their launch slot (measured on H100:
-        // 64 splits beat 33 at every context from 512 to 32k).
+        // More splits mean fewer serial iterations per program; a power of two, so the
+        // combine step's tile holds no padding (measured inside the step, H100, context
+        // 1024: 32 splits 4% faster than 37 with a 64-row combine).
         let splits = if gpu {
-            tuning::MAX_SPLITS.min(max_seq_len.div_ceil(32)).max(1)
+            tuning::attention_splits_for_capacity(max_seq_len)
         } else {
             2
         };
         let lm = tuning::lm_head_config(v, h);
         let parts = v.div_ceil(if gpu { lm.block_n } else { 16 });
         let d = d as i64;
-        Ok(LaunchPlan {
+        let plan = LaunchPlan {
             qkv: gemv_choice(dev, tuning::gemv_config(qkv_dim, h)),
             o_proj: gemv_choice(dev, tuning::gemv_config(h, qd)),
             gate_up: gemv_choice(dev, tuning::gate_up_config(im, h)),
@@ -178,21 +181,100 @@ impl LaunchPlan {
                 consts: [tuning::argmax_finish_block(parts) as i64].to_vec(),
                 num_warps: 4,
             },
+            // One query head per program on the GPU (twice the programs of G = 2 for
+            // Qwen3's groups of two, measured 4-9% faster per step); the interpreter
+            // runs whole groups.
             attention: KernelChoice {
-                consts: [d, group.next_power_of_two().min(4) as i64, 32].to_vec(),
+                consts: [
+                    d,
+                    if gpu {
+                        1
+                    } else {
+                        group.next_power_of_two().min(4) as i64
+                    },
+                    32,
+                ]
+                .to_vec(),
                 num_warps: 4,
             },
             combine: KernelChoice {
-                consts: [d, tuning::combine_s(splits) as i64].to_vec(),
+                consts: [
+                    d,
+                    tuning::combine_s(splits) as i64,
+                    if gpu { 32.min(d) } else { d },
+                ]
+                .to_vec(),
                 num_warps: 4,
             },
             splits,
-        })
+            min_chunk: if gpu { tuning::ATTENTION_MIN_CHUNK } else { 1 },
+        };
+        plan.check()?;
+        Ok(plan)
     }
 
     /// Programs of the LM head launch (= greedy candidates written).
     fn lm_programs(&self, vocab: usize) -> usize {
         vocab.div_ceil(self.lm_head.consts[0] as usize)
+    }
+
+    /// The plan with `splits` attention splits and the smallest combine step that
+    /// holds them.
+    pub fn with_splits(mut self, splits: usize) -> LaunchPlan {
+        self.splits = splits;
+        self.combine.consts[1] = tuning::combine_s(splits) as i64;
+        self
+    }
+
+    /// The plan with the LM head's rows per program changed (and the final argmax's
+    /// block sized for the new candidate count).
+    pub fn with_lm_head(mut self, lm_head: KernelChoice, vocab: usize) -> LaunchPlan {
+        self.lm_head = lm_head;
+        self.argmax.consts[0] = tuning::argmax_finish_block(self.lm_programs(vocab)) as i64;
+        self
+    }
+
+    /// Every launch of the plan with its kernel, for checks and tools.
+    pub fn choices(&self) -> [(&'static KernelDef, &KernelChoice); 8] {
+        [
+            (&RMS_NORM_GEMV, &self.qkv),
+            (&ATTENTION_SPLIT, &self.attention),
+            (&ATTENTION_COMBINE, &self.combine),
+            (&GEMV_RESIDUAL, &self.o_proj),
+            (&RMS_NORM_GATE_UP, &self.gate_up),
+            (&GEMV_RESIDUAL, &self.down),
+            (&LM_HEAD_ARGMAX, &self.lm_head),
+            (&ARGMAX_FINISH, &self.argmax),
+        ]
+    }
+
+    /// Fails unless every launch names a compiled variant and the split count fits the
+    /// combine step (`1 <= splits <= S`).
+    pub fn check(&self) -> Result<()> {
+        for (def, c) in self.choices() {
+            def.variant(&c.consts, Some(c.num_warps))?;
+        }
+        let s = self.combine.consts[1] as usize;
+        let (d, dc) = (self.combine.consts[0], self.combine.consts[2]);
+        if dc > d || d % dc != 0 {
+            return Err(EngineError::Option {
+                message: format!("attention_combine's DC = {dc} does not divide D = {d}"),
+            });
+        }
+        if self.min_chunk == 0 {
+            return Err(EngineError::Option {
+                message: "min_chunk must be at least 1".into(),
+            });
+        }
+        if self.splits == 0 || self.splits > s {
+            return Err(EngineError::Option {
+                message: format!(
+                    "{} attention splits do not fit attention_combine compiled for S = {s}",
+                    self.splits
+                ),
+            });
+        }
+        Ok(())
     }
 }
 
@@ -258,6 +340,8 @@ pub struct Decoder {
     rope_sin: Buffer<f32>,
     layers: Vec<Layer>,
     s: Scratch,
+    /// Splits the attention partials have room for.
+    split_capacity: usize,
     graph: Option<Graph>,
 }
 
@@ -340,7 +424,10 @@ impl Decoder {
             }
         }
 
-        let splits = plan.splits;
+        // Room for the most splits any plan may use (`set_plan`); a few hundred KiB.
+        let splits = plan
+            .splits
+            .max(if dev.is_cuda() { tuning::MAX_SPLITS } else { 1 });
         let s = Scratch {
             state: dev.upload(&[0i32, 0])?,
             x: dev.zeros(h)?,
@@ -352,8 +439,9 @@ impl Decoder {
             part_l: dev.zeros(cfg.num_heads * splits)?,
             part_acc: dev.zeros(cfg.num_heads * splits * hd)?,
             logits: dev.zeros(v)?,
-            part_val: dev.zeros(plan.lm_programs(v))?,
-            part_idx: dev.zeros(plan.lm_programs(v))?,
+            // Room for one candidate per row: any LM-head variant fits (see `set_plan`).
+            part_val: dev.zeros(v)?,
+            part_idx: dev.zeros(v)?,
             zeros: dev.zeros(zeros_len)?,
         };
         Ok(Decoder {
@@ -370,6 +458,7 @@ impl Decoder {
             rope_sin: dev.upload(&sin)?,
             layers,
             s,
+            split_capacity: splits,
             plan,
             graph: None,
         })
@@ -393,6 +482,26 @@ impl Decoder {
     /// The kernel variants a step launches.
     pub fn plan(&self) -> &LaunchPlan {
         &self.plan
+    }
+
+    /// Replaces the launch plan, e.g. to time other compiled variants (`tilefuse bench
+    /// --sweep`). Drops a captured graph. The plan must pass [`LaunchPlan::check`] and
+    /// keep the splits within those the attention partials were allocated for (the
+    /// plan `Decoder::new` chose). Every plan computes the same function; only the
+    /// rounding order of sums may differ.
+    pub fn set_plan(&mut self, plan: LaunchPlan) -> Result<()> {
+        plan.check()?;
+        if plan.splits > self.split_capacity {
+            return Err(EngineError::Option {
+                message: format!(
+                    "{} attention splits exceed the {} this decoder allocated",
+                    plan.splits, self.split_capacity
+                ),
+            });
+        }
+        self.graph = None;
+        self.plan = plan;
+        Ok(())
     }
 
     /// Kernel launches per step.
@@ -481,10 +590,12 @@ impl Decoder {
         let max_seq = self.max_seq_len as i32;
         let scale = (hd as f32).powf(-0.5);
         let rows = |choice: &KernelChoice, n: usize| n.div_ceil(choice.consts[0] as usize) as u32;
+        let mut first = true;
 
         if want(Block::Embed) {
             launch(
                 dev,
+                &mut first,
                 &EMBED,
                 cfg.hidden_size.div_ceil(1024) as u32,
                 &[1024],
@@ -502,6 +613,7 @@ impl Decoder {
             if want(Block::Qkv) {
                 launch(
                     dev,
+                    &mut first,
                     &RMS_NORM_GEMV,
                     rows(&plan.qkv, qkv_dim as usize),
                     &plan.qkv.consts,
@@ -523,6 +635,7 @@ impl Decoder {
             if want(Block::Attention) {
                 launch(
                     dev,
+                    &mut first,
                     &ATTENTION_SPLIT,
                     [
                         nkv as u32,
@@ -546,6 +659,7 @@ impl Decoder {
                         (&mut s.part_acc).into(),
                         ((nh / nkv) as i32).into(),
                         max_seq.into(),
+                        (plan.min_chunk as i32).into(),
                         i32::from(cfg.qk_norm).into(),
                         eps.into(),
                         scale.into(),
@@ -555,8 +669,9 @@ impl Decoder {
             if want(Block::Combine) {
                 launch(
                     dev,
+                    &mut first,
                     &ATTENTION_COMBINE,
-                    nh as u32,
+                    (nh as u32, (hd as i64 / plan.combine.consts[2]) as u32),
                     &plan.combine.consts,
                     plan.combine.num_warps,
                     &mut [
@@ -572,6 +687,7 @@ impl Decoder {
             if want(Block::OProj) {
                 launch(
                     dev,
+                    &mut first,
                     &GEMV_RESIDUAL,
                     rows(&plan.o_proj, cfg.hidden_size),
                     &plan.o_proj.consts,
@@ -590,6 +706,7 @@ impl Decoder {
             if want(Block::GateUp) {
                 launch(
                     dev,
+                    &mut first,
                     &RMS_NORM_GATE_UP,
                     rows(&plan.gate_up, cfg.intermediate_size),
                     &plan.gate_up.consts,
@@ -609,6 +726,7 @@ impl Decoder {
             if want(Block::Down) {
                 launch(
                     dev,
+                    &mut first,
                     &GEMV_RESIDUAL,
                     rows(&plan.down, cfg.hidden_size),
                     &plan.down.consts,
@@ -629,6 +747,7 @@ impl Decoder {
         if want(Block::LmHead) {
             launch(
                 dev,
+                &mut first,
                 &LM_HEAD_ARGMAX,
                 parts as u32,
                 &plan.lm_head.consts,
@@ -649,6 +768,7 @@ impl Decoder {
         if want(Block::Argmax) {
             launch(
                 dev,
+                &mut first,
                 &ARGMAX_FINISH,
                 1,
                 &plan.argmax.consts,
@@ -796,14 +916,24 @@ impl Decoder {
 }
 
 /// Launches `def` with its compiled variant for `consts` / `num_warps`.
+///
+/// The first launch of a step (`*first`) is serialized: kernels may overlap their
+/// predecessors (programmatic launch) and read the position, the KV cache and the RoPE
+/// tables before waiting for them, which is safe only once the previous step has
+/// finished writing them.
 fn launch(
     dev: &Device,
+    first: &mut bool,
     def: &KernelDef,
     grid: impl Into<tilefuse_dsl::runtime::LaunchConfig>,
     consts: &[i64],
     num_warps: u32,
     args: &mut [KernelArg<'_>],
 ) -> Result<()> {
-    def.launch_dyn(dev, grid.into().num_warps(num_warps), consts, args)?;
+    let mut cfg = grid.into().num_warps(num_warps);
+    if std::mem::take(first) {
+        cfg = cfg.serialized();
+    }
+    def.launch_dyn(dev, cfg, consts, args)?;
     Ok(())
 }

@@ -51,7 +51,7 @@ pub fn embed<const B: usize>(table: Ptr<bf16>, state: Ptr<i32>, x: Ptr<bf16>, h:
 ///
 /// RMSNorm rounds like the reference: `bf16(norm_w * bf16(x * inv_rms))`. Every program
 /// recomputes `inv_rms`; `x` is a few KiB and stays in cache.
-#[kernel(crate = tilefuse_dsl, BLOCK_N = [1, 2, 4, 8], BLOCK_K = [256, 512, 1024], num_warps = [4, 8])]
+#[kernel(crate = tilefuse_dsl, BLOCK_N = [1, 2, 4, 8, 16], BLOCK_K = [256, 512, 1024], num_warps = [4, 8])]
 pub fn rms_norm_gemv<const BLOCK_N: usize, const BLOCK_K: usize>(
     x: Ptr<bf16>,
     norm_w: Ptr<bf16>,
@@ -105,7 +105,7 @@ pub fn rms_norm_gemv<const BLOCK_N: usize, const BLOCK_K: usize>(
 }
 
 /// `x = bf16(x + bf16(W · a + bias))`: a projection added into the residual stream.
-#[kernel(crate = tilefuse_dsl, BLOCK_N = [1, 2, 4, 8], BLOCK_K = [256, 512, 1024], num_warps = [4, 8])]
+#[kernel(crate = tilefuse_dsl, BLOCK_N = [1, 2, 4, 8], BLOCK_K = [256, 512, 1024, 2048], num_warps = [4, 8])]
 pub fn gemv_residual<const BLOCK_N: usize, const BLOCK_K: usize>(
     w: Ptr<bf16>,
     a: Ptr<bf16>,
@@ -202,7 +202,9 @@ pub fn rms_norm_gate_up<const BLOCK_N: usize, const BLOCK_K: usize>(
 ///
 /// Program `(kv_head, split, chunk)` attends `G` of the query heads sharing `kv_head`
 /// (the group padded to a multiple of `G`; larger groups take several programs along
-/// grid z) over its share of the positions `0..=pos` (`pos` read from `state[1]`), with
+/// grid z) over its share of the positions `0..=pos` (`pos` read from `state[1]`; at
+/// least `min_chunk` positions a split, so at short contexts only the first splits have
+/// any), with
 /// an online softmax, and writes the partial max, denominator and weighted value sum per
 /// query head and split for [`attention_combine`].
 ///
@@ -216,7 +218,7 @@ pub fn rms_norm_gate_up<const BLOCK_N: usize, const BLOCK_K: usize>(
 ///
 /// Scores round like the reference (`bf16(bf16(q·k) * scale)`); the probabilities stay
 /// f32 (the reference rounds the normalized probabilities, which a split pass cannot).
-#[kernel(crate = tilefuse_dsl, D = [32, 64, 128], G = [1, 2, 4], BS = [32], num_warps = [4])]
+#[kernel(crate = tilefuse_dsl, D = [32, 64, 128], G = [1, 2, 4], BS = [32, 64], num_warps = [4])]
 pub fn attention_split<const D: usize, const G: usize, const BS: usize>(
     qkv: Ptr<bf16>,
     q_norm_w: Ptr<bf16>,
@@ -232,6 +234,7 @@ pub fn attention_split<const D: usize, const G: usize, const BS: usize>(
     part_acc: Ptr<f32>,
     group: i32,
     max_seq: i32,
+    min_chunk: i32,
     use_norm: i32,
     eps: f32,
     scale: f32,
@@ -243,7 +246,10 @@ pub fn attention_split<const D: usize, const G: usize, const BS: usize>(
     // Clamped so that a step past the cache's end stays inside every buffer (its
     // result is meaningless; the engine never runs one).
     let pos = minimum(load(state + 1), max_seq - 1);
-    let per_split = cdiv(cdiv(pos + 1, splits), BS) * BS;
+    // At least `min_chunk` positions a split: at short contexts the later splits are
+    // empty (they write an empty partial and read no cache), so fewer programs wait on
+    // memory and the merge weighs fewer partials.
+    let per_split = maximum(cdiv(pos + 1, splits), min_chunk);
     let start = split * per_split;
     // Cached positions only: `pos` itself is not in the cache yet.
     let end = minimum(start + per_split, pos);
@@ -357,10 +363,12 @@ pub fn attention_split<const D: usize, const G: usize, const BS: usize>(
     );
 }
 
-/// Decode attention, second pass: one program per query head merges the `splits`
-/// partials (`S` is a power of two at least `splits`) into the bf16 head output.
-#[kernel(crate = tilefuse_dsl, D = [32, 64, 128], S = [8, 16, 32, 64], num_warps = [4])]
-pub fn attention_combine<const D: usize, const S: usize>(
+/// Decode attention, second pass: program `(head, chunk)` merges the `splits` partials
+/// (`S` is a power of two at least `splits`) of columns `chunk * DC .. (chunk + 1) * DC`
+/// of a query head into the bf16 head output (grid `[num_heads, D / DC]`: more, shorter
+/// programs than one per head).
+#[kernel(crate = tilefuse_dsl, D = [32, 64, 128], S = [8, 16, 32, 64], DC = [32, 64, 128], num_warps = [4])]
+pub fn attention_combine<const D: usize, const S: usize, const DC: usize>(
     part_m: Ptr<f32>,
     part_l: Ptr<f32>,
     part_acc: Ptr<f32>,
@@ -375,7 +383,7 @@ pub fn attention_combine<const D: usize, const S: usize>(
     // Empty splits hold m = -inf and weigh exp(-inf) = 0; split 0 is never empty.
     let weight = exp(m - m.max(0));
     let denom = (weight * load(part_l + slot, ok, 0.0)).sum(0);
-    let d = arange(0, D);
+    let d = program_id(1) * DC + arange(0, DC);
     let acc = load(
         part_acc + slot.expand_dims(1) * D + d.expand_dims(0),
         ok.expand_dims(1),

@@ -922,6 +922,7 @@ impl AttentionWorkload {
                 (&mut self.part_acc).into(),
                 group.into(),
                 (self.seq as i32).into(),
+                (cfg.min_chunk as i32).into(),
                 1i32.into(),
                 1e-6f32.into(),
                 scale.into(),
@@ -929,8 +930,8 @@ impl AttentionWorkload {
         )?;
         kernels::ATTENTION_COMBINE.launch_dyn(
             dev,
-            self.num_heads as u32,
-            &[d, cfg.s as i64],
+            (self.num_heads as u32, (d / cfg.dc as i64) as u32),
+            &[d, cfg.s as i64, cfg.dc as i64],
             &mut [
                 (&self.part_m).into(),
                 (&self.part_l).into(),

@@ -45,13 +45,15 @@ pub fn gemv_config(n: usize, k: usize) -> GemvConfig {
 
 /// [`gemv_config`] for a GPU with `sm_count` SMs.
 ///
-/// From `examples/bandwidth.rs` (H100, 2026-11-22, see docs/perf.md): tall matrices
-/// (many rows, `k` ≈ 1024) do best with 4 rows per program, 512-column steps and 8
-/// warps; short wide ones (`n` ≈ 1024, `k` ≥ 2048) with 2 rows per program and
-/// 1024-column steps over 8 warps, which keeps enough programs to fill the SMs.
+/// From `tilefuse bench --sweep` (every compiled variant timed inside the captured
+/// decode step of Qwen3-0.6B, H100, 2026-11-22, see docs/perf.md): tall matrices (many
+/// rows, `k` ≈ 1024) do best with 8 rows per program, 512-column steps and 4 warps;
+/// short wide ones (`n` ≈ 1024, `k` ≥ 2048) with 8 rows per program and 1024-column
+/// steps over 8 warps. Timed alone, kernels rank differently: the step overlaps each
+/// kernel's start with its predecessor's tail, which favours fewer, larger programs.
 pub fn gemv_config_for(n: usize, _k: usize, sm_count: usize) -> GemvConfig {
     let tall = n >= 8 * 2 * sm_count.max(1);
-    let (block_n, block_k, num_warps) = if tall { (4, 512, 8) } else { (2, 1024, 8) };
+    let (block_n, block_k, num_warps) = if tall { (8, 512, 4) } else { (8, 1024, 8) };
     GemvConfig {
         block_n,
         block_k,
@@ -63,11 +65,12 @@ pub fn gemv_config_for(n: usize, _k: usize, sm_count: usize) -> GemvConfig {
 /// (and as many of up) over `k` columns: compiled with 4 warps only, since two f32
 /// accumulators at 8 warps exceed ptxas' register budget and spill.
 ///
-/// Measured best for Qwen3-0.6B's 3072 × 1024: 8 rows, 512-column steps.
-pub fn gate_up_config(inter: usize, _k: usize) -> GemvConfig {
+/// Measured best for Qwen3-0.6B's 3072 × 1024 inside the step (`--sweep`): 2 rows,
+/// 256-column steps.
+pub fn gate_up_config(_inter: usize, _k: usize) -> GemvConfig {
     GemvConfig {
-        block_n: if inter >= 1024 { 8 } else { 2 },
-        block_k: 512,
+        block_n: 2,
+        block_k: 256,
         num_warps: 4,
     }
 }
@@ -75,10 +78,11 @@ pub fn gate_up_config(inter: usize, _k: usize) -> GemvConfig {
 /// The default configuration of [`kernels::lm_head_argmax`] for a `[vocab, k]` head.
 pub fn lm_head_config(vocab: usize, _k: usize) -> GemvConfig {
     // Large vocabularies have programs to spare: more rows per program means fewer
-    // partial candidates for `argmax_finish`.
+    // partial candidates for `argmax_finish`; 256-column steps measured best inside
+    // the step (`--sweep`, Qwen3-0.6B's 151936 × 1024).
     GemvConfig {
         block_n: if vocab >= 32 * 1024 { 16 } else { 4 },
-        block_k: 1024,
+        block_k: 256,
         num_warps: 4,
     }
 }
@@ -92,6 +96,10 @@ pub fn argmax_finish_block(parts: usize) -> usize {
     }
 }
 
+/// Fewest cache positions per attention split by default (see
+/// [`kernels::attention_split`]'s `min_chunk`).
+pub const ATTENTION_MIN_CHUNK: usize = 32;
+
 /// A split-K attention launch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct AttentionConfig {
@@ -101,6 +109,10 @@ pub struct AttentionConfig {
     pub bs: usize,
     /// `attention_combine`'s `S`: a compiled power of two ≥ `splits`.
     pub s: usize,
+    /// Fewest positions per split.
+    pub min_chunk: usize,
+    /// `attention_combine`'s `DC`: head columns per combine program.
+    pub dc: usize,
 }
 
 /// The largest split count `attention_combine` is compiled for.
@@ -122,6 +134,8 @@ pub fn attention_config(seq: usize, num_kv_heads: usize, sm_count: usize) -> Att
         splits,
         bs,
         s: combine_s(splits),
+        min_chunk: ATTENTION_MIN_CHUNK,
+        dc: 32,
     }
 }
 
@@ -130,6 +144,13 @@ pub fn attention_splits(seq: usize, num_kv_heads: usize, sm_count: usize, bs: us
     let fill = (4 * sm_count.max(1)).div_ceil(num_kv_heads.max(1));
     let useful = seq.max(1).div_ceil(bs.max(1));
     fill.min(useful).clamp(1, MAX_SPLITS)
+}
+
+/// The decode step's split count for a KV cache of `max_seq` positions: the largest
+/// power of two with at least 32 positions a split, at most [`MAX_SPLITS`].
+pub fn attention_splits_for_capacity(max_seq: usize) -> usize {
+    let most = (max_seq / 32).clamp(1, MAX_SPLITS);
+    1 << most.ilog2()
 }
 
 /// Every compiled `(BLOCK_N, BLOCK_K, num_warps)` of a GEMV-family kernel, for sweeps.
@@ -172,7 +193,7 @@ mod tests {
                 "{c:?}"
             );
             assert!(kernels::ATTENTION_COMBINE
-                .variant(&[128, c.s as i64], None)
+                .variant(&[128, c.s as i64, c.dc as i64], None)
                 .is_ok());
             assert!(kernels::ATTENTION_SPLIT
                 .variant(&[128, 2, c.bs as i64], None)
@@ -183,10 +204,33 @@ mod tests {
     }
 
     #[test]
-    fn gemv_defaults_fill_the_gpu() {
-        let c = gemv_config(1024, 2048);
-        assert!(c.grid(1024) as usize >= 2 * DEFAULT_SM_COUNT);
-        assert_eq!(gemv_config(4096, 1024).block_n, 4);
+    fn step_splits_are_powers_of_two_with_32_positions_each() {
+        for (seq, want) in [
+            (1, 1),
+            (31, 1),
+            (64, 2),
+            (100, 2),
+            (1160, 32),
+            (4096, 64),
+            (1 << 20, 64),
+        ] {
+            assert_eq!(attention_splits_for_capacity(seq), want, "max_seq {seq}");
+        }
+    }
+
+    #[test]
+    fn gemv_defaults_give_every_sm_work() {
+        // Qwen3-0.6B and Llama-3.2-1B projections: at least one program per SM.
+        for (n, k) in [
+            (4096, 1024),
+            (1024, 2048),
+            (1024, 3072),
+            (2048, 8192),
+            (3072, 2048),
+        ] {
+            let c = gemv_config(n, k);
+            assert!(c.grid(n) as usize >= DEFAULT_SM_COUNT - 4, "{n}x{k}: {c:?}");
+        }
         assert_eq!(argmax_finish_block(9496), 4096);
         assert_eq!(argmax_finish_block(13), 256);
     }

@@ -241,3 +241,72 @@ fn steps_past_the_cache_stay_in_bounds() {
         );
     }
 }
+
+/// Other compiled variants, split counts and chunk sizes compute the same step (up to
+/// summation order), and plans that do not fit the decoder are refused with a message.
+#[test]
+fn every_launch_plan_computes_the_same_step() {
+    use tilefuse_engine::decode::KernelChoice;
+    let (cfg, w) = tilefuse_engine::preset::load("tiny-qwen3", 5).unwrap();
+    let mut devs = vec![Device::cpu()];
+    let _turn = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(gpu) = gpu_or_skip("every_launch_plan_computes_the_same_step") {
+        devs.push(gpu);
+    }
+    let tokens = [3u32, 141, 59, 26, 535, 89, 79, 323];
+    let run = |dec: &mut tilefuse_engine::Decoder| -> Vec<Vec<f32>> {
+        tokens
+            .iter()
+            .enumerate()
+            .map(|(pos, &t)| dec.forward(t, pos).unwrap())
+            .collect()
+    };
+    for dev in devs {
+        let mut dec = tilefuse_engine::Decoder::new(&cfg, &w, &dev, 64).unwrap();
+        let base = dec.plan().clone();
+        let want = run(&mut dec);
+        let d = cfg.head_dim as i64;
+        let choice = |consts: &[i64], num_warps| KernelChoice {
+            consts: consts.to_vec(),
+            num_warps,
+        };
+        let mut other = base.clone().with_splits(1);
+        other.qkv = choice(&[1, 256], 8);
+        other.o_proj = choice(&[2, 512], 4);
+        other.gate_up = choice(&[1, 1024], 4);
+        other.down = choice(&[4, 2048], 8);
+        other.attention = choice(&[d, 4, 32], 4);
+        other.combine = choice(&[d, 8, 32], 4);
+        other.min_chunk = 16;
+        let other = other.with_lm_head(choice(&[4, 1024], 8), cfg.vocab_size);
+        assert_ne!(other, base);
+        dec.set_plan(other).unwrap();
+        let got = run(&mut dec);
+        for (step, (g, e)) in got.iter().zip(&want).enumerate() {
+            let num: f32 = g.iter().zip(e).map(|(a, b)| (a - b) * (a - b)).sum();
+            let den: f32 = e.iter().map(|b| b * b).sum();
+            let rel = (num / den).sqrt();
+            assert!(
+                rel < 1e-2,
+                "{dev} step {step}: other plan differs by {rel:.3e}"
+            );
+        }
+
+        // More splits than the combine step is compiled for, or (on the interpreter,
+        // which allocates partials for its plan's two) than the partials hold.
+        let mut too_many = vec![base.clone().with_splits(1000)];
+        if !dev.is_cuda() {
+            too_many.push(base.clone().with_splits(base.splits * 2));
+        }
+        for plan in too_many {
+            let err = dec.set_plan(plan).unwrap_err().to_string();
+            assert!(err.contains("splits"), "{err}");
+        }
+        let mut uncompiled = base.clone();
+        uncompiled.qkv = choice(&[3, 256], 4);
+        let err = dec.set_plan(uncompiled).unwrap_err().to_string();
+        assert!(err.contains("rms_norm_gemv"), "{err}");
+        // A refused plan leaves the decoder as it was.
+        assert_eq!(dec.forward(tokens[0], 0).unwrap().len(), cfg.vocab_size);
+    }
+}

@@ -664,7 +664,7 @@ fn check_attention(
     c: &AttnCase,
     use_norm: bool,
     bs: usize,
-    splits_list: &[usize],
+    splits_list: &[(usize, usize)],
 ) {
     let (nh, nkv, d) = (c.num_kv * c.group, c.num_kv, c.d);
     let pos = c.seq - 1;
@@ -712,10 +712,12 @@ fn check_attention(
     let (qkv_b, qw_b, kw_b) = (up(&qkv), up(&qw), up(&kw));
     let (cos_b, sin_b) = (dev.upload(&cos).unwrap(), dev.upload(&sin).unwrap());
     let state = dev.upload(&[0i32, pos as i32]).unwrap();
-    for &splits in splits_list {
+    for &(splits, min_chunk) in splits_list {
+        // The combine's column chunk: whole heads and 32-column pieces in turn.
+        let dc = if splits % 2 == 0 { 32.min(d) } else { d };
         let what = format!(
             "attention D={d} kv={nkv} group={} G={} pos={pos} norm={use_norm} BS={bs} \
-             splits={splits} on {dev}",
+             splits={splits} min_chunk={min_chunk} DC={dc} on {dev}",
             c.group, c.g
         );
         let (mut kc, mut vc) = (up(&kc0), up(&vc0));
@@ -745,6 +747,7 @@ fn check_attention(
                 (&mut pa).into(),
                 (c.group as i32).into(),
                 (c.max_seq as i32).into(),
+                (min_chunk as i32).into(),
                 i32::from(use_norm).into(),
                 EPS.into(),
                 scale.into(),
@@ -753,8 +756,8 @@ fn check_attention(
         launch(
             &ATTENTION_COMBINE,
             dev,
-            LaunchConfig::from(nh as u32),
-            &[d as i64, tuning::combine_s(splits) as i64],
+            LaunchConfig::from((nh as u32, (d / dc) as u32)),
+            &[d as i64, tuning::combine_s(splits) as i64, dc as i64],
             &mut [
                 (&pm).into(),
                 (&pl).into(),
@@ -829,7 +832,16 @@ fn attention_small_contexts_all_groups() {
                 };
                 // More splits than blocks leaves some empty (seq 1 and 3 with 8 splits).
                 let norm = (seq + group) % 2 == 1;
-                check_attention(&dev, &mut rng, &c, norm, 32, &[1, 3, 8]);
+                // Both compiled position tiles.
+                let bs = if group % 2 == 0 { 64 } else { 32 };
+                check_attention(
+                    &dev,
+                    &mut rng,
+                    &c,
+                    norm,
+                    bs,
+                    &[(1, 1), (3, 1), (8, 1), (8, 64)],
+                );
             }
         }
         // The Qwen3-0.6B head size on a short context.
@@ -842,7 +854,14 @@ fn attention_small_contexts_all_groups() {
             max_seq: 40,
         };
         for norm in [false, true] {
-            check_attention(&dev, &mut rng, &c, norm, 32, &[2, 16]);
+            check_attention(
+                &dev,
+                &mut rng,
+                &c,
+                norm,
+                32,
+                &[(2, 1), (16, 1), (16, 20), (3, 96)],
+            );
         }
         // D = 64 at the first position and at the last row of the cache.
         for seq in [1, 70] {
@@ -854,7 +873,7 @@ fn attention_small_contexts_all_groups() {
                 seq,
                 max_seq: 70,
             };
-            check_attention(&dev, &mut rng, &c, true, 32, &[1, 4]);
+            check_attention(&dev, &mut rng, &c, true, 32, &[(1, 1), (4, 1), (4, 32)]);
         }
     }
 }
@@ -874,5 +893,20 @@ fn attention_qwen3_shape_on_gpu() {
         max_seq: 4096,
     };
     let default = tuning::attention_config(4096, 8, tuning::DEFAULT_SM_COUNT);
-    check_attention(&dev, &mut rng, &c, true, 32, &[1, 7, default.splits, 64]);
+    check_attention(
+        &dev,
+        &mut rng,
+        &c,
+        true,
+        32,
+        &[
+            (1, 1),
+            (7, 1),
+            (default.splits, default.min_chunk),
+            (64, 1),
+            (64, 256),
+        ],
+    );
+    let c = AttnCase { g: 1, ..c };
+    check_attention(&dev, &mut rng, &c, true, 64, &[(32, 1), (64, 1)]);
 }

@@ -33,6 +33,10 @@ pub struct BenchArgs {
     /// Time each block of a step on its own.
     #[arg(long)]
     pub profile: bool,
+    /// Try every compiled variant of each launch inside the captured step and print
+    /// the best plan (GPU only; a few hundred graph captures).
+    #[arg(long)]
+    pub sweep: bool,
     /// Also write the report as JSON.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -51,6 +55,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         eager: !args.no_eager,
         graph,
         profile: args.profile,
+        sweep: args.sweep,
     })?;
     super::write_stdout(&report.to_string())?;
     if let Some(path) = &args.json {

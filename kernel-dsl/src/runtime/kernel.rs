@@ -34,6 +34,9 @@ pub struct LaunchConfig {
     pub grid: [u32; 3],
     /// Warps per program; `None` for the kernel's first listed value.
     pub num_warps: Option<u32>,
+    /// No programmatic overlap: the launch starts only after every earlier launch on
+    /// the stream has finished (see [`LaunchConfig::serialized`]).
+    pub serialized: bool,
 }
 
 impl LaunchConfig {
@@ -42,6 +45,7 @@ impl LaunchConfig {
         LaunchConfig {
             grid,
             num_warps: None,
+            serialized: false,
         }
     }
 
@@ -49,6 +53,21 @@ impl LaunchConfig {
     pub fn num_warps(self, num_warps: u32) -> LaunchConfig {
         LaunchConfig {
             num_warps: Some(num_warps),
+            ..self
+        }
+    }
+
+    /// Starts the launch only after every earlier launch on the stream has finished.
+    ///
+    /// With programmatic dependent launch (Hopper), a kernel's programs may start while
+    /// earlier kernels still run, and what they load before `wait_for_prior_kernels()`
+    /// may be read before those kernels' stores land; since each kernel in a chain may
+    /// start early, that holds for every launch back to the last serialized one, not only
+    /// the one just before. Serialize the first launch of a unit of work (a decode step)
+    /// so that data the previous unit wrote may be read before the wait.
+    pub fn serialized(self) -> LaunchConfig {
+        LaunchConfig {
+            serialized: true,
             ..self
         }
     }
@@ -241,7 +260,7 @@ impl KernelDef {
         self.check(dev, &cfg, args)?;
         match dev {
             Device::Cpu => self.run_cpu(variant, cfg.grid, args),
-            Device::Cuda(d) => self.run_cuda(d, variant, cfg.grid, args),
+            Device::Cuda(d) => self.run_cuda(d, variant, cfg.grid, cfg.serialized, args),
         }
     }
 
@@ -511,6 +530,7 @@ impl KernelDef {
         dev: &CudaDevice,
         variant: &'static Variant,
         grid: [u32; 3],
+        serialized: bool,
         args: &mut [KernelArg<'_>],
     ) -> Result<(), LaunchError> {
         let f = self.cuda_function(dev, variant)?;
@@ -550,7 +570,7 @@ impl KernelDef {
             .bind_to_thread()
             .map_err(driver_err("binding the context"))?;
         let block = 32 * variant.num_warps;
-        if dev.programmatic_launch() && !variant.ptx_sm90.is_empty() {
+        if dev.programmatic_launch() && !serialized && !variant.ptx_sm90.is_empty() {
             // The sm_90 PTX waits for the previous kernel (`griddepcontrol.wait`) before
             // any global access, so the launch may overlap the previous kernel's tail.
             use cudarc::driver::sys;
@@ -758,6 +778,9 @@ mod tests {
         assert_eq!(LaunchConfig::from((7, 2, 3)).grid, [7, 2, 3]);
         assert_eq!(LaunchConfig::from([1, 2, 3]).grid, [1, 2, 3]);
         assert_eq!(LaunchConfig::from(7).num_warps, None);
+        assert!(!LaunchConfig::from(7).serialized);
+        let s = LaunchConfig::from(7).num_warps(2).serialized();
+        assert!(s.serialized && s.num_warps == Some(2) && s.grid == [7, 1, 1]);
         let c = LaunchConfig::from((4, 5)).num_warps(8);
         assert_eq!(
             c,
