@@ -153,9 +153,8 @@ impl LaunchPlan {
         let gpu = dev.is_cuda();
         // The split count is fixed for the graph's sake (the same at every position);
         // the interpreter gets two splits, so the combine step is exercised everywhere.
-        // More splits mean fewer serial iterations per program; a power of two, so the
-        // combine step's tile holds no padding (measured inside the step, H100, context
-        // 1024: 32 splits 4% faster than 37 with a 64-row combine).
+        // More splits mean fewer serial iterations per program; at short contexts the
+        // later splits are empty (`min_chunk`).
         let splits = if gpu {
             tuning::attention_splits_for_capacity(max_seq_len)
         } else {
@@ -165,7 +164,7 @@ impl LaunchPlan {
         let parts = v.div_ceil(if gpu { lm.block_n } else { 16 });
         let d = d as i64;
         let plan = LaunchPlan {
-            qkv: gemv_choice(dev, tuning::gemv_config(qkv_dim, h)),
+            qkv: gemv_choice(dev, tuning::norm_gemv_config(qkv_dim, h)),
             o_proj: gemv_choice(dev, tuning::gemv_config(h, qd)),
             gate_up: gemv_choice(dev, tuning::gate_up_config(im, h)),
             down: gemv_choice(dev, tuning::gemv_config(h, im)),
@@ -181,19 +180,19 @@ impl LaunchPlan {
                 consts: [tuning::argmax_finish_block(parts) as i64].to_vec(),
                 num_warps: 4,
             },
-            // One query head per program on the GPU (twice the programs of G = 2 for
-            // Qwen3's groups of two, measured 4-9% faster per step); the interpreter
-            // runs whole groups.
+            // On the GPU, pairs of query heads over 64-position tiles (`--sweep`, H100:
+            // G = 2 / BS = 64 beat G = 1 / BS = 32 and G = 4 inside the step); the
+            // interpreter runs whole groups.
             attention: KernelChoice {
-                consts: [
-                    d,
-                    if gpu {
-                        1
-                    } else {
-                        group.next_power_of_two().min(4) as i64
-                    },
-                    32,
-                ]
+                consts: if gpu {
+                    [
+                        d,
+                        group.next_power_of_two().min(2) as i64,
+                        tuning::ATTENTION_BS as i64,
+                    ]
+                } else {
+                    [d, group.next_power_of_two().min(4) as i64, 32]
+                }
                 .to_vec(),
                 num_warps: 4,
             },

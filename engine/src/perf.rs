@@ -690,6 +690,7 @@ impl GemvWorkload {
         match self.kind {
             GemvKind::RmsNormGateUp => tuning::gate_up_config(self.n / 2, self.k),
             GemvKind::LmHead => tuning::lm_head_config(self.n, self.k),
+            GemvKind::RmsNormGemv => tuning::norm_gemv_config(self.n, self.k),
             _ => tuning::gemv_config(self.n, self.k),
         }
     }

@@ -48,12 +48,16 @@ pub fn gemv_config(n: usize, k: usize) -> GemvConfig {
 /// From `tilefuse bench --sweep` (every compiled variant timed inside the captured
 /// decode step of Qwen3-0.6B, H100, 2026-11-22, see docs/perf.md): tall matrices (many
 /// rows, `k` ≈ 1024) do best with 8 rows per program, 512-column steps and 4 warps;
-/// short wide ones (`n` ≈ 1024, `k` ≥ 2048) with 8 rows per program and 1024-column
-/// steps over 8 warps. Timed alone, kernels rank differently: the step overlaps each
+/// short wide ones (`n` ≈ 1024, `k` ≥ 2048) with 4 rows per program and 2048-column
+/// steps over 8 warps (8 × 1024 within noise). Timed alone, kernels rank differently: the step overlaps each
 /// kernel's start with its predecessor's tail, which favours fewer, larger programs.
-pub fn gemv_config_for(n: usize, _k: usize, sm_count: usize) -> GemvConfig {
+pub fn gemv_config_for(n: usize, k: usize, sm_count: usize) -> GemvConfig {
     let tall = n >= 8 * 2 * sm_count.max(1);
-    let (block_n, block_k, num_warps) = if tall { (8, 512, 4) } else { (8, 1024, 8) };
+    let (block_n, block_k, num_warps) = match (tall, k >= 2048) {
+        (true, _) => (8, 512, 4),
+        (false, true) => (4, 2048, 8),
+        (false, false) => (8, 1024, 8),
+    };
     GemvConfig {
         block_n,
         block_k,
@@ -61,16 +65,31 @@ pub fn gemv_config_for(n: usize, _k: usize, sm_count: usize) -> GemvConfig {
     }
 }
 
+/// The default configuration of [`kernels::rms_norm_gemv`] (the QKV projection): as
+/// [`gemv_config`], with column steps of at most 1024 (the widest it is compiled for).
+pub fn norm_gemv_config(n: usize, k: usize) -> GemvConfig {
+    let c = gemv_config(n, k);
+    if c.block_k > 1024 {
+        GemvConfig {
+            block_n: 8,
+            block_k: 1024,
+            num_warps: 8,
+        }
+    } else {
+        c
+    }
+}
+
 /// The default configuration of [`kernels::rms_norm_gate_up`] for `inter` rows of gate
 /// (and as many of up) over `k` columns: compiled with 4 warps only, since two f32
 /// accumulators at 8 warps exceed ptxas' register budget and spill.
 ///
-/// Measured best for Qwen3-0.6B's 3072 × 1024 inside the step (`--sweep`): 2 rows,
-/// 256-column steps.
+/// For Qwen3-0.6B's 3072 × 1024 inside the step (`--sweep`), 8 rows with 512-column
+/// steps and 2 rows with 256-column steps came out best by turns, within 1%.
 pub fn gate_up_config(_inter: usize, _k: usize) -> GemvConfig {
     GemvConfig {
-        block_n: 2,
-        block_k: 256,
+        block_n: 8,
+        block_k: 512,
         num_warps: 4,
     }
 }
@@ -96,9 +115,14 @@ pub fn argmax_finish_block(parts: usize) -> usize {
     }
 }
 
+/// Positions per iteration of [`kernels::attention_split`] in the decode step.
+pub const ATTENTION_BS: usize = 64;
+
 /// Fewest cache positions per attention split by default (see
-/// [`kernels::attention_split`]'s `min_chunk`).
-pub const ATTENTION_MIN_CHUNK: usize = 32;
+/// [`kernels::attention_split`]'s `min_chunk`): one whole tile, so that at short
+/// contexts each busy program loads one full tile and the rest have nothing to do
+/// (`tilefuse bench --sweep`, H100, context 1024: 64 beat 1 and 32 by 1-5%).
+pub const ATTENTION_MIN_CHUNK: usize = ATTENTION_BS;
 
 /// A split-K attention launch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -146,11 +170,11 @@ pub fn attention_splits(seq: usize, num_kv_heads: usize, sm_count: usize, bs: us
     fill.min(useful).clamp(1, MAX_SPLITS)
 }
 
-/// The decode step's split count for a KV cache of `max_seq` positions: the largest
-/// power of two with at least 32 positions a split, at most [`MAX_SPLITS`].
+/// The decode step's split count for a KV cache of `max_seq` positions: one split per
+/// [`ATTENTION_BS`] positions of capacity, at most [`MAX_SPLITS`]. With
+/// [`ATTENTION_MIN_CHUNK`], shorter contexts leave the later splits empty.
 pub fn attention_splits_for_capacity(max_seq: usize) -> usize {
-    let most = (max_seq / 32).clamp(1, MAX_SPLITS);
-    1 << most.ilog2()
+    max_seq.div_ceil(ATTENTION_BS).clamp(1, MAX_SPLITS)
 }
 
 /// Every compiled `(BLOCK_N, BLOCK_K, num_warps)` of a GEMV-family kernel, for sweeps.
@@ -173,7 +197,7 @@ pub fn defaults_are_compiled() -> bool {
     };
     shapes.iter().all(|&(n, k)| {
         let c = gemv_config(n, k);
-        has(&kernels::RMS_NORM_GEMV, c)
+        has(&kernels::RMS_NORM_GEMV, norm_gemv_config(n, k))
             && has(&kernels::GEMV_RESIDUAL, c)
             && has(&kernels::RMS_NORM_GATE_UP, gate_up_config(n, k))
     }) && has(&kernels::LM_HEAD_ARGMAX, lm_head_config(151_936, 1024))
@@ -204,13 +228,12 @@ mod tests {
     }
 
     #[test]
-    fn step_splits_are_powers_of_two_with_32_positions_each() {
+    fn step_splits_give_each_a_tile_of_capacity() {
         for (seq, want) in [
             (1, 1),
-            (31, 1),
-            (64, 2),
-            (100, 2),
-            (1160, 32),
+            (64, 1),
+            (65, 2),
+            (1160, 19),
             (4096, 64),
             (1 << 20, 64),
         ] {
