@@ -11,7 +11,7 @@
 //! (there is no batched prefill yet).
 
 use half::bf16;
-use tilefuse_dsl::runtime::{Buffer, Device, Graph, KernelArg, KernelDef};
+use tilefuse_dsl::runtime::{Buffer, Device, Graph, KernelArg, KernelDef, Readback};
 
 use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};
@@ -176,9 +176,12 @@ impl LaunchPlan {
                     num_warps: 4,
                 }
             },
-            argmax: KernelChoice {
-                consts: [tuning::argmax_finish_block(parts) as i64].to_vec(),
-                num_warps: 4,
+            argmax: {
+                let (b, num_warps) = tuning::argmax_finish_config(parts);
+                KernelChoice {
+                    consts: [b as i64].to_vec(),
+                    num_warps,
+                }
             },
             // On the GPU, pairs of query heads over 64-position tiles (`--sweep`, H100:
             // G = 2 / BS = 64 beat G = 1 / BS = 32 and G = 4 inside the step); the
@@ -229,7 +232,11 @@ impl LaunchPlan {
     /// block sized for the new candidate count).
     pub fn with_lm_head(mut self, lm_head: KernelChoice, vocab: usize) -> LaunchPlan {
         self.lm_head = lm_head;
-        self.argmax.consts[0] = tuning::argmax_finish_block(self.lm_programs(vocab)) as i64;
+        let (b, num_warps) = tuning::argmax_finish_config(self.lm_programs(vocab));
+        self.argmax = KernelChoice {
+            consts: [b as i64].to_vec(),
+            num_warps,
+        };
         self
     }
 
@@ -341,6 +348,8 @@ pub struct Decoder {
     s: Scratch,
     /// Splits the attention partials have room for.
     split_capacity: usize,
+    /// Host copy of `state`, filled in stream order (see `queue_state_read`).
+    state_readback: Readback<i32>,
     graph: Option<Graph>,
 }
 
@@ -458,6 +467,7 @@ impl Decoder {
             layers,
             s,
             split_capacity: splits,
+            state_readback: dev.readback(2)?,
             plan,
             graph: None,
         })
@@ -816,6 +826,21 @@ impl Decoder {
             Some(g) => Ok(g.launch()?),
             None => self.step_eager(),
         }
+    }
+
+    /// Queues a copy of `state` (the greedy next token and the next position) behind the
+    /// steps queued so far, without waiting; [`Decoder::take_state`] waits for it alone.
+    /// Since each step reads its token and position from the device, the next step can
+    /// be queued in between and run while the host takes this one's token.
+    pub fn queue_state_read(&mut self) -> Result<()> {
+        Ok(self.state_readback.enqueue(&self.s.state)?)
+    }
+
+    /// Waits for the copy [`Decoder::queue_state_read`] queued and returns its
+    /// `(token, next position)`.
+    pub fn take_state(&self) -> Result<(u32, usize)> {
+        let st = self.state_readback.wait()?;
+        Ok((st[0] as u32, st[1] as usize))
     }
 
     /// Waits for the step and reads `state`: the greedy next token and the next position.

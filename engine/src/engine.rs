@@ -246,11 +246,27 @@ impl Engine {
 
         let mut sampler = Sampler::new(opts.sampling.clone());
         let greedy = opts.sampling.is_greedy();
+        // Greedy decoding without logits needs nothing from the host between steps (the
+        // device feeds each token to the next step), so the next step is queued before
+        // this one's token is read: the GPU does not idle while the host takes it. A
+        // step queued past a stop is wasted, never wrong (it only writes the cache
+        // position after the last token).
+        let pipelined = greedy && !opts.keep_logits;
         let t1 = Instant::now();
         let mut pos = prompt.len();
         loop {
             // The device has written the greedy token and the next position.
-            let (device_token, next_pos) = self.decoder.read_state()?;
+            let last = out.tokens.len() + 1 == opts.max_new_tokens;
+            let (device_token, next_pos) = if pipelined {
+                self.decoder.queue_state_read()?;
+                if !last {
+                    self.decoder.step()?;
+                    out.decode_steps += 1;
+                }
+                self.decoder.take_state()?
+            } else {
+                self.decoder.read_state()?
+            };
             debug_assert_eq!(next_pos, pos);
             let logits = if opts.keep_logits || !greedy {
                 Some(self.decoder.read_logits()?)
@@ -270,18 +286,22 @@ impl Engine {
                 out.hit_eos = true;
                 break;
             }
-            if stop || out.tokens.len() == opts.max_new_tokens {
+            if stop || last {
                 break;
             }
-            if !greedy {
-                // The state holds the greedy token; overwrite it with the sample.
-                self.decoder.set_input(token, pos)?;
+            if !pipelined {
+                if !greedy {
+                    // The state holds the greedy token; overwrite it with the sample.
+                    self.decoder.set_input(token, pos)?;
+                }
+                self.decoder.step()?;
+                out.decode_steps += 1;
             }
-            self.decoder.step()?;
-            out.decode_steps += 1;
             pos += 1;
         }
         out.decode_time = t1.elapsed();
+        // Steps whose tokens were taken (a pipelined step queued past a stop is not).
+        out.decode_steps = out.tokens.len().saturating_sub(1);
         Ok(out)
     }
 }

@@ -458,7 +458,7 @@ pub fn lm_head_argmax<const BLOCK_N: usize, const BLOCK_K: usize>(
 
 /// Greedy sampling, last step: the best of the `parts` candidates (first on ties)
 /// becomes `state[0]`, and `state[1]` (the position) advances by one.
-#[kernel(crate = tilefuse_dsl, B = [256, 1024, 4096], num_warps = [4, 8])]
+#[kernel(crate = tilefuse_dsl, B = [256, 1024, 4096, 16384], num_warps = [4, 8, 16])]
 pub fn argmax_finish<const B: usize>(
     part_val: Ptr<f32>,
     part_idx: Ptr<i32>,

@@ -768,11 +768,11 @@ impl GemvWorkload {
                         EPS.into(),
                     ],
                 )?;
-                let b = tuning::argmax_finish_block(parts as usize) as i64;
+                let (b, warps) = tuning::argmax_finish_config(parts as usize);
                 kernels::ARGMAX_FINISH.launch_dyn(
                     dev,
-                    LaunchConfig::from(1),
-                    &[b],
+                    LaunchConfig::from(1).num_warps(warps),
+                    &[b as i64],
                     &mut [
                         (&self.part_val).into(),
                         (&self.part_idx).into(),

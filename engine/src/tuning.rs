@@ -106,12 +106,15 @@ pub fn lm_head_config(vocab: usize, _k: usize) -> GemvConfig {
     }
 }
 
-/// The `B` of [`kernels::argmax_finish`] for `parts` candidates.
-pub fn argmax_finish_block(parts: usize) -> usize {
+/// The `B` and warp count of [`kernels::argmax_finish`] for `parts` candidates: the
+/// candidates in one pass up to 16384 (each pass is a dependent load and reduction of
+/// the single program, on the critical path of every step).
+pub fn argmax_finish_config(parts: usize) -> (usize, u32) {
     match parts {
-        0..=256 => 256,
-        257..=1024 => 1024,
-        _ => 4096,
+        0..=256 => (256, 4),
+        257..=1024 => (1024, 4),
+        1025..=4096 => (4096, 8),
+        _ => (16384, 16),
     }
 }
 
@@ -254,7 +257,11 @@ mod tests {
             let c = gemv_config(n, k);
             assert!(c.grid(n) as usize >= DEFAULT_SM_COUNT - 4, "{n}x{k}: {c:?}");
         }
-        assert_eq!(argmax_finish_block(9496), 4096);
-        assert_eq!(argmax_finish_block(13), 256);
+        assert_eq!(argmax_finish_config(9496), (16384, 16));
+        assert_eq!(argmax_finish_config(13), (256, 4));
+        for parts in [1, 300, 2000, 9496, 40000] {
+            let (b, w) = argmax_finish_config(parts);
+            assert!(kernels::ARGMAX_FINISH.variant(&[b as i64], Some(w)).is_ok());
+        }
     }
 }

@@ -310,3 +310,48 @@ fn every_launch_plan_computes_the_same_step() {
         assert_eq!(dec.forward(tokens[0], 0).unwrap().len(), cfg.vocab_size);
     }
 }
+
+/// Greedy decoding without logits queues each step before reading the previous token;
+/// it must give the tokens the step-by-step loop gives, also after a stop left a
+/// queued step behind.
+#[test]
+fn pipelined_greedy_decoding_matches_step_by_step() {
+    let mut devs = vec![Device::cpu()];
+    let _turn = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(gpu) = gpu_or_skip("pipelined_greedy_decoding_matches_step_by_step") {
+        devs.push(gpu);
+    }
+    let prompt: Vec<u32> = (0..9).map(|i| (i * 53 + 7) % 1000).collect();
+    for dev in devs {
+        for graph in [false, dev.is_cuda()] {
+            let mut e = engine(&dev, graph, 64);
+            let stepwise = e
+                .generate(&prompt, &opts(24), |_| ControlFlow::Continue(()))
+                .unwrap();
+            let lean = GenerateOptions {
+                keep_logits: false,
+                ..opts(24)
+            };
+            // Stop after 5 tokens (a step is already queued), then run again in full.
+            let mut seen = 0;
+            let stopped = e
+                .generate(&prompt, &lean, |_| {
+                    seen += 1;
+                    if seen == 5 {
+                        ControlFlow::Break(())
+                    } else {
+                        ControlFlow::Continue(())
+                    }
+                })
+                .unwrap();
+            assert_eq!(stopped.tokens, stepwise.tokens[..5], "{dev} graph {graph}");
+            assert_eq!(stopped.decode_steps, 4);
+            let full = e
+                .generate(&prompt, &lean, |_| ControlFlow::Continue(()))
+                .unwrap();
+            assert_eq!(full.tokens, stepwise.tokens, "{dev} graph {graph}");
+            assert_eq!(full.decode_steps, 23);
+            assert!(full.logits.is_empty());
+        }
+    }
+}

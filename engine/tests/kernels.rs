@@ -410,11 +410,11 @@ fn run_lm_head(
             EPS.into(),
         ],
     );
-    let b = tuning::argmax_finish_block(parts);
+    let (b, warps) = tuning::argmax_finish_config(parts);
     launch(
         &ARGMAX_FINISH,
         dev,
-        LaunchConfig::from(1),
+        LaunchConfig::from(1).num_warps(warps),
         &[b as i64],
         &mut [
             (&pv).into(),
@@ -502,7 +502,14 @@ fn lm_head_argmax_matches_host() {
 fn argmax_finish_takes_first_of_ties_across_blocks() {
     let mut rng = Rng::new(606);
     for dev in devices("argmax_finish_takes_first_of_ties_across_blocks") {
-        for (parts, b) in [(1usize, 256i64), (600, 256), (600, 1024), (5000, 4096)] {
+        for (parts, b, warps) in [
+            (1usize, 256i64, 4),
+            (600, 256, 4),
+            (600, 1024, 4),
+            (5000, 4096, 8),
+            (9496, 16384, 16),
+            (20000, 16384, 16),
+        ] {
             let vals: Vec<f32> = (0..parts).map(|_| rng.uniform(-3.0, 3.0)).collect();
             let mut vals = vals;
             // A tie for the maximum: the first must win, also across loop blocks.
@@ -517,7 +524,7 @@ fn argmax_finish_takes_first_of_ties_across_blocks() {
             launch(
                 &ARGMAX_FINISH,
                 &dev,
-                LaunchConfig::from(1),
+                LaunchConfig::from(1).num_warps(warps),
                 &[b],
                 &mut [
                     (&pv).into(),
@@ -531,7 +538,7 @@ fn argmax_finish_takes_first_of_ties_across_blocks() {
             assert_eq!(
                 s,
                 vec![want, 8],
-                "argmax_finish parts={parts} B={b} on {dev}"
+                "argmax_finish parts={parts} B={b} warps={warps} on {dev}"
             );
         }
     }

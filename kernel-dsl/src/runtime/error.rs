@@ -47,6 +47,12 @@ pub enum RuntimeError {
         /// Elements in the host slice.
         host: usize,
     },
+    /// Two objects that must share a device do not.
+    #[error("{what} live on different devices")]
+    WrongDevice {
+        /// The two objects.
+        what: String,
+    },
 }
 
 impl RuntimeError {

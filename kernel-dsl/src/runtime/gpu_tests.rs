@@ -242,3 +242,29 @@ fn hand_written_ptx_assembles() {
         ptxas::assemble_text(&bin, ptx, "scale_add", target).unwrap_or_else(|e| panic!("{e}"));
     }
 }
+
+#[test]
+fn readback_waits_for_its_copy_not_for_later_work() {
+    let mut devs = vec![Device::cpu()];
+    if let Some(gpu) = gpu_or_skip("readback_waits_for_its_copy_not_for_later_work") {
+        devs.push(gpu);
+    }
+    for dev in devs {
+        let mut buf = dev.upload(&[11i32, 12, 13]).unwrap();
+        let mut rb = dev.readback::<i32>(2).unwrap();
+        assert_eq!(rb.wait().unwrap(), &[0, 0], "{dev}: zeros before any copy");
+        rb.enqueue(&buf).unwrap();
+        // Queued after the copy: the readback must still see the old contents.
+        buf.copy_from_host(&[21, 22, 23]).unwrap();
+        assert_eq!(rb.wait().unwrap(), &[11, 12], "{dev}");
+        rb.enqueue(&buf).unwrap();
+        assert_eq!(rb.wait().unwrap(), &[21, 22], "{dev}");
+        let short = dev.upload(&[1i32]).unwrap();
+        assert!(rb.enqueue(&short).is_err(), "{dev}: a source too short");
+        if dev.is_cuda() {
+            let host = Device::cpu().upload(&[1i32, 2]).unwrap();
+            let err = rb.enqueue(&host).unwrap_err().to_string();
+            assert!(err.contains("different devices"), "{err}");
+        }
+    }
+}

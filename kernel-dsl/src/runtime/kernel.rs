@@ -786,7 +786,8 @@ mod tests {
             c,
             LaunchConfig {
                 grid: [4, 5, 1],
-                num_warps: Some(8)
+                num_warps: Some(8),
+                serialized: false,
             }
         );
     }

@@ -14,6 +14,7 @@ mod element;
 mod error;
 mod graph;
 mod kernel;
+mod readback;
 pub mod testing;
 
 pub use device::{cuda_available, Buffer, CudaDevice, Device};
@@ -21,6 +22,7 @@ pub use element::{as_bytes, as_bytes_mut, Element};
 pub use error::{LaunchError, RuntimeError};
 pub use graph::Graph;
 pub use kernel::{KernelArg, KernelDef, LaunchConfig, ParamDef, Variant};
+pub use readback::Readback;
 
 #[cfg(test)]
 mod gpu_tests;
