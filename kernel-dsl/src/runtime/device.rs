@@ -541,6 +541,7 @@ mod tests {
 
     #[test]
     fn cuda_buffers_round_trip() {
+        let _turn = crate::runtime::testing::gpu_turn();
         let Some(d) = crate::runtime::testing::gpu_or_skip("cuda_buffers_round_trip") else {
             return;
         };

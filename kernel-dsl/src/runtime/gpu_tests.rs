@@ -112,6 +112,7 @@ fn expected(x: &[f32], a: f32, b: i64) -> Vec<f32> {
 
 #[test]
 fn gpu_launch_matches_host() {
+    let _turn = crate::runtime::testing::gpu_turn();
     let Some(dev) = gpu_or_skip("gpu_launch_matches_host") else {
         return;
     };
@@ -144,6 +145,7 @@ fn gpu_launch_matches_host() {
 
 #[test]
 fn gpu_launches_queue_without_sync_and_capture_into_graphs() {
+    let _turn = crate::runtime::testing::gpu_turn();
     let Some(dev) = gpu_or_skip("gpu_launches_queue_without_sync_and_capture_into_graphs") else {
         return;
     };
@@ -208,6 +210,7 @@ fn gpu_launches_queue_without_sync_and_capture_into_graphs() {
 
 #[test]
 fn gpu_reports_device_and_target() {
+    let _turn = crate::runtime::testing::gpu_turn();
     let Some(dev) = gpu_or_skip("gpu_reports_device_and_target") else {
         return;
     };
@@ -246,6 +249,7 @@ fn hand_written_ptx_assembles() {
 #[test]
 fn readback_waits_for_its_copy_not_for_later_work() {
     let mut devs = vec![Device::cpu()];
+    let _turn = crate::runtime::testing::gpu_turn();
     if let Some(gpu) = gpu_or_skip("readback_waits_for_its_copy_not_for_later_work") {
         devs.push(gpu);
     }

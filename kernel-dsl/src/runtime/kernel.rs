@@ -921,6 +921,7 @@ mod tests {
 
     #[test]
     fn buffers_from_another_device_are_rejected() {
+        let _turn = crate::runtime::testing::gpu_turn();
         let Some(gpu) =
             crate::runtime::testing::gpu_or_skip("buffers_from_another_device_are_rejected")
         else {

@@ -1,6 +1,7 @@
 //! Reading small results back from the device without stopping its stream.
 
-use cudarc::driver::PinnedHostSlice;
+use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::{CudaEvent, PinnedHostSlice};
 
 use super::device::{Buffer, Device};
 use super::element::Element;
@@ -8,7 +9,9 @@ use super::error::RuntimeError;
 
 enum Slot<T> {
     Host(Vec<T>),
-    Pinned(PinnedHostSlice<T>),
+    /// The event marks the last queued copy's completion (recorded here: with event
+    /// tracking off, as the runtime sets it for graph capture, cudarc records none).
+    Pinned(PinnedHostSlice<T>, CudaEvent),
 }
 
 /// Page-locked host memory that a [`Buffer`]'s contents are copied into in stream
@@ -53,7 +56,11 @@ impl Device {
                     .as_mut_slice()
                     .map_err(RuntimeError::driver("initializing page-locked host memory"))?
                     .fill(T::default());
-                Slot::Pinned(pinned)
+                let done = cuda
+                    .context()
+                    .new_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING))
+                    .map_err(RuntimeError::driver("creating a readback event"))?;
+                Slot::Pinned(pinned, done)
             }
         };
         Ok(Readback {
@@ -68,7 +75,7 @@ impl<T: Element> Readback<T> {
     pub fn len(&self) -> usize {
         match &self.slot {
             Slot::Host(v) => v.len(),
-            Slot::Pinned(p) => p.len(),
+            Slot::Pinned(p, _) => p.len(),
         }
     }
 
@@ -102,7 +109,7 @@ impl<T: Element> Readback<T> {
                 v.copy_from_slice(&h[..len]);
                 Ok(())
             }
-            (Slot::Pinned(p), Some(s), _) => {
+            (Slot::Pinned(p, done), Some(s), _) => {
                 if len == 0 {
                     return Ok(());
                 }
@@ -111,7 +118,9 @@ impl<T: Element> Readback<T> {
                     .memcpy_dtoh(&s.slice(..len), p)
                     .map_err(RuntimeError::driver(
                         "queueing a copy to page-locked memory",
-                    ))
+                    ))?;
+                done.record(&stream)
+                    .map_err(RuntimeError::driver("recording a readback event"))
             }
             _ => Err(RuntimeError::WrongDevice {
                 what: "a readback and its source buffer".into(),
@@ -124,9 +133,13 @@ impl<T: Element> Readback<T> {
     pub fn wait(&self) -> Result<&[T], RuntimeError> {
         match &self.slot {
             Slot::Host(v) => Ok(v),
-            Slot::Pinned(p) => p.as_slice().map_err(RuntimeError::driver(
-                "waiting for a copy to page-locked memory",
-            )),
+            Slot::Pinned(p, done) => {
+                done.synchronize().map_err(RuntimeError::driver(
+                    "waiting for a copy to page-locked memory",
+                ))?;
+                p.as_slice()
+                    .map_err(RuntimeError::driver("reading page-locked memory"))
+            }
         }
     }
 }

@@ -26,6 +26,14 @@ pub fn gpu_or_skip(test_name: &str) -> Option<Device> {
     no_gpu(test_name, &err, gpu_required())
 }
 
+/// Serializes the tests of one process that use a GPU: [`Device::cuda`] hands every
+/// caller the same stream, so one test's work would land in another's graph capture or
+/// behind its waits. Hold the guard for as long as the test uses the device.
+pub fn gpu_turn() -> std::sync::MutexGuard<'static, ()> {
+    static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    TURN.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// What a test does without a GPU: skip, or fail when a GPU is required.
 fn no_gpu(test_name: &str, err: &str, required: bool) -> Option<Device> {
     if required {

@@ -292,6 +292,8 @@ struct Case {
 /// Runs every case on the interpreter and, when there is one, on the GPU.
 fn check_all(test: &str, cases: Vec<Case>) {
     let gpu = gpu_or_skip(test);
+    // Only GPU runs wait for their turn; the interpreter runs in parallel.
+    let _turn = gpu.as_ref().map(|_| crate::runtime::testing::gpu_turn());
     for c in &cases {
         let d = def_with(&c.src, &c.consts, c.warps, c.assemble);
         for r in &c.runs {

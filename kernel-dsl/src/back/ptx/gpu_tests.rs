@@ -15,6 +15,7 @@ use crate::Specialization;
 fn diff(name: &str, d: &KernelDef, grid: [u32; 3], data: &[Data], rtol: f32) {
     // The interpreter runs everywhere: the test kernels and inputs are valid without a GPU.
     let want = run_on(&Device::cpu(), d, grid, data);
+    let _turn = crate::runtime::testing::gpu_turn();
     let Some(gpu) = gpu_or_skip(name) else {
         return;
     };
