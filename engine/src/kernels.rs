@@ -218,7 +218,7 @@ pub fn rms_norm_gate_up<const BLOCK_N: usize, const BLOCK_K: usize>(
 ///
 /// Scores round like the reference (`bf16(bf16(q·k) * scale)`); the probabilities stay
 /// f32 (the reference rounds the normalized probabilities, which a split pass cannot).
-#[kernel(crate = tilefuse_dsl, D = [32, 64, 128], G = [1, 2, 4], BS = [32, 64], num_warps = [4])]
+#[kernel(crate = tilefuse_dsl, D = [32, 64, 128], G = [1, 2, 4], BS = [32, 64], num_warps = [4, 8])]
 pub fn attention_split<const D: usize, const G: usize, const BS: usize>(
     qkv: Ptr<bf16>,
     q_norm_w: Ptr<bf16>,

@@ -671,6 +671,7 @@ fn check_attention(
     c: &AttnCase,
     use_norm: bool,
     bs: usize,
+    warps: u32,
     splits_list: &[(usize, usize)],
 ) {
     let (nh, nkv, d) = (c.num_kv * c.group, c.num_kv, c.d);
@@ -724,7 +725,7 @@ fn check_attention(
         let dc = if splits % 2 == 0 { 32.min(d) } else { d };
         let what = format!(
             "attention D={d} kv={nkv} group={} G={} pos={pos} norm={use_norm} BS={bs} \
-             splits={splits} min_chunk={min_chunk} DC={dc} on {dev}",
+             splits={splits} min_chunk={min_chunk} DC={dc} warps={warps} on {dev}",
             c.group, c.g
         );
         let (mut kc, mut vc) = (up(&kc0), up(&vc0));
@@ -737,7 +738,8 @@ fn check_attention(
         launch(
             &ATTENTION_SPLIT,
             dev,
-            LaunchConfig::from((nkv as u32, splits as u32, c.group.div_ceil(c.g) as u32)),
+            LaunchConfig::from((nkv as u32, splits as u32, c.group.div_ceil(c.g) as u32))
+                .num_warps(warps),
             &[d as i64, c.g as i64, bs as i64],
             &mut [
                 (&qkv_b).into(),
@@ -847,6 +849,7 @@ fn attention_small_contexts_all_groups() {
                     &c,
                     norm,
                     bs,
+                    if seq == 37 { 8 } else { 4 },
                     &[(1, 1), (3, 1), (8, 1), (8, 64)],
                 );
             }
@@ -867,6 +870,7 @@ fn attention_small_contexts_all_groups() {
                 &c,
                 norm,
                 32,
+                if norm { 8 } else { 4 },
                 &[(2, 1), (16, 1), (16, 20), (3, 96)],
             );
         }
@@ -880,7 +884,7 @@ fn attention_small_contexts_all_groups() {
                 seq,
                 max_seq: 70,
             };
-            check_attention(&dev, &mut rng, &c, true, 32, &[(1, 1), (4, 1), (4, 32)]);
+            check_attention(&dev, &mut rng, &c, true, 32, 4, &[(1, 1), (4, 1), (4, 32)]);
         }
     }
 }
@@ -906,6 +910,7 @@ fn attention_qwen3_shape_on_gpu() {
         &c,
         true,
         32,
+        4,
         &[
             (1, 1),
             (7, 1),
@@ -915,5 +920,7 @@ fn attention_qwen3_shape_on_gpu() {
         ],
     );
     let c = AttnCase { g: 1, ..c };
-    check_attention(&dev, &mut rng, &c, true, 64, &[(32, 1), (64, 1)]);
+    check_attention(&dev, &mut rng, &c, true, 64, 8, &[(32, 1), (64, 1)]);
+    let c = AttnCase { g: 2, ..c };
+    check_attention(&dev, &mut rng, &c, true, 64, 4, &[(19, 64)]);
 }
