@@ -137,7 +137,7 @@ fn run(dev: &Device, sweep: bool) -> perf::Result<()> {
         let launches = w.launches();
         let default = tuning::attention_config(ctx, ATTN.1, info.sm_count);
         let mut cfgs = vec![default];
-        for bs in [32] {
+        for bs in [32, 64] {
             let useful = ctx.div_ceil(bs);
             let fill = tuning::attention_splits(ctx, ATTN.1, info.sm_count, bs);
             for splits in [fill, 8, 16, 32, 64] {
@@ -147,7 +147,7 @@ fn run(dev: &Device, sweep: bool) -> perf::Result<()> {
                         bs,
                         s: tuning::combine_s(splits),
                         min_chunk: tuning::ATTENTION_MIN_CHUNK,
-                        dc: 32,
+                        dc: 128,
                     });
                 }
             }

@@ -898,6 +898,7 @@ impl AttentionWorkload {
         let padded = self.padded_group();
         let (qkv, k, v) = &mut self.sets[i % nsets];
         let d = self.head_dim as i64;
+        let dc = (cfg.dc as i64).min(d);
         let group = (self.num_heads / self.num_kv_heads) as i32;
         let scale = (self.head_dim as f32).powf(-0.5);
         kernels::ATTENTION_SPLIT.launch_dyn(
@@ -931,8 +932,8 @@ impl AttentionWorkload {
         )?;
         kernels::ATTENTION_COMBINE.launch_dyn(
             dev,
-            (self.num_heads as u32, (d / cfg.dc as i64) as u32),
-            &[d, cfg.s as i64, cfg.dc as i64],
+            (self.num_heads as u32, (d / dc) as u32),
+            &[d, cfg.s as i64, dc],
             &mut [
                 (&self.part_m).into(),
                 (&self.part_l).into(),

@@ -48,14 +48,14 @@ pub fn gemv_config(n: usize, k: usize) -> GemvConfig {
 /// From `tilefuse bench --sweep` (every compiled variant timed inside the captured
 /// decode step of Qwen3-0.6B, H100, 2026-11-22, see docs/perf.md): tall matrices (many
 /// rows, `k` ≈ 1024) do best with 8 rows per program, 512-column steps and 4 warps;
-/// short wide ones (`n` ≈ 1024, `k` ≥ 2048) with 4 rows per program and 2048-column
-/// steps over 8 warps (8 × 1024 within noise). Timed alone, kernels rank differently: the step overlaps each
+/// short wide ones (`n` ≈ 1024, `k` ≥ 2048) with 8 rows per program and 2048-column
+/// steps over 8 warps (4 rows, or 1024-column steps, within noise). Timed alone, kernels rank differently: the step overlaps each
 /// kernel's start with its predecessor's tail, which favours fewer, larger programs.
 pub fn gemv_config_for(n: usize, k: usize, sm_count: usize) -> GemvConfig {
     let tall = n >= 8 * 2 * sm_count.max(1);
     let (block_n, block_k, num_warps) = match (tall, k >= 2048) {
         (true, _) => (8, 512, 4),
-        (false, true) => (4, 2048, 8),
+        (false, true) => (8, 2048, 8),
         (false, false) => (8, 1024, 8),
     };
     GemvConfig {
@@ -138,7 +138,8 @@ pub struct AttentionConfig {
     pub s: usize,
     /// Fewest positions per split.
     pub min_chunk: usize,
-    /// `attention_combine`'s `DC`: head columns per combine program.
+    /// `attention_combine`'s `DC`: head columns per combine program (at most the head
+    /// size: larger values mean whole heads).
     pub dc: usize,
 }
 
@@ -155,14 +156,14 @@ pub fn combine_s(splits: usize) -> usize {
 /// (`num_kv_heads × splits ≥ 4 × sm_count`; on an H100 64 splits beat 33 at 4k and 32k), no more splits than blocks of `bs`
 /// positions, at most [`MAX_SPLITS`].
 pub fn attention_config(seq: usize, num_kv_heads: usize, sm_count: usize) -> AttentionConfig {
-    let bs = 32;
+    let bs = ATTENTION_BS;
     let splits = attention_splits(seq, num_kv_heads, sm_count, bs);
     AttentionConfig {
         splits,
         bs,
         s: combine_s(splits),
         min_chunk: ATTENTION_MIN_CHUNK,
-        dc: 32,
+        dc: 128,
     }
 }
 
