@@ -152,9 +152,10 @@ pub fn combine_s(splits: usize) -> usize {
 }
 
 /// The default attention launch for `seq` cached positions and `num_kv_heads`, on a GPU
-/// with `sm_count` SMs: enough programs to fill the SMs four times
-/// (`num_kv_heads × splits ≥ 4 × sm_count`; on an H100 64 splits beat 33 at 4k and 32k), no more splits than blocks of `bs`
-/// positions, at most [`MAX_SPLITS`].
+/// with `sm_count` SMs: about two programs per SM, rounded down to a power of two
+/// (`num_kv_heads × splits ≈ 2 × sm_count`; H100, 64-position tiles: 32 splits beat
+/// 64 at 4k and 32k), no more splits than tiles of `bs` positions, at most
+/// [`MAX_SPLITS`].
 pub fn attention_config(seq: usize, num_kv_heads: usize, sm_count: usize) -> AttentionConfig {
     let bs = ATTENTION_BS;
     let splits = attention_splits(seq, num_kv_heads, sm_count, bs);
@@ -169,17 +170,22 @@ pub fn attention_config(seq: usize, num_kv_heads: usize, sm_count: usize) -> Att
 
 /// The split count of [`attention_config`] for a given `bs`.
 pub fn attention_splits(seq: usize, num_kv_heads: usize, sm_count: usize, bs: usize) -> usize {
-    let fill = (4 * sm_count.max(1)).div_ceil(num_kv_heads.max(1));
+    let fill = (2 * sm_count.max(1)).div_ceil(num_kv_heads.max(1));
+    let fill = 1 << fill.ilog2();
     let useful = seq.max(1).div_ceil(bs.max(1));
     fill.min(useful).clamp(1, MAX_SPLITS)
 }
 
 /// The decode step's split count for a KV cache of `max_seq` positions: one split per
-/// [`ATTENTION_BS`] positions of capacity, at most [`MAX_SPLITS`]. With
+/// [`ATTENTION_BS`] positions of capacity, at most [`STEP_SPLITS`]. With
 /// [`ATTENTION_MIN_CHUNK`], shorter contexts leave the later splits empty.
 pub fn attention_splits_for_capacity(max_seq: usize) -> usize {
-    max_seq.div_ceil(ATTENTION_BS).clamp(1, MAX_SPLITS)
+    max_seq.div_ceil(ATTENTION_BS).clamp(1, STEP_SPLITS)
 }
+
+/// The most splits the decode step uses: 8 KV heads × 32 splits is two programs per
+/// SM of an H100, the best of `examples/bandwidth.rs` at 4k and 32k positions.
+pub const STEP_SPLITS: usize = 32;
 
 /// Every compiled `(BLOCK_N, BLOCK_K, num_warps)` of a GEMV-family kernel, for sweeps.
 pub fn gemv_variants(def: &tilefuse_dsl::runtime::KernelDef) -> Vec<GemvConfig> {
@@ -227,7 +233,7 @@ mod tests {
                 .variant(&[128, 2, c.bs as i64], None)
                 .is_ok());
         }
-        assert_eq!(attention_config(32768, 8, 132).splits, 64);
+        assert_eq!(attention_config(32768, 8, 132).splits, 32);
         assert_eq!(attention_config(1, 8, 132).splits, 1);
     }
 
@@ -238,8 +244,8 @@ mod tests {
             (64, 1),
             (65, 2),
             (1160, 19),
-            (4096, 64),
-            (1 << 20, 64),
+            (4096, 32),
+            (1 << 20, 32),
         ] {
             assert_eq!(attention_splits_for_capacity(seq), want, "max_seq {seq}");
         }
