@@ -179,7 +179,7 @@ pub fn describe(def: &KernelDef, choice: &KernelChoice) -> String {
 fn candidates(def: &KernelDef, keep: impl Fn(&[i64]) -> bool) -> Vec<KernelChoice> {
     def.variants
         .iter()
-        .filter(|v| keep(&v.consts))
+        .filter(|v| keep(v.consts))
         .map(|v| KernelChoice {
             consts: v.consts.to_vec(),
             num_warps: v.num_warps,
