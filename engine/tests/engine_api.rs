@@ -25,6 +25,15 @@ fn engine(dev: &Device, graph: bool, max_seq_len: usize) -> Engine {
     .unwrap()
 }
 
+/// The interpreter, and the GPU when there is one; the guard keeps this binary's other
+/// GPU tests off the device meanwhile.
+fn cpu_and_gpu(test: &str) -> (std::sync::MutexGuard<'static, ()>, Vec<Device>) {
+    let turn = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let mut devs = vec![Device::cpu()];
+    devs.extend(gpu_or_skip(test));
+    (turn, devs)
+}
+
 fn opts(max_new_tokens: usize) -> GenerateOptions {
     GenerateOptions {
         max_new_tokens,
@@ -222,11 +231,7 @@ fn steps_past_the_cache_stay_in_bounds() {
     // Stepping past max_seq_len through the low-level API must not touch memory
     // outside the cache (the interpreter would report it as an error).
     let (cfg, w) = tilefuse_engine::preset::load("tiny-qwen3", 3).unwrap();
-    let mut devs = vec![Device::cpu()];
-    let _turn = GPU.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(gpu) = gpu_or_skip("steps_past_the_cache_stay_in_bounds") {
-        devs.push(gpu);
-    }
+    let (_turn, devs) = cpu_and_gpu("steps_past_the_cache_stay_in_bounds");
     for dev in devs {
         let mut dec = tilefuse_engine::Decoder::new(&cfg, &w, &dev, 4).unwrap();
         dec.set_input(1, 0).unwrap();
@@ -248,11 +253,7 @@ fn steps_past_the_cache_stay_in_bounds() {
 fn every_launch_plan_computes_the_same_step() {
     use tilefuse_engine::decode::KernelChoice;
     let (cfg, w) = tilefuse_engine::preset::load("tiny-qwen3", 5).unwrap();
-    let mut devs = vec![Device::cpu()];
-    let _turn = GPU.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(gpu) = gpu_or_skip("every_launch_plan_computes_the_same_step") {
-        devs.push(gpu);
-    }
+    let (_turn, devs) = cpu_and_gpu("every_launch_plan_computes_the_same_step");
     let tokens = [3u32, 141, 59, 26, 535, 89, 79, 323];
     let run = |dec: &mut tilefuse_engine::Decoder| -> Vec<Vec<f32>> {
         tokens
@@ -283,9 +284,7 @@ fn every_launch_plan_computes_the_same_step() {
         dec.set_plan(other).unwrap();
         let got = run(&mut dec);
         for (step, (g, e)) in got.iter().zip(&want).enumerate() {
-            let num: f32 = g.iter().zip(e).map(|(a, b)| (a - b) * (a - b)).sum();
-            let den: f32 = e.iter().map(|b| b * b).sum();
-            let rel = (num / den).sqrt();
+            let rel = common::rel_err(g, e);
             assert!(
                 rel < 1e-2,
                 "{dev} step {step}: other plan differs by {rel:.3e}"
@@ -316,11 +315,7 @@ fn every_launch_plan_computes_the_same_step() {
 /// queued step behind.
 #[test]
 fn pipelined_greedy_decoding_matches_step_by_step() {
-    let mut devs = vec![Device::cpu()];
-    let _turn = GPU.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(gpu) = gpu_or_skip("pipelined_greedy_decoding_matches_step_by_step") {
-        devs.push(gpu);
-    }
+    let (_turn, devs) = cpu_and_gpu("pipelined_greedy_decoding_matches_step_by_step");
     let prompt: Vec<u32> = (0..9).map(|i| (i * 53 + 7) % 1000).collect();
     for dev in devs {
         for graph in [false, dev.is_cuda()] {
