@@ -137,7 +137,7 @@ fn run(dev: &Device, sweep: bool) -> perf::Result<()> {
         let launches = w.launches();
         let default = tuning::attention_config(ctx, ATTN.1, info.sm_count);
         let mut cfgs = vec![default];
-        for bs in [32, 64] {
+        for (bs, num_warps) in [(32, 4), (64, 4), (64, 8)] {
             let useful = ctx.div_ceil(bs);
             let fill = tuning::attention_splits(ctx, ATTN.1, info.sm_count, bs);
             for splits in [fill, 8, 16, 32, 64] {
@@ -148,6 +148,7 @@ fn run(dev: &Device, sweep: bool) -> perf::Result<()> {
                         s: tuning::combine_s(splits),
                         min_chunk: tuning::ATTENTION_MIN_CHUNK,
                         dc: 128,
+                        num_warps,
                     });
                 }
             }
@@ -182,7 +183,10 @@ fn run(dev: &Device, sweep: bool) -> perf::Result<()> {
         rows.push(Row {
             kernel: "attention split+combine".into(),
             shape,
-            config: format!("BS{} splits{}", best.0.bs, best.0.splits),
+            config: format!(
+                "BS{} splits{} w{}",
+                best.0.bs, best.0.splits, best.0.num_warps
+            ),
             stats: best.1,
             bytes: w.bytes(),
             method: best.2,

@@ -903,11 +903,12 @@ impl AttentionWorkload {
         let scale = (self.head_dim as f32).powf(-0.5);
         kernels::ATTENTION_SPLIT.launch_dyn(
             dev,
-            (
+            LaunchConfig::from((
                 self.num_kv_heads as u32,
                 cfg.splits as u32,
                 (group as usize).div_ceil(padded) as u32,
-            ),
+            ))
+            .num_warps(cfg.num_warps),
             &[d, padded as i64, cfg.bs as i64],
             &mut [
                 (&*qkv).into(),

@@ -141,6 +141,8 @@ pub struct AttentionConfig {
     /// `attention_combine`'s `DC`: head columns per combine program (at most the head
     /// size: larger values mean whole heads).
     pub dc: usize,
+    /// Warps per `attention_split` program.
+    pub num_warps: u32,
 }
 
 /// The largest split count `attention_combine` is compiled for.
@@ -165,6 +167,7 @@ pub fn attention_config(seq: usize, num_kv_heads: usize, sm_count: usize) -> Att
         s: combine_s(splits),
         min_chunk: ATTENTION_MIN_CHUNK,
         dc: 128,
+        num_warps: 4,
     }
 }
 
