@@ -163,20 +163,14 @@ fn time_mode(
     })
 }
 
-/// `BLOCK_N=4 BLOCK_K=512 warps=8`: a launch choice in words.
+/// A launch choice in words, as the runtime names variants
+/// (`BLOCK_N=4, BLOCK_K=512, num_warps=8`).
 pub fn describe(def: &KernelDef, choice: &KernelChoice) -> String {
-    let mut out: Vec<String> = def
-        .const_names
-        .iter()
-        .zip(&choice.consts)
-        .map(|(n, v)| format!("{n}={v}"))
-        .collect();
-    out.push(format!("warps={}", choice.num_warps));
-    out.join(" ")
+    def.describe_variant(&choice.consts, choice.num_warps)
 }
 
 /// Every compiled variant of `def` whose constants `keep` accepts.
-fn candidates(def: &KernelDef, keep: impl Fn(&[i64]) -> bool) -> Vec<KernelChoice> {
+fn candidates(def: &KernelDef, keep: &dyn Fn(&[i64]) -> bool) -> Vec<KernelChoice> {
     def.variants
         .iter()
         .filter(|v| keep(v.consts))
@@ -187,44 +181,80 @@ fn candidates(def: &KernelDef, keep: impl Fn(&[i64]) -> bool) -> Vec<KernelChoic
         .collect()
 }
 
-/// The plans that differ from `base` in one launch, as `(role, choice, plan)`.
-fn neighbours(
-    base: &LaunchPlan,
-    vocab: usize,
-    head_dim: i64,
-) -> Vec<(&'static str, String, LaunchPlan)> {
-    let mut out = Vec::new();
-    let mut gemv =
-        |role: &'static str, def: &'static KernelDef, set: fn(&mut LaunchPlan, KernelChoice)| {
-            for c in candidates(def, |_| true) {
-                let mut p = base.clone();
-                set(&mut p, c.clone());
-                out.push((role, describe(def, &c), p));
-            }
-        };
-    gemv("qkv", &RMS_NORM_GEMV, |p, c| p.qkv = c);
-    gemv("o_proj", &GEMV_RESIDUAL, |p, c| p.o_proj = c);
-    gemv("gate_up", &RMS_NORM_GATE_UP, |p, c| p.gate_up = c);
-    gemv("down", &GEMV_RESIDUAL, |p, c| p.down = c);
-    for c in candidates(&ATTENTION_SPLIT, |k| k[0] == head_dim) {
-        let mut p = base.clone();
-        p.attention = c.clone();
-        out.push(("attention", describe(&ATTENTION_SPLIT, &c), p));
-    }
+/// What [`sweep`] varies, in order: each launch, then the split count and `min_chunk`.
+const SWEEP_ROLES: [&str; 9] = [
+    "qkv",
+    "o_proj",
+    "gate_up",
+    "down",
+    "attention",
+    "combine",
+    "lm_head",
+    "splits",
+    "min_chunk",
+];
+
+/// The plans that differ from `base` in one `role` (a launch, the split count or
+/// `min_chunk`), each with the choice in words.
+fn tries(base: &LaunchPlan, role: &str, vocab: usize, head_dim: i64) -> Vec<(String, LaunchPlan)> {
+    let variants = |def: &'static KernelDef,
+                    keep: &dyn Fn(&[i64]) -> bool,
+                    set: &dyn Fn(LaunchPlan, KernelChoice) -> LaunchPlan| {
+        candidates(def, keep)
+            .into_iter()
+            .map(|c| (describe(def, &c), set(base.clone(), c)))
+            .collect()
+    };
+    let any = |_: &[i64]| true;
     let s = base.combine.consts[1];
-    for c in candidates(&ATTENTION_COMBINE, |k| k[0] == head_dim && k[1] == s) {
-        let mut p = base.clone();
-        p.combine = c.clone();
-        out.push(("combine", describe(&ATTENTION_COMBINE, &c), p));
+    match role {
+        "qkv" => variants(&RMS_NORM_GEMV, &any, &|mut p, c| {
+            p.qkv = c;
+            p
+        }),
+        "o_proj" => variants(&GEMV_RESIDUAL, &any, &|mut p, c| {
+            p.o_proj = c;
+            p
+        }),
+        "gate_up" => variants(&RMS_NORM_GATE_UP, &any, &|mut p, c| {
+            p.gate_up = c;
+            p
+        }),
+        "down" => variants(&GEMV_RESIDUAL, &any, &|mut p, c| {
+            p.down = c;
+            p
+        }),
+        "attention" => variants(&ATTENTION_SPLIT, &|k| k[0] == head_dim, &|mut p, c| {
+            p.attention = c;
+            p
+        }),
+        "combine" => variants(
+            &ATTENTION_COMBINE,
+            &|k| k[0] == head_dim && k[1] == s,
+            &|mut p, c| {
+                p.combine = c;
+                p
+            },
+        ),
+        "lm_head" => variants(&LM_HEAD_ARGMAX, &any, &|p, c| p.with_lm_head(c, vocab)),
+        "splits" => (8..=tuning::MAX_SPLITS)
+            .step_by(8)
+            .map(|n| (n.to_string(), base.clone().with_splits(n)))
+            .collect(),
+        "min_chunk" => [1, 32, 64, 96, 128, 192, 256]
+            .into_iter()
+            .map(|n| {
+                (
+                    n.to_string(),
+                    LaunchPlan {
+                        min_chunk: n,
+                        ..base.clone()
+                    },
+                )
+            })
+            .collect(),
+        _ => unreachable!("sweep role {role}"),
     }
-    for c in candidates(&LM_HEAD_ARGMAX, |_| true) {
-        out.push((
-            "lm_head",
-            describe(&LM_HEAD_ARGMAX, &c),
-            base.clone().with_lm_head(c, vocab),
-        ));
-    }
-    out
 }
 
 /// Greedy search over the compiled variants, timed in the whole captured step (a
@@ -253,39 +283,9 @@ pub fn sweep(dec: &mut Decoder, token: u32, context: usize, tokens: usize) -> Re
         choice: String::new(),
         ms_per_token: best_ms,
     }];
-    let most = tuning::MAX_SPLITS;
     for _pass in 0..2 {
-        let roles = [
-            "qkv",
-            "o_proj",
-            "gate_up",
-            "down",
-            "attention",
-            "combine",
-            "lm_head",
-            "splits",
-            "min_chunk",
-        ];
-        for role in roles {
-            let tries: Vec<(String, LaunchPlan)> = match role {
-                "splits" => (8..=most)
-                    .step_by(8)
-                    .map(|n| (n.to_string(), best.clone().with_splits(n)))
-                    .collect(),
-                "min_chunk" => [1, 32, 64, 96, 128, 192, 256]
-                    .into_iter()
-                    .map(|n| {
-                        let mut p = best.clone();
-                        p.min_chunk = n;
-                        (n.to_string(), p)
-                    })
-                    .collect(),
-                _ => neighbours(&best, vocab, head_dim)
-                    .into_iter()
-                    .filter(|t| t.0 == role)
-                    .map(|t| (t.1, t.2))
-                    .collect(),
-            };
+        for role in SWEEP_ROLES {
+            let tries = tries(&best, role, vocab, head_dim);
             let mut role_best = best.clone();
             for (choice, plan) in tries {
                 if plan == best || plan.check().is_err() {
@@ -455,7 +455,7 @@ impl fmt::Display for DecodeReport {
             for r in &sw.rows {
                 writeln!(
                     f,
-                    "  {:<10} {:<36} {:>8.4} ms/token {:>+6.1}%",
+                    "  {:<10} {:<40} {:>8.4} ms/token {:>+6.1}%",
                     r.role,
                     r.choice,
                     r.ms_per_token,
@@ -495,5 +495,24 @@ impl fmt::Display for DecodeReport {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_sweep_role_has_compiled_alternatives() {
+        // Qwen3-0.6B's shapes (head_dim 128: the combine step has column-chunk variants).
+        let cfg = crate::preset::config("qwen3-0.6b").unwrap();
+        let base = LaunchPlan::new(&cfg, &Device::cpu(), 256).unwrap();
+        for role in SWEEP_ROLES {
+            let alternatives = tries(&base, role, cfg.vocab_size, cfg.head_dim as i64)
+                .into_iter()
+                .filter(|(_, p)| *p != base && p.check().is_ok())
+                .count();
+            assert!(alternatives > 0, "{role}");
+        }
     }
 }

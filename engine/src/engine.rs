@@ -261,7 +261,6 @@ impl Engine {
                 self.decoder.queue_state_read()?;
                 if !last {
                     self.decoder.step()?;
-                    out.decode_steps += 1;
                 }
                 self.decoder.take_state()?
             } else {
@@ -295,7 +294,6 @@ impl Engine {
                     self.decoder.set_input(token, pos)?;
                 }
                 self.decoder.step()?;
-                out.decode_steps += 1;
             }
             pos += 1;
         }

@@ -68,16 +68,8 @@ pub fn gemv_config_for(n: usize, k: usize, sm_count: usize) -> GemvConfig {
 /// The default configuration of [`kernels::rms_norm_gemv`] (the QKV projection): as
 /// [`gemv_config`], with column steps of at most 1024 (the widest it is compiled for).
 pub fn norm_gemv_config(n: usize, k: usize) -> GemvConfig {
-    let c = gemv_config(n, k);
-    if c.block_k > 1024 {
-        GemvConfig {
-            block_n: 8,
-            block_k: 1024,
-            num_warps: 8,
-        }
-    } else {
-        c
-    }
+    // The rule picks 2048-column steps only for k >= 2048.
+    gemv_config(n, k.min(1024))
 }
 
 /// The default configuration of [`kernels::rms_norm_gate_up`] for `inter` rows of gate

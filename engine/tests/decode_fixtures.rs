@@ -10,8 +10,8 @@
 
 mod common;
 
-use common::{fixtures_dir, read_reference, rel_err, GPU};
-use tilefuse_dsl::runtime::testing::gpu_or_skip;
+use common::{fixtures_dir, read_reference, rel_err};
+use tilefuse_dsl::runtime::testing::{gpu_or_skip, gpu_turn};
 use tilefuse_dsl::runtime::Device;
 use tilefuse_engine::decode::Decoder;
 use tilefuse_engine::reference::argmax;
@@ -77,7 +77,7 @@ fn run_fixture(name: &str, dev: &Device, graph: bool) -> Vec<Vec<f32>> {
 fn check(name: &str) {
     let cpu = run_fixture(name, &Device::cpu(), false);
     if let Some(gpu) = gpu_or_skip(name) {
-        let _turn = GPU.lock().unwrap_or_else(|e| e.into_inner());
+        let _turn = gpu_turn();
         let eager = run_fixture(name, &gpu, false);
         let graph = run_fixture(name, &gpu, true);
         assert_eq!(

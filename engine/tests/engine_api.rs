@@ -5,9 +5,7 @@ mod common;
 
 use std::ops::ControlFlow;
 
-use common::GPU;
-
-use tilefuse_dsl::runtime::testing::gpu_or_skip;
+use tilefuse_dsl::runtime::testing::{gpu_or_skip, gpu_turn};
 use tilefuse_dsl::runtime::Device;
 use tilefuse_engine::reference::argmax;
 use tilefuse_engine::{Engine, EngineError, EngineOptions, GenerateOptions, Sampling};
@@ -28,7 +26,7 @@ fn engine(dev: &Device, graph: bool, max_seq_len: usize) -> Engine {
 /// The interpreter, and the GPU when there is one; the guard keeps this binary's other
 /// GPU tests off the device meanwhile.
 fn cpu_and_gpu(test: &str) -> (std::sync::MutexGuard<'static, ()>, Vec<Device>) {
-    let turn = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let turn = gpu_turn();
     let mut devs = vec![Device::cpu()];
     devs.extend(gpu_or_skip(test));
     (turn, devs)
@@ -195,7 +193,7 @@ fn graph_replay_and_eager_launches_give_bit_identical_logits_over_80_tokens() {
     let Some(gpu) = gpu_or_skip("graph_replay_and_eager_launches_give_bit_identical_logits") else {
         return;
     };
-    let _turn = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let _turn = gpu_turn();
     let prompt: Vec<u32> = (0..20).map(|i| (i * 37 + 11) % 1000).collect();
     let mut runs = Vec::new();
     for graph in [true, false] {

@@ -10,10 +10,6 @@ pub fn fixtures_dir() -> PathBuf {
     tilefuse_dsl::runtime::testing::fixture_path("tests/fixtures").unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// The GPU's one stream is shared by every test thread, and a stream being captured
-/// into a graph must see no other work: GPU tests take turns.
-pub static GPU: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
 /// A fixture's `reference.json`: prompt, greedy continuation and the logits each
 /// token was chosen from.
 pub struct Reported {

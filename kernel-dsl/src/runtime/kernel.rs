@@ -167,6 +167,12 @@ pub struct KernelDef {
 }
 
 impl KernelDef {
+    /// Constants and warp count in words, as errors name variants
+    /// (`BLOCK=512, num_warps=4`).
+    pub fn describe_variant(&self, consts: &[i64], num_warps: u32) -> String {
+        describe(self.const_names, consts, num_warps)
+    }
+
     /// The variant for these constants and warp count (`None`: the first compiled for
     /// the constants). The error lists every compiled combination.
     pub fn variant(
