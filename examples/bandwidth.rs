@@ -137,19 +137,22 @@ fn run(dev: &Device, sweep: bool) -> perf::Result<()> {
         let launches = w.launches();
         let default = tuning::attention_config(ctx, ATTN.1, info.sm_count);
         let mut cfgs = vec![default];
-        for (bs, num_warps) in [(32, 4), (64, 4), (64, 8)] {
+        for (bs, num_warps) in [(32, 4), (64, 4)] {
             let useful = ctx.div_ceil(bs);
             let fill = tuning::attention_splits(ctx, ATTN.1, info.sm_count, bs);
             for splits in [fill, 8, 16, 32, 64] {
-                if splits <= useful.max(1) && splits <= tuning::MAX_SPLITS {
-                    cfgs.push(AttentionConfig {
-                        splits,
-                        bs,
-                        s: tuning::combine_s(splits),
-                        min_chunk: tuning::ATTENTION_MIN_CHUNK,
-                        dc: 128,
-                        num_warps,
-                    });
+                for stages in [1, 2] {
+                    if splits <= useful.max(1) && splits <= tuning::MAX_SPLITS {
+                        cfgs.push(AttentionConfig {
+                            splits,
+                            bs,
+                            s: tuning::combine_s(splits),
+                            min_chunk: tuning::ATTENTION_MIN_CHUNK,
+                            dc: 128,
+                            stages,
+                            num_warps,
+                        });
+                    }
                 }
             }
         }
@@ -170,10 +173,12 @@ fn run(dev: &Device, sweep: bool) -> perf::Result<()> {
             sweeps.push(format!("attention {shape}, {} KV sets:", w.sets()));
             for (c, s, _) in &results {
                 sweeps.push(format!(
-                    "  BS={:<2} splits={:<2} S={:<2}  {:>9.2} us  {:>7.1} GB/s{}",
+                    "  BS={:<2} splits={:<2} S={:<2} STAGES={} warps={}  {:>9.2} us  {:>7.1} GB/s{}",
                     c.bs,
                     c.splits,
                     c.s,
+                    c.stages,
+                    c.num_warps,
                     s.median_us,
                     s.gb_per_s(w.bytes()),
                     if *c == default { "  (default)" } else { "" }
@@ -184,8 +189,8 @@ fn run(dev: &Device, sweep: bool) -> perf::Result<()> {
             kernel: "attention split+combine".into(),
             shape,
             config: format!(
-                "BS{} splits{} w{}",
-                best.0.bs, best.0.splits, best.0.num_warps
+                "BS{} splits{} st{} w{}",
+                best.0.bs, best.0.splits, best.0.stages, best.0.num_warps
             ),
             stats: best.1,
             bytes: w.bytes(),

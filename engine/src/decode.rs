@@ -192,9 +192,11 @@ impl LaunchPlan {
                         d,
                         group.next_power_of_two().min(2) as i64,
                         tuning::ATTENTION_BS as i64,
+                        tuning::attention_stages(max_seq_len.div_ceil(splits), tuning::ATTENTION_BS)
+                            as i64,
                     ]
                 } else {
-                    [d, group.next_power_of_two().min(4) as i64, 32]
+                    [d, group.next_power_of_two().min(4) as i64, 32, 1]
                 }
                 .to_vec(),
                 num_warps: 4,

@@ -218,8 +218,23 @@ pub fn rms_norm_gate_up<const BLOCK_N: usize, const BLOCK_K: usize>(
 ///
 /// Scores round like the reference (`bf16(bf16(q·k) * scale)`); the probabilities stay
 /// f32 (the reference rounds the normalized probabilities, which a split pass cannot).
-#[kernel(crate = tilefuse_dsl, D = [32, 64, 128], G = [1, 2, 4], BS = [32, 64], num_warps = [4, 8])]
-pub fn attention_split<const D: usize, const G: usize, const BS: usize>(
+///
+/// `STAGES` picks how the cache is streamed: 1 requests the next `BS`-position tile once
+/// this one is used (one tile of registers, best when a program has a single tile), 2
+/// requests it before (double buffering, best over long shares; see
+/// [`crate::tuning::attention_stages`]).
+#[kernel(
+    crate = tilefuse_dsl,
+    D = [32, 64, 128],
+    G = [1, 2, 4],
+    BS = [32, 64],
+    STAGES = [1, 2],
+    // 8 warps were never faster (`examples/bandwidth.rs`, `tilefuse bench --sweep`).
+    num_warps = [4],
+    // Two 64-position tiles for four heads need more than 255 registers a thread.
+    skip(D = 128, G = 4, BS = 64, STAGES = 2, num_warps = 4)
+)]
+pub fn attention_split<const D: usize, const G: usize, const BS: usize, const STAGES: usize>(
     qkv: Ptr<bf16>,
     q_norm_w: Ptr<bf16>,
     k_norm_w: Ptr<bf16>,
@@ -281,6 +296,12 @@ pub fn attention_split<const D: usize, const G: usize, const BS: usize>(
     let sn = rot_sin.expand_dims(0);
     let mut a = load(qkv + q_offs, g_ok.expand_dims(1), 0.0) as f32;
     let mut b = load(qkv + q_offs + D / 2, g_ok.expand_dims(1), 0.0) as f32;
+    // The new key and value, requested with the queries (one round trip, not a second
+    // one at the end); only the program that owns `pos` uses them.
+    let k_offs = (num_heads + kv_head) * D + i;
+    let mut ka = load(qkv + k_offs) as f32;
+    let mut kb = load(qkv + k_offs + D / 2) as f32;
+    let v_new = load(qkv + (num_heads + num_programs(0) + kv_head) * D + d);
     if use_norm != 0 {
         let inv_rms = 1.0 / sqrt(((a * a).sum(1) + (b * b).sum(1)) / (D as f32) + eps);
         let w_lo = (load(q_norm_w + i) as f32).expand_dims(0);
@@ -301,6 +322,19 @@ pub fn attention_split<const D: usize, const G: usize, const BS: usize>(
     for s0 in (start..end).step_by(BS) {
         let s = s0 + arange(0, BS);
         let ok = s < end;
+        let next = s + BS;
+        let next_ok = (next < end).expand_dims(1);
+        let next_offs = base + next.expand_dims(1) * D;
+        let mut next_k_lo = k_lo;
+        let mut next_k_hi = k_hi;
+        let mut next_vt = vt;
+        if STAGES == 2 {
+            // Double buffering: the next tile flies while this one is used (twice the
+            // registers; it pays once a program has several tiles).
+            next_k_lo = load(k_cache + next_offs + i.expand_dims(0), next_ok, 0.0);
+            next_k_hi = load(k_cache + next_offs + D / 2 + i.expand_dims(0), next_ok, 0.0);
+            next_vt = load(v_cache + next_offs + d.expand_dims(0), next_ok, 0.0);
+        }
         let dots = ((k_lo as f32).expand_dims(0) * q_lo.expand_dims(1)).sum(2)
             + ((k_hi as f32).expand_dims(0) * q_hi.expand_dims(1)).sum(2);
         let scores = ((dots as bf16 as f32) * scale) as bf16 as f32;
@@ -311,21 +345,20 @@ pub fn attention_split<const D: usize, const G: usize, const BS: usize>(
         acc = acc * alpha.expand_dims(1) + ((vt as f32).expand_dims(0) * p.expand_dims(2)).sum(1);
         l = l * alpha + p.sum(1);
         m = m_new;
-        // The next tile, requested once this one is consumed (two tiles in flight
-        // would cost registers, and with them programs per SM).
-        let next = s + BS;
-        let next_ok = (next < end).expand_dims(1);
-        let next_offs = base + next.expand_dims(1) * D;
-        k_lo = load(k_cache + next_offs + i.expand_dims(0), next_ok, 0.0);
-        k_hi = load(k_cache + next_offs + D / 2 + i.expand_dims(0), next_ok, 0.0);
-        vt = load(v_cache + next_offs + d.expand_dims(0), next_ok, 0.0);
+        if STAGES == 1 {
+            // The next tile, requested once this one is consumed (one tile of registers;
+            // programs of a single tile, as at short contexts, are faster this way).
+            next_k_lo = load(k_cache + next_offs + i.expand_dims(0), next_ok, 0.0);
+            next_k_hi = load(k_cache + next_offs + D / 2 + i.expand_dims(0), next_ok, 0.0);
+            next_vt = load(v_cache + next_offs + d.expand_dims(0), next_ok, 0.0);
+        }
+        k_lo = next_k_lo;
+        k_hi = next_k_hi;
+        vt = next_vt;
     }
 
     // The new position, from registers; its program appends it to the caches.
     if (pos >= start) & (pos < start + per_split) {
-        let k_offs = (num_heads + kv_head) * D + i;
-        let mut ka = load(qkv + k_offs) as f32;
-        let mut kb = load(qkv + k_offs + D / 2) as f32;
         if use_norm != 0 {
             let inv_rms = 1.0 / sqrt(((ka * ka).sum(0) + (kb * kb).sum(0)) / (D as f32) + eps);
             let w_lo = load(k_norm_w + i) as f32;
@@ -335,7 +368,6 @@ pub fn attention_split<const D: usize, const G: usize, const BS: usize>(
         }
         let k_new_lo = (((ka * rot_cos) as bf16 as f32) + ((-kb * rot_sin) as bf16 as f32)) as bf16;
         let k_new_hi = (((kb * rot_cos) as bf16 as f32) + ((ka * rot_sin) as bf16 as f32)) as bf16;
-        let v_new = load(qkv + (num_heads + num_programs(0) + kv_head) * D + d);
         if program_id(2) == 0 {
             let at = base + pos * D;
             store(k_cache + at + i, k_new_lo);

@@ -909,7 +909,7 @@ impl AttentionWorkload {
                 (group as usize).div_ceil(padded) as u32,
             ))
             .num_warps(cfg.num_warps),
-            &[d, padded as i64, cfg.bs as i64],
+            &[d, padded as i64, cfg.bs as i64, cfg.stages as i64],
             &mut [
                 (&*qkv).into(),
                 (&self.norm_w).into(),

@@ -274,7 +274,7 @@ fn every_launch_plan_computes_the_same_step() {
         other.o_proj = choice(&[2, 512], 4);
         other.gate_up = choice(&[1, 1024], 4);
         other.down = choice(&[4, 2048], 8);
-        other.attention = choice(&[d, 4, 32], 4);
+        other.attention = choice(&[d, 4, 32, 2], 4);
         other.combine = choice(&[d, 8, 32], 4);
         other.min_chunk = 16;
         let other = other.with_lm_head(choice(&[4, 1024], 8), cfg.vocab_size);

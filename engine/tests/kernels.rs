@@ -671,7 +671,7 @@ fn check_attention(
     c: &AttnCase,
     use_norm: bool,
     bs: usize,
-    warps: u32,
+    stages: usize,
     splits_list: &[(usize, usize)],
 ) {
     let (nh, nkv, d) = (c.num_kv * c.group, c.num_kv, c.d);
@@ -725,7 +725,7 @@ fn check_attention(
         let dc = if splits % 2 == 0 { 32.min(d) } else { d };
         let what = format!(
             "attention D={d} kv={nkv} group={} G={} pos={pos} norm={use_norm} BS={bs} \
-             splits={splits} min_chunk={min_chunk} DC={dc} warps={warps} on {dev}",
+             STAGES={stages} splits={splits} min_chunk={min_chunk} DC={dc} on {dev}",
             c.group, c.g
         );
         let (mut kc, mut vc) = (up(&kc0), up(&vc0));
@@ -738,9 +738,8 @@ fn check_attention(
         launch(
             &ATTENTION_SPLIT,
             dev,
-            LaunchConfig::from((nkv as u32, splits as u32, c.group.div_ceil(c.g) as u32))
-                .num_warps(warps),
-            &[d as i64, c.g as i64, bs as i64],
+            LaunchConfig::from((nkv as u32, splits as u32, c.group.div_ceil(c.g) as u32)),
+            &[d as i64, c.g as i64, bs as i64, stages as i64],
             &mut [
                 (&qkv_b).into(),
                 (&qw_b).into(),
@@ -841,15 +840,17 @@ fn attention_small_contexts_all_groups() {
                 };
                 // More splits than blocks leaves some empty (seq 1 and 3 with 8 splits).
                 let norm = (seq + group) % 2 == 1;
-                // Both compiled position tiles.
+                // Both compiled position tiles, and single and double buffering (both
+                // meet programs of several tiles at 37 and 100 positions).
                 let bs = if group % 2 == 0 { 64 } else { 32 };
+                let stages = 1 + (seq + group) % 2;
                 check_attention(
                     &dev,
                     &mut rng,
                     &c,
                     norm,
                     bs,
-                    if seq == 37 { 8 } else { 4 },
+                    stages,
                     &[(1, 1), (3, 1), (8, 1), (8, 64)],
                 );
             }
@@ -870,7 +871,7 @@ fn attention_small_contexts_all_groups() {
                 &c,
                 norm,
                 32,
-                if norm { 8 } else { 4 },
+                if norm { 2 } else { 1 },
                 &[(2, 1), (16, 1), (16, 20), (3, 96)],
             );
         }
@@ -884,7 +885,7 @@ fn attention_small_contexts_all_groups() {
                 seq,
                 max_seq: 70,
             };
-            check_attention(&dev, &mut rng, &c, true, 32, 4, &[(1, 1), (4, 1), (4, 32)]);
+            check_attention(&dev, &mut rng, &c, true, 32, 2, &[(1, 1), (4, 1), (4, 32)]);
         }
     }
 }
@@ -910,7 +911,7 @@ fn attention_qwen3_shape_on_gpu() {
         &c,
         true,
         32,
-        4,
+        2,
         &[
             (1, 1),
             (7, 1),
@@ -920,7 +921,16 @@ fn attention_qwen3_shape_on_gpu() {
         ],
     );
     let c = AttnCase { g: 1, ..c };
-    check_attention(&dev, &mut rng, &c, true, 64, 8, &[(32, 1), (64, 1)]);
+    check_attention(&dev, &mut rng, &c, true, 64, 1, &[(32, 1), (64, 1)]);
     let c = AttnCase { g: 2, ..c };
-    check_attention(&dev, &mut rng, &c, true, 64, 4, &[(19, 64)]);
+    check_attention(&dev, &mut rng, &c, true, 64, 1, &[(19, 64)]);
+    check_attention(
+        &dev,
+        &mut rng,
+        &c,
+        true,
+        64,
+        default.stages,
+        &[(default.splits, 64)],
+    );
 }

@@ -92,6 +92,94 @@ fn gemv<const BLOCK_N: usize, const BLOCK_K: usize>(w: Ptr<bf16>, x: Ptr<bf16>, 
 }
 
 #[test]
+fn an_if_on_constants_compiles_only_the_taken_branch() {
+    // The dead branch would not compile for this specialization (a tile of 3 is not a
+    // power of two; a [B] + [2B] shape mismatch), and no run-time branch is emitted.
+    let src = r#"
+#[kernel(B = [8, 16], MODE = [1, 2])]
+fn k<const B: usize, const MODE: usize>(x: Ptr<f32>, y: Ptr<f32>, n: i32) {
+    let offs = arange(0, B);
+    let mut v = load(x + offs);
+    for i in (0..n).step_by(1) {
+        if MODE == 1 {
+            v = v + 1.0;
+        } else if B == 8 {
+            v = v * 2.0;
+        } else {
+            v = v + load(x + arange(0, 2 * B)).sum(0);
+        }
+    }
+    if MODE == 3 {
+        v = v + load(x + arange(0, 3));
+    }
+    store(y + offs, v);
+}
+"#;
+    for (b, mode) in [(8, 1), (8, 2), (16, 1), (16, 2)] {
+        let k = compile_source(src, &spec(&[("B", b), ("MODE", mode)], 4)).unwrap();
+        let mut ifs = 0;
+        let mut carried = 0;
+        k.body.visit(&mut |s| match s {
+            Stmt::If { .. } => ifs += 1,
+            Stmt::For { carried: c, .. } => carried += c.len(),
+            _ => {}
+        });
+        assert_eq!(
+            ifs, 0,
+            "B={b} MODE={mode}: a constant condition left a branch"
+        );
+        assert_eq!(carried, 1, "B={b} MODE={mode}: `v` is carried by the loop");
+    }
+    // A condition on run-time values still branches.
+    let e = error_of(
+        "#[kernel(B = [8])] fn k<const B: usize>(x: Ptr<f32>, n: i32) { if n > 0 { store(x + arange(0, 3), 1.0); } }",
+        &[("B", 8)],
+    );
+    assert!(e.contains("power of two"), "{e}");
+}
+
+#[test]
+fn skip_leaves_combinations_out_of_the_product() {
+    let src = r#"
+#[kernel(A = [1, 2], B = [8, 16], num_warps = [4, 8], skip(A = 2, B = 16, num_warps = 4), skip(B = 8, num_warps = 8))]
+fn k<const A: usize, const B: usize>(x: Ptr<f32>) {
+    store(x + arange(0, B), 1.0);
+}
+"#;
+    let found = tilefuse_dsl::front::find_kernels(src).unwrap();
+    let specs: Vec<(i64, i64, u32)> = found[0]
+        .ast
+        .specializations()
+        .iter()
+        .map(|s| (s.consts[0].1, s.consts[1].1, s.num_warps))
+        .collect();
+    assert_eq!(
+        specs,
+        [(1, 8, 4), (1, 16, 4), (1, 16, 8), (2, 8, 4), (2, 16, 8)],
+        "8 combinations less (2, 16, w4) and (*, 8, w8)"
+    );
+
+    let error = |attr: &str| {
+        let src =
+            format!("#[kernel({attr})] fn k<const B: usize>(x: Ptr<f32>) {{ store(x, 1.0); }}");
+        tilefuse_dsl::front::find_kernels(&src).unwrap_err().message
+    };
+    let e = error("B = [8, 16], skip(C = 8)");
+    assert!(e.contains("`C`") && e.contains("neither"), "{e}");
+    let e = error("B = [8, 16], skip(B = 32)");
+    assert!(
+        e.contains("B = 32") && e.contains("not among the listed values"),
+        "{e}"
+    );
+    let e = error("B = [8, 16], skip(B = 8, B = 16)");
+    assert!(e.contains("twice"), "{e}");
+    let e = error("B = [8, 16], skip(B = 8), skip(B = 16)");
+    assert!(e.contains("leaves no combination"), "{e}");
+    let e = error("B = [8], skip()");
+    assert!(e.contains("names no values"), "{e}");
+}
+
+#[test]
 fn weak_literals_take_the_other_operands_type() {
     let src = r#"
 #[kernel(B = [8])]

@@ -387,6 +387,9 @@ impl Lower {
 
     fn if_stmt(&mut self, i: &syn::ExprIf) -> R<()> {
         let cond = self.expr(&i.cond)?;
+        if let Some(Literal::Bool(taken)) = self.literal(cond) {
+            return self.const_if(i, taken);
+        }
         let loc = self.loc(i.span());
         let before = self.scopes.clone();
         let (then_body, then_scopes) = self.branch(&i.then_branch.stmts)?;
@@ -436,6 +439,29 @@ impl Lower {
             loc,
         });
         Ok(())
+    }
+
+    /// An `if` whose condition folded to a constant (it tests compile-time constants
+    /// only): the taken branch is compiled in place and the other is not compiled at
+    /// all, so a branch may use shapes or operations that only some specializations
+    /// allow.
+    fn const_if(&mut self, i: &syn::ExprIf, taken: bool) -> R<()> {
+        let stmts = if taken {
+            &i.then_branch.stmts
+        } else {
+            match &i.else_branch {
+                None => return Ok(()),
+                Some((_, e)) => match &**e {
+                    SynExpr::Block(b) => &b.block.stmts,
+                    SynExpr::If(nested) => return self.if_stmt(nested),
+                    other => return self.err(other.span(), "expected a block after `else`"),
+                },
+            }
+        };
+        self.scopes.push(HashMap::new());
+        let r = self.block_stmts(stmts);
+        self.scopes.pop();
+        r
     }
 
     // ---- expressions -----------------------------------------------------------------

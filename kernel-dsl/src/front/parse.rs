@@ -46,6 +46,10 @@ pub struct KernelAst {
     pub consts: Vec<ConstDecl>,
     /// `num_warps` values to compile for.
     pub num_warps: Vec<u32>,
+    /// Combinations left out of the product (`skip(NAME = v, .., num_warps = w)`), each
+    /// a list of `(name, value)` pairs that together exclude every specialization they
+    /// all match (`num_warps` by that name).
+    pub skips: Vec<Vec<(String, i64)>>,
     /// Run-time parameters in order.
     pub params: Vec<ParamDecl>,
     /// The body.
@@ -57,8 +61,14 @@ pub struct KernelAst {
 
 impl KernelAst {
     /// Every combination of constant values and `num_warps`, constants varying slowest
-    /// in declaration order, `num_warps` fastest.
+    /// in declaration order, `num_warps` fastest, less the ones a `skip(..)` matches.
     pub fn specializations(&self) -> Vec<crate::Specialization> {
+        let mut all = self.product();
+        all.retain(|spec| !self.skips.iter().any(|skip| skip_matches(skip, spec)));
+        all
+    }
+
+    fn product(&self) -> Vec<crate::Specialization> {
         let mut combos: Vec<Vec<(String, i64)>> = vec![vec![]];
         for c in &self.consts {
             combos = combos
@@ -86,11 +96,43 @@ impl KernelAst {
     }
 }
 
-/// One `NAME = [v, ..]` or `NAME = v` entry of the attribute, or `crate = path`.
+fn skip_matches(skip: &[(String, i64)], spec: &crate::Specialization) -> bool {
+    skip.iter().all(|(name, v)| {
+        if name == "num_warps" {
+            i64::from(spec.num_warps) == *v
+        } else {
+            spec.consts.iter().any(|(n, c)| n == name && c == v)
+        }
+    })
+}
+
+/// One `NAME = [v, ..]` or `NAME = v` entry of the attribute, `crate = path`, or
+/// `skip(NAME = v, ..)`.
 struct AttrEntry {
     name: Ident,
     values: Vec<(i64, Span)>,
     crate_path: Option<syn::Path>,
+    skip: Option<Vec<(Ident, i64, Span)>>,
+}
+
+/// `NAME = v` inside `skip(..)`.
+struct SkipPair {
+    name: Ident,
+    value: i64,
+    span: Span,
+}
+
+impl Parse for SkipPair {
+    fn parse(input: ParseStream) -> syn::Result<Self> {
+        let name: Ident = input.parse()?;
+        input.parse::<Token![=]>()?;
+        let expr: Expr = input.parse()?;
+        Ok(SkipPair {
+            name,
+            value: int_literal(&expr)?,
+            span: expr.span(),
+        })
+    }
 }
 
 impl Parse for AttrEntry {
@@ -103,9 +145,33 @@ impl Parse for AttrEntry {
                 name: Ident::new("crate", tok.span),
                 values: Vec::new(),
                 crate_path: Some(path),
+                skip: None,
             });
         }
         let name: Ident = input.parse()?;
+        if name == "skip" && input.peek(syn::token::Paren) {
+            let inner;
+            syn::parenthesized!(inner in input);
+            let pairs: Punctuated<SkipPair, Token![,]> =
+                inner.parse_terminated(SkipPair::parse, Token![,])?;
+            if pairs.is_empty() {
+                return Err(syn::Error::new(
+                    name.span(),
+                    "`skip(..)` names no values: write `skip(NAME = v, num_warps = w)`",
+                ));
+            }
+            return Ok(AttrEntry {
+                name,
+                values: Vec::new(),
+                crate_path: None,
+                skip: Some(
+                    pairs
+                        .into_iter()
+                        .map(|p| (p.name, p.value, p.span))
+                        .collect(),
+                ),
+            });
+        }
         input.parse::<Token![=]>()?;
         let expr: Expr = input.parse()?;
         let items: Vec<Expr> = match expr {
@@ -126,6 +192,7 @@ impl Parse for AttrEntry {
             name,
             values,
             crate_path: None,
+            skip: None,
         })
     }
 }
@@ -185,9 +252,14 @@ pub fn parse_kernel(attr: TokenStream, item: &ItemFn) -> syn::Result<KernelAst> 
 
     let mut num_warps = Vec::new();
     let mut crate_path = None;
+    let mut skip_entries = Vec::new();
     for entry in entries {
         if entry.crate_path.is_some() {
             crate_path = entry.crate_path;
+            continue;
+        }
+        if let Some(pairs) = entry.skip {
+            skip_entries.push((entry.name.span(), pairs));
             continue;
         }
         let name = entry.name.to_string();
@@ -236,6 +308,56 @@ pub fn parse_kernel(attr: TokenStream, item: &ItemFn) -> syn::Result<KernelAst> 
     if num_warps.is_empty() {
         num_warps.push(DEFAULT_NUM_WARPS);
     }
+    let mut skips = Vec::new();
+    for (span, pairs) in skip_entries {
+        let mut skip: Vec<(String, i64)> = Vec::new();
+        for (name, v, v_span) in pairs {
+            let key = name.to_string();
+            let listed = if key == "num_warps" {
+                num_warps.iter().any(|&w| i64::from(w) == v)
+            } else if let Some(c) = consts.iter().find(|c| c.name == key) {
+                c.values.contains(&v)
+            } else {
+                return Err(syn::Error::new(
+                    name.span(),
+                    format!("`skip` names `{key}`, which is neither a const generic of this kernel nor `num_warps`"),
+                ));
+            };
+            if !listed {
+                return Err(syn::Error::new(
+                    v_span,
+                    format!("`skip` excludes {key} = {v}, which is not among the listed values"),
+                ));
+            }
+            if skip.iter().any(|(n, _)| *n == key) {
+                return Err(syn::Error::new(
+                    name.span(),
+                    format!("`skip` names `{key}` twice"),
+                ));
+            }
+            skip.push((key, v));
+        }
+        skips.push((span, skip));
+    }
+    let skips: Vec<Vec<(String, i64)>> = {
+        let probe = KernelAst {
+            name: sig.ident.clone(),
+            consts: consts.clone(),
+            num_warps: num_warps.clone(),
+            skips: skips.iter().map(|(_, s)| s.clone()).collect(),
+            params: Vec::new(),
+            body: (*item.block).clone(),
+            crate_path: None,
+        };
+        if probe.specializations().is_empty() {
+            let span = skips.last().map_or(sig.ident.span(), |(s, _)| *s);
+            return Err(syn::Error::new(
+                span,
+                "`skip(..)` leaves no combination of the listed values to compile",
+            ));
+        }
+        probe.skips
+    };
 
     let mut params = Vec::new();
     for arg in &sig.inputs {
@@ -291,6 +413,7 @@ pub fn parse_kernel(attr: TokenStream, item: &ItemFn) -> syn::Result<KernelAst> 
         name: sig.ident.clone(),
         consts,
         num_warps,
+        skips,
         params,
         body: (*item.block).clone(),
         crate_path,

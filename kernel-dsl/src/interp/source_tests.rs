@@ -152,6 +152,65 @@ fn gemv<const BLOCK_N: usize, const BLOCK_K: usize>(w: Ptr<bf16>, x: Ptr<bf16>, 
 }
 
 #[test]
+fn constant_if_runs_the_taken_branch_inside_a_loop() {
+    // A software-pipelined loop in the shape the decode attention uses: with STAGES = 2
+    // the next tile is loaded before this one is used, with 1 after; same sums.
+    let src = r#"
+#[kernel(B = [8], STAGES = [1, 2])]
+fn sums<const B: usize, const STAGES: usize>(x: Ptr<f32>, out: Ptr<f32>, n: i32) {
+    let offs = arange(0, B);
+    let mut cur = load(x + offs, offs < n, 0.0);
+    let mut acc = zeros::<f32>([B]);
+    for s0 in (0..n).step_by(B) {
+        let next = s0 + B + offs;
+        let mut upcoming = cur;
+        if STAGES == 2 {
+            upcoming = load(x + next, next < n, 0.0);
+        }
+        acc += cur * cur;
+        if STAGES == 1 {
+            upcoming = load(x + next, next < n, 0.0);
+        }
+        cur = upcoming;
+    }
+    store(out + offs, acc);
+}
+"#;
+    let mut rng = Rng(17);
+    for stages in [1, 2] {
+        let k = compile(src, &[("B", 8), ("STAGES", stages)]);
+        for n in [0usize, 3, 8, 21, 64] {
+            let x = rng.f32s(n);
+            let xb = f32_bytes(&x);
+            let mut ob = f32_bytes(&[f32::NAN; 8]);
+            run(
+                &k,
+                [1, 1, 1],
+                &mut [
+                    Arg::Read(&xb),
+                    Arg::Write(&mut ob),
+                    Arg::Scalar(Scalar::I32(n as i32)),
+                ],
+            )
+            .unwrap();
+            let got = bytes_f32(&ob);
+            for (lane, g) in got.iter().enumerate() {
+                let want: f64 = x
+                    .iter()
+                    .skip(lane)
+                    .step_by(8)
+                    .map(|&v| (v as f64).powi(2))
+                    .sum();
+                assert!(
+                    (*g as f64 - want).abs() < 1e-5,
+                    "STAGES={stages} n={n} lane {lane}: {g} vs {want}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
 fn dot_and_atomics_from_source() {
     let k = compile(
         r#"
