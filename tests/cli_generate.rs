@@ -109,6 +109,7 @@ fn bench_runs_on_the_interpreter() {
         "4",
         "--device",
         "cpu",
+        "--sampled",
     ]);
     assert!(
         out.status.success(),
@@ -120,4 +121,11 @@ fn bench_runs_on_the_interpreter() {
         text.contains("tokens/s") && text.contains("eager"),
         "{text}"
     );
+    // The sampled row: a positive rate.
+    let row = text
+        .lines()
+        .find(|l| l.starts_with("sampled"))
+        .unwrap_or_else(|| panic!("no sampled row: {text}"));
+    let rate: f64 = row.split_whitespace().nth(1).unwrap().parse().unwrap();
+    assert!(rate > 0.0, "{row}");
 }

@@ -14,6 +14,7 @@ use crate::kernels::{
     RMS_NORM_GEMV,
 };
 use crate::perf::{self, TimingOptions};
+use crate::sampling::{Sampler, Sampling};
 use crate::tuning;
 
 /// What to measure.
@@ -37,18 +38,30 @@ pub struct DecodeBenchOptions {
     pub profile: bool,
     /// Try every compiled variant of each launch in the whole graph (GPU only).
     pub sweep: bool,
+    /// Also time sampled decoding ([`SAMPLED`]: logits copied to the host and sampled
+    /// there every token), in the graph mode when graphs are on.
+    pub sampled: bool,
 }
+
+/// The settings of the `sampled` mode: temperature 0.8, top-p 0.9.
+pub const SAMPLED: Sampling = Sampling {
+    temperature: 0.8,
+    top_k: 0,
+    top_p: 0.9,
+    seed: 1,
+};
 
 /// One mode's figures.
 #[derive(Clone, Debug)]
 pub struct ModeResult {
-    /// `"graph"` or `"eager"`.
+    /// `"graph"`, `"eager"` or `"sampled"`.
     pub mode: &'static str,
     /// Median milliseconds per step, the token read back each step (as generation does).
     pub ms_per_token: f64,
     /// Steps per second over the whole timed run.
     pub tokens_per_s: f64,
-    /// Median host microseconds per step spent issuing work (launch calls), not waiting.
+    /// Median host microseconds per step spent issuing work (launch calls) and, when
+    /// sampling, copying the logits and sampling; not waiting for the step.
     pub host_us_per_token: f64,
 }
 
@@ -157,6 +170,51 @@ fn time_mode(
     let total = t0.elapsed().as_secs_f64();
     Ok(ModeResult {
         mode,
+        ms_per_token: median(step_ms),
+        tokens_per_s: tokens as f64 / total,
+        host_us_per_token: median(host_us),
+    })
+}
+
+/// Times `tokens` sampled steps as [`crate::Engine::generate`] runs them: each step's
+/// logits are copied to the host and sampled there, and the sample is the next input.
+fn time_sampled(
+    dec: &mut Decoder,
+    token: u32,
+    context: usize,
+    tokens: usize,
+) -> Result<ModeResult> {
+    let mut sampler = Sampler::new(SAMPLED);
+    for i in 0..3.min(tokens) {
+        dec.set_input(token, context + i)?;
+        dec.step()?;
+        let t = sampler.sample(dec.logits()?);
+        std::hint::black_box(t);
+    }
+    dec.set_input(token, context)?;
+    dec.synchronize()?;
+    let mut step_ms = Vec::with_capacity(tokens);
+    let mut host_us = Vec::with_capacity(tokens);
+    let t0 = Instant::now();
+    let mut arrived = t0;
+    dec.step()?;
+    for i in 0..tokens {
+        // Waits for the step; the host's share starts with the copy of its logits.
+        dec.synchronize()?;
+        let t = Instant::now();
+        let next = sampler.sample(dec.logits()?);
+        if i + 1 < tokens {
+            dec.set_input(next, context + i + 1)?;
+            dec.step()?;
+        }
+        let now = Instant::now();
+        host_us.push((now - t).as_secs_f64() * 1e6);
+        step_ms.push((now - arrived).as_secs_f64() * 1e3);
+        arrived = now;
+    }
+    let total = t0.elapsed().as_secs_f64();
+    Ok(ModeResult {
+        mode: "sampled",
         ms_per_token: median(step_ms),
         tokens_per_s: tokens as f64 / total,
         host_us_per_token: median(host_us),
@@ -369,6 +427,9 @@ pub fn run(opts: &DecodeBenchOptions) -> Result<DecodeReport> {
             opts.context,
             opts.tokens,
         )?);
+    }
+    if opts.sampled {
+        modes.push(time_sampled(&mut dec, token, opts.context, opts.tokens)?);
     }
     if opts.eager || !gpu || !opts.graph {
         dec.release_graph();

@@ -348,6 +348,8 @@ pub struct Decoder {
     split_capacity: usize,
     /// Host copy of `state`, filled in stream order (see `queue_state_read`).
     state_readback: Readback<i32>,
+    /// Page-locked host copy of the logits, made on first use (see `logits`).
+    logits_readback: Option<Readback<f32>>,
     graph: Option<Graph>,
 }
 
@@ -466,6 +468,7 @@ impl Decoder {
             s,
             split_capacity: splits,
             state_readback: dev.readback(2)?,
+            logits_readback: None,
             plan,
             graph: None,
         })
@@ -850,6 +853,18 @@ impl Decoder {
     /// Waits for the step and copies its logits to the host.
     pub fn read_logits(&self) -> Result<Vec<f32>> {
         Ok(self.s.logits.to_vec()?)
+    }
+
+    /// Waits for the step and returns its logits, copied into page-locked host memory
+    /// that is kept for the next call (no allocation per token, a faster copy than
+    /// [`Decoder::read_logits`]; what sampling reads every token).
+    pub fn logits(&mut self) -> Result<&[f32]> {
+        if self.logits_readback.is_none() {
+            self.logits_readback = Some(self.dev.readback(self.s.logits.len())?);
+        }
+        let rb = self.logits_readback.as_mut().expect("made above");
+        rb.enqueue(&self.s.logits)?;
+        Ok(rb.wait()?)
     }
 
     /// Waits for the device to finish all queued work.

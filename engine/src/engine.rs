@@ -267,17 +267,15 @@ impl Engine {
                 self.decoder.read_state()?
             };
             debug_assert_eq!(next_pos, pos);
-            let logits = if opts.keep_logits || !greedy {
-                Some(self.decoder.read_logits()?)
-            } else {
-                None
-            };
-            let token = match &logits {
-                Some(l) if !greedy => sampler.sample(l),
-                _ => device_token,
-            };
-            if let Some(l) = logits.filter(|_| opts.keep_logits) {
-                out.logits.push(l);
+            let mut token = device_token;
+            if opts.keep_logits || !greedy {
+                let logits = self.decoder.logits()?;
+                if !greedy {
+                    token = sampler.sample(logits);
+                }
+                if opts.keep_logits {
+                    out.logits.push(logits.to_vec());
+                }
             }
             out.tokens.push(token);
             let stop = on_token(token).is_break();

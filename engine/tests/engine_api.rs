@@ -117,30 +117,37 @@ fn the_callback_stops_generation_and_eos_ends_it() {
 
 #[test]
 fn sampling_is_seeded_and_stays_in_the_top_k() {
-    let mut e = engine(&Device::cpu(), false, 64);
-    let sampled = |e: &mut Engine, seed| {
-        let o = GenerateOptions {
-            sampling: Sampling {
-                temperature: 1.5,
-                top_k: 5,
-                top_p: 0.95,
-                seed,
-            },
-            ..opts(8)
+    let (_turn, devs) = cpu_and_gpu("sampling_is_seeded_and_stays_in_the_top_k");
+    for dev in &devs {
+        // Graph replays on the GPU: each sample is written over the device's greedy
+        // token before the next step.
+        let mut e = engine(dev, dev.is_cuda(), 64);
+        let sampled = |e: &mut Engine, seed, keep_logits| {
+            let o = GenerateOptions {
+                sampling: Sampling {
+                    temperature: 1.5,
+                    top_k: 5,
+                    top_p: 0.95,
+                    seed,
+                },
+                keep_logits,
+                ..opts(8)
+            };
+            e.generate(&[5, 6, 7], &o, |_| ControlFlow::Continue(()))
+                .unwrap()
         };
-        e.generate(&[5, 6, 7], &o, |_| ControlFlow::Continue(()))
-            .unwrap()
-    };
-    let a = sampled(&mut e, 1);
-    let b = sampled(&mut e, 1);
-    assert_eq!(a.tokens, b.tokens, "same seed, same tokens");
-    for (t, l) in a.tokens.iter().zip(&a.logits) {
-        let mut order: Vec<usize> = (0..l.len()).collect();
-        order.sort_by(|&x, &y| l[y].total_cmp(&l[x]));
-        assert!(
-            order[..5].contains(&(*t as usize)),
-            "token {t} outside the top 5"
-        );
+        let a = sampled(&mut e, 1, true);
+        let b = sampled(&mut e, 1, false);
+        assert_eq!(a.tokens, b.tokens, "{dev}: same seed, same tokens");
+        assert!(b.logits.is_empty());
+        for (t, l) in a.tokens.iter().zip(&a.logits) {
+            let mut order: Vec<usize> = (0..l.len()).collect();
+            order.sort_by(|&x, &y| l[y].total_cmp(&l[x]));
+            assert!(
+                order[..5].contains(&(*t as usize)),
+                "{dev}: token {t} outside the top 5"
+            );
+        }
     }
 }
 

@@ -37,6 +37,10 @@ pub struct BenchArgs {
     /// the best plan (GPU only; a few hundred graph captures).
     #[arg(long)]
     pub sweep: bool,
+    /// Also time sampled decoding (temperature 0.8, top-p 0.9): the logits copied to
+    /// the host and sampled there every token.
+    #[arg(long)]
+    pub sampled: bool,
     /// Also write the report as JSON.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -56,6 +60,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         graph,
         profile: args.profile,
         sweep: args.sweep,
+        sampled: args.sampled,
     })?;
     super::write_stdout(&report.to_string())?;
     if let Some(path) = &args.json {
