@@ -29,9 +29,16 @@ fn logits(seed: u64) -> Vec<f32> {
     v
 }
 
+/// Logits of a model with random weights: nearly flat, so the top-p nucleus holds most
+/// of the vocabulary (the worst case, and what `tilefuse bench --sampled` meets).
+fn flat_logits(seed: u64) -> Vec<f32> {
+    logits(seed).iter().map(|&l| l * 0.02).collect()
+}
+
 fn main() {
     let mut c = Criterion::default().configure_from_args();
     let l = logits(7);
+    let flat = flat_logits(7);
     let settings = [
         ("temperature 0.8", 0.8, 0, 1.0),
         ("temperature 0.8, top-p 0.9", 0.8, 0, 0.9),
@@ -49,6 +56,15 @@ fn main() {
         });
         group.bench_function(name, |b| b.iter(|| sampler.sample(black_box(&l))));
     }
+    let mut sampler = Sampler::new(Sampling {
+        temperature: 0.8,
+        top_k: 0,
+        top_p: 0.9,
+        seed: 1,
+    });
+    group.bench_function("temperature 0.8, top-p 0.9, flat logits", |b| {
+        b.iter(|| sampler.sample(black_box(&flat)))
+    });
     group.finish();
     c.final_summary();
 }

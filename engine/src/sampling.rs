@@ -66,13 +66,20 @@ impl Sampling {
 pub struct Sampler {
     params: Sampling,
     state: u64,
+    /// Candidates, reused from token to token (a fresh 2.4 MB vector per token cost
+    /// as much as the selection, in page faults).
+    scratch: Vec<Cand>,
 }
 
 impl Sampler {
     /// A sampler for `params`.
     pub fn new(params: Sampling) -> Sampler {
         let state = params.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        Sampler { params, state }
+        Sampler {
+            params,
+            state,
+            scratch: Vec::new(),
+        }
     }
 
     fn next_unit(&mut self) -> f64 {
@@ -89,19 +96,19 @@ impl Sampler {
         if self.params.is_greedy() {
             return crate::reference::argmax(logits) as u32;
         }
-        let kept = self.params.distribution(logits);
-        if kept.is_empty() {
+        let keep = self.params.fill(logits, &mut self.scratch);
+        if keep == 0 {
             return 0;
         }
-        let total: f64 = kept.iter().map(|&(_, w)| w).sum();
+        let total: f64 = self.scratch[..keep].iter().map(|x| x.2).sum();
         let mut r = self.next_unit() * total;
-        for &(token, w) in &kept {
-            if r < w {
-                return token;
+        for x in &self.scratch[..keep] {
+            if r < x.2 {
+                return x.1;
             }
-            r -= w;
+            r -= x.2;
         }
-        kept[kept.len() - 1].0
+        self.scratch[keep - 1].1
     }
 }
 
@@ -111,6 +118,30 @@ type Cand = (f32, u32, f64);
 /// Candidates in order: the larger logit first, the lower index on ties.
 fn by_rank(a: &Cand, b: &Cand) -> std::cmp::Ordering {
     b.0.total_cmp(&a.0).then(a.1.cmp(&b.1))
+}
+
+/// A candidate ordered so that a max-heap's top is the worst-ranked one.
+struct Ranked(Cand);
+
+impl PartialEq for Ranked {
+    fn eq(&self, other: &Self) -> bool {
+        by_rank(&self.0, &other.0).is_eq()
+    }
+}
+
+impl Eq for Ranked {}
+
+impl PartialOrd for Ranked {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Ranked {
+    /// Greater = ranked lower (a smaller logit, or a larger index on ties).
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        by_rank(&self.0, &other.0)
+    }
 }
 
 /// The length of the shortest best-first prefix of `c` whose weights reach `target`
@@ -150,31 +181,62 @@ impl Sampling {
     /// Linear in the vocabulary: it selects instead of sorting (a full sort of 152k
     /// logits took 12–21 ms a token; `cargo bench --bench sampling`).
     pub fn distribution(&self, logits: &[f32]) -> Vec<(u32, f64)> {
-        let mut c: Vec<Cand> = logits
-            .iter()
-            .enumerate()
-            .filter(|(_, l)| !l.is_nan())
-            .map(|(i, &l)| (l, i as u32, 0.0))
-            .collect();
-        if c.is_empty() {
-            return Vec::new();
+        let mut c = Vec::new();
+        let keep = self.fill(logits, &mut c);
+        c[..keep].iter().map(|x| (x.1, x.2)).collect()
+    }
+
+    /// [`Sampling::distribution`] into `c` (reused): the kept candidates are `c[..n]`
+    /// for the returned `n`.
+    fn fill(&self, logits: &[f32], c: &mut Vec<Cand>) -> usize {
+        c.clear();
+        let k = self.top_k;
+        if k > 0 && k <= logits.len() / 16 {
+            // A few best of many: one pass that keeps the best `k` seen so far and
+            // rejects most logits with one comparison against the worst of them (a
+            // later equal logit ranks lower: its index is larger).
+            let mut heap = std::collections::BinaryHeap::with_capacity(k + 1);
+            for (i, &l) in logits.iter().enumerate() {
+                if l.is_nan() {
+                    continue;
+                }
+                if heap.len() == k {
+                    let worst: &Ranked = heap.peek().expect("k > 0");
+                    if l.total_cmp(&worst.0 .0).is_le() {
+                        continue;
+                    }
+                    heap.pop();
+                }
+                heap.push(Ranked((l, i as u32, 0.0)));
+            }
+            c.extend(heap.into_iter().map(|r| r.0));
+        } else {
+            c.extend(
+                logits
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, l)| !l.is_nan())
+                    .map(|(i, &l)| (l, i as u32, 0.0)),
+            );
+            if k > 0 && k < c.len() {
+                c.select_nth_unstable_by(k - 1, by_rank);
+                c.truncate(k);
+            }
         }
-        if self.top_k > 0 && self.top_k < c.len() {
-            c.select_nth_unstable_by(self.top_k - 1, by_rank);
-            c.truncate(self.top_k);
+        if c.is_empty() {
+            return 0;
         }
         let max = c.iter().map(|x| x.0).fold(f32::NEG_INFINITY, f32::max) as f64;
         let inv_t = 1.0 / self.temperature as f64;
         for x in c.iter_mut() {
             x.2 = ((x.0 as f64 - max) * inv_t).exp();
         }
-        let keep = if self.top_p >= 1.0 {
+        if self.top_p >= 1.0 {
             c.len()
         } else {
             let total: f64 = c.iter().map(|x| x.2).sum();
-            nucleus(&mut c, self.top_p as f64 * total)
-        };
-        c[..keep].iter().map(|x| (x.1, x.2)).collect()
+            nucleus(c, self.top_p as f64 * total)
+        }
     }
 }
 
