@@ -38,8 +38,8 @@ pub struct DecodeBenchOptions {
     pub profile: bool,
     /// Try every compiled variant of each launch in the whole graph (GPU only).
     pub sweep: bool,
-    /// Also time sampled decoding ([`SAMPLED`]: logits copied to the host and sampled
-    /// there every token), in the graph mode when graphs are on.
+    /// Also time sampled decoding ([`SAMPLED`], drawn on the device after each step),
+    /// in the graph mode when graphs are on.
     pub sampled: bool,
 }
 
@@ -61,7 +61,8 @@ pub struct ModeResult {
     /// Steps per second over the whole timed run.
     pub tokens_per_s: f64,
     /// Median host microseconds per step spent issuing work (launch calls) and, when
-    /// sampling, copying the logits and sampling; not waiting for the step.
+    /// sampling, drawing the token (the device's draw included); not waiting for the
+    /// step.
     pub host_us_per_token: f64,
 }
 
@@ -176,8 +177,9 @@ fn time_mode(
     })
 }
 
-/// Times `tokens` sampled steps as [`crate::Engine::generate`] runs them: each step's
-/// logits are copied to the host and sampled there, and the sample is the next input.
+/// Times `tokens` sampled steps as [`crate::Engine::generate`] runs them: the device
+/// draws each token after its step (the host only when the device's draws fall
+/// outside top-p), and the draw is the next input.
 fn time_sampled(
     dec: &mut Decoder,
     token: u32,
@@ -188,6 +190,7 @@ fn time_sampled(
     for i in 0..3.min(tokens) {
         dec.set_input(token, context + i)?;
         dec.step()?;
+        dec.sample_on_device(&SAMPLED)?;
         let t = sampler.sample(dec.logits()?);
         std::hint::black_box(t);
     }
@@ -199,12 +202,19 @@ fn time_sampled(
     let mut arrived = t0;
     dec.step()?;
     for i in 0..tokens {
-        // Waits for the step; the host's share starts with the copy of its logits.
+        // Waits for the step; the host's share starts with the device's draw.
         dec.synchronize()?;
         let t = Instant::now();
-        let next = sampler.sample(dec.logits()?);
-        if i + 1 < tokens {
+        let drawn = if SAMPLED.device_can_sample() {
+            dec.sample_on_device(&SAMPLED)?
+        } else {
+            None
+        };
+        if drawn.is_none() {
+            let next = sampler.sample(dec.logits()?);
             dec.set_input(next, context + i + 1)?;
+        }
+        if i + 1 < tokens {
             dec.step()?;
         }
         let now = Instant::now();

@@ -17,10 +17,11 @@ use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};
 use crate::kernels::{
     ARGMAX_FINISH, ATTENTION_COMBINE, ATTENTION_SPLIT, EMBED, GEMV_RESIDUAL, LM_HEAD_ARGMAX,
-    RMS_NORM_GATE_UP, RMS_NORM_GEMV,
+    RMS_NORM_GATE_UP, RMS_NORM_GEMV, SAMPLE_CHECK, SAMPLE_DRAW, SAMPLE_PICK,
 };
 use crate::model::ModelWeights;
 use crate::reference::rope_inv_freq;
+use crate::sampling::Sampling;
 use crate::tuning::{self, GemvConfig};
 
 /// The launches of a step, by block; used to time a step part by part.
@@ -330,6 +331,62 @@ struct Scratch {
     zeros: Buffer<bf16>,
 }
 
+/// Draws per step of device-side sampling (`R` of [`crate::kernels::sample_draw`]):
+/// a step falls back to the host only when all of them land outside top-k/top-p.
+const SAMPLE_STREAMS: usize = 4;
+
+/// Buffers of device-side sampling ([`Decoder::sample_on_device`]).
+struct DeviceSampler {
+    /// `[temperature, top_p]` and `[top_k, seed]` as last uploaded.
+    fparams: Buffer<f32>,
+    iparams: Buffer<i32>,
+    uploaded: Option<Sampling>,
+    /// Logits per program (`B`), programs, and the reduction width `PB` >= programs.
+    block: usize,
+    parts: usize,
+    reduce: usize,
+    part_val: Buffer<f32>,
+    part_idx: Buffer<i32>,
+    cnt: Buffer<i32>,
+    mass: Buffer<f32>,
+    z: Buffer<f32>,
+    /// `[token, needs_host]`.
+    result: Buffer<i32>,
+    result_readback: Readback<i32>,
+}
+
+impl DeviceSampler {
+    fn new(dev: &Device, vocab: usize) -> Result<DeviceSampler> {
+        let block = if vocab >= 65_536 { 4096 } else { 1024 };
+        let parts = vocab.div_ceil(block);
+        let reduce = parts.next_power_of_two().max(64);
+        if reduce > 1024 {
+            return Err(EngineError::Option {
+                message: format!(
+                    "device sampling supports vocabularies up to {} tokens, got {vocab}",
+                    1024 * 4096
+                ),
+            });
+        }
+        let slots = parts * SAMPLE_STREAMS;
+        Ok(DeviceSampler {
+            fparams: dev.zeros(2)?,
+            iparams: dev.zeros(2)?,
+            uploaded: None,
+            block,
+            parts,
+            reduce,
+            part_val: dev.zeros(slots)?,
+            part_idx: dev.zeros(slots)?,
+            cnt: dev.zeros(slots)?,
+            mass: dev.zeros(slots)?,
+            z: dev.zeros(parts)?,
+            result: dev.zeros(2)?,
+            result_readback: dev.readback(2)?,
+        })
+    }
+}
+
 /// A model resident on a device, ready to decode.
 pub struct Decoder {
     cfg: ModelConfig,
@@ -350,6 +407,8 @@ pub struct Decoder {
     state_readback: Readback<i32>,
     /// Page-locked host copy of the logits, made on first use (see `logits`).
     logits_readback: Option<Readback<f32>>,
+    /// Device-side sampling's buffers, made on first use (see `sample_on_device`).
+    sampler: Option<DeviceSampler>,
     graph: Option<Graph>,
 }
 
@@ -469,6 +528,7 @@ impl Decoder {
             split_capacity: splits,
             state_readback: dev.readback(2)?,
             logits_readback: None,
+            sampler: None,
             plan,
             graph: None,
         })
@@ -865,6 +925,107 @@ impl Decoder {
         let rb = self.logits_readback.as_mut().expect("made above");
         rb.enqueue(&self.s.logits)?;
         Ok(rb.wait()?)
+    }
+
+    /// Draws the next token on the device from the last step's logits, by
+    /// `params` (temperature, then top-k or top-p), and waits for it.
+    ///
+    /// `Some(token)`: a draw was accepted and `state` already holds it, so the next
+    /// [`Decoder::step`] decodes it. `None`: all draws fell outside top-k/top-p, and
+    /// the host must draw from [`Decoder::logits`] and pass its token to
+    /// [`Decoder::set_input`]; together the two paths sample the restricted
+    /// distribution exactly (rejection sampling). Draws are a function of
+    /// `(seed, position)`. Errors for settings the device does not draw
+    /// ([`Sampling::device_can_sample`]).
+    pub fn sample_on_device(&mut self, params: &Sampling) -> Result<Option<u32>> {
+        params.validate()?;
+        if !params.device_can_sample() {
+            return Err(EngineError::Option {
+                message: format!(
+                    "device sampling needs a temperature > 0 and not both top-k and top-p \
+                     (got temperature {}, top_k {}, top_p {})",
+                    params.temperature, params.top_k, params.top_p
+                ),
+            });
+        }
+        if self.sampler.is_none() {
+            self.sampler = Some(DeviceSampler::new(&self.dev, self.cfg.vocab_size)?);
+        }
+        let ds = self.sampler.as_mut().expect("made above");
+        if ds.uploaded.as_ref() != Some(params) {
+            ds.fparams
+                .copy_from_host(&[params.temperature, params.top_p])?;
+            let seed = (params.seed ^ (params.seed >> 32)) as u32 as i32;
+            ds.iparams
+                .copy_from_host(&[params.top_k.min(i32::MAX as usize) as i32, seed])?;
+            ds.uploaded = Some(params.clone());
+        }
+        let (dev, s) = (&self.dev, &mut self.s);
+        let vocab = self.cfg.vocab_size as i32;
+        let (block, reduce, parts) = (ds.block as i64, ds.reduce as i64, ds.parts as i32);
+        let r = SAMPLE_STREAMS as i64;
+        // Serialized: it reads what the whole step wrote.
+        let mut first = true;
+        launch(
+            dev,
+            &mut first,
+            &SAMPLE_DRAW,
+            ds.parts as u32,
+            &[block, r],
+            4,
+            &mut [
+                (&s.logits).into(),
+                (&ds.fparams).into(),
+                (&ds.iparams).into(),
+                (&s.state).into(),
+                (&mut ds.part_val).into(),
+                (&mut ds.part_idx).into(),
+                vocab.into(),
+            ],
+        )?;
+        launch(
+            dev,
+            &mut first,
+            &SAMPLE_CHECK,
+            ds.parts as u32,
+            &[block, r, reduce],
+            4,
+            &mut [
+                (&s.logits).into(),
+                (&ds.fparams).into(),
+                (&s.state).into(),
+                (&ds.part_val).into(),
+                (&ds.part_idx).into(),
+                (&mut ds.cnt).into(),
+                (&mut ds.mass).into(),
+                (&mut ds.z).into(),
+                vocab.into(),
+                parts.into(),
+            ],
+        )?;
+        launch(
+            dev,
+            &mut first,
+            &SAMPLE_PICK,
+            1,
+            &[r, reduce],
+            4,
+            &mut [
+                (&ds.fparams).into(),
+                (&ds.iparams).into(),
+                (&mut s.state).into(),
+                (&ds.part_val).into(),
+                (&ds.part_idx).into(),
+                (&ds.cnt).into(),
+                (&ds.mass).into(),
+                (&ds.z).into(),
+                (&mut ds.result).into(),
+                parts.into(),
+            ],
+        )?;
+        ds.result_readback.enqueue(&ds.result)?;
+        let out = ds.result_readback.wait()?;
+        Ok((out[1] == 0).then_some(out[0] as u32))
     }
 
     /// Waits for the device to finish all queued work.

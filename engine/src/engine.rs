@@ -252,25 +252,37 @@ impl Engine {
         // step queued past a stop is wasted, never wrong (it only writes the cache
         // position after the last token).
         let pipelined = greedy && !opts.keep_logits;
+        // Sampling draws on the device when it can (temperature, then top-k or top-p):
+        // the host reads 8 bytes a token and draws itself only when the device's draws
+        // all fall outside top-k/top-p (rare; the two together are still exact).
+        let device_sampling = !greedy && opts.sampling.device_can_sample();
         let t1 = Instant::now();
         let mut pos = prompt.len();
         loop {
             // The device has written the greedy token and the next position.
             let last = out.tokens.len() + 1 == opts.max_new_tokens;
-            let (device_token, next_pos) = if pipelined {
+            let (mut token, next_pos) = if pipelined {
                 self.decoder.queue_state_read()?;
                 if !last {
                     self.decoder.step()?;
                 }
                 self.decoder.take_state()?
+            } else if device_sampling {
+                (0, pos)
             } else {
                 self.decoder.read_state()?
             };
             debug_assert_eq!(next_pos, pos);
-            let mut token = device_token;
-            if opts.keep_logits || !greedy {
+            let mut host_draw = !greedy;
+            if device_sampling {
+                if let Some(t) = self.decoder.sample_on_device(&opts.sampling)? {
+                    token = t;
+                    host_draw = false;
+                }
+            }
+            if opts.keep_logits || host_draw {
                 let logits = self.decoder.logits()?;
-                if !greedy {
+                if host_draw {
                     token = sampler.sample(logits);
                 }
                 if opts.keep_logits {
@@ -287,8 +299,9 @@ impl Engine {
                 break;
             }
             if !pipelined {
-                if !greedy {
-                    // The state holds the greedy token; overwrite it with the sample.
+                if host_draw {
+                    // The state holds the greedy token; overwrite it with the sample
+                    // (a draw accepted on the device is already there).
                     self.decoder.set_input(token, pos)?;
                 }
                 self.decoder.step()?;

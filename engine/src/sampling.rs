@@ -42,6 +42,13 @@ impl Sampling {
         self.temperature == 0.0
     }
 
+    /// Whether [`crate::Decoder::sample_on_device`] can draw with these settings: a
+    /// temperature above 0 with top-k, or top-p, or neither (not both: the nucleus
+    /// would be measured against the top-k mass, which the device does not compute).
+    pub fn device_can_sample(&self) -> bool {
+        self.temperature > 0.0 && !(self.top_k > 0 && self.top_p < 1.0)
+    }
+
     /// Checks the values; the error names the option.
     pub fn validate(&self) -> Result<()> {
         if !(self.temperature.is_finite() && self.temperature >= 0.0) {

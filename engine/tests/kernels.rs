@@ -934,3 +934,195 @@ fn attention_qwen3_shape_on_gpu() {
         &[(default.splits, 64)],
     );
 }
+
+/// One device draw: `sample_draw`, `sample_check`, `sample_pick` over `logits` with
+/// `state = [greedy, pos]`; `Some(token)` if a draw was accepted (then `state[0]` must
+/// hold it), `None` if the host must draw.
+#[allow(clippy::too_many_arguments)]
+fn device_draw(
+    dev: &Device,
+    logits: &Buffer<f32>,
+    n: usize,
+    greedy: usize,
+    pos: i32,
+    params: &tilefuse_engine::Sampling,
+) -> Option<u32> {
+    let (b, r, pb) = (1024usize, 4usize, 64usize);
+    let parts = n.div_ceil(b);
+    let fparams = dev.upload(&[params.temperature, params.top_p]).unwrap();
+    let iparams = dev
+        .upload(&[params.top_k as i32, params.seed as i32])
+        .unwrap();
+    let mut state = dev.upload(&[greedy as i32, pos]).unwrap();
+    let mut part_val = dev.alloc_filled(parts * r, f32::NAN).unwrap();
+    let mut part_idx = dev.alloc_filled(parts * r, -1i32).unwrap();
+    let mut cnt = dev.alloc_filled(parts * r, -1i32).unwrap();
+    let mut mass = dev.alloc_filled(parts * r, f32::NAN).unwrap();
+    let mut z = dev.alloc_filled(parts, f32::NAN).unwrap();
+    let mut result = dev.alloc_filled(2, -1i32).unwrap();
+    launch(
+        &SAMPLE_DRAW,
+        dev,
+        LaunchConfig::from(parts as u32),
+        &[b as i64, r as i64],
+        &mut [
+            logits.into(),
+            (&fparams).into(),
+            (&iparams).into(),
+            (&state).into(),
+            (&mut part_val).into(),
+            (&mut part_idx).into(),
+            (n as i32).into(),
+        ],
+    );
+    launch(
+        &SAMPLE_CHECK,
+        dev,
+        LaunchConfig::from(parts as u32),
+        &[b as i64, r as i64, pb as i64],
+        &mut [
+            logits.into(),
+            (&fparams).into(),
+            (&state).into(),
+            (&part_val).into(),
+            (&part_idx).into(),
+            (&mut cnt).into(),
+            (&mut mass).into(),
+            (&mut z).into(),
+            (n as i32).into(),
+            (parts as i32).into(),
+        ],
+    );
+    launch(
+        &SAMPLE_PICK,
+        dev,
+        LaunchConfig::from(1),
+        &[r as i64, pb as i64],
+        &mut [
+            (&fparams).into(),
+            (&iparams).into(),
+            (&mut state).into(),
+            (&part_val).into(),
+            (&part_idx).into(),
+            (&cnt).into(),
+            (&mass).into(),
+            (&z).into(),
+            (&mut result).into(),
+            (parts as i32).into(),
+        ],
+    );
+    let res = result.to_vec().unwrap();
+    let st = state.to_vec().unwrap();
+    assert_eq!(st[1], pos, "the position is left alone");
+    match res[1] {
+        0 => {
+            assert_eq!(st[0], res[0], "an accepted draw is the next input");
+            Some(res[0] as u32)
+        }
+        1 => {
+            assert_eq!(
+                st[0] as usize, greedy,
+                "a rejected step keeps the greedy token"
+            );
+            None
+        }
+        other => panic!("result flag {other}"),
+    }
+}
+
+#[test]
+fn device_sampling_follows_the_restricted_softmax() {
+    use tilefuse_engine::{Sampler, Sampling};
+    for dev in devices("device_sampling_follows_the_restricted_softmax") {
+        let mut rng = Rng::new(4242);
+        // Two programs' worth of logits: a broad tail, a few strong tokens, a tie
+        // between two of them across the program boundary, and a NaN.
+        let n = 1500;
+        let mut logits: Vec<f32> = (0..n).map(|_| 1.5 * (rng.unit() * 2.0 - 1.0)).collect();
+        for (i, v) in [(3, 5.0), (700, 4.5), (1100, 5.0), (1499, 4.0), (512, 3.5)] {
+            logits[i] = v;
+        }
+        logits[40] = f32::NAN;
+        let greedy = 3; // 5.0 at 3 and 1100: the first wins
+        let buf = dev.upload(&logits).unwrap();
+        let trials = if dev.is_cuda() { 4000 } else { 1200 };
+        for (t, k, p) in [(1.0f32, 0usize, 1.0f32), (0.7, 4, 1.0), (1.3, 0, 0.6)] {
+            let base = Sampling {
+                temperature: t,
+                top_k: k,
+                top_p: p,
+                seed: 0,
+            };
+            let want = base.distribution(&logits);
+            let total: f64 = want.iter().map(|&(_, w)| w).sum();
+            let mut counts = vec![0usize; n];
+            let mut fallbacks = 0;
+            for trial in 0..trials {
+                let params = Sampling {
+                    seed: 1000 + trial as u64,
+                    ..base.clone()
+                };
+                let token = match device_draw(&dev, &buf, n, greedy, 17, &params) {
+                    Some(tok) => {
+                        assert!(
+                            want.iter().any(|&(i, _)| i == tok),
+                            "{dev} T={t} k={k} p={p}: token {tok} outside the kept set"
+                        );
+                        tok
+                    }
+                    None => {
+                        fallbacks += 1;
+                        Sampler::new(params).sample(&logits)
+                    }
+                };
+                counts[token as usize] += 1;
+            }
+            // Each kept token's frequency within 5 standard deviations (+1 count).
+            for &(i, w) in &want {
+                let prob = w / total;
+                let f = counts[i as usize] as f64 / trials as f64;
+                let sd = (prob * (1.0 - prob) / trials as f64).sqrt();
+                assert!(
+                    (f - prob).abs() <= 5.0 * sd + 1.0 / trials as f64,
+                    "{dev} T={t} k={k} p={p}: token {i} frequency {f:.4}, probability {prob:.4}"
+                );
+            }
+            // The host draws when all four draws fall outside the kept set: with
+            // probability (1 - kept mass)^4.
+            let all: f64 = Sampling {
+                top_k: 0,
+                top_p: 1.0,
+                ..base.clone()
+            }
+            .distribution(&logits)
+            .iter()
+            .map(|&(_, w)| w)
+            .sum();
+            let q4 = (1.0 - total / all).powi(4);
+            let expect = q4 * trials as f64;
+            let sd = (expect * (1.0 - q4)).sqrt();
+            assert!(
+                (fallbacks as f64 - expect).abs() <= 5.0 * sd + 2.0,
+                "{dev} T={t} k={k} p={p}: {fallbacks} host fallbacks in {trials}, expected {expect:.1}"
+            );
+        }
+        // A draw is a function of (seed, position).
+        let params = Sampling {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            seed: 77,
+        };
+        let a: Vec<_> = (0..8)
+            .map(|pos| device_draw(&dev, &buf, n, greedy, pos, &params))
+            .collect();
+        let b: Vec<_> = (0..8)
+            .map(|pos| device_draw(&dev, &buf, n, greedy, pos, &params))
+            .collect();
+        assert_eq!(a, b, "{dev}");
+        assert!(
+            a.iter().collect::<std::collections::HashSet<_>>().len() > 1,
+            "{dev}: {a:?}"
+        );
+    }
+}

@@ -37,8 +37,8 @@ pub struct BenchArgs {
     /// the best plan (GPU only; a few hundred graph captures).
     #[arg(long)]
     pub sweep: bool,
-    /// Also time sampled decoding (temperature 0.8, top-p 0.9): the logits copied to
-    /// the host and sampled there every token.
+    /// Also time sampled decoding (temperature 0.8, top-p 0.9), drawn on the device
+    /// after each step.
     #[arg(long)]
     pub sampled: bool,
     /// Also write the report as JSON.
