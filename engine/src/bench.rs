@@ -60,9 +60,8 @@ pub struct ModeResult {
     pub ms_per_token: f64,
     /// Steps per second over the whole timed run.
     pub tokens_per_s: f64,
-    /// Median host microseconds per step spent issuing work (launch calls) and, when
-    /// sampling, drawing the token (the device's draw included); not waiting for the
-    /// step.
+    /// Median host microseconds per step spent issuing work (launch calls, the
+    /// device's draw included when sampling), not waiting for the step.
     pub host_us_per_token: f64,
 }
 
@@ -178,8 +177,10 @@ fn time_mode(
 }
 
 /// Times `tokens` sampled steps as [`crate::Engine::generate`] runs them: the device
-/// draws each token after its step (the host only when the device's draws fall
-/// outside top-p), and the draw is the next input.
+/// draws each token after its step and the next step is queued behind the draw before
+/// the host reads it; when the host must draw (all device draws outside top-p), the
+/// two steps are run again. A step's time is the gap between two tokens reaching the
+/// host.
 fn time_sampled(
     dec: &mut Decoder,
     token: u32,
@@ -191,8 +192,7 @@ fn time_sampled(
         dec.set_input(token, context + i)?;
         dec.step()?;
         dec.sample_on_device(&SAMPLED)?;
-        let t = sampler.sample(dec.logits()?);
-        std::hint::black_box(t);
+        std::hint::black_box(sampler.sample(dec.logits()?));
     }
     dec.set_input(token, context)?;
     dec.synchronize()?;
@@ -201,24 +201,33 @@ fn time_sampled(
     let t0 = Instant::now();
     let mut arrived = t0;
     dec.step()?;
+    let mut input = token;
     for i in 0..tokens {
-        // Waits for the step; the host's share starts with the device's draw.
-        dec.synchronize()?;
+        // The step just queued decodes position `pos - 1`.
+        let pos = context + i + 1;
+        let last = i + 1 == tokens;
         let t = Instant::now();
-        let drawn = if SAMPLED.device_can_sample() {
-            dec.sample_on_device(&SAMPLED)?
-        } else {
-            None
-        };
-        if drawn.is_none() {
-            let next = sampler.sample(dec.logits()?);
-            dec.set_input(next, context + i + 1)?;
-        }
-        if i + 1 < tokens {
+        dec.queue_device_sample(&SAMPLED)?;
+        if !last {
             dec.step()?;
         }
+        host_us.push(t.elapsed().as_secs_f64() * 1e6);
+        input = match dec.take_device_sample()? {
+            Some(drawn) => drawn,
+            None => {
+                if !last {
+                    dec.set_input(input, pos - 1)?;
+                    dec.step()?;
+                }
+                let drawn = sampler.sample(dec.logits()?);
+                if !last {
+                    dec.set_input(drawn, pos)?;
+                    dec.step()?;
+                }
+                drawn
+            }
+        };
         let now = Instant::now();
-        host_us.push((now - t).as_secs_f64() * 1e6);
         step_ms.push((now - arrived).as_secs_f64() * 1e3);
         arrived = now;
     }

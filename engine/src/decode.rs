@@ -938,6 +938,15 @@ impl Decoder {
     /// `(seed, position)`. Errors for settings the device does not draw
     /// ([`Sampling::device_can_sample`]).
     pub fn sample_on_device(&mut self, params: &Sampling) -> Result<Option<u32>> {
+        self.queue_device_sample(params)?;
+        self.take_device_sample()
+    }
+
+    /// The first half of [`Decoder::sample_on_device`]: queues the draw behind the
+    /// steps queued so far, and the copy of its outcome, without waiting. A step
+    /// queued next decodes the drawn token (or, when the host must draw, the greedy
+    /// one: that step must then be redone).
+    pub fn queue_device_sample(&mut self, params: &Sampling) -> Result<()> {
         params.validate()?;
         if !params.device_can_sample() {
             return Err(EngineError::Option {
@@ -1024,6 +1033,15 @@ impl Decoder {
             ],
         )?;
         ds.result_readback.enqueue(&ds.result)?;
+        Ok(())
+    }
+
+    /// The second half of [`Decoder::sample_on_device`]: waits for the outcome of the
+    /// draw [`Decoder::queue_device_sample`] queued (not for later work).
+    pub fn take_device_sample(&mut self) -> Result<Option<u32>> {
+        let ds = self.sampler.as_ref().ok_or_else(|| EngineError::Option {
+            message: "take_device_sample before queue_device_sample".into(),
+        })?;
         let out = ds.result_readback.wait()?;
         Ok((out[1] == 0).then_some(out[0] as u32))
     }

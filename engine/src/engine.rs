@@ -251,34 +251,58 @@ impl Engine {
         // this one's token is read: the GPU does not idle while the host takes it. A
         // step queued past a stop is wasted, never wrong (it only writes the cache
         // position after the last token).
-        let pipelined = greedy && !opts.keep_logits;
+        //
         // Sampling draws on the device when it can (temperature, then top-k or top-p):
         // the host reads 8 bytes a token and draws itself only when the device's draws
-        // all fall outside top-k/top-p (rare; the two together are still exact).
+        // all fall outside top-k/top-p (rare; the two together are still exact). The
+        // next step is queued behind the draw too; when the host must draw, that step
+        // decoded the greedy token instead, so the step that produced the logits and the
+        // next one are run again (each rewrites only its own cache position).
         let device_sampling = !greedy && opts.sampling.device_can_sample();
+        let pipelined = (greedy || device_sampling) && !opts.keep_logits;
         let t1 = Instant::now();
         let mut pos = prompt.len();
+        // The input of the step whose logits are being drawn from.
+        let mut input = prompt[prompt.len() - 1];
         loop {
-            // The device has written the greedy token and the next position.
             let last = out.tokens.len() + 1 == opts.max_new_tokens;
-            let (mut token, next_pos) = if pipelined {
+            let mut host_draw = !greedy;
+            let mut token = 0;
+            if pipelined && device_sampling {
+                self.decoder.queue_device_sample(&opts.sampling)?;
+                if !last {
+                    self.decoder.step()?;
+                }
+                match self.decoder.take_device_sample()? {
+                    Some(t) => {
+                        token = t;
+                        host_draw = false;
+                    }
+                    None if !last => {
+                        // The queued step overwrote the logits: run this one again.
+                        self.decoder.set_input(input, pos - 1)?;
+                        self.decoder.step()?;
+                    }
+                    None => {}
+                }
+            } else if pipelined {
+                // The device has written the greedy token and the next position.
                 self.decoder.queue_state_read()?;
                 if !last {
                     self.decoder.step()?;
                 }
-                self.decoder.take_state()?
+                let (t, next_pos) = self.decoder.take_state()?;
+                debug_assert_eq!(next_pos, pos);
+                token = t;
             } else if device_sampling {
-                (0, pos)
-            } else {
-                self.decoder.read_state()?
-            };
-            debug_assert_eq!(next_pos, pos);
-            let mut host_draw = !greedy;
-            if device_sampling {
                 if let Some(t) = self.decoder.sample_on_device(&opts.sampling)? {
                     token = t;
                     host_draw = false;
                 }
+            } else {
+                let (t, next_pos) = self.decoder.read_state()?;
+                debug_assert_eq!(next_pos, pos);
+                token = t;
             }
             if opts.keep_logits || host_draw {
                 let logits = self.decoder.logits()?;
@@ -298,7 +322,7 @@ impl Engine {
             if stop || last {
                 break;
             }
-            if !pipelined {
+            if !pipelined || host_draw {
                 if host_draw {
                     // The state holds the greedy token; overwrite it with the sample
                     // (a draw accepted on the device is already there).
@@ -306,6 +330,7 @@ impl Engine {
                 }
                 self.decoder.step()?;
             }
+            input = token;
             pos += 1;
         }
         out.decode_time = t1.elapsed();
