@@ -357,17 +357,14 @@ struct DeviceSampler {
 
 impl DeviceSampler {
     fn new(dev: &Device, vocab: usize) -> Result<DeviceSampler> {
-        let block = if vocab >= 65_536 { 4096 } else { 1024 };
+        let block = tuning::SAMPLE_BLOCK;
         let parts = vocab.div_ceil(block);
-        let reduce = parts.next_power_of_two().max(64);
-        if reduce > 1024 {
-            return Err(EngineError::Option {
-                message: format!(
-                    "device sampling supports vocabularies up to {} tokens, got {vocab}",
-                    1024 * 4096
-                ),
-            });
-        }
+        let reduce = tuning::sample_reduce_width(parts).ok_or_else(|| EngineError::Option {
+            message: format!(
+                "device sampling supports vocabularies up to {} tokens, got {vocab}",
+                block * tuning::SAMPLE_REDUCE_WIDTHS[tuning::SAMPLE_REDUCE_WIDTHS.len() - 1]
+            ),
+        })?;
         let slots = parts * SAMPLE_STREAMS;
         Ok(DeviceSampler {
             fparams: dev.zeros(2)?,

@@ -523,7 +523,7 @@ pub fn argmax_finish<const B: usize>(
 /// `(seed, position)`. NaN logits never win.
 ///
 /// `fparams = [temperature, top_p]`, `iparams = [top_k, seed]`.
-#[kernel(crate = tilefuse_dsl, B = [1024, 4096], R = [4], num_warps = [4])]
+#[kernel(crate = tilefuse_dsl, B = [1024], R = [4], num_warps = [4])]
 pub fn sample_draw<const B: usize, const R: usize>(
     logits: Ptr<f32>,
     fparams: Ptr<f32>,
@@ -573,7 +573,7 @@ pub fn sample_draw<const B: usize, const R: usize>(
 /// logit, or an equal one at a lower index), `mass[p * R + r]` sums their weights
 /// `exp((logit - max) / T)`, and `z[p]` sums every weight. The maximum is the logit of
 /// the greedy token in `state[0]`.
-#[kernel(crate = tilefuse_dsl, B = [1024, 4096], R = [4], PB = [64, 256, 1024], num_warps = [4])]
+#[kernel(crate = tilefuse_dsl, B = [1024], R = [4], PB = [64, 256, 1024], num_warps = [4])]
 pub fn sample_check<const B: usize, const R: usize, const PB: usize>(
     logits: Ptr<f32>,
     fparams: Ptr<f32>,

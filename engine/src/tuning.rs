@@ -198,6 +198,21 @@ pub fn attention_splits_for_capacity(max_seq: usize) -> usize {
 /// SM of an H100, the best of `examples/bandwidth.rs` at 4k and 32k positions.
 pub const STEP_SPLITS: usize = 32;
 
+/// Logits per program of the device-sampling kernels (`B` of
+/// [`kernels::sample_draw`]): small, so that real vocabularies give one program or
+/// more per SM (H100, Qwen3-0.6B: 4096 made a sampled token 17 µs slower).
+pub const SAMPLE_BLOCK: usize = 1024;
+
+/// The compiled reduction widths (`PB`) of [`kernels::sample_check`] and
+/// [`kernels::sample_pick`].
+pub const SAMPLE_REDUCE_WIDTHS: [usize; 3] = [64, 256, 1024];
+
+/// The smallest compiled reduction width that covers `parts` programs of
+/// [`SAMPLE_BLOCK`] logits (`None` past the widest).
+pub fn sample_reduce_width(parts: usize) -> Option<usize> {
+    SAMPLE_REDUCE_WIDTHS.into_iter().find(|&w| w >= parts)
+}
+
 /// Every compiled `(BLOCK_N, BLOCK_K, num_warps)` of a GEMV-family kernel, for sweeps.
 pub fn gemv_variants(def: &tilefuse_dsl::runtime::KernelDef) -> Vec<GemvConfig> {
     def.variants
@@ -227,6 +242,27 @@ pub fn defaults_are_compiled() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn device_sampling_has_a_variant_for_every_vocabulary() {
+        // Fixtures' small vocabularies, Llama 3, Qwen, Gemma-sized, and the largest.
+        for vocab in [1usize, 1000, 32_000, 128_256, 151_936, 262_144, 1_048_576] {
+            let parts = vocab.div_ceil(SAMPLE_BLOCK);
+            let pb = sample_reduce_width(parts).unwrap_or_else(|| panic!("vocab {vocab}"));
+            assert!(pb >= parts);
+            let (b, r, pb) = (SAMPLE_BLOCK as i64, 4, pb as i64);
+            assert!(kernels::SAMPLE_DRAW.variant(&[b, r], None).is_ok());
+            assert!(
+                kernels::SAMPLE_CHECK.variant(&[b, r, pb], None).is_ok(),
+                "vocab {vocab}"
+            );
+            assert!(
+                kernels::SAMPLE_PICK.variant(&[r, pb], None).is_ok(),
+                "vocab {vocab}"
+            );
+        }
+        assert_eq!(sample_reduce_width(1025), None);
+    }
 
     #[test]
     fn defaults_name_compiled_variants() {
