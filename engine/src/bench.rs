@@ -202,20 +202,29 @@ fn time_sampled(
     let mut arrived = t0;
     dec.step()?;
     let mut input = token;
+    let mut fell_back = false;
     for i in 0..tokens {
         // The step just queued decodes position `pos - 1`.
         let pos = context + i + 1;
         let last = i + 1 == tokens;
+        let speculate = !last && !fell_back;
         let t = Instant::now();
         dec.queue_device_sample(&SAMPLED)?;
-        if !last {
+        if speculate {
             dec.step()?;
         }
         host_us.push(t.elapsed().as_secs_f64() * 1e6);
-        input = match dec.take_device_sample()? {
-            Some(drawn) => drawn,
+        let drawn = dec.take_device_sample()?;
+        fell_back = drawn.is_none();
+        input = match drawn {
+            Some(drawn) => {
+                if !speculate && !last {
+                    dec.step()?;
+                }
+                drawn
+            }
             None => {
-                if !last {
+                if speculate {
                     dec.set_input(input, pos - 1)?;
                     dec.step()?;
                 }

@@ -264,27 +264,36 @@ impl Engine {
         let mut pos = prompt.len();
         // The input of the step whose logits are being drawn from.
         let mut input = prompt[prompt.len() - 1];
+        // Whether the last token was drawn on the host: then the next step is not queued
+        // ahead of the draw (where draws keep falling outside top-k/top-p, as over flat
+        // logits, speculating would run every step three times).
+        let mut fell_back = false;
         loop {
             let last = out.tokens.len() + 1 == opts.max_new_tokens;
             let mut host_draw = !greedy;
             let mut token = 0;
+            // Whether the next step is already queued, with the right input.
+            let mut queued_next = false;
             if pipelined && device_sampling {
                 self.decoder.queue_device_sample(&opts.sampling)?;
-                if !last {
+                let speculate = !last && !fell_back;
+                if speculate {
                     self.decoder.step()?;
                 }
                 match self.decoder.take_device_sample()? {
                     Some(t) => {
                         token = t;
                         host_draw = false;
+                        queued_next = speculate;
                     }
-                    None if !last => {
+                    None if speculate => {
                         // The queued step overwrote the logits: run this one again.
                         self.decoder.set_input(input, pos - 1)?;
                         self.decoder.step()?;
                     }
                     None => {}
                 }
+                fell_back = host_draw;
             } else if pipelined {
                 // The device has written the greedy token and the next position.
                 self.decoder.queue_state_read()?;
@@ -294,6 +303,7 @@ impl Engine {
                 let (t, next_pos) = self.decoder.take_state()?;
                 debug_assert_eq!(next_pos, pos);
                 token = t;
+                queued_next = true;
             } else if device_sampling {
                 if let Some(t) = self.decoder.sample_on_device(&opts.sampling)? {
                     token = t;
@@ -322,7 +332,7 @@ impl Engine {
             if stop || last {
                 break;
             }
-            if !pipelined || host_draw {
+            if !queued_next {
                 if host_draw {
                     // The state holds the greedy token; overwrite it with the sample
                     // (a draw accepted on the device is already there).
