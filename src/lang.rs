@@ -6,7 +6,7 @@
 //! and [`Ptr`] have no values, so the methods and operators here cannot be called from
 //! ordinary Rust, and the few free functions that take no tile ([`program_id`],
 //! [`num_programs`], [`arange`], [`zeros`], [`full`]) panic with
-//! "only meaningful inside #[kernel]". Kernels never import this module: inside
+//! "only meaningful inside #\[kernel\]". Kernels never import this module: inside
 //! `#[kernel]` the names are the language's own.
 //!
 //! In the signatures, `Tile<T>` stands for a tile *or a scalar* of element type `T` (a

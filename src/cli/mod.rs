@@ -28,6 +28,8 @@ pub enum Command {
     Device,
     /// Compile the #[kernel] functions of a Rust file and show what the compiler chose:
     /// layouts, vector widths, shared memory, ptxas' register and spill report, PTX.
+    // The text is `--help` output, where `#[kernel]` stays as written.
+    #[allow(rustdoc::broken_intra_doc_links)]
     Inspect(inspect::InspectArgs),
     /// Generate text (or token ids) from a Hugging Face model directory or a preset,
     /// streaming it, with a tokens/s summary at the end.

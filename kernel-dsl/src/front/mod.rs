@@ -1,5 +1,5 @@
 //! The front end: syntax to AST ([`parse`]), then IR construction for one
-//! specialization ([`lower`]); [`scan`] finds the kernels of a source file for tools.
+//! specialization ([`mod@lower`]); [`scan`] finds the kernels of a source file for tools.
 
 pub mod lower;
 pub mod parse;

@@ -1,7 +1,7 @@
 //! Syntax: a `#[kernel(..)]` attribute and its `fn` item to a [`KernelAst`].
 //!
 //! This stage checks the signature (constants, parameters, attribute values) and keeps
-//! the body as `syn` syntax for [`super::lower`], which builds the IR one specialization
+//! the body as `syn` syntax for [`mod@super::lower`], which builds the IR one specialization
 //! at a time.
 
 use proc_macro2::{Span, TokenStream};

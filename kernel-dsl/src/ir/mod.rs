@@ -7,7 +7,7 @@
 //! language become loop-carried values ([`Carried`]) and branch results ([`Merge`]).
 //!
 //! Two forms share these definitions: the untyped form that [`crate::front`] builds
-//! (every `ty` is `None`), and the typed form that [`crate::valid::infer`] produces, where
+//! (every `ty` is `None`), and the typed form that [`crate::valid::infer()`] produces, where
 //! every value has a type, every shape is a compile-time constant, and implicit
 //! broadcasts, splats and literal types have been made explicit. Consumers (the
 //! interpreter and the backends) only ever see typed kernels, through [`Kernel::ty`].
@@ -68,7 +68,7 @@ impl Kernel {
     /// The type of a value in a typed kernel.
     ///
     /// # Panics
-    /// On an untyped kernel (one that has not been through [`crate::valid::infer`]);
+    /// On an untyped kernel (one that has not been through [`crate::valid::infer()`]);
     /// consumers only receive typed kernels.
     pub fn ty(&self, id: ValueId) -> &Type {
         self.values[id.index()]

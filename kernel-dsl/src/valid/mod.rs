@@ -1,4 +1,4 @@
-//! Type and shape inference ([`infer`]), producing the typed IR that the interpreter and
+//! Type and shape inference ([`mod@infer`]), producing the typed IR that the interpreter and
 //! the backends consume.
 
 pub mod infer;

@@ -99,7 +99,7 @@ pub struct ValueLayout {
 /// What a global memory access does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum AccessKind {
-    /// `load` (cache path per [`emit::load_qualifiers`]).
+    /// `load` (cache path per `emit::load_qualifiers`).
     Load,
     /// `store`.
     Store,
