@@ -17,7 +17,8 @@ use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};
 use crate::kernels::{
     ARGMAX_FINISH, ATTENTION_COMBINE, ATTENTION_SPLIT, EMBED, GEMV_RESIDUAL, LM_HEAD_ARGMAX,
-    RMS_NORM_GATE_UP, RMS_NORM_GEMV, SAMPLE_CHECK, SAMPLE_DRAW, SAMPLE_PICK,
+    RMS_NORM_GATE_UP, RMS_NORM_GEMV, SAMPLE_CHECK, SAMPLE_DRAW, SAMPLE_PICK, SAMPLE_TOPK_MASS,
+    SAMPLE_TOPK_PART,
 };
 use crate::model::ModelWeights;
 use crate::reference::rope_inv_freq;
@@ -350,6 +351,9 @@ struct DeviceSampler {
     cnt: Buffer<i32>,
     mass: Buffer<f32>,
     z: Buffer<f32>,
+    /// Per-program top-k lists and the top-k mass, for top-k with top-p.
+    part_top: Buffer<f32>,
+    zk: Buffer<f32>,
     /// `[token, needs_host]`.
     result: Buffer<i32>,
     result_readback: Readback<i32>,
@@ -378,6 +382,8 @@ impl DeviceSampler {
             cnt: dev.zeros(slots)?,
             mass: dev.zeros(slots)?,
             z: dev.zeros(parts)?,
+            part_top: dev.zeros(parts * tuning::SAMPLE_TOP_K_MAX)?,
+            zk: dev.zeros(1)?,
             result: dev.zeros(2)?,
             result_readback: dev.readback(2)?,
         })
@@ -945,12 +951,15 @@ impl Decoder {
     /// one: that step must then be redone).
     pub fn queue_device_sample(&mut self, params: &Sampling) -> Result<()> {
         params.validate()?;
-        if !params.device_can_sample() {
+        if !params.device_can_sample(self.cfg.vocab_size) {
             return Err(EngineError::Option {
                 message: format!(
-                    "device sampling needs a temperature > 0 and not both top-k and top-p \
+                    "device sampling needs a temperature > 0, and top_k <= {} with top_p \
                      (got temperature {}, top_k {}, top_p {})",
-                    params.temperature, params.top_k, params.top_p
+                    tuning::SAMPLE_TOP_K_MAX,
+                    params.temperature,
+                    params.top_k,
+                    params.top_p
                 ),
             });
         }
@@ -1009,6 +1018,40 @@ impl Decoder {
                 parts.into(),
             ],
         )?;
+        if params.top_k > 0 && params.top_p < 1.0 {
+            let km = tuning::SAMPLE_TOP_K_MAX as i64;
+            launch(
+                dev,
+                &mut first,
+                &SAMPLE_TOPK_PART,
+                ds.parts as u32,
+                &[block, km],
+                4,
+                &mut [
+                    (&s.logits).into(),
+                    (&ds.iparams).into(),
+                    (&mut ds.part_top).into(),
+                    vocab.into(),
+                ],
+            )?;
+            launch(
+                dev,
+                &mut first,
+                &SAMPLE_TOPK_MASS,
+                1,
+                &[tuning::SAMPLE_TOP_K_MERGE as i64, km],
+                16,
+                &mut [
+                    (&s.logits).into(),
+                    (&ds.fparams).into(),
+                    (&ds.iparams).into(),
+                    (&s.state).into(),
+                    (&ds.part_top).into(),
+                    (&mut ds.zk).into(),
+                    parts.into(),
+                ],
+            )?;
+        }
         launch(
             dev,
             &mut first,
@@ -1025,6 +1068,7 @@ impl Decoder {
                 (&ds.cnt).into(),
                 (&ds.mass).into(),
                 (&ds.z).into(),
+                (&ds.zk).into(),
                 (&mut ds.result).into(),
                 parts.into(),
             ],

@@ -258,7 +258,7 @@ impl Engine {
         // next step is queued behind the draw too; when the host must draw, that step
         // decoded the greedy token instead, so the step that produced the logits and the
         // next one are run again (each rewrites only its own cache position).
-        let device_sampling = !greedy && opts.sampling.device_can_sample();
+        let device_sampling = !greedy && opts.sampling.device_can_sample(vocab);
         let pipelined = (greedy || device_sampling) && !opts.keep_logits;
         let t1 = Instant::now();
         let mut pos = prompt.len();

@@ -25,7 +25,7 @@
 use tilefuse_macros::kernel;
 
 /// Every kernel description in this module, for tooling (offline assembly, inspection).
-pub fn all() -> [&'static tilefuse_dsl::runtime::KernelDef; 11] {
+pub fn all() -> [&'static tilefuse_dsl::runtime::KernelDef; 13] {
     [
         &EMBED,
         &RMS_NORM_GEMV,
@@ -38,6 +38,8 @@ pub fn all() -> [&'static tilefuse_dsl::runtime::KernelDef; 11] {
         &SAMPLE_DRAW,
         &SAMPLE_CHECK,
         &SAMPLE_PICK,
+        &SAMPLE_TOPK_PART,
+        &SAMPLE_TOPK_MASS,
     ]
 }
 
@@ -619,8 +621,9 @@ pub fn sample_check<const B: usize, const R: usize, const PB: usize>(
 /// already the next position) and `result = [token, 0]`. When every draw falls
 /// outside, `state` keeps the greedy token and `result = [greedy, 1]`: the host draws
 /// from the logits instead. That is rejection sampling, so accepted and host draws
-/// together follow the restricted distribution exactly. Not for top-k and top-p
-/// together (the nucleus would be measured against the top-k mass, unknown here).
+/// together follow the restricted distribution exactly. With top-k and top-p together
+/// the nucleus is measured against the top-k mass `zk[0]` ([`sample_topk_mass`], run
+/// before), as the host sampler defines it.
 #[kernel(crate = tilefuse_dsl, R = [4], PB = [64, 256, 1024], num_warps = [4])]
 pub fn sample_pick<const R: usize, const PB: usize>(
     fparams: Ptr<f32>,
@@ -631,6 +634,7 @@ pub fn sample_pick<const R: usize, const PB: usize>(
     cnt: Ptr<i32>,
     mass: Ptr<f32>,
     z: Ptr<f32>,
+    zk: Ptr<f32>,
     result: Ptr<i32>,
     parts: i32,
 ) {
@@ -646,8 +650,13 @@ pub fn sample_pick<const R: usize, const PB: usize>(
     let rank = load(cnt + slots, pok.expand_dims(0), 0).sum(1);
     let before = load(mass + slots, pok.expand_dims(0), 0.0).sum(1);
     let total = load(z + p, pok, 0.0).sum(0);
+    // Read only when used: top-k and top-p together.
+    let mut kept = total;
+    if (top_k > 0) & (top_p < 1.0) {
+        kept = load(zk);
+    }
     let in_k = (rank < top_k) | (top_k <= 0);
-    let in_p = (before < top_p * total) | (top_p >= 1.0);
+    let in_p = (before < top_p * kept) | (top_p >= 1.0);
     let accept = select(found & in_k & in_p, 1, 0);
     let first = accept.argmax(0);
     let token = select(r == first, cand, 0).sum(0);
@@ -659,4 +668,56 @@ pub fn sample_pick<const R: usize, const PB: usize>(
         store(result, load(state));
         store(result + 1, 1);
     }
+}
+
+/// Sampling with top-k and top-p together, first pass: program `p` writes the `top_k`
+/// largest of its `B` logits (with repeats, largest first; `top_k <= KM`) to
+/// `part_top[p * KM ..]`, for [`sample_topk_mass`].
+#[kernel(crate = tilefuse_dsl, B = [1024], KM = [64], num_warps = [4])]
+pub fn sample_topk_part<const B: usize, const KM: usize>(
+    logits: Ptr<f32>,
+    iparams: Ptr<i32>,
+    part_top: Ptr<f32>,
+    n: i32,
+) {
+    let k = minimum(load(iparams), KM as i32);
+    let i = program_id(0) * B + arange(0, B);
+    let l = load(logits + i, i < n, f32::NEG_INFINITY);
+    let mut v = select(l == l, l, f32::NEG_INFINITY);
+    for j in (0..k).step_by(1) {
+        store(part_top + program_id(0) * KM + j, v.max(0));
+        v = select(arange(0, B) == v.argmax(0), f32::NEG_INFINITY, v);
+    }
+}
+
+/// Sampling with top-k and top-p together, second pass (one program): the `top_k`
+/// largest logits overall are the `top_k` largest of the programs' lists; their weight
+/// `exp((logit - max) / T)` summed is the top-k mass `zk[0]` that [`sample_pick`]
+/// measures the nucleus against. `PB * KM` covers `parts` lists of `KM`.
+#[kernel(crate = tilefuse_dsl, F = [16384], KM = [64], num_warps = [16])]
+pub fn sample_topk_mass<const F: usize, const KM: usize>(
+    logits: Ptr<f32>,
+    fparams: Ptr<f32>,
+    iparams: Ptr<i32>,
+    state: Ptr<i32>,
+    part_top: Ptr<f32>,
+    zk: Ptr<f32>,
+    parts: i32,
+) {
+    let inv_t = 1.0 / load(fparams);
+    let k = minimum(load(iparams), KM as i32);
+    let m = load(logits + load(state));
+    let f = arange(0, F);
+    let ok = (f / KM < parts) & (f % KM < k);
+    let mut v = load(part_top + f, ok, f32::NEG_INFINITY);
+    let mut mass = 0.0;
+    for j in (0..k).step_by(1) {
+        let top = v.max(0);
+        // Fewer than `k` valid logits: the rest weigh nothing.
+        if top > f32::NEG_INFINITY {
+            mass += exp((top - m) * inv_t);
+        }
+        v = select(f == v.argmax(0), f32::NEG_INFINITY, v);
+    }
+    store(zk, mass);
 }

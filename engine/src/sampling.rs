@@ -42,11 +42,19 @@ impl Sampling {
         self.temperature == 0.0
     }
 
-    /// Whether [`crate::Decoder::sample_on_device`] can draw with these settings: a
-    /// temperature above 0 with top-k, or top-p, or neither (not both: the nucleus
-    /// would be measured against the top-k mass, which the device does not compute).
-    pub fn device_can_sample(&self) -> bool {
-        self.temperature > 0.0 && !(self.top_k > 0 && self.top_p < 1.0)
+    /// Whether [`crate::Decoder::sample_on_device`] can draw with these settings over
+    /// a vocabulary of `vocab` tokens: any temperature above 0 with top-k, top-p or
+    /// neither; top-k and top-p together for `top_k <= 64` and vocabularies up to
+    /// 262 144 tokens (the device then finds the top-k mass by merging per-program
+    /// top-k lists of at most 64).
+    pub fn device_can_sample(&self, vocab: usize) -> bool {
+        let both = self.top_k > 0 && self.top_p < 1.0;
+        self.temperature > 0.0
+            && (!both
+                || (self.top_k <= crate::tuning::SAMPLE_TOP_K_MAX
+                    && vocab.div_ceil(crate::tuning::SAMPLE_BLOCK)
+                        * crate::tuning::SAMPLE_TOP_K_MAX
+                        <= crate::tuning::SAMPLE_TOP_K_MERGE))
     }
 
     /// Checks the values; the error names the option.
@@ -386,6 +394,25 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn which_settings_draw_on_the_device() {
+        let s = |temperature, top_k, top_p| Sampling {
+            temperature,
+            top_k,
+            top_p,
+            seed: 0,
+        };
+        // Qwen3's recommended settings, at Qwen3's vocabulary.
+        assert!(s(0.6, 20, 0.95).device_can_sample(151_936));
+        assert!(s(0.8, 0, 0.9).device_can_sample(151_936));
+        assert!(s(0.8, 500, 1.0).device_can_sample(151_936));
+        assert!(s(0.8, 64, 0.9).device_can_sample(262_144));
+        // Greedy, too large a top-k with top-p, too many lists to merge.
+        assert!(!Sampling::greedy().device_can_sample(151_936));
+        assert!(!s(0.8, 65, 0.9).device_can_sample(151_936));
+        assert!(!s(0.8, 20, 0.9).device_can_sample(262_145));
     }
 
     #[test]

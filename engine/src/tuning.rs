@@ -207,6 +207,13 @@ pub const SAMPLE_BLOCK: usize = 1024;
 /// [`kernels::sample_pick`].
 pub const SAMPLE_REDUCE_WIDTHS: [usize; 3] = [64, 256, 1024];
 
+/// The largest `top_k` the device draws with when top-p is set too (`KM` of
+/// [`kernels::sample_topk_part`]).
+pub const SAMPLE_TOP_K_MAX: usize = 64;
+
+/// Candidates [`kernels::sample_topk_mass`] merges (`F`): programs × `SAMPLE_TOP_K_MAX`.
+pub const SAMPLE_TOP_K_MERGE: usize = 16384;
+
 /// The smallest compiled reduction width that covers `parts` programs of
 /// [`SAMPLE_BLOCK`] logits (`None` past the widest).
 pub fn sample_reduce_width(parts: usize) -> Option<usize> {

@@ -960,6 +960,8 @@ fn device_draw(
     let mut mass = dev.alloc_filled(parts * r, f32::NAN).unwrap();
     let mut z = dev.alloc_filled(parts, f32::NAN).unwrap();
     let mut result = dev.alloc_filled(2, -1i32).unwrap();
+    let mut part_top = dev.alloc_filled(parts * 64, f32::NAN).unwrap();
+    let mut zk = dev.alloc_filled(1, f32::NAN).unwrap();
     launch(
         &SAMPLE_DRAW,
         dev,
@@ -993,6 +995,53 @@ fn device_draw(
             (parts as i32).into(),
         ],
     );
+    if params.top_k > 0 && params.top_p < 1.0 {
+        launch(
+            &SAMPLE_TOPK_PART,
+            dev,
+            LaunchConfig::from(parts as u32),
+            &[b as i64, 64],
+            &mut [
+                logits.into(),
+                (&iparams).into(),
+                (&mut part_top).into(),
+                (n as i32).into(),
+            ],
+        );
+        launch(
+            &SAMPLE_TOPK_MASS,
+            dev,
+            LaunchConfig::from(1),
+            &[16384, 64],
+            &mut [
+                logits.into(),
+                (&fparams).into(),
+                (&iparams).into(),
+                (&state).into(),
+                (&part_top).into(),
+                (&mut zk).into(),
+                (parts as i32).into(),
+            ],
+        );
+        // The top-k mass against the host's.
+        let mut by_value: Vec<f32> = logits
+            .to_vec()
+            .unwrap()
+            .into_iter()
+            .filter(|l| !l.is_nan())
+            .collect();
+        by_value.sort_by(|a, b| b.total_cmp(a));
+        let max = by_value[0] as f64;
+        let want: f64 = by_value[..params.top_k.min(by_value.len())]
+            .iter()
+            .map(|&l| ((l as f64 - max) / params.temperature as f64).exp())
+            .sum();
+        let got = zk.to_vec().unwrap()[0] as f64;
+        assert!(
+            (got - want).abs() <= 1e-5 * want,
+            "top-k mass {got} vs {want} on {dev}"
+        );
+    }
     launch(
         &SAMPLE_PICK,
         dev,
@@ -1007,6 +1056,7 @@ fn device_draw(
             (&cnt).into(),
             (&mass).into(),
             (&z).into(),
+            (&zk).into(),
             (&mut result).into(),
             (parts as i32).into(),
         ],
@@ -1045,14 +1095,28 @@ fn device_sampling_follows_the_restricted_softmax() {
         logits[40] = f32::NAN;
         let greedy = 3; // 5.0 at 3 and 1100: the first wins
         let buf = dev.upload(&logits).unwrap();
-        let trials = if dev.is_cuda() { 4000 } else { 1200 };
-        for (t, k, p) in [(1.0f32, 0usize, 1.0f32), (0.7, 4, 1.0), (1.3, 0, 0.6)] {
+        let trials_for = |both: bool| match (dev.is_cuda(), both) {
+            (true, _) => 4000,
+            // The interpreter runs the top-k merge slowly.
+            (false, true) => 500,
+            (false, false) => 1200,
+        };
+        // Temperature alone, top-k, top-p, and top-k with top-p (a tie at the top-k
+        // boundary: 5.0 twice, and k = 2 keeps both).
+        for (t, k, p) in [
+            (1.0f32, 0usize, 1.0f32),
+            (0.7, 4, 1.0),
+            (1.3, 0, 0.6),
+            (2.0, 40, 0.5),
+            (1.0, 2, 0.7),
+        ] {
             let base = Sampling {
                 temperature: t,
                 top_k: k,
                 top_p: p,
                 seed: 0,
             };
+            let trials = trials_for(k > 0 && p < 1.0);
             let want = base.distribution(&logits);
             let total: f64 = want.iter().map(|&(_, w)| w).sum();
             let mut counts = vec![0usize; n];
