@@ -382,7 +382,7 @@ impl DeviceSampler {
             cnt: dev.zeros(slots)?,
             mass: dev.zeros(slots)?,
             z: dev.zeros(parts)?,
-            part_top: dev.zeros(parts * tuning::SAMPLE_TOP_K_MAX)?,
+            part_top: dev.zeros(tuning::SAMPLE_TOP_K_MERGE)?,
             zk: dev.zeros(1)?,
             result: dev.zeros(2)?,
             result_readback: dev.readback(2)?,
@@ -1020,13 +1020,14 @@ impl Decoder {
         )?;
         if params.top_k > 0 && params.top_p < 1.0 {
             let km = tuning::SAMPLE_TOP_K_MAX as i64;
+            let lists = self.cfg.vocab_size.div_ceil(tuning::SAMPLE_TOP_K_BLOCK);
             launch(
                 dev,
                 &mut first,
                 &SAMPLE_TOPK_PART,
-                ds.parts as u32,
-                &[block, km],
-                4,
+                lists as u32,
+                &[tuning::SAMPLE_TOP_K_BLOCK as i64, km],
+                8,
                 &mut [
                     (&s.logits).into(),
                     (&ds.iparams).into(),
@@ -1040,7 +1041,7 @@ impl Decoder {
                 &SAMPLE_TOPK_MASS,
                 1,
                 &[tuning::SAMPLE_TOP_K_MERGE as i64, km],
-                16,
+                8,
                 &mut [
                     (&s.logits).into(),
                     (&ds.fparams).into(),
@@ -1048,7 +1049,7 @@ impl Decoder {
                     (&s.state).into(),
                     (&ds.part_top).into(),
                     (&mut ds.zk).into(),
-                    parts.into(),
+                    (lists as i32).into(),
                 ],
             )?;
         }

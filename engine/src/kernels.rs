@@ -673,7 +673,7 @@ pub fn sample_pick<const R: usize, const PB: usize>(
 /// Sampling with top-k and top-p together, first pass: program `p` writes the `top_k`
 /// largest of its `B` logits (with repeats, largest first; `top_k <= KM`) to
 /// `part_top[p * KM ..]`, for [`sample_topk_mass`].
-#[kernel(crate = tilefuse_dsl, B = [1024], KM = [64], num_warps = [4])]
+#[kernel(crate = tilefuse_dsl, B = [4096], KM = [64], num_warps = [8])]
 pub fn sample_topk_part<const B: usize, const KM: usize>(
     logits: Ptr<f32>,
     iparams: Ptr<i32>,
@@ -693,8 +693,8 @@ pub fn sample_topk_part<const B: usize, const KM: usize>(
 /// Sampling with top-k and top-p together, second pass (one program): the `top_k`
 /// largest logits overall are the `top_k` largest of the programs' lists; their weight
 /// `exp((logit - max) / T)` summed is the top-k mass `zk[0]` that [`sample_pick`]
-/// measures the nucleus against. `PB * KM` covers `parts` lists of `KM`.
-#[kernel(crate = tilefuse_dsl, F = [16384], KM = [64], num_warps = [16])]
+/// measures the nucleus against. `F` covers `parts` lists of `KM`.
+#[kernel(crate = tilefuse_dsl, F = [4096], KM = [64], num_warps = [8])]
 pub fn sample_topk_mass<const F: usize, const KM: usize>(
     logits: Ptr<f32>,
     fparams: Ptr<f32>,

@@ -52,7 +52,7 @@ impl Sampling {
         self.temperature > 0.0
             && (!both
                 || (self.top_k <= crate::tuning::SAMPLE_TOP_K_MAX
-                    && vocab.div_ceil(crate::tuning::SAMPLE_BLOCK)
+                    && vocab.div_ceil(crate::tuning::SAMPLE_TOP_K_BLOCK)
                         * crate::tuning::SAMPLE_TOP_K_MAX
                         <= crate::tuning::SAMPLE_TOP_K_MERGE))
     }

@@ -211,8 +211,13 @@ pub const SAMPLE_REDUCE_WIDTHS: [usize; 3] = [64, 256, 1024];
 /// [`kernels::sample_topk_part`]).
 pub const SAMPLE_TOP_K_MAX: usize = 64;
 
+/// Logits per program of [`kernels::sample_topk_part`] (`B`): few lists to merge,
+/// since the merge is serial (H100: 1024 took ~70 µs a token for top-k 20, mostly in
+/// the merge of 149 lists).
+pub const SAMPLE_TOP_K_BLOCK: usize = 4096;
+
 /// Candidates [`kernels::sample_topk_mass`] merges (`F`): programs × `SAMPLE_TOP_K_MAX`.
-pub const SAMPLE_TOP_K_MERGE: usize = 16384;
+pub const SAMPLE_TOP_K_MERGE: usize = 4096;
 
 /// The smallest compiled reduction width that covers `parts` programs of
 /// [`SAMPLE_BLOCK`] logits (`None` past the widest).

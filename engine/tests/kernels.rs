@@ -960,7 +960,8 @@ fn device_draw(
     let mut mass = dev.alloc_filled(parts * r, f32::NAN).unwrap();
     let mut z = dev.alloc_filled(parts, f32::NAN).unwrap();
     let mut result = dev.alloc_filled(2, -1i32).unwrap();
-    let mut part_top = dev.alloc_filled(parts * 64, f32::NAN).unwrap();
+    let lists = n.div_ceil(4096);
+    let mut part_top = dev.alloc_filled(lists * 64, f32::NAN).unwrap();
     let mut zk = dev.alloc_filled(1, f32::NAN).unwrap();
     launch(
         &SAMPLE_DRAW,
@@ -999,8 +1000,8 @@ fn device_draw(
         launch(
             &SAMPLE_TOPK_PART,
             dev,
-            LaunchConfig::from(parts as u32),
-            &[b as i64, 64],
+            LaunchConfig::from(lists as u32),
+            &[4096, 64],
             &mut [
                 logits.into(),
                 (&iparams).into(),
@@ -1012,7 +1013,7 @@ fn device_draw(
             &SAMPLE_TOPK_MASS,
             dev,
             LaunchConfig::from(1),
-            &[16384, 64],
+            &[4096, 64],
             &mut [
                 logits.into(),
                 (&fparams).into(),
@@ -1020,7 +1021,7 @@ fn device_draw(
                 (&state).into(),
                 (&part_top).into(),
                 (&mut zk).into(),
-                (parts as i32).into(),
+                (lists as i32).into(),
             ],
         );
         // The top-k mass against the host's.
@@ -1188,5 +1189,74 @@ fn device_sampling_follows_the_restricted_softmax() {
             a.iter().collect::<std::collections::HashSet<_>>().len() > 1,
             "{dev}: {a:?}"
         );
+    }
+}
+
+#[test]
+fn top_k_mass_merges_the_programs_lists() {
+    for dev in devices("top_k_mass_merges_the_programs_lists") {
+        let mut rng = Rng::new(31337);
+        // Three lists of 4096 (the last partial), values on a coarse grid so that ties
+        // straddle the lists and the k-th place, and NaNs that never count.
+        let n = 10_000;
+        let mut logits: Vec<f32> = (0..n).map(|_| (rng.unit() * 2000.0).floor() / 64.0).collect();
+        for i in [5, 4100, 9999] {
+            logits[i] = f32::NAN;
+        }
+        let greedy = (0..n).filter(|&i| !logits[i].is_nan()).fold(0, |b, i| {
+            if logits[i] > logits[b] || logits[b].is_nan() {
+                i
+            } else {
+                b
+            }
+        });
+        let buf = dev.upload(&logits).unwrap();
+        let state = dev.upload(&[greedy as i32, 0]).unwrap();
+        let lists = n.div_ceil(4096);
+        let mut sorted: Vec<f32> = logits.iter().copied().filter(|l| !l.is_nan()).collect();
+        sorted.sort_by(|a, b| b.total_cmp(a));
+        for (k, t) in [(1usize, 1.0f32), (2, 0.5), (7, 1.0), (40, 2.0), (64, 0.7)] {
+            let fparams = dev.upload(&[t, 0.9f32]).unwrap();
+            let iparams = dev.upload(&[k as i32, 0]).unwrap();
+            let mut part_top = dev.alloc_filled(lists * 64, f32::NAN).unwrap();
+            let mut zk = dev.alloc_filled(1, f32::NAN).unwrap();
+            launch(
+                &SAMPLE_TOPK_PART,
+                &dev,
+                LaunchConfig::from(lists as u32),
+                &[4096, 64],
+                &mut [
+                    (&buf).into(),
+                    (&iparams).into(),
+                    (&mut part_top).into(),
+                    (n as i32).into(),
+                ],
+            );
+            launch(
+                &SAMPLE_TOPK_MASS,
+                &dev,
+                LaunchConfig::from(1),
+                &[4096, 64],
+                &mut [
+                    (&buf).into(),
+                    (&fparams).into(),
+                    (&iparams).into(),
+                    (&state).into(),
+                    (&part_top).into(),
+                    (&mut zk).into(),
+                    (lists as i32).into(),
+                ],
+            );
+            let max = sorted[0] as f64;
+            let want: f64 = sorted[..k]
+                .iter()
+                .map(|&l| ((l as f64 - max) / t as f64).exp())
+                .sum();
+            let got = zk.to_vec().unwrap()[0] as f64;
+            assert!(
+                (got - want).abs() <= 1e-5 * want,
+                "k={k} T={t} on {dev}: top-k mass {got}, want {want}"
+            );
+        }
     }
 }
