@@ -93,6 +93,9 @@ pub struct Generation {
     pub used_graph: bool,
     /// Whether generation ended on an end-of-sequence token.
     pub hit_eos: bool,
+    /// Tokens drawn on the host: every sampled one when the settings are not drawn on
+    /// the device, else those whose device draws all fell outside top-k/top-p.
+    pub host_draws: usize,
 }
 
 impl Generation {
@@ -226,6 +229,7 @@ impl Engine {
             decode_steps: 0,
             used_graph: false,
             hit_eos: false,
+            host_draws: 0,
         };
         if opts.max_new_tokens == 0 {
             return Ok(out);
@@ -318,6 +322,7 @@ impl Engine {
                 let logits = self.decoder.logits()?;
                 if host_draw {
                     token = sampler.sample(logits);
+                    out.host_draws += 1;
                 }
                 if opts.keep_logits {
                     out.logits.push(logits.to_vec());

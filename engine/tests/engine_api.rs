@@ -157,6 +157,19 @@ fn sampling_is_seeded_and_stays_in_the_top_k() {
                 "{dev} top_p={top_p}: another seed, other tokens"
             );
             assert!(b.logits.is_empty());
+            let on_device = a.tokens.len() - a.host_draws;
+            if top_k > 64 {
+                assert_eq!(
+                    on_device, 0,
+                    "{dev}: top-k {top_k} with top-p draws on the host"
+                );
+            }
+            if temperature < 1.0 && top_k <= 64 {
+                assert!(
+                    on_device > 0,
+                    "{dev} top_k={top_k}: no draw accepted on the device"
+                );
+            }
             for (t, l) in a.tokens.iter().zip(&a.logits) {
                 let mut order: Vec<usize> = (0..l.len()).collect();
                 order.sort_by(|&x, &y| l[y].total_cmp(&l[x]));

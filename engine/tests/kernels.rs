@@ -1199,7 +1199,9 @@ fn top_k_mass_merges_the_programs_lists() {
         // Three lists of 4096 (the last partial), values on a coarse grid so that ties
         // straddle the lists and the k-th place, and NaNs that never count.
         let n = 10_000;
-        let mut logits: Vec<f32> = (0..n).map(|_| (rng.unit() * 2000.0).floor() / 64.0).collect();
+        let mut logits: Vec<f32> = (0..n)
+            .map(|_| (rng.unit() * 2000.0).floor() / 64.0)
+            .collect();
         for i in [5, 4100, 9999] {
             logits[i] = f32::NAN;
         }

@@ -147,8 +147,17 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         std::fs::write(path, serde_json::to_vec(&json)?)
             .with_context(|| format!("writing {}", path.display()))?;
     }
+    let sampled = if args.temperature > 0.0 {
+        format!(
+            ", {} of {} tokens drawn on the host",
+            out.host_draws,
+            out.tokens.len()
+        )
+    } else {
+        String::new()
+    };
     eprintln!(
-        "{} prompt tokens in {:.1} ms, {} new tokens, {:.1} tokens/s, {:.3} ms/token, device {}, {}",
+        "{} prompt tokens in {:.1} ms, {} new tokens, {:.1} tokens/s, {:.3} ms/token, device {}, {}{sampled}",
         out.prompt_ids.len(),
         out.prompt_time.as_secs_f64() * 1e3,
         out.tokens.len(),
