@@ -214,28 +214,8 @@ fn time_sampled(
             dec.step()?;
         }
         host_us.push(t.elapsed().as_secs_f64() * 1e6);
-        let drawn = dec.take_device_sample()?;
-        fell_back = drawn.is_none();
-        input = match drawn {
-            Some(drawn) => {
-                if !speculate && !last {
-                    dec.step()?;
-                }
-                drawn
-            }
-            None => {
-                if speculate {
-                    dec.set_input(input, pos - 1)?;
-                    dec.step()?;
-                }
-                let drawn = sampler.sample(dec.logits()?);
-                if !last {
-                    dec.set_input(drawn, pos)?;
-                    dec.step()?;
-                }
-                drawn
-            }
-        };
+        (input, fell_back) =
+            dec.finish_device_sample(&mut sampler, input, pos, speculate, !last)?;
         let now = Instant::now();
         step_ms.push((now - arrived).as_secs_f64() * 1e3);
         arrived = now;

@@ -342,8 +342,7 @@ struct DeviceSampler {
     fparams: Buffer<f32>,
     iparams: Buffer<i32>,
     uploaded: Option<Sampling>,
-    /// Logits per program (`B`), programs, and the reduction width `PB` >= programs.
-    block: usize,
+    /// Programs of `tuning::SAMPLE_BLOCK` logits, and the reduction width `PB` >= them.
     parts: usize,
     reduce: usize,
     part_val: Buffer<f32>,
@@ -374,7 +373,6 @@ impl DeviceSampler {
             fparams: dev.zeros(2)?,
             iparams: dev.zeros(2)?,
             uploaded: None,
-            block,
             parts,
             reduce,
             part_val: dev.zeros(slots)?,
@@ -977,7 +975,11 @@ impl Decoder {
         }
         let (dev, s) = (&self.dev, &mut self.s);
         let vocab = self.cfg.vocab_size as i32;
-        let (block, reduce, parts) = (ds.block as i64, ds.reduce as i64, ds.parts as i32);
+        let (block, reduce, parts) = (
+            tuning::SAMPLE_BLOCK as i64,
+            ds.reduce as i64,
+            ds.parts as i32,
+        );
         let r = SAMPLE_STREAMS as i64;
         // Serialized: it reads what the whole step wrote.
         let mut first = true;
@@ -1086,6 +1088,41 @@ impl Decoder {
         })?;
         let out = ds.result_readback.wait()?;
         Ok((out[1] == 0).then_some(out[0] as u32))
+    }
+
+    /// Finishes a draw queued with [`Decoder::queue_device_sample`] behind the step
+    /// that decoded `input` at `pos - 1`, and leaves the step that decodes the drawn
+    /// token at `pos` queued when `queue_next`. `speculated`: that next step was already
+    /// queued behind the draw (it decodes the device's draw, or the greedy token when
+    /// the host must draw: then both steps run again, each rewriting only its own cache
+    /// position). Returns the token and whether the host drew it (from `sampler`, when
+    /// every device draw fell outside top-k/top-p).
+    pub fn finish_device_sample(
+        &mut self,
+        sampler: &mut crate::sampling::Sampler,
+        input: u32,
+        pos: usize,
+        speculated: bool,
+        queue_next: bool,
+    ) -> Result<(u32, bool)> {
+        if let Some(token) = self.take_device_sample()? {
+            // `state` holds the draw already.
+            if queue_next && !speculated {
+                self.step()?;
+            }
+            return Ok((token, false));
+        }
+        if speculated {
+            // The speculative step overwrote the logits: run this one again.
+            self.set_input(input, pos - 1)?;
+            self.step()?;
+        }
+        let token = sampler.sample(self.logits()?);
+        if queue_next {
+            self.set_input(token, pos)?;
+            self.step()?;
+        }
+        Ok((token, true))
     }
 
     /// Waits for the device to finish all queued work.

@@ -284,20 +284,18 @@ impl Engine {
                 if speculate {
                     self.decoder.step()?;
                 }
-                match self.decoder.take_device_sample()? {
-                    Some(t) => {
-                        token = t;
-                        host_draw = false;
-                        queued_next = speculate;
-                    }
-                    None if speculate => {
-                        // The queued step overwrote the logits: run this one again.
-                        self.decoder.set_input(input, pos - 1)?;
-                        self.decoder.step()?;
-                    }
-                    None => {}
-                }
-                fell_back = host_draw;
+                let (t, on_host) = self.decoder.finish_device_sample(
+                    &mut sampler,
+                    input,
+                    pos,
+                    speculate,
+                    !last,
+                )?;
+                token = t;
+                host_draw = false;
+                out.host_draws += usize::from(on_host);
+                fell_back = on_host;
+                queued_next = true;
             } else if pipelined {
                 // The device has written the greedy token and the next position.
                 self.decoder.queue_state_read()?;

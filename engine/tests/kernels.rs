@@ -938,7 +938,6 @@ fn attention_qwen3_shape_on_gpu() {
 /// One device draw: `sample_draw`, `sample_check`, `sample_pick` over `logits` with
 /// `state = [greedy, pos]`; `Some(token)` if a draw was accepted (then `state[0]` must
 /// hold it), `None` if the host must draw.
-#[allow(clippy::too_many_arguments)]
 fn device_draw(
     dev: &Device,
     logits: &Buffer<f32>,
