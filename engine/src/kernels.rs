@@ -56,7 +56,14 @@ pub fn embed<const B: usize>(table: Ptr<bf16>, state: Ptr<i32>, x: Ptr<bf16>, h:
 ///
 /// RMSNorm rounds like the reference: `bf16(norm_w * bf16(x * inv_rms))`. Every program
 /// recomputes `inv_rms`; `x` is a few KiB and stays in cache.
-#[kernel(crate = tilefuse_dsl, BLOCK_N = [1, 2, 4, 8, 16], BLOCK_K = [256, 512, 1024], num_warps = [4, 8])]
+#[kernel(
+    crate = tilefuse_dsl,
+    BLOCK_N = [1, 2, 4, 8, 16],
+    BLOCK_K = [256, 512, 1024],
+    num_warps = [4, 8],
+    // A 16 x 1024 tile for 128 threads, with the bias held across it, spills on sm_80.
+    skip(BLOCK_N = 16, BLOCK_K = 1024, num_warps = 4)
+)]
 pub fn rms_norm_gemv<const BLOCK_N: usize, const BLOCK_K: usize>(
     x: Ptr<bf16>,
     norm_w: Ptr<bf16>,
@@ -79,6 +86,8 @@ pub fn rms_norm_gemv<const BLOCK_N: usize, const BLOCK_K: usize>(
         row_ok.expand_dims(1) & col_ok.expand_dims(0),
         0.0,
     );
+    let g_first = load(norm_w + cols, col_ok, 0.0);
+    let b = load(bias + rows, row_ok, 0.0) as f32;
     // Weights are never written during decode: only now wait for the kernels before
     // this one (with programmatic launch on Hopper, the loads above overlap their tail).
     wait_for_prior_kernels();
@@ -92,8 +101,7 @@ pub fn rms_norm_gemv<const BLOCK_N: usize, const BLOCK_K: usize>(
     let inv_rms = 1.0 / sqrt(sq.sum(0) / (k as f32) + eps);
 
     let xv = load(x + cols, col_ok, 0.0) as f32;
-    let g = load(norm_w + cols, col_ok, 0.0) as f32;
-    let xn = (g * ((xv * inv_rms) as bf16 as f32)) as bf16 as f32;
+    let xn = ((g_first as f32) * ((xv * inv_rms) as bf16 as f32)) as bf16 as f32;
     let mut acc = (w_first as f32) * xn.expand_dims(0);
     for k0 in (BLOCK_K..k).step_by(BLOCK_K) {
         let cols = k0 + arange(0, BLOCK_K);
@@ -105,7 +113,6 @@ pub fn rms_norm_gemv<const BLOCK_N: usize, const BLOCK_K: usize>(
         let wt = load(w + row_offs + cols.expand_dims(0), mask, 0.0) as f32;
         acc += wt * xn.expand_dims(0);
     }
-    let b = load(bias + rows, row_ok, 0.0) as f32;
     store(y + rows, (acc.sum(1) + b) as bf16, row_ok);
 }
 
@@ -131,7 +138,11 @@ pub fn gemv_residual<const BLOCK_N: usize, const BLOCK_K: usize>(
         row_ok.expand_dims(1) & col_ok.expand_dims(0),
         0.0,
     );
+    let b = load(bias + rows, row_ok, 0.0) as f32;
     wait_for_prior_kernels();
+    // Everything the end needs is requested now, not after the reduction (each load
+    // issued after a barrier costs its own round trip).
+    let old = load(x + rows, row_ok, 0.0) as f32;
     let av = load(a + cols, col_ok, 0.0) as f32;
     let mut acc = (w_first as f32) * av.expand_dims(0);
     for k0 in (BLOCK_K..k).step_by(BLOCK_K) {
@@ -142,9 +153,7 @@ pub fn gemv_residual<const BLOCK_N: usize, const BLOCK_K: usize>(
         let wt = load(w + row_offs + cols.expand_dims(0), mask, 0.0) as f32;
         acc += wt * av.expand_dims(0);
     }
-    let b = load(bias + rows, row_ok, 0.0) as f32;
     let proj = (acc.sum(1) + b) as bf16 as f32;
-    let old = load(x + rows, row_ok, 0.0) as f32;
     store(x + rows, (old + proj) as bf16, row_ok);
 }
 
@@ -170,6 +179,7 @@ pub fn rms_norm_gate_up<const BLOCK_N: usize, const BLOCK_K: usize>(
     let mask = row_ok.expand_dims(1) & col_ok.expand_dims(0);
     let g_first = load(w + row_offs + cols.expand_dims(0), mask, 0.0);
     let u_first = load(w + inter * k + row_offs + cols.expand_dims(0), mask, 0.0);
+    let gw_first = load(norm_w + cols, col_ok, 0.0) as f32;
     wait_for_prior_kernels();
 
     let mut sq = zeros::<f32>([BLOCK_K]);
@@ -181,8 +191,7 @@ pub fn rms_norm_gate_up<const BLOCK_N: usize, const BLOCK_K: usize>(
     let inv_rms = 1.0 / sqrt(sq.sum(0) / (k as f32) + eps);
 
     let xv = load(x + cols, col_ok, 0.0) as f32;
-    let gw = load(norm_w + cols, col_ok, 0.0) as f32;
-    let xn = ((gw * ((xv * inv_rms) as bf16 as f32)) as bf16 as f32).expand_dims(0);
+    let xn = ((gw_first * ((xv * inv_rms) as bf16 as f32)) as bf16 as f32).expand_dims(0);
     let mut acc_g = (g_first as f32) * xn;
     let mut acc_u = (u_first as f32) * xn;
     for k0 in (BLOCK_K..k).step_by(BLOCK_K) {
@@ -287,6 +296,11 @@ pub fn attention_split<const D: usize, const G: usize, const BS: usize, const ST
     let mut vt = load(v_cache + offs + d.expand_dims(0), ok, 0.0);
     let rot_cos = load(rope_cos + pos * (D / 2) + i);
     let rot_sin = load(rope_sin + pos * (D / 2) + i);
+    // Norm weights: with ones when the model has no QK-norm.
+    let qw_lo = (load(q_norm_w + i) as f32).expand_dims(0);
+    let qw_hi = (load(q_norm_w + D / 2 + i) as f32).expand_dims(0);
+    let kw_lo = load(k_norm_w + i) as f32;
+    let kw_hi = load(k_norm_w + D / 2 + i) as f32;
     // Everything above was written before this step began (the position by the last
     // step, cache rows below `pos` by earlier ones): only the projection `qkv` comes
     // from the kernel just before.
@@ -309,10 +323,8 @@ pub fn attention_split<const D: usize, const G: usize, const BS: usize, const ST
     let v_new = load(qkv + (num_heads + num_programs(0) + kv_head) * D + d);
     if use_norm != 0 {
         let inv_rms = 1.0 / sqrt(((a * a).sum(1) + (b * b).sum(1)) / (D as f32) + eps);
-        let w_lo = (load(q_norm_w + i) as f32).expand_dims(0);
-        let w_hi = (load(q_norm_w + D / 2 + i) as f32).expand_dims(0);
-        a = (w_lo * ((a * inv_rms.expand_dims(1)) as bf16 as f32)) as bf16 as f32;
-        b = (w_hi * ((b * inv_rms.expand_dims(1)) as bf16 as f32)) as bf16 as f32;
+        a = (qw_lo * ((a * inv_rms.expand_dims(1)) as bf16 as f32)) as bf16 as f32;
+        b = (qw_hi * ((b * inv_rms.expand_dims(1)) as bf16 as f32)) as bf16 as f32;
     }
     let q_lo = (((a * c) as bf16 as f32) + ((-b * sn) as bf16 as f32)) as bf16 as f32;
     let q_hi = (((b * c) as bf16 as f32) + ((a * sn) as bf16 as f32)) as bf16 as f32;
@@ -366,10 +378,8 @@ pub fn attention_split<const D: usize, const G: usize, const BS: usize, const ST
     if (pos >= start) & (pos < start + per_split) {
         if use_norm != 0 {
             let inv_rms = 1.0 / sqrt(((ka * ka).sum(0) + (kb * kb).sum(0)) / (D as f32) + eps);
-            let w_lo = load(k_norm_w + i) as f32;
-            let w_hi = load(k_norm_w + D / 2 + i) as f32;
-            ka = (w_lo * ((ka * inv_rms) as bf16 as f32)) as bf16 as f32;
-            kb = (w_hi * ((kb * inv_rms) as bf16 as f32)) as bf16 as f32;
+            ka = (kw_lo * ((ka * inv_rms) as bf16 as f32)) as bf16 as f32;
+            kb = (kw_hi * ((kb * inv_rms) as bf16 as f32)) as bf16 as f32;
         }
         let k_new_lo = (((ka * rot_cos) as bf16 as f32) + ((-kb * rot_sin) as bf16 as f32)) as bf16;
         let k_new_hi = (((kb * rot_cos) as bf16 as f32) + ((ka * rot_sin) as bf16 as f32)) as bf16;
@@ -416,16 +426,18 @@ pub fn attention_combine<const D: usize, const S: usize, const DC: usize>(
     let s = arange(0, S);
     let ok = s < splits;
     let slot = head * splits + s;
-    let m = load(part_m + slot, ok, f32::NEG_INFINITY);
-    // Empty splits hold m = -inf and weigh exp(-inf) = 0; split 0 is never empty.
-    let weight = exp(m - m.max(0));
-    let denom = (weight * load(part_l + slot, ok, 0.0)).sum(0);
     let d = program_id(1) * DC + arange(0, DC);
+    // All three loads first: one round trip, not one after each reduction.
+    let m = load(part_m + slot, ok, f32::NEG_INFINITY);
+    let l = load(part_l + slot, ok, 0.0);
     let acc = load(
         part_acc + slot.expand_dims(1) * D + d.expand_dims(0),
         ok.expand_dims(1),
         0.0,
     );
+    // Empty splits hold m = -inf and weigh exp(-inf) = 0; split 0 is never empty.
+    let weight = exp(m - m.max(0));
+    let denom = (weight * l).sum(0);
     let o = (acc * weight.expand_dims(1)).sum(0) / denom;
     store(out + head * D + d, o as bf16);
 }
@@ -457,6 +469,7 @@ pub fn lm_head_argmax<const BLOCK_N: usize, const BLOCK_K: usize>(
         row_ok.expand_dims(1) & col_ok.expand_dims(0),
         0.0,
     );
+    let g_first = load(norm_w + cols, col_ok, 0.0);
     // Weights are never written during decode: only now wait for the kernels before
     // this one (with programmatic launch on Hopper, the loads above overlap their tail).
     wait_for_prior_kernels();
@@ -470,8 +483,7 @@ pub fn lm_head_argmax<const BLOCK_N: usize, const BLOCK_K: usize>(
     let inv_rms = 1.0 / sqrt(sq.sum(0) / (k as f32) + eps);
 
     let xv = load(x + cols, col_ok, 0.0) as f32;
-    let g = load(norm_w + cols, col_ok, 0.0) as f32;
-    let xn = (g * ((xv * inv_rms) as bf16 as f32)) as bf16 as f32;
+    let xn = ((g_first as f32) * ((xv * inv_rms) as bf16 as f32)) as bf16 as f32;
     let mut acc = (w_first as f32) * xn.expand_dims(0);
     for k0 in (BLOCK_K..k).step_by(BLOCK_K) {
         let cols = k0 + arange(0, BLOCK_K);
