@@ -117,7 +117,15 @@ pub fn rms_norm_gemv<const BLOCK_N: usize, const BLOCK_K: usize>(
 }
 
 /// `x = bf16(x + bf16(W · a + bias))`: a projection added into the residual stream.
-#[kernel(crate = tilefuse_dsl, BLOCK_N = [1, 2, 4, 8], BLOCK_K = [256, 512, 1024, 2048], num_warps = [4, 8])]
+#[kernel(
+    crate = tilefuse_dsl,
+    BLOCK_N = [1, 2, 4, 8],
+    // 4096: a down projection's whole row (k = 3072) requested before the wait.
+    BLOCK_K = [256, 512, 1024, 2048, 4096],
+    num_warps = [4, 8],
+    // 8 x 4096 weights for 128 threads spill.
+    skip(BLOCK_N = 8, BLOCK_K = 4096, num_warps = 4)
+)]
 pub fn gemv_residual<const BLOCK_N: usize, const BLOCK_K: usize>(
     w: Ptr<bf16>,
     a: Ptr<bf16>,

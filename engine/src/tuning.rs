@@ -48,15 +48,21 @@ pub fn gemv_config(n: usize, k: usize) -> GemvConfig {
 /// From `tilefuse bench --sweep` (every compiled variant timed inside the captured
 /// decode step of Qwen3-0.6B, H100, 2026-11-22, see docs/perf.md): tall matrices (many
 /// rows, `k` ≈ 1024) do best with 8 rows per program, 512-column steps and 4 warps;
-/// short wide ones (`n` ≈ 1024, `k` ≥ 2048) with 8 rows per program and 2048-column
-/// steps over 8 warps (4 rows, or 1024-column steps, within noise). Timed alone, kernels rank differently: the step overlaps each
-/// kernel's start with its predecessor's tail, which favours fewer, larger programs.
+/// short wide ones (`n` ≈ 1024, `k` = 2048) with 8 rows per program and 2048-column
+/// steps over 8 warps (4 rows, or 1024-column steps, within noise), wider ones with 2
+/// rows and 1024-column steps. Timed alone, kernels can rank differently: the step
+/// overlaps each kernel's start with its predecessor's tail.
 pub fn gemv_config_for(n: usize, k: usize, sm_count: usize) -> GemvConfig {
     let tall = n >= 8 * 2 * sm_count.max(1);
-    let (block_n, block_k, num_warps) = match (tall, k >= 2048) {
+    let (block_n, block_k, num_warps) = match (tall, k) {
         (true, _) => (8, 512, 4),
-        (false, true) => (8, 2048, 8),
-        (false, false) => (8, 1024, 8),
+        // Past 2048 columns (Qwen3-0.6B's down projection, 1024 x 3072), 2 rows with
+        // 1024-column steps beat 8 x 2048 both inside the step and alone (H100,
+        // 2026-11-22: 4.39 -> 3.85 us alone), once the kernels requested their bias
+        // and residual before reducing.
+        (false, 2049..) => (2, 1024, 8),
+        (false, 2048) => (8, 2048, 8),
+        (false, _) => (8, 1024, 8),
     };
     GemvConfig {
         block_n,
