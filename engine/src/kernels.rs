@@ -330,7 +330,7 @@ pub fn attention_split<const D: usize, const G: usize, const BS: usize, const ST
     let mut kb = load(qkv + k_offs + D / 2) as f32;
     let v_new = load(qkv + (num_heads + num_programs(0) + kv_head) * D + d);
     if use_norm != 0 {
-        let inv_rms = 1.0 / sqrt(((a * a).sum(1) + (b * b).sum(1)) / (D as f32) + eps);
+        let inv_rms = 1.0 / sqrt((a * a + b * b).sum(1) / (D as f32) + eps);
         a = (qw_lo * ((a * inv_rms.expand_dims(1)) as bf16 as f32)) as bf16 as f32;
         b = (qw_hi * ((b * inv_rms.expand_dims(1)) as bf16 as f32)) as bf16 as f32;
     }
@@ -360,8 +360,16 @@ pub fn attention_split<const D: usize, const G: usize, const BS: usize, const ST
             next_k_hi = load(k_cache + next_offs + D / 2 + i.expand_dims(0), next_ok, 0.0);
             next_vt = load(v_cache + next_offs + d.expand_dims(0), next_ok, 0.0);
         }
-        let dots = ((k_lo as f32).expand_dims(0) * q_lo.expand_dims(1)).sum(2)
-            + ((k_hi as f32).expand_dims(0) * q_hi.expand_dims(1)).sum(2);
+        let lo = (k_lo as f32).expand_dims(0) * q_lo.expand_dims(1);
+        let hi = (k_hi as f32).expand_dims(0) * q_hi.expand_dims(1);
+        // One reduction over both halves where registers allow (double buffering
+        // holds two tiles, and the summed products would spill).
+        let mut dots = zeros::<f32>([G, BS]);
+        if STAGES == 1 {
+            dots = (lo + hi).sum(2);
+        } else {
+            dots = lo.sum(2) + hi.sum(2);
+        }
         let scores = ((dots as bf16 as f32) * scale) as bf16 as f32;
         let scores = select(ok.expand_dims(0), scores, f32::NEG_INFINITY);
         let m_new = maximum(m, scores.max(1));
@@ -385,7 +393,7 @@ pub fn attention_split<const D: usize, const G: usize, const BS: usize, const ST
     // The new position, from registers; its program appends it to the caches.
     if (pos >= start) & (pos < start + per_split) {
         if use_norm != 0 {
-            let inv_rms = 1.0 / sqrt(((ka * ka).sum(0) + (kb * kb).sum(0)) / (D as f32) + eps);
+            let inv_rms = 1.0 / sqrt((ka * ka + kb * kb).sum(0) / (D as f32) + eps);
             ka = (kw_lo * ((ka * inv_rms) as bf16 as f32)) as bf16 as f32;
             kb = (kw_hi * ((kb * inv_rms) as bf16 as f32)) as bf16 as f32;
         }
@@ -397,8 +405,9 @@ pub fn attention_split<const D: usize, const G: usize, const BS: usize, const ST
             store(k_cache + at + D / 2 + i, k_new_hi);
             store(v_cache + at + d, v_new);
         }
-        let dots = (q_lo * (k_new_lo as f32).expand_dims(0)).sum(1)
-            + (q_hi * (k_new_hi as f32).expand_dims(0)).sum(1);
+        let dots = (q_lo * (k_new_lo as f32).expand_dims(0)
+            + q_hi * (k_new_hi as f32).expand_dims(0))
+        .sum(1);
         let score = ((dots as bf16 as f32) * scale) as bf16 as f32;
         let m_new = maximum(m, score);
         let p = exp(score - m_new);
