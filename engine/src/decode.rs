@@ -356,6 +356,9 @@ struct DeviceSampler {
     /// `[token, needs_host]`.
     result: Buffer<i32>,
     result_readback: Readback<i32>,
+    /// The draw's launches recorded as a CUDA graph (used while steps replay one),
+    /// with whether it includes the top-k mass kernels.
+    graph: Option<(bool, Graph)>,
 }
 
 impl DeviceSampler {
@@ -384,6 +387,7 @@ impl DeviceSampler {
             zk: dev.zeros(1)?,
             result: dev.zeros(2)?,
             result_readback: dev.readback(2)?,
+            graph: None,
         })
     }
 }
@@ -946,7 +950,8 @@ impl Decoder {
     /// The first half of [`Decoder::sample_on_device`]: queues the draw behind the
     /// steps queued so far, and the copy of its outcome, without waiting. A step
     /// queued next decodes the drawn token (or, when the host must draw, the greedy
-    /// one: that step must then be redone).
+    /// one: that step must then be redone). While steps replay a graph, the draw's
+    /// launches are recorded on first use and replay as a second graph.
     pub fn queue_device_sample(&mut self, params: &Sampling) -> Result<()> {
         params.validate()?;
         if !params.device_can_sample(self.cfg.vocab_size) {
@@ -973,109 +978,20 @@ impl Decoder {
                 .copy_from_host(&[params.top_k.min(i32::MAX as usize) as i32, seed])?;
             ds.uploaded = Some(params.clone());
         }
-        let (dev, s) = (&self.dev, &mut self.s);
-        let vocab = self.cfg.vocab_size as i32;
-        let (block, reduce, parts) = (
-            tuning::SAMPLE_BLOCK as i64,
-            ds.reduce as i64,
-            ds.parts as i32,
-        );
-        let r = SAMPLE_STREAMS as i64;
-        // Serialized: it reads what the whole step wrote.
-        let mut first = true;
-        launch(
-            dev,
-            &mut first,
-            &SAMPLE_DRAW,
-            ds.parts as u32,
-            &[block, r],
-            4,
-            &mut [
-                (&s.logits).into(),
-                (&ds.fparams).into(),
-                (&ds.iparams).into(),
-                (&s.state).into(),
-                (&mut ds.part_val).into(),
-                (&mut ds.part_idx).into(),
-                vocab.into(),
-            ],
-        )?;
-        launch(
-            dev,
-            &mut first,
-            &SAMPLE_CHECK,
-            ds.parts as u32,
-            &[block, r, reduce],
-            4,
-            &mut [
-                (&s.logits).into(),
-                (&ds.fparams).into(),
-                (&s.state).into(),
-                (&ds.part_val).into(),
-                (&ds.part_idx).into(),
-                (&mut ds.cnt).into(),
-                (&mut ds.mass).into(),
-                (&mut ds.z).into(),
-                vocab.into(),
-                parts.into(),
-            ],
-        )?;
-        if params.top_k > 0 && params.top_p < 1.0 {
-            let km = tuning::SAMPLE_TOP_K_MAX as i64;
-            let lists = self.cfg.vocab_size.div_ceil(tuning::SAMPLE_TOP_K_BLOCK);
-            launch(
-                dev,
-                &mut first,
-                &SAMPLE_TOPK_PART,
-                lists as u32,
-                &[tuning::SAMPLE_TOP_K_BLOCK as i64, km],
-                8,
-                &mut [
-                    (&s.logits).into(),
-                    (&ds.iparams).into(),
-                    (&mut ds.part_top).into(),
-                    vocab.into(),
-                ],
-            )?;
-            launch(
-                dev,
-                &mut first,
-                &SAMPLE_TOPK_MASS,
-                1,
-                &[tuning::SAMPLE_TOP_K_MERGE as i64, km],
-                8,
-                &mut [
-                    (&s.logits).into(),
-                    (&ds.fparams).into(),
-                    (&ds.iparams).into(),
-                    (&s.state).into(),
-                    (&ds.part_top).into(),
-                    (&mut ds.zk).into(),
-                    (lists as i32).into(),
-                ],
-            )?;
+        let mass = params.top_k > 0 && params.top_p < 1.0;
+        let (dev, s, vocab) = (&self.dev, &mut self.s, self.cfg.vocab_size);
+        if self.graph.is_none() {
+            draw_on_device(dev, s, ds, vocab, mass)?;
+        } else if let Some((_, graph)) = ds.graph.as_ref().filter(|(m, _)| *m == mass) {
+            graph.launch()?;
+        } else {
+            // Steps replay a graph: so does the draw. The first one of this kernel set
+            // runs eagerly (loading its kernels), then the same launches are recorded.
+            ds.graph = None;
+            draw_on_device(dev, s, ds, vocab, mass)?;
+            let graph = dev.capture(|| draw_on_device(dev, s, ds, vocab, mass))?;
+            ds.graph = Some((mass, graph));
         }
-        launch(
-            dev,
-            &mut first,
-            &SAMPLE_PICK,
-            1,
-            &[r, reduce],
-            4,
-            &mut [
-                (&ds.fparams).into(),
-                (&ds.iparams).into(),
-                (&mut s.state).into(),
-                (&ds.part_val).into(),
-                (&ds.part_idx).into(),
-                (&ds.cnt).into(),
-                (&ds.mass).into(),
-                (&ds.z).into(),
-                (&ds.zk).into(),
-                (&mut ds.result).into(),
-                parts.into(),
-            ],
-        )?;
         ds.result_readback.enqueue(&ds.result)?;
         Ok(())
     }
@@ -1216,6 +1132,120 @@ impl Decoder {
 /// predecessors (programmatic launch) and read the position, the KV cache and the RoPE
 /// tables before waiting for them, which is safe only once the previous step has
 /// finished writing them.
+/// Queues the device draw's launches (see [`Decoder::queue_device_sample`]): Gumbel-max
+/// draws, their ranks and masses, the top-k mass when `mass` (top-k with top-p), and the
+/// pick into `state` and `ds.result`.
+fn draw_on_device(
+    dev: &Device,
+    s: &mut Scratch,
+    ds: &mut DeviceSampler,
+    vocab: usize,
+    mass: bool,
+) -> Result<()> {
+    let (block, reduce, parts) = (
+        tuning::SAMPLE_BLOCK as i64,
+        ds.reduce as i64,
+        ds.parts as i32,
+    );
+    let r = SAMPLE_STREAMS as i64;
+    // Serialized: it reads what the whole step wrote.
+    let mut first = true;
+    launch(
+        dev,
+        &mut first,
+        &SAMPLE_DRAW,
+        ds.parts as u32,
+        &[block, r],
+        4,
+        &mut [
+            (&s.logits).into(),
+            (&ds.fparams).into(),
+            (&ds.iparams).into(),
+            (&s.state).into(),
+            (&mut ds.part_val).into(),
+            (&mut ds.part_idx).into(),
+            (vocab as i32).into(),
+        ],
+    )?;
+    launch(
+        dev,
+        &mut first,
+        &SAMPLE_CHECK,
+        ds.parts as u32,
+        &[block, r, reduce],
+        4,
+        &mut [
+            (&s.logits).into(),
+            (&ds.fparams).into(),
+            (&s.state).into(),
+            (&ds.part_val).into(),
+            (&ds.part_idx).into(),
+            (&mut ds.cnt).into(),
+            (&mut ds.mass).into(),
+            (&mut ds.z).into(),
+            (vocab as i32).into(),
+            parts.into(),
+        ],
+    )?;
+    if mass {
+        let km = tuning::SAMPLE_TOP_K_MAX as i64;
+        let lists = vocab.div_ceil(tuning::SAMPLE_TOP_K_BLOCK);
+        launch(
+            dev,
+            &mut first,
+            &SAMPLE_TOPK_PART,
+            lists as u32,
+            &[tuning::SAMPLE_TOP_K_BLOCK as i64, km],
+            8,
+            &mut [
+                (&s.logits).into(),
+                (&ds.iparams).into(),
+                (&mut ds.part_top).into(),
+                (vocab as i32).into(),
+            ],
+        )?;
+        launch(
+            dev,
+            &mut first,
+            &SAMPLE_TOPK_MASS,
+            1,
+            &[tuning::SAMPLE_TOP_K_MERGE as i64, km],
+            8,
+            &mut [
+                (&s.logits).into(),
+                (&ds.fparams).into(),
+                (&ds.iparams).into(),
+                (&s.state).into(),
+                (&ds.part_top).into(),
+                (&mut ds.zk).into(),
+                (lists as i32).into(),
+            ],
+        )?;
+    }
+    launch(
+        dev,
+        &mut first,
+        &SAMPLE_PICK,
+        1,
+        &[r, reduce],
+        4,
+        &mut [
+            (&ds.fparams).into(),
+            (&ds.iparams).into(),
+            (&mut s.state).into(),
+            (&ds.part_val).into(),
+            (&ds.part_idx).into(),
+            (&ds.cnt).into(),
+            (&ds.mass).into(),
+            (&ds.z).into(),
+            (&ds.zk).into(),
+            (&mut ds.result).into(),
+            parts.into(),
+        ],
+    )?;
+    Ok(())
+}
+
 fn launch(
     dev: &Device,
     first: &mut bool,

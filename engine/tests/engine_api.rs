@@ -122,6 +122,9 @@ fn sampling_is_seeded_and_stays_in_the_top_k() {
         // Graph replays on the GPU: each sample is written over the device's greedy
         // token before the next step.
         let mut e = engine(dev, dev.is_cuda(), 64);
+        // The draw's launches replay as a graph too when steps do; without graphs they
+        // launch one by one, and must draw the same tokens.
+        let mut eager = dev.is_cuda().then(|| engine(dev, false, 64));
         // On the device: top-k with top-p, top-k alone (with this model's flat logits
         // mostly through the host fallback at temperature 1.5, mostly accepted at 0.2);
         // on the host: top-k above 64 with top-p.
@@ -152,6 +155,14 @@ fn sampling_is_seeded_and_stays_in_the_top_k() {
                 a.tokens, b.tokens,
                 "{dev} top_p={top_p}: same seed, same tokens"
             );
+            if let Some(eager) = eager.as_mut() {
+                let d = sampled(eager, 1, false);
+                assert_eq!(
+                    (&d.tokens, d.host_draws),
+                    (&b.tokens, b.host_draws),
+                    "{dev} top_k={top_k} top_p={top_p}: graph and eager draws differ"
+                );
+            }
             assert_ne!(
                 a.tokens, c.tokens,
                 "{dev} top_p={top_p}: another seed, other tokens"
