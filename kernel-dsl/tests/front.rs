@@ -289,6 +289,56 @@ fn immutable_assignment_and_unknown_names() {
 }
 
 #[test]
+fn a_pointer_from_several_parameters_takes_the_most_careful_cache_path() {
+    // `p` may point into `a` or `b` (an `if`), `q` into `c` or `d` (a loop): stores
+    // through them write all four, so loads of `b` and `d` go through L2 (`.cg`); a load
+    // through `r`, which may read `w` (unwritten, loaded before the wait: `.nc`) or `e`
+    // (ordinary after the wait), takes the ordinary path.
+    let src = "#[kernel(B = [128])] fn k<const B: usize>(w: Ptr<f32>, a: Ptr<f32>, b: Ptr<f32>, c: Ptr<f32>, d: Ptr<f32>, e: Ptr<f32>, n: i32) {
+        let offs = arange(0, B);
+        let wv = load(w + offs);
+        wait_for_prior_kernels();
+        let mut p = a;
+        if n > 0 {
+            p = b;
+        }
+        store(p + offs, wv);
+        let mut q = c;
+        for i in (0..n).step_by(1) {
+            q = d;
+        }
+        store(q + offs, wv);
+        let mut r = w;
+        if n > 5 {
+            r = e;
+        }
+        store(a + offs, load(b + offs) + load(d + offs) + load(r + offs));
+    }";
+    let k = compile_source(src, &spec(&[("B", 128)], 4)).unwrap();
+    assert_eq!(k.written_params(), vec![1, 2, 3, 4]);
+    let p90 = tilefuse_dsl::back::ptx::compile(&k, tilefuse_dsl::back::ptx::Target::Sm90).unwrap();
+    let loads: Vec<&str> = p90
+        .ptx
+        .lines()
+        .filter_map(|l| l.split_whitespace().find(|op| op.starts_with("ld.global")))
+        .collect();
+    assert_eq!(loads.len(), 4, "{loads:?}");
+    assert!(loads[0].contains(".nc"), "w before the wait: {loads:?}");
+    assert!(
+        loads[1].contains(".cg"),
+        "b is written through p: {loads:?}"
+    );
+    assert!(
+        loads[2].contains(".cg"),
+        "d is written through q: {loads:?}"
+    );
+    assert!(
+        !loads[3].contains(".nc") && !loads[3].contains(".cg"),
+        "w or e: the ordinary path: {loads:?}"
+    );
+}
+
+#[test]
 fn wait_for_prior_kernels_only_at_top_level_and_placed_in_sm90_ptx() {
     let e = error_of(
         "#[kernel] fn k(x: Ptr<f32>, n: i32) { if n > 0 { wait_for_prior_kernels(); } }",

@@ -429,10 +429,18 @@ fn write_accesses(out: &mut String, src: &Src, kernel: &Kernel, p: &PtxKernel) {
             AccessKind::Store => "store",
             AccessKind::Atomic => "atomic",
         };
-        let param = kernel
-            .root_param(a.ptr)
-            .and_then(|i| kernel.params.get(i))
-            .map_or("?", |p| p.name.as_str());
+        let names: Vec<&str> = kernel
+            .root_params(a.ptr)
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|&i| kernel.params.get(i))
+            .map(|p| p.name.as_str())
+            .collect();
+        let param = if names.is_empty() {
+            "?".to_string()
+        } else {
+            names.join("|")
+        };
         let bytes = a.width * a.dtype.size_bytes();
         let _ = writeln!(
             out,

@@ -95,14 +95,11 @@ impl Kernel {
                 _ => None,
             };
             if let Some(p) = ptr {
-                if let Some(param) = self.root_param(p) {
-                    if !written.contains(&param) {
-                        written.push(param);
-                    }
-                }
+                written.extend(self.root_params(p).unwrap_or_default());
             }
         });
         written.sort_unstable();
+        written.dedup();
         written
     }
 
@@ -121,11 +118,7 @@ impl Kernel {
             }
             Stmt::Let(v) if before => {
                 if let Def::Expr(Expr::Load { ptr, .. }) = &self.value(*v).def {
-                    if let Some(p) = self.root_param(*ptr) {
-                        if !loaded.contains(&p) {
-                            loaded.push(p);
-                        }
-                    }
+                    loaded.extend(self.root_params(*ptr).unwrap_or_default());
                 }
             }
             _ => {}
@@ -134,27 +127,58 @@ impl Kernel {
             loaded.clear();
         }
         loaded.sort_unstable();
+        loaded.dedup();
         loaded
     }
 
-    /// The pointer parameter a pointer value is derived from (through `AddPtr`,
-    /// broadcasts, splats, selects of pointers and loop-carried values), if one.
-    pub fn root_param(&self, mut v: ValueId) -> Option<usize> {
-        for _ in 0..self.values.len() {
+    /// Every pointer parameter a pointer value may derive from (through `AddPtr`,
+    /// broadcasts, splats, both sides of a `select`, both sides of an `if`, and a
+    /// loop-carried value's entry and end-of-body values), in ascending order; `None`
+    /// when some path leads elsewhere (a pointer loaded from memory, say).
+    pub fn root_params(&self, v: ValueId) -> Option<Vec<usize>> {
+        // Values a carried or merged value may also take, besides the one its `Def`
+        // names: the end of the loop body, the `else` side.
+        let mut other: Vec<(ValueId, ValueId)> = Vec::new();
+        self.body.visit(&mut |stmt| match stmt {
+            Stmt::For { carried, .. } => {
+                for c in carried {
+                    other.push((c.param, c.next));
+                    other.push((c.result, c.next));
+                }
+            }
+            Stmt::If { merges, .. } => {
+                for m in merges {
+                    other.push((m.result, m.else_value));
+                }
+            }
+            _ => {}
+        });
+        let mut roots = Vec::new();
+        let mut seen = vec![false; self.values.len()];
+        let mut todo = vec![v];
+        while let Some(v) = todo.pop() {
+            if std::mem::replace(&mut seen[v.index()], true) {
+                continue;
+            }
+            todo.extend(other.iter().filter(|(of, _)| *of == v).map(|(_, alt)| *alt));
             match &self.value(v).def {
-                Def::Expr(Expr::Param(i)) => return Some(*i),
+                Def::Expr(Expr::Param(i)) => roots.push(*i),
                 Def::Expr(Expr::AddPtr { ptr, .. })
                 | Def::Expr(Expr::Splat { value: ptr, .. })
                 | Def::Expr(Expr::Broadcast { value: ptr, .. })
-                | Def::Expr(Expr::ExpandDims { value: ptr, .. })
-                | Def::Expr(Expr::Select { then: ptr, .. }) => v = *ptr,
-                Def::Carried { init, .. } => v = *init,
-                Def::LoopResult { init, .. } => v = *init,
-                Def::BranchResult { then_value, .. } => v = *then_value,
+                | Def::Expr(Expr::ExpandDims { value: ptr, .. }) => todo.push(*ptr),
+                Def::Expr(Expr::Select { then, other, .. }) => {
+                    todo.push(*then);
+                    todo.push(*other);
+                }
+                Def::Carried { init } | Def::LoopResult { init } => todo.push(*init),
+                Def::BranchResult { then_value } => todo.push(*then_value),
                 _ => return None,
             }
         }
-        None
+        roots.sort_unstable();
+        roots.dedup();
+        Some(roots)
     }
 }
 

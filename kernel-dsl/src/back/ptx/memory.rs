@@ -88,9 +88,19 @@ impl Emitter<'_> {
         l: Option<&Layout>,
     ) -> Res<Vec<String>> {
         let dt = self.val_dt(v)?;
-        let nc = match self.k.root_param(ptr) {
-            Some(p) => self.load_qualifier[p],
-            None => ".cg",
+        // A pointer that may come from several parameters takes the most careful of
+        // their qualifiers (`.cg` before an ordinary load before `.nc`).
+        let nc = match self.k.root_params(ptr) {
+            Some(roots) if !roots.is_empty() => roots
+                .iter()
+                .map(|&p| self.load_qualifier[p])
+                .max_by_key(|q| match *q {
+                    ".nc" => 0,
+                    ".cg" => 2,
+                    _ => 1,
+                })
+                .expect("not empty"),
+            _ => ".cg",
         };
         let (ptrs, masks, others, vw) = match l {
             Some(l) => (
