@@ -617,6 +617,12 @@ pub fn sample_check<const B: usize, const R: usize, const PB: usize>(
     n: i32,
     parts: i32,
 ) {
+    // Every load that does not wait on a reduction first (each load issued after
+    // one is a round trip of its own).
+    let i = program_id(0) * B + arange(0, B);
+    let ok = i < n;
+    let l = load(logits + i, ok, f32::NEG_INFINITY);
+    let m = load(logits + load(state));
     let inv_t = 1.0 / load(fparams);
     let r = arange(0, R);
     let p = arange(0, PB);
@@ -628,10 +634,6 @@ pub fn sample_check<const B: usize, const R: usize, const PB: usize>(
     );
     let cand = load(part_idx + pv.argmax(1) * R + r);
     let lc = load(logits + cand);
-    let m = load(logits + load(state));
-    let i = program_id(0) * B + arange(0, B);
-    let ok = i < n;
-    let l = load(logits + i, ok, f32::NEG_INFINITY);
     let valid = ok & (l == l);
     let w = select(valid, exp((l - m) * inv_t), 0.0);
     let le = l.expand_dims(0);
@@ -673,16 +675,22 @@ pub fn sample_pick<const R: usize, const PB: usize>(
     let p = arange(0, PB);
     let pok = p < parts;
     let slots = p.expand_dims(0) * R + r.expand_dims(1);
+    // Every load that does not wait on a reduction first (see sample_check); `zk`
+    // always exists, and is used only with top-k and top-p together.
     let pv = load(part_val + slots, pok.expand_dims(0), f32::NEG_INFINITY);
+    let counts = load(cnt + slots, pok.expand_dims(0), 0);
+    let masses = load(mass + slots, pok.expand_dims(0), 0.0);
+    let zs = load(z + p, pok, 0.0);
+    let top_k_mass = load(zk);
+    let old_token = load(state);
     let found = pv.max(1) > f32::NEG_INFINITY;
     let cand = load(part_idx + pv.argmax(1) * R + r);
-    let rank = load(cnt + slots, pok.expand_dims(0), 0).sum(1);
-    let before = load(mass + slots, pok.expand_dims(0), 0.0).sum(1);
-    let total = load(z + p, pok, 0.0).sum(0);
-    // Read only when used: top-k and top-p together.
+    let rank = counts.sum(1);
+    let before = masses.sum(1);
+    let total = zs.sum(0);
     let mut kept = total;
     if (top_k > 0) & (top_p < 1.0) {
-        kept = load(zk);
+        kept = top_k_mass;
     }
     let in_k = (rank < top_k) | (top_k <= 0);
     let in_p = (before < top_p * kept) | (top_p >= 1.0);
@@ -694,7 +702,7 @@ pub fn sample_pick<const R: usize, const PB: usize>(
         store(result, token);
         store(result + 1, 0);
     } else {
-        store(result, load(state));
+        store(result, old_token);
         store(result + 1, 1);
     }
 }
