@@ -414,3 +414,79 @@ fn wait_for_prior_kernels_only_at_top_level_and_placed_in_sm90_ptx() {
     let wait = p90.ptx.find("griddepcontrol.wait").expect("a wait");
     assert!(wait < p90.ptx.find("ld.global").unwrap());
 }
+
+#[test]
+fn cluster_gather_stacks_along_a_new_leading_axis() {
+    let src = r#"
+#[kernel(C = [2, 4], cluster(y = C))]
+fn k<const C: usize>(x: Ptr<f32>) {
+    let v = load(x + arange(0, 64));
+    let all = cluster_gather(v);
+    let ms = cluster_gather(v.max(0));
+}
+"#;
+    for c in [2, 4] {
+        let k = compile_source(src, &spec(&[("C", c)], 4)).unwrap();
+        assert_eq!(k.cluster, [1, c as u32, 1]);
+        assert!(k.gathers());
+        let mut shapes = Vec::new();
+        k.body.visit(&mut |s| {
+            if let Stmt::Let(v) = s {
+                if let Def::Expr(Expr::ClusterGather { .. }) = k.value(*v).def {
+                    shapes.push(k.ty(*v).clone());
+                }
+            }
+        });
+        assert_eq!(
+            shapes,
+            vec![
+                Type::val(DType::F32, vec![c as usize, 64]),
+                Type::val(DType::F32, vec![c as usize]),
+            ]
+        );
+    }
+}
+
+#[test]
+fn cluster_mistakes_are_errors() {
+    let no_cluster = error_of(
+        "#[kernel] fn k(x: Ptr<f32>) { let a = cluster_gather(load(x)); }",
+        &[],
+    );
+    assert!(no_cluster.contains("add `cluster(y = N)`"), "{no_cluster}");
+    let nested = error_of(
+        "#[kernel(cluster(y = 2))] fn k(x: Ptr<f32>, n: i32) {\n if n > 0 { let a = cluster_gather(load(x)); }\n}",
+        &[],
+    );
+    assert!(
+        nested.contains("top level") && nested.starts_with("line 2"),
+        "{nested}"
+    );
+    let in_loop = error_of(
+        "#[kernel(cluster(x = 2))] fn k(x: Ptr<f32>, n: i32) { for i in 0..n { let a = cluster_gather(load(x + i)); } }",
+        &[],
+    );
+    assert!(in_loop.contains("top level"), "{in_loop}");
+    let big = error_of(
+        "#[kernel(C = [32], cluster(y = C))] fn k<const C: usize>(x: Ptr<f32>) { }",
+        &[("C", 32)],
+    );
+    assert!(big.contains("between 1 and 16, got 32"), "{big}");
+    let total = error_of(
+        "#[kernel(cluster(x = 4, y = 8))] fn k(x: Ptr<f32>) { }",
+        &[],
+    );
+    assert!(total.contains("at most 16 programs"), "{total}");
+    let unknown = error_of("#[kernel(cluster(y = SPLITS))] fn k(x: Ptr<f32>) { }", &[]);
+    assert!(
+        unknown.contains("`SPLITS` is not a const generic"),
+        "{unknown}"
+    );
+    let axis = error_of("#[kernel(cluster(w = 2))] fn k(x: Ptr<f32>) { }", &[]);
+    assert!(axis.contains("axes are x, y and z"), "{axis}");
+    let ptrs = error_of(
+        "#[kernel(cluster(y = 2))] fn k(x: Ptr<f32>) { let p = cluster_gather(x); }",
+        &[],
+    );
+    assert!(ptrs.contains("not pointers"), "{ptrs}");
+}

@@ -75,6 +75,12 @@ fn expand(attr: TokenStream2, item: ItemFn) -> TokenStream2 {
         let mut entry = String::new();
         let mut shared = 0u32;
         for target in [Target::Sm80, Target::Sm90] {
+            if target == Target::Sm80 && kernel.cluster_size() > 1 {
+                // Thread-block clusters need sm_90: no sm_80 PTX (launching the variant
+                // on an older GPU is a clear run-time error).
+                ptx_text.push(String::new());
+                continue;
+            }
             match ptx::compile(&kernel, target) {
                 Ok(p) => {
                     entry = p.entry;
@@ -90,6 +96,7 @@ fn expand(attr: TokenStream2, item: ItemFn) -> TokenStream2 {
         let consts: Vec<i64> = spec.consts.iter().map(|(_, v)| *v).collect();
         let (sm80, sm90) = (&ptx_text[0], &ptx_text[1]);
         let num_warps = spec.num_warps;
+        let [cx, cy, cz] = kernel.cluster;
         variants.push(quote! {
             #krate::runtime::Variant {
                 consts: &[#(#consts),*],
@@ -98,6 +105,7 @@ fn expand(attr: TokenStream2, item: ItemFn) -> TokenStream2 {
                 ptx_sm90: #sm90,
                 entry: #entry,
                 shared_bytes: #shared,
+                cluster: [#cx, #cy, #cz],
             }
         });
     }

@@ -47,6 +47,7 @@ impl SpanTable {
 pub fn lower(ast: &KernelAst, spec: &Specialization) -> (Result<Kernel, CompileError>, SpanTable) {
     let mut cx = Lower {
         consts: HashMap::new(),
+        clustered: false,
         values: Vec::new(),
         blocks: vec![Vec::new()],
         scopes: vec![HashMap::new()],
@@ -64,6 +65,8 @@ struct Var {
 
 struct Lower {
     consts: HashMap<String, i64>,
+    /// Whether the attribute declares clusters (`cluster(..)`, even of one program).
+    clustered: bool,
     values: Vec<Value>,
     blocks: Vec<Vec<Stmt>>,
     scopes: Vec<HashMap<String, Var>>,
@@ -74,7 +77,7 @@ type R<T> = Result<T, CompileError>;
 
 const OPS: &str = "program_id, num_programs, arange, zeros, full, load, store, atomic_add, \
 atomic_max, select, maximum, minimum, exp, exp2, log, log2, sqrt, rsqrt, sin, cos, abs, sigmoid, \
-tanh, floor, ceil, sum, max, min, argmax, dot, expand_dims, broadcast_to, cdiv";
+tanh, floor, ceil, sum, max, min, argmax, dot, expand_dims, broadcast_to, cdiv, cluster_gather";
 
 impl Lower {
     fn run(&mut self, ast: &KernelAst, spec: &Specialization) -> R<Kernel> {
@@ -87,6 +90,26 @@ impl Lower {
                 ));
             };
             self.consts.insert(c.name.clone(), *v);
+        }
+        let mut cluster = [1u32; 3];
+        for (axis, extent) in ast.cluster.iter().enumerate() {
+            let v = extent.resolve(&spec.consts).unwrap_or(0);
+            if !(1..=16).contains(&v) {
+                let loc = self.spans.add(extent.span());
+                return Err(CompileError::new(
+                    loc,
+                    format!("a cluster extent must be between 1 and 16, got {v}"),
+                ));
+            }
+            cluster[axis] = v as u32;
+            self.clustered |= matches!(extent, crate::front::ClusterExtent::Const(..)) || v != 1;
+        }
+        if cluster.iter().product::<u32>() > 16 {
+            let loc = self.spans.add(ast.cluster[1].span());
+            return Err(CompileError::new(
+                loc,
+                format!("a cluster holds at most 16 programs, got {cluster:?}"),
+            ));
         }
         let mut params = Vec::new();
         for (i, p) in ast.params.iter().enumerate() {
@@ -112,6 +135,7 @@ impl Lower {
                 .map(|c| (c.name.clone(), self.consts[&c.name]))
                 .collect(),
             num_warps: spec.num_warps,
+            cluster,
             values: std::mem::take(&mut self.values),
             body,
         })
@@ -757,6 +781,24 @@ impl Lower {
                     Expr::NumPrograms(axis as u32)
                 };
                 Ok(self.emit_at(e, span))
+            }
+            "cluster_gather" => {
+                self.arity(name, args, 1, 1, span)?;
+                if !self.clustered {
+                    return self.err(
+                        span,
+                        "`cluster_gather` needs thread-block clusters: add `cluster(y = N)` (or x, z) to `#[kernel(..)]`",
+                    );
+                }
+                // Every program of the cluster must reach it (it is a cluster barrier).
+                if self.blocks.len() > 1 {
+                    return self.err(
+                        span,
+                        "`cluster_gather` must be at the top level of the kernel body, where every program reaches it",
+                    );
+                }
+                let value = self.expr(args[0])?;
+                Ok(self.emit_at(Expr::ClusterGather { value }, span))
             }
             "arange" => {
                 self.arity(name, args, 2, 2, span)?;

@@ -6,5 +6,5 @@ pub mod parse;
 pub mod scan;
 
 pub use lower::{lower, SpanTable};
-pub use parse::{parse_kernel, ConstDecl, KernelAst, ParamDecl};
+pub use parse::{parse_kernel, ClusterExtent, ConstDecl, KernelAst, ParamDecl};
 pub use scan::{find_kernels, FoundKernel};

@@ -57,6 +57,37 @@ pub struct KernelAst {
     /// The path generated code uses to reach `tilefuse_dsl` (`crate = path` in the
     /// attribute); `None` for the default, `::tilefuse::dsl`.
     pub crate_path: Option<syn::Path>,
+    /// Programs per thread-block cluster along x, y and z (`cluster(y = C)`): an
+    /// integer or a const generic's name each, 1 where not given.
+    pub cluster: [ClusterExtent; 3],
+}
+
+/// One axis of `cluster(..)` in the attribute.
+#[derive(Clone, Debug)]
+pub enum ClusterExtent {
+    /// A literal extent.
+    Lit(i64, Span),
+    /// A const generic's name, resolved per specialization.
+    Const(String, Span),
+}
+
+impl ClusterExtent {
+    /// The extent under a specialization's constants (`None`: an unknown name).
+    pub fn resolve(&self, consts: &[(String, i64)]) -> Option<i64> {
+        match self {
+            ClusterExtent::Lit(v, _) => Some(*v),
+            ClusterExtent::Const(name, _) => {
+                consts.iter().find(|(n, _)| n == name).map(|(_, v)| *v)
+            }
+        }
+    }
+
+    /// Where it was written.
+    pub fn span(&self) -> Span {
+        match self {
+            ClusterExtent::Lit(_, s) | ClusterExtent::Const(_, s) => *s,
+        }
+    }
 }
 
 impl KernelAst {
@@ -106,13 +137,35 @@ fn skip_matches(skip: &[(String, i64)], spec: &crate::Specialization) -> bool {
     })
 }
 
-/// One `NAME = [v, ..]` or `NAME = v` entry of the attribute, `crate = path`, or
-/// `skip(NAME = v, ..)`.
+/// One `NAME = [v, ..]` or `NAME = v` entry of the attribute, `crate = path`,
+/// `skip(NAME = v, ..)` or `cluster(y = C, ..)`.
 struct AttrEntry {
     name: Ident,
     values: Vec<(i64, Span)>,
     crate_path: Option<syn::Path>,
     skip: Option<Vec<(Ident, i64, Span)>>,
+    cluster: Option<Vec<(Ident, ClusterExtent)>>,
+}
+
+/// `x = 2` or `y = SPLITS` inside `cluster(..)`.
+struct ClusterPair {
+    axis: Ident,
+    extent: ClusterExtent,
+}
+
+impl Parse for ClusterPair {
+    fn parse(input: ParseStream) -> syn::Result<Self> {
+        let axis: Ident = input.parse()?;
+        input.parse::<Token![=]>()?;
+        let expr: Expr = input.parse()?;
+        let extent = match &expr {
+            Expr::Path(p) if p.path.get_ident().is_some() => {
+                ClusterExtent::Const(p.path.get_ident().unwrap().to_string(), expr.span())
+            }
+            other => ClusterExtent::Lit(int_literal(other)?, expr.span()),
+        };
+        Ok(ClusterPair { axis, extent })
+    }
 }
 
 /// `NAME = v` inside `skip(..)`.
@@ -146,9 +199,23 @@ impl Parse for AttrEntry {
                 values: Vec::new(),
                 crate_path: Some(path),
                 skip: None,
+                cluster: None,
             });
         }
         let name: Ident = input.parse()?;
+        if name == "cluster" && input.peek(syn::token::Paren) {
+            let inner;
+            syn::parenthesized!(inner in input);
+            let pairs: Punctuated<ClusterPair, Token![,]> =
+                inner.parse_terminated(ClusterPair::parse, Token![,])?;
+            return Ok(AttrEntry {
+                name,
+                values: Vec::new(),
+                crate_path: None,
+                skip: None,
+                cluster: Some(pairs.into_iter().map(|p| (p.axis, p.extent)).collect()),
+            });
+        }
         if name == "skip" && input.peek(syn::token::Paren) {
             let inner;
             syn::parenthesized!(inner in input);
@@ -170,6 +237,7 @@ impl Parse for AttrEntry {
                         .map(|p| (p.name, p.value, p.span))
                         .collect(),
                 ),
+                cluster: None,
             });
         }
         input.parse::<Token![=]>()?;
@@ -193,6 +261,7 @@ impl Parse for AttrEntry {
             values,
             crate_path: None,
             skip: None,
+            cluster: None,
         })
     }
 }
@@ -253,9 +322,57 @@ pub fn parse_kernel(attr: TokenStream, item: &ItemFn) -> syn::Result<KernelAst> 
     let mut num_warps = Vec::new();
     let mut crate_path = None;
     let mut skip_entries = Vec::new();
+    let one = |span| ClusterExtent::Lit(1, span);
+    let mut cluster = [
+        one(sig.ident.span()),
+        one(sig.ident.span()),
+        one(sig.ident.span()),
+    ];
+    let mut cluster_seen = false;
     for entry in entries {
         if entry.crate_path.is_some() {
             crate_path = entry.crate_path;
+            continue;
+        }
+        if let Some(pairs) = entry.cluster {
+            if cluster_seen {
+                return Err(syn::Error::new(
+                    entry.name.span(),
+                    "`cluster(..)` is given twice",
+                ));
+            }
+            cluster_seen = true;
+            if pairs.is_empty() {
+                return Err(syn::Error::new(
+                    entry.name.span(),
+                    "`cluster(..)` names no axis: write `cluster(y = 8)`",
+                ));
+            }
+            let mut given = [false; 3];
+            for (axis, extent) in pairs {
+                let Some(a) = ["x", "y", "z"].iter().position(|n| axis == n) else {
+                    return Err(syn::Error::new(
+                        axis.span(),
+                        format!("`cluster` axes are x, y and z, not `{axis}`"),
+                    ));
+                };
+                if given[a] {
+                    return Err(syn::Error::new(
+                        axis.span(),
+                        format!("`cluster` gives `{axis}` twice"),
+                    ));
+                }
+                given[a] = true;
+                if let ClusterExtent::Const(name, span) = &extent {
+                    if !consts.iter().any(|c| c.name == *name) {
+                        return Err(syn::Error::new(
+                            *span,
+                            format!("`{name}` is not a const generic of this kernel"),
+                        ));
+                    }
+                }
+                cluster[a] = extent;
+            }
             continue;
         }
         if let Some(pairs) = entry.skip {
@@ -348,6 +465,7 @@ pub fn parse_kernel(attr: TokenStream, item: &ItemFn) -> syn::Result<KernelAst> 
             params: Vec::new(),
             body: (*item.block).clone(),
             crate_path: None,
+            cluster: cluster.clone(),
         };
         if probe.specializations().is_empty() {
             let span = skips.last().map_or(sig.ident.span(), |(s, _)| *s);
@@ -417,6 +535,7 @@ pub fn parse_kernel(attr: TokenStream, item: &ItemFn) -> syn::Result<KernelAst> 
         params,
         body: (*item.block).clone(),
         crate_path,
+        cluster,
     })
 }
 

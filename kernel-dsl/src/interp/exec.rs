@@ -293,6 +293,40 @@ impl<'k, 'b, 'a> Exec<'k, 'b, 'a> {
         self.block(&k.body).map_err(|m| self.err(m))
     }
 
+    /// Runs the programs of one cluster (`pids` in cluster-rank order) statement by
+    /// statement, each in its own environment: a `cluster_gather` (always a top-level
+    /// `let`) stacks the operand of every program, in rank order, for all of them.
+    /// Any interleaving of whole top-level statements is a schedule the GPU may run.
+    pub(crate) fn cluster(&mut self, pids: &[[u32; 3]]) -> Result<(), InterpError> {
+        let k = self.kernel;
+        let mut envs = vec![vec![None; k.values.len()]; pids.len()];
+        for stmt in &k.body.stmts {
+            if let Stmt::Let(v) = stmt {
+                if let Def::Expr(Expr::ClusterGather { value }) = &k.value(*v).def {
+                    let mut parts = Vec::with_capacity(envs.len());
+                    for (env, pid) in envs.iter().zip(pids) {
+                        self.pid = *pid;
+                        let d = get(env, *value).map_err(|m| self.err(format!("{v}: {m}")))?;
+                        parts.push(d.clone());
+                    }
+                    let stacked = ops::concat(parts).map_err(|m| self.err(format!("{v}: {m}")))?;
+                    for env in &mut envs {
+                        env[v.index()] = Some(stacked.clone());
+                    }
+                    continue;
+                }
+            }
+            for (env, pid) in envs.iter_mut().zip(pids) {
+                self.pid = *pid;
+                std::mem::swap(&mut self.env, env);
+                let r = self.stmt(stmt);
+                std::mem::swap(&mut self.env, env);
+                r.map_err(|m| self.err(m))?;
+            }
+        }
+        Ok(())
+    }
+
     fn block(&mut self, block: &'k Block) -> OpResult<()> {
         for stmt in &block.stmts {
             self.stmt(stmt)?;
@@ -448,6 +482,9 @@ impl<'k, 'b, 'a> Exec<'k, 'b, 'a> {
         let env = &self.env;
         let ty = k.ty(v);
         Ok(match e {
+            Expr::ClusterGather { .. } => {
+                return Err("`cluster_gather` outside the top level of the body".into())
+            }
             Expr::Param(i) => {
                 let p = k
                     .params

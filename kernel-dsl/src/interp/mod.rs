@@ -32,6 +32,10 @@
 //!   then rounds to the result dtype.
 //! - Atomics apply lane by lane in row-major order and return the old values (0 for
 //!   masked-off lanes); `atomic_max` on floats compares as floats.
+//! - `cluster_gather(t)` (kernels with `cluster(..)`; the grid must be a multiple of
+//!   the cluster): the programs of one cluster run together, top-level statement by
+//!   top-level statement, and each receives every program's `t` stacked along a new
+//!   leading axis in cluster-rank order (`x` fastest, then `y`, then `z`).
 //! - `for` runs `start, start + step, ..` while below `end`; a step at or below zero is
 //!   an error. Carried values start at `init` and take `next` after each iteration; the
 //!   results are the last carried values (the inits if the loop never ran).
@@ -94,7 +98,35 @@ pub fn run(kernel: &Kernel, grid: [u32; 3], args: &mut [Arg<'_>]) -> Result<(), 
         kernel: kernel.name.clone(),
         message,
     })?;
+    let cluster = kernel.cluster;
+    if let Some(axis) = (0..3).find(|&a| grid[a] % cluster[a] != 0) {
+        return Err(InterpError {
+            kernel: kernel.name.clone(),
+            message: format!(
+                "grid {grid:?} is not a multiple of the cluster {cluster:?} along {}",
+                ["x", "y", "z"][axis]
+            ),
+        });
+    }
     let mut ex = exec::Exec::new(kernel, grid, args);
+    if kernel.gathers() {
+        for cz in (0..grid[2]).step_by(cluster[2] as usize) {
+            for cy in (0..grid[1]).step_by(cluster[1] as usize) {
+                for cx in (0..grid[0]).step_by(cluster[0] as usize) {
+                    let mut pids = Vec::new();
+                    for z in 0..cluster[2] {
+                        for y in 0..cluster[1] {
+                            for x in 0..cluster[0] {
+                                pids.push([cx + x, cy + y, cz + z]);
+                            }
+                        }
+                    }
+                    ex.cluster(&pids)?;
+                }
+            }
+        }
+        return Ok(());
+    }
     for z in 0..grid[2] {
         for y in 0..grid[1] {
             for x in 0..grid[0] {

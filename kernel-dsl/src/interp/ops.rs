@@ -21,6 +21,30 @@ pub(crate) enum Data {
 
 pub(crate) type OpResult<T> = Result<T, String>;
 
+/// Tiles of one kind laid end to end (row-major stacking along a new leading axis).
+pub(crate) fn concat(parts: Vec<Data>) -> OpResult<Data> {
+    let mut it = parts.into_iter();
+    let Some(mut out) = it.next() else {
+        return Err("nothing to stack".into());
+    };
+    for p in it {
+        match (&mut out, p) {
+            (Data::F(a), Data::F(b)) => a.extend(b),
+            (Data::I(a), Data::I(b)) => a.extend(b),
+            (Data::B(a), Data::B(b)) => a.extend(b),
+            (Data::P(a), Data::P(b)) => a.extend(b),
+            (a, b) => {
+                return Err(format!(
+                    "cannot stack {} values with {} values",
+                    a.kind(),
+                    b.kind()
+                ))
+            }
+        }
+    }
+    Ok(out)
+}
+
 impl Data {
     /// Number of elements.
     pub(crate) fn len(&self) -> usize {

@@ -53,6 +53,10 @@ pub struct Kernel {
     pub consts: Vec<(String, i64)>,
     /// Warps per program.
     pub num_warps: u32,
+    /// Programs per thread-block cluster along x, y and z (`[1, 1, 1]`: no clusters).
+    /// The grid must be a multiple of it; [`Expr::ClusterGather`] exchanges tiles
+    /// between the programs of one cluster.
+    pub cluster: [u32; 3],
     /// The value arena.
     pub values: Vec<Value>,
     /// The kernel body.
@@ -75,6 +79,22 @@ impl Kernel {
             .ty
             .as_ref()
             .expect("typed kernel: every value has a type after inference")
+    }
+
+    /// Programs per cluster (1 without clusters).
+    pub fn cluster_size(&self) -> u32 {
+        self.cluster.iter().product()
+    }
+
+    /// Whether the kernel exchanges tiles between the programs of a cluster.
+    pub fn gathers(&self) -> bool {
+        let mut found = false;
+        self.body.visit(&mut |stmt| {
+            if let Stmt::Let(v) = stmt {
+                found |= matches!(self.value(*v).def, Def::Expr(Expr::ClusterGather { .. }));
+            }
+        });
+        found
     }
 
     /// Threads per program (`32 * num_warps`).
@@ -468,6 +488,14 @@ pub enum Expr {
         /// A `bool` of the pointers' shape, if any.
         mask: Option<ValueId>,
     },
+    /// `cluster_gather(value)`: every program of the cluster contributes its `value`;
+    /// each gets all of them stacked along a new leading axis, row `r` from the program
+    /// of cluster rank `r` (`x` fastest within the cluster, then `y`, then `z`). Only at
+    /// the top level of the body, where every program reaches it.
+    ClusterGather {
+        /// The tile (or scalar) each program contributes.
+        value: ValueId,
+    },
 }
 
 impl Expr {
@@ -483,7 +511,8 @@ impl Expr {
             | Expr::Broadcast { value, .. }
             | Expr::ExpandDims { value, .. }
             | Expr::Cast { value, .. }
-            | Expr::Reduce { value, .. } => vec![*value],
+            | Expr::Reduce { value, .. }
+            | Expr::ClusterGather { value } => vec![*value],
             Expr::Unary { arg, .. } => vec![*arg],
             Expr::Binary { lhs, rhs, .. } | Expr::Compare { lhs, rhs, .. } => vec![*lhs, *rhs],
             Expr::Select { cond, then, other } => vec![*cond, *then, *other],
@@ -511,7 +540,7 @@ impl Expr {
 
     /// Whether evaluating the expression has an effect beyond its value.
     pub fn has_side_effects(&self) -> bool {
-        matches!(self, Expr::Atomic { .. })
+        matches!(self, Expr::Atomic { .. } | Expr::ClusterGather { .. })
     }
 }
 

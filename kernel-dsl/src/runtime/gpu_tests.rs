@@ -94,6 +94,7 @@ static SCALE_ADD: KernelDef = KernelDef {
             ptx_sm90: SCALE_ADD_SM90,
             entry: "scale_add",
             shared_bytes: 0,
+            cluster: [1, 1, 1],
         },
         Variant {
             consts: &[],
@@ -102,6 +103,7 @@ static SCALE_ADD: KernelDef = KernelDef {
             ptx_sm90: "",
             entry: "scale_add",
             shared_bytes: 0,
+            cluster: [1, 1, 1],
         },
     ],
 };

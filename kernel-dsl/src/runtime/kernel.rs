@@ -123,6 +123,10 @@ pub struct Variant {
     pub entry: &'static str,
     /// Static shared memory the kernel uses, in bytes.
     pub shared_bytes: u32,
+    /// Programs per thread-block cluster along x, y and z (`[1, 1, 1]`: none). A
+    /// clustered variant launches only on sm_90 and newer, on grids that are a multiple
+    /// of it.
+    pub cluster: [u32; 3],
 }
 
 impl Variant {
@@ -263,7 +267,7 @@ impl KernelDef {
     ) -> Result<(), LaunchError> {
         let cfg = cfg.into();
         let variant = self.variant(consts, cfg.num_warps)?;
-        self.check(dev, &cfg, args)?;
+        self.check(dev, &cfg, variant.cluster, args)?;
         match dev {
             Device::Cpu => self.run_cpu(variant, cfg.grid, args),
             Device::Cuda(d) => self.run_cuda(d, variant, cfg.grid, cfg.serialized, args),
@@ -275,6 +279,7 @@ impl KernelDef {
         &self,
         dev: &Device,
         cfg: &LaunchConfig,
+        variant_cluster: [u32; 3],
         args: &[KernelArg<'_>],
     ) -> Result<(), LaunchError> {
         for (axis, (&n, &max)) in ["x", "y", "z"].iter().zip(cfg.grid.iter().zip(&MAX_GRID)) {
@@ -287,6 +292,17 @@ impl KernelDef {
                     ),
                 });
             }
+        }
+        if let Some(axis) = (0..3).find(|&a| cfg.grid[a] % variant_cluster[a] != 0) {
+            return Err(LaunchError::Config {
+                kernel: self.name.into(),
+                message: format!(
+                    "grid {:?} is not a multiple of the kernel's cluster {:?} along {}",
+                    cfg.grid,
+                    variant_cluster,
+                    ["x", "y", "z"][axis]
+                ),
+            });
         }
         if args.len() != self.params.len() {
             return Err(LaunchError::ArgCount {
@@ -490,6 +506,15 @@ impl KernelDef {
         };
         let ptx = variant.ptx(target);
         let describe = variant.describe(self.const_names);
+        if variant.cluster != [1, 1, 1] && target != Target::Sm90 {
+            return Err(LaunchError::Config {
+                kernel: self.name.into(),
+                message: format!(
+                    "variant [{describe}] uses thread-block clusters of {:?}, which need compute capability 9.0 or newer (this device: {major}.x)",
+                    variant.cluster
+                ),
+            });
+        }
         if ptx.is_empty() || ptx.contains('\0') {
             return Err(LaunchError::Config {
                 kernel: self.name.into(),
@@ -526,6 +551,23 @@ impl KernelDef {
                 "finding entry `{}` of [{describe}]",
                 variant.entry
             )))?;
+        if variant.cluster.iter().product::<u32>() > 8 {
+            // Clusters above 8 programs are "non-portable": the function must opt in.
+            use cudarc::driver::sys;
+            // SAFETY: a valid function handle and a documented attribute.
+            unsafe {
+                sys::cuFuncSetAttribute(
+                    f.cu_function(),
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
+                    1,
+                )
+            }
+            .result()
+            .map_err(driver_err(format!(
+                "allowing clusters of {:?} for [{describe}]",
+                variant.cluster
+            )))?;
+        }
         functions.insert(key, f.clone());
         Ok(f)
     }
@@ -576,17 +618,36 @@ impl KernelDef {
             .bind_to_thread()
             .map_err(driver_err("binding the context"))?;
         let block = 32 * variant.num_warps;
-        if dev.programmatic_launch() && !serialized && !variant.ptx_sm90.is_empty() {
-            // The sm_90 PTX waits for the previous kernel (`griddepcontrol.wait`) before
-            // any global access, so the launch may overlap the previous kernel's tail.
+        let pdl = dev.programmatic_launch() && !serialized && !variant.ptx_sm90.is_empty();
+        let clustered = variant.cluster != [1, 1, 1];
+        if pdl || clustered {
             use cudarc::driver::sys;
-            let mut attr = sys::CUlaunchAttribute {
-                id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
-                pad: [0; 4],
-                // SAFETY: an all-zero value is valid for this plain-data union.
-                value: unsafe { std::mem::zeroed() },
-            };
-            attr.value.programmaticStreamSerializationAllowed = 1;
+            let mut attrs: Vec<sys::CUlaunchAttribute> = Vec::with_capacity(2);
+            if pdl {
+                // The sm_90 PTX waits for the previous kernel (`griddepcontrol.wait`)
+                // before any global access, so the launch may overlap the previous
+                // kernel's tail.
+                let mut attr = sys::CUlaunchAttribute {
+                    id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+                    pad: [0; 4],
+                    // SAFETY: an all-zero value is valid for this plain-data union.
+                    value: unsafe { std::mem::zeroed() },
+                };
+                attr.value.programmaticStreamSerializationAllowed = 1;
+                attrs.push(attr);
+            }
+            if clustered {
+                let mut attr = sys::CUlaunchAttribute {
+                    id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
+                    pad: [0; 4],
+                    // SAFETY: as above.
+                    value: unsafe { std::mem::zeroed() },
+                };
+                attr.value.clusterDim.x = variant.cluster[0];
+                attr.value.clusterDim.y = variant.cluster[1];
+                attr.value.clusterDim.z = variant.cluster[2];
+                attrs.push(attr);
+            }
             let config = sys::CUlaunchConfig {
                 gridDimX: grid[0],
                 gridDimY: grid[1],
@@ -596,10 +657,10 @@ impl KernelDef {
                 blockDimZ: 1,
                 sharedMemBytes: 0,
                 hStream: dev.stream().cu_stream(),
-                attrs: &mut attr,
-                numAttrs: 1,
+                attrs: attrs.as_mut_ptr(),
+                numAttrs: attrs.len() as u32,
             };
-            // SAFETY: as below; `config` and `attr` outlive the call.
+            // SAFETY: as below; `config` and `attrs` outlive the call.
             return unsafe {
                 sys::cuLaunchKernelEx(
                     &config,
@@ -609,7 +670,11 @@ impl KernelDef {
                 )
             }
             .result()
-            .map_err(driver_err("launching (programmatic dependent launch)"));
+            .map_err(driver_err(match (pdl, clustered) {
+                (true, true) => "launching (clusters, programmatic dependent launch)",
+                (true, false) => "launching (programmatic dependent launch)",
+                _ => "launching (clusters)",
+            }));
         }
         // SAFETY: the arguments were checked against the signature the PTX was generated
         // from (count, pointer vs scalar, dtype, device); each slot holds the parameter's
@@ -751,6 +816,7 @@ mod tests {
                 ptx_sm90: "",
                 entry: "add",
                 shared_bytes: 0,
+                cluster: [1, 1, 1],
             },
             Variant {
                 consts: &[256],
@@ -759,6 +825,7 @@ mod tests {
                 ptx_sm90: "// sm90 w8",
                 entry: "add",
                 shared_bytes: 0,
+                cluster: [1, 1, 1],
             },
             Variant {
                 consts: &[1024],
@@ -767,6 +834,7 @@ mod tests {
                 ptx_sm90: "",
                 entry: "add",
                 shared_bytes: 0,
+                cluster: [1, 1, 1],
             },
         ],
     };

@@ -34,18 +34,40 @@ pub fn def_with(
     warps: u32,
     assemble: bool,
 ) -> &'static KernelDef {
+    def_attr(src, consts, warps, assemble, "")
+}
+
+/// [`def_with`] with more attribute entries (`"cluster(y = 4)"`). A clustered kernel
+/// gets no sm_80 PTX.
+pub fn def_attr(
+    src: &str,
+    consts: &[(&str, i64)],
+    warps: u32,
+    assemble: bool,
+    extra_attr: &str,
+) -> &'static KernelDef {
     let spec = Specialization {
         consts: consts.iter().map(|(n, v)| (n.to_string(), *v)).collect(),
         num_warps: warps,
     };
     let mut attr: Vec<String> = consts.iter().map(|(n, v)| format!("{n} = [{v}]")).collect();
     attr.push(format!("num_warps = [{warps}]"));
+    if !extra_attr.is_empty() {
+        attr.push(extra_attr.to_string());
+    }
     let src = leak_str(format!("#[kernel({})]\n{src}", attr.join(", ")));
     let k = crate::compile_source(src, &spec).unwrap_or_else(|e| panic!("front end: {e}\n{src}"));
-    let p80 = compile(&k, Target::Sm80).unwrap_or_else(|e| panic!("{}: {e}", k.name));
     let p90 = compile(&k, Target::Sm90).unwrap_or_else(|e| panic!("{}: {e}", k.name));
+    let p80 = if k.cluster_size() > 1 {
+        None
+    } else {
+        Some(compile(&k, Target::Sm80).unwrap_or_else(|e| panic!("{}: {e}", k.name)))
+    };
     if assemble {
-        crate::back::ptx::tests::assemble(&p80, Target::Sm80);
+        match &p80 {
+            Some(p) => crate::back::ptx::tests::assemble(p, Target::Sm80),
+            None => crate::back::ptx::tests::assemble(&p90, Target::Sm90),
+        }
     }
     let written = k.written_params();
     let params = k
@@ -61,10 +83,11 @@ pub fn def_with(
     let variant = Variant {
         consts: leak(consts.iter().map(|c| c.1).collect()),
         num_warps: warps,
-        ptx_sm80: leak_str(p80.ptx),
+        ptx_sm80: leak_str(p80.map(|p| p.ptx).unwrap_or_default()),
         ptx_sm90: leak_str(p90.ptx),
-        entry: leak_str(p80.entry),
-        shared_bytes: p80.shared_bytes,
+        entry: leak_str(p90.entry),
+        shared_bytes: p90.shared_bytes,
+        cluster: k.cluster,
     };
     Box::leak(Box::new(KernelDef {
         name: leak_str(k.name.clone()),

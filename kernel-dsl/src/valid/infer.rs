@@ -39,6 +39,7 @@ pub fn infer(kernel: &Kernel) -> R<Kernel> {
         params: kernel.params.clone(),
         consts: kernel.consts.clone(),
         num_warps: kernel.num_warps,
+        cluster: kernel.cluster,
         values: cx.out,
         body,
     })
@@ -847,6 +848,26 @@ impl Infer<'_> {
                     Type::val(rd, shape),
                     loc,
                 ))
+            }
+            Expr::ClusterGather { value } => {
+                let mut v = self.get(*value)?;
+                if self.weak.contains_key(&v) {
+                    let lit = self.weak[&v];
+                    v = self.typed_literal(lit, None, loc)?;
+                }
+                let ty = self.ty(v).clone();
+                let Elem::Val(d) = ty.elem else {
+                    return Err(CompileError::new(
+                        loc,
+                        "`cluster_gather` exchanges values, not pointers",
+                    ));
+                };
+                if ty.shape.len() >= 4 {
+                    return Err(CompileError::new(loc, "tiles have rank at most 4"));
+                }
+                let mut shape = vec![self.src.cluster_size() as usize];
+                shape.extend(&ty.shape);
+                Ok(self.emit(Expr::ClusterGather { value: v }, Type::val(d, shape), loc))
             }
             Expr::Dot { a, b, acc } => {
                 let a = self.get(*a)?;

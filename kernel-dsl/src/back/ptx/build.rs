@@ -16,6 +16,7 @@ impl B {
                 params: vec![],
                 consts: vec![],
                 num_warps,
+                cluster: [1, 1, 1],
                 values: vec![],
                 body: Block::default(),
             },

@@ -60,6 +60,15 @@ pub struct Emitter<'k> {
     pub loc: Loc,
     /// Global memory accesses emitted so far.
     pub accesses: Vec<super::Access>,
+    /// The target generated for.
+    pub target: Target,
+    /// Bytes of `tf_cluster`, the slots `cluster_gather` exchanges tiles through.
+    pub cluster_smem: u32,
+    /// The register holding `tf_cluster`'s address, once used.
+    pub cluster_base: Option<String>,
+    /// Whether a `cluster_gather` reads other programs' shared memory (the kernel then
+    /// ends with a cluster barrier).
+    pub gathers_remote: bool,
 }
 
 /// The cache qualifier of each parameter's loads.
@@ -119,6 +128,10 @@ impl<'k> Emitter<'k> {
             tid0: String::new(),
             loc: Loc::default(),
             accesses: Vec::new(),
+            target,
+            cluster_smem: 0,
+            cluster_base: None,
+            gathers_remote: false,
         };
         e.tid = e.reg(Rk::R);
         e.lane = e.reg(Rk::R);
@@ -486,6 +499,9 @@ impl<'k> Emitter<'k> {
             } => self.atomic(v, *op, *ptr, *value, *mask, Some(l)),
             Expr::Reduce { op, value, axis } => self.reduce(v, *op, *value, *axis),
             Expr::Dot { a, b, acc } => self.dot(v, *a, *b, *acc, l),
+            Expr::ClusterGather { .. } => {
+                self.err("`cluster_gather` must be at the top level of the kernel body")
+            }
             _ => {
                 let n = l.nregs();
                 let mut ops = Vec::new();
@@ -504,10 +520,75 @@ impl<'k> Emitter<'k> {
 
     /// Emits the body.
     pub fn block(&mut self, b: &Block) -> Res<()> {
-        for stmt in &b.stmts {
-            self.stmt(stmt)?;
+        let mut i = 0;
+        while i < b.stmts.len() {
+            if self.gather_at(&b.stmts[i]).is_some() {
+                i = self.gather_group(&b.stmts, i)?;
+                continue;
+            }
+            self.stmt(&b.stmts[i])?;
+            i += 1;
         }
         Ok(())
+    }
+
+    /// The operand of a `cluster_gather` statement.
+    fn gather_at(&self, s: &Stmt) -> Option<ValueId> {
+        match s {
+            Stmt::Let(v) => match &self.k.value(*v).def {
+                Def::Expr(Expr::ClusterGather { value }) => Some(*value),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+
+    /// Emits the gathers that follow `stmts[first]` through one cluster barrier: up to
+    /// the next statement that is not a `let`, every gather whose operand does not
+    /// depend on an earlier one of the group joins it. Lets the group does not feed are
+    /// emitted before it (values are SSA, loads have no order with gathers), the rest
+    /// after. Returns the index of the first statement not emitted.
+    fn gather_group(&mut self, stmts: &[Stmt], first: usize) -> Res<usize> {
+        let mut fed: std::collections::HashSet<ValueId> = Default::default();
+        let (mut before, mut group, mut after) = (Vec::new(), Vec::new(), Vec::new());
+        let mut end = first;
+        for (j, s) in stmts.iter().enumerate().skip(first) {
+            let Stmt::Let(v) = s else { break };
+            let Def::Expr(e) = &self.k.value(*v).def else {
+                break;
+            };
+            let uses_group = e.operands().iter().any(|o| fed.contains(o));
+            match self.gather_at(s) {
+                Some(_) if uses_group => break,
+                Some(value) => group.push((*v, value)),
+                None if uses_group => after.push(s),
+                None if e.has_side_effects() => break,
+                None => before.push(s),
+            }
+            if uses_group || self.gather_at(s).is_some() {
+                fed.insert(*v);
+            }
+            end = j + 1;
+        }
+        for s in before {
+            self.stmt(s)?;
+        }
+        let mut slots = Vec::new();
+        for &(v, value) in &group {
+            self.loc = self.k.value(v).loc;
+            slots.push(self.gather_write(value)?);
+        }
+        self.gather_barrier();
+        for (&(v, value), slot) in group.iter().zip(slots) {
+            self.loc = self.k.value(v).loc;
+            let l = self.layout_of(v);
+            let r = self.gather_read(value, slot, &l)?;
+            self.vals[v.index()] = Some(r);
+        }
+        for s in after {
+            self.stmt(s)?;
+        }
+        Ok(end)
     }
 
     fn stmt(&mut self, s: &Stmt) -> Res<()> {

@@ -720,3 +720,113 @@ fn gpu_silu_mul() {
     ];
     diff("silu_mul", d, [3, 1, 1], &data, 1.0 / 64.0);
 }
+
+const CLUSTER_MERGE: &str = r#"
+fn cluster_merge<const C: usize, const D: usize>(
+    x: Ptr<f32>,
+    merged: Ptr<f32>,
+    echo: Ptr<bf16>,
+    ranks: Ptr<i32>,
+    flags: Ptr<i32>,
+) {
+    let row = program_id(0);
+    let part = program_id(1);
+    let parts = num_programs(1);
+    let d = arange(0, D);
+    let v = load(x + (row * parts + part) * D + d);
+    let m = v.max(0);
+    let all_m = cluster_gather(m);
+    let all_v = cluster_gather(v);
+    let all_h = cluster_gather(v as bf16);
+    let ids = cluster_gather(part);
+    let pos = cluster_gather(m > 0.0);
+    // A flash-decoding style merge of the cluster's parts, stored by its first program.
+    let w = exp(all_m - all_m.max(0));
+    let out = (all_v * w.expand_dims(1)).sum(0) / w.sum(0);
+    if part % C == 0 {
+        store(merged + (row * (parts / C) + part / C) * D + d, out);
+    }
+    // Every program echoes its right neighbour's row (rank order), in bf16.
+    let c = arange(0, C);
+    let next = (part + 1) % C;
+    let pick = select((c == next).expand_dims(1), all_h, 0.0).sum(0);
+    store(echo + (row * parts + part) * D + d, pick);
+    store(ranks + (row * parts + part) * C + c, ids);
+    store(flags + (row * parts + part) * C + c, pos as i32);
+}
+"#;
+
+/// `cluster_gather` on the interpreter against a host computation, then on the GPU
+/// (sm_90: distributed shared memory) against the interpreter; 16 programs a cluster
+/// need the non-portable cluster size.
+#[test]
+fn gpu_cluster_gather() {
+    let mut r = Rng(31);
+    let (rows, d) = (3usize, 64usize);
+    for c in [2usize, 8, 16] {
+        let k = crate::testing::def_attr(
+            CLUSTER_MERGE,
+            &[("C", c as i64), ("D", d as i64)],
+            4,
+            true,
+            "cluster(y = C)",
+        );
+        let parts = 2 * c;
+        let x = r.vec(rows * parts * d, 2.0);
+        let data = [
+            Data::F32(x.clone()),
+            Data::F32(vec![f32::NAN; rows * 2 * d]),
+            Data::Bf16(vec![bf16::from_f32(f32::NAN); rows * parts * d]),
+            Data::I32(vec![-1; rows * parts * c]),
+            Data::I32(vec![-1; rows * parts * c]),
+        ];
+        let got = run_on(&Device::cpu(), k, [rows as u32, parts as u32, 1], &data);
+        let (Data::F32(merged), Data::Bf16(echo), Data::I32(ranks), Data::I32(flags)) =
+            (&got[1], &got[2], &got[3], &got[4])
+        else {
+            panic!("unexpected buffer kinds")
+        };
+        for row in 0..rows {
+            for part in 0..parts {
+                let first = part / c * c;
+                let at = |p: usize| &x[(row * parts + p) * d..][..d];
+                let maxes: Vec<f32> = (first..first + c)
+                    .map(|p| at(p).iter().copied().fold(f32::MIN, f32::max))
+                    .collect();
+                let o = (row * parts + part) * c;
+                let want_ranks: Vec<i32> = (first..first + c).map(|p| p as i32).collect();
+                assert_eq!(
+                    ranks[o..o + c],
+                    want_ranks[..],
+                    "C {c} row {row} part {part}"
+                );
+                let want_flags: Vec<i32> = maxes.iter().map(|&m| (m > 0.0) as i32).collect();
+                assert_eq!(flags[o..o + c], want_flags[..]);
+                let next = first + (part % c + 1) % c;
+                let want_echo: Vec<bf16> = at(next).iter().map(|&v| bf16::from_f32(v)).collect();
+                assert_eq!(echo[(row * parts + part) * d..][..d], want_echo[..]);
+                if part % c == 0 {
+                    let top = maxes.iter().copied().fold(f32::MIN, f32::max);
+                    let w: Vec<f64> = maxes.iter().map(|&m| ((m - top) as f64).exp()).collect();
+                    let total: f64 = w.iter().sum();
+                    for j in 0..d {
+                        let want: f64 =
+                            (0..c).map(|i| w[i] * at(first + i)[j] as f64).sum::<f64>() / total;
+                        let got = merged[(row * 2 + part / c) * d + j] as f64;
+                        assert!(
+                            (got - want).abs() < 1e-5 * (1.0 + want.abs()),
+                            "C {c}: {got} vs {want}"
+                        );
+                    }
+                }
+            }
+        }
+        diff(
+            "cluster_merge",
+            k,
+            [rows as u32, parts as u32, 1],
+            &data,
+            1e-4,
+        );
+    }
+}

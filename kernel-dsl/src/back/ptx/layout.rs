@@ -433,7 +433,9 @@ fn value(k: &Kernel, v: ValueId, l: &mut Layouts) {
                 None => (Layout::default_for(&shape, k.num_warps), forced),
             }
         }
-        Expr::Dot { .. } => (Layout::default_for(&shape, k.num_warps), true),
+        Expr::Dot { .. } | Expr::ClusterGather { .. } => {
+            (Layout::default_for(&shape, k.num_warps), true)
+        }
         _ => (Layout::default_for(&shape, k.num_warps), false),
     };
     l.of[i] = Some(lay);

@@ -21,6 +21,7 @@
 //! (tiles smaller than the program) are stored and atomically updated by one owner thread.
 
 mod axis;
+mod cluster;
 mod dot;
 mod elementwise;
 mod emit;
@@ -206,6 +207,20 @@ pub fn compile(kernel: &Kernel, target: Target) -> Result<PtxKernel, CompileErro
     );
     ptx.push_str(&e.decls());
     let smem = e.smem.next_multiple_of(16);
+    let cluster_smem = e.cluster_smem.next_multiple_of(16);
+    if smem + cluster_smem > 48 * 1024 {
+        return Err(CompileError::new(
+            Default::default(),
+            format!(
+                "kernel `{}`: needs {} bytes of shared memory (more than 48 KiB), {cluster_smem} of them for `cluster_gather`; use smaller tiles",
+                kernel.name,
+                smem + cluster_smem
+            ),
+        ));
+    }
+    if cluster_smem > 0 {
+        let _ = writeln!(ptx, "\t.shared .align 16 .b8 tf_cluster[{cluster_smem}];");
+    }
     if smem > 0 {
         let _ = writeln!(ptx, "\t.shared .align 16 .b8 tf_smem[{smem}];");
     } else {
@@ -239,11 +254,15 @@ pub fn compile(kernel: &Kernel, target: Target) -> Result<PtxKernel, CompileErro
     } else {
         ptx.push_str(&e.code);
     }
+    if e.gathers_remote {
+        // No program may exit while another can still read its shared memory.
+        ptx.push_str("\tbarrier.cluster.arrive.aligned;\n\tbarrier.cluster.wait.aligned;\n");
+    }
     ptx.push_str("\tret;\n}\n");
     Ok(PtxKernel {
         ptx,
         entry: kernel.name.clone(),
-        shared_bytes: smem,
+        shared_bytes: smem + cluster_smem,
         layouts: e.report(),
         value_layouts: e.value_layouts(),
         accesses: e.accesses,
