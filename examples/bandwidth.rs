@@ -151,8 +151,26 @@ fn run(dev: &Device, sweep: bool) -> perf::Result<()> {
                             dc: 128,
                             stages,
                             num_warps,
+                            cluster: 1,
                         });
                     }
+                }
+            }
+        }
+        // Splits merged inside a thread-block cluster per KV head (sm_90 and newer).
+        if info.compute_capability.0 >= 9 {
+            for cluster in [8, 16] {
+                for stages in [1, 2] {
+                    cfgs.push(AttentionConfig {
+                        splits: cluster,
+                        bs: 64,
+                        s: tuning::combine_s(cluster),
+                        min_chunk: tuning::ATTENTION_MIN_CHUNK,
+                        dc: 128,
+                        stages,
+                        num_warps: 4,
+                        cluster,
+                    });
                 }
             }
         }
@@ -164,19 +182,23 @@ fn run(dev: &Device, sweep: bool) -> perf::Result<()> {
             let (s, m) = perf::time_graph(dev, launches, opts, |j| w.launch(dev, j, cfg))?;
             results.push((cfg, s, m));
         }
-        let best = *results
-            .iter()
-            .min_by(|a, b| a.1.median_us.total_cmp(&b.1.median_us))
-            .expect("at least one config");
+        let best_of = |clustered: bool| {
+            results
+                .iter()
+                .filter(|r| (r.0.cluster > 1) == clustered)
+                .min_by(|a, b| a.1.median_us.total_cmp(&b.1.median_us))
+                .copied()
+        };
         let shape = format!("ctx {ctx}, 16/8 heads, D 128");
         if sweep {
             sweeps.push(format!("attention {shape}, {} KV sets:", w.sets()));
             for (c, s, _) in &results {
                 sweeps.push(format!(
-                    "  BS={:<2} splits={:<2} S={:<2} STAGES={} warps={}  {:>9.2} us  {:>7.1} GB/s{}",
+                    "  BS={:<2} splits={:<2} S={:<2} CLUSTER={:<2} STAGES={} warps={}  {:>9.2} us  {:>7.1} GB/s{}",
                     c.bs,
                     c.splits,
                     c.s,
+                    c.cluster,
                     c.stages,
                     c.num_warps,
                     s.median_us,
@@ -185,19 +207,25 @@ fn run(dev: &Device, sweep: bool) -> perf::Result<()> {
                 ));
             }
         }
-        rows.push(Row {
-            kernel: "attention split+combine".into(),
-            shape,
-            config: format!(
-                "BS{} splits{} st{} w{}",
-                best.0.bs, best.0.splits, best.0.stages, best.0.num_warps
-            ),
-            stats: best.1,
-            bytes: w.bytes(),
-            method: best.2,
-            default_us: results[0].1.median_us,
-            cublas: None,
-        });
+        for (kernel, best) in [
+            ("attention split+combine", best_of(false)),
+            ("attention clustered", best_of(true)),
+        ] {
+            let Some(best) = best else { continue };
+            rows.push(Row {
+                kernel: kernel.into(),
+                shape: shape.clone(),
+                config: format!(
+                    "BS{} splits{} st{} w{}",
+                    best.0.bs, best.0.splits, best.0.stages, best.0.num_warps
+                ),
+                stats: best.1,
+                bytes: w.bytes(),
+                method: best.2,
+                default_us: results[0].1.median_us,
+                cublas: None,
+            });
+        }
     }
 
     if sweep {

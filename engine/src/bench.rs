@@ -290,9 +290,15 @@ fn tries(base: &LaunchPlan, role: &str, vocab: usize, head_dim: i64) -> Vec<(Str
             p.down = c;
             p
         }),
+        // A clustered variant merges one split per program of its cluster.
         "attention" => variants(&ATTENTION_SPLIT, &|k| k[0] == head_dim, &|mut p, c| {
+            let cluster = c.consts[4] as usize;
             p.attention = c;
-            p
+            if cluster > 1 {
+                p.with_splits(cluster)
+            } else {
+                p
+            }
         }),
         "combine" => variants(
             &ATTENTION_COMBINE,
@@ -303,9 +309,13 @@ fn tries(base: &LaunchPlan, role: &str, vocab: usize, head_dim: i64) -> Vec<(Str
             },
         ),
         "lm_head" => variants(&LM_HEAD_ARGMAX, &any, &|p, c| p.with_lm_head(c, vocab)),
+        // Split counts of the split + combine path (a cluster fixes its own).
         "splits" => (8..=tuning::MAX_SPLITS)
             .step_by(8)
-            .map(|n| (n.to_string(), base.clone().with_splits(n)))
+            .map(|n| {
+                let bs = base.attention.consts[2] as usize;
+                (n.to_string(), base.clone().with_attention_cluster(1, n, bs))
+            })
             .collect(),
         "min_chunk" => [1, 32, 64, 96, 128, 192, 256]
             .into_iter()

@@ -88,9 +88,12 @@ pub struct LaunchPlan {
     pub lm_head: KernelChoice,
     /// `argmax_finish`: `[B]`.
     pub argmax: KernelChoice,
-    /// `attention_split`: `[D, G, BS]`; groups larger than `G` take several programs.
+    /// `attention_split`: `[D, G, BS, STAGES, CLUSTER]`; groups larger than `G` take
+    /// several programs. With `CLUSTER > 1` the splits of a KV head form one
+    /// thread-block cluster that merges them itself (`splits == CLUSTER`, sm_90 or the
+    /// interpreter) and `attention_combine` is not launched.
     pub attention: KernelChoice,
-    /// `attention_combine`: `[D, S]`.
+    /// `attention_combine`: `[D, S, DC]`; unused when the attention is clustered.
     pub combine: KernelChoice,
     /// Splits of the KV sequence in decode attention.
     pub splits: usize,
@@ -153,14 +156,25 @@ impl LaunchPlan {
         );
         let qkv_dim = qd + 2 * cfg.kv_dim();
         let gpu = dev.is_cuda();
-        // The split count is fixed for the graph's sake (the same at every position);
-        // the interpreter gets two splits, so the combine step is exercised everywhere.
+        // The split count is fixed for the graph's sake (the same at every position).
         // More splits mean fewer serial iterations per program; at short contexts the
-        // later splits are empty (`min_chunk`).
-        let splits = if gpu {
-            tuning::attention_splits_for_capacity(max_seq_len)
+        // later splits are empty (`min_chunk`). Where clusters are available the splits
+        // of a KV head merge in the attention kernel (one launch per layer fewer); the
+        // interpreter gets a two-program cluster, so that path runs everywhere.
+        let cluster = match dev.as_cuda() {
+            Some(cuda) => tuning::attention_cluster(max_seq_len, cuda.compute_capability()),
+            None => 2,
+        };
+        // Head sizes without a clustered variant (D = 32 on the GPU) merge by combine.
+        let (attention, splits) = attention_choice(gpu, d as i64, group, max_seq_len, cluster);
+        let (attention, splits) = if cluster > 1
+            && ATTENTION_SPLIT
+                .variant(&attention.consts, Some(attention.num_warps))
+                .is_err()
+        {
+            attention_choice(gpu, d as i64, group, max_seq_len, 1)
         } else {
-            2
+            (attention, splits)
         };
         let lm = tuning::lm_head_config(v, h);
         let parts = v.div_ceil(if gpu { lm.block_n } else { 16 });
@@ -185,24 +199,7 @@ impl LaunchPlan {
                     num_warps,
                 }
             },
-            // On the GPU, pairs of query heads over 64-position tiles (`--sweep`, H100:
-            // G = 2 / BS = 64 beat G = 1 / BS = 32 and G = 4 inside the step); the
-            // interpreter runs whole groups.
-            attention: KernelChoice {
-                consts: if gpu {
-                    [
-                        d,
-                        group.next_power_of_two().min(2) as i64,
-                        tuning::ATTENTION_BS as i64,
-                        tuning::attention_stages(max_seq_len.div_ceil(splits), tuning::ATTENTION_BS)
-                            as i64,
-                    ]
-                } else {
-                    [d, group.next_power_of_two().min(4) as i64, 32, 1]
-                }
-                .to_vec(),
-                num_warps: 4,
-            },
+            attention,
             combine: KernelChoice {
                 // One program per head (`--sweep`: 1-2% faster than 32-column pieces).
                 consts: [d, tuning::combine_s(splits) as i64, d].to_vec(),
@@ -226,6 +223,27 @@ impl LaunchPlan {
         self.splits = splits;
         self.combine.consts[1] = tuning::combine_s(splits) as i64;
         self
+    }
+
+    /// Whether the attention's splits merge inside one thread-block cluster per KV head
+    /// (no `attention_combine` launch).
+    pub fn clustered(&self) -> bool {
+        self.attention.consts[4] > 1
+    }
+
+    /// The plan with the attention's splits merged by a cluster of `cluster` programs
+    /// (then `splits == cluster`, and the attention tile `bs` must have a variant for
+    /// it), or with `cluster == 1` by `attention_combine` over `splits` splits.
+    pub fn with_attention_cluster(
+        mut self,
+        cluster: usize,
+        splits: usize,
+        bs: usize,
+    ) -> LaunchPlan {
+        let splits = if cluster > 1 { cluster } else { splits };
+        self.attention.consts[2] = bs as i64;
+        self.attention.consts[4] = cluster as i64;
+        self.with_splits(splits)
     }
 
     /// The plan with the LM head's rows per program changed (and the final argmax's
@@ -272,7 +290,18 @@ impl LaunchPlan {
                 message: "min_chunk must be at least 1".into(),
             });
         }
-        if self.splits == 0 || self.splits > s {
+        if self.clustered() {
+            let cluster = self.attention.consts[4] as usize;
+            if self.splits != cluster {
+                return Err(EngineError::Option {
+                    message: format!(
+                        "clustered attention merges one split per program of its cluster: \
+                         {} splits with CLUSTER = {cluster}",
+                        self.splits
+                    ),
+                });
+            }
+        } else if self.splits == 0 || self.splits > s {
             return Err(EngineError::Option {
                 message: format!(
                     "{} attention splits do not fit attention_combine compiled for S = {s}",
@@ -282,6 +311,51 @@ impl LaunchPlan {
         }
         Ok(())
     }
+}
+
+/// The attention launch and its split count for a cluster of `cluster` programs (1:
+/// split + combine over the capacity's splits). On the GPU, pairs of query heads over
+/// 64-position tiles (`--sweep`, H100: G = 2 / BS = 64 beat G = 1 / BS = 32 and G = 4
+/// inside the step); the interpreter runs whole groups over 32-position tiles.
+fn attention_choice(
+    gpu: bool,
+    d: i64,
+    group: usize,
+    max_seq_len: usize,
+    cluster: usize,
+) -> (KernelChoice, usize) {
+    let splits = if cluster > 1 {
+        cluster
+    } else if gpu {
+        tuning::attention_splits_for_capacity(max_seq_len)
+    } else {
+        2
+    };
+    let consts = if gpu {
+        let bs = tuning::ATTENTION_BS;
+        [
+            d,
+            group.next_power_of_two().min(2) as i64,
+            bs as i64,
+            tuning::attention_stages(max_seq_len.div_ceil(splits), bs) as i64,
+            cluster as i64,
+        ]
+    } else {
+        [
+            d,
+            group.next_power_of_two().min(4) as i64,
+            32,
+            1,
+            cluster as i64,
+        ]
+    };
+    (
+        KernelChoice {
+            consts: consts.to_vec(),
+            num_warps: 4,
+        },
+        splits,
+    )
 }
 
 /// One layer's weights in the kernels' layout, and its KV cache.
@@ -566,7 +640,7 @@ impl Decoder {
     /// rounding order of sums may differ.
     pub fn set_plan(&mut self, plan: LaunchPlan) -> Result<()> {
         plan.check()?;
-        if plan.splits > self.split_capacity {
+        if !plan.clustered() && plan.splits > self.split_capacity {
             return Err(EngineError::Option {
                 message: format!(
                     "{} attention splits exceed the {} this decoder allocated",
@@ -588,6 +662,7 @@ impl Decoder {
     fn launches(&self, block: Block) -> usize {
         match block {
             Block::Embed | Block::LmHead | Block::Argmax => 1,
+            Block::Combine if self.plan.clustered() => 0,
             _ => self.cfg.num_layers,
         }
     }
@@ -732,6 +807,7 @@ impl Decoder {
                         (&mut s.part_m).into(),
                         (&mut s.part_l).into(),
                         (&mut s.part_acc).into(),
+                        (&mut s.attn).into(),
                         ((nh / nkv) as i32).into(),
                         max_seq.into(),
                         (plan.min_chunk as i32).into(),
@@ -741,7 +817,7 @@ impl Decoder {
                     ],
                 )?;
             }
-            if want(Block::Combine) {
+            if want(Block::Combine) && !plan.clustered() {
                 launch(
                     dev,
                     &mut first,
@@ -1091,6 +1167,9 @@ impl Decoder {
         let saved = self.s.state.to_vec()?;
         let mut out = Vec::new();
         for block in Block::ALL {
+            if self.launches(block) == 0 {
+                continue;
+            }
             let dev = self.dev.clone();
             let graph = dev.capture(|| self.step_blocks(|b| b == block))?;
             let mut samples = Vec::with_capacity(reps);

@@ -228,7 +228,10 @@ pub fn rms_norm_gate_up<const BLOCK_N: usize, const BLOCK_K: usize>(
 /// least `min_chunk` positions a split, so at short contexts only the first splits have
 /// any), with
 /// an online softmax, and writes the partial max, denominator and weighted value sum per
-/// query head and split for [`attention_combine`].
+/// query head and split for [`attention_combine`]. With `CLUSTER > 1` the `CLUSTER`
+/// splits of a KV head are one thread-block cluster (grid y = `CLUSTER`): they exchange
+/// their partials with `cluster_gather` and split 0 writes the merged bf16 head outputs
+/// to `out` itself, with no second kernel (sm_90, or the interpreter).
 ///
 /// The queries and the new key and value come straight from the fused projection `qkv`
 /// (`[q heads | k heads | v heads]`): each program normalizes and rotates its queries
@@ -251,12 +254,28 @@ pub fn rms_norm_gate_up<const BLOCK_N: usize, const BLOCK_K: usize>(
     G = [1, 2, 4],
     BS = [32, 64],
     STAGES = [1, 2],
+    // 1: partials for `attention_combine`; more: the splits of a KV head form one
+    // thread-block cluster and merge in the kernel (sm_90). 2 serves the interpreter
+    // (32-position tiles), 8 and 16 the GPU (64-position tiles).
+    CLUSTER = [1, 2, 8, 16],
+    cluster(y = CLUSTER),
     // 8 warps were never faster (`examples/bandwidth.rs`, `tilefuse bench --sweep`).
     num_warps = [4],
     // Two 64-position tiles for four heads need more than 255 registers a thread.
-    skip(D = 128, G = 4, BS = 64, STAGES = 2, num_warps = 4)
+    skip(D = 128, G = 4, BS = 64, STAGES = 2, num_warps = 4),
+    skip(CLUSTER = 2, BS = 64),
+    skip(CLUSTER = 8, BS = 32),
+    skip(CLUSTER = 16, BS = 32),
+    skip(CLUSTER = 8, D = 32),
+    skip(CLUSTER = 16, D = 32)
 )]
-pub fn attention_split<const D: usize, const G: usize, const BS: usize, const STAGES: usize>(
+pub fn attention_split<
+    const D: usize,
+    const G: usize,
+    const BS: usize,
+    const STAGES: usize,
+    const CLUSTER: usize,
+>(
     qkv: Ptr<bf16>,
     q_norm_w: Ptr<bf16>,
     k_norm_w: Ptr<bf16>,
@@ -269,6 +288,7 @@ pub fn attention_split<const D: usize, const G: usize, const BS: usize, const ST
     part_m: Ptr<f32>,
     part_l: Ptr<f32>,
     part_acc: Ptr<f32>,
+    out: Ptr<bf16>,
     group: i32,
     max_seq: i32,
     min_chunk: i32,
@@ -417,14 +437,34 @@ pub fn attention_split<const D: usize, const G: usize, const BS: usize, const ST
         m = m_new;
     }
 
-    let slot = heads * splits + split;
-    store(part_m + slot, m, g_ok);
-    store(part_l + slot, l, g_ok);
-    store(
-        part_acc + slot.expand_dims(1) * D + d.expand_dims(0),
-        acc,
-        g_ok.expand_dims(1),
-    );
+    if CLUSTER == 1 {
+        let slot = heads * splits + split;
+        store(part_m + slot, m, g_ok);
+        store(part_l + slot, l, g_ok);
+        store(
+            part_acc + slot.expand_dims(1) * D + d.expand_dims(0),
+            acc,
+            g_ok.expand_dims(1),
+        );
+    } else {
+        // The cluster is every split of this KV head (`splits == CLUSTER`): merge the
+        // partials through distributed shared memory, as `attention_combine` would.
+        // Empty splits hold m = -inf and weigh exp(-inf) = 0; the split holding `pos`
+        // is never empty.
+        let all_m = cluster_gather(m);
+        let all_l = cluster_gather(l);
+        let all_acc = cluster_gather(acc);
+        let weight = exp(all_m - all_m.max(0).expand_dims(0));
+        let denom = (weight * all_l).sum(0);
+        let o = (all_acc * weight.expand_dims(2)).sum(0) / denom.expand_dims(1);
+        if split == 0 {
+            store(
+                out + heads.expand_dims(1) * D + d.expand_dims(0),
+                o as bf16,
+                g_ok.expand_dims(1),
+            );
+        }
+    }
 }
 
 /// Decode attention, second pass: program `(head, chunk)` merges the `splits` partials

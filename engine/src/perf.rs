@@ -794,7 +794,7 @@ impl GemvWorkload {
 }
 
 /// Decode attention (`attention_split`, with its QK-norm, RoPE and append, +
-/// `attention_combine`) at one context length, with enough KV-cache sets to exceed 4× L2
+/// `attention_combine` unless the splits merge in a cluster) at one context length, with enough KV-cache sets to exceed 4× L2
 /// (within device memory).
 pub struct AttentionWorkload {
     /// Cached positions read (the context length).
@@ -892,7 +892,7 @@ impl AttentionWorkload {
             .clamp(1, 4)
     }
 
-    /// Queues split + combine on set `i % sets`.
+    /// Queues split + combine (or the clustered split alone) on set `i % sets`.
     pub fn launch(&mut self, dev: &Device, i: usize, cfg: AttentionConfig) -> Result<()> {
         let nsets = self.sets.len();
         let padded = self.padded_group();
@@ -909,7 +909,13 @@ impl AttentionWorkload {
                 (group as usize).div_ceil(padded) as u32,
             ))
             .num_warps(cfg.num_warps),
-            &[d, padded as i64, cfg.bs as i64, cfg.stages as i64],
+            &[
+                d,
+                padded as i64,
+                cfg.bs as i64,
+                cfg.stages as i64,
+                cfg.cluster as i64,
+            ],
             &mut [
                 (&*qkv).into(),
                 (&self.norm_w).into(),
@@ -923,6 +929,7 @@ impl AttentionWorkload {
                 (&mut self.part_m).into(),
                 (&mut self.part_l).into(),
                 (&mut self.part_acc).into(),
+                (&mut self.out).into(),
                 group.into(),
                 (self.seq as i32).into(),
                 (cfg.min_chunk as i32).into(),
@@ -931,6 +938,9 @@ impl AttentionWorkload {
                 scale.into(),
             ],
         )?;
+        if cfg.cluster > 1 {
+            return Ok(());
+        }
         kernels::ATTENTION_COMBINE.launch_dyn(
             dev,
             (self.num_heads as u32, (d / dc) as u32),

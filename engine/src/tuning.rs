@@ -144,6 +144,10 @@ pub struct AttentionConfig {
     pub stages: usize,
     /// Warps per `attention_split` program.
     pub num_warps: u32,
+    /// `attention_split`'s `CLUSTER`: 1 writes partials for `attention_combine`; more
+    /// merges the splits of a KV head in one thread-block cluster (then `splits ==
+    /// cluster` and no combine runs).
+    pub cluster: usize,
 }
 
 /// The largest split count `attention_combine` is compiled for.
@@ -170,6 +174,7 @@ pub fn attention_config(seq: usize, num_kv_heads: usize, sm_count: usize) -> Att
         dc: 128,
         stages: attention_stages(seq.div_ceil(splits), bs),
         num_warps: 4,
+        cluster: 1,
     }
 }
 
@@ -199,6 +204,30 @@ pub fn attention_splits(seq: usize, num_kv_heads: usize, sm_count: usize, bs: us
 pub fn attention_splits_for_capacity(max_seq: usize) -> usize {
     max_seq.div_ceil(ATTENTION_BS).clamp(1, STEP_SPLITS)
 }
+
+/// The cluster size of the decode step's attention on a GPU of compute capability
+/// `cc` with a KV cache of `max_seq` positions: 1 (splits merged by
+/// `attention_combine`) before sm_90, where there are no clusters, and otherwise
+/// [`STEP_CLUSTER`] (the splits of a KV head merge through distributed shared memory;
+/// one launch per layer fewer). `TILEFUSE_ATTN_CLUSTER=1|8|16` overrides the choice
+/// for comparisons; other values are ignored.
+pub fn attention_cluster(max_seq: usize, cc: (i32, i32)) -> usize {
+    if cc.0 < 9 {
+        return 1;
+    }
+    if let Some(c) = std::env::var("TILEFUSE_ATTN_CLUSTER")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|c| [1, 8, 16].contains(c))
+    {
+        return c;
+    }
+    let _ = max_seq;
+    STEP_CLUSTER
+}
+
+/// The default cluster size of [`attention_cluster`].
+pub const STEP_CLUSTER: usize = 16;
 
 /// The most splits the decode step uses: 8 KV heads × 32 splits is two programs per
 /// SM of an H100, the best of `examples/bandwidth.rs` at 4k and 32k positions.
@@ -295,8 +324,20 @@ mod tests {
                 .variant(&[128, c.s as i64, c.dc as i64], None)
                 .is_ok());
             assert!(kernels::ATTENTION_SPLIT
-                .variant(&[128, 2, c.bs as i64, c.stages as i64], None)
+                .variant(
+                    &[128, 2, c.bs as i64, c.stages as i64, c.cluster as i64],
+                    None
+                )
                 .is_ok());
+            // The decode step's clustered variants.
+            for stages in [1, 2] {
+                assert!(kernels::ATTENTION_SPLIT
+                    .variant(
+                        &[128, 2, ATTENTION_BS as i64, stages, STEP_CLUSTER as i64],
+                        None
+                    )
+                    .is_ok());
+            }
         }
         assert_eq!(attention_config(32768, 8, 132).splits, 32);
         assert_eq!(attention_config(1, 8, 132).splits, 1);

@@ -318,12 +318,14 @@ fn every_launch_plan_computes_the_same_step() {
             consts: consts.to_vec(),
             num_warps,
         };
-        let mut other = base.clone().with_splits(1);
+        // Split + combine with one split (the default plans merge splits in a cluster
+        // where they can).
+        let mut other = base.clone().with_attention_cluster(1, 1, 32);
         other.qkv = choice(&[1, 256], 8);
         other.o_proj = choice(&[2, 512], 4);
         other.gate_up = choice(&[1, 1024], 4);
         other.down = choice(&[4, 2048], 8);
-        other.attention = choice(&[d, 4, 32, 2], 4);
+        other.attention = choice(&[d, 4, 32, 2, 1], 4);
         other.combine = choice(&[d, 8, 32], 4);
         other.min_chunk = 16;
         let other = other.with_lm_head(choice(&[4, 1024], 8), cfg.vocab_size);
@@ -338,12 +340,54 @@ fn every_launch_plan_computes_the_same_step() {
             );
         }
 
-        // More splits than the combine step is compiled for, or (on the interpreter,
-        // which allocates partials for its plan's two) than the partials hold.
-        let mut too_many = vec![base.clone().with_splits(1000)];
-        if !dev.is_cuda() {
-            too_many.push(base.clone().with_splits(base.splits * 2));
+        // Clustered attention: two programs a cluster over 32-position tiles, and on
+        // sm_90 GPUs the decode step's 8 and 16 over 64-position tiles where compiled.
+        let sm90 = dev.as_cuda().is_some_and(|c| c.compute_capability().0 >= 9);
+        let mut clusters = vec![(2, 32)];
+        if sm90 {
+            clusters.extend([(8, 64), (16, 64)]);
         }
+        for (cluster, bs) in clusters {
+            let mut plan = base.clone().with_attention_cluster(cluster, 0, bs);
+            plan.attention.consts[3] = 2;
+            if plan.check().is_err() && dev.is_cuda() {
+                continue; // no variant for this head size
+            }
+            assert!(plan.clustered());
+            dec.set_plan(plan).unwrap();
+            assert_eq!(dec.kernels_per_step(), 3 + 5 * cfg.num_layers);
+            let got = run(&mut dec);
+            for (step, (g, e)) in got.iter().zip(&want).enumerate() {
+                let rel = common::rel_err(g, e);
+                assert!(
+                    rel < 1e-2,
+                    "{dev} step {step}: cluster of {cluster} differs by {rel:.3e}"
+                );
+            }
+        }
+        if !sm90 {
+            // Without clusters (the interpreter emulates them) the plan is refused at
+            // launch, with the reason.
+            if let Some(c) = dev.as_cuda() {
+                let plan = base.clone().with_attention_cluster(2, 0, 32);
+                dec.set_plan(plan).unwrap();
+                let err = dec.forward(tokens[0], 0).unwrap_err().to_string();
+                assert!(
+                    err.contains("sm_90") || err.contains("cluster"),
+                    "{err} ({c:?})"
+                );
+            }
+        }
+
+        // More splits than the combine step is compiled for, or (on the interpreter,
+        // which allocates partials for its plan's two) than the partials hold; a
+        // cluster that is not one program per split.
+        let unclustered = base.clone().with_attention_cluster(1, 1, 32);
+        let mut too_many = vec![unclustered.clone().with_splits(1000)];
+        if !dev.is_cuda() {
+            too_many.push(unclustered.clone().with_splits(4));
+        }
+        too_many.push(base.clone().with_attention_cluster(2, 0, 32).with_splits(4));
         for plan in too_many {
             let err = dec.set_plan(plan).unwrap_err().to_string();
             assert!(err.contains("splits"), "{err}");

@@ -662,16 +662,17 @@ fn host_attention(
 
 /// One decode-attention step at position `c.seq - 1`: `attention_split` (QK-norm when
 /// `use_norm`, RoPE, the KV append, the split pass) then `attention_combine`, for each
-/// split count. Checks the rotated queries and the appended cache row against the host,
-/// that no other cache row changed, and the output against host attention over the
-/// kernel's own queries and cache.
+/// split count, with `[BS, STAGES, CLUSTER]`; with `CLUSTER > 1`, the clustered
+/// `attention_split` alone (each split count must then equal `CLUSTER`). Checks the
+/// rotated queries and the appended cache row against the host, that no other cache row
+/// changed, and the output against host attention over the kernel's own queries and
+/// cache.
 fn check_attention(
     dev: &Device,
     rng: &mut Rng,
     c: &AttnCase,
     use_norm: bool,
-    bs: usize,
-    stages: usize,
+    [bs, stages, cluster]: [usize; 3],
     splits_list: &[(usize, usize)],
 ) {
     let (nh, nkv, d) = (c.num_kv * c.group, c.num_kv, c.d);
@@ -725,8 +726,13 @@ fn check_attention(
         let dc = if splits % 2 == 0 { 32.min(d) } else { d };
         let what = format!(
             "attention D={d} kv={nkv} group={} G={} pos={pos} norm={use_norm} BS={bs} \
-             STAGES={stages} splits={splits} min_chunk={min_chunk} DC={dc} on {dev}",
+             STAGES={stages} CLUSTER={cluster} splits={splits} min_chunk={min_chunk} DC={dc} \
+             on {dev}",
             c.group, c.g
+        );
+        assert!(
+            cluster == 1 || splits == cluster,
+            "{what}: a cluster per KV head"
         );
         let (mut kc, mut vc) = (up(&kc0), up(&vc0));
         let mut q_out = dev.alloc_filled(nh * d, bf16::NAN).unwrap();
@@ -739,7 +745,13 @@ fn check_attention(
             &ATTENTION_SPLIT,
             dev,
             LaunchConfig::from((nkv as u32, splits as u32, c.group.div_ceil(c.g) as u32)),
-            &[d as i64, c.g as i64, bs as i64, stages as i64],
+            &[
+                d as i64,
+                c.g as i64,
+                bs as i64,
+                stages as i64,
+                cluster as i64,
+            ],
             &mut [
                 (&qkv_b).into(),
                 (&qw_b).into(),
@@ -753,6 +765,7 @@ fn check_attention(
                 (&mut pm).into(),
                 (&mut pl).into(),
                 (&mut pa).into(),
+                (&mut out).into(),
                 (c.group as i32).into(),
                 (c.max_seq as i32).into(),
                 (min_chunk as i32).into(),
@@ -761,19 +774,21 @@ fn check_attention(
                 scale.into(),
             ],
         );
-        launch(
-            &ATTENTION_COMBINE,
-            dev,
-            LaunchConfig::from((nh as u32, (d / dc) as u32)),
-            &[d as i64, tuning::combine_s(splits) as i64, dc as i64],
-            &mut [
-                (&pm).into(),
-                (&pl).into(),
-                (&pa).into(),
-                (&mut out).into(),
-                (splits as i32).into(),
-            ],
-        );
+        if cluster == 1 {
+            launch(
+                &ATTENTION_COMBINE,
+                dev,
+                LaunchConfig::from((nh as u32, (d / dc) as u32)),
+                &[d as i64, tuning::combine_s(splits) as i64, dc as i64],
+                &mut [
+                    (&pm).into(),
+                    (&pl).into(),
+                    (&pa).into(),
+                    (&mut out).into(),
+                    (splits as i32).into(),
+                ],
+            );
+        }
 
         let got_q = f32s(&q_out.to_vec().unwrap());
         near(&format!("{what}: q"), &got_q, &want_q, &tol_q);
@@ -849,9 +864,18 @@ fn attention_small_contexts_all_groups() {
                     &mut rng,
                     &c,
                     norm,
-                    bs,
-                    stages,
+                    [bs, stages, 1],
                     &[(1, 1), (3, 1), (8, 1), (8, 64)],
+                );
+                // Two programs a cluster merging in the kernel: at 1 and 3 positions
+                // with min_chunk 64 the second split is empty.
+                check_attention(
+                    &dev,
+                    &mut rng,
+                    &c,
+                    !norm,
+                    [32, stages, 2],
+                    &[(2, 1), (2, 64)],
                 );
             }
         }
@@ -870,10 +894,10 @@ fn attention_small_contexts_all_groups() {
                 &mut rng,
                 &c,
                 norm,
-                32,
-                if norm { 2 } else { 1 },
+                [32, if norm { 2 } else { 1 }, 1],
                 &[(2, 1), (16, 1), (16, 20), (3, 96)],
             );
+            check_attention(&dev, &mut rng, &c, norm, [32, 2, 2], &[(2, 1), (2, 32)]);
         }
         // D = 64 at the first position and at the last row of the cache.
         for seq in [1, 70] {
@@ -885,7 +909,15 @@ fn attention_small_contexts_all_groups() {
                 seq,
                 max_seq: 70,
             };
-            check_attention(&dev, &mut rng, &c, true, 32, 2, &[(1, 1), (4, 1), (4, 32)]);
+            check_attention(
+                &dev,
+                &mut rng,
+                &c,
+                true,
+                [32, 2, 1],
+                &[(1, 1), (4, 1), (4, 32)],
+            );
+            check_attention(&dev, &mut rng, &c, false, [32, 1, 2], &[(2, 1)]);
         }
     }
 }
@@ -910,8 +942,7 @@ fn attention_qwen3_shape_on_gpu() {
         &mut rng,
         &c,
         true,
-        32,
-        2,
+        [32, 2, 1],
         &[
             (1, 1),
             (7, 1),
@@ -921,18 +952,56 @@ fn attention_qwen3_shape_on_gpu() {
         ],
     );
     let c = AttnCase { g: 1, ..c };
-    check_attention(&dev, &mut rng, &c, true, 64, 1, &[(32, 1), (64, 1)]);
+    check_attention(&dev, &mut rng, &c, true, [64, 1, 1], &[(32, 1), (64, 1)]);
     let c = AttnCase { g: 2, ..c };
-    check_attention(&dev, &mut rng, &c, true, 64, 1, &[(19, 64)]);
+    check_attention(&dev, &mut rng, &c, true, [64, 1, 1], &[(19, 64)]);
     check_attention(
         &dev,
         &mut rng,
         &c,
         true,
-        64,
-        default.stages,
+        [64, default.stages, 1],
         &[(default.splits, 64)],
     );
+    // Clusters of 8 and 16 programs merging in the kernel (distributed shared memory),
+    // with both buffering depths, at 4096 positions and at 37 (most splits empty).
+    for (cluster, stages) in [(8, 2), (16, 1), (16, 2)] {
+        check_attention(
+            &dev,
+            &mut rng,
+            &c,
+            true,
+            [64, stages, cluster],
+            &[(cluster, 64)],
+        );
+    }
+    let short = AttnCase {
+        seq: 37,
+        max_seq: 40,
+        ..c
+    };
+    for cluster in [8, 16] {
+        check_attention(
+            &dev,
+            &mut rng,
+            &short,
+            true,
+            [64, 1, cluster],
+            &[(cluster, 1), (cluster, 64)],
+        );
+    }
+    // D = 64 with a group of 4 in one program, and one query head per program.
+    for (g, group) in [(4, 4), (1, 2)] {
+        let c = AttnCase {
+            d: 64,
+            num_kv: 2,
+            group,
+            g,
+            seq: 1000,
+            max_seq: 1024,
+        };
+        check_attention(&dev, &mut rng, &c, false, [64, 2, 16], &[(16, 64)]);
+    }
 }
 
 /// One device draw: `sample_draw`, `sample_check`, `sample_pick` over `logits` with

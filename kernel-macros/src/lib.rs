@@ -58,7 +58,9 @@ fn expand(attr: TokenStream2, item: ItemFn) -> TokenStream2 {
             errors.push(syn::Error::new(span, msg));
         }
     };
-    let mut written: Option<Vec<usize>> = None;
+    // A parameter is written if any variant writes it (a constant may select the
+    // branch that stores).
+    let mut written: Vec<usize> = Vec::new();
     let mut variants = Vec::new();
     let specs = ast.specializations();
     for spec in &specs {
@@ -70,7 +72,11 @@ fn expand(attr: TokenStream2, item: ItemFn) -> TokenStream2 {
                 continue;
             }
         };
-        written.get_or_insert_with(|| kernel.written_params());
+        for p in kernel.written_params() {
+            if !written.contains(&p) {
+                written.push(p);
+            }
+        }
         let mut ptx_text = Vec::new();
         let mut entry = String::new();
         let mut shared = 0u32;
@@ -109,7 +115,6 @@ fn expand(attr: TokenStream2, item: ItemFn) -> TokenStream2 {
             }
         });
     }
-    let written = written.unwrap_or_default();
 
     let vis = &item.vis;
     let name = &ast.name;

@@ -105,3 +105,28 @@ fn uncompiled_num_warps_is_a_clear_error() {
         "{err}"
     );
 }
+
+/// `out[i] = x[i]` when `COPY == 1`; the `COPY == 0` variant, listed first, stores
+/// nothing.
+#[kernel(crate = tilefuse_dsl, COPY = [0, 1], num_warps = [1])]
+fn maybe_copy<const COPY: usize>(x: Ptr<f32>, out: Ptr<f32>) {
+    let offs = arange(0, 32);
+    if COPY == 1 {
+        store(out + offs, load(x + offs));
+    }
+}
+
+#[test]
+fn a_parameter_any_variant_writes_is_written() {
+    assert!(MAYBE_COPY.params[1].written, "`out` is stored by COPY = 1");
+    assert!(!MAYBE_COPY.params[0].written);
+    let dev = Device::cpu();
+    let x: Vec<f32> = (0..32).map(|i| i as f32 * 0.5 - 3.0).collect();
+    let bx = dev.upload(&x).unwrap();
+    let mut out = dev.alloc_filled(32, f32::NAN).unwrap();
+    maybe_copy::<1>::launch(&dev, 1, &bx, &mut out).unwrap();
+    assert_eq!(out.to_vec().unwrap(), x);
+    let mut untouched = dev.alloc_filled(32, 7.0f32).unwrap();
+    maybe_copy::<0>::launch(&dev, 1, &bx, &mut untouched).unwrap();
+    assert_eq!(untouched.to_vec().unwrap(), vec![7.0; 32]);
+}
