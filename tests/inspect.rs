@@ -103,6 +103,44 @@ fn shows_vector_widths_and_chosen_specialization() {
 }
 
 #[test]
+fn clustered_kernels_are_shown_for_sm_90() {
+    let dir = std::env::temp_dir().join(format!("tilefuse-inspect-c{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("gather.rs");
+    std::fs::write(
+        &file,
+        "#[kernel(cluster(x = 4))]\n\
+         fn gather(x: Ptr<f32>, y: Ptr<f32>) {\n\
+         \x20   let i = arange(0, 32);\n\
+         \x20   let all = cluster_gather(load(x + program_id(0) * 32 + i));\n\
+         \x20   store(y + program_id(0) * 32 + i, all.sum(0));\n\
+         }\n",
+    )
+    .unwrap();
+    // The default target (sm_80) has no clusters: the summary is for sm_90.
+    let mut a = args(file.to_str().unwrap());
+    let out = run(&a).unwrap();
+    assert!(out.contains("target: sm_90"), "{out}");
+    a.ptx = true;
+    let out = run(&a).unwrap();
+    assert!(
+        out.contains(".target sm_90") && out.contains("barrier.cluster.wait"),
+        "{out}"
+    );
+    if tilefuse::dsl::back::ptx::ptxas::find().is_ok() {
+        a.ptx = false;
+        a.ptxas = true;
+        let out = run(&a).unwrap();
+        assert!(out.contains("sm_80: none (thread-block clusters"), "{out}");
+        assert!(
+            out.contains("sm_90: ") && out.contains("registers"),
+            "{out}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn bad_input_is_a_clear_error() {
     let err = |a: &InspectArgs| format!("{:#}", run(a).unwrap_err());
     let e = err(&args("no/such/file.rs"));

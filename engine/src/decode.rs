@@ -158,14 +158,13 @@ impl LaunchPlan {
         let gpu = dev.is_cuda();
         // The split count is fixed for the graph's sake (the same at every position).
         // More splits mean fewer serial iterations per program; at short contexts the
-        // later splits are empty (`min_chunk`). Where clusters are available the splits
-        // of a KV head merge in the attention kernel (one launch per layer fewer); the
-        // interpreter gets a two-program cluster, so that path runs everywhere.
+        // later splits are empty (`min_chunk`). The splits merge in `attention_combine`
+        // unless `TILEFUSE_ATTN_CLUSTER` asks for a thread-block cluster per KV head.
         let cluster = match dev.as_cuda() {
-            Some(cuda) => tuning::attention_cluster(max_seq_len, cuda.compute_capability()),
-            None => 2,
+            Some(cuda) => tuning::attention_cluster(cuda.compute_capability()),
+            None => 1,
         };
-        // Head sizes without a clustered variant (D = 32 on the GPU) merge by combine.
+        // Head shapes without a clustered variant merge by combine.
         let (attention, splits) = attention_choice(gpu, d as i64, group, max_seq_len, cluster);
         let (attention, splits) = if cluster > 1
             && ATTENTION_SPLIT
@@ -314,9 +313,10 @@ impl LaunchPlan {
 }
 
 /// The attention launch and its split count for a cluster of `cluster` programs (1:
-/// split + combine over the capacity's splits). On the GPU, pairs of query heads over
-/// 64-position tiles (`--sweep`, H100: G = 2 / BS = 64 beat G = 1 / BS = 32 and G = 4
-/// inside the step); the interpreter runs whole groups over 32-position tiles.
+/// split + combine over the capacity's splits; the interpreter gets two, so that the
+/// combine runs everywhere). On the GPU, pairs of query heads over 64-position tiles
+/// (`--sweep`, H100: G = 2 / BS = 64 beat G = 1 / BS = 32 and G = 4 inside the step);
+/// the interpreter runs whole groups over 32-position tiles.
 fn attention_choice(
     gpu: bool,
     d: i64,

@@ -255,8 +255,9 @@ pub fn rms_norm_gate_up<const BLOCK_N: usize, const BLOCK_K: usize>(
     BS = [32, 64],
     STAGES = [1, 2],
     // 1: partials for `attention_combine`; more: the splits of a KV head form one
-    // thread-block cluster and merge in the kernel (sm_90). 2 serves the interpreter
-    // (32-position tiles), 8 and 16 the GPU (64-position tiles).
+    // thread-block cluster and merge in the kernel (sm_90). Measured slower than split
+    // + combine on an H100 (docs/perf.md), so only for tests (2, 32-position tiles)
+    // and comparisons (8 and 16, the Qwen3 head shape over 64-position tiles).
     CLUSTER = [1, 2, 8, 16],
     cluster(y = CLUSTER),
     // 8 warps were never faster (`examples/bandwidth.rs`, `tilefuse bench --sweep`).
@@ -264,10 +265,10 @@ pub fn rms_norm_gate_up<const BLOCK_N: usize, const BLOCK_K: usize>(
     // Two 64-position tiles for four heads need more than 255 registers a thread.
     skip(D = 128, G = 4, BS = 64, STAGES = 2, num_warps = 4),
     skip(CLUSTER = 2, BS = 64),
-    skip(CLUSTER = 8, BS = 32),
-    skip(CLUSTER = 16, BS = 32),
-    skip(CLUSTER = 8, D = 32),
-    skip(CLUSTER = 16, D = 32)
+    skip(CLUSTER = 2, D = 64),
+    skip(CLUSTER = [8, 16], BS = 32),
+    skip(CLUSTER = [8, 16], D = [32, 64]),
+    skip(CLUSTER = [8, 16], G = [1, 4])
 )]
 pub fn attention_split<
     const D: usize,

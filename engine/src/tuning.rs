@@ -206,28 +206,26 @@ pub fn attention_splits_for_capacity(max_seq: usize) -> usize {
 }
 
 /// The cluster size of the decode step's attention on a GPU of compute capability
-/// `cc` with a KV cache of `max_seq` positions: 1 (splits merged by
-/// `attention_combine`) before sm_90, where there are no clusters, and otherwise
-/// [`STEP_CLUSTER`] (the splits of a KV head merge through distributed shared memory;
-/// one launch per layer fewer). `TILEFUSE_ATTN_CLUSTER=1|8|16` overrides the choice
-/// for comparisons; other values are ignored.
-pub fn attention_cluster(max_seq: usize, cc: (i32, i32)) -> usize {
+/// `cc`: 1, splits merged by `attention_combine`. Merging the splits of a KV head in a
+/// thread-block cluster instead (one launch per layer fewer) measured slower on an
+/// H100: each clustered launch costs several microseconds more than the combine it
+/// saves (docs/perf.md). On sm_90 and newer, `TILEFUSE_ATTN_CLUSTER=8|16` selects it
+/// for comparisons (the Qwen3 head shape, D = 128 with query-head pairs); other values
+/// are ignored.
+pub fn attention_cluster(cc: (i32, i32)) -> usize {
     if cc.0 < 9 {
         return 1;
     }
-    if let Some(c) = std::env::var("TILEFUSE_ATTN_CLUSTER")
+    std::env::var("TILEFUSE_ATTN_CLUSTER")
         .ok()
         .and_then(|v| v.parse::<usize>().ok())
-        .filter(|c| [1, 8, 16].contains(c))
-    {
-        return c;
-    }
-    let _ = max_seq;
-    STEP_CLUSTER
+        .filter(|c| STEP_CLUSTERS.contains(c))
+        .unwrap_or(1)
 }
 
-/// The default cluster size of [`attention_cluster`].
-pub const STEP_CLUSTER: usize = 16;
+/// The cluster sizes [`attention_cluster`] may select (compiled for D = 128, G = 2,
+/// 64-position tiles).
+pub const STEP_CLUSTERS: [usize; 2] = [8, 16];
 
 /// The most splits the decode step uses: 8 KV heads × 32 splits is two programs per
 /// SM of an H100, the best of `examples/bandwidth.rs` at 4k and 32k positions.
@@ -329,14 +327,13 @@ mod tests {
                     None
                 )
                 .is_ok());
-            // The decode step's clustered variants.
+            // The clustered variants the decode step may select.
             for stages in [1, 2] {
-                assert!(kernels::ATTENTION_SPLIT
-                    .variant(
-                        &[128, 2, ATTENTION_BS as i64, stages, STEP_CLUSTER as i64],
-                        None
-                    )
-                    .is_ok());
+                for cluster in STEP_CLUSTERS {
+                    assert!(kernels::ATTENTION_SPLIT
+                        .variant(&[128, 2, ATTENTION_BS as i64, stages, cluster as i64], None)
+                        .is_ok());
+                }
             }
         }
         assert_eq!(attention_config(32768, 8, 132).splits, 32);

@@ -917,7 +917,6 @@ fn attention_small_contexts_all_groups() {
                 [32, 2, 1],
                 &[(1, 1), (4, 1), (4, 32)],
             );
-            check_attention(&dev, &mut rng, &c, false, [32, 1, 2], &[(2, 1)]);
         }
     }
 }
@@ -990,18 +989,13 @@ fn attention_qwen3_shape_on_gpu() {
             &[(cluster, 1), (cluster, 64)],
         );
     }
-    // D = 64 with a group of 4 in one program, and one query head per program.
-    for (g, group) in [(4, 4), (1, 2)] {
-        let c = AttnCase {
-            d: 64,
-            num_kv: 2,
-            group,
-            g,
-            seq: 1000,
-            max_seq: 1024,
-        };
-        check_attention(&dev, &mut rng, &c, false, [64, 2, 16], &[(16, 64)]);
-    }
+    // Without QK-norm, at a context that is not a multiple of the tile.
+    let c = AttnCase {
+        seq: 1000,
+        max_seq: 1024,
+        ..c
+    };
+    check_attention(&dev, &mut rng, &c, false, [64, 2, 16], &[(16, 64)]);
 }
 
 /// One device draw: `sample_draw`, `sample_check`, `sample_pick` over `logits` with

@@ -177,6 +177,28 @@ fn k<const A: usize, const B: usize>(x: Ptr<f32>) {
     assert!(e.contains("leaves no combination"), "{e}");
     let e = error("B = [8], skip()");
     assert!(e.contains("names no values"), "{e}");
+    let e = error("B = [8, 16], skip(B = [])");
+    assert!(e.contains("lists no values"), "{e}");
+    let e = error("B = [8, 16], skip(B = [8, 32])");
+    assert!(e.contains("B = 32"), "{e}");
+    let e = error("B = [8, 16], skip(B = [8, 16])");
+    assert!(e.contains("leaves no combination"), "{e}");
+
+    // A list skips each of its values: the product of single-valued skips.
+    let src = r#"
+#[kernel(A = [1, 2, 4], B = [8, 16, 32], skip(A = [2, 4], B = [16, 32]))]
+fn k<const A: usize, const B: usize>(x: Ptr<f32>) {
+    store(x + arange(0, B), 1.0);
+}
+"#;
+    let found = tilefuse_dsl::front::find_kernels(src).unwrap();
+    let specs: Vec<(i64, i64)> = found[0]
+        .ast
+        .specializations()
+        .iter()
+        .map(|s| (s.consts[0].1, s.consts[1].1))
+        .collect();
+    assert_eq!(specs, [(1, 8), (1, 16), (1, 32), (2, 8), (4, 8)]);
 }
 
 #[test]

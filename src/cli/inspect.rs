@@ -29,7 +29,8 @@ pub struct InspectArgs {
     /// Warps per program (default: the first listed value).
     #[arg(long, value_name = "W")]
     pub num_warps: Option<u32>,
-    /// The target whose layouts and PTX are shown (ptxas reports cover both).
+    /// The target whose layouts and PTX are shown (ptxas reports cover both); kernels
+    /// with thread-block clusters are shown for sm_90.
     #[arg(long, value_enum, default_value_t = TargetArg::Sm80)]
     pub target: TargetArg,
     /// Print the PTX.
@@ -203,7 +204,11 @@ fn inspect_one(
             )
         })
     };
-    let target = Target::from(args.target);
+    // Thread-block clusters need sm_90: clustered kernels have no sm_80 PTX.
+    let target = match Target::from(args.target) {
+        Target::Sm80 if kernel.cluster_size() > 1 => Target::Sm90,
+        t => t,
+    };
     let p = compile(target)?;
     let names = binding_names(&k.ast.body);
     let src = Src {
@@ -478,6 +483,10 @@ fn write_ptxas(
     };
     let _ = writeln!(out, "  ptxas ({}):", bin.display());
     for t in [Target::Sm80, Target::Sm90] {
+        if t == Target::Sm80 && kernel.cluster_size() > 1 {
+            let _ = writeln!(out, "    sm_80: none (thread-block clusters need sm_90)");
+            continue;
+        }
         let p = compile(t)?;
         let r =
             ptxas::assemble(&bin, &p, t).map_err(|e| anyhow!("kernel `{}`: {e}", kernel.name))?;

@@ -143,7 +143,7 @@ struct AttrEntry {
     name: Ident,
     values: Vec<(i64, Span)>,
     crate_path: Option<syn::Path>,
-    skip: Option<Vec<(Ident, i64, Span)>>,
+    skip: Option<Vec<SkipPair>>,
     cluster: Option<Vec<(Ident, ClusterExtent)>>,
 }
 
@@ -168,11 +168,10 @@ impl Parse for ClusterPair {
     }
 }
 
-/// `NAME = v` inside `skip(..)`.
+/// `NAME = v` or `NAME = [v1, v2, ..]` (any of the values) inside `skip(..)`.
 struct SkipPair {
     name: Ident,
-    value: i64,
-    span: Span,
+    values: Vec<(i64, Span)>,
 }
 
 impl Parse for SkipPair {
@@ -180,11 +179,21 @@ impl Parse for SkipPair {
         let name: Ident = input.parse()?;
         input.parse::<Token![=]>()?;
         let expr: Expr = input.parse()?;
-        Ok(SkipPair {
-            name,
-            value: int_literal(&expr)?,
-            span: expr.span(),
-        })
+        let items: Vec<Expr> = match expr {
+            Expr::Array(a) => a.elems.into_iter().collect(),
+            other => vec![other],
+        };
+        let mut values = Vec::new();
+        for item in items {
+            values.push((int_literal(&item)?, item.span()));
+        }
+        if values.is_empty() {
+            return Err(syn::Error::new(
+                name.span(),
+                format!("`skip` lists no values for `{name}`"),
+            ));
+        }
+        Ok(SkipPair { name, values })
     }
 }
 
@@ -231,12 +240,7 @@ impl Parse for AttrEntry {
                 name,
                 values: Vec::new(),
                 crate_path: None,
-                skip: Some(
-                    pairs
-                        .into_iter()
-                        .map(|p| (p.name, p.value, p.span))
-                        .collect(),
-                ),
+                skip: Some(pairs.into_iter().collect()),
                 cluster: None,
             });
         }
@@ -427,34 +431,54 @@ pub fn parse_kernel(attr: TokenStream, item: &ItemFn) -> syn::Result<KernelAst> 
     }
     let mut skips = Vec::new();
     for (span, pairs) in skip_entries {
-        let mut skip: Vec<(String, i64)> = Vec::new();
-        for (name, v, v_span) in pairs {
+        // A list of values skips each of them: the entry expands into the product of
+        // single-valued skips.
+        let mut expanded: Vec<Vec<(String, i64)>> = vec![Vec::new()];
+        let mut named: Vec<String> = Vec::new();
+        for SkipPair { name, values } in pairs {
             let key = name.to_string();
-            let listed = if key == "num_warps" {
-                num_warps.iter().any(|&w| i64::from(w) == v)
-            } else if let Some(c) = consts.iter().find(|c| c.name == key) {
-                c.values.contains(&v)
-            } else {
-                return Err(syn::Error::new(
-                    name.span(),
-                    format!("`skip` names `{key}`, which is neither a const generic of this kernel nor `num_warps`"),
-                ));
-            };
-            if !listed {
-                return Err(syn::Error::new(
-                    v_span,
-                    format!("`skip` excludes {key} = {v}, which is not among the listed values"),
-                ));
+            for &(v, v_span) in &values {
+                let listed = if key == "num_warps" {
+                    num_warps.iter().any(|&w| i64::from(w) == v)
+                } else if let Some(c) = consts.iter().find(|c| c.name == key) {
+                    c.values.contains(&v)
+                } else {
+                    return Err(syn::Error::new(
+                        name.span(),
+                        format!("`skip` names `{key}`, which is neither a const generic of this kernel nor `num_warps`"),
+                    ));
+                };
+                if !listed {
+                    return Err(syn::Error::new(
+                        v_span,
+                        format!(
+                            "`skip` excludes {key} = {v}, which is not among the listed values"
+                        ),
+                    ));
+                }
             }
-            if skip.iter().any(|(n, _)| *n == key) {
+            if named.contains(&key) {
                 return Err(syn::Error::new(
                     name.span(),
                     format!("`skip` names `{key}` twice"),
                 ));
             }
-            skip.push((key, v));
+            named.push(key.clone());
+            expanded = expanded
+                .into_iter()
+                .flat_map(|partial| {
+                    values.iter().map({
+                        let key = key.clone();
+                        move |&(v, _)| {
+                            let mut s = partial.clone();
+                            s.push((key.clone(), v));
+                            s
+                        }
+                    })
+                })
+                .collect();
         }
-        skips.push((span, skip));
+        skips.extend(expanded.into_iter().map(|skip| (span, skip)));
     }
     let skips: Vec<Vec<(String, i64)>> = {
         let probe = KernelAst {
