@@ -110,9 +110,10 @@ fn run(dev: &Device, sweep: bool) -> perf::Result<()> {
             ));
             for (c, (s, _)) in &results {
                 sweeps.push(format!(
-                    "  BLOCK_N={:<2} BLOCK_K={:<4} warps={}  {:>9.2} us  {:>7.1} GB/s{}",
+                    "  BLOCK_N={:<2} BLOCK_K={:<4} STAGES={} warps={}  {:>9.2} us  {:>7.1} GB/s{}",
                     c.block_n,
                     c.block_k,
+                    c.stages,
                     c.num_warps,
                     s.median_us,
                     s.gb_per_s(w.bytes()),
@@ -123,7 +124,10 @@ fn run(dev: &Device, sweep: bool) -> perf::Result<()> {
         rows.push(Row {
             kernel: kind.name().into(),
             shape,
-            config: format!("N{} K{} w{}", best.block_n, best.block_k, best.num_warps),
+            config: format!(
+                "N{} K{} s{} w{}",
+                best.block_n, best.block_k, best.stages, best.num_warps
+            ),
             stats,
             bytes: w.bytes(),
             method,

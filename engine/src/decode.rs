@@ -112,7 +112,7 @@ fn gemv_choice(dev: &Device, tuned: GemvConfig) -> KernelChoice {
         }
     } else {
         KernelChoice {
-            consts: [8, 256].to_vec(),
+            consts: [8, 256, 1].to_vec(),
             num_warps: 4,
         }
     }
@@ -187,7 +187,7 @@ impl LaunchPlan {
                 gemv_choice(dev, lm)
             } else {
                 KernelChoice {
-                    consts: [16, 256].to_vec(),
+                    consts: [16, 256, 1].to_vec(),
                     num_warps: 4,
                 }
             },

@@ -61,10 +61,14 @@ pub fn embed<const B: usize>(table: Ptr<bf16>, state: Ptr<i32>, x: Ptr<bf16>, h:
     BLOCK_N = [1, 2, 4, 8, 16],
     BLOCK_K = [256, 512, 1024],
     num_warps = [4, 8],
+    // 2: each weight tile is requested an iteration ahead (see `lm_head_argmax`).
+    STAGES = [1, 2],
     // A 16 x 1024 tile for 128 threads, with the bias held across it, spills on sm_80.
-    skip(BLOCK_N = 16, BLOCK_K = 1024, num_warps = 4)
+    skip(BLOCK_N = 16, BLOCK_K = 1024, num_warps = 4),
+    skip(STAGES = 2, BLOCK_N = [1, 2]),
+    skip(STAGES = 2, BLOCK_K = 1024)
 )]
-pub fn rms_norm_gemv<const BLOCK_N: usize, const BLOCK_K: usize>(
+pub fn rms_norm_gemv<const BLOCK_N: usize, const BLOCK_K: usize, const STAGES: usize>(
     x: Ptr<bf16>,
     norm_w: Ptr<bf16>,
     w: Ptr<bf16>,
@@ -86,6 +90,14 @@ pub fn rms_norm_gemv<const BLOCK_N: usize, const BLOCK_K: usize>(
         row_ok.expand_dims(1) & col_ok.expand_dims(0),
         0.0,
     );
+    let mut w_ahead = w_first;
+    if STAGES == 2 {
+        w_ahead = load(
+            w + row_offs + (cols + BLOCK_K).expand_dims(0),
+            row_ok.expand_dims(1) & (cols + BLOCK_K < k).expand_dims(0),
+            0.0,
+        );
+    }
     let g_first = load(norm_w + cols, col_ok, 0.0);
     let b = load(bias + rows, row_ok, 0.0) as f32;
     // Weights are never written during decode: only now wait for the kernels before
@@ -109,9 +121,19 @@ pub fn rms_norm_gemv<const BLOCK_N: usize, const BLOCK_K: usize>(
         let xv = load(x + cols, col_ok, 0.0) as f32;
         let g = load(norm_w + cols, col_ok, 0.0) as f32;
         let xn = (g * ((xv * inv_rms) as bf16 as f32)) as bf16 as f32;
-        let mask = row_ok.expand_dims(1) & col_ok.expand_dims(0);
-        let wt = load(w + row_offs + cols.expand_dims(0), mask, 0.0) as f32;
-        acc += wt * xn.expand_dims(0);
+        let mut wt = w_ahead;
+        if STAGES == 2 {
+            let next = cols + BLOCK_K;
+            w_ahead = load(
+                w + row_offs + next.expand_dims(0),
+                row_ok.expand_dims(1) & (next < k).expand_dims(0),
+                0.0,
+            );
+        } else {
+            let mask = row_ok.expand_dims(1) & col_ok.expand_dims(0);
+            wt = load(w + row_offs + cols.expand_dims(0), mask, 0.0);
+        }
+        acc += (wt as f32) * xn.expand_dims(0);
     }
     store(y + rows, (acc.sum(1) + b) as bf16, row_ok);
 }
@@ -123,10 +145,14 @@ pub fn rms_norm_gemv<const BLOCK_N: usize, const BLOCK_K: usize>(
     // 4096: a down projection's whole row (k = 3072) requested before the wait.
     BLOCK_K = [256, 512, 1024, 2048, 4096],
     num_warps = [4, 8],
+    // 2: each weight tile is requested an iteration ahead (see `lm_head_argmax`).
+    STAGES = [1, 2],
     // 8 x 4096 weights for 128 threads spill.
-    skip(BLOCK_N = 8, BLOCK_K = 4096, num_warps = 4)
+    skip(BLOCK_N = 8, BLOCK_K = 4096, num_warps = 4),
+    skip(STAGES = 2, BLOCK_N = 1),
+    skip(STAGES = 2, BLOCK_K = [256, 2048, 4096])
 )]
-pub fn gemv_residual<const BLOCK_N: usize, const BLOCK_K: usize>(
+pub fn gemv_residual<const BLOCK_N: usize, const BLOCK_K: usize, const STAGES: usize>(
     w: Ptr<bf16>,
     a: Ptr<bf16>,
     bias: Ptr<bf16>,
@@ -146,6 +172,14 @@ pub fn gemv_residual<const BLOCK_N: usize, const BLOCK_K: usize>(
         row_ok.expand_dims(1) & col_ok.expand_dims(0),
         0.0,
     );
+    let mut w_ahead = w_first;
+    if STAGES == 2 {
+        w_ahead = load(
+            w + row_offs + (cols + BLOCK_K).expand_dims(0),
+            row_ok.expand_dims(1) & (cols + BLOCK_K < k).expand_dims(0),
+            0.0,
+        );
+    }
     let b = load(bias + rows, row_ok, 0.0) as f32;
     wait_for_prior_kernels();
     // Everything the end needs is requested now, not after the reduction (each load
@@ -157,9 +191,19 @@ pub fn gemv_residual<const BLOCK_N: usize, const BLOCK_K: usize>(
         let cols = k0 + arange(0, BLOCK_K);
         let col_ok = cols < k;
         let av = load(a + cols, col_ok, 0.0) as f32;
-        let mask = row_ok.expand_dims(1) & col_ok.expand_dims(0);
-        let wt = load(w + row_offs + cols.expand_dims(0), mask, 0.0) as f32;
-        acc += wt * av.expand_dims(0);
+        let mut wt = w_ahead;
+        if STAGES == 2 {
+            let next = cols + BLOCK_K;
+            w_ahead = load(
+                w + row_offs + next.expand_dims(0),
+                row_ok.expand_dims(1) & (next < k).expand_dims(0),
+                0.0,
+            );
+        } else {
+            let mask = row_ok.expand_dims(1) & col_ok.expand_dims(0);
+            wt = load(w + row_offs + cols.expand_dims(0), mask, 0.0);
+        }
+        acc += (wt as f32) * av.expand_dims(0);
     }
     let proj = (acc.sum(1) + b) as bf16 as f32;
     store(x + rows, (old + proj) as bf16, row_ok);
@@ -168,8 +212,17 @@ pub fn gemv_residual<const BLOCK_N: usize, const BLOCK_K: usize>(
 /// `act = bf16(bf16(silu(g)) * u)` with `g = W[r] · rmsnorm(x)` and
 /// `u = W[inter + r] · rmsnorm(x)`: the MLP's first half, over one fused `[2 * inter, k]`
 /// weight (gate rows, then up rows).
-#[kernel(crate = tilefuse_dsl, BLOCK_N = [1, 2, 4, 8], BLOCK_K = [256, 512, 1024], num_warps = [4])]
-pub fn rms_norm_gate_up<const BLOCK_N: usize, const BLOCK_K: usize>(
+#[kernel(
+    crate = tilefuse_dsl,
+    BLOCK_N = [1, 2, 4, 8],
+    BLOCK_K = [256, 512, 1024],
+    num_warps = [4],
+    // 2: each weight tile is requested an iteration ahead (see `lm_head_argmax`).
+    STAGES = [1, 2],
+    skip(STAGES = 2, BLOCK_N = 1),
+    skip(STAGES = 2, BLOCK_K = 1024)
+)]
+pub fn rms_norm_gate_up<const BLOCK_N: usize, const BLOCK_K: usize, const STAGES: usize>(
     x: Ptr<bf16>,
     norm_w: Ptr<bf16>,
     w: Ptr<bf16>,
@@ -187,6 +240,14 @@ pub fn rms_norm_gate_up<const BLOCK_N: usize, const BLOCK_K: usize>(
     let mask = row_ok.expand_dims(1) & col_ok.expand_dims(0);
     let g_first = load(w + row_offs + cols.expand_dims(0), mask, 0.0);
     let u_first = load(w + inter * k + row_offs + cols.expand_dims(0), mask, 0.0);
+    let mut g_ahead = g_first;
+    let mut u_ahead = u_first;
+    if STAGES == 2 {
+        let ahead = row_offs + (cols + BLOCK_K).expand_dims(0);
+        let ahead_ok = row_ok.expand_dims(1) & (cols + BLOCK_K < k).expand_dims(0);
+        g_ahead = load(w + ahead, ahead_ok, 0.0);
+        u_ahead = load(w + inter * k + ahead, ahead_ok, 0.0);
+    }
     let gw_first = load(norm_w + cols, col_ok, 0.0) as f32;
     wait_for_prior_kernels();
 
@@ -208,10 +269,22 @@ pub fn rms_norm_gate_up<const BLOCK_N: usize, const BLOCK_K: usize>(
         let xv = load(x + cols, col_ok, 0.0) as f32;
         let gw = load(norm_w + cols, col_ok, 0.0) as f32;
         let xn = ((gw * ((xv * inv_rms) as bf16 as f32)) as bf16 as f32).expand_dims(0);
-        let mask = row_ok.expand_dims(1) & col_ok.expand_dims(0);
-        let offs = row_offs + cols.expand_dims(0);
-        acc_g += (load(w + offs, mask, 0.0) as f32) * xn;
-        acc_u += (load(w + inter * k + offs, mask, 0.0) as f32) * xn;
+        let mut gt = g_ahead;
+        let mut ut = u_ahead;
+        if STAGES == 2 {
+            let next = cols + BLOCK_K;
+            let ahead = row_offs + next.expand_dims(0);
+            let ahead_ok = row_ok.expand_dims(1) & (next < k).expand_dims(0);
+            g_ahead = load(w + ahead, ahead_ok, 0.0);
+            u_ahead = load(w + inter * k + ahead, ahead_ok, 0.0);
+        } else {
+            let mask = row_ok.expand_dims(1) & col_ok.expand_dims(0);
+            let offs = row_offs + cols.expand_dims(0);
+            gt = load(w + offs, mask, 0.0);
+            ut = load(w + inter * k + offs, mask, 0.0);
+        }
+        acc_g += (gt as f32) * xn;
+        acc_u += (ut as f32) * xn;
     }
     let gate = acc_g.sum(1) as bf16 as f32;
     let up = acc_u.sum(1) as bf16 as f32;
@@ -503,8 +576,20 @@ pub fn attention_combine<const D: usize, const S: usize, const DC: usize>(
 /// Final norm and LM head: `logits = bf16(W · rmsnorm(x))` (stored as f32), plus each
 /// program's greedy candidate (largest logit, first index on ties) in `part_val` /
 /// `part_idx`, indexed by program.
-#[kernel(crate = tilefuse_dsl, BLOCK_N = [4, 8, 16], BLOCK_K = [256, 1024], num_warps = [4, 8])]
-pub fn lm_head_argmax<const BLOCK_N: usize, const BLOCK_K: usize>(
+///
+/// `STAGES` picks how the weights are streamed: 1 requests each tile when its
+/// iteration starts (the first before the wait), 2 one iteration ahead (the first two
+/// before the wait; one more tile of registers, twice the bytes in flight).
+#[kernel(
+    crate = tilefuse_dsl,
+    BLOCK_N = [4, 8, 16],
+    BLOCK_K = [256, 1024],
+    num_warps = [4, 8],
+    STAGES = [1, 2],
+    skip(STAGES = 2, num_warps = 8),
+    skip(STAGES = 2, BLOCK_K = 1024)
+)]
+pub fn lm_head_argmax<const BLOCK_N: usize, const BLOCK_K: usize, const STAGES: usize>(
     x: Ptr<bf16>,
     norm_w: Ptr<bf16>,
     w: Ptr<bf16>,
@@ -527,6 +612,14 @@ pub fn lm_head_argmax<const BLOCK_N: usize, const BLOCK_K: usize>(
         row_ok.expand_dims(1) & col_ok.expand_dims(0),
         0.0,
     );
+    let mut w_ahead = w_first;
+    if STAGES == 2 {
+        w_ahead = load(
+            w + row_offs + (cols + BLOCK_K).expand_dims(0),
+            row_ok.expand_dims(1) & (cols + BLOCK_K < k).expand_dims(0),
+            0.0,
+        );
+    }
     let g_first = load(norm_w + cols, col_ok, 0.0);
     // Weights are never written during decode: only now wait for the kernels before
     // this one (with programmatic launch on Hopper, the loads above overlap their tail).
@@ -549,9 +642,19 @@ pub fn lm_head_argmax<const BLOCK_N: usize, const BLOCK_K: usize>(
         let xv = load(x + cols, col_ok, 0.0) as f32;
         let g = load(norm_w + cols, col_ok, 0.0) as f32;
         let xn = (g * ((xv * inv_rms) as bf16 as f32)) as bf16 as f32;
-        let mask = row_ok.expand_dims(1) & col_ok.expand_dims(0);
-        let wt = load(w + row_offs + cols.expand_dims(0), mask, 0.0) as f32;
-        acc += wt * xn.expand_dims(0);
+        let mut wt = w_ahead;
+        if STAGES == 2 {
+            let next = cols + BLOCK_K;
+            w_ahead = load(
+                w + row_offs + next.expand_dims(0),
+                row_ok.expand_dims(1) & (next < k).expand_dims(0),
+                0.0,
+            );
+        } else {
+            let mask = row_ok.expand_dims(1) & col_ok.expand_dims(0);
+            wt = load(w + row_offs + cols.expand_dims(0), mask, 0.0);
+        }
+        acc += (wt as f32) * xn.expand_dims(0);
     }
     let out = acc.sum(1) as bf16 as f32;
     store(logits + rows, out, row_ok);

@@ -21,6 +21,9 @@ pub struct GemvConfig {
     pub block_k: usize,
     /// Warps per program.
     pub num_warps: u32,
+    /// `STAGES`: 1 requests each weight tile when its iteration starts, 2 one
+    /// iteration ahead (twice the bytes in flight, one more tile of registers).
+    pub stages: usize,
 }
 
 impl GemvConfig {
@@ -29,9 +32,10 @@ impl GemvConfig {
         n.div_ceil(self.block_n) as u32
     }
 
-    /// The constants in declaration order (`[BLOCK_N, BLOCK_K]`), for `launch_dyn`.
-    pub fn consts(&self) -> [i64; 2] {
-        [self.block_n as i64, self.block_k as i64]
+    /// The constants in declaration order (`[BLOCK_N, BLOCK_K, STAGES]`), for
+    /// `launch_dyn`.
+    pub fn consts(&self) -> [i64; 3] {
+        [self.block_n as i64, self.block_k as i64, self.stages as i64]
     }
 }
 
@@ -68,6 +72,7 @@ pub fn gemv_config_for(n: usize, k: usize, sm_count: usize) -> GemvConfig {
         block_n,
         block_k,
         num_warps,
+        stages: 1,
     }
 }
 
@@ -89,6 +94,7 @@ pub fn gate_up_config(_inter: usize, _k: usize) -> GemvConfig {
         block_n: 8,
         block_k: 512,
         num_warps: 4,
+        stages: 1,
     }
 }
 
@@ -101,6 +107,7 @@ pub fn lm_head_config(vocab: usize, _k: usize) -> GemvConfig {
         block_n: if vocab >= 32 * 1024 { 16 } else { 4 },
         block_k: 256,
         num_warps: 4,
+        stages: 1,
     }
 }
 
@@ -266,6 +273,7 @@ pub fn gemv_variants(def: &tilefuse_dsl::runtime::KernelDef) -> Vec<GemvConfig> 
             block_n: v.consts[0] as usize,
             block_k: v.consts[1] as usize,
             num_warps: v.num_warps,
+            stages: v.consts[2] as usize,
         })
         .collect()
 }

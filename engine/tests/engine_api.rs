@@ -321,14 +321,14 @@ fn every_launch_plan_computes_the_same_step() {
         // Split + combine with one split (the default plans merge splits in a cluster
         // where they can).
         let mut other = base.clone().with_attention_cluster(1, 1, 32);
-        other.qkv = choice(&[1, 256], 8);
-        other.o_proj = choice(&[2, 512], 4);
-        other.gate_up = choice(&[1, 1024], 4);
-        other.down = choice(&[4, 2048], 8);
+        other.qkv = choice(&[1, 256, 1], 8);
+        other.o_proj = choice(&[2, 512, 2], 4);
+        other.gate_up = choice(&[2, 256, 2], 4);
+        other.down = choice(&[4, 2048, 1], 8);
         other.attention = choice(&[d, 4, 32, 2, 1], 4);
         other.combine = choice(&[d, 8, 32], 4);
         other.min_chunk = 16;
-        let other = other.with_lm_head(choice(&[4, 1024], 8), cfg.vocab_size);
+        let other = other.with_lm_head(choice(&[8, 256, 2], 4), cfg.vocab_size);
         assert_ne!(other, base);
         dec.set_plan(other).unwrap();
         let got = run(&mut dec);
@@ -393,7 +393,7 @@ fn every_launch_plan_computes_the_same_step() {
             assert!(err.contains("splits"), "{err}");
         }
         let mut uncompiled = base.clone();
-        uncompiled.qkv = choice(&[3, 256], 4);
+        uncompiled.qkv = choice(&[3, 256, 1], 4);
         let err = dec.set_plan(uncompiled).unwrap_err().to_string();
         assert!(err.contains("rms_norm_gemv"), "{err}");
         // A refused plan leaves the decoder as it was.
