@@ -61,12 +61,15 @@ pub fn embed<const B: usize>(table: Ptr<bf16>, state: Ptr<i32>, x: Ptr<bf16>, h:
     BLOCK_N = [1, 2, 4, 8, 16],
     BLOCK_K = [256, 512, 1024],
     num_warps = [4, 8],
-    // 2: each weight tile is requested an iteration ahead (see `lm_head_argmax`).
+    // 2: each weight tile is requested an iteration ahead (see `lm_head_argmax`). Alone
+    // it made the QKV shape faster with 16 x 512 tiles over 4 warps (H100 5.49 -> 5.12
+    // us, H200 4.78 -> 4.52; docs/gpu-results.md), not inside the step; the other
+    // shapes were slower.
     STAGES = [1, 2],
     // A 16 x 1024 tile for 128 threads, with the bias held across it, spills on sm_80.
     skip(BLOCK_N = 16, BLOCK_K = 1024, num_warps = 4),
-    skip(STAGES = 2, BLOCK_N = [1, 2]),
-    skip(STAGES = 2, BLOCK_K = 1024)
+    skip(STAGES = 2, BLOCK_N = [1, 2, 4]),
+    skip(STAGES = 2, BLOCK_K = [256, 1024])
 )]
 pub fn rms_norm_gemv<const BLOCK_N: usize, const BLOCK_K: usize, const STAGES: usize>(
     x: Ptr<bf16>,
@@ -145,12 +148,15 @@ pub fn rms_norm_gemv<const BLOCK_N: usize, const BLOCK_K: usize, const STAGES: u
     // 4096: a down projection's whole row (k = 3072) requested before the wait.
     BLOCK_K = [256, 512, 1024, 2048, 4096],
     num_warps = [4, 8],
-    // 2: each weight tile is requested an iteration ahead (see `lm_head_argmax`).
+    // 2: each weight tile is requested an iteration ahead (see `lm_head_argmax`);
+    // slower for the O and down shapes on an H100 and an H200 (docs/gpu-results.md),
+    // so compiled for the down projection's default tile only, for comparisons.
     STAGES = [1, 2],
+    skip(STAGES = 2, BLOCK_N = [1, 4, 8]),
+    skip(STAGES = 2, BLOCK_K = [256, 512, 2048, 4096]),
+    skip(STAGES = 2, num_warps = 4),
     // 8 x 4096 weights for 128 threads spill.
-    skip(BLOCK_N = 8, BLOCK_K = 4096, num_warps = 4),
-    skip(STAGES = 2, BLOCK_N = 1),
-    skip(STAGES = 2, BLOCK_K = [256, 2048, 4096])
+    skip(BLOCK_N = 8, BLOCK_K = 4096, num_warps = 4)
 )]
 pub fn gemv_residual<const BLOCK_N: usize, const BLOCK_K: usize, const STAGES: usize>(
     w: Ptr<bf16>,
@@ -217,10 +223,12 @@ pub fn gemv_residual<const BLOCK_N: usize, const BLOCK_K: usize, const STAGES: u
     BLOCK_N = [1, 2, 4, 8],
     BLOCK_K = [256, 512, 1024],
     num_warps = [4],
-    // 2: each weight tile is requested an iteration ahead (see `lm_head_argmax`).
+    // 2: each weight tile is requested an iteration ahead (see `lm_head_argmax`);
+    // slower for the gate+up shape on an H100 and an H200 (docs/gpu-results.md), so
+    // compiled for one tile only, for comparisons.
     STAGES = [1, 2],
-    skip(STAGES = 2, BLOCK_N = 1),
-    skip(STAGES = 2, BLOCK_K = 1024)
+    skip(STAGES = 2, BLOCK_N = [1, 2, 4]),
+    skip(STAGES = 2, BLOCK_K = [512, 1024])
 )]
 pub fn rms_norm_gate_up<const BLOCK_N: usize, const BLOCK_K: usize, const STAGES: usize>(
     x: Ptr<bf16>,
@@ -585,9 +593,12 @@ pub fn attention_combine<const D: usize, const S: usize, const DC: usize>(
     BLOCK_N = [4, 8, 16],
     BLOCK_K = [256, 1024],
     num_warps = [4, 8],
+    // 2 was slower on an H100 and an H200 (more registers, fewer programs a SM), so
+    // it is compiled for the default tile only, for comparisons.
     STAGES = [1, 2],
-    skip(STAGES = 2, num_warps = 8),
-    skip(STAGES = 2, BLOCK_K = 1024)
+    skip(STAGES = 2, BLOCK_N = [4, 8]),
+    skip(STAGES = 2, BLOCK_K = 1024),
+    skip(STAGES = 2, num_warps = 8)
 )]
 pub fn lm_head_argmax<const BLOCK_N: usize, const BLOCK_K: usize, const STAGES: usize>(
     x: Ptr<bf16>,

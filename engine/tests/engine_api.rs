@@ -322,13 +322,13 @@ fn every_launch_plan_computes_the_same_step() {
         // where they can).
         let mut other = base.clone().with_attention_cluster(1, 1, 32);
         other.qkv = choice(&[1, 256, 1], 8);
-        other.o_proj = choice(&[2, 512, 2], 4);
-        other.gate_up = choice(&[2, 256, 2], 4);
+        other.o_proj = choice(&[2, 1024, 2], 8);
+        other.gate_up = choice(&[8, 256, 2], 4);
         other.down = choice(&[4, 2048, 1], 8);
         other.attention = choice(&[d, 4, 32, 2, 1], 4);
         other.combine = choice(&[d, 8, 32], 4);
         other.min_chunk = 16;
-        let other = other.with_lm_head(choice(&[8, 256, 2], 4), cfg.vocab_size);
+        let other = other.with_lm_head(choice(&[16, 256, 2], 4), cfg.vocab_size);
         assert_ne!(other, base);
         dec.set_plan(other).unwrap();
         let got = run(&mut dec);

@@ -110,9 +110,9 @@ fn gemv_case(rng: &mut Rng, rows: usize, k: usize) -> GemvCase {
     }
 }
 
-/// A few variants for the interpreter, single- and double-buffered (at the small
-/// shapes' k = 1032 the latter request 3 to 5 tiles ahead of their use, the last one
-/// past the end).
+/// A few variants for the interpreter, single- and double-buffered (each kernel's
+/// compiled `STAGES = 2` tile; at the small shapes' k = 1032 they request the tile
+/// after each one they use, the last one past the end).
 fn configs_for_cpu() -> Vec<GemvConfig> {
     let c = |block_n, block_k, num_warps, stages| GemvConfig {
         block_n,
@@ -124,8 +124,10 @@ fn configs_for_cpu() -> Vec<GemvConfig> {
         c(1, 256, 4, 1),
         c(8, 512, 8, 1),
         c(4, 1024, 4, 1),
-        c(4, 512, 4, 2),
+        c(8, 512, 4, 2),
+        c(2, 1024, 8, 2),
         c(8, 256, 4, 2),
+        c(16, 256, 4, 2),
     ]
 }
 
