@@ -82,6 +82,18 @@ fn run(dev: &Device, sweep: bool) -> perf::Result<()> {
         let mut results: BTreeMap<GemvConfig, (Stats, Method)> = BTreeMap::new();
         let mut cfgs = w.variants();
         cfgs.push(default);
+        if kind == GemvKind::LmHead {
+            // Fixed grids of a few programs a SM, each streaming consecutive row blocks.
+            let single: Vec<GemvConfig> = cfgs.iter().copied().filter(|c| c.stages == 1).collect();
+            for c in single {
+                for per_sm in [2, 4, 8] {
+                    cfgs.push(GemvConfig {
+                        programs: per_sm * info.sm_count,
+                        ..c
+                    });
+                }
+            }
+        }
         for cfg in cfgs {
             if results.contains_key(&cfg) {
                 continue;
@@ -110,10 +122,12 @@ fn run(dev: &Device, sweep: bool) -> perf::Result<()> {
             ));
             for (c, (s, _)) in &results {
                 sweeps.push(format!(
-                    "  BLOCK_N={:<2} BLOCK_K={:<4} STAGES={} warps={}  {:>9.2} us  {:>7.1} GB/s{}",
+                    "  BLOCK_N={:<2} BLOCK_K={:<4} STAGES={} STREAM={} programs={:<5} warps={}  {:>9.2} us  {:>7.1} GB/s{}",
                     c.block_n,
                     c.block_k,
                     c.stages,
+                    c.stream,
+                    c.programs,
                     c.num_warps,
                     s.median_us,
                     s.gb_per_s(w.bytes()),
@@ -125,8 +139,17 @@ fn run(dev: &Device, sweep: bool) -> perf::Result<()> {
             kernel: kind.name().into(),
             shape,
             config: format!(
-                "N{} K{} s{} w{}",
-                best.block_n, best.block_k, best.stages, best.num_warps
+                "N{} K{} s{}{} w{}{}",
+                best.block_n,
+                best.block_k,
+                best.stages,
+                if best.stream == 1 { "+" } else { "" },
+                best.num_warps,
+                if best.programs > 0 {
+                    format!(" p{}", best.programs)
+                } else {
+                    String::new()
+                }
             ),
             stats,
             bytes: w.bytes(),

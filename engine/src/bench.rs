@@ -247,8 +247,9 @@ fn candidates(def: &KernelDef, keep: &dyn Fn(&[i64]) -> bool) -> Vec<KernelChoic
         .collect()
 }
 
-/// What [`sweep`] varies, in order: each launch, then the split count and `min_chunk`.
-const SWEEP_ROLES: [&str; 9] = [
+/// What [`sweep`] varies, in order: each launch, the LM head's grid, then the split
+/// count and `min_chunk`.
+const SWEEP_ROLES: [&str; 10] = [
     "qkv",
     "o_proj",
     "gate_up",
@@ -256,6 +257,7 @@ const SWEEP_ROLES: [&str; 9] = [
     "attention",
     "combine",
     "lm_head",
+    "lm_head_programs",
     "splits",
     "min_chunk",
 ];
@@ -309,6 +311,12 @@ fn tries(base: &LaunchPlan, role: &str, vocab: usize, head_dim: i64) -> Vec<(Str
             },
         ),
         "lm_head" => variants(&LM_HEAD_ARGMAX, &any, &|p, c| p.with_lm_head(c, vocab)),
+        // 0: a program per row block; otherwise a few programs a SM (H100: 132), each
+        // streaming consecutive blocks.
+        "lm_head_programs" => [0, 264, 528, 1056, 2112]
+            .into_iter()
+            .map(|p| (p.to_string(), base.clone().with_lm_head_programs(p, vocab)))
+            .collect(),
         // Split counts of the split + combine path (a cluster fixes its own).
         "splits" => (8..=tuning::MAX_SPLITS)
             .step_by(8)

@@ -84,8 +84,11 @@ pub struct LaunchPlan {
     pub gate_up: KernelChoice,
     /// `gemv_residual` for the down projection.
     pub down: KernelChoice,
-    /// `lm_head_argmax`.
+    /// `lm_head_argmax`: `[BLOCK_N, BLOCK_K, STAGES, STREAM]`.
     pub lm_head: KernelChoice,
+    /// Programs of the LM head (each takes consecutive row blocks), 0 for one program
+    /// per `BLOCK_N` rows.
+    pub lm_head_programs: usize,
     /// `argmax_finish`: `[B]`.
     pub argmax: KernelChoice,
     /// `attention_split`: `[D, G, BS, STAGES, CLUSTER]`; groups larger than `G` take
@@ -176,7 +179,11 @@ impl LaunchPlan {
             (attention, splits)
         };
         let lm = tuning::lm_head_config(v, h);
-        let parts = v.div_ceil(if gpu { lm.block_n } else { 16 });
+        let parts = if gpu {
+            lm.grid(v) as usize
+        } else {
+            v.div_ceil(16)
+        };
         let d = d as i64;
         let plan = LaunchPlan {
             qkv: gemv_choice(dev, tuning::norm_gemv_config(qkv_dim, h)),
@@ -184,13 +191,17 @@ impl LaunchPlan {
             gate_up: gemv_choice(dev, tuning::gate_up_config(im, h)),
             down: gemv_choice(dev, tuning::gemv_config(h, im)),
             lm_head: if gpu {
-                gemv_choice(dev, lm)
+                KernelChoice {
+                    consts: lm.consts_for(&LM_HEAD_ARGMAX),
+                    num_warps: lm.num_warps,
+                }
             } else {
                 KernelChoice {
-                    consts: [16, 256, 1].to_vec(),
+                    consts: [16, 256, 1, 0].to_vec(),
                     num_warps: 4,
                 }
             },
+            lm_head_programs: if gpu { lm.programs } else { 0 },
             argmax: {
                 let (b, num_warps) = tuning::argmax_finish_config(parts);
                 KernelChoice {
@@ -213,7 +224,11 @@ impl LaunchPlan {
 
     /// Programs of the LM head launch (= greedy candidates written).
     fn lm_programs(&self, vocab: usize) -> usize {
-        vocab.div_ceil(self.lm_head.consts[0] as usize)
+        let blocks = vocab.div_ceil(self.lm_head.consts[0] as usize).max(1);
+        match self.lm_head_programs {
+            0 => blocks,
+            p => blocks.min(p),
+        }
     }
 
     /// The plan with `splits` attention splits and the smallest combine step that
@@ -243,6 +258,17 @@ impl LaunchPlan {
         self.attention.consts[2] = bs as i64;
         self.attention.consts[4] = cluster as i64;
         self.with_splits(splits)
+    }
+
+    /// The plan with the LM head's grid capped at `programs` (0: one program per row
+    /// block), the final argmax sized for the new candidate count.
+    pub fn with_lm_head_programs(self, programs: usize, vocab: usize) -> LaunchPlan {
+        let lm_head = self.lm_head.clone();
+        LaunchPlan {
+            lm_head_programs: programs,
+            ..self
+        }
+        .with_lm_head(lm_head, vocab)
     }
 
     /// The plan with the LM head's rows per program changed (and the final argmax's

@@ -585,9 +585,16 @@ pub fn attention_combine<const D: usize, const S: usize, const DC: usize>(
 /// program's greedy candidate (largest logit, first index on ties) in `part_val` /
 /// `part_idx`, indexed by program.
 ///
-/// `STAGES` picks how the weights are streamed: 1 requests each tile when its
-/// iteration starts (the first before the wait), 2 one iteration ahead (the first two
-/// before the wait; one more tile of registers, twice the bytes in flight).
+/// Each program takes `ceil(row blocks / programs)` consecutive blocks of `BLOCK_N`
+/// rows: with one program per block (the grid `ceil(n / BLOCK_N)`) every program is
+/// independent; with a smaller grid each program streams its blocks, computing the
+/// norm once. Candidates stay in row order either way, so `argmax_finish`'s first-on-
+/// ties gives the first index. `STREAM = 1` requests the next block's first tile
+/// before this block is reduced (for small grids; one more tile of registers).
+///
+/// `STAGES` picks how the weights of a block are streamed: 1 requests each tile when
+/// its iteration starts (the first before the wait), 2 one iteration ahead (the first
+/// two before the wait; one more tile of registers, twice the bytes in flight).
 #[kernel(
     crate = tilefuse_dsl,
     BLOCK_N = [4, 8, 16],
@@ -596,11 +603,21 @@ pub fn attention_combine<const D: usize, const S: usize, const DC: usize>(
     // 2 was slower on an H100 and an H200 (more registers, fewer programs a SM), so
     // it is compiled for the default tile only, for comparisons.
     STAGES = [1, 2],
+    STREAM = [0, 1],
     skip(STAGES = 2, BLOCK_N = [4, 8]),
     skip(STAGES = 2, BLOCK_K = 1024),
-    skip(STAGES = 2, num_warps = 8)
+    skip(STAGES = 2, num_warps = 8),
+    skip(STREAM = 1, STAGES = 2),
+    skip(STREAM = 1, num_warps = 8),
+    // 16 x 1024 weights and the next block's for 128 threads spill.
+    skip(BLOCK_N = 16, BLOCK_K = 1024, num_warps = 4)
 )]
-pub fn lm_head_argmax<const BLOCK_N: usize, const BLOCK_K: usize, const STAGES: usize>(
+pub fn lm_head_argmax<
+    const BLOCK_N: usize,
+    const BLOCK_K: usize,
+    const STAGES: usize,
+    const STREAM: usize,
+>(
     x: Ptr<bf16>,
     norm_w: Ptr<bf16>,
     w: Ptr<bf16>,
@@ -611,23 +628,26 @@ pub fn lm_head_argmax<const BLOCK_N: usize, const BLOCK_K: usize, const STAGES: 
     #[multiple_of(8)] k: i32,
     eps: f32,
 ) {
-    let rows = program_id(0) * BLOCK_N + arange(0, BLOCK_N);
-    let row_ok = rows < n;
-    let row_offs = rows.expand_dims(1) * k;
+    let blocks = cdiv(n, BLOCK_N);
+    let per = cdiv(blocks, num_programs(0));
+    let first = program_id(0) * per;
+    let last = minimum(first + per, blocks);
+    let r = arange(0, BLOCK_N);
     // The first weight tile is requested before the norm's reduction, so its DRAM
     // latency overlaps the reduction (and with k <= BLOCK_K it is the only tile).
+    let rows = first * BLOCK_N + r;
     let cols = arange(0, BLOCK_K);
     let col_ok = cols < k;
-    let w_first = load(
-        w + row_offs + cols.expand_dims(0),
-        row_ok.expand_dims(1) & col_ok.expand_dims(0),
+    let mut w_first = load(
+        w + rows.expand_dims(1) * k + cols.expand_dims(0),
+        (rows < n).expand_dims(1) & col_ok.expand_dims(0),
         0.0,
     );
     let mut w_ahead = w_first;
     if STAGES == 2 {
         w_ahead = load(
-            w + row_offs + (cols + BLOCK_K).expand_dims(0),
-            row_ok.expand_dims(1) & (cols + BLOCK_K < k).expand_dims(0),
+            w + rows.expand_dims(1) * k + (cols + BLOCK_K).expand_dims(0),
+            (rows < n).expand_dims(1) & (cols + BLOCK_K < k).expand_dims(0),
             0.0,
         );
     }
@@ -643,38 +663,78 @@ pub fn lm_head_argmax<const BLOCK_N: usize, const BLOCK_K: usize, const STAGES: 
         sq += v * v;
     }
     let inv_rms = 1.0 / sqrt(sq.sum(0) / (k as f32) + eps);
-
     let xv = load(x + cols, col_ok, 0.0) as f32;
     let xn = ((g_first as f32) * ((xv * inv_rms) as bf16 as f32)) as bf16 as f32;
-    let mut acc = (w_first as f32) * xn.expand_dims(0);
-    for k0 in (BLOCK_K..k).step_by(BLOCK_K) {
-        let cols = k0 + arange(0, BLOCK_K);
-        let col_ok = cols < k;
-        let xv = load(x + cols, col_ok, 0.0) as f32;
-        let g = load(norm_w + cols, col_ok, 0.0) as f32;
-        let xn = (g * ((xv * inv_rms) as bf16 as f32)) as bf16 as f32;
-        let mut wt = w_ahead;
-        if STAGES == 2 {
-            let next = cols + BLOCK_K;
-            w_ahead = load(
-                w + row_offs + next.expand_dims(0),
-                row_ok.expand_dims(1) & (next < k).expand_dims(0),
+
+    let mut best = f32::NEG_INFINITY;
+    let mut best_idx = first * BLOCK_N;
+    for blk in (first..last).step_by(1) {
+        let rows = blk * BLOCK_N + r;
+        let row_ok = rows < n;
+        let row_offs = rows.expand_dims(1) * k;
+        let mut w_next = w_first;
+        if STREAM == 1 {
+            // The next block's first tile, requested before this block is reduced.
+            let next_rows = rows + BLOCK_N;
+            w_next = load(
+                w + next_rows.expand_dims(1) * k + cols.expand_dims(0),
+                ((next_rows < n) & (blk + 1 < last)).expand_dims(1) & col_ok.expand_dims(0),
                 0.0,
             );
-        } else {
-            let mask = row_ok.expand_dims(1) & col_ok.expand_dims(0);
-            wt = load(w + row_offs + cols.expand_dims(0), mask, 0.0);
         }
-        acc += (wt as f32) * xn.expand_dims(0);
+        let mut acc = (w_first as f32) * xn.expand_dims(0);
+        for k0 in (BLOCK_K..k).step_by(BLOCK_K) {
+            let cols = k0 + arange(0, BLOCK_K);
+            let col_ok = cols < k;
+            let xv = load(x + cols, col_ok, 0.0) as f32;
+            let g = load(norm_w + cols, col_ok, 0.0) as f32;
+            let xn = (g * ((xv * inv_rms) as bf16 as f32)) as bf16 as f32;
+            let mut wt = w_ahead;
+            if STAGES == 2 {
+                let next = cols + BLOCK_K;
+                w_ahead = load(
+                    w + row_offs + next.expand_dims(0),
+                    row_ok.expand_dims(1) & (next < k).expand_dims(0),
+                    0.0,
+                );
+            } else {
+                let mask = row_ok.expand_dims(1) & col_ok.expand_dims(0);
+                wt = load(w + row_offs + cols.expand_dims(0), mask, 0.0);
+            }
+            acc += (wt as f32) * xn.expand_dims(0);
+        }
+        let out = acc.sum(1) as bf16 as f32;
+        store(logits + rows, out, row_ok);
+        let cand = select(row_ok, out, f32::NEG_INFINITY);
+        let top = cand.max(0);
+        // Blocks come in row order: a later one wins only when strictly larger.
+        if top > best {
+            best = top;
+            best_idx = blk * BLOCK_N + cand.argmax(0);
+        }
+        if STREAM == 1 {
+            w_first = w_next;
+        } else {
+            // Without streaming the next block's first tile is requested now.
+            let next_rows = rows + BLOCK_N;
+            w_first = load(
+                w + next_rows.expand_dims(1) * k + cols.expand_dims(0),
+                ((next_rows < n) & (blk + 1 < last)).expand_dims(1) & col_ok.expand_dims(0),
+                0.0,
+            );
+        }
+        if STAGES == 2 {
+            let next_rows = rows + BLOCK_N;
+            w_ahead = load(
+                w + next_rows.expand_dims(1) * k + (cols + BLOCK_K).expand_dims(0),
+                ((next_rows < n) & (blk + 1 < last)).expand_dims(1)
+                    & (cols + BLOCK_K < k).expand_dims(0),
+                0.0,
+            );
+        }
     }
-    let out = acc.sum(1) as bf16 as f32;
-    store(logits + rows, out, row_ok);
-    let cand = select(row_ok, out, f32::NEG_INFINITY);
-    store(part_val + program_id(0), cand.max(0));
-    store(
-        part_idx + program_id(0),
-        program_id(0) * BLOCK_N + cand.argmax(0),
-    );
+    store(part_val + program_id(0), best);
+    store(part_idx + program_id(0), best_idx);
 }
 
 /// Greedy sampling, last step: the best of the `parts` candidates (first on ties)

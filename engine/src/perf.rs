@@ -755,7 +755,7 @@ impl GemvWorkload {
                 kernels::LM_HEAD_ARGMAX.launch_dyn(
                     dev,
                     lc(self.n),
-                    &consts,
+                    &cfg.consts_for(&kernels::LM_HEAD_ARGMAX),
                     &mut [
                         (&set.x).into(),
                         (&set.norm).into(),

@@ -24,12 +24,33 @@ pub struct GemvConfig {
     /// `STAGES`: 1 requests each weight tile when its iteration starts, 2 one
     /// iteration ahead (twice the bytes in flight, one more tile of registers).
     pub stages: usize,
+    /// [`kernels::lm_head_argmax`] only: its `STREAM` (1 requests the next row block's
+    /// first tile before reducing this one).
+    pub stream: usize,
+    /// [`kernels::lm_head_argmax`] only: the grid, each program taking consecutive row
+    /// blocks; 0 for one program per block. Other kernels need one per block.
+    pub programs: usize,
 }
 
 impl GemvConfig {
-    /// Programs for `n` rows.
+    /// Programs for `n` rows: one per `block_n` rows, or at most `programs` when set.
     pub fn grid(&self, n: usize) -> u32 {
-        n.div_ceil(self.block_n) as u32
+        let blocks = n.div_ceil(self.block_n).max(1);
+        (if self.programs > 0 {
+            blocks.min(self.programs)
+        } else {
+            blocks
+        }) as u32
+    }
+
+    /// The constants of `def` in declaration order: `[BLOCK_N, BLOCK_K, STAGES]`, and
+    /// `STREAM` for kernels that have it (the LM head).
+    pub fn consts_for(&self, def: &tilefuse_dsl::runtime::KernelDef) -> Vec<i64> {
+        let mut c = self.consts().to_vec();
+        if def.const_names.len() > 3 {
+            c.push(self.stream as i64);
+        }
+        c
     }
 
     /// The constants in declaration order (`[BLOCK_N, BLOCK_K, STAGES]`), for
@@ -73,6 +94,8 @@ pub fn gemv_config_for(n: usize, k: usize, sm_count: usize) -> GemvConfig {
         block_k,
         num_warps,
         stages: 1,
+        stream: 0,
+        programs: 0,
     }
 }
 
@@ -95,6 +118,8 @@ pub fn gate_up_config(_inter: usize, _k: usize) -> GemvConfig {
         block_k: 512,
         num_warps: 4,
         stages: 1,
+        stream: 0,
+        programs: 0,
     }
 }
 
@@ -108,6 +133,8 @@ pub fn lm_head_config(vocab: usize, _k: usize) -> GemvConfig {
         block_k: 256,
         num_warps: 4,
         stages: 1,
+        stream: 0,
+        programs: 0,
     }
 }
 
@@ -274,6 +301,8 @@ pub fn gemv_variants(def: &tilefuse_dsl::runtime::KernelDef) -> Vec<GemvConfig> 
             block_k: v.consts[1] as usize,
             num_warps: v.num_warps,
             stages: v.consts[2] as usize,
+            stream: v.consts.get(3).map_or(0, |&s| s as usize),
+            programs: 0,
         })
         .collect()
 }
@@ -282,7 +311,7 @@ pub fn gemv_variants(def: &tilefuse_dsl::runtime::KernelDef) -> Vec<GemvConfig> 
 pub fn defaults_are_compiled() -> bool {
     let shapes = [(4096, 1024), (1024, 2048), (3072, 1024), (1024, 3072)];
     let has = |def: &tilefuse_dsl::runtime::KernelDef, c: GemvConfig| {
-        def.variant(&c.consts(), Some(c.num_warps)).is_ok()
+        def.variant(&c.consts_for(def), Some(c.num_warps)).is_ok()
     };
     shapes.iter().all(|&(n, k)| {
         let c = gemv_config(n, k);

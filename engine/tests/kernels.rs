@@ -119,6 +119,8 @@ fn configs_for_cpu() -> Vec<GemvConfig> {
         block_k,
         num_warps,
         stages,
+        stream: 0,
+        programs: 0,
     };
     vec![
         c(1, 256, 4, 1),
@@ -396,7 +398,7 @@ fn run_lm_head(
         &LM_HEAD_ARGMAX,
         dev,
         LaunchConfig::from(parts as u32).num_warps(cfg.num_warps),
-        &cfg.consts(),
+        &cfg.consts_for(&LM_HEAD_ARGMAX),
         &mut [
             bufs.0.into(),
             bufs.1.into(),
@@ -465,10 +467,32 @@ fn lm_head_argmax_matches_host() {
                     block_k: 256,
                     num_warps: 8,
                     stages: 1,
+                    stream: 0,
+                    programs: 0,
                 });
                 v
             };
             cfgs.push(tuning::lm_head_config(n, k));
+            // Smaller grids, each program taking several row blocks, with and without
+            // requesting the next block early (STREAM); on the GPU at the real shape too.
+            let grids: &[usize] = if n > 100_000 {
+                &[264, 1056]
+            } else {
+                &[1, 2, 3]
+            };
+            let streamed: Vec<GemvConfig> = cfgs
+                .iter()
+                .flat_map(|&c| {
+                    grids.iter().flat_map(move |&programs| {
+                        [0, 1].map(|stream| GemvConfig {
+                            programs,
+                            stream,
+                            ..c
+                        })
+                    })
+                })
+                .collect();
+            cfgs.extend(streamed);
             // Only compiled variants; on the interpreter the warp count is irrelevant.
             let cfgs = cfgs.into_iter().filter_map(|c| {
                 [
@@ -479,7 +503,7 @@ fn lm_head_argmax_matches_host() {
                 .into_iter()
                 .find(|c| {
                     LM_HEAD_ARGMAX
-                        .variant(&c.consts(), Some(c.num_warps))
+                        .variant(&c.consts_for(&LM_HEAD_ARGMAX), Some(c.num_warps))
                         .is_ok()
                 })
             });
@@ -493,6 +517,48 @@ fn lm_head_argmax_matches_host() {
                 );
                 assert_eq!(token as usize, first_argmax(&logits), "{what}: token");
                 assert_eq!(pos, 42, "{what}: state[1] must advance");
+            }
+        }
+    }
+}
+
+/// Equal largest logits in different row blocks and programs: every grid and
+/// streaming mode picks the first row.
+#[test]
+fn lm_head_takes_first_of_ties_across_programs() {
+    let mut rng = Rng::new(515);
+    for dev in devices("lm_head_takes_first_of_ties_across_programs") {
+        let (n, k) = (37, 200);
+        let mut c = gemv_case(&mut rng, n, k);
+        // Rows 5, 14 and 30 are the same row, far above the others.
+        let top: Vec<bf16> =
+            c.x.iter()
+                .map(|v| bf16::from_f32(v.to_f32().signum()))
+                .collect();
+        for r in [30, 14, 5] {
+            c.w[r * k..(r + 1) * k].copy_from_slice(&top);
+        }
+        let (x, g, w) = (
+            dev.upload(&c.x).unwrap(),
+            dev.upload(&c.g).unwrap(),
+            dev.upload(&c.w).unwrap(),
+        );
+        for block_n in [4, 8, 16] {
+            for programs in [0, 1, 2, 3] {
+                for stream in [0, 1] {
+                    let cfg = GemvConfig {
+                        block_n,
+                        block_k: 256,
+                        num_warps: 4,
+                        stages: 1,
+                        stream,
+                        programs,
+                    };
+                    let (logits, token, _) = run_lm_head(&dev, cfg, (&x, &g, &w), n, k, 0);
+                    assert!(logits[5] == logits[14] && logits[5] == logits[30]);
+                    assert_eq!(first_argmax(&logits), 5);
+                    assert_eq!(token, 5, "{cfg:?} on {dev}");
+                }
             }
         }
     }
