@@ -178,7 +178,14 @@ impl LaunchPlan {
         } else {
             (attention, splits)
         };
-        let lm = tuning::lm_head_config(v, h);
+        let sm_count = if gpu {
+            crate::perf::device_info(dev)
+                .map(|i| i.sm_count)
+                .unwrap_or(tuning::DEFAULT_SM_COUNT)
+        } else {
+            tuning::DEFAULT_SM_COUNT
+        };
+        let lm = tuning::lm_head_config_for(v, h, sm_count);
         let parts = if gpu {
             lm.grid(v) as usize
         } else {

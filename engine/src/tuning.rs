@@ -123,18 +123,36 @@ pub fn gate_up_config(_inter: usize, _k: usize) -> GemvConfig {
     }
 }
 
-/// The default configuration of [`kernels::lm_head_argmax`] for a `[vocab, k]` head.
-pub fn lm_head_config(vocab: usize, _k: usize) -> GemvConfig {
-    // Large vocabularies have programs to spare: more rows per program means fewer
-    // partial candidates for `argmax_finish`; 256-column steps measured best inside
-    // the step (`--sweep`, Qwen3-0.6B's 151936 × 1024).
+/// The default configuration of [`kernels::lm_head_argmax`] for a `[vocab, k]` head,
+/// on a GPU with [`DEFAULT_SM_COUNT`] SMs.
+pub fn lm_head_config(vocab: usize, k: usize) -> GemvConfig {
+    lm_head_config_for(vocab, k, DEFAULT_SM_COUNT)
+}
+
+/// Programs a SM of the streaming LM head (see [`lm_head_config_for`]).
+pub const LM_HEAD_PROGRAMS_PER_SM: usize = 4;
+
+/// [`lm_head_config`] for a GPU with `sm_count` SMs.
+///
+/// Large vocabularies take 16 rows a program in 256-column steps (`--sweep`, Qwen3-0.6B's
+/// 151936 × 1024) over a fixed grid of [`LM_HEAD_PROGRAMS_PER_SM`] programs a SM, each
+/// streaming consecutive row blocks and requesting the next block's first tile before
+/// reducing the current one (H200, alone: 93.1 µs with a program per block against
+/// 81.0 µs, 0.92× cuBLAS; docs/gpu-results.md). Small vocabularies keep a program per
+/// block of 4 rows.
+pub fn lm_head_config_for(vocab: usize, _k: usize, sm_count: usize) -> GemvConfig {
+    let large = vocab >= 32 * 1024;
     GemvConfig {
-        block_n: if vocab >= 32 * 1024 { 16 } else { 4 },
+        block_n: if large { 16 } else { 4 },
         block_k: 256,
         num_warps: 4,
         stages: 1,
-        stream: 0,
-        programs: 0,
+        stream: usize::from(large),
+        programs: if large {
+            LM_HEAD_PROGRAMS_PER_SM * sm_count.max(1)
+        } else {
+            0
+        },
     }
 }
 

@@ -530,10 +530,12 @@ fn lm_head_takes_first_of_ties_across_programs() {
     for dev in devices("lm_head_takes_first_of_ties_across_programs") {
         let (n, k) = (37, 200);
         let mut c = gemv_case(&mut rng, n, k);
-        // Rows 5, 14 and 30 are the same row, far above the others.
+        // Rows 5, 14 and 30 are the same row, far above the others: the sign of each
+        // normalized input, so every product is positive.
         let top: Vec<bf16> =
             c.x.iter()
-                .map(|v| bf16::from_f32(v.to_f32().signum()))
+                .zip(&c.g)
+                .map(|(x, g)| bf16::from_f32((x.to_f32() * g.to_f32()).signum()))
                 .collect();
         for r in [30, 14, 5] {
             c.w[r * k..(r + 1) * k].copy_from_slice(&top);
@@ -556,7 +558,7 @@ fn lm_head_takes_first_of_ties_across_programs() {
                     };
                     let (logits, token, _) = run_lm_head(&dev, cfg, (&x, &g, &w), n, k, 0);
                     assert!(logits[5] == logits[14] && logits[5] == logits[30]);
-                    assert_eq!(first_argmax(&logits), 5);
+                    assert_eq!(first_argmax(&logits), 5, "the tied rows lead");
                     assert_eq!(token, 5, "{cfg:?} on {dev}");
                 }
             }
