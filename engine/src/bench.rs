@@ -560,6 +560,14 @@ impl fmt::Display for DecodeReport {
             for (def, c) in sw.best.choices() {
                 writeln!(f, "  {:<18} {}", def.name, describe(def, c))?;
             }
+            writeln!(
+                f,
+                "  lm_head programs   {}",
+                match sw.best.lm_head_programs {
+                    0 => "one per row block".to_string(),
+                    p => p.to_string(),
+                }
+            )?;
             writeln!(f, "  splits             {}", sw.best.splits)?;
             writeln!(f, "  min_chunk          {}", sw.best.min_chunk)?;
         }
