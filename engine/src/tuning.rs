@@ -1,11 +1,13 @@
 //! Launch configurations for the decode kernels: which compiled variant, and how many
 //! programs, for a given shape.
 //!
-//! The GEMV defaults are a first guess from the access pattern, not yet from
-//! measurements: each thread reads 16-byte vectors (8 bf16), so `BLOCK_K = 8 × threads`
-//! gives one vector per row per iteration, and `BLOCK_N` rows give that many independent
-//! loads in flight while keeping enough programs to fill the SMs. `examples/bandwidth.rs
-//! --sweep` times every compiled variant; replace these with its best per shape.
+//! The defaults come from measurements on an H100 (and, for the LM head, an H200):
+//! `tilefuse bench --sweep` times every compiled variant inside the captured decode step
+//! and `examples/bandwidth.rs --sweep` each kernel alone; each function below says which
+//! run chose it (the figures are in docs/perf.md and docs/gpu-results.md). Each thread
+//! reads 16-byte vectors (8 bf16), so `BLOCK_K = 8 × threads` gives one vector per row
+//! per iteration, and `BLOCK_N` rows give that many independent loads in flight. Rerun
+//! the sweeps on other GPUs before trusting these there.
 
 use crate::kernels;
 
