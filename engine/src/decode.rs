@@ -186,11 +186,6 @@ impl LaunchPlan {
             tuning::DEFAULT_SM_COUNT
         };
         let lm = tuning::lm_head_config_for(v, h, sm_count);
-        let parts = if gpu {
-            lm.grid(v) as usize
-        } else {
-            v.div_ceil(16)
-        };
         let d = d as i64;
         let plan = LaunchPlan {
             qkv: gemv_choice(dev, tuning::norm_gemv_config(qkv_dim, h)),
@@ -209,12 +204,10 @@ impl LaunchPlan {
                 }
             },
             lm_head_programs: if gpu { lm.programs } else { 0 },
-            argmax: {
-                let (b, num_warps) = tuning::argmax_finish_config(parts);
-                KernelChoice {
-                    consts: [b as i64].to_vec(),
-                    num_warps,
-                }
+            // Sized for the LM head's candidates below.
+            argmax: KernelChoice {
+                consts: Vec::new(),
+                num_warps: 4,
             },
             attention,
             combine: KernelChoice {
@@ -224,7 +217,8 @@ impl LaunchPlan {
             },
             splits,
             min_chunk: if gpu { tuning::ATTENTION_MIN_CHUNK } else { 1 },
-        };
+        }
+        .with_sized_argmax(v);
         plan.check()?;
         Ok(plan)
     }
@@ -269,19 +263,20 @@ impl LaunchPlan {
 
     /// The plan with the LM head's grid capped at `programs` (0: one program per row
     /// block), the final argmax sized for the new candidate count.
-    pub fn with_lm_head_programs(self, programs: usize, vocab: usize) -> LaunchPlan {
-        let lm_head = self.lm_head.clone();
-        LaunchPlan {
-            lm_head_programs: programs,
-            ..self
-        }
-        .with_lm_head(lm_head, vocab)
+    pub fn with_lm_head_programs(mut self, programs: usize, vocab: usize) -> LaunchPlan {
+        self.lm_head_programs = programs;
+        self.with_sized_argmax(vocab)
     }
 
     /// The plan with the LM head's rows per program changed (and the final argmax's
     /// block sized for the new candidate count).
     pub fn with_lm_head(mut self, lm_head: KernelChoice, vocab: usize) -> LaunchPlan {
         self.lm_head = lm_head;
+        self.with_sized_argmax(vocab)
+    }
+
+    /// The plan with the final argmax's block sized for the LM head's candidates.
+    fn with_sized_argmax(mut self, vocab: usize) -> LaunchPlan {
         let (b, num_warps) = tuning::argmax_finish_config(self.lm_programs(vocab));
         self.argmax = KernelChoice {
             consts: [b as i64].to_vec(),

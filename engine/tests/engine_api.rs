@@ -313,13 +313,18 @@ fn every_launch_plan_computes_the_same_step() {
         let mut dec = tilefuse_engine::Decoder::new(&cfg, &w, &dev, 64).unwrap();
         let base = dec.plan().clone();
         let want = run(&mut dec);
+        let same_step = |got: &[Vec<f32>], plan: &str| {
+            for (step, (g, e)) in got.iter().zip(&want).enumerate() {
+                let rel = common::rel_err(g, e);
+                assert!(rel < 1e-2, "{dev} step {step}: {plan} differs by {rel:.3e}");
+            }
+        };
         let d = cfg.head_dim as i64;
         let choice = |consts: &[i64], num_warps| KernelChoice {
             consts: consts.to_vec(),
             num_warps,
         };
-        // Split + combine with one split (the default plans merge splits in a cluster
-        // where they can).
+        // Split + combine with one split.
         let mut other = base.clone().with_attention_cluster(1, 1, 32);
         other.qkv = choice(&[1, 256, 1], 8);
         other.o_proj = choice(&[2, 1024, 2], 8);
@@ -331,14 +336,7 @@ fn every_launch_plan_computes_the_same_step() {
         let other = other.with_lm_head(choice(&[16, 256, 2, 0], 4), cfg.vocab_size);
         assert_ne!(other, base);
         dec.set_plan(other).unwrap();
-        let got = run(&mut dec);
-        for (step, (g, e)) in got.iter().zip(&want).enumerate() {
-            let rel = common::rel_err(g, e);
-            assert!(
-                rel < 1e-2,
-                "{dev} step {step}: other plan differs by {rel:.3e}"
-            );
-        }
+        same_step(&run(&mut dec), "other plan");
 
         // Clustered attention: two programs a cluster over 32-position tiles, and on
         // sm_90 GPUs the decode step's 8 and 16 over 64-position tiles where compiled.
@@ -356,14 +354,7 @@ fn every_launch_plan_computes_the_same_step() {
             assert!(plan.clustered());
             dec.set_plan(plan).unwrap();
             assert_eq!(dec.kernels_per_step(), 3 + 5 * cfg.num_layers);
-            let got = run(&mut dec);
-            for (step, (g, e)) in got.iter().zip(&want).enumerate() {
-                let rel = common::rel_err(g, e);
-                assert!(
-                    rel < 1e-2,
-                    "{dev} step {step}: cluster of {cluster} differs by {rel:.3e}"
-                );
-            }
+            same_step(&run(&mut dec), &format!("cluster of {cluster}"));
         }
         if !sm90 {
             // Without clusters (the interpreter emulates them) the plan is refused at

@@ -178,15 +178,7 @@ impl Parse for SkipPair {
     fn parse(input: ParseStream) -> syn::Result<Self> {
         let name: Ident = input.parse()?;
         input.parse::<Token![=]>()?;
-        let expr: Expr = input.parse()?;
-        let items: Vec<Expr> = match expr {
-            Expr::Array(a) => a.elems.into_iter().collect(),
-            other => vec![other],
-        };
-        let mut values = Vec::new();
-        for item in items {
-            values.push((int_literal(&item)?, item.span()));
-        }
+        let values = int_list(input.parse()?)?;
         if values.is_empty() {
             return Err(syn::Error::new(
                 name.span(),
@@ -245,15 +237,7 @@ impl Parse for AttrEntry {
             });
         }
         input.parse::<Token![=]>()?;
-        let expr: Expr = input.parse()?;
-        let items: Vec<Expr> = match expr {
-            Expr::Array(a) => a.elems.into_iter().collect(),
-            other => vec![other],
-        };
-        let mut values = Vec::new();
-        for item in items {
-            values.push((int_literal(&item)?, item.span()));
-        }
+        let values = int_list(input.parse()?)?;
         if values.is_empty() {
             return Err(syn::Error::new(
                 name.span(),
@@ -268,6 +252,18 @@ impl Parse for AttrEntry {
             cluster: None,
         })
     }
+}
+
+/// `v` or `[v1, v2, ..]`: the integer literals with their spans (possibly none).
+fn int_list(expr: Expr) -> syn::Result<Vec<(i64, Span)>> {
+    let items: Vec<Expr> = match expr {
+        Expr::Array(a) => a.elems.into_iter().collect(),
+        other => vec![other],
+    };
+    items
+        .iter()
+        .map(|item| Ok((int_literal(item)?, item.span())))
+        .collect()
 }
 
 fn int_literal(e: &Expr) -> syn::Result<i64> {
