@@ -54,8 +54,12 @@ pub fn embed<const B: usize>(table: Ptr<bf16>, state: Ptr<i32>, x: Ptr<bf16>, h:
 
 /// `y = W · rmsnorm(x) + bias`, bf16 out, for `W` of shape `[n, k]`.
 ///
-/// RMSNorm rounds like the reference: `bf16(norm_w * bf16(x * inv_rms))`. Every program
-/// recomputes `inv_rms`; `x` is a few KiB and stays in cache.
+/// The norm is folded into the dot products: `y = inv_rms * (W · (norm_w * x)) + bias`
+/// in f32, so the sum of squares and the row sums are accumulated in one pass and no
+/// reduction stands between the input and the weights. The normalized input is not
+/// rounded to bf16 as the reference model rounds it (`bf16(norm_w * bf16(x * inv_rms))`);
+/// the two differ by less than the output's own bf16 rounding. Every program recomputes
+/// `inv_rms`; `x` is a few KiB and stays in cache.
 #[kernel(
     crate = tilefuse_dsl,
     BLOCK_N = [1, 2, 4, 8, 16],
@@ -107,23 +111,18 @@ pub fn rms_norm_gemv<const BLOCK_N: usize, const BLOCK_K: usize, const STAGES: u
     // this one (with programmatic launch on Hopper, the loads above overlap their tail).
     wait_for_prior_kernels();
 
-    let mut sq = zeros::<f32>([BLOCK_K]);
-    for k0 in (0..k).step_by(BLOCK_K) {
-        let c = k0 + arange(0, BLOCK_K);
-        let v = load(x + c, c < k, 0.0) as f32;
-        sq += v * v;
-    }
-    let inv_rms = 1.0 / sqrt(sq.sum(0) / (k as f32) + eps);
-
+    // One pass: the squares for the norm and the dot products with `norm_w * x` are
+    // summed together, and `inv_rms` scales the row sums at the end (no reduction
+    // before the dot products; the normalized input is not rounded to bf16).
     let xv = load(x + cols, col_ok, 0.0) as f32;
-    let xn = ((g_first as f32) * ((xv * inv_rms) as bf16 as f32)) as bf16 as f32;
-    let mut acc = (w_first as f32) * xn.expand_dims(0);
+    let mut sq = xv * xv;
+    let mut acc = (w_first as f32) * ((g_first as f32) * xv).expand_dims(0);
     for k0 in (BLOCK_K..k).step_by(BLOCK_K) {
         let cols = k0 + arange(0, BLOCK_K);
         let col_ok = cols < k;
         let xv = load(x + cols, col_ok, 0.0) as f32;
         let g = load(norm_w + cols, col_ok, 0.0) as f32;
-        let xn = (g * ((xv * inv_rms) as bf16 as f32)) as bf16 as f32;
+        sq += xv * xv;
         let mut wt = w_ahead;
         if STAGES == 2 {
             let next = cols + BLOCK_K;
@@ -136,9 +135,10 @@ pub fn rms_norm_gemv<const BLOCK_N: usize, const BLOCK_K: usize, const STAGES: u
             let mask = row_ok.expand_dims(1) & col_ok.expand_dims(0);
             wt = load(w + row_offs + cols.expand_dims(0), mask, 0.0);
         }
-        acc += (wt as f32) * xn.expand_dims(0);
+        acc += (wt as f32) * (g * xv).expand_dims(0);
     }
-    store(y + rows, (acc.sum(1) + b) as bf16, row_ok);
+    let inv_rms = 1.0 / sqrt(sq.sum(0) / (k as f32) + eps);
+    store(y + rows, (acc.sum(1) * inv_rms + b) as bf16, row_ok);
 }
 
 /// `x = bf16(x + bf16(W · a + bias))`: a projection added into the residual stream.
@@ -218,6 +218,9 @@ pub fn gemv_residual<const BLOCK_N: usize, const BLOCK_K: usize, const STAGES: u
 /// `act = bf16(bf16(silu(g)) * u)` with `g = W[r] · rmsnorm(x)` and
 /// `u = W[inter + r] · rmsnorm(x)`: the MLP's first half, over one fused `[2 * inter, k]`
 /// weight (gate rows, then up rows).
+///
+/// `rmsnorm(x)` is folded into the dot products as in [`rms_norm_gemv`] (f32, the
+/// normalized input not rounded to bf16).
 #[kernel(
     crate = tilefuse_dsl,
     BLOCK_N = [1, 2, 4, 8],
@@ -259,24 +262,19 @@ pub fn rms_norm_gate_up<const BLOCK_N: usize, const BLOCK_K: usize, const STAGES
     let gw_first = load(norm_w + cols, col_ok, 0.0) as f32;
     wait_for_prior_kernels();
 
-    let mut sq = zeros::<f32>([BLOCK_K]);
-    for k0 in (0..k).step_by(BLOCK_K) {
-        let c = k0 + arange(0, BLOCK_K);
-        let v = load(x + c, c < k, 0.0) as f32;
-        sq += v * v;
-    }
-    let inv_rms = 1.0 / sqrt(sq.sum(0) / (k as f32) + eps);
-
+    // One pass, as in `rms_norm_gemv`: `inv_rms` scales the row sums at the end.
     let xv = load(x + cols, col_ok, 0.0) as f32;
-    let xn = ((gw_first * ((xv * inv_rms) as bf16 as f32)) as bf16 as f32).expand_dims(0);
-    let mut acc_g = (g_first as f32) * xn;
-    let mut acc_u = (u_first as f32) * xn;
+    let mut sq = xv * xv;
+    let xg = (gw_first * xv).expand_dims(0);
+    let mut acc_g = (g_first as f32) * xg;
+    let mut acc_u = (u_first as f32) * xg;
     for k0 in (BLOCK_K..k).step_by(BLOCK_K) {
         let cols = k0 + arange(0, BLOCK_K);
         let col_ok = cols < k;
         let xv = load(x + cols, col_ok, 0.0) as f32;
         let gw = load(norm_w + cols, col_ok, 0.0) as f32;
-        let xn = ((gw * ((xv * inv_rms) as bf16 as f32)) as bf16 as f32).expand_dims(0);
+        sq += xv * xv;
+        let xg = (gw * xv).expand_dims(0);
         let mut gt = g_ahead;
         let mut ut = u_ahead;
         if STAGES == 2 {
@@ -291,11 +289,12 @@ pub fn rms_norm_gate_up<const BLOCK_N: usize, const BLOCK_K: usize, const STAGES
             gt = load(w + offs, mask, 0.0);
             ut = load(w + inter * k + offs, mask, 0.0);
         }
-        acc_g += (gt as f32) * xn;
-        acc_u += (ut as f32) * xn;
+        acc_g += (gt as f32) * xg;
+        acc_u += (ut as f32) * xg;
     }
-    let gate = acc_g.sum(1) as bf16 as f32;
-    let up = acc_u.sum(1) as bf16 as f32;
+    let inv_rms = 1.0 / sqrt(sq.sum(0) / (k as f32) + eps);
+    let gate = (acc_g.sum(1) * inv_rms) as bf16 as f32;
+    let up = (acc_u.sum(1) * inv_rms) as bf16 as f32;
     let silu = (gate / (1.0 + exp(-gate))) as bf16 as f32;
     store(act + rows, (silu * up) as bf16, row_ok);
 }

@@ -67,6 +67,17 @@ fn check(what: &str, got: &[f32], want: &[f64], tol: &[f64]) {
 }
 
 /// `bf16(g * bf16(x * inv_rms))`, inv_rms in f32 as the kernels compute it.
+/// RMSNorm as the fused GEMVs apply it: `norm_w * x * inv_rms` in f32, not rounded to
+/// bf16 (they scale the row sums by `inv_rms` at the end).
+fn host_rms_norm_unrounded(x: &[f32], g: &[f32]) -> Vec<f32> {
+    let mean_sq = x.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / x.len() as f64;
+    let inv_rms = 1.0 / (mean_sq + EPS as f64).sqrt();
+    x.iter()
+        .zip(g)
+        .map(|(&v, &w)| (w as f64 * v as f64 * inv_rms) as f32)
+        .collect()
+}
+
 fn host_rms_norm(x: &[f32], g: &[f32]) -> Vec<f32> {
     let mean_sq = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
     let inv_rms = 1.0 / (mean_sq + EPS).sqrt();
@@ -173,7 +184,7 @@ fn rms_norm_gemv_matches_host() {
     for dev in devices("rms_norm_gemv_matches_host") {
         for (n, k) in gemv_shapes(&dev, &[QWEN_QKV]) {
             let c = gemv_case(&mut rng, n, k);
-            let xn = host_rms_norm(&f32s(&c.x), &f32s(&c.g));
+            let xn = host_rms_norm_unrounded(&f32s(&c.x), &f32s(&c.g));
             let dots = host_matvec(&f32s(&c.w), &xn, n, k);
             let want: Vec<f64> = dots
                 .iter()
@@ -287,7 +298,7 @@ fn rms_norm_gate_up_matches_host() {
         }
         for (inter, k) in shapes {
             let c = gemv_case(&mut rng, 2 * inter, k);
-            let xn = host_rms_norm(&f32s(&c.x), &f32s(&c.g));
+            let xn = host_rms_norm_unrounded(&f32s(&c.x), &f32s(&c.g));
             let dots = host_matvec(&f32s(&c.w), &xn, 2 * inter, k);
             let mut want = Vec::new();
             let mut tol = Vec::new();

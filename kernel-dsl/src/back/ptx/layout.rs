@@ -270,12 +270,33 @@ pub fn assign(k: &Kernel) -> Result<Layouts, CompileError> {
                 if *shape != want.shape() || !l.strong[oi] || l.of[oi].as_ref() == Some(&want) {
                     continue;
                 }
-                if let Some(loads) = prefer(k, &l, o, want.clone()) {
-                    for (x, lx) in loads {
-                        if let std::collections::hash_map::Entry::Vacant(e) = over.entry(x) {
-                            e.insert(lx);
-                            found = true;
+                // Either this operand's loads follow the op's layout, or, when it cannot
+                // move (a reduction's result, say), the loads among the other operands
+                // follow it: `old + acc.sum(1)` then loads `old` in the sum's layout
+                // instead of moving the sum through shared memory.
+                let loads = prefer(k, &l, o, want.clone()).or_else(|| {
+                    let theirs = l.of[oi].clone()?;
+                    let mut loads = Vec::new();
+                    for other in e.operands() {
+                        let x = other.index();
+                        if other == o
+                            || k.ty(other).is_scalar()
+                            || !l.strong[x]
+                            || l.of[x].as_ref() == Some(&theirs)
+                        {
+                            continue;
                         }
+                        if k.ty(other).shape != *shape {
+                            return None;
+                        }
+                        loads.extend(prefer(k, &l, other, theirs.clone())?);
+                    }
+                    (!loads.is_empty()).then_some(loads)
+                });
+                for (x, lx) in loads.into_iter().flatten() {
+                    if let std::collections::hash_map::Entry::Vacant(e) = over.entry(x) {
+                        e.insert(lx);
+                        found = true;
                     }
                 }
             }
