@@ -249,6 +249,56 @@ fn gemv_bf16_loop() {
     }
 }
 
+/// `y[n] = y[n] + sum_k W[n, k] * x[k]` over one `[bn, bk]` tile, the loaded residual
+/// written first in the add (so the op's first layout is the residual's).
+fn gemv_residual_add(bn: i64, bk: i64, warps: u32) -> Kernel {
+    let mut b = B::new("gemv_residual_add", warps);
+    let w = b.ptr("w", DType::BF16);
+    let x = b.ptr("x", DType::BF16);
+    let y = b.ptr("y", DType::F32);
+    let pid = b.pid(0);
+    let bnv = b.i32(bn);
+    let r0 = b.bin(BinaryOp::Mul, pid, bnv);
+    let ar = b.arange(bn);
+    let rows = b.bin(BinaryOp::Add, ar, r0);
+    let shape = [bn as usize, bk as usize];
+    let cols = b.arange(bk);
+    let re = b.expand(rows, 1);
+    let kv = b.i32(bk);
+    let rk = b.bin(BinaryOp::Mul, re, kv);
+    let rb = b.bcast(rk, &shape);
+    let ce = b.expand(cols, 0);
+    let cb = b.bcast(ce, &shape);
+    let offs = b.bin(BinaryOp::Add, rb, cb);
+    let pw = b.addptr(w, offs);
+    let wv = b.load(pw, None, None);
+    let px = b.addptr(x, cols);
+    let xv = b.load(px, None, None);
+    let wf = b.cast(wv, DType::F32);
+    let xf = b.cast(xv, DType::F32);
+    let xe = b.expand(xf, 0);
+    let xb = b.bcast(xe, &shape);
+    let prod = b.bin(BinaryOp::Mul, wf, xb);
+    let s = b.reduce(ReduceOp::Sum, prod, 1);
+    let py = b.addptr(y, rows);
+    let old = b.load(py, None, None);
+    let sum = b.bin(BinaryOp::Add, old, s);
+    b.store(py, sum, None);
+    b.finish()
+}
+
+#[test]
+fn residual_is_loaded_in_the_reductions_layout() {
+    // The reduction's result cannot change layout for free, the loaded residual can: it
+    // is loaded straight into the sum's layout, and nothing goes through shared memory
+    // (with the warps along the rows, the reduction itself needs none either).
+    for (bn, bk, w) in [(8, 2048, 8), (4, 512, 4)] {
+        let p = check(&gemv_residual_add(bn, bk, w));
+        assert!(!p.ptx.contains("bar.sync"), "{}", p.layouts);
+        assert!(!p.ptx.contains("st.shared"), "{}", p.layouts);
+    }
+}
+
 #[test]
 fn casts_between_all_dtypes() {
     let mut b = B::new("casts", 4);
