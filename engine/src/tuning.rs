@@ -73,22 +73,22 @@ pub fn gemv_config(n: usize, k: usize) -> GemvConfig {
 /// [`gemv_config`] for a GPU with `sm_count` SMs.
 ///
 /// From `tilefuse bench --sweep` (every compiled variant timed inside the captured
-/// decode step of Qwen3-0.6B, H100, 2026-11-22, see docs/perf.md): tall matrices (many
-/// rows, `k` ≈ 1024) do best with 8 rows per program, 512-column steps and 4 warps;
-/// short wide ones (`n` ≈ 1024, `k` = 2048) with 8 rows per program and 2048-column
-/// steps over 8 warps (4 rows, or 1024-column steps, within noise), wider ones with 2
-/// rows and 1024-column steps. Timed alone, kernels can rank differently: the step
+/// decode step of Qwen3-0.6B, H100, 2026-11-22 and 2026-11-25, see docs/perf.md): tall
+/// matrices (many rows, `k` ≈ 1024) do best with 8 rows per program, 512-column steps
+/// and 4 warps; short wide ones (`n` ≈ 1024, `k` ≥ 2048) with 2 rows and 1024-column
+/// steps over 8 warps; narrower short ones with 8 rows and 1024-column steps. Timed alone, kernels can rank differently: the step
 /// overlaps each kernel's start with its predecessor's tail.
 pub fn gemv_config_for(n: usize, k: usize, sm_count: usize) -> GemvConfig {
     let tall = n >= 8 * 2 * sm_count.max(1);
     let (block_n, block_k, num_warps) = match (tall, k) {
         (true, _) => (8, 512, 4),
-        // Past 2048 columns (Qwen3-0.6B's down projection, 1024 x 3072), 2 rows with
-        // 1024-column steps beat 8 x 2048 both inside the step and alone (H100,
-        // 2026-11-22: 4.39 -> 3.85 us alone), once the kernels requested their bias
-        // and residual before reducing.
-        (false, 2049..) => (2, 1024, 8),
-        (false, 2048) => (8, 2048, 8),
+        // From 2048 columns (Qwen3-0.6B's O and down projections, 1024 x 2048 and
+        // 1024 x 3072), 2 rows with 1024-column steps: for the down projection since
+        // the kernels requested their bias and residual before reducing (H100,
+        // 2026-11-22: 4.39 -> 3.85 us alone), for the O projection since the residual
+        // is loaded in the row sums' layout (2026-11-25: 8 x 2048 became 1.8% slower
+        // in the step, 2 x 1024 the best).
+        (false, 2048..) => (2, 1024, 8),
         (false, _) => (8, 1024, 8),
     };
     GemvConfig {
@@ -112,12 +112,13 @@ pub fn norm_gemv_config(n: usize, k: usize) -> GemvConfig {
 /// (and as many of up) over `k` columns: compiled with 4 warps only, since two f32
 /// accumulators at 8 warps exceed ptxas' register budget and spill.
 ///
-/// For Qwen3-0.6B's 3072 × 1024 inside the step (`--sweep`), 8 rows with 512-column
-/// steps and 2 rows with 256-column steps came out best by turns, within 1%.
+/// For Qwen3-0.6B's 3072 × 1024 (H100, 2026-11-25), with the norm folded into the dot
+/// products: 4 rows with 256-column steps, best inside the step (`--sweep`, 1.9% ahead
+/// of 8 × 512) and alone (6.19 against 7.03 µs).
 pub fn gate_up_config(_inter: usize, _k: usize) -> GemvConfig {
     GemvConfig {
-        block_n: 8,
-        block_k: 512,
+        block_n: 4,
+        block_k: 256,
         num_warps: 4,
         stages: 1,
         stream: 0,
