@@ -231,7 +231,9 @@ pub fn gemv_residual<const BLOCK_N: usize, const BLOCK_K: usize, const STAGES: u
     // compiled for one tile only, for comparisons.
     STAGES = [1, 2],
     skip(STAGES = 2, BLOCK_N = [1, 2, 4]),
-    skip(STAGES = 2, BLOCK_K = [512, 1024])
+    skip(STAGES = 2, BLOCK_K = [512, 1024]),
+    // Two 8 x 1024 f32 accumulators for 128 threads, with the squares for the norm, spill.
+    skip(BLOCK_N = 8, BLOCK_K = 1024)
 )]
 pub fn rms_norm_gate_up<const BLOCK_N: usize, const BLOCK_K: usize, const STAGES: usize>(
     x: Ptr<bf16>,
