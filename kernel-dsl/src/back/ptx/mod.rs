@@ -3,7 +3,8 @@
 //! Passes, one file each:
 //! - `layout.rs`: a distributed (blocked) layout for every tile value; reductions give
 //!   slice layouts so `reduce` -> `expand_dims` -> `broadcast` moves no data; loads take the
-//!   layout their consumer needs and loop-carried zeros take their update's layout.
+//!   layout their consumer needs (or, next to a reduction's result in an elementwise op,
+//!   that result's layout) and loop-carried zeros take their update's layout.
 //!   Splats, aranges, broadcasts and arithmetic on them are *rematerialized* in whatever
 //!   layout a user needs instead of being moved.
 //! - `axis.rs`: contiguity / divisibility / constancy (Triton's AxisInfo) for vector
