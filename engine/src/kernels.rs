@@ -416,6 +416,10 @@ pub fn attention_split<
     // step, cache rows below `pos` by earlier ones): only the projection `qkv` comes
     // from the kernel just before.
     wait_for_prior_kernels();
+    // Only now let the next kernels start: triggered at entry, programs of the combine
+    // and the O projection started early and their loads competed with this kernel's
+    // (H100: 121.3 -> 112.5 us a decode step, 6.71 -> 5.09 us alone at 512 positions).
+    launch_dependents();
 
     // Queries: QK-norm and RoPE, in halves (RoPE pairs element j with j + D / 2).
     let g = program_id(2) * G + arange(0, G);

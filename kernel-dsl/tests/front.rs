@@ -361,6 +361,69 @@ fn a_pointer_from_several_parameters_takes_the_most_careful_cache_path() {
 }
 
 #[test]
+fn launch_dependents_only_at_top_level_and_moves_the_sm90_trigger() {
+    let e = error_of(
+        "#[kernel] fn k(x: Ptr<f32>, n: i32) { for i in 0..n { launch_dependents(); } }",
+        &[],
+    );
+    assert!(e.contains("top level"), "{e}");
+    let e = error_of("#[kernel] fn k(x: Ptr<f32>) { launch_dependents(x); }", &[]);
+    assert!(e.contains("no arguments"), "{e}");
+
+    use tilefuse_dsl::back::ptx::{compile, Target};
+    let body = |trigger: &str| {
+        format!(
+            "#[kernel(B = [128])] fn k<const B: usize>(w: Ptr<f32>, x: Ptr<f32>) {{
+                let offs = arange(0, B);
+                let wv = load(w + offs);
+                wait_for_prior_kernels();
+                {trigger}
+                store(x + offs, load(x + offs) + wv);
+            }}"
+        )
+    };
+    let trigger_and_wait = |src: &str| {
+        let k = compile_source(src, &spec(&[("B", 128)], 4)).unwrap();
+        let p = compile(&k, Target::Sm90).unwrap();
+        assert_eq!(p.ptx.matches("griddepcontrol.launch_dependents").count(), 1);
+        let trigger = p.ptx.find("griddepcontrol.launch_dependents").unwrap();
+        let wait = p.ptx.find("griddepcontrol.wait").unwrap();
+        let first_load = p.ptx.find("ld.global").unwrap();
+        let p80 = compile(&k, Target::Sm80).unwrap();
+        assert!(!p80.ptx.contains("griddepcontrol"), "{}", p80.ptx);
+        (trigger, wait, first_load)
+    };
+    // By default the trigger is at entry, before the weight load and the wait.
+    let (trigger, wait, first_load) = trigger_and_wait(&body(""));
+    assert!(trigger < first_load && first_load < wait);
+    // Placed after the wait, it follows the wait.
+    let (trigger, wait, _) = trigger_and_wait(&body("launch_dependents();"));
+    assert!(wait < trigger);
+    // The interpreter runs the kernel the same with or without it.
+    let k = compile_source(&body("launch_dependents();"), &spec(&[("B", 128)], 4)).unwrap();
+    let w: Vec<f32> = (0..128).map(|i| i as f32 * 0.5 - 3.0).collect();
+    let mut x: Vec<f32> = (0..128).map(|i| 1.0 + i as f32).collect();
+    let want: Vec<f32> = x.iter().zip(&w).map(|(a, b)| a + b).collect();
+    let bytes = |v: &[f32]| v.iter().flat_map(|f| f.to_ne_bytes()).collect::<Vec<u8>>();
+    let wb = bytes(&w);
+    let mut xb = bytes(&x);
+    tilefuse_dsl::interp::run(
+        &k,
+        [1, 1, 1],
+        &mut [
+            tilefuse_dsl::interp::Arg::Read(&wb),
+            tilefuse_dsl::interp::Arg::Write(&mut xb),
+        ],
+    )
+    .unwrap();
+    x = xb
+        .chunks(4)
+        .map(|c| f32::from_ne_bytes(c.try_into().unwrap()))
+        .collect();
+    assert_eq!(x, want);
+}
+
+#[test]
 fn wait_for_prior_kernels_only_at_top_level_and_placed_in_sm90_ptx() {
     let e = error_of(
         "#[kernel] fn k(x: Ptr<f32>, n: i32) { if n > 0 { wait_for_prior_kernels(); } }",

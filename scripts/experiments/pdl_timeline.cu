@@ -7,7 +7,10 @@
 // `%globaltimer` at entry, after the wait and at exit. Modes:
 //   pdl    : programmatic dependent launch (launch_dependents at entry);
 //   plain  : ordinary stream order (the wait is then a no-op);
-//   nowts  : pdl, but the weights are loaded after the wait.
+//   nowts  : pdl, but the weights are loaded after the wait;
+//   late   : pdl, weights first, but the next launch is let in only after the wait
+//            (launch_dependents after griddepcontrol.wait), so programs start at most
+//            one launch ahead.
 // Prints, over the chain's launches (medians): time per launch, how long before the
 // previous launch's last exit the first program starts, how long after that exit the
 // first and the last program get past their wait, and how long the post-wait part takes.
@@ -45,9 +48,9 @@ __device__ __forceinline__ float dot8(uint4 w, uint4 a) {
 // loads) of its warp's 512.
 __global__ void __launch_bounds__(THREADS) gemv_residual(
     const __nv_bfloat16* __restrict__ w, const __nv_bfloat16* a, __nv_bfloat16* x,
-    unsigned long long* stamps, int weights_first) {
+    unsigned long long* stamps, int weights_first, int late_trigger) {
   unsigned long long t0 = now();
-  asm volatile("griddepcontrol.launch_dependents;");
+  if (!late_trigger) asm volatile("griddepcontrol.launch_dependents;");
   int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   int row = blockIdx.x * ROWS + warp / 4;
   int col = (warp % 4) * 512 + lane * 16;
@@ -55,6 +58,7 @@ __global__ void __launch_bounds__(THREADS) gemv_residual(
   uint4 w0 = make_uint4(0, 0, 0, 0), w1 = w0;
   if (weights_first) { w0 = __ldg(wr); w1 = __ldg(wr + 1); }
   asm volatile("griddepcontrol.wait;" ::: "memory");
+  if (late_trigger) asm volatile("griddepcontrol.launch_dependents;");
   unsigned long long t1 = now();
   if (!weights_first) { w0 = __ldg(wr); w1 = __ldg(wr + 1); }
   const uint4* ar = reinterpret_cast<const uint4*>(a + col);
@@ -106,7 +110,7 @@ int main() {
   CK(cudaMalloc(&stamps, nst * 8));
   cudaStream_t st;
   CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  const char* modes[] = {"pdl", "plain", "nowts"};
+  const char* modes[] = {"pdl", "plain", "nowts", "late"};
   printf("GEMV 1024 x 2048 bf16, %d programs of %d threads, %d launches a graph\n", programs,
          THREADS, SETS);
   printf("%-6s %9s %13s %14s %14s %11s %9s\n", "mode", "us/launch", "first start",
@@ -115,9 +119,10 @@ int main() {
          "wait after", "(median", "");
   printf("%-6s %9s %13s %14s %14s %11s %9s\n", "", "", "end (us)", "prev end (us)",
          "prev end (us)", "program, us)", "");
-  for (int m = 0; m < 3; m++) {
+  for (int m = 0; m < 4; m++) {
     bool pdl = m != 1;
     int weights_first = m != 2;
+    int late_trigger = m == 3;
     cudaGraph_t g;
     CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
     for (int i = 0; i < SETS; i++) {
@@ -132,7 +137,8 @@ int main() {
       cfg.numAttrs = pdl ? 1 : 0;
       CK(cudaLaunchKernelEx(&cfg, gemv_residual, (const __nv_bfloat16*)ws[i],
                             (const __nv_bfloat16*)as[i], xs[i],
-                            stamps + (size_t)i * programs * 3, weights_first));
+                            stamps + (size_t)i * programs * 3, weights_first,
+                            late_trigger));
     }
     CK(cudaStreamEndCapture(st, &g));
     cudaGraphExec_t ge;

@@ -289,6 +289,21 @@ impl Lower {
                 self.push_stmt(Stmt::WaitPriorKernels { loc });
                 Ok(())
             }
+            SynExpr::Call(c) if call_name(&c.func).as_deref() == Some("launch_dependents") => {
+                if !c.args.is_empty() {
+                    return self.err(c.span(), "`launch_dependents()` takes no arguments");
+                }
+                // Every program must reach it, or the next kernel waits for this one's end.
+                if self.blocks.len() > 1 {
+                    return self.err(
+                        c.span(),
+                        "`launch_dependents()` must be at the top level of the kernel body",
+                    );
+                }
+                let loc = self.loc(c.span());
+                self.push_stmt(Stmt::LaunchDependents { loc });
+                Ok(())
+            }
             SynExpr::Return(r) => self.err(
                 r.span(),
                 "`return` is not supported: guard the work with masks or an `if`",

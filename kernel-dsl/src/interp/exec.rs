@@ -369,7 +369,7 @@ impl<'k, 'b, 'a> Exec<'k, 'b, 'a> {
                 ptr, value, mask, ..
             } => self.store(*ptr, *value, *mask),
             // Launches run one after another here: prior kernels are long finished.
-            Stmt::WaitPriorKernels { .. } => Ok(()),
+            Stmt::WaitPriorKernels { .. } | Stmt::LaunchDependents { .. } => Ok(()),
             Stmt::For {
                 index,
                 start,

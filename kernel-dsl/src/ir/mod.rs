@@ -637,6 +637,13 @@ pub enum Stmt {
         /// The statement's location.
         loc: Loc,
     },
+    /// `launch_dependents()`: the next kernel of the stream may be scheduled once every
+    /// program has passed this point (Hopper's programmatic dependent launch; without the
+    /// statement, at entry); a no-op elsewhere. Only at the top level of the kernel body.
+    LaunchDependents {
+        /// The statement's location.
+        loc: Loc,
+    },
     /// `if cond { .. } else { .. }` on a scalar `bool`.
     If {
         /// A scalar `bool`.

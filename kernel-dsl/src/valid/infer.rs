@@ -118,6 +118,13 @@ impl Infer<'_> {
                     .push(Stmt::WaitPriorKernels { loc: *loc });
                 Ok(())
             }
+            Stmt::LaunchDependents { loc } => {
+                self.blocks
+                    .last_mut()
+                    .expect("open block")
+                    .push(Stmt::LaunchDependents { loc: *loc });
+                Ok(())
+            }
             Stmt::Let(v) => {
                 let new = self.expr(*v)?;
                 self.map[v.index()] = Some(new);

@@ -5,6 +5,8 @@
 
 /// Where `wait_for_prior_kernels()` was; `compile` turns it into the target's wait.
 pub(super) const WAIT_MARKER: &str = "\t// wait_for_prior_kernels\n";
+/// Where `launch_dependents()` stands in the body, until `compile` picks the target.
+pub(super) const LAUNCH_MARKER: &str = "\t// launch_dependents\n";
 
 use std::collections::HashMap;
 use std::fmt::Write;
@@ -597,6 +599,11 @@ impl<'k> Emitter<'k> {
             Stmt::WaitPriorKernels { .. } => {
                 // Becomes `griddepcontrol.wait` for sm_90 (see `compile`).
                 self.code.push_str(WAIT_MARKER);
+                Ok(())
+            }
+            Stmt::LaunchDependents { .. } => {
+                // Becomes `griddepcontrol.launch_dependents` for sm_90 (see `compile`).
+                self.code.push_str(LAUNCH_MARKER);
                 Ok(())
             }
             Stmt::Store {

@@ -238,22 +238,27 @@ pub fn compile(kernel: &Kernel, target: Target) -> Result<PtxKernel, CompileErro
     }
     ptx.push_str(&e.pro);
     let explicit_wait = e.code.contains(emit::WAIT_MARKER);
+    let explicit_trigger = e.code.contains(emit::LAUNCH_MARKER);
     if target == Target::Sm90 {
         // Programmatic dependent launch (Hopper): let the next kernel of the stream be
         // scheduled now, and wait for the previous kernel's completion (and memory)
         // before touching global memory, at entry unless the kernel placed
         // `wait_for_prior_kernels()` itself (after loads of data no prior kernel
-        // writes, such as weights). Launched without the PDL attribute, both are no-ops.
-        ptx.push_str("\tgriddepcontrol.launch_dependents;\n");
+        // writes, such as weights). The kernel may move the trigger itself with
+        // `launch_dependents()`. Launched without the PDL attribute, both are no-ops.
+        if !explicit_trigger {
+            ptx.push_str("\tgriddepcontrol.launch_dependents;\n");
+        }
         if !explicit_wait {
             ptx.push_str("\tgriddepcontrol.wait;\n");
         }
         ptx.push_str(
             &e.code
-                .replace(emit::WAIT_MARKER, "\tgriddepcontrol.wait;\n"),
+                .replace(emit::WAIT_MARKER, "\tgriddepcontrol.wait;\n")
+                .replace(emit::LAUNCH_MARKER, "\tgriddepcontrol.launch_dependents;\n"),
         );
     } else {
-        ptx.push_str(&e.code);
+        ptx.push_str(&e.code.replace(emit::LAUNCH_MARKER, ""));
     }
     if e.gathers_remote {
         // No program may exit while another can still read its shared memory.
