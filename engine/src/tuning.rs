@@ -76,8 +76,9 @@ pub fn gemv_config(n: usize, k: usize) -> GemvConfig {
 /// decode step of Qwen3-0.6B, H100, 2026-11-22 and 2026-11-25, see docs/perf.md): tall
 /// matrices (many rows, `k` ≈ 1024) do best with 8 rows per program, 512-column steps
 /// and 4 warps; short wide ones (`n` ≈ 1024, `k` ≥ 2048) with 2 rows and 1024-column
-/// steps over 8 warps; narrower short ones with 8 rows and 1024-column steps. Timed alone, kernels can rank differently: the step
-/// overlaps each kernel's start with its predecessor's tail.
+/// steps over 8 warps; narrower short ones with 8 rows and 1024-column steps. Timed
+/// alone, kernels can rank differently: the step overlaps each kernel's start with its
+/// predecessor's tail.
 pub fn gemv_config_for(n: usize, k: usize, sm_count: usize) -> GemvConfig {
     let tall = n >= 8 * 2 * sm_count.max(1);
     let (block_n, block_k, num_warps) = match (tall, k) {

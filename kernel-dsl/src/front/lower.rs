@@ -274,34 +274,30 @@ impl Lower {
                 r
             }
             SynExpr::Call(c) if call_name(&c.func).as_deref() == Some("store") => self.store(c),
-            SynExpr::Call(c) if call_name(&c.func).as_deref() == Some("wait_for_prior_kernels") => {
+            SynExpr::Call(c)
+                if matches!(
+                    call_name(&c.func).as_deref(),
+                    Some("wait_for_prior_kernels" | "launch_dependents")
+                ) =>
+            {
+                let name = call_name(&c.func).unwrap_or_default();
                 if !c.args.is_empty() {
-                    return self.err(c.span(), "`wait_for_prior_kernels()` takes no arguments");
+                    return self.err(c.span(), format!("`{name}()` takes no arguments"));
                 }
-                // Nested in a loop or branch, a program could skip the wait.
+                // Every program must reach it: nested in a loop or branch, a program could
+                // skip the wait, or the next kernel would wait for this one's end.
                 if self.blocks.len() > 1 {
                     return self.err(
                         c.span(),
-                        "`wait_for_prior_kernels()` must be at the top level of the kernel body",
+                        format!("`{name}()` must be at the top level of the kernel body"),
                     );
                 }
                 let loc = self.loc(c.span());
-                self.push_stmt(Stmt::WaitPriorKernels { loc });
-                Ok(())
-            }
-            SynExpr::Call(c) if call_name(&c.func).as_deref() == Some("launch_dependents") => {
-                if !c.args.is_empty() {
-                    return self.err(c.span(), "`launch_dependents()` takes no arguments");
-                }
-                // Every program must reach it, or the next kernel waits for this one's end.
-                if self.blocks.len() > 1 {
-                    return self.err(
-                        c.span(),
-                        "`launch_dependents()` must be at the top level of the kernel body",
-                    );
-                }
-                let loc = self.loc(c.span());
-                self.push_stmt(Stmt::LaunchDependents { loc });
+                self.push_stmt(if name == "wait_for_prior_kernels" {
+                    Stmt::WaitPriorKernels { loc }
+                } else {
+                    Stmt::LaunchDependents { loc }
+                });
                 Ok(())
             }
             SynExpr::Return(r) => self.err(

@@ -111,18 +111,8 @@ impl Infer<'_> {
 
     fn stmt(&mut self, s: &Stmt) -> R<()> {
         match s {
-            Stmt::WaitPriorKernels { loc } => {
-                self.blocks
-                    .last_mut()
-                    .expect("open block")
-                    .push(Stmt::WaitPriorKernels { loc: *loc });
-                Ok(())
-            }
-            Stmt::LaunchDependents { loc } => {
-                self.blocks
-                    .last_mut()
-                    .expect("open block")
-                    .push(Stmt::LaunchDependents { loc: *loc });
+            Stmt::WaitPriorKernels { .. } | Stmt::LaunchDependents { .. } => {
+                self.blocks.last_mut().expect("open block").push(s.clone());
                 Ok(())
             }
             Stmt::Let(v) => {

@@ -258,7 +258,7 @@ pub fn compile(kernel: &Kernel, target: Target) -> Result<PtxKernel, CompileErro
                 .replace(emit::LAUNCH_MARKER, "\tgriddepcontrol.launch_dependents;\n"),
         );
     } else {
-        ptx.push_str(&e.code.replace(emit::LAUNCH_MARKER, ""));
+        ptx.push_str(&e.code);
     }
     if e.gathers_remote {
         // No program may exit while another can still read its shared memory.

@@ -3,7 +3,9 @@
 
 use super::build::B;
 use super::{compile, PtxKernel, Target};
-use crate::ir::{AtomicOp, BinaryOp, CmpOp, DType, Kernel, Literal, ParamKind, ReduceOp, UnaryOp};
+use crate::ir::{
+    AtomicOp, BinaryOp, CmpOp, DType, Kernel, Literal, ParamKind, ReduceOp, UnaryOp, ValueId,
+};
 
 /// Compiles for both targets and assembles each; returns the sm_80 kernel.
 fn check(k: &Kernel) -> PtxKernel {
@@ -193,6 +195,34 @@ fn rmsnorm_bf16() {
     check(&rmsnorm(64));
 }
 
+/// `sum_k W[rows, k] * x[cols]` for a `[rows, cols]` tile of a row-major `W` whose rows
+/// are `row_stride` apart: bf16 loads, f32 products, summed along the row.
+fn tile_row_sums(
+    b: &mut B,
+    [w, x]: [ValueId; 2],
+    rows: ValueId,
+    cols: ValueId,
+    row_stride: ValueId,
+    shape: [usize; 2],
+) -> ValueId {
+    let re = b.expand(rows, 1);
+    let rk = b.bin(BinaryOp::Mul, re, row_stride);
+    let rb = b.bcast(rk, &shape);
+    let ce = b.expand(cols, 0);
+    let cb = b.bcast(ce, &shape);
+    let offs = b.bin(BinaryOp::Add, rb, cb);
+    let pw = b.addptr(w, offs);
+    let wv = b.load(pw, None, None);
+    let px = b.addptr(x, cols);
+    let xv = b.load(px, None, None);
+    let wf = b.cast(wv, DType::F32);
+    let xf = b.cast(xv, DType::F32);
+    let xe = b.expand(xf, 0);
+    let xb = b.bcast(xe, &shape);
+    let prod = b.bin(BinaryOp::Mul, wf, xb);
+    b.reduce(ReduceOp::Sum, prod, 1)
+}
+
 /// `y[n] = sum_k W[n, k] * x[k]`, bf16 inputs, f32 accumulation in a loop over K.
 fn gemv(bn: i64, bk: i64, warps: u32) -> Kernel {
     let mut b = B::new("gemv", warps);
@@ -213,22 +243,7 @@ fn gemv(bn: i64, bk: i64, warps: u32) -> Kernel {
     let acc = b.for_(start, kdim, step, &[acc0], |b, k, carried| {
         let ak = b.arange(bk);
         let cols = b.bin(BinaryOp::Add, ak, k);
-        let re = b.expand(rows, 1);
-        let rk = b.bin(BinaryOp::Mul, re, kdim);
-        let rb = b.bcast(rk, &shape);
-        let ce = b.expand(cols, 0);
-        let cb = b.bcast(ce, &shape);
-        let offs = b.bin(BinaryOp::Add, rb, cb);
-        let pw = b.addptr(w, offs);
-        let wv = b.load(pw, None, None);
-        let px = b.addptr(x, cols);
-        let xv = b.load(px, None, None);
-        let wf = b.cast(wv, DType::F32);
-        let xf = b.cast(xv, DType::F32);
-        let xe = b.expand(xf, 0);
-        let xb = b.bcast(xe, &shape);
-        let prod = b.bin(BinaryOp::Mul, wf, xb);
-        let s = b.reduce(ReduceOp::Sum, prod, 1);
+        let s = tile_row_sums(b, [w, x], rows, cols, kdim, shape);
         vec![b.bin(BinaryOp::Add, carried[0], s)]
     });
     let py = b.addptr(y, rows);
@@ -261,25 +276,9 @@ fn gemv_residual_add(bn: i64, bk: i64, warps: u32) -> Kernel {
     let r0 = b.bin(BinaryOp::Mul, pid, bnv);
     let ar = b.arange(bn);
     let rows = b.bin(BinaryOp::Add, ar, r0);
-    let shape = [bn as usize, bk as usize];
     let cols = b.arange(bk);
-    let re = b.expand(rows, 1);
     let kv = b.i32(bk);
-    let rk = b.bin(BinaryOp::Mul, re, kv);
-    let rb = b.bcast(rk, &shape);
-    let ce = b.expand(cols, 0);
-    let cb = b.bcast(ce, &shape);
-    let offs = b.bin(BinaryOp::Add, rb, cb);
-    let pw = b.addptr(w, offs);
-    let wv = b.load(pw, None, None);
-    let px = b.addptr(x, cols);
-    let xv = b.load(px, None, None);
-    let wf = b.cast(wv, DType::F32);
-    let xf = b.cast(xv, DType::F32);
-    let xe = b.expand(xf, 0);
-    let xb = b.bcast(xe, &shape);
-    let prod = b.bin(BinaryOp::Mul, wf, xb);
-    let s = b.reduce(ReduceOp::Sum, prod, 1);
+    let s = tile_row_sums(&mut b, [w, x], rows, cols, kv, [bn as usize, bk as usize]);
     let py = b.addptr(y, rows);
     let old = b.load(py, None, None);
     let sum = b.bin(BinaryOp::Add, old, s);
