@@ -1,6 +1,6 @@
 //! Every `#[kernel]` in the repository, in every listed specialization, assembles with
 //! `ptxas` for sm_80 (unless it uses clusters) and sm_90 with no spills and no stack
-//! frame.
+//! frame, except the few variants listed in [`SPILL_ALLOWED`] with a bound.
 //!
 //! The kernels are found by walking the sources (examples, benches, the root crate, the
 //! engine, root tests) with `syn`, so new kernels are covered without listing them here.
@@ -19,6 +19,25 @@ use tilefuse::dsl::front::find_kernels;
 const ROOTS: &[&str] = &["examples", "benches", "src", "engine", "tests"];
 /// Kernels that must not compile, on purpose.
 const SKIP: &[&str] = &["tests/compile_fail", "engine/target"];
+
+/// Variants allowed a small spill, each measured faster than every spill-free
+/// arrangement tried: (kernel, a substring of its constants, most bytes of stack).
+///
+/// `attention_split`'s double-buffered 64-position tiles for query-head pairs (the
+/// decode step's long-context plan) request the next keys and values before the dot
+/// products and spill 20-32 bytes; requesting the values after them spills nothing but
+/// costs 10% at 32k positions (H100: 60.2 against 54.6 us, docs/gpu-results.md).
+const SPILL_ALLOWED: &[(&str, &str, u32)] =
+    &[("attention_split", "D=128, G=2, BS=64, STAGES=2", 64)];
+
+/// Whether a report's local-memory use is within an allowance for this variant.
+fn allowed(what: &str, r: &ptxas::Report) -> bool {
+    SPILL_ALLOWED.iter().any(|(name, consts, bytes)| {
+        what.contains(&format!("`{name}` ({consts}"))
+            && r.stack_frame <= *bytes
+            && r.spill_stores <= *bytes
+    })
+}
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     let Ok(entries) = std::fs::read_dir(dir) else {
@@ -133,7 +152,7 @@ fn every_kernel_assembles_without_spills() {
                 s.spawn(|| {
                     while let Some(job) = jobs.get(next.fetch_add(1, Ordering::Relaxed)) {
                         let msg = match ptxas::assemble(&bin, &job.kernel, job.target) {
-                            Ok(r) if r.is_clean() => continue,
+                            Ok(r) if r.is_clean() || allowed(&job.what, &r) => continue,
                             Ok(r) => format!("{}: {r}", job.what),
                             Err(e) => format!("{}: {e}", job.what),
                         };

@@ -394,24 +394,33 @@ pub fn attention_split<
     // Cached positions only: `pos` itself is not in the cache yet.
     let end = minimum(start + per_split, pos);
     let base = kv_head * max_seq * D;
-    let i = arange(0, D / 2);
-    let d = arange(0, D);
+    // A head's D dims as 4 chunks of D / 4 (`dims[c, j] = c * D / 4 + j`), the leading
+    // tile dim of every head-sized tile: the compiler gives each warp a chunk, so the
+    // softmax and the value sums over positions stay inside a warp and a cache tile
+    // needs one cross-warp sum (its dot products), not a shared-memory round trip per
+    // reduction. RoPE pairs chunk c with chunk (c + 2) % 4 (element j with j + D / 2),
+    // the first half subtracting its partner's rotated term, the second adding it.
+    let c = arange(0, 4);
+    let j = arange(0, D / 4);
+    let dims = (c * (D / 4)).expand_dims(1) + j.expand_dims(0);
+    let partner = (select(c < 2, c + 2, c - 2) * (D / 4)).expand_dims(1) + j.expand_dims(0);
+    let half = ((c % 2) * (D / 4)).expand_dims(1) + j.expand_dims(0);
+    let sign = select(c < 2, -1.0, 1.0).expand_dims(1);
 
-    // The first cache tile is requested before the queries are computed, so its
-    // latency overlaps theirs; each iteration then requests the next one.
+    // The first cache tile (`[4, BS, D / 4]`) is requested before the queries are
+    // computed, so its latency overlaps theirs; each iteration then requests the next.
     let s = start + arange(0, BS);
-    let ok = (s < end).expand_dims(1);
-    let offs = base + s.expand_dims(1) * D;
-    let mut k_lo = load(k_cache + offs + i.expand_dims(0), ok, 0.0);
-    let mut k_hi = load(k_cache + offs + D / 2 + i.expand_dims(0), ok, 0.0);
-    let mut vt = load(v_cache + offs + d.expand_dims(0), ok, 0.0);
-    let rot_cos = load(rope_cos + pos * (D / 2) + i);
-    let rot_sin = load(rope_sin + pos * (D / 2) + i);
+    let ok = (s < end).expand_dims(0).expand_dims(2);
+    let offs = (base + s * D).expand_dims(0).expand_dims(2) + dims.expand_dims(1);
+    let mut kt = load(k_cache + offs, ok, 0.0);
+    let mut vt = load(v_cache + offs, ok, 0.0);
+    let rot_cos = load(rope_cos + pos * (D / 2) + half);
+    let rot_sin = load(rope_sin + pos * (D / 2) + half);
     // Norm weights: with ones when the model has no QK-norm.
-    let qw_lo = (load(q_norm_w + i) as f32).expand_dims(0);
-    let qw_hi = (load(q_norm_w + D / 2 + i) as f32).expand_dims(0);
-    let kw_lo = load(k_norm_w + i) as f32;
-    let kw_hi = load(k_norm_w + D / 2 + i) as f32;
+    let qw = (load(q_norm_w + dims) as f32).expand_dims(0);
+    let qw_partner = (load(q_norm_w + partner) as f32).expand_dims(0);
+    let kw = load(k_norm_w + dims) as f32;
+    let kw_partner = load(k_norm_w + partner) as f32;
     // Everything above was written before this step began (the position by the last
     // step, cache rows below `pos` by earlier ones): only the projection `qkv` comes
     // from the kernel just before.
@@ -421,105 +430,97 @@ pub fn attention_split<
     // (H100: 121.3 -> 112.5 us a decode step, 6.71 -> 5.09 us alone at 512 positions).
     launch_dependents();
 
-    // Queries: QK-norm and RoPE, in halves (RoPE pairs element j with j + D / 2).
+    // Queries `[G, 4, D / 4]`: QK-norm and RoPE, each element with its RoPE partner.
     let g = program_id(2) * G + arange(0, G);
     let g_ok = g < group;
     let heads = kv_head * group + g;
-    let q_offs = heads.expand_dims(1) * D + i.expand_dims(0);
-    let c = rot_cos.expand_dims(0);
-    let sn = rot_sin.expand_dims(0);
-    let mut a = load(qkv + q_offs, g_ok.expand_dims(1), 0.0) as f32;
-    let mut b = load(qkv + q_offs + D / 2, g_ok.expand_dims(1), 0.0) as f32;
+    let head_at = (heads * D).expand_dims(1).expand_dims(2);
+    let q_ok = g_ok.expand_dims(1).expand_dims(2);
+    let mut a = load(qkv + head_at + dims.expand_dims(0), q_ok, 0.0) as f32;
+    let mut b = load(qkv + head_at + partner.expand_dims(0), q_ok, 0.0) as f32;
     // The new key and value, requested with the queries (one round trip, not a second
     // one at the end); only the program that owns `pos` uses them.
-    let k_offs = (num_heads + kv_head) * D + i;
-    let mut ka = load(qkv + k_offs) as f32;
-    let mut kb = load(qkv + k_offs + D / 2) as f32;
-    let v_new = load(qkv + (num_heads + num_programs(0) + kv_head) * D + d);
+    let k_at = (num_heads + kv_head) * D;
+    let mut ka = load(qkv + k_at + dims) as f32;
+    let mut kb = load(qkv + k_at + partner) as f32;
+    let v_new = load(qkv + (num_heads + num_programs(0) + kv_head) * D + dims);
     if use_norm != 0 {
-        let inv_rms = 1.0 / sqrt((a * a + b * b).sum(1) / (D as f32) + eps);
-        a = (qw_lo * ((a * inv_rms.expand_dims(1)) as bf16 as f32)) as bf16 as f32;
-        b = (qw_hi * ((b * inv_rms.expand_dims(1)) as bf16 as f32)) as bf16 as f32;
+        let inv_rms = 1.0 / sqrt((a * a).sum(2).sum(1) / (D as f32) + eps);
+        let inv = inv_rms.expand_dims(1).expand_dims(2);
+        a = (qw * ((a * inv) as bf16 as f32)) as bf16 as f32;
+        b = (qw_partner * ((b * inv) as bf16 as f32)) as bf16 as f32;
     }
-    let q_lo = (((a * c) as bf16 as f32) + ((-b * sn) as bf16 as f32)) as bf16 as f32;
-    let q_hi = (((b * c) as bf16 as f32) + ((a * sn) as bf16 as f32)) as bf16 as f32;
+    let cs = rot_cos.expand_dims(0);
+    let sn = rot_sin.expand_dims(0);
+    let turn = (sign.expand_dims(0) * b * sn) as bf16 as f32;
+    let q = (((a * cs) as bf16 as f32) + turn) as bf16 as f32;
     if split == 0 {
-        store(q_out + q_offs, q_lo as bf16, g_ok.expand_dims(1));
-        store(q_out + q_offs + D / 2, q_hi as bf16, g_ok.expand_dims(1));
+        store(q_out + head_at + dims.expand_dims(0), q as bf16, q_ok);
     }
 
     let mut m = full([G], f32::NEG_INFINITY);
     let mut l = zeros::<f32>([G]);
-    let mut acc = zeros::<f32>([G, D]);
+    let mut acc = zeros::<f32>([G, 4, D / 4]);
     for s0 in (start..end).step_by(BS) {
         let s = s0 + arange(0, BS);
         let ok = s < end;
         let next = s + BS;
-        let next_ok = (next < end).expand_dims(1);
-        let next_offs = base + next.expand_dims(1) * D;
-        let mut next_k_lo = k_lo;
-        let mut next_k_hi = k_hi;
+        let next_ok = (next < end).expand_dims(0).expand_dims(2);
+        let next_offs = (base + next * D).expand_dims(0).expand_dims(2) + dims.expand_dims(1);
+        let mut next_kt = kt;
         let mut next_vt = vt;
         if STAGES == 2 {
             // Double buffering: the next tile flies while this one is used (twice the
-            // registers; it pays once a program has several tiles).
-            next_k_lo = load(k_cache + next_offs + i.expand_dims(0), next_ok, 0.0);
-            next_k_hi = load(k_cache + next_offs + D / 2 + i.expand_dims(0), next_ok, 0.0);
-            next_vt = load(v_cache + next_offs + d.expand_dims(0), next_ok, 0.0);
+            // registers, a small spill with pairs of heads, see tests/ptxas_all.rs; it
+            // pays once a program has several tiles).
+            next_kt = load(k_cache + next_offs, next_ok, 0.0);
+            next_vt = load(v_cache + next_offs, next_ok, 0.0);
         }
-        let lo = (k_lo as f32).expand_dims(0) * q_lo.expand_dims(1);
-        let hi = (k_hi as f32).expand_dims(0) * q_hi.expand_dims(1);
-        // One reduction over both halves where registers allow (double buffering
-        // holds two tiles, and the summed products would spill).
-        let mut dots = zeros::<f32>([G, BS]);
-        if STAGES == 1 {
-            dots = (lo + hi).sum(2);
-        } else {
-            dots = lo.sum(2) + hi.sum(2);
-        }
+        let dots = ((kt as f32).expand_dims(0) * q.expand_dims(2))
+            .sum(3)
+            .sum(1);
         let scores = ((dots as bf16 as f32) * scale) as bf16 as f32;
         let scores = select(ok.expand_dims(0), scores, f32::NEG_INFINITY);
         let m_new = maximum(m, scores.max(1));
         let p = exp(scores - m_new.expand_dims(1));
         let alpha = exp(m - m_new);
-        acc = acc * alpha.expand_dims(1) + ((vt as f32).expand_dims(0) * p.expand_dims(2)).sum(1);
+        // The value sums first: the accumulator keeps their layout across iterations
+        // (the rescaled old sums follow it, not the other way round).
+        let pv = ((vt as f32).expand_dims(0) * p.expand_dims(1).expand_dims(3)).sum(2);
+        acc = pv + acc * alpha.expand_dims(1).expand_dims(2);
         l = l * alpha + p.sum(1);
         m = m_new;
         if STAGES == 1 {
             // The next tile, requested once this one is consumed (one tile of registers;
             // programs of a single tile, as at short contexts, are faster this way).
-            next_k_lo = load(k_cache + next_offs + i.expand_dims(0), next_ok, 0.0);
-            next_k_hi = load(k_cache + next_offs + D / 2 + i.expand_dims(0), next_ok, 0.0);
-            next_vt = load(v_cache + next_offs + d.expand_dims(0), next_ok, 0.0);
+            next_kt = load(k_cache + next_offs, next_ok, 0.0);
+            next_vt = load(v_cache + next_offs, next_ok, 0.0);
         }
-        k_lo = next_k_lo;
-        k_hi = next_k_hi;
+        kt = next_kt;
         vt = next_vt;
     }
 
     // The new position, from registers; its program appends it to the caches.
     if (pos >= start) & (pos < start + per_split) {
         if use_norm != 0 {
-            let inv_rms = 1.0 / sqrt((ka * ka + kb * kb).sum(0) / (D as f32) + eps);
-            ka = (kw_lo * ((ka * inv_rms) as bf16 as f32)) as bf16 as f32;
-            kb = (kw_hi * ((kb * inv_rms) as bf16 as f32)) as bf16 as f32;
+            let inv_rms = 1.0 / sqrt((ka * ka).sum(1).sum(0) / (D as f32) + eps);
+            ka = (kw * ((ka * inv_rms) as bf16 as f32)) as bf16 as f32;
+            kb = (kw_partner * ((kb * inv_rms) as bf16 as f32)) as bf16 as f32;
         }
-        let k_new_lo = (((ka * rot_cos) as bf16 as f32) + ((-kb * rot_sin) as bf16 as f32)) as bf16;
-        let k_new_hi = (((kb * rot_cos) as bf16 as f32) + ((ka * rot_sin) as bf16 as f32)) as bf16;
+        let turn = (sign * kb * rot_sin) as bf16 as f32;
+        let k_new = (((ka * rot_cos) as bf16 as f32) + turn) as bf16;
         if program_id(2) == 0 {
             let at = base + pos * D;
-            store(k_cache + at + i, k_new_lo);
-            store(k_cache + at + D / 2 + i, k_new_hi);
-            store(v_cache + at + d, v_new);
+            store(k_cache + at + dims, k_new);
+            store(v_cache + at + dims, v_new);
         }
-        let dots = (q_lo * (k_new_lo as f32).expand_dims(0)
-            + q_hi * (k_new_hi as f32).expand_dims(0))
-        .sum(1);
+        let dots = (q * (k_new as f32).expand_dims(0)).sum(2).sum(1);
         let score = ((dots as bf16 as f32) * scale) as bf16 as f32;
         let m_new = maximum(m, score);
         let p = exp(score - m_new);
         let alpha = exp(m - m_new);
-        acc = acc * alpha.expand_dims(1) + (v_new as f32).expand_dims(0) * p.expand_dims(1);
+        let pv = (v_new as f32).expand_dims(0) * p.expand_dims(1).expand_dims(2);
+        acc = pv + acc * alpha.expand_dims(1).expand_dims(2);
         l = l * alpha + p;
         m = m_new;
     }
@@ -528,11 +529,8 @@ pub fn attention_split<
         let slot = heads * splits + split;
         store(part_m + slot, m, g_ok);
         store(part_l + slot, l, g_ok);
-        store(
-            part_acc + slot.expand_dims(1) * D + d.expand_dims(0),
-            acc,
-            g_ok.expand_dims(1),
-        );
+        let slot_at = (slot * D).expand_dims(1).expand_dims(2);
+        store(part_acc + slot_at + dims.expand_dims(0), acc, q_ok);
     } else {
         // The cluster is every split of this KV head (`splits == CLUSTER`): merge the
         // partials through distributed shared memory, as `attention_combine` would.
@@ -543,13 +541,10 @@ pub fn attention_split<
         let all_acc = cluster_gather(acc);
         let weight = exp(all_m - all_m.max(0).expand_dims(0));
         let denom = (weight * all_l).sum(0);
-        let o = (all_acc * weight.expand_dims(2)).sum(0) / denom.expand_dims(1);
+        let weighted = all_acc * weight.expand_dims(2).expand_dims(3);
+        let o = weighted.sum(0) / denom.expand_dims(1).expand_dims(2);
         if split == 0 {
-            store(
-                out + heads.expand_dims(1) * D + d.expand_dims(0),
-                o as bf16,
-                g_ok.expand_dims(1),
-            );
+            store(out + head_at + dims.expand_dims(0), o as bf16, q_ok);
         }
     }
 }
