@@ -403,7 +403,7 @@ pub fn attention_split<
     let c = arange(0, 4);
     let j = arange(0, D / 4);
     let dims = (c * (D / 4)).expand_dims(1) + j.expand_dims(0);
-    let partner = (select(c < 2, c + 2, c - 2) * (D / 4)).expand_dims(1) + j.expand_dims(0);
+    let partner = (((c + 2) % 4) * (D / 4)).expand_dims(1) + j.expand_dims(0);
     let half = ((c % 2) * (D / 4)).expand_dims(1) + j.expand_dims(0);
     let sign = select(c < 2, -1.0, 1.0).expand_dims(1);
 
