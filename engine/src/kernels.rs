@@ -471,8 +471,8 @@ pub fn attention_split<
         let mut next_vt = vt;
         if STAGES == 2 {
             // Double buffering: the next tile flies while this one is used (twice the
-            // registers, a small spill with pairs of heads, see tests/ptxas_all.rs; it
-            // pays once a program has several tiles).
+            // tile registers, 230 a thread for pairs of heads; it pays once a program
+            // has several tiles).
             next_kt = load(k_cache + next_offs, next_ok, 0.0);
             next_vt = load(v_cache + next_offs, next_ok, 0.0);
         }

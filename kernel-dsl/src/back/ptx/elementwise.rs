@@ -136,10 +136,17 @@ impl Emitter<'_> {
                 f
             }
             DType::BF16 => {
-                // bf16 is the high half of an f32.
+                // bf16 is the high half of an f32; a half of a packed word is widened
+                // from the word.
                 let (t, f) = (self.reg(Rk::R), self.reg(Rk::F));
-                self.ins(format!("cvt.u32.u16 {t}, {a}"));
-                self.ins(format!("shl.b32 {t}, {t}, 16"));
+                match self.halves.get(a).cloned() {
+                    Some((w, false)) => self.ins(format!("shl.b32 {t}, {w}, 16")),
+                    Some((w, true)) => self.ins(format!("and.b32 {t}, {w}, -65536")),
+                    None => {
+                        self.ins(format!("cvt.u32.u16 {t}, {a}"));
+                        self.ins(format!("shl.b32 {t}, {t}, 16"));
+                    }
+                }
                 self.ins(format!("mov.b32 {f}, {t}"));
                 f
             }

@@ -44,6 +44,10 @@ pub struct Emitter<'k> {
     counts: HashMap<Rk, u32>,
     vals: Vec<Option<Vec<String>>>,
     cache: Vec<HashMap<(ValueId, Layout), Vec<String>>>,
+    /// 16-bit registers that are a half of a 32-bit word (loaded or carried packed):
+    /// `(word, high half)`. Widening one reads the word, so the halves need not be
+    /// kept in registers of their own (ptxas gives each 16-bit register a full one).
+    pub halves: HashMap<String, (String, bool)>,
     coords: HashMap<Layout, Coords>,
     /// Static shared memory needed, in bytes.
     pub smem: u32,
@@ -119,6 +123,7 @@ impl<'k> Emitter<'k> {
             counts: HashMap::new(),
             vals: vec![None; k.values.len()],
             cache: vec![HashMap::new()],
+            halves: HashMap::new(),
             coords: HashMap::new(),
             smem: 0,
             labels: 0,
@@ -426,6 +431,34 @@ impl<'k> Emitter<'k> {
         d
     }
 
+    /// Pairs of 16-bit registers as 32-bit words: the word they came from when they are
+    /// its two halves in order, else a new word packing them.
+    pub fn pack_halves(&mut self, h: &[String]) -> Vec<String> {
+        h.chunks(2)
+            .map(|pair| {
+                let (lo, hi) = (&pair[0], &pair[1]);
+                match (self.halves.get(lo), self.halves.get(hi)) {
+                    (Some((a, false)), Some((b, true))) if a == b => a.clone(),
+                    _ => {
+                        let w = self.reg(Rk::R);
+                        self.ins(format!("mov.b32 {w}, {{{lo}, {hi}}}"));
+                        w
+                    }
+                }
+            })
+            .collect()
+    }
+
+    /// Splits 32-bit words into the 16-bit registers `h` (two per word) and records
+    /// them as halves.
+    pub fn unpack_halves(&mut self, words: &[String], h: &[String]) {
+        for (w, pair) in words.iter().zip(h.chunks(2)) {
+            self.ins(format!("mov.b32 {{{}, {}}}, {w}", pair[0], pair[1]));
+            self.halves.insert(pair[0].clone(), (w.clone(), false));
+            self.halves.insert(pair[1].clone(), (w.clone(), true));
+        }
+    }
+
     /// Copies registers into fresh ones (loop-carried and merged values).
     pub fn fresh_like(&mut self, kind: Rk, n: usize) -> Vec<String> {
         (0..n).map(|_| self.reg(kind)).collect()
@@ -642,15 +675,30 @@ impl<'k> Emitter<'k> {
                         (self.tile(c.init, &l)?, l.nregs())
                     };
                     let p = self.fresh_like(kind, n);
-                    self.moves(kind, &p, &init);
+                    // Tiles of 16-bit elements are carried as packed words (half the
+                    // registers across the back edge), unpacked at the loop head.
+                    let words = (kind == Rk::H && n % 2 == 0 && n > 1).then(|| {
+                        let w = self.fresh_like(Rk::R, n / 2);
+                        let packed = self.pack_halves(&init);
+                        self.moves(Rk::R, &w, &packed);
+                        w
+                    });
+                    if words.is_none() {
+                        self.moves(kind, &p, &init);
+                    }
                     self.vals[c.param.index()] = Some(p.clone());
                     self.vals[c.result.index()] = Some(p.clone());
-                    params.push((kind, p));
+                    params.push((kind, p, words));
                 }
                 let (head, exit) = (self.new_label("loop"), self.new_label("end"));
                 let (s0, e0, st) = (self.scalar(*start), self.scalar(*end), self.scalar(*step));
                 self.ins(format!("mov.{} {idx}, {s0}", rk(ity).bits()));
                 self.label(&head);
+                for (_, p, words) in &params {
+                    if let Some(w) = words {
+                        self.unpack_halves(w, p);
+                    }
+                }
                 let p = self.reg(Rk::P);
                 self.ins(format!("setp.ge.{t} {p}, {idx}, {e0}"));
                 self.ins(format!("@{p} bra {exit}"));
@@ -658,19 +706,33 @@ impl<'k> Emitter<'k> {
                 self.block(body)?;
                 // Parallel copy: read every `next` before overwriting any parameter.
                 let mut tmps = Vec::new();
-                for (c, (kind, p)) in carried.iter().zip(&params) {
+                for (c, (kind, p, words)) in carried.iter().zip(&params) {
                     let next = if self.k.ty(c.param).is_scalar() {
                         vec![self.scalar(c.next)]
                     } else {
                         let l = self.layout_of(c.param);
                         self.tile(c.next, &l)?
                     };
-                    let tmp = self.fresh_like(*kind, p.len());
-                    self.moves(*kind, &tmp, &next);
+                    let tmp = match words {
+                        Some(w) => {
+                            let packed = self.pack_halves(&next);
+                            let tmp = self.fresh_like(Rk::R, w.len());
+                            self.moves(Rk::R, &tmp, &packed);
+                            tmp
+                        }
+                        None => {
+                            let tmp = self.fresh_like(*kind, p.len());
+                            self.moves(*kind, &tmp, &next);
+                            tmp
+                        }
+                    };
                     tmps.push(tmp);
                 }
-                for ((kind, p), tmp) in params.iter().zip(&tmps) {
-                    self.moves(*kind, p, tmp);
+                for ((kind, p, words), tmp) in params.iter().zip(&tmps) {
+                    match words {
+                        Some(w) => self.moves(Rk::R, w, tmp),
+                        None => self.moves(*kind, p, tmp),
+                    }
                 }
                 self.cache.pop();
                 self.ins(format!("add.{t} {idx}, {idx}, {st}"));

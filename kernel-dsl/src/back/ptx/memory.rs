@@ -151,12 +151,9 @@ impl Emitter<'_> {
                     Self::vsuf(words.len()),
                     Self::regs_list(&words)
                 ));
-                for w in &words {
-                    let (lo, hi) = (self.reg(Rk::H), self.reg(Rk::H));
-                    self.ins(format!("mov.b32 {{{lo}, {hi}}}, {w}"));
-                    out.push(lo);
-                    out.push(hi);
-                }
+                let halves: Vec<String> = (0..vw).map(|_| self.reg(Rk::H)).collect();
+                self.unpack_halves(&words, &halves);
+                out.extend(halves);
             } else {
                 let ds: Vec<String> = (0..vw).map(|_| self.reg(kind)).collect();
                 if pred.is_some() {
@@ -218,16 +215,7 @@ impl Emitter<'_> {
                 self.ins(format!("selp.u32 {t}, 1, 0, {}", vals[g]));
                 self.ins(format!("{at}st.global.u8 [{a}], {t}"));
             } else if kind == Rk::H && vw >= 2 {
-                let mut words = Vec::new();
-                for j in 0..vw / 2 {
-                    let w = self.reg(Rk::R);
-                    self.ins(format!(
-                        "mov.b32 {w}, {{{}, {}}}",
-                        vals[g + 2 * j],
-                        vals[g + 2 * j + 1]
-                    ));
-                    words.push(w);
-                }
+                let words = self.pack_halves(&vals[g..g + vw]);
                 self.ins(format!(
                     "{at}st.global{}.b32 [{a}], {}",
                     Self::vsuf(words.len()),
