@@ -137,8 +137,12 @@ fn every_kernel_assembles_without_spills() {
                         let report = ptxas::assemble(&bin, &job.kernel, job.target);
                         if let Ok(r) = &report {
                             table.lock().unwrap().push(format!(
-                                "{}\t{}\t{}\t{}",
-                                job.what, r.registers, r.spill_stores, r.spill_loads
+                                "{} {}\t{}\t{}\t{}",
+                                job.what,
+                                job.target.name(),
+                                r.registers,
+                                r.spill_stores,
+                                r.spill_loads
                             ));
                         }
                         let msg = match report {

@@ -65,6 +65,20 @@ pub struct ModeResult {
     pub host_us_per_token: f64,
 }
 
+impl ModeResult {
+    /// Steps per second at the median step time: the steady rate, which one stall in
+    /// the run does not move.
+    pub fn median_tokens_per_s(&self) -> f64 {
+        1e3 / self.ms_per_token
+    }
+
+    /// Whether the run's rate is more than 5% below its median step's (a few steps
+    /// were much slower, as when the host stalls).
+    pub fn stalled(&self) -> bool {
+        self.tokens_per_s < 0.95 * self.median_tokens_per_s()
+    }
+}
+
 /// The benchmark's report.
 #[derive(Clone, Debug)]
 pub struct DecodeReport {
@@ -520,8 +534,8 @@ impl fmt::Display for DecodeReport {
         }
         writeln!(
             f,
-            "\n{:<7} {:>10} {:>10} {:>11} {:>14}",
-            "mode", "tokens/s", "ms/token", "% of floor", "host µs/token"
+            "\n{:<7} {:>10} {:>10} {:>11} {:>14} {:>17}",
+            "mode", "tokens/s", "ms/token", "% of floor", "host µs/token", "tokens/s (median)"
         )?;
         for m in &self.modes {
             let pct = self.floor_ms().map_or("-".to_string(), |fl| {
@@ -529,8 +543,22 @@ impl fmt::Display for DecodeReport {
             });
             writeln!(
                 f,
-                "{:<7} {:>10.1} {:>10.3} {:>11} {:>14.1}",
-                m.mode, m.tokens_per_s, m.ms_per_token, pct, m.host_us_per_token
+                "{:<7} {:>10.1} {:>10.3} {:>11} {:>14.1} {:>17.1}",
+                m.mode,
+                m.tokens_per_s,
+                m.ms_per_token,
+                pct,
+                m.host_us_per_token,
+                m.median_tokens_per_s()
+            )?;
+        }
+        for m in self.modes.iter().filter(|m| m.stalled()) {
+            writeln!(
+                f,
+                "note: the {} run's rate is {:.0}% below its median step's: some steps waited on \
+                 the host (a stall); the median is the steady rate",
+                m.mode,
+                100.0 * (1.0 - m.tokens_per_s / m.median_tokens_per_s())
             )?;
         }
         if let Some(sw) = &self.sweep {
@@ -609,5 +637,23 @@ mod tests {
                 .count();
             assert!(alternatives > 0, "{role}");
         }
+    }
+
+    #[test]
+    fn a_stalled_run_is_told_apart_from_a_slow_one() {
+        // 256 steps at a 0.8 ms median, one of them held up 40 ms by the host.
+        let steady = ModeResult {
+            mode: "eager",
+            ms_per_token: 0.8,
+            tokens_per_s: 256.0 / (256.0 * 0.8e-3),
+            host_us_per_token: 700.0,
+        };
+        let stalled = ModeResult {
+            tokens_per_s: 256.0 / (256.0 * 0.8e-3 + 0.04),
+            ..steady.clone()
+        };
+        assert!((steady.median_tokens_per_s() - 1250.0).abs() < 1e-9);
+        assert!(!steady.stalled());
+        assert!(stalled.stalled(), "{}", stalled.tokens_per_s);
     }
 }

@@ -365,7 +365,7 @@ fn attention_choice(
             d,
             group.next_power_of_two().min(2) as i64,
             bs as i64,
-            tuning::attention_stages(max_seq_len.div_ceil(splits), bs) as i64,
+            tuning::ATTENTION_STAGES as i64,
             cluster as i64,
         ]
     } else {

@@ -327,9 +327,8 @@ pub fn rms_norm_gate_up<const BLOCK_N: usize, const BLOCK_K: usize, const STAGES
 /// f32 (the reference rounds the normalized probabilities, which a split pass cannot).
 ///
 /// `STAGES` picks how the cache is streamed: 1 requests the next `BS`-position tile once
-/// this one is used (one tile of registers, best when a program has a single tile), 2
-/// requests it before (double buffering, best over long shares; see
-/// [`crate::tuning::attention_stages`]).
+/// this one is used (one tile of registers; the default, see
+/// [`crate::tuning::ATTENTION_STAGES`]), 2 requests it before (double buffering).
 #[kernel(
     crate = tilefuse_dsl,
     D = [32, 64, 128],
@@ -471,8 +470,8 @@ pub fn attention_split<
         let mut next_vt = vt;
         if STAGES == 2 {
             // Double buffering: the next tile flies while this one is used (twice the
-            // tile registers, 230 a thread for pairs of heads; it pays once a program
-            // has several tiles).
+            // tile registers, 230 a thread for pairs of heads; measured slower than a
+            // single buffer, see `tuning::ATTENTION_STAGES`).
             next_kt = load(k_cache + next_offs, next_ok, 0.0);
             next_vt = load(v_cache + next_offs, next_ok, 0.0);
         }

@@ -228,23 +228,21 @@ pub fn attention_config(seq: usize, num_kv_heads: usize, sm_count: usize) -> Att
         s: combine_s(splits),
         min_chunk: ATTENTION_MIN_CHUNK,
         dc: 128,
-        stages: attention_stages(seq.div_ceil(splits), bs),
+        stages: ATTENTION_STAGES,
         num_warps: 4,
         cluster: 1,
     }
 }
 
-/// `attention_split`'s `STAGES` for programs of up to `share` positions in tiles of
-/// `bs`: double buffering once a program has more than one tile (H100,
-/// `examples/bandwidth.rs`: at 32k positions 54.5 µs against 57.7 µs, at 4k equal), a
-/// single buffer for one tile (at 512 positions 6.1 µs against 7.3 µs).
-pub fn attention_stages(share: usize, bs: usize) -> usize {
-    if share > bs {
-        2
-    } else {
-        1
-    }
-}
+/// `attention_split`'s `STAGES`: 1, the next tile requested once a tile is used.
+///
+/// Double buffering (2) won at long shares while the compiler moved a carried bf16
+/// tile half by half (32k positions alone 54.5 against 57.7 µs, H100). With tiles
+/// carried as packed words the single buffer is faster everywhere (H100, 2026-11-25):
+/// alone at 4k 12.76 against 13.22 µs and at 32k 52.52 against 53.80 (`examples/
+/// bandwidth.rs --sweep`), inside the step 3.5% (4k) and 2.5% (16k) a token
+/// (`tilefuse bench --sweep`). `STAGES = 2` stays compiled for comparisons.
+pub const ATTENTION_STAGES: usize = 1;
 
 /// The split count of [`attention_config`] for a given `bs`.
 pub fn attention_splits(seq: usize, num_kv_heads: usize, sm_count: usize, bs: usize) -> usize {
@@ -397,10 +395,6 @@ mod tests {
         }
         assert_eq!(attention_config(32768, 8, 132).splits, 32);
         assert_eq!(attention_config(1, 8, 132).splits, 1);
-        // One 64-position tile a program: single buffer; more: double.
-        assert_eq!(attention_config(512, 8, 132).stages, 1);
-        assert_eq!(attention_config(4096, 8, 132).stages, 2);
-        assert_eq!(attention_config(32768, 8, 132).stages, 2);
     }
 
     #[test]
