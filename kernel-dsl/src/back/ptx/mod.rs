@@ -18,7 +18,10 @@
 //!   warps), `dot.rs` (`mma.sync` for f16/bf16, FMA otherwise).
 //!
 //! Every tile element lives in a scalar register with a compile-time name; code is fully
-//! unrolled per element, so kernels need no local memory. Elements replicated over threads
+//! unrolled per element, so kernels need no local memory. 16-bit elements loaded together
+//! stay halves of their 32-bit word: widening reads the word, a store of both halves
+//! stores it, and loops carry such tiles as words (ptxas gives every 16-bit register a
+//! full one, so split halves would double a bf16 tile's registers). Elements replicated over threads
 //! (tiles smaller than the program) are stored and atomically updated by one owner thread.
 
 mod axis;
