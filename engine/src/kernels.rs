@@ -457,6 +457,28 @@ pub fn attention_split<
         store(q_out + head_at + dims.expand_dims(0), q as bf16, q_ok);
     }
 
+    // The new position's key, appended by the program whose share holds `pos`, and its
+    // scores against the queries: computed while the first cache tile is in flight, not
+    // after the loop (this program ends last when its reductions come at the end).
+    let owner = (pos >= start) & (pos < start + per_split);
+    let mut score_new = full([G], f32::NEG_INFINITY);
+    if owner {
+        if use_norm != 0 {
+            let inv_rms = 1.0 / sqrt((ka * ka).sum(1).sum(0) / (D as f32) + eps);
+            ka = (kw * ((ka * inv_rms) as bf16 as f32)) as bf16 as f32;
+            kb = (kw_partner * ((kb * inv_rms) as bf16 as f32)) as bf16 as f32;
+        }
+        let turn = (sign * kb * rot_sin) as bf16 as f32;
+        let k_new = (((ka * rot_cos) as bf16 as f32) + turn) as bf16;
+        if program_id(2) == 0 {
+            let at = base + pos * D;
+            store(k_cache + at + dims, k_new);
+            store(v_cache + at + dims, v_new);
+        }
+        let dots = (q * (k_new as f32).expand_dims(0)).sum(2).sum(1);
+        score_new = ((dots as bf16 as f32) * scale) as bf16 as f32;
+    }
+
     let mut m = full([G], f32::NEG_INFINITY);
     let mut l = zeros::<f32>([G]);
     let mut acc = zeros::<f32>([G, 4, D / 4]);
@@ -499,24 +521,10 @@ pub fn attention_split<
         vt = next_vt;
     }
 
-    // The new position, from registers; its program appends it to the caches.
-    if (pos >= start) & (pos < start + per_split) {
-        if use_norm != 0 {
-            let inv_rms = 1.0 / sqrt((ka * ka).sum(1).sum(0) / (D as f32) + eps);
-            ka = (kw * ((ka * inv_rms) as bf16 as f32)) as bf16 as f32;
-            kb = (kw_partner * ((kb * inv_rms) as bf16 as f32)) as bf16 as f32;
-        }
-        let turn = (sign * kb * rot_sin) as bf16 as f32;
-        let k_new = (((ka * rot_cos) as bf16 as f32) + turn) as bf16;
-        if program_id(2) == 0 {
-            let at = base + pos * D;
-            store(k_cache + at + dims, k_new);
-            store(v_cache + at + dims, v_new);
-        }
-        let dots = (q * (k_new as f32).expand_dims(0)).sum(2).sum(1);
-        let score = ((dots as bf16 as f32) * scale) as bf16 as f32;
-        let m_new = maximum(m, score);
-        let p = exp(score - m_new);
+    // The new position, last in the online softmax (its score is ready: see above).
+    if owner {
+        let m_new = maximum(m, score_new);
+        let p = exp(score_new - m_new);
         let alpha = exp(m - m_new);
         let pv = (v_new as f32).expand_dims(0) * p.expand_dims(1).expand_dims(2);
         acc = pv + acc * alpha.expand_dims(1).expand_dims(2);
