@@ -71,6 +71,8 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
                 serde_json::json!({
                     "mode": m.mode,
                     "tokens_per_s": m.tokens_per_s,
+                    "median_tokens_per_s": m.median_tokens_per_s(),
+                    "stalled": m.stalled(),
                     "ms_per_token": m.ms_per_token,
                     "host_us_per_token": m.host_us_per_token,
                     "pct_of_floor": report.floor_ms().map(|f| 100.0 * f / m.ms_per_token),
