@@ -122,11 +122,12 @@ fn run(dev: &Device, sweep: bool) -> perf::Result<()> {
             ));
             for (c, (s, _)) in &results {
                 sweeps.push(format!(
-                    "  BLOCK_N={:<2} BLOCK_K={:<4} STAGES={} STREAM={} programs={:<5} warps={}  {:>9.2} us  {:>7.1} GB/s{}",
+                    "  BLOCK_N={:<2} BLOCK_K={:<4} STAGES={} STREAM={} REDUCE_EACH={} programs={:<5} warps={}  {:>9.2} us  {:>7.1} GB/s{}",
                     c.block_n,
                     c.block_k,
                     c.stages,
                     c.stream,
+                    c.reduce_each,
                     c.programs,
                     c.num_warps,
                     s.median_us,
@@ -139,11 +140,12 @@ fn run(dev: &Device, sweep: bool) -> perf::Result<()> {
             kernel: kind.name().into(),
             shape,
             config: format!(
-                "N{} K{} s{}{} w{}{}",
+                "N{} K{} s{}{}{} w{}{}",
                 best.block_n,
                 best.block_k,
                 best.stages,
                 if best.stream == 1 { "+" } else { "" },
+                if best.reduce_each == 1 { " r" } else { "" },
                 best.num_warps,
                 if best.programs > 0 {
                     format!(" p{}", best.programs)

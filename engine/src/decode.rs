@@ -107,17 +107,23 @@ pub struct LaunchPlan {
 
 /// On the GPU, the tuned configuration; on the interpreter, small tiles (less masked
 /// work per program).
-fn gemv_choice(dev: &Device, tuned: GemvConfig) -> KernelChoice {
-    if dev.is_cuda() {
-        KernelChoice {
-            consts: tuned.consts().to_vec(),
-            num_warps: tuned.num_warps,
-        }
+fn gemv_choice(dev: &Device, def: &KernelDef, tuned: GemvConfig) -> KernelChoice {
+    let c = if dev.is_cuda() {
+        tuned
     } else {
-        KernelChoice {
-            consts: [8, 256, 1].to_vec(),
+        GemvConfig {
+            block_n: 8,
+            block_k: 256,
             num_warps: 4,
+            stages: 1,
+            stream: 0,
+            programs: 0,
+            reduce_each: 0,
         }
+    };
+    KernelChoice {
+        consts: c.consts_for(def),
+        num_warps: c.num_warps,
     }
 }
 
@@ -188,10 +194,10 @@ impl LaunchPlan {
         let lm = tuning::lm_head_config_for(v, h, sm_count);
         let d = d as i64;
         let plan = LaunchPlan {
-            qkv: gemv_choice(dev, tuning::norm_gemv_config(qkv_dim, h)),
-            o_proj: gemv_choice(dev, tuning::gemv_config(h, qd)),
-            gate_up: gemv_choice(dev, tuning::gate_up_config(im, h)),
-            down: gemv_choice(dev, tuning::gemv_config(h, im)),
+            qkv: gemv_choice(dev, &RMS_NORM_GEMV, tuning::norm_gemv_config(qkv_dim, h)),
+            o_proj: gemv_choice(dev, &GEMV_RESIDUAL, tuning::gemv_config(h, qd)),
+            gate_up: gemv_choice(dev, &RMS_NORM_GATE_UP, tuning::gate_up_config(im, h)),
+            down: gemv_choice(dev, &GEMV_RESIDUAL, tuning::gemv_config(h, im)),
             lm_head: if gpu {
                 KernelChoice {
                     consts: lm.consts_for(&LM_HEAD_ARGMAX),

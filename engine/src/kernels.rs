@@ -70,12 +70,22 @@ pub fn embed<const B: usize>(table: Ptr<bf16>, state: Ptr<i32>, x: Ptr<bf16>, h:
     // us, H200 4.78 -> 4.52; docs/gpu-results.md), not inside the step; the other
     // shapes were slower.
     STAGES = [1, 2],
+    // 1: each tile is reduced as it arrives (see `gemv_residual`); compiled for the
+    // 1024-column tiles, a whole row of the 1024-wide models.
+    REDUCE_EACH = [0, 1],
     // A 16 x 1024 tile for 128 threads, with the bias held across it, spills on sm_80.
     skip(BLOCK_N = 16, BLOCK_K = 1024, num_warps = 4),
     skip(STAGES = 2, BLOCK_N = [1, 2, 4]),
-    skip(STAGES = 2, BLOCK_K = [256, 1024])
+    skip(STAGES = 2, BLOCK_K = [256, 1024]),
+    skip(REDUCE_EACH = 1, BLOCK_K = [256, 512]),
+    skip(REDUCE_EACH = 1, STAGES = 2)
 )]
-pub fn rms_norm_gemv<const BLOCK_N: usize, const BLOCK_K: usize, const STAGES: usize>(
+pub fn rms_norm_gemv<
+    const BLOCK_N: usize,
+    const BLOCK_K: usize,
+    const STAGES: usize,
+    const REDUCE_EACH: usize,
+>(
     x: Ptr<bf16>,
     norm_w: Ptr<bf16>,
     w: Ptr<bf16>,
@@ -116,13 +126,25 @@ pub fn rms_norm_gemv<const BLOCK_N: usize, const BLOCK_K: usize, const STAGES: u
     // before the dot products; the normalized input is not rounded to bf16).
     let xv = load(x + cols, col_ok, 0.0) as f32;
     let mut sq = xv * xv;
-    let mut acc = (w_first as f32) * ((g_first as f32) * xv).expand_dims(0);
+    let mut sq_sum = 0.0;
+    let mut acc = zeros::<f32>([BLOCK_N, BLOCK_K]);
+    let mut sums = zeros::<f32>([BLOCK_N]);
+    if REDUCE_EACH == 1 {
+        sq_sum = sq.sum(0);
+        sums = ((w_first as f32) * ((g_first as f32) * xv).expand_dims(0)).sum(1);
+    } else {
+        acc = (w_first as f32) * ((g_first as f32) * xv).expand_dims(0);
+    }
     for k0 in (BLOCK_K..k).step_by(BLOCK_K) {
         let cols = k0 + arange(0, BLOCK_K);
         let col_ok = cols < k;
         let xv = load(x + cols, col_ok, 0.0) as f32;
         let g = load(norm_w + cols, col_ok, 0.0) as f32;
-        sq += xv * xv;
+        if REDUCE_EACH == 1 {
+            sq_sum += (xv * xv).sum(0);
+        } else {
+            sq += xv * xv;
+        }
         let mut wt = w_ahead;
         if STAGES == 2 {
             let next = cols + BLOCK_K;
@@ -135,10 +157,18 @@ pub fn rms_norm_gemv<const BLOCK_N: usize, const BLOCK_K: usize, const STAGES: u
             let mask = row_ok.expand_dims(1) & col_ok.expand_dims(0);
             wt = load(w + row_offs + cols.expand_dims(0), mask, 0.0);
         }
-        acc += (wt as f32) * (g * xv).expand_dims(0);
+        if REDUCE_EACH == 1 {
+            sums += ((wt as f32) * (g * xv).expand_dims(0)).sum(1);
+        } else {
+            acc += (wt as f32) * (g * xv).expand_dims(0);
+        }
     }
-    let inv_rms = 1.0 / sqrt(sq.sum(0) / (k as f32) + eps);
-    store(y + rows, (acc.sum(1) * inv_rms + b) as bf16, row_ok);
+    if REDUCE_EACH == 0 {
+        sq_sum = sq.sum(0);
+        sums = acc.sum(1);
+    }
+    let inv_rms = 1.0 / sqrt(sq_sum / (k as f32) + eps);
+    store(y + rows, (sums * inv_rms + b) as bf16, row_ok);
 }
 
 /// `x = bf16(x + bf16(W · a + bias))`: a projection added into the residual stream.
@@ -152,13 +182,24 @@ pub fn rms_norm_gemv<const BLOCK_N: usize, const BLOCK_K: usize, const STAGES: u
     // slower for the O and down shapes on an H100 and an H200 (docs/gpu-results.md),
     // so compiled for the down projection's default tile only, for comparisons.
     STAGES = [1, 2],
+    // 1: each tile is reduced as it arrives, so no `[BLOCK_N, BLOCK_K]` f32 tile is
+    // carried across the loop (fewer registers, one reduction a tile); compiled for the
+    // tiles that hold a whole O or down row, where there is only one.
+    REDUCE_EACH = [0, 1],
     skip(STAGES = 2, BLOCK_N = [1, 4, 8]),
     skip(STAGES = 2, BLOCK_K = [256, 512, 2048, 4096]),
     skip(STAGES = 2, num_warps = 4),
+    skip(REDUCE_EACH = 1, BLOCK_K = [256, 512, 1024]),
+    skip(REDUCE_EACH = 1, STAGES = 2),
     // 8 x 4096 weights for 128 threads spill.
     skip(BLOCK_N = 8, BLOCK_K = 4096, num_warps = 4)
 )]
-pub fn gemv_residual<const BLOCK_N: usize, const BLOCK_K: usize, const STAGES: usize>(
+pub fn gemv_residual<
+    const BLOCK_N: usize,
+    const BLOCK_K: usize,
+    const STAGES: usize,
+    const REDUCE_EACH: usize,
+>(
     w: Ptr<bf16>,
     a: Ptr<bf16>,
     bias: Ptr<bf16>,
@@ -192,7 +233,13 @@ pub fn gemv_residual<const BLOCK_N: usize, const BLOCK_K: usize, const STAGES: u
     // issued after a barrier costs its own round trip).
     let old = load(x + rows, row_ok, 0.0) as f32;
     let av = load(a + cols, col_ok, 0.0) as f32;
-    let mut acc = (w_first as f32) * av.expand_dims(0);
+    let mut acc = zeros::<f32>([BLOCK_N, BLOCK_K]);
+    let mut sums = zeros::<f32>([BLOCK_N]);
+    if REDUCE_EACH == 1 {
+        sums = ((w_first as f32) * av.expand_dims(0)).sum(1);
+    } else {
+        acc = (w_first as f32) * av.expand_dims(0);
+    }
     for k0 in (BLOCK_K..k).step_by(BLOCK_K) {
         let cols = k0 + arange(0, BLOCK_K);
         let col_ok = cols < k;
@@ -209,9 +256,16 @@ pub fn gemv_residual<const BLOCK_N: usize, const BLOCK_K: usize, const STAGES: u
             let mask = row_ok.expand_dims(1) & col_ok.expand_dims(0);
             wt = load(w + row_offs + cols.expand_dims(0), mask, 0.0);
         }
-        acc += (wt as f32) * av.expand_dims(0);
+        if REDUCE_EACH == 1 {
+            sums += ((wt as f32) * av.expand_dims(0)).sum(1);
+        } else {
+            acc += (wt as f32) * av.expand_dims(0);
+        }
     }
-    let proj = (acc.sum(1) + b) as bf16 as f32;
+    if REDUCE_EACH == 0 {
+        sums = acc.sum(1);
+    }
+    let proj = (sums + b) as bf16 as f32;
     store(x + rows, (old + proj) as bf16, row_ok);
 }
 
@@ -230,12 +284,22 @@ pub fn gemv_residual<const BLOCK_N: usize, const BLOCK_K: usize, const STAGES: u
     // slower for the gate+up shape on an H100 and an H200 (docs/gpu-results.md), so
     // compiled for one tile only, for comparisons.
     STAGES = [1, 2],
+    // 1: each tile is reduced as it arrives (see `gemv_residual`); compiled for the
+    // 1024-column tiles, a whole row of the 1024-wide models.
+    REDUCE_EACH = [0, 1],
     skip(STAGES = 2, BLOCK_N = [1, 2, 4]),
     skip(STAGES = 2, BLOCK_K = [512, 1024]),
+    skip(REDUCE_EACH = 1, BLOCK_K = [256, 512]),
+    skip(REDUCE_EACH = 1, STAGES = 2),
     // Two 8 x 1024 f32 accumulators for 128 threads, with the squares for the norm, spill.
-    skip(BLOCK_N = 8, BLOCK_K = 1024)
+    skip(BLOCK_N = 8, BLOCK_K = 1024, REDUCE_EACH = 0)
 )]
-pub fn rms_norm_gate_up<const BLOCK_N: usize, const BLOCK_K: usize, const STAGES: usize>(
+pub fn rms_norm_gate_up<
+    const BLOCK_N: usize,
+    const BLOCK_K: usize,
+    const STAGES: usize,
+    const REDUCE_EACH: usize,
+>(
     x: Ptr<bf16>,
     norm_w: Ptr<bf16>,
     w: Ptr<bf16>,
@@ -267,15 +331,30 @@ pub fn rms_norm_gate_up<const BLOCK_N: usize, const BLOCK_K: usize, const STAGES
     // One pass, as in `rms_norm_gemv`: `inv_rms` scales the row sums at the end.
     let xv = load(x + cols, col_ok, 0.0) as f32;
     let mut sq = xv * xv;
+    let mut sq_sum = 0.0;
     let xg = (gw_first * xv).expand_dims(0);
-    let mut acc_g = (g_first as f32) * xg;
-    let mut acc_u = (u_first as f32) * xg;
+    let mut acc_g = zeros::<f32>([BLOCK_N, BLOCK_K]);
+    let mut acc_u = zeros::<f32>([BLOCK_N, BLOCK_K]);
+    let mut sum_g = zeros::<f32>([BLOCK_N]);
+    let mut sum_u = zeros::<f32>([BLOCK_N]);
+    if REDUCE_EACH == 1 {
+        sq_sum = sq.sum(0);
+        sum_g = ((g_first as f32) * xg).sum(1);
+        sum_u = ((u_first as f32) * xg).sum(1);
+    } else {
+        acc_g = (g_first as f32) * xg;
+        acc_u = (u_first as f32) * xg;
+    }
     for k0 in (BLOCK_K..k).step_by(BLOCK_K) {
         let cols = k0 + arange(0, BLOCK_K);
         let col_ok = cols < k;
         let xv = load(x + cols, col_ok, 0.0) as f32;
         let gw = load(norm_w + cols, col_ok, 0.0) as f32;
-        sq += xv * xv;
+        if REDUCE_EACH == 1 {
+            sq_sum += (xv * xv).sum(0);
+        } else {
+            sq += xv * xv;
+        }
         let xg = (gw * xv).expand_dims(0);
         let mut gt = g_ahead;
         let mut ut = u_ahead;
@@ -291,12 +370,22 @@ pub fn rms_norm_gate_up<const BLOCK_N: usize, const BLOCK_K: usize, const STAGES
             gt = load(w + offs, mask, 0.0);
             ut = load(w + inter * k + offs, mask, 0.0);
         }
-        acc_g += (gt as f32) * xg;
-        acc_u += (ut as f32) * xg;
+        if REDUCE_EACH == 1 {
+            sum_g += ((gt as f32) * xg).sum(1);
+            sum_u += ((ut as f32) * xg).sum(1);
+        } else {
+            acc_g += (gt as f32) * xg;
+            acc_u += (ut as f32) * xg;
+        }
     }
-    let inv_rms = 1.0 / sqrt(sq.sum(0) / (k as f32) + eps);
-    let gate = (acc_g.sum(1) * inv_rms) as bf16 as f32;
-    let up = (acc_u.sum(1) * inv_rms) as bf16 as f32;
+    if REDUCE_EACH == 0 {
+        sq_sum = sq.sum(0);
+        sum_g = acc_g.sum(1);
+        sum_u = acc_u.sum(1);
+    }
+    let inv_rms = 1.0 / sqrt(sq_sum / (k as f32) + eps);
+    let gate = (sum_g * inv_rms) as bf16 as f32;
+    let up = (sum_u * inv_rms) as bf16 as f32;
     let silu = (gate / (1.0 + exp(-gate))) as bf16 as f32;
     store(act + rows, (silu * up) as bf16, row_ok);
 }

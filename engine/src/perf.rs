@@ -703,7 +703,7 @@ impl GemvWorkload {
     /// Queues the kernel on buffer set `i % sets` with configuration `cfg`.
     pub fn launch(&mut self, dev: &Device, i: usize, cfg: GemvConfig) -> Result<()> {
         let (n, k) = (self.n as i32, self.k as i32);
-        let consts = cfg.consts();
+        let consts = cfg.consts_for(self.kind.def());
         let nsets = self.sets.len();
         let set = &mut self.sets[i % nsets];
         let lc = |rows: usize| LaunchConfig::from(cfg.grid(rows)).num_warps(cfg.num_warps);

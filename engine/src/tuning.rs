@@ -32,6 +32,9 @@ pub struct GemvConfig {
     /// [`kernels::lm_head_argmax`] only: the grid, each program taking consecutive row
     /// blocks; 0 for one program per block. Other kernels need one per block.
     pub programs: usize,
+    /// [`kernels::gemv_residual`] only: its `REDUCE_EACH` (1 reduces each weight tile as
+    /// it arrives instead of carrying a `[block_n, block_k]` f32 tile to the end).
+    pub reduce_each: usize,
 }
 
 impl GemvConfig {
@@ -45,20 +48,51 @@ impl GemvConfig {
         }) as u32
     }
 
-    /// The constants of `def` in declaration order: `[BLOCK_N, BLOCK_K, STAGES]`, and
-    /// `STREAM` for kernels that have it (the LM head).
+    /// The values of `def`'s compile-time constants, in its declaration order
+    /// (`BLOCK_N`, `BLOCK_K`, `STAGES`, and `STREAM` or `REDUCE_EACH` where the kernel has
+    /// them), for `launch_dyn` and [`KernelDef::variant`](tilefuse_dsl::runtime::KernelDef::variant).
     pub fn consts_for(&self, def: &tilefuse_dsl::runtime::KernelDef) -> Vec<i64> {
-        let mut c = self.consts().to_vec();
-        if def.const_names.len() > 3 {
-            c.push(self.stream as i64);
-        }
-        c
+        def.const_names
+            .iter()
+            .map(|&name| match name {
+                "BLOCK_N" => self.block_n,
+                "BLOCK_K" => self.block_k,
+                "STAGES" => self.stages,
+                "STREAM" => self.stream,
+                "REDUCE_EACH" => self.reduce_each,
+                other => unreachable!("`{}` has no GEMV constant `{other}`", def.name),
+            } as i64)
+            .collect()
     }
 
-    /// The constants in declaration order (`[BLOCK_N, BLOCK_K, STAGES]`), for
-    /// `launch_dyn`.
-    pub fn consts(&self) -> [i64; 3] {
-        [self.block_n as i64, self.block_k as i64, self.stages as i64]
+    /// The configuration of `def`'s compiled variant with constants `consts` (in
+    /// declaration order) and `num_warps` warps; one program per row block.
+    pub fn of_variant(
+        def: &tilefuse_dsl::runtime::KernelDef,
+        consts: &[i64],
+        num_warps: u32,
+    ) -> Self {
+        let mut c = GemvConfig {
+            block_n: 0,
+            block_k: 0,
+            num_warps,
+            stages: 1,
+            stream: 0,
+            programs: 0,
+            reduce_each: 0,
+        };
+        for (&name, &v) in def.const_names.iter().zip(consts) {
+            let v = v as usize;
+            match name {
+                "BLOCK_N" => c.block_n = v,
+                "BLOCK_K" => c.block_k = v,
+                "STAGES" => c.stages = v,
+                "STREAM" => c.stream = v,
+                "REDUCE_EACH" => c.reduce_each = v,
+                other => unreachable!("`{}` has no GEMV constant `{other}`", def.name),
+            }
+        }
+        c
     }
 }
 
@@ -99,6 +133,7 @@ pub fn gemv_config_for(n: usize, k: usize, sm_count: usize) -> GemvConfig {
         stages: 1,
         stream: 0,
         programs: 0,
+        reduce_each: 0,
     }
 }
 
@@ -113,17 +148,22 @@ pub fn norm_gemv_config(n: usize, k: usize) -> GemvConfig {
 /// (and as many of up) over `k` columns: compiled with 4 warps only, since two f32
 /// accumulators at 8 warps exceed ptxas' register budget and spill.
 ///
-/// For Qwen3-0.6B's 3072 × 1024 (H100, 2026-11-25), with the norm folded into the dot
-/// products: 4 rows with 256-column steps, best inside the step (`--sweep`, 1.9% ahead
-/// of 8 × 512) and alone (6.19 against 7.03 µs).
+/// For Qwen3-0.6B's 3072 × 1024 (H100, 2026-11-25): 8 rows a program, each whole
+/// 1024-column row in one tile reduced as it arrives (`REDUCE_EACH`: 138 registers
+/// instead of the carried tiles' 185 or more). Three interleaved pairs of builds
+/// against the earlier default (4 rows, 256-column steps, a carried accumulator): step
+/// 1321.7 -> 1334.4 tok/s at context 1024, 1056.9 -> 1069.1 at 4096; `--profile`
+/// gate+up 168.1 -> 159.1 us a step (docs/gpu-results.md, session 19). Alone, 2 rows of
+/// the same kind are fastest (5.74 against 6.03 us), 8 rows 5.77.
 pub fn gate_up_config(_inter: usize, _k: usize) -> GemvConfig {
     GemvConfig {
-        block_n: 4,
-        block_k: 256,
+        block_n: 8,
+        block_k: 1024,
         num_warps: 4,
         stages: 1,
         stream: 0,
         programs: 0,
+        reduce_each: 1,
     }
 }
 
@@ -157,6 +197,7 @@ pub fn lm_head_config_for(vocab: usize, _k: usize, sm_count: usize) -> GemvConfi
         } else {
             0
         },
+        reduce_each: 0,
     }
 }
 
@@ -316,14 +357,7 @@ pub fn sample_reduce_width(parts: usize) -> Option<usize> {
 pub fn gemv_variants(def: &tilefuse_dsl::runtime::KernelDef) -> Vec<GemvConfig> {
     def.variants
         .iter()
-        .map(|v| GemvConfig {
-            block_n: v.consts[0] as usize,
-            block_k: v.consts[1] as usize,
-            num_warps: v.num_warps,
-            stages: v.consts[2] as usize,
-            stream: v.consts.get(3).map_or(0, |&s| s as usize),
-            programs: 0,
-        })
+        .map(|v| GemvConfig::of_variant(def, v.consts, v.num_warps))
         .collect()
 }
 

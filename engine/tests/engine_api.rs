@@ -326,10 +326,11 @@ fn every_launch_plan_computes_the_same_step() {
         };
         // Split + combine with one split.
         let mut other = base.clone().with_attention_cluster(1, 1, 32);
-        other.qkv = choice(&[1, 256, 1], 8);
-        other.o_proj = choice(&[2, 1024, 2], 8);
-        other.gate_up = choice(&[8, 256, 2], 4);
-        other.down = choice(&[4, 2048, 1], 8);
+        // GEMVs: `[BLOCK_N, BLOCK_K, STAGES, REDUCE_EACH]`.
+        other.qkv = choice(&[4, 1024, 1, 1], 4);
+        other.o_proj = choice(&[2, 1024, 2, 0], 8);
+        other.gate_up = choice(&[8, 256, 2, 0], 4);
+        other.down = choice(&[4, 2048, 1, 1], 8);
         other.attention = choice(&[d, 4, 32, 2, 1], 4);
         other.combine = choice(&[d, 8, 32], 4);
         other.min_chunk = 16;

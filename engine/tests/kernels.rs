@@ -123,30 +123,34 @@ fn gemv_case(rng: &mut Rng, rows: usize, k: usize) -> GemvCase {
 
 /// A few variants for the interpreter, single- and double-buffered (each kernel's
 /// compiled `STAGES = 2` tile; at the small shapes' k = 1032 they request the tile
-/// after each one they use, the last one past the end).
+/// after each one they use, the last one past the end), and reducing each tile as it
+/// arrives (at k = 1032, a 1024-column tile and a masked one).
 fn configs_for_cpu() -> Vec<GemvConfig> {
-    let c = |block_n, block_k, num_warps, stages| GemvConfig {
+    let c = |block_n, block_k, num_warps, stages, reduce_each| GemvConfig {
         block_n,
         block_k,
         num_warps,
         stages,
         stream: 0,
         programs: 0,
+        reduce_each,
     };
     vec![
-        c(1, 256, 4, 1),
-        c(8, 512, 8, 1),
-        c(4, 1024, 4, 1),
-        c(8, 512, 4, 2),
-        c(2, 1024, 8, 2),
-        c(8, 256, 4, 2),
-        c(16, 256, 4, 2),
+        c(1, 256, 4, 1, 0),
+        c(8, 512, 8, 1, 0),
+        c(4, 1024, 4, 1, 0),
+        c(8, 512, 4, 2, 0),
+        c(2, 1024, 8, 2, 0),
+        c(8, 256, 4, 2, 0),
+        c(16, 256, 4, 2, 0),
+        c(4, 1024, 4, 1, 1),
+        c(2, 2048, 8, 1, 1),
     ]
 }
 
 /// Variants to run at a shape: a few on the interpreter, every compiled one on a GPU.
 fn configs(dev: &Device, def: &KernelDef, n: usize, k: usize) -> Vec<GemvConfig> {
-    let compiled = |c: &GemvConfig| def.variant(&c.consts(), Some(c.num_warps)).is_ok();
+    let compiled = |c: &GemvConfig| def.variant(&c.consts_for(def), Some(c.num_warps)).is_ok();
     if dev.is_cuda() {
         let mut c = tuning::gemv_variants(def);
         c.push(tuning::gemv_config(n, k));
@@ -208,7 +212,7 @@ fn rms_norm_gemv_matches_host() {
                     &RMS_NORM_GEMV,
                     &dev,
                     LaunchConfig::from(cfg.grid(n)).num_warps(cfg.num_warps),
-                    &cfg.consts(),
+                    &cfg.consts_for(&RMS_NORM_GEMV),
                     &mut [
                         (&x).into(),
                         (&g).into(),
@@ -266,7 +270,7 @@ fn gemv_residual_matches_host() {
                     &GEMV_RESIDUAL,
                     &dev,
                     LaunchConfig::from(cfg.grid(n)).num_warps(cfg.num_warps),
-                    &cfg.consts(),
+                    &cfg.consts_for(&GEMV_RESIDUAL),
                     &mut [
                         (&w).into(),
                         (&av).into(),
@@ -332,7 +336,7 @@ fn rms_norm_gate_up_matches_host() {
                     &RMS_NORM_GATE_UP,
                     &dev,
                     LaunchConfig::from(cfg.grid(inter)).num_warps(cfg.num_warps),
-                    &cfg.consts(),
+                    &cfg.consts_for(&RMS_NORM_GATE_UP),
                     &mut [
                         (&x).into(),
                         (&g).into(),
@@ -472,7 +476,9 @@ fn lm_head_argmax_matches_host() {
             let mut cfgs = if dev.is_cuda() {
                 tuning::gemv_variants(&LM_HEAD_ARGMAX)
             } else {
+                // The LM head has no `REDUCE_EACH`.
                 let mut v = configs_for_cpu();
+                v.retain(|c| c.reduce_each == 0);
                 v.push(GemvConfig {
                     block_n: 16,
                     block_k: 256,
@@ -480,6 +486,7 @@ fn lm_head_argmax_matches_host() {
                     stages: 1,
                     stream: 0,
                     programs: 0,
+                    reduce_each: 0,
                 });
                 v
             };
@@ -566,6 +573,7 @@ fn lm_head_takes_first_of_ties_across_programs() {
                         stages: 1,
                         stream,
                         programs,
+                        reduce_each: 0,
                     };
                     let (logits, token, _) = run_lm_head(&dev, cfg, (&x, &g, &w), n, k, 0);
                     assert!(logits[5] == logits[14] && logits[5] == logits[30]);
