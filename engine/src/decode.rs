@@ -205,7 +205,16 @@ impl LaunchPlan {
                 }
             } else {
                 KernelChoice {
-                    consts: [16, 256, 1, 0].to_vec(),
+                    consts: GemvConfig {
+                        block_n: 16,
+                        block_k: 256,
+                        num_warps: 4,
+                        stages: 1,
+                        stream: 0,
+                        programs: 0,
+                        reduce_each: 0,
+                    }
+                    .consts_for(&LM_HEAD_ARGMAX),
                     num_warps: 4,
                 }
             },

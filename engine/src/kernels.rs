@@ -700,19 +700,25 @@ pub fn attention_combine<const D: usize, const S: usize, const DC: usize>(
     // it is compiled for the default tile only, for comparisons.
     STAGES = [1, 2],
     STREAM = [0, 1],
+    // 1: each tile is reduced as it arrives (see `gemv_residual`); compiled for whole
+    // 1024-column rows.
+    REDUCE_EACH = [0, 1],
+    skip(REDUCE_EACH = 1, BLOCK_K = 256),
+    skip(REDUCE_EACH = 1, STAGES = 2),
     skip(STAGES = 2, BLOCK_N = [4, 8]),
     skip(STAGES = 2, BLOCK_K = 1024),
     skip(STAGES = 2, num_warps = 8),
     skip(STREAM = 1, STAGES = 2),
     skip(STREAM = 1, num_warps = 8),
     // 16 x 1024 weights and the next block's for 128 threads spill.
-    skip(BLOCK_N = 16, BLOCK_K = 1024, num_warps = 4)
+    skip(BLOCK_N = 16, BLOCK_K = 1024, num_warps = 4, REDUCE_EACH = 0)
 )]
 pub fn lm_head_argmax<
     const BLOCK_N: usize,
     const BLOCK_K: usize,
     const STAGES: usize,
     const STREAM: usize,
+    const REDUCE_EACH: usize,
 >(
     x: Ptr<bf16>,
     norm_w: Ptr<bf16>,
@@ -778,7 +784,13 @@ pub fn lm_head_argmax<
                 0.0,
             );
         }
-        let mut acc = (w_first as f32) * xn.expand_dims(0);
+        let mut acc = zeros::<f32>([BLOCK_N, BLOCK_K]);
+        let mut sums = zeros::<f32>([BLOCK_N]);
+        if REDUCE_EACH == 1 {
+            sums = ((w_first as f32) * xn.expand_dims(0)).sum(1);
+        } else {
+            acc = (w_first as f32) * xn.expand_dims(0);
+        }
         for k0 in (BLOCK_K..k).step_by(BLOCK_K) {
             let cols = k0 + arange(0, BLOCK_K);
             let col_ok = cols < k;
@@ -797,9 +809,16 @@ pub fn lm_head_argmax<
                 let mask = row_ok.expand_dims(1) & col_ok.expand_dims(0);
                 wt = load(w + row_offs + cols.expand_dims(0), mask, 0.0);
             }
-            acc += (wt as f32) * xn.expand_dims(0);
+            if REDUCE_EACH == 1 {
+                sums += ((wt as f32) * xn.expand_dims(0)).sum(1);
+            } else {
+                acc += (wt as f32) * xn.expand_dims(0);
+            }
         }
-        let out = acc.sum(1) as bf16 as f32;
+        if REDUCE_EACH == 0 {
+            sums = acc.sum(1);
+        }
+        let out = sums as bf16 as f32;
         store(logits + rows, out, row_ok);
         let cand = select(row_ok, out, f32::NEG_INFINITY);
         let top = cand.max(0);

@@ -174,21 +174,23 @@ pub fn lm_head_config(vocab: usize, k: usize) -> GemvConfig {
 }
 
 /// Programs a SM of the streaming LM head (see [`lm_head_config_for`]).
-pub const LM_HEAD_PROGRAMS_PER_SM: usize = 4;
+pub const LM_HEAD_PROGRAMS_PER_SM: usize = 2;
 
 /// [`lm_head_config`] for a GPU with `sm_count` SMs.
 ///
-/// Large vocabularies take 16 rows a program in 256-column steps (`--sweep`, Qwen3-0.6B's
-/// 151936 × 1024) over a fixed grid of [`LM_HEAD_PROGRAMS_PER_SM`] programs a SM, each
-/// streaming consecutive row blocks and requesting the next block's first tile before
-/// reducing the current one (H200, alone: 93.1 µs with a program per block against
-/// 81.0 µs, 0.92× cuBLAS; docs/gpu-results.md). Small vocabularies keep a program per
-/// block of 4 rows.
+/// Large vocabularies take 16 rows a program, each whole 1024-column row block one tile
+/// reduced as it arrives (`REDUCE_EACH`), over a fixed grid of
+/// [`LM_HEAD_PROGRAMS_PER_SM`] programs a SM, each streaming consecutive row blocks and
+/// requesting the next block (32 KiB at k = 1024) before reducing the current one.
+/// Qwen3-0.6B's 151936 × 1024 alone (`examples/bandwidth.rs --sweep`,
+/// 2026-11-25): H200 81.06 -> 76.38 µs (97.5% of the copy ceiling, 1.00× cuBLAS; the
+/// earlier 16 × 256 tiles, 4 programs a SM, were 0.95×), see docs/gpu-results.md
+/// (session 19). Small vocabularies keep a program per block of 4 rows.
 pub fn lm_head_config_for(vocab: usize, _k: usize, sm_count: usize) -> GemvConfig {
     let large = vocab >= 32 * 1024;
     GemvConfig {
         block_n: if large { 16 } else { 4 },
-        block_k: 256,
+        block_k: if large { 1024 } else { 256 },
         num_warps: 4,
         stages: 1,
         stream: usize::from(large),
@@ -197,7 +199,7 @@ pub fn lm_head_config_for(vocab: usize, _k: usize, sm_count: usize) -> GemvConfi
         } else {
             0
         },
-        reduce_each: 0,
+        reduce_each: usize::from(large),
     }
 }
 

@@ -334,7 +334,7 @@ fn every_launch_plan_computes_the_same_step() {
         other.attention = choice(&[d, 4, 32, 2, 1], 4);
         other.combine = choice(&[d, 8, 32], 4);
         other.min_chunk = 16;
-        let other = other.with_lm_head(choice(&[16, 256, 2, 0], 4), cfg.vocab_size);
+        let other = other.with_lm_head(choice(&[16, 256, 2, 0, 0], 4), cfg.vocab_size);
         assert_ne!(other, base);
         dec.set_plan(other).unwrap();
         same_step(&run(&mut dec), "other plan");

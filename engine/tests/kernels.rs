@@ -476,9 +476,7 @@ fn lm_head_argmax_matches_host() {
             let mut cfgs = if dev.is_cuda() {
                 tuning::gemv_variants(&LM_HEAD_ARGMAX)
             } else {
-                // The LM head has no `REDUCE_EACH`.
                 let mut v = configs_for_cpu();
-                v.retain(|c| c.reduce_each == 0);
                 v.push(GemvConfig {
                     block_n: 16,
                     block_k: 256,
