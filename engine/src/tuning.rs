@@ -115,16 +115,21 @@ pub fn gemv_config(n: usize, k: usize) -> GemvConfig {
 /// predecessor's tail.
 pub fn gemv_config_for(n: usize, k: usize, sm_count: usize) -> GemvConfig {
     let tall = n >= 8 * 2 * sm_count.max(1);
-    let (block_n, block_k, num_warps) = match (tall, k) {
-        (true, _) => (8, 512, 4),
+    let (block_n, block_k, num_warps, reduce_each) = match (tall, k) {
+        (true, _) => (8, 512, 4, 0),
+        // Past 4096 columns (Llama-3.2-1B's down projection, 2048 x 8192), 4 rows in
+        // 4096-column tiles reduced as they arrive: the in-step sweep's choice (H100,
+        // 2026-11-25, with the gate+up rule in `gate_up_config`: step 1.063 -> 1.001
+        // ms/token; docs/gpu-results.md, session 19).
+        (false, 4097..) => (4, 4096, 8, 1),
         // From 2048 columns (Qwen3-0.6B's O and down projections, 1024 x 2048 and
         // 1024 x 3072), 2 rows with 1024-column steps: for the down projection since
         // the kernels requested their bias and residual before reducing (H100,
         // 2026-11-22: 4.39 -> 3.85 us alone), for the O projection since the residual
         // is loaded in the row sums' layout (2026-11-25: 8 x 2048 became 1.8% slower
         // in the step, 2 x 1024 the best).
-        (false, 2048..) => (2, 1024, 8),
-        (false, _) => (8, 1024, 8),
+        (false, 2048..) => (2, 1024, 8, 0),
+        (false, _) => (8, 1024, 8, 0),
     };
     GemvConfig {
         block_n,
@@ -133,7 +138,7 @@ pub fn gemv_config_for(n: usize, k: usize, sm_count: usize) -> GemvConfig {
         stages: 1,
         stream: 0,
         programs: 0,
-        reduce_each: 0,
+        reduce_each,
     }
 }
 
@@ -155,9 +160,11 @@ pub fn norm_gemv_config(n: usize, k: usize) -> GemvConfig {
 /// 1321.7 -> 1334.4 tok/s at context 1024, 1056.9 -> 1069.1 at 4096; `--profile`
 /// gate+up 168.1 -> 159.1 us a step (docs/gpu-results.md, session 19). Alone, 2 rows of
 /// the same kind are fastest (5.74 against 6.03 us), 8 rows 5.77.
-pub fn gate_up_config(_inter: usize, _k: usize) -> GemvConfig {
+pub fn gate_up_config(_inter: usize, k: usize) -> GemvConfig {
     GemvConfig {
-        block_n: 8,
+        // Rows wider than one tile (Llama-3.2-1B's 2048 columns): 4 rows a program, the
+        // in-step sweep's choice (see `gemv_config_for`).
+        block_n: if k > 1024 { 4 } else { 8 },
         block_k: 1024,
         num_warps: 4,
         stages: 1,
@@ -365,7 +372,17 @@ pub fn gemv_variants(def: &tilefuse_dsl::runtime::KernelDef) -> Vec<GemvConfig> 
 
 /// Whether the defaults name compiled variants (checked by tests).
 pub fn defaults_are_compiled() -> bool {
-    let shapes = [(4096, 1024), (1024, 2048), (3072, 1024), (1024, 3072)];
+    // Qwen3-0.6B's and Llama-3.2-1B's projections.
+    let shapes = [
+        (4096, 1024),
+        (1024, 2048),
+        (3072, 1024),
+        (1024, 3072),
+        (3072, 2048),
+        (2048, 2048),
+        (8192, 2048),
+        (2048, 8192),
+    ];
     let has = |def: &tilefuse_dsl::runtime::KernelDef, c: GemvConfig| {
         def.variant(&c.consts_for(def), Some(c.num_warps)).is_ok()
     };
