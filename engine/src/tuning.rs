@@ -109,8 +109,9 @@ pub fn gemv_config(n: usize, k: usize) -> GemvConfig {
 /// From `tilefuse bench --sweep` (every compiled variant timed inside the captured
 /// decode step of Qwen3-0.6B, H100, 2026-11-22 and 2026-11-25, see docs/perf.md): tall
 /// matrices (many rows, `k` ≈ 1024) do best with 8 rows per program, 512-column steps
-/// and 4 warps; short wide ones (`n` ≈ 1024, `k` ≥ 2048) with 2 rows and 1024-column
-/// steps over 8 warps; narrower short ones with 8 rows and 1024-column steps. Timed
+/// and 4 warps; short wide ones (`n` ≈ 1024, `k` ≥ 2048) with 2 rows and 2048-column
+/// steps over 8 warps (past 4096 columns, 4 rows in 4096-column tiles reduced as they
+/// arrive); narrower short ones with 8 rows and 1024-column steps. Timed
 /// alone, kernels can rank differently: the step overlaps each kernel's start with its
 /// predecessor's tail.
 pub fn gemv_config_for(n: usize, k: usize, sm_count: usize) -> GemvConfig {
@@ -123,12 +124,12 @@ pub fn gemv_config_for(n: usize, k: usize, sm_count: usize) -> GemvConfig {
         // ms/token; docs/gpu-results.md, session 19).
         (false, 4097..) => (4, 4096, 8, 1),
         // From 2048 columns (Qwen3-0.6B's O and down projections, 1024 x 2048 and
-        // 1024 x 3072), 2 rows with 1024-column steps: for the down projection since
-        // the kernels requested their bias and residual before reducing (H100,
-        // 2026-11-22: 4.39 -> 3.85 us alone), for the O projection since the residual
-        // is loaded in the row sums' layout (2026-11-25: 8 x 2048 became 1.8% slower
-        // in the step, 2 x 1024 the best).
-        (false, 2048..) => (2, 1024, 8, 0),
+        // 1024 x 3072), 2 rows in 2048-column steps over 8 warps: the fastest alone
+        // (O 2.79 against 3.11 us for 1024-column steps, down 3.65 against 3.98) and,
+        // since session 18's packed 16-bit tiles, in the step (H100, 2026-11-25, three
+        // interleaved pairs: 1340.2 -> 1350.9 tok/s at context 1024, 1074.1 -> 1083.2
+        // at 4096; Llama-3.2-1B's O unchanged). Before, 2 x 1024 had won in the step.
+        (false, 2048..) => (2, 2048, 8, 0),
         (false, _) => (8, 1024, 8, 0),
     };
     GemvConfig {
