@@ -421,6 +421,31 @@ mod tests {
     }
 
     #[test]
+    fn gemv_configs_map_every_variant_s_constants_by_name() {
+        for def in [
+            &kernels::RMS_NORM_GEMV,
+            &kernels::GEMV_RESIDUAL,
+            &kernels::RMS_NORM_GATE_UP,
+            &kernels::LM_HEAD_ARGMAX,
+        ] {
+            let configs = gemv_variants(def);
+            assert_eq!(configs.len(), def.variants.len());
+            for (v, c) in def.variants.iter().zip(&configs) {
+                assert_eq!(c.consts_for(def), v.consts, "{}", def.name);
+                assert_eq!(c.num_warps, v.num_warps);
+            }
+            // Each kernel has whole-row variants that reduce each tile as it arrives.
+            assert!(
+                configs
+                    .iter()
+                    .any(|c| c.reduce_each == 1 && c.block_k >= 1024),
+                "{}",
+                def.name
+            );
+        }
+    }
+
+    #[test]
     fn defaults_name_compiled_variants() {
         assert!(defaults_are_compiled());
         for seq in [1, 3, 512, 4096, 32768] {
