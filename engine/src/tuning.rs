@@ -32,8 +32,10 @@ pub struct GemvConfig {
     /// [`kernels::lm_head_argmax`] only: the grid, each program taking consecutive row
     /// blocks; 0 for one program per block. Other kernels need one per block.
     pub programs: usize,
-    /// [`kernels::gemv_residual`] only: its `REDUCE_EACH` (1 reduces each weight tile as
-    /// it arrives instead of carrying a `[block_n, block_k]` f32 tile to the end).
+    /// `REDUCE_EACH` (every GEMV kernel has it): 1 reduces each weight tile into the row
+    /// sums as it arrives instead of carrying a `[block_n, block_k]` f32 tile to the
+    /// end; compiled for whole-row tiles (1024 columns, and 2048 / 4096 for
+    /// [`kernels::gemv_residual`]).
     pub reduce_each: usize,
 }
 
