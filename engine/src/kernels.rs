@@ -70,14 +70,16 @@ pub fn embed<const B: usize>(table: Ptr<bf16>, state: Ptr<i32>, x: Ptr<bf16>, h:
     // us, H200 4.78 -> 4.52; docs/gpu-results.md), not inside the step; the other
     // shapes were slower.
     STAGES = [1, 2],
-    // 1: each tile is reduced as it arrives (see `gemv_residual`); compiled for the
-    // 1024-column tiles, a whole row of the 1024-wide models.
+    // 1: each tile is reduced as it arrives (see `gemv_residual`); compiled for a few
+    // 1024-column tiles (a whole row of the 1024-wide models), for comparisons: no
+    // faster than the default inside the step (docs/gpu-results.md, session 19).
     REDUCE_EACH = [0, 1],
     // A 16 x 1024 tile for 128 threads, with the bias held across it, spills on sm_80.
     skip(BLOCK_N = 16, BLOCK_K = 1024, num_warps = 4),
     skip(STAGES = 2, BLOCK_N = [1, 2, 4]),
     skip(STAGES = 2, BLOCK_K = [256, 1024]),
     skip(REDUCE_EACH = 1, BLOCK_K = [256, 512]),
+    skip(REDUCE_EACH = 1, BLOCK_N = [1, 2, 8]),
     skip(REDUCE_EACH = 1, STAGES = 2)
 )]
 pub fn rms_norm_gemv<
@@ -183,13 +185,14 @@ pub fn rms_norm_gemv<
     // so compiled for the down projection's default tile only, for comparisons.
     STAGES = [1, 2],
     // 1: each tile is reduced as it arrives, so no `[BLOCK_N, BLOCK_K]` f32 tile is
-    // carried across the loop (fewer registers, one reduction a tile); compiled for the
-    // tiles that hold a whole O or down row, where there is only one.
+    // carried across the loop (fewer registers, one reduction a tile); compiled for
+    // 4096-column tiles (Llama-3.2-1B's down projection; for Qwen3-0.6B's O and down
+    // rows the leaner 2048-column forms were slower, docs/perf.md).
     REDUCE_EACH = [0, 1],
     skip(STAGES = 2, BLOCK_N = [1, 4, 8]),
     skip(STAGES = 2, BLOCK_K = [256, 512, 2048, 4096]),
     skip(STAGES = 2, num_warps = 4),
-    skip(REDUCE_EACH = 1, BLOCK_K = [256, 512, 1024]),
+    skip(REDUCE_EACH = 1, BLOCK_K = [256, 512, 1024, 2048]),
     skip(REDUCE_EACH = 1, STAGES = 2),
     // 8 x 4096 weights for 128 threads spill.
     skip(BLOCK_N = 8, BLOCK_K = 4096, num_warps = 4)
@@ -700,10 +703,11 @@ pub fn attention_combine<const D: usize, const S: usize, const DC: usize>(
     // it is compiled for the default tile only, for comparisons.
     STAGES = [1, 2],
     STREAM = [0, 1],
-    // 1: each tile is reduced as it arrives (see `gemv_residual`); compiled for whole
-    // 1024-column rows.
+    // 1: each tile is reduced as it arrives (see `gemv_residual`); compiled for blocks
+    // of 16 whole 1024-column rows (the default for large vocabularies).
     REDUCE_EACH = [0, 1],
     skip(REDUCE_EACH = 1, BLOCK_K = 256),
+    skip(REDUCE_EACH = 1, BLOCK_N = [4, 8]),
     skip(REDUCE_EACH = 1, STAGES = 2),
     skip(STAGES = 2, BLOCK_N = [4, 8]),
     skip(STAGES = 2, BLOCK_K = 1024),

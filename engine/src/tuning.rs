@@ -34,7 +34,7 @@ pub struct GemvConfig {
     pub programs: usize,
     /// `REDUCE_EACH` (every GEMV kernel has it): 1 reduces each weight tile into the row
     /// sums as it arrives instead of carrying a `[block_n, block_k]` f32 tile to the
-    /// end; compiled for whole-row tiles (1024 columns, and 2048 / 4096 for
+    /// end; compiled for some whole-row tiles (1024 columns; 4096 for
     /// [`kernels::gemv_residual`]).
     pub reduce_each: usize,
 }

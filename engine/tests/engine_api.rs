@@ -330,7 +330,7 @@ fn every_launch_plan_computes_the_same_step() {
         other.qkv = choice(&[4, 1024, 1, 1], 4);
         other.o_proj = choice(&[2, 1024, 2, 0], 8);
         other.gate_up = choice(&[8, 256, 2, 0], 4);
-        other.down = choice(&[4, 2048, 1, 1], 8);
+        other.down = choice(&[4, 4096, 1, 1], 8);
         other.attention = choice(&[d, 4, 32, 2, 1], 4);
         other.combine = choice(&[d, 8, 32], 4);
         other.min_chunk = 16;

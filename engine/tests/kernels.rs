@@ -124,7 +124,7 @@ fn gemv_case(rng: &mut Rng, rows: usize, k: usize) -> GemvCase {
 /// A few variants for the interpreter, single- and double-buffered (each kernel's
 /// compiled `STAGES = 2` tile; at the small shapes' k = 1032 they request the tile
 /// after each one they use, the last one past the end), and reducing each tile as it
-/// arrives (at k = 1032, a 1024-column tile and a masked one).
+/// arrives (at k = 1032, a 1024-column tile and a masked one, or one 4096-column tile).
 fn configs_for_cpu() -> Vec<GemvConfig> {
     let c = |block_n, block_k, num_warps, stages, reduce_each| GemvConfig {
         block_n,
@@ -144,7 +144,8 @@ fn configs_for_cpu() -> Vec<GemvConfig> {
         c(8, 256, 4, 2, 0),
         c(16, 256, 4, 2, 0),
         c(4, 1024, 4, 1, 1),
-        c(2, 2048, 8, 1, 1),
+        c(16, 1024, 4, 1, 1),
+        c(2, 4096, 8, 1, 1),
     ]
 }
 
