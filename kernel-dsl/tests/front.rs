@@ -445,14 +445,19 @@ fn wait_for_prior_kernels_only_at_top_level_and_placed_in_sm90_ptx() {
     let k = compile_source(src, &spec(&[("B", 128)], 4)).unwrap();
     let p90 = tilefuse_dsl::back::ptx::compile(&k, tilefuse_dsl::back::ptx::Target::Sm90).unwrap();
     let wait = p90.ptx.find("griddepcontrol.wait").expect("a wait");
+    // The wait is pinned after the loads above it (ptxas would otherwise hoist a lone
+    // wait above them): a branch on a parameter, with a wait on either side.
     assert_eq!(
         p90.ptx.matches("griddepcontrol.wait").count(),
-        1,
+        2,
         "{}",
         p90.ptx
     );
     let w_load = p90.ptx.find("ld.global.nc").expect("the weight load");
     assert!(w_load < wait, "the weight load comes before the wait");
+    let branch = p90.ptx.find("@%tfw_p bra").expect("the pinning branch");
+    let param = p90.ptx.find("ld.param.b64 %tfw_d, [p0]").expect("its predicate's input");
+    assert!(w_load < param && param < branch && branch < wait, "{}", p90.ptx);
     assert!(p90.ptx.contains("griddepcontrol.launch_dependents"));
     // Cache paths on sm_90: `w`, loaded before the wait, is declared unwritten by prior
     // kernels and stays non-coherent (both loads); `a` and `x` may have been written by

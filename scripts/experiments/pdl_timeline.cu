@@ -11,6 +11,11 @@
 //   late   : pdl, weights first, but the next launch is let in only after the wait
 //            (launch_dependents after griddepcontrol.wait), so programs start at most
 //            one launch ahead.
+//   cap4   : pdl, but each program reserves 56 KiB of shared memory, so at most 4
+//            programs fit on an SM (512 programs: one launch fills the GPU and the next
+//            one's programs start only as this one's exit), as registers do for the
+//            engine's 2 x 2048 GEMV (58 registers a thread);
+//   cap4l  : cap4 with the late trigger.
 // Prints, over the chain's launches (medians): time per launch, how long before the
 // previous launch's last exit the first program starts, how long after that exit the
 // first and the last program get past their wait, and how long the post-wait part takes.
@@ -110,7 +115,17 @@ int main() {
   CK(cudaMalloc(&stamps, nst * 8));
   cudaStream_t st;
   CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  const char* modes[] = {"pdl", "plain", "nowts", "late"};
+  const char* modes[] = {"pdl", "plain", "nowts", "late", "cap4", "cap4l"};
+  const int cap_bytes = 56 * 1024;
+  CK(cudaFuncSetAttribute(gemv_residual, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                          cap_bytes));
+  int regs = 0;
+  {
+    cudaFuncAttributes fa;
+    CK(cudaFuncGetAttributes(&fa, gemv_residual));
+    regs = fa.numRegs;
+  }
+  printf("kernel: %d registers a thread\n", regs);
   printf("GEMV 1024 x 2048 bf16, %d programs of %d threads, %d launches a graph\n", programs,
          THREADS, SETS);
   printf("%-6s %9s %13s %14s %14s %11s %9s\n", "mode", "us/launch", "first start",
@@ -119,16 +134,18 @@ int main() {
          "wait after", "(median", "");
   printf("%-6s %9s %13s %14s %14s %11s %9s\n", "", "", "end (us)", "prev end (us)",
          "prev end (us)", "program, us)", "");
-  for (int m = 0; m < 4; m++) {
+  for (int m = 0; m < 6; m++) {
     bool pdl = m != 1;
     int weights_first = m != 2;
-    int late_trigger = m == 3;
+    int late_trigger = m == 3 || m == 5;
+    int smem = m >= 4 ? cap_bytes : 0;
     cudaGraph_t g;
     CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
     for (int i = 0; i < SETS; i++) {
       cudaLaunchConfig_t cfg = {};
       cfg.gridDim = dim3(programs);
       cfg.blockDim = dim3(THREADS);
+      cfg.dynamicSmemBytes = smem;
       cfg.stream = st;
       cudaLaunchAttribute attr[1];
       attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;

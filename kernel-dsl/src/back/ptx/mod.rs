@@ -210,6 +210,9 @@ pub fn compile(kernel: &Kernel, target: Target) -> Result<PtxKernel, CompileErro
         (65536 / threads.max(1)).min(255) / 8 * 8
     );
     ptx.push_str(&e.decls());
+    if target == Target::Sm90 && e.code.contains(emit::WAIT_MARKER) {
+        ptx.push_str("\t.reg .pred %tfw_p;\n\t.reg .b32 %tfw_r;\n\t.reg .b64 %tfw_d;\n");
+    }
     let smem = e.smem.next_multiple_of(16);
     let cluster_smem = e.cluster_smem.next_multiple_of(16);
     if smem + cluster_smem > 48 * 1024 {
@@ -255,11 +258,16 @@ pub fn compile(kernel: &Kernel, target: Target) -> Result<PtxKernel, CompileErro
         if !explicit_wait {
             ptx.push_str("\tgriddepcontrol.wait;\n");
         }
-        ptx.push_str(
-            &e.code
-                .replace(emit::WAIT_MARKER, "\tgriddepcontrol.wait;\n")
-                .replace(emit::LAUNCH_MARKER, "\tgriddepcontrol.launch_dependents;\n"),
-        );
+        let mut code = e
+            .code
+            .replace(emit::LAUNCH_MARKER, "\tgriddepcontrol.launch_dependents;\n");
+        let mut n = 0;
+        while let Some(at) = code.find(emit::WAIT_MARKER) {
+            let wait = pinned_wait(kernel, n);
+            code.replace_range(at..at + emit::WAIT_MARKER.len(), &wait);
+            n += 1;
+        }
+        ptx.push_str(&code);
     } else {
         ptx.push_str(&e.code);
     }
@@ -276,4 +284,33 @@ pub fn compile(kernel: &Kernel, target: Target) -> Result<PtxKernel, CompileErro
         value_layouts: e.value_layouts(),
         accesses: e.accesses,
     })
+}
+
+/// `griddepcontrol.wait` at a place the kernel chose, kept there.
+///
+/// ptxas may hoist a lone wait above the loads before it (waiting earlier is always
+/// allowed), which turned the weights a kernel requests "before the wait" into loads
+/// issued after it: in the SASS of every GEMV the wait (`ACQBULK`) came first. A branch
+/// on a kernel parameter, which ptxas cannot evaluate, with a wait on either side, puts
+/// the wait in a block of its own after those loads, without waiting for their data.
+fn pinned_wait(kernel: &Kernel, n: usize) -> String {
+    let Some(first) = kernel.params.first() else {
+        return "\tgriddepcontrol.wait;\n".into();
+    };
+    let wide = match first.kind {
+        ParamKind::Ptr(_) => true,
+        ParamKind::Scalar(t) | ParamKind::ScalarMultipleOf(t, _) => t.size_bytes() == 8,
+    };
+    let (reg, bits) = if wide { ("%tfw_d", 64) } else { ("%tfw_r", 32) };
+    format!(
+        "\t// Both ways wait: the branch only keeps the wait after the loads above.\n\
+         \tld.param.b{bits} {reg}, [p0];\n\
+         \tsetp.eq.b{bits} %tfw_p, {reg}, 0;\n\
+         \t@%tfw_p bra $L_tfw{n}_a;\n\
+         \tgriddepcontrol.wait;\n\
+         \tbra.uni $L_tfw{n}_j;\n\
+         $L_tfw{n}_a:\n\
+         \tgriddepcontrol.wait;\n\
+         $L_tfw{n}_j:\n"
+    )
 }
