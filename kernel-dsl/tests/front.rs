@@ -456,8 +456,15 @@ fn wait_for_prior_kernels_only_at_top_level_and_placed_in_sm90_ptx() {
     let w_load = p90.ptx.find("ld.global.nc").expect("the weight load");
     assert!(w_load < wait, "the weight load comes before the wait");
     let branch = p90.ptx.find("@%tfw_p bra").expect("the pinning branch");
-    let param = p90.ptx.find("ld.param.b64 %tfw_d, [p0]").expect("its predicate's input");
-    assert!(w_load < param && param < branch && branch < wait, "{}", p90.ptx);
+    let param = p90
+        .ptx
+        .find("ld.param.b64 %tfw_d, [p0]")
+        .expect("its predicate's input");
+    assert!(
+        w_load < param && param < branch && branch < wait,
+        "{}",
+        p90.ptx
+    );
     assert!(p90.ptx.contains("griddepcontrol.launch_dependents"));
     // Cache paths on sm_90: `w`, loaded before the wait, is declared unwritten by prior
     // kernels and stays non-coherent (both loads); `a` and `x` may have been written by
