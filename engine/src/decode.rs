@@ -105,22 +105,18 @@ pub struct LaunchPlan {
     pub min_chunk: usize,
 }
 
-/// On the GPU, the tuned configuration; on the interpreter, small tiles (less masked
-/// work per program).
-fn gemv_choice(dev: &Device, def: &KernelDef, tuned: GemvConfig) -> KernelChoice {
-    let c = if dev.is_cuda() {
-        tuned
-    } else {
-        GemvConfig {
-            block_n: 8,
-            block_k: 256,
-            num_warps: 4,
-            stages: 1,
-            stream: 0,
-            programs: 0,
-            reduce_each: 0,
-        }
-    };
+/// The GEMVs' tiles on the interpreter.
+const SMALL: GemvConfig = GemvConfig::tile(8, 256, 4);
+
+/// On the GPU, the tuned configuration; on the interpreter, `on_cpu` (small tiles: less
+/// masked work per program).
+fn gemv_choice(
+    dev: &Device,
+    def: &KernelDef,
+    tuned: GemvConfig,
+    on_cpu: GemvConfig,
+) -> KernelChoice {
+    let c = if dev.is_cuda() { tuned } else { on_cpu };
     KernelChoice {
         consts: c.consts_for(def),
         num_warps: c.num_warps,
@@ -194,30 +190,16 @@ impl LaunchPlan {
         let lm = tuning::lm_head_config_for(v, h, sm_count);
         let d = d as i64;
         let plan = LaunchPlan {
-            qkv: gemv_choice(dev, &RMS_NORM_GEMV, tuning::norm_gemv_config(qkv_dim, h)),
-            o_proj: gemv_choice(dev, &GEMV_RESIDUAL, tuning::gemv_config(h, qd)),
-            gate_up: gemv_choice(dev, &RMS_NORM_GATE_UP, tuning::gate_up_config(im, h)),
-            down: gemv_choice(dev, &GEMV_RESIDUAL, tuning::gemv_config(h, im)),
-            lm_head: if gpu {
-                KernelChoice {
-                    consts: lm.consts_for(&LM_HEAD_ARGMAX),
-                    num_warps: lm.num_warps,
-                }
-            } else {
-                KernelChoice {
-                    consts: GemvConfig {
-                        block_n: 16,
-                        block_k: 256,
-                        num_warps: 4,
-                        stages: 1,
-                        stream: 0,
-                        programs: 0,
-                        reduce_each: 0,
-                    }
-                    .consts_for(&LM_HEAD_ARGMAX),
-                    num_warps: 4,
-                }
-            },
+            qkv: gemv_choice(
+                dev,
+                &RMS_NORM_GEMV,
+                tuning::norm_gemv_config(qkv_dim, h),
+                SMALL,
+            ),
+            o_proj: gemv_choice(dev, &GEMV_RESIDUAL, tuning::gemv_config(h, qd), SMALL),
+            gate_up: gemv_choice(dev, &RMS_NORM_GATE_UP, tuning::gate_up_config(im, h), SMALL),
+            down: gemv_choice(dev, &GEMV_RESIDUAL, tuning::gemv_config(h, im), SMALL),
+            lm_head: gemv_choice(dev, &LM_HEAD_ARGMAX, lm, GemvConfig::tile(16, 256, 4)),
             lm_head_programs: if gpu { lm.programs } else { 0 },
             // Sized for the LM head's candidates below.
             argmax: KernelChoice {

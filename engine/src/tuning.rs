@@ -50,20 +50,40 @@ impl GemvConfig {
         }) as u32
     }
 
+    /// `block_n` rows a program over `num_warps` warps in `block_k`-column steps: single
+    /// buffered, one program per row block, the accumulator carried to the end.
+    pub const fn tile(block_n: usize, block_k: usize, num_warps: u32) -> Self {
+        GemvConfig {
+            block_n,
+            block_k,
+            num_warps,
+            stages: 1,
+            stream: 0,
+            programs: 0,
+            reduce_each: 0,
+        }
+    }
+
+    /// The field holding `def`'s compile-time constant `name`.
+    fn constant(&mut self, def: &tilefuse_dsl::runtime::KernelDef, name: &str) -> &mut usize {
+        match name {
+            "BLOCK_N" => &mut self.block_n,
+            "BLOCK_K" => &mut self.block_k,
+            "STAGES" => &mut self.stages,
+            "STREAM" => &mut self.stream,
+            "REDUCE_EACH" => &mut self.reduce_each,
+            other => unreachable!("`{}` has no GEMV constant `{other}`", def.name),
+        }
+    }
+
     /// The values of `def`'s compile-time constants, in its declaration order
     /// (`BLOCK_N`, `BLOCK_K`, `STAGES`, and `STREAM` or `REDUCE_EACH` where the kernel has
     /// them), for `launch_dyn` and [`KernelDef::variant`](tilefuse_dsl::runtime::KernelDef::variant).
     pub fn consts_for(&self, def: &tilefuse_dsl::runtime::KernelDef) -> Vec<i64> {
+        let mut c = *self;
         def.const_names
             .iter()
-            .map(|&name| match name {
-                "BLOCK_N" => self.block_n,
-                "BLOCK_K" => self.block_k,
-                "STAGES" => self.stages,
-                "STREAM" => self.stream,
-                "REDUCE_EACH" => self.reduce_each,
-                other => unreachable!("`{}` has no GEMV constant `{other}`", def.name),
-            } as i64)
+            .map(|&name| *c.constant(def, name) as i64)
             .collect()
     }
 
@@ -74,25 +94,9 @@ impl GemvConfig {
         consts: &[i64],
         num_warps: u32,
     ) -> Self {
-        let mut c = GemvConfig {
-            block_n: 0,
-            block_k: 0,
-            num_warps,
-            stages: 1,
-            stream: 0,
-            programs: 0,
-            reduce_each: 0,
-        };
+        let mut c = GemvConfig::tile(0, 0, num_warps);
         for (&name, &v) in def.const_names.iter().zip(consts) {
-            let v = v as usize;
-            match name {
-                "BLOCK_N" => c.block_n = v,
-                "BLOCK_K" => c.block_k = v,
-                "STAGES" => c.stages = v,
-                "STREAM" => c.stream = v,
-                "REDUCE_EACH" => c.reduce_each = v,
-                other => unreachable!("`{}` has no GEMV constant `{other}`", def.name),
-            }
+            *c.constant(def, name) = v as usize;
         }
         c
     }
@@ -164,16 +168,12 @@ pub fn norm_gemv_config(n: usize, k: usize) -> GemvConfig {
 /// gate+up 168.1 -> 159.1 us a step (docs/gpu-results.md, session 19). Alone, 2 rows of
 /// the same kind are fastest (5.74 against 6.03 us), 8 rows 5.77.
 pub fn gate_up_config(_inter: usize, k: usize) -> GemvConfig {
+    // Rows wider than one tile (Llama-3.2-1B's 2048 columns): 4 rows a program, the
+    // in-step sweep's choice (see `gemv_config_for`).
+    let block_n = if k > 1024 { 4 } else { 8 };
     GemvConfig {
-        // Rows wider than one tile (Llama-3.2-1B's 2048 columns): 4 rows a program, the
-        // in-step sweep's choice (see `gemv_config_for`).
-        block_n: if k > 1024 { 4 } else { 8 },
-        block_k: 1024,
-        num_warps: 4,
-        stages: 1,
-        stream: 0,
-        programs: 0,
         reduce_each: 1,
+        ..GemvConfig::tile(block_n, 1024, 4)
     }
 }
 
