@@ -115,6 +115,9 @@ pub struct SweepRow {
     pub choice: String,
     /// Median ms per token of graph replays.
     pub ms_per_token: f64,
+    /// Median over interleaved pairs of this plan's time over the best plan's, minus
+    /// one (negative: faster); 0 for the default.
+    pub vs_best: f64,
 }
 
 /// What [`sweep`] measured and chose.
@@ -358,9 +361,15 @@ fn tries(base: &LaunchPlan, role: &str, vocab: usize, head_dim: i64) -> Vec<(Str
 /// Greedy search over the compiled variants, timed in the whole captured step (a
 /// kernel alone, with an idle GPU before and after it, ranks variants differently
 /// from a kernel between its neighbours in a graph): each launch in turn takes the
-/// variant with the lowest ms/token, the others keeping the best found so far; then
+/// variant that makes the step fastest, the others keeping the best found so far; then
 /// the split count (up to the one the decoder was built with) and the fewest
 /// positions per split. Two passes. GPU only.
+///
+/// Each candidate is timed in [`SWEEP_PAIRS`] interleaved pairs with the best plan so
+/// far (`tokens` graph replays each, GPU events): the GPU's speed drifts over a sweep
+/// by more than most differences between variants, so a candidate is compared with
+/// the plan timed beside it, not with a figure from minutes before. It replaces the
+/// best plan when every pair has it faster, by at least [`SWEEP_MARGIN`] at the median.
 pub fn sweep(dec: &mut Decoder, token: u32, context: usize, tokens: usize) -> Result<Sweep> {
     if !dec.device().is_cuda() {
         return Err(EngineError::Option {
@@ -372,40 +381,51 @@ pub fn sweep(dec: &mut Decoder, token: u32, context: usize, tokens: usize) -> Re
     let time = |dec: &mut Decoder, plan: &LaunchPlan| -> Result<f64> {
         dec.set_plan(plan.clone())?;
         dec.capture()?;
-        Ok(time_mode(dec, "graph", token, context, tokens)?.ms_per_token)
+        dec.time_replays(token, context, tokens)
+    };
+    // Median candidate time and median of the candidate / best ratios, minus one, and
+    // whether every pair had the candidate faster.
+    let paired = |dec: &mut Decoder, best: &LaunchPlan, cand: &LaunchPlan| -> Result<_> {
+        let (mut ms, mut rel) = (Vec::new(), Vec::new());
+        for _ in 0..SWEEP_PAIRS {
+            let b = time(dec, best)?;
+            let c = time(dec, cand)?;
+            ms.push(c);
+            rel.push(c / b - 1.0);
+        }
+        let all_faster = rel.iter().all(|r| *r < 0.0);
+        Ok((median(ms), median(rel), all_faster))
     };
     let mut best = default.clone();
-    let mut best_ms = time(dec, &best)?;
     let mut rows = vec![SweepRow {
         role: "default",
         choice: String::new(),
-        ms_per_token: best_ms,
+        ms_per_token: time(dec, &best)?,
+        vs_best: 0.0,
     }];
     for _pass in 0..2 {
         for role in SWEEP_ROLES {
             let tries = tries(&best, role, vocab, head_dim);
-            let mut role_best = best.clone();
             for (choice, plan) in tries {
                 if plan == best || plan.check().is_err() {
                     continue;
                 }
-                let ms = time(dec, &plan)?;
+                let (ms, rel, all_faster) = paired(dec, &best, &plan)?;
                 rows.push(SweepRow {
                     role,
                     choice,
                     ms_per_token: ms,
+                    vs_best: rel,
                 });
-                if ms < best_ms {
-                    best_ms = ms;
-                    role_best = plan;
+                if all_faster && rel < -SWEEP_MARGIN {
+                    best = plan;
                 }
             }
-            best = role_best;
         }
     }
     // Re-time both, interleaved, for a fair last word.
     let (mut d, mut b) = (Vec::new(), Vec::new());
-    for _ in 0..3 {
+    for _ in 0..SWEEP_PAIRS {
         d.push(time(dec, &default)?);
         b.push(time(dec, &best)?);
     }
@@ -417,6 +437,13 @@ pub fn sweep(dec: &mut Decoder, token: u32, context: usize, tokens: usize) -> Re
         best,
     })
 }
+
+/// Interleaved pairs per candidate in [`sweep`].
+pub const SWEEP_PAIRS: usize = 3;
+
+/// The least median gain (a fraction of the step) for which [`sweep`] takes a
+/// candidate: below it, differences are within what two timings of one plan show.
+pub const SWEEP_MARGIN: f64 = 0.002;
 
 /// Runs the benchmark.
 pub fn run(opts: &DecodeBenchOptions) -> Result<DecodeReport> {
@@ -564,17 +591,17 @@ impl fmt::Display for DecodeReport {
         if let Some(sw) = &self.sweep {
             writeln!(
                 f,
-                "\nvariant sweep (graph replays; each row changes one launch of the best plan so far):"
+                "\nvariant sweep (graph replays; each row changes one launch of the best plan so \
+                 far and is timed in pairs with it):"
             )?;
-            let base = sw.rows.first().map_or(1.0, |r| r.ms_per_token);
             for r in &sw.rows {
                 writeln!(
                     f,
-                    "  {:<10} {:<40} {:>8.4} ms/token {:>+6.1}%",
+                    "  {:<10} {:<40} {:>8.4} ms/token {:>+6.2}% vs the best so far",
                     r.role,
                     r.choice,
                     r.ms_per_token,
-                    100.0 * (r.ms_per_token / base - 1.0)
+                    100.0 * r.vs_best
                 )?;
             }
             writeln!(
@@ -601,19 +628,22 @@ impl fmt::Display for DecodeReport {
         }
         if !self.blocks.is_empty() {
             let total: f64 = self.blocks.iter().map(|b| b.us).sum();
+            let in_step: f64 = self.blocks.iter().map(|b| b.in_step_us).sum();
             writeln!(
                 f,
-                "\nper block (each timed alone as a graph; sum {:.1} µs):",
-                total
+                "\nper block: alone = its launches timed as a graph of their own (sum {total:.1} µs);\n\
+                 in step = what the step loses with them left out of its graph (sum {in_step:.1} µs)"
             )?;
             for b in &self.blocks {
                 writeln!(
                     f,
-                    "  {:<10} {:>4} launches {:>9.1} µs {:>6.1}%",
+                    "  {:<10} {:>4} launches  alone {:>7.1} µs {:>5.1}%  in step {:>7.1} µs {:>5.2} µs a launch",
                     format!("{:?}", b.block),
                     b.launches,
                     b.us,
-                    100.0 * b.us / total
+                    100.0 * b.us / total,
+                    b.in_step_us,
+                    b.in_step_us / b.launches as f64
                 )?;
             }
         }

@@ -1165,12 +1165,65 @@ pub struct BlockTime {
     pub launches: usize,
     /// Median GPU time of all its launches in one step, in microseconds.
     pub us: f64,
+    /// What the whole step loses with this block's launches left out of its graph:
+    /// the median of the differences between interleaved replays of the full step
+    /// and of the step without them, in microseconds. Unlike [`BlockTime::us`] it
+    /// counts what the launches cost between their neighbours (the gaps they add, the
+    /// overlap they lose) and not what their neighbours hide.
+    pub in_step_us: f64,
 }
 
 impl Decoder {
+    /// GPU time of `steps` replays of the captured graph queued back to back from
+    /// `token` at `pos`, between two CUDA events: milliseconds per step. Each replay
+    /// decodes the token the previous one chose, as generation does; the caller leaves
+    /// room in the cache for `steps` more positions. Needs a captured graph.
+    pub fn time_replays(&mut self, token: u32, pos: usize, steps: usize) -> Result<f64> {
+        use cudarc::driver::sys::CUevent_flags;
+        let steps = steps.max(1);
+        if pos + steps > self.max_seq_len {
+            return Err(EngineError::TooLong {
+                prompt: pos + 1,
+                new: steps,
+                max: self.max_seq_len,
+            });
+        }
+        self.set_input(token, pos)?;
+        let (Some(cuda), Some(graph)) = (self.dev.as_cuda().cloned(), self.graph.as_ref()) else {
+            return Err(EngineError::Option {
+                message: "timing replays needs a GPU and a captured step".into(),
+            });
+        };
+        let driver = |what: &str, e| tilefuse_dsl::runtime::RuntimeError::Driver {
+            what: what.into(),
+            source: e,
+        };
+        let event = || {
+            cuda.context()
+                .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(|e| driver("creating a timing event", e))
+        };
+        let (start, end) = (event()?, event()?);
+        let stream = cuda.stream().clone();
+        start
+            .record(&stream)
+            .map_err(|e| driver("timing replays", e))?;
+        for _ in 0..steps {
+            graph.launch()?;
+        }
+        end.record(&stream)
+            .map_err(|e| driver("timing replays", e))?;
+        let ms = start
+            .elapsed_ms(&end)
+            .map_err(|e| driver("timing replays", e))?;
+        Ok(f64::from(ms) / steps as f64)
+    }
+
     /// Times each block of a step on its own: a graph of just that block's launches
     /// (every layer's), replayed `reps` times between CUDA events; the median per block.
-    /// Summed, they are the step without the gaps between blocks. GPU only; `state`
+    /// Summed, they are the step without the gaps between blocks. Then each block's
+    /// cost inside the step ([`BlockTime::in_step_us`]): the full step's graph and one
+    /// without the block's launches, replayed in turn `reps` times. GPU only; `state`
     /// is restored before every replay and afterwards.
     pub fn profile(&mut self, reps: usize) -> Result<Vec<BlockTime>> {
         use cudarc::driver::sys::CUevent_flags;
@@ -1190,44 +1243,57 @@ impl Decoder {
         };
         let (start, end) = (event()?, event()?);
         let saved = self.s.state.to_vec()?;
+        // One replay from the saved state, in microseconds between the events.
+        let replay = |s: &mut Scratch, graph: &Graph| -> Result<f64> {
+            fn timed<T>(
+                r: std::result::Result<T, cudarc::driver::DriverError>,
+            ) -> std::result::Result<T, tilefuse_dsl::runtime::RuntimeError> {
+                r.map_err(|e| tilefuse_dsl::runtime::RuntimeError::Driver {
+                    what: "timing a block".into(),
+                    source: e,
+                })
+            }
+            s.state.copy_from_host(&saved)?;
+            timed(start.record(&stream))?;
+            graph.launch()?;
+            timed(end.record(&stream))?;
+            Ok(f64::from(timed(start.elapsed_ms(&end))?) * 1e3)
+        };
+        let dev = self.dev.clone();
+        let full = dev.capture(|| self.step_eager())?;
         let mut out = Vec::new();
         for block in Block::ALL {
             if self.launches(block) == 0 {
                 continue;
             }
-            let dev = self.dev.clone();
-            let graph = dev.capture(|| self.step_blocks(|b| b == block))?;
-            let mut samples = Vec::with_capacity(reps);
+            let alone = dev.capture(|| self.step_blocks(|b| b == block))?;
+            let without = dev.capture(|| self.step_blocks(|b| b != block))?;
+            let (mut samples, mut losses) = (Vec::new(), Vec::new());
+            // The first two rounds warm up.
             for rep in 0..reps.max(1) + 2 {
-                self.s.state.copy_from_host(&saved)?;
-                fn timed<T>(
-                    r: std::result::Result<T, cudarc::driver::DriverError>,
-                ) -> std::result::Result<T, tilefuse_dsl::runtime::RuntimeError> {
-                    r.map_err(|e| tilefuse_dsl::runtime::RuntimeError::Driver {
-                        what: "timing a block".into(),
-                        source: e,
-                    })
-                }
-                timed(start.record(&stream))?;
-                graph.launch()?;
-                timed(end.record(&stream))?;
-                let ms = timed(start.elapsed_ms(&end))?;
-                // The first two replays warm up.
+                let us = replay(&mut self.s, &alone)?;
+                let loss = replay(&mut self.s, &full)? - replay(&mut self.s, &without)?;
                 if rep >= 2 {
-                    samples.push(f64::from(ms) * 1e3);
+                    samples.push(us);
+                    losses.push(loss);
                 }
             }
-            samples.sort_by(f64::total_cmp);
             out.push(BlockTime {
                 block,
                 launches: self.launches(block),
-                us: samples[samples.len() / 2],
+                us: median(samples),
+                in_step_us: median(losses),
             });
         }
         self.s.state.copy_from_host(&saved)?;
         self.synchronize()?;
         Ok(out)
     }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
 }
 
 /// Launches `def` with its compiled variant for `consts` / `num_warps`.

@@ -71,8 +71,8 @@ pub fn embed<const B: usize>(table: Ptr<bf16>, state: Ptr<i32>, x: Ptr<bf16>, h:
     // shapes were slower.
     STAGES = [1, 2],
     // 1: each tile is reduced as it arrives (see `gemv_residual`); compiled for a few
-    // 1024-column tiles (a whole row of the 1024-wide models), for comparisons: no
-    // faster than the default inside the step (docs/gpu-results.md, session 19).
+    // 1024-column tiles: 16 rows over 8 warps is the default for rows wider than 1024
+    // (Llama-3.2-1B's QKV, `tuning::norm_gemv_config`).
     REDUCE_EACH = [0, 1],
     // A 16 x 1024 tile for 128 threads, with the bias held across it, spills on sm_80.
     skip(BLOCK_N = 16, BLOCK_K = 1024, num_warps = 4),
@@ -182,12 +182,12 @@ pub fn rms_norm_gemv<
     num_warps = [4, 8],
     // 2: each weight tile is requested an iteration ahead (see `lm_head_argmax`);
     // slower for the O and down shapes on an H100 and an H200 (docs/gpu-results.md),
-    // so compiled for the down projection's default tile only, for comparisons.
+    // so compiled for 2 x 1024 tiles over 8 warps only, for comparisons.
     STAGES = [1, 2],
     // 1: each tile is reduced as it arrives, so no `[BLOCK_N, BLOCK_K]` f32 tile is
     // carried across the loop (fewer registers, one reduction a tile); compiled for
-    // 4096-column tiles (Llama-3.2-1B's down projection; for Qwen3-0.6B's O and down
-    // rows the leaner 2048-column forms were slower, docs/perf.md).
+    // 4096-column tiles (the down projections' default; the 2048-column forms were
+    // never the in-step sweep's choice for O, docs/perf.md).
     REDUCE_EACH = [0, 1],
     skip(STAGES = 2, BLOCK_N = [1, 4, 8]),
     skip(STAGES = 2, BLOCK_K = [256, 512, 2048, 4096]),

@@ -113,29 +113,27 @@ pub fn gemv_config(n: usize, k: usize) -> GemvConfig {
 /// [`gemv_config`] for a GPU with `sm_count` SMs.
 ///
 /// From `tilefuse bench --sweep` (every compiled variant timed inside the captured
-/// decode step of Qwen3-0.6B, H100, 2026-11-22 and 2026-11-25, see docs/perf.md): tall
-/// matrices (many rows, `k` ≈ 1024) do best with 8 rows per program, 512-column steps
-/// and 4 warps; short wide ones (`n` ≈ 1024, `k` ≥ 2048) with 2 rows and 2048-column
-/// steps over 8 warps (past 4096 columns, 4 rows in 4096-column tiles reduced as they
-/// arrive); narrower short ones with 8 rows and 1024-column steps. Timed
-/// alone, kernels can rank differently: the step overlaps each kernel's start with its
-/// predecessor's tail.
+/// decode step, each against the best plan so far in interleaved pairs; Qwen3-0.6B and
+/// Llama-3.2-1B, H100 and H200, 2026-11-25, see docs/perf.md). Inside the step every
+/// projection prefers *fewer, fatter* programs (128–384 a launch, 4–16 rows each) than
+/// it does alone, where 1-row programs (1024 a launch) rank first: between its
+/// neighbours in a graph a kernel's launch overlaps their tails, and with an idle GPU
+/// around it, it does not. Why fewer programs win there is not measured yet.
 pub fn gemv_config_for(n: usize, k: usize, sm_count: usize) -> GemvConfig {
     let tall = n >= 8 * 2 * sm_count.max(1);
     let (block_n, block_k, num_warps, reduce_each) = match (tall, k) {
         (true, _) => (8, 512, 4, 0),
-        // Past 4096 columns (Llama-3.2-1B's down projection, 2048 x 8192), 4 rows in
-        // 4096-column tiles reduced as they arrive: the in-step sweep's choice (H100,
-        // 2026-11-25, with the gate+up rule in `gate_up_config`: step 1.063 -> 1.001
-        // ms/token; docs/gpu-results.md, session 19).
-        (false, 4097..) => (4, 4096, 8, 1),
-        // From 2048 columns (Qwen3-0.6B's O and down projections, 1024 x 2048 and
-        // 1024 x 3072), 2 rows in 2048-column steps over 8 warps: the fastest alone
-        // (O 2.79 against 3.11 us for 1024-column steps, down 3.65 against 3.98) and,
-        // since session 18's packed 16-bit tiles, in the step (H100, 2026-11-25, three
-        // interleaved pairs: 1340.2 -> 1350.9 tok/s at context 1024, 1074.1 -> 1083.2
-        // at 4096; Llama-3.2-1B's O unchanged). Before, 2 x 1024 had won in the step.
-        (false, 2048..) => (2, 2048, 8, 0),
+        // Qwen3-0.6B's O projection (1024 x 2048): 8 whole rows a program, 128
+        // programs (one a SM) over 8 warps. Llama-3.2-1B's (2048 x 2048): 8 rows in
+        // 1024-column steps over 4 warps. Session 19 had 2 x 2048 over 8 warps for both
+        // (512 programs, 4 a SM).
+        (false, 2048) if n <= 1024 => (8, 2048, 8, 0),
+        (false, 2048) => (8, 1024, 4, 0),
+        // From 3072 columns (Qwen3-0.6B's down projection, 1024 x 3072, and Llama-3.2-1B's,
+        // 2048 x 8192): 4 rows in 4096-column tiles (a whole Qwen3 row) reduced as they
+        // arrive, over 8 warps.
+        (false, 3072..) => (4, 4096, 8, 1),
+        (false, 2049..) => (2, 2048, 8, 0),
         (false, _) => (8, 1024, 8, 0),
     };
     GemvConfig {
@@ -149,10 +147,23 @@ pub fn gemv_config_for(n: usize, k: usize, sm_count: usize) -> GemvConfig {
     }
 }
 
-/// The default configuration of [`kernels::rms_norm_gemv`] (the QKV projection): as
-/// [`gemv_config`], with column steps of at most 1024 (the widest it is compiled for).
+/// The default configuration of [`kernels::rms_norm_gemv`] (the QKV projection): 16
+/// rows a program over 8 warps for the tall matrices, in 512-column steps when a row
+/// is 1024 wide (Qwen3-0.6B, 4096 x 1024) and in 1024-column tiles reduced as they
+/// arrive when it is wider (Llama-3.2-1B, 3072 x 2048); otherwise as [`gemv_config`],
+/// with column steps of at most 1024 (the widest it is compiled for). From the in-step
+/// sweeps of 2026-11-25 (see [`gemv_config_for`]); session 19 had 8 rows in
+/// 512-column steps over 4 warps.
 pub fn norm_gemv_config(n: usize, k: usize) -> GemvConfig {
-    // The rule picks 2048-column steps only for k >= 2048.
+    if n >= 8 * 2 * DEFAULT_SM_COUNT {
+        return match k {
+            ..=1024 => GemvConfig::tile(16, 512, 8),
+            _ => GemvConfig {
+                reduce_each: 1,
+                ..GemvConfig::tile(16, 1024, 8)
+            },
+        };
+    }
     gemv_config(n, k.min(1024))
 }
 
@@ -160,21 +171,19 @@ pub fn norm_gemv_config(n: usize, k: usize) -> GemvConfig {
 /// (and as many of up) over `k` columns: compiled with 4 warps only, since two f32
 /// accumulators at 8 warps exceed ptxas' register budget and spill.
 ///
-/// For Qwen3-0.6B's 3072 × 1024 (H100, 2026-11-25): 8 rows a program, each whole
-/// 1024-column row in one tile reduced as it arrives (`REDUCE_EACH`: 138 registers
-/// instead of the carried tiles' 185 or more). Three interleaved pairs of builds
-/// against the earlier default (4 rows, 256-column steps, a carried accumulator): step
-/// 1321.7 -> 1334.4 tok/s at context 1024, 1056.9 -> 1069.1 at 4096; `--profile`
-/// gate+up 168.1 -> 159.1 us a step (docs/gpu-results.md, session 19). Alone, 2 rows of
-/// the same kind are fastest (5.74 against 6.03 us), 8 rows 5.77.
+/// Rows of 1024 columns (Qwen3-0.6B's 3072 × 1024): 8 rows a program in 512-column
+/// steps (156 registers on sm_90, three programs a SM; session 19's whole rows reduced
+/// as they arrive took 195, two a SM). Wider rows (Llama-3.2-1B's 8192 × 2048): 4 rows a program
+/// in 1024-column tiles reduced as they arrive. Both from the in-step sweeps (see
+/// [`gemv_config_for`]).
 pub fn gate_up_config(_inter: usize, k: usize) -> GemvConfig {
-    // Rows wider than one tile (Llama-3.2-1B's 2048 columns): 4 rows a program, the
-    // in-step sweep's choice (see `gemv_config_for`).
-    let block_n = if k > 1024 { 4 } else { 8 };
-    GemvConfig {
-        reduce_each: 1,
-        ..GemvConfig::tile(block_n, 1024, 4)
+    if k > 1024 {
+        return GemvConfig {
+            reduce_each: 1,
+            ..GemvConfig::tile(4, 1024, 4)
+        };
     }
+    GemvConfig::tile(8, 512, 4)
 }
 
 /// The default configuration of [`kernels::lm_head_argmax`] for a `[vocab, k]` head,

@@ -294,6 +294,48 @@ fn steps_past_the_cache_stay_in_bounds() {
     }
 }
 
+/// `time_replays` needs a GPU, a captured step and room in the cache for its steps,
+/// and decodes them as generation does (the position advances once a replay);
+/// `profile` times every block alone and inside the step.
+#[test]
+fn replay_timing_and_the_profile_check_their_input_and_decode_real_steps() {
+    let (cfg, w) = tilefuse_engine::preset::load("tiny-qwen3", 5).unwrap();
+    let (_turn, devs) = cpu_and_gpu("replay_timing_and_the_profile");
+    for dev in devs {
+        let mut dec = tilefuse_engine::Decoder::new(&cfg, &w, &dev, 32).unwrap();
+        assert!(
+            dec.time_replays(3, 0, 4).is_err(),
+            "no captured step on {dev}"
+        );
+        if !dev.is_cuda() {
+            assert!(dec.profile(2).is_err(), "profiling needs a GPU");
+            continue;
+        }
+        dec.set_input(3, 0).unwrap();
+        dec.capture().unwrap();
+        assert!(dec.time_replays(3, 30, 4).is_err(), "30 + 4 > 32 positions");
+        let ms = dec.time_replays(3, 10, 8).unwrap();
+        assert!(ms.is_finite() && ms > 0.0, "{ms} ms a step");
+        assert_eq!(
+            dec.read_state().unwrap().1,
+            18,
+            "8 replays from position 10"
+        );
+
+        let blocks = dec.profile(2).unwrap();
+        assert_eq!(blocks.len(), 9, "every block of a Qwen3 step");
+        for b in &blocks {
+            assert!(b.launches > 0 && b.us > 0.0, "{b:?}");
+            assert!(b.in_step_us.is_finite(), "{b:?}");
+        }
+        let layers = blocks
+            .iter()
+            .find(|b| b.block == tilefuse_engine::decode::Block::Qkv)
+            .unwrap();
+        assert_eq!(layers.launches, cfg.num_layers);
+    }
+}
+
 /// Other compiled variants, split counts and chunk sizes compute the same step (up to
 /// summation order), and plans that do not fit the decoder are refused with a message.
 #[test]

@@ -8,6 +8,9 @@
 //   self   : each GEMV asks L2 for its own weight slice before waiting for its predecessor;
 //   next   : each kernel asks L2 for the next GEMV's weights (its share) before waiting;
 //   next2  : next + self.
+// Every wait is pinned (see `pinned_wait`): ptxas otherwise hoists a lone
+// `griddepcontrol.wait` above the loads and prefetches placed before it, as it did in
+// this file's first runs (session 15, whose "changed nothing" was that artifact).
 // Build: nvcc -O3 -arch=sm_90a -o chain l2_prefetch_chain.cu
 #include <cuda_bf16.h>
 #include <cstdio>
@@ -21,6 +24,16 @@
 __device__ __forceinline__ void bulk_prefetch(const void* p, unsigned bytes) {
   // Both 16-byte aligned (the host guarantees it).
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(p), "r"(bytes) : "memory");
+}
+
+// `griddepcontrol.wait` kept after everything issued before it: a branch on a value
+// ptxas cannot know (`flag`, a kernel parameter) with a wait on either side, as the
+// tilefuse sm_90 backend emits it.
+__device__ __forceinline__ void pinned_wait(int flag) {
+  asm volatile(
+      "{\n\t.reg .pred p;\n\tsetp.eq.s32 p, %0, 0;\n\t@p bra PW_A%=;\n\t"
+      "griddepcontrol.wait;\n\tbra.uni PW_J%=;\n\tPW_A%=:\n\tgriddepcontrol.wait;\n\tPW_J%=:\n\t}"
+      :: "r"(flag) : "memory");
 }
 
 // Each block prefetches its share of [pf, pf + pf_bytes), in chunks of at most 32 KiB.
@@ -41,7 +54,7 @@ __global__ void gemv(const __nv_bfloat16* __restrict__ w, const __nv_bfloat16* x
   int row = blockIdx.x * 8 + threadIdx.x / 32, lane = threadIdx.x % 32;
   prefetch_share(pf, pf_bytes);
   if (self_pf && lane == 0 && row < n) bulk_prefetch(w + (size_t)row * k, k * 2);
-  asm volatile("griddepcontrol.wait;" ::: "memory");
+  pinned_wait(n);
   float acc = 0.f;
   if (row < n) {
     const uint4* wr = reinterpret_cast<const uint4*>(w + (size_t)row * k);
@@ -77,7 +90,7 @@ __global__ void gemv_pre(const __nv_bfloat16* __restrict__ w, const __nv_bfloat1
     for (int i = 0; i < V; i++)
       wv[r][i] = row0 + r < n ? reinterpret_cast<const uint4*>(w + (size_t)(row0 + r) * K)[lane + 32 * i]
                               : make_uint4(0, 0, 0, 0);
-  asm volatile("griddepcontrol.wait;" ::: "memory");
+  pinned_wait(n);
   float acc[R];
 #pragma unroll
   for (int r = 0; r < R; r++) acc[r] = 0.f;
@@ -111,7 +124,7 @@ void launch_pre(cudaStream_t s, bool pdl, int warps, const __nv_bfloat16* w, con
 __global__ void small(__nv_bfloat16* v, int n, const char* pf, size_t pf_bytes) {
   asm volatile("griddepcontrol.launch_dependents;");
   prefetch_share(pf, pf_bytes);
-  asm volatile("griddepcontrol.wait;" ::: "memory");
+  pinned_wait(n);
   int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) v[i] = __float2bfloat16(__bfloat162float(v[i]) * 0.5f + 0.01f);
 }

@@ -82,7 +82,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         let blocks: Vec<_> = report
             .blocks
             .iter()
-            .map(|b| serde_json::json!({"block": format!("{:?}", b.block), "launches": b.launches, "us": b.us}))
+            .map(|b| serde_json::json!({"block": format!("{:?}", b.block), "launches": b.launches, "us": b.us, "in_step_us": b.in_step_us}))
             .collect();
         let json = serde_json::json!({
             "device": report.device,
