@@ -383,8 +383,7 @@ pub fn sweep(dec: &mut Decoder, token: u32, context: usize, tokens: usize) -> Re
         dec.capture()?;
         dec.time_replays(token, context, tokens)
     };
-    // Median candidate time and median of the candidate / best ratios, minus one, and
-    // whether every pair had the candidate faster.
+    // The candidate's median time and its time over the best plan's, minus one, per pair.
     let paired = |dec: &mut Decoder, best: &LaunchPlan, cand: &LaunchPlan| -> Result<_> {
         let (mut ms, mut rel) = (Vec::new(), Vec::new());
         for _ in 0..SWEEP_PAIRS {
@@ -393,8 +392,7 @@ pub fn sweep(dec: &mut Decoder, token: u32, context: usize, tokens: usize) -> Re
             ms.push(c);
             rel.push(c / b - 1.0);
         }
-        let all_faster = rel.iter().all(|r| *r < 0.0);
-        Ok((median(ms), median(rel), all_faster))
+        Ok((median(ms), rel))
     };
     let mut best = default.clone();
     let mut rows = vec![SweepRow {
@@ -410,14 +408,15 @@ pub fn sweep(dec: &mut Decoder, token: u32, context: usize, tokens: usize) -> Re
                 if plan == best || plan.check().is_err() {
                     continue;
                 }
-                let (ms, rel, all_faster) = paired(dec, &best, &plan)?;
+                let (ms, rel) = paired(dec, &best, &plan)?;
+                let take = takes_candidate(&rel);
                 rows.push(SweepRow {
                     role,
                     choice,
                     ms_per_token: ms,
-                    vs_best: rel,
+                    vs_best: median(rel),
                 });
-                if all_faster && rel < -SWEEP_MARGIN {
+                if take {
                     best = plan;
                 }
             }
@@ -436,6 +435,15 @@ pub fn sweep(dec: &mut Decoder, token: u32, context: usize, tokens: usize) -> Re
         best_ms: median(b),
         best,
     })
+}
+
+/// Whether [`sweep`] takes a candidate timed in pairs with the best plan so far, given
+/// its time over the best plan's, minus one, in each pair: when every pair has it
+/// faster and the median by more than [`SWEEP_MARGIN`].
+fn takes_candidate(vs_best: &[f64]) -> bool {
+    !vs_best.is_empty()
+        && vs_best.iter().all(|r| *r < 0.0)
+        && median(vs_best.to_vec()) < -SWEEP_MARGIN
 }
 
 /// Interleaved pairs per candidate in [`sweep`].
@@ -654,6 +662,17 @@ impl fmt::Display for DecodeReport {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_sweep_takes_a_candidate_only_when_every_pair_has_it_clearly_faster() {
+        assert!(takes_candidate(&[-0.010, -0.004, -0.003]));
+        // One pair slower: drift or noise, not a better plan.
+        assert!(!takes_candidate(&[-0.010, 0.001, -0.020]));
+        // Faster in every pair, but by less than the margin.
+        assert!(!takes_candidate(&[-0.001, -0.0015, -0.0005]));
+        assert!(!takes_candidate(&[0.0, 0.0, 0.0]));
+        assert!(!takes_candidate(&[]));
+    }
 
     #[test]
     fn every_sweep_role_has_compiled_alternatives() {

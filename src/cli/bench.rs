@@ -30,11 +30,13 @@ pub struct BenchArgs {
     /// Skip the eager comparison.
     #[arg(long)]
     pub no_eager: bool,
-    /// Time each block of a step on its own.
+    /// Time each block of a step on its own, and what the step loses to it (the step's
+    /// graph with and without the block's launches, interleaved).
     #[arg(long)]
     pub profile: bool,
-    /// Try every compiled variant of each launch inside the captured step and print
-    /// the best plan (GPU only; a few hundred graph captures).
+    /// Try every compiled variant of each launch inside the captured step, each in
+    /// interleaved pairs with the best plan so far, and print the best plan (GPU only;
+    /// a few hundred graph captures; `--tokens` replays a timing).
     #[arg(long)]
     pub sweep: bool,
     /// Also time sampled decoding (temperature 0.8, top-p 0.9), drawn on the device
