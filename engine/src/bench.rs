@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use tilefuse_dsl::runtime::{Device, KernelDef};
 
-use crate::decode::{BlockTime, Decoder, KernelChoice, LaunchPlan};
+use crate::decode::{median, BlockTime, Decoder, KernelChoice, LaunchPlan};
 use crate::error::{EngineError, Result};
 use crate::kernels::{
     ATTENTION_COMBINE, ATTENTION_SPLIT, GEMV_RESIDUAL, LM_HEAD_ARGMAX, RMS_NORM_GATE_UP,
@@ -140,11 +140,6 @@ impl DecodeReport {
         self.copy_bytes_per_s
             .map(|bw| (self.weight_bytes + self.kv_bytes) as f64 / bw * 1e3)
     }
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 /// Times `opts.tokens` greedy steps in the current mode of `dec`, starting at position

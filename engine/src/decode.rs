@@ -1291,7 +1291,8 @@ impl Decoder {
     }
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+/// The middle value (the upper one of an even count); `v` must not be empty.
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }
