@@ -100,7 +100,10 @@ fn expand(attr: TokenStream2, item: ItemFn) -> TokenStream2 {
             }
         }
         let consts: Vec<i64> = spec.consts.iter().map(|(_, v)| *v).collect();
-        let (sm80, sm90) = (&ptx_text[0], &ptx_text[1]);
+        let (sm80, sm90) = (
+            embedded_ptx(&krate, &ptx_text[0]),
+            embedded_ptx(&krate, &ptx_text[1]),
+        );
         let num_warps = spec.num_warps;
         let [cx, cy, cz] = kernel.cluster;
         variants.push(quote! {
@@ -276,5 +279,27 @@ fn rust_type(krate: &TokenStream2, d: DType) -> TokenStream2 {
             let t = format_ident!("{}", other.name());
             quote!(#t)
         }
+    }
+}
+
+/// The PTX text of one variant as the binary embeds it: deflated (PTX is most of a
+/// binary's size), with a static of its own for the text once inflated at run time.
+fn embedded_ptx(krate: &TokenStream2, text: &str) -> TokenStream2 {
+    if text.is_empty() {
+        return quote! { #krate::runtime::Ptx::text("") };
+    }
+    let deflated = tilefuse_dsl::runtime::deflate_ptx(text);
+    // The run time reads bytes that do not inflate as an empty module: should these
+    // not round-trip, the text goes in plain.
+    if tilefuse_dsl::runtime::inflate_ptx(&deflated).as_deref() != Some(text) {
+        return quote! { #krate::runtime::Ptx::text(#text) };
+    }
+    let bytes = proc_macro2::Literal::byte_string(&deflated);
+    quote! {
+        #krate::runtime::Ptx::deflated(#bytes, {
+            static TEXT: ::std::sync::OnceLock<::std::string::String> =
+                ::std::sync::OnceLock::new();
+            &TEXT
+        })
     }
 }

@@ -46,8 +46,9 @@ fn description_lists_every_variant_and_the_written_parameter() {
     );
     for v in SCALE_IOTA.variants {
         assert!(
-            v.ptx_sm80.contains(".entry"),
-            "PTX is embedded at build time"
+            v.ptx_sm80.as_str().contains(".entry")
+                && format!("{:?}", v.ptx_sm80).contains("deflated"),
+            "PTX is embedded at build time, deflated"
         );
     }
 }

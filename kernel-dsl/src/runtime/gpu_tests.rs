@@ -90,8 +90,8 @@ static SCALE_ADD: KernelDef = KernelDef {
         Variant {
             consts: &[],
             num_warps: 1,
-            ptx_sm80: SCALE_ADD_SM80,
-            ptx_sm90: SCALE_ADD_SM90,
+            ptx_sm80: Ptx::text(SCALE_ADD_SM80),
+            ptx_sm90: Ptx::text(SCALE_ADD_SM90),
             entry: "scale_add",
             shared_bytes: 0,
             cluster: [1, 1, 1],
@@ -99,8 +99,8 @@ static SCALE_ADD: KernelDef = KernelDef {
         Variant {
             consts: &[],
             num_warps: 4,
-            ptx_sm80: SCALE_ADD_SM80,
-            ptx_sm90: "",
+            ptx_sm80: Ptx::text(SCALE_ADD_SM80),
+            ptx_sm90: Ptx::text(""),
             entry: "scale_add",
             shared_bytes: 0,
             cluster: [1, 1, 1],

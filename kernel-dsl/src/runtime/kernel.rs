@@ -2,11 +2,11 @@
 
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::fmt::Write as _;
+use std::fmt::{self, Write as _};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::CudaFunction;
-use cudarc::nvrtc::Ptx;
+use cudarc::nvrtc::Ptx as CudaPtx;
 
 use super::device::{CudaDevice, Device, ErasedBuffer};
 use super::element::Element;
@@ -108,6 +108,78 @@ pub struct ParamDef {
     pub written: bool,
 }
 
+/// PTX text as a binary embeds it: plain, or deflated, as `#[kernel]` emits it (PTX is
+/// most of a binary's size, and deflates about tenfold) and inflated on first use.
+#[derive(Clone, Copy)]
+pub struct Ptx(PtxRepr);
+
+#[derive(Clone, Copy)]
+enum PtxRepr {
+    Text(&'static str),
+    Deflated(&'static [u8], &'static OnceLock<String>),
+}
+
+impl Ptx {
+    /// Plain PTX text.
+    pub const fn text(text: &'static str) -> Ptx {
+        Ptx(PtxRepr::Text(text))
+    }
+
+    /// PTX deflated by [`deflate_ptx`]; `cache` holds the text once inflated (each
+    /// variant's own static).
+    pub const fn deflated(bytes: &'static [u8], cache: &'static OnceLock<String>) -> Ptx {
+        Ptx(PtxRepr::Deflated(bytes, cache))
+    }
+
+    /// The text, inflated on the first call. Bytes that do not inflate to UTF-8 (never
+    /// from `#[kernel]`, which checks the round trip) read as empty, which launching
+    /// reports as a missing PTX module.
+    pub fn as_str(&self) -> &'static str {
+        match self.0 {
+            PtxRepr::Text(text) => text,
+            PtxRepr::Deflated(bytes, cache) => cache
+                .get_or_init(|| inflate_ptx(bytes).unwrap_or_default())
+                .as_str(),
+        }
+    }
+
+    /// Whether there is no PTX (none generated for the target).
+    pub fn is_empty(&self) -> bool {
+        match self.0 {
+            PtxRepr::Text(text) => text.is_empty(),
+            PtxRepr::Deflated(bytes, _) => bytes.is_empty(),
+        }
+    }
+}
+
+impl fmt::Debug for Ptx {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            PtxRepr::Text(text) => write!(f, "Ptx({} bytes of text)", text.len()),
+            PtxRepr::Deflated(bytes, _) => write!(f, "Ptx({} bytes deflated)", bytes.len()),
+        }
+    }
+}
+
+impl PartialEq for Ptx {
+    fn eq(&self, other: &Ptx) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+
+impl Eq for Ptx {}
+
+/// Deflates PTX text for [`Ptx::deflated`] (what `#[kernel]` embeds).
+pub fn deflate_ptx(text: &str) -> Vec<u8> {
+    miniz_oxide::deflate::compress_to_vec(text.as_bytes(), 6)
+}
+
+/// The text [`deflate_ptx`] deflated, if `bytes` inflate to UTF-8.
+pub fn inflate_ptx(bytes: &[u8]) -> Option<String> {
+    let raw = miniz_oxide::inflate::decompress_to_vec(bytes).ok()?;
+    String::from_utf8(raw).ok()
+}
+
 /// One compiled specialization of a kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Variant {
@@ -116,9 +188,9 @@ pub struct Variant {
     /// Warps per program.
     pub num_warps: u32,
     /// PTX for `sm_80` (runs on Ampere and newer through the driver's JIT).
-    pub ptx_sm80: &'static str,
+    pub ptx_sm80: Ptx,
     /// PTX for `sm_90`; empty when not generated.
-    pub ptx_sm90: &'static str,
+    pub ptx_sm90: Ptx,
     /// The `.entry` name in both modules.
     pub entry: &'static str,
     /// Static shared memory the kernel uses, in bytes.
@@ -133,8 +205,8 @@ impl Variant {
     /// The PTX text for a target (empty if none was generated for it).
     pub fn ptx(&self, target: Target) -> &'static str {
         match target {
-            Target::Sm80 => self.ptx_sm80,
-            Target::Sm90 => self.ptx_sm90,
+            Target::Sm80 => self.ptx_sm80.as_str(),
+            Target::Sm90 => self.ptx_sm90.as_str(),
         }
     }
 
@@ -540,7 +612,7 @@ impl KernelDef {
         };
         let module = dev
             .context()
-            .load_module(Ptx::from_src(ptx))
+            .load_module(CudaPtx::from_src(ptx))
             .map_err(driver_err(format!(
                 "loading the {} PTX of [{describe}]",
                 target.name()
@@ -787,6 +859,27 @@ scalar_arg!(i32 => I32, u32 => U32, i64 => I64, f32 => F32);
 mod tests {
     use super::*;
 
+    #[test]
+    fn deflated_ptx_reads_as_its_text_and_bad_bytes_as_empty() {
+        let text = ".version 8.0\n.target sm_80\n// a kernel\n".repeat(200);
+        let deflated: &'static [u8] = Vec::leak(deflate_ptx(&text));
+        assert!(deflated.len() * 10 < text.len(), "repetitive text deflates");
+        static CACHE: OnceLock<String> = OnceLock::new();
+        let ptx = Ptx::deflated(deflated, &CACHE);
+        assert!(!ptx.is_empty());
+        assert_eq!(ptx.as_str(), text);
+        // Inflated once, then served from the cache.
+        assert!(std::ptr::eq(ptx.as_str(), ptx.as_str()));
+        assert_eq!(ptx, Ptx::text(Box::leak(text.into_boxed_str())));
+        assert!(format!("{ptx:?}").contains("deflated"));
+
+        static BAD: OnceLock<String> = OnceLock::new();
+        let bad = Ptx::deflated(b"not deflate data", &BAD);
+        assert_eq!(bad.as_str(), "", "launching reports a missing module");
+        assert_eq!(inflate_ptx(b"not deflate data"), None);
+        assert!(Ptx::text("").is_empty());
+    }
+
     static ADD: KernelDef = KernelDef {
         name: "add",
         source: "fn add<const BLOCK: usize>(x: Ptr<f32>, out: Ptr<f32>, n: i32) {}",
@@ -812,8 +905,8 @@ mod tests {
             Variant {
                 consts: &[256],
                 num_warps: 4,
-                ptx_sm80: "// sm80",
-                ptx_sm90: "",
+                ptx_sm80: Ptx::text("// sm80"),
+                ptx_sm90: Ptx::text(""),
                 entry: "add",
                 shared_bytes: 0,
                 cluster: [1, 1, 1],
@@ -821,8 +914,8 @@ mod tests {
             Variant {
                 consts: &[256],
                 num_warps: 8,
-                ptx_sm80: "// sm80 w8",
-                ptx_sm90: "// sm90 w8",
+                ptx_sm80: Ptx::text("// sm80 w8"),
+                ptx_sm90: Ptx::text("// sm90 w8"),
                 entry: "add",
                 shared_bytes: 0,
                 cluster: [1, 1, 1],
@@ -830,8 +923,8 @@ mod tests {
             Variant {
                 consts: &[1024],
                 num_warps: 4,
-                ptx_sm80: "// sm80 1024",
-                ptx_sm90: "",
+                ptx_sm80: Ptx::text("// sm80 1024"),
+                ptx_sm90: Ptx::text(""),
                 entry: "add",
                 shared_bytes: 0,
                 cluster: [1, 1, 1],
@@ -869,7 +962,10 @@ mod tests {
     #[test]
     fn variant_selection() {
         assert_eq!(ADD.variant(&[256], None).unwrap().num_warps, 4);
-        assert_eq!(ADD.variant(&[256], Some(8)).unwrap().ptx_sm80, "// sm80 w8");
+        assert_eq!(
+            ADD.variant(&[256], Some(8)).unwrap().ptx_sm80.as_str(),
+            "// sm80 w8"
+        );
         assert_eq!(
             ADD.ptx(&[1024], None, Target::Sm80).unwrap(),
             "// sm80 1024"

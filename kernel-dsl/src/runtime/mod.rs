@@ -21,7 +21,9 @@ pub use device::{cuda_available, Buffer, CudaDevice, Device};
 pub use element::{as_bytes, as_bytes_mut, Element};
 pub use error::{LaunchError, RuntimeError};
 pub use graph::Graph;
-pub use kernel::{KernelArg, KernelDef, LaunchConfig, ParamDef, Variant};
+pub use kernel::{
+    deflate_ptx, inflate_ptx, KernelArg, KernelDef, LaunchConfig, ParamDef, Ptx, Variant,
+};
 pub use readback::Readback;
 
 #[cfg(test)]

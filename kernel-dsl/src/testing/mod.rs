@@ -10,7 +10,7 @@ use half::{bf16, f16};
 
 use crate::back::ptx::{compile, Target};
 use crate::interp::Scalar;
-use crate::runtime::{Buffer, Device, KernelArg, KernelDef, ParamDef, Variant};
+use crate::runtime::{Buffer, Device, KernelArg, KernelDef, ParamDef, Ptx, Variant};
 use crate::Specialization;
 
 fn leak<T>(v: Vec<T>) -> &'static [T] {
@@ -83,8 +83,8 @@ pub fn def_attr(
     let variant = Variant {
         consts: leak(consts.iter().map(|c| c.1).collect()),
         num_warps: warps,
-        ptx_sm80: leak_str(p80.map(|p| p.ptx).unwrap_or_default()),
-        ptx_sm90: leak_str(p90.ptx),
+        ptx_sm80: Ptx::text(leak_str(p80.map(|p| p.ptx).unwrap_or_default())),
+        ptx_sm90: Ptx::text(leak_str(p90.ptx)),
         entry: leak_str(p90.entry),
         shared_bytes: p90.shared_bytes,
         cluster: k.cluster,

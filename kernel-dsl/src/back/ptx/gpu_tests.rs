@@ -565,7 +565,7 @@ fn dump() {
         _ => (SOFTMAX2D, vec![("BM", 2), ("BN", 128)], 2),
     };
     let d = def(s, &c, w);
-    println!("{}", d.variants[0].ptx_sm80);
+    println!("{}", d.variants[0].ptx_sm80.as_str());
 }
 
 const COLSUM: &str = r#"
