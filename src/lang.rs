@@ -5,7 +5,7 @@
 //! meaning and an example. **Its items are only meaningful inside `#[kernel]`**: [`Tile`]
 //! and [`Ptr`] have no values, so the methods and operators here cannot be called from
 //! ordinary Rust, and the few free functions that take no tile ([`program_id`],
-//! [`num_programs`], [`arange`], [`zeros`], [`full`]) panic with
+//! [`num_programs`], [`global_timer`], [`arange`], [`zeros`], [`full`]) panic with
 //! "only meaningful inside #\[kernel\]". Kernels never import this module: inside
 //! `#[kernel]` the names are the language's own.
 //!
@@ -32,6 +32,7 @@
 //! | `tl.dot` | `dot(a, b)`, `dot(a, b, acc)` | [`dot`] |
 //! | `tl.atomic_add`, `tl.atomic_max` | `atomic_add(p, v, mask)`, `atomic_max(p, v, mask)` | [`atomic_add`], [`atomic_max`] |
 //! | `tl.cdiv` | `cdiv(a, b)` | [`cdiv`] |
+//! | `tl.extra.cuda.globaltimer` | `global_timer()` | [`global_timer`] |
 //!
 //! The exact rules (integer wrapping, shifts past the width, rounding, casts, NaN in
 //! reductions) are in `docs/design.md`, "Semantics". Every op is checked against a
@@ -284,6 +285,25 @@ impl<T> Tile<T> {
 pub fn program_id(axis: i32) -> Tile<i32> {
     let _ = axis;
     outside_kernel("program_id")
+}
+
+/// Nanoseconds of a clock that every program of every launch shares, as an `i64`
+/// scalar: `%globaltimer` on the GPU (whose resolution is about a microsecond on some
+/// drivers), a monotonic clock on the interpreter. Each call reads the clock again.
+/// Stored at entry, after [`wait_for_prior_kernels`] and at the end, it shows when a
+/// kernel's programs start, get past their wait and finish.
+///
+/// ```rust,ignore
+/// let start = global_timer();
+/// wait_for_prior_kernels();
+/// let past_wait = global_timer();
+/// // ...
+/// store(stamps + 3 * program_id(0), start);
+/// store(stamps + 3 * program_id(0) + 1, past_wait);
+/// store(stamps + 3 * program_id(0) + 2, global_timer());
+/// ```
+pub fn global_timer() -> Tile<i64> {
+    outside_kernel("global_timer")
 }
 
 /// The grid's size along `axis` (0, 1 or 2), as an `i32` scalar.

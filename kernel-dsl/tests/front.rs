@@ -587,3 +587,48 @@ fn cluster_mistakes_are_errors() {
     );
     assert!(ptrs.contains("not pointers"), "{ptrs}");
 }
+
+#[test]
+fn global_timer_is_an_i64_scalar_that_reads_the_gpu_clock() {
+    let e = error_of(
+        "#[kernel] fn k(t: Ptr<i64>) { store(t, global_timer(1)); }",
+        &[],
+    );
+    assert!(e.contains("global_timer"), "{e}");
+    let e = error_of(
+        "#[kernel] fn k(t: Ptr<i32>) { store(t, global_timer()); }",
+        &[],
+    );
+    assert!(
+        e.contains("i64") || e.contains("i32"),
+        "storing i64 into i32: {e}"
+    );
+
+    let src = "#[kernel] fn k(t: Ptr<i64>, x: Ptr<f32>) {
+        let start = global_timer();
+        store(x, load(x) * 2.0);
+        store(t, start);
+        store(t + 1, global_timer() - start);
+    }";
+    let k = compile_source(src, &spec(&[], 4)).unwrap();
+    let timers: Vec<_> = k
+        .values
+        .iter()
+        .filter(|v| matches!(v.def, Def::Expr(Expr::GlobalTimer)))
+        .collect();
+    assert_eq!(timers.len(), 2, "two reads, not one shared value");
+    for v in timers {
+        assert_eq!(v.ty.as_ref().unwrap(), &Type::val(DType::I64, vec![]));
+    }
+    for target in [
+        tilefuse_dsl::back::ptx::Target::Sm80,
+        tilefuse_dsl::back::ptx::Target::Sm90,
+    ] {
+        let p = tilefuse_dsl::back::ptx::compile(&k, target).unwrap();
+        assert_eq!(p.ptx.matches("%globaltimer").count(), 2, "{}", p.ptx);
+        if let Ok(ptxas) = tilefuse_dsl::back::ptx::ptxas::find() {
+            tilefuse_dsl::back::ptx::ptxas::assemble(&ptxas, &p, target)
+                .unwrap_or_else(|e| panic!("{e}\n{}", p.ptx));
+        }
+    }
+}

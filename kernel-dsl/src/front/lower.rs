@@ -77,7 +77,8 @@ type R<T> = Result<T, CompileError>;
 
 const OPS: &str = "program_id, num_programs, arange, zeros, full, load, store, atomic_add, \
 atomic_max, select, maximum, minimum, exp, exp2, log, log2, sqrt, rsqrt, sin, cos, abs, sigmoid, \
-tanh, floor, ceil, sum, max, min, argmax, dot, expand_dims, broadcast_to, cdiv, cluster_gather";
+tanh, floor, ceil, sum, max, min, argmax, dot, expand_dims, broadcast_to, cdiv, cluster_gather, \
+global_timer";
 
 impl Lower {
     fn run(&mut self, ast: &KernelAst, spec: &Specialization) -> R<Kernel> {
@@ -792,6 +793,10 @@ impl Lower {
                     Expr::NumPrograms(axis as u32)
                 };
                 Ok(self.emit_at(e, span))
+            }
+            "global_timer" => {
+                self.arity(name, args, 0, 0, span)?;
+                Ok(self.emit_at(Expr::GlobalTimer, span))
             }
             "cluster_gather" => {
                 self.arity(name, args, 1, 1, span)?;

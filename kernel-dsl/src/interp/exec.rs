@@ -522,6 +522,7 @@ impl<'k, 'b, 'a> Exec<'k, 'b, 'a> {
                 };
                 one.splat(ty.numel())?
             }
+            Expr::GlobalTimer => Data::I(vec![global_timer_ns()]),
             Expr::ProgramId(a) | Expr::NumPrograms(a) => {
                 let a = *a as usize;
                 if a > 2 {
@@ -851,4 +852,14 @@ pub(crate) fn check_args(kernel: &Kernel, args: &[Arg<'_>]) -> Result<(), String
         }
     }
     Ok(())
+}
+
+/// `global_timer()` on the interpreter: nanoseconds since the first call in this
+/// process (monotonic, shared by every program and launch).
+fn global_timer_ns() -> i64 {
+    use std::sync::OnceLock;
+    use std::time::Instant;
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    let epoch = *EPOCH.get_or_init(Instant::now);
+    i64::try_from(epoch.elapsed().as_nanos()).unwrap_or(i64::MAX)
 }

@@ -369,6 +369,10 @@ pub enum Expr {
     ProgramId(u32),
     /// `num_programs(axis)`: `i32`.
     NumPrograms(u32),
+    /// `global_timer()`: `i64` nanoseconds of a clock shared by every program of every
+    /// launch (the GPU's `%globaltimer`; the interpreter's monotonic clock), for
+    /// timelines of when programs start, wait and end.
+    GlobalTimer,
     /// `arange(start, end)`: the `i32` tile `[start, start+1, .., end-1]`.
     Arange {
         /// First element.
@@ -506,6 +510,7 @@ impl Expr {
             | Expr::Literal(_)
             | Expr::ProgramId(_)
             | Expr::NumPrograms(_)
+            | Expr::GlobalTimer
             | Expr::Arange { .. } => vec![],
             Expr::Splat { value, .. }
             | Expr::Broadcast { value, .. }

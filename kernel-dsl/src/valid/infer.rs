@@ -572,6 +572,9 @@ impl Infer<'_> {
             Expr::ProgramId(a) => {
                 Ok(self.emit(Expr::ProgramId(*a), Type::val(DType::I32, vec![]), loc))
             }
+            Expr::GlobalTimer => {
+                Ok(self.emit(Expr::GlobalTimer, Type::val(DType::I64, vec![]), loc))
+            }
             Expr::NumPrograms(a) => {
                 Ok(self.emit(Expr::NumPrograms(*a), Type::val(DType::I32, vec![]), loc))
             }

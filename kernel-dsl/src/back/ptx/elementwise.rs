@@ -33,6 +33,11 @@ impl Emitter<'_> {
                 let dt = ty.dtype().unwrap_or(DType::I32);
                 self.literal(*lit, dt)
             }
+            Expr::GlobalTimer => {
+                let d = self.reg(Rk::D);
+                self.ins(format!("mov.u64 {d}, %globaltimer"));
+                Ok(d)
+            }
             Expr::ProgramId(axis) | Expr::NumPrograms(axis) => {
                 let d = self.reg(Rk::R);
                 let reg = if matches!(e, Expr::ProgramId(_)) {

@@ -434,6 +434,63 @@ fn gpu_last_program_reads_every_program_s_writes() {
     }
 }
 
+const TIMER: &str = r#"
+fn timer<const B: usize>(x: Ptr<f32>, out: Ptr<f32>, stamps: Ptr<i64>, steps: i32) {
+    let start = global_timer();
+    let offs = program_id(0) * B + arange(0, B);
+    let mut y = load(x + offs);
+    for i in 0..steps {
+        y = y * 0.5 + (i as f32);
+    }
+    store(out + offs, y);
+    let end = global_timer();
+    store(stamps + 2 * program_id(0), start);
+    store(stamps + 2 * program_id(0) + 1, end);
+}
+"#;
+
+/// `global_timer()` reads one clock for every program: each program's end stamp is at
+/// or after its start, every stamp lies within one short window, and the work between
+/// them computes what the interpreter computes.
+#[test]
+fn gpu_global_timer_stamps_each_program_in_order() {
+    let mut r = Rng(29);
+    let programs = 264;
+    let d = def(TIMER, &[("B", 128)], 4);
+    let data = [
+        Data::F32(r.vec(programs * 128, 1.0)),
+        Data::F32(vec![f32::NAN; programs * 128]),
+        Data::I64(vec![-1; 2 * programs]),
+        Data::S(Scalar::I32(16)),
+    ];
+    let check = |what: &str, got: &[Data]| {
+        let Data::I64(stamps) = &got[2] else {
+            unreachable!()
+        };
+        for (p, s) in stamps.chunks(2).enumerate() {
+            assert!(
+                s[0] >= 0 && s[1] >= s[0],
+                "{what}: program {p} stamps {s:?}"
+            );
+        }
+        let (lo, hi) = (stamps.iter().min().unwrap(), stamps.iter().max().unwrap());
+        assert!(
+            hi - lo < 10_000_000_000,
+            "{what}: stamps span {} ns",
+            hi - lo
+        );
+    };
+    let want = run_on(&Device::cpu(), d, [programs as u32, 1, 1], &data);
+    check("interpreter", &want);
+    let _turn = crate::runtime::testing::gpu_turn();
+    let Some(gpu) = gpu_or_skip("global timer") else {
+        return;
+    };
+    let got = run_on(&gpu, d, [programs as u32, 1, 1], &data);
+    check("gpu", &got);
+    assert_eq!(got[1], want[1], "the work between the stamps");
+}
+
 const BRANCH: &str = r#"
 fn branch<const B: usize>(x: Ptr<f32>, out: Ptr<f32>, steps: i32) {
     let offs = program_id(0) * B + arange(0, B);
