@@ -33,6 +33,8 @@
 //! | `tl.atomic_add`, `tl.atomic_max` | `atomic_add(p, v, mask)`, `atomic_max(p, v, mask)` | [`atomic_add`], [`atomic_max`] |
 //! | `tl.cdiv` | `cdiv(a, b)` | [`cdiv`] |
 //! | `tl.extra.cuda.globaltimer` | `global_timer()` | [`global_timer`] |
+//! | `gdc_wait`, `gdc_launch_dependents` | `wait_for_prior_kernels()`, `launch_dependents()` | [`wait_for_prior_kernels`], [`launch_dependents`] |
+//! | Gluon's distributed shared memory | `cluster_gather(t)` | [`cluster_gather`] |
 //!
 //! The exact rules (integer wrapping, shifts past the width, rounding, casts, NaN in
 //! reductions) are in `docs/design.md`, "Semantics". Every op is checked against a
@@ -540,6 +542,21 @@ pub fn atomic_add<T>(ptrs: Ptr<T>, values: Tile<T>, mask: Tile<bool>) -> Tile<T>
 pub fn atomic_max<T>(ptrs: Ptr<T>, values: Tile<T>, mask: Tile<bool>) -> Tile<T> {
     let _ = (values, mask);
     match ptrs.never {}
+}
+
+/// In a kernel with thread-block clusters (`cluster(y = C)` in `#[kernel(..)]`), at the
+/// top level: every program of the cluster contributes `t` (a tile or a scalar) and each
+/// receives all of them stacked along a new leading axis, `[C, ..]`, row `r` from the
+/// program of cluster rank `r`. On sm_90 the tiles travel through distributed shared
+/// memory (no global memory, no second kernel).
+///
+/// ```rust,ignore
+/// // Merge flash-decoding splits inside the kernel: one row of partial results a split.
+/// let all_m = cluster_gather(m);          // [C, G]
+/// let weight = exp(all_m - all_m.max(0).expand_dims(0));
+/// ```
+pub fn cluster_gather<T>(t: Tile<T>) -> Tile<T> {
+    match t.never {}
 }
 
 /// Integer division rounding up: `(a + b - 1) / b`.
