@@ -1179,7 +1179,6 @@ impl Decoder {
     /// decodes the token the previous one chose, as generation does; the caller leaves
     /// room in the cache for `steps` more positions. Needs a captured graph.
     pub fn time_replays(&mut self, token: u32, pos: usize, steps: usize) -> Result<f64> {
-        use cudarc::driver::sys::CUevent_flags;
         let steps = steps.max(1);
         if pos + steps > self.max_seq_len {
             return Err(EngineError::TooLong {
@@ -1194,29 +1193,13 @@ impl Decoder {
                 message: "timing replays needs a GPU and a captured step".into(),
             });
         };
-        let driver = |what: &str, e| tilefuse_dsl::runtime::RuntimeError::Driver {
-            what: what.into(),
-            source: e,
-        };
-        let event = || {
-            cuda.context()
-                .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
-                .map_err(|e| driver("creating a timing event", e))
-        };
-        let (start, end) = (event()?, event()?);
-        let stream = cuda.stream().clone();
-        start
-            .record(&stream)
-            .map_err(|e| driver("timing replays", e))?;
-        for _ in 0..steps {
-            graph.launch()?;
-        }
-        end.record(&stream)
-            .map_err(|e| driver("timing replays", e))?;
-        let ms = start
-            .elapsed_ms(&end)
-            .map_err(|e| driver("timing replays", e))?;
-        Ok(f64::from(ms) / steps as f64)
+        let ms = gpu_ms(&cuda, || {
+            for _ in 0..steps {
+                graph.launch()?;
+            }
+            Ok(())
+        })?;
+        Ok(ms / steps as f64)
     }
 
     /// Times each block of a step on its own: a graph of just that block's launches
@@ -1226,38 +1209,16 @@ impl Decoder {
     /// without the block's launches, replayed in turn `reps` times. GPU only; `state`
     /// is restored before every replay and afterwards.
     pub fn profile(&mut self, reps: usize) -> Result<Vec<BlockTime>> {
-        use cudarc::driver::sys::CUevent_flags;
         let Some(cuda) = self.dev.as_cuda().cloned() else {
             return Err(EngineError::Option {
                 message: "profiling needs a GPU".into(),
             });
         };
-        let stream = cuda.stream().clone();
-        let event = || {
-            cuda.context()
-                .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
-                .map_err(|e| tilefuse_dsl::runtime::RuntimeError::Driver {
-                    what: "creating a timing event".into(),
-                    source: e,
-                })
-        };
-        let (start, end) = (event()?, event()?);
         let saved = self.s.state.to_vec()?;
-        // One replay from the saved state, in microseconds between the events.
+        // One replay from the saved state, in microseconds.
         let replay = |s: &mut Scratch, graph: &Graph| -> Result<f64> {
-            fn timed<T>(
-                r: std::result::Result<T, cudarc::driver::DriverError>,
-            ) -> std::result::Result<T, tilefuse_dsl::runtime::RuntimeError> {
-                r.map_err(|e| tilefuse_dsl::runtime::RuntimeError::Driver {
-                    what: "timing a block".into(),
-                    source: e,
-                })
-            }
             s.state.copy_from_host(&saved)?;
-            timed(start.record(&stream))?;
-            graph.launch()?;
-            timed(end.record(&stream))?;
-            Ok(f64::from(timed(start.elapsed_ms(&end))?) * 1e3)
+            Ok(gpu_ms(&cuda, || Ok(graph.launch()?))? * 1e3)
         };
         let dev = self.dev.clone();
         let full = dev.capture(|| self.step_eager())?;
@@ -1289,6 +1250,34 @@ impl Decoder {
         self.synchronize()?;
         Ok(out)
     }
+}
+
+/// Milliseconds between two CUDA events recorded on `cuda`'s stream around `work`
+/// (the GPU time of what it queues, not the host's).
+fn gpu_ms(
+    cuda: &tilefuse_dsl::runtime::CudaDevice,
+    work: impl FnOnce() -> Result<()>,
+) -> Result<f64> {
+    use cudarc::driver::sys::CUevent_flags;
+    let driver = |what: &'static str| {
+        move |source| tilefuse_dsl::runtime::RuntimeError::Driver {
+            what: what.into(),
+            source,
+        }
+    };
+    let event = || {
+        cuda.context()
+            .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(driver("creating a timing event"))
+    };
+    let (start, end) = (event()?, event()?);
+    let stream = cuda.stream();
+    start.record(stream).map_err(driver("timing GPU work"))?;
+    work()?;
+    end.record(stream).map_err(driver("timing GPU work"))?;
+    Ok(f64::from(
+        start.elapsed_ms(&end).map_err(driver("timing GPU work"))?,
+    ))
 }
 
 /// The middle value (the upper one of an even count); `v` must not be empty.

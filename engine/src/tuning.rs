@@ -120,8 +120,7 @@ pub fn gemv_config(n: usize, k: usize) -> GemvConfig {
 /// neighbours in a graph a kernel's launch overlaps their tails, and with an idle GPU
 /// around it, it does not. Why fewer programs win there is not measured yet.
 pub fn gemv_config_for(n: usize, k: usize, sm_count: usize) -> GemvConfig {
-    let tall = n >= 8 * 2 * sm_count.max(1);
-    let (block_n, block_k, num_warps, reduce_each) = match (tall, k) {
+    let (block_n, block_k, num_warps, reduce_each) = match (tall(n, sm_count), k) {
         (true, _) => (8, 512, 4, 0),
         // Qwen3-0.6B's O projection (1024 x 2048): 8 whole rows a program, 128
         // programs (one a SM) over 8 warps. Llama-3.2-1B's (2048 x 2048): 8 rows in
@@ -137,14 +136,15 @@ pub fn gemv_config_for(n: usize, k: usize, sm_count: usize) -> GemvConfig {
         (false, _) => (8, 1024, 8, 0),
     };
     GemvConfig {
-        block_n,
-        block_k,
-        num_warps,
-        stages: 1,
-        stream: 0,
-        programs: 0,
         reduce_each,
+        ..GemvConfig::tile(block_n, block_k, num_warps)
     }
+}
+
+/// Whether `n` rows make a tall matrix (at least 16 per SM, as a QKV or gate+up
+/// projection), for the rules above.
+fn tall(n: usize, sm_count: usize) -> bool {
+    n >= 8 * 2 * sm_count.max(1)
 }
 
 /// The default configuration of [`kernels::rms_norm_gemv`] (the QKV projection): 16
@@ -155,7 +155,7 @@ pub fn gemv_config_for(n: usize, k: usize, sm_count: usize) -> GemvConfig {
 /// sweeps of 2026-11-25 (see [`gemv_config_for`]); session 19 had 8 rows in
 /// 512-column steps over 4 warps.
 pub fn norm_gemv_config(n: usize, k: usize) -> GemvConfig {
-    if n >= 8 * 2 * DEFAULT_SM_COUNT {
+    if tall(n, DEFAULT_SM_COUNT) {
         return match k {
             ..=1024 => GemvConfig::tile(16, 512, 8),
             _ => GemvConfig {
