@@ -5,7 +5,7 @@
 //! meaning and an example. **Its items are only meaningful inside `#[kernel]`**: [`Tile`]
 //! and [`Ptr`] have no values, so the methods and operators here cannot be called from
 //! ordinary Rust, and the few free functions that take no tile ([`program_id`],
-//! [`num_programs`], [`global_timer`], [`arange`], [`zeros`], [`full`]) panic with
+//! [`num_programs`], [`global_timer`], [`sm_id`], [`arange`], [`zeros`], [`full`]) panic with
 //! "only meaningful inside #\[kernel\]". Kernels never import this module: inside
 //! `#[kernel]` the names are the language's own.
 //!
@@ -33,6 +33,7 @@
 //! | `tl.atomic_add`, `tl.atomic_max` | `atomic_add(p, v, mask)`, `atomic_max(p, v, mask)` | [`atomic_add`], [`atomic_max`] |
 //! | `tl.cdiv` | `cdiv(a, b)` | [`cdiv`] |
 //! | `tl.extra.cuda.globaltimer` | `global_timer()` | [`global_timer`] |
+//! | `tl.extra.cuda.smid` | `sm_id()` | [`sm_id`] |
 //! | `gdc_wait`, `gdc_launch_dependents` | `wait_for_prior_kernels()`, `launch_dependents()` | [`wait_for_prior_kernels`], [`launch_dependents`] |
 //! | Gluon's distributed shared memory | `cluster_gather(t)` | [`cluster_gather`] |
 //!
@@ -306,6 +307,18 @@ pub fn program_id(axis: i32) -> Tile<i32> {
 /// ```
 pub fn global_timer() -> Tile<i64> {
     outside_kernel("global_timer")
+}
+
+/// The index of the streaming multiprocessor running this program, as an `i32` scalar:
+/// `%smid` on the GPU, 0 on the interpreter (which runs every program on one
+/// processor). Stored beside [`global_timer`] stamps, it shows which programs shared an
+/// SM, e.g. whether a kernel's programs started beside the previous kernel's.
+///
+/// ```rust,ignore
+/// store(sms + program_id(0), sm_id());
+/// ```
+pub fn sm_id() -> Tile<i32> {
+    outside_kernel("sm_id")
 }
 
 /// The grid's size along `axis` (0, 1 or 2), as an `i32` scalar.

@@ -589,6 +589,32 @@ fn cluster_mistakes_are_errors() {
 }
 
 #[test]
+fn sm_id_is_an_i32_scalar_that_reads_the_processor_index() {
+    let e = error_of("#[kernel] fn k(t: Ptr<i32>) { store(t, sm_id(0)); }", &[]);
+    assert!(e.contains("sm_id"), "{e}");
+    let src = "#[kernel] fn k(t: Ptr<i32>) { store(t + program_id(0), sm_id()); }";
+    let k = compile_source(src, &spec(&[], 4)).unwrap();
+    let ids: Vec<_> = k
+        .values
+        .iter()
+        .filter(|v| matches!(v.def, Def::Expr(Expr::SmId)))
+        .collect();
+    assert_eq!(ids.len(), 1);
+    assert_eq!(ids[0].ty.as_ref().unwrap(), &Type::val(DType::I32, vec![]));
+    for target in [
+        tilefuse_dsl::back::ptx::Target::Sm80,
+        tilefuse_dsl::back::ptx::Target::Sm90,
+    ] {
+        let p = tilefuse_dsl::back::ptx::compile(&k, target).unwrap();
+        assert_eq!(p.ptx.matches("%smid").count(), 1, "{}", p.ptx);
+        if let Ok(ptxas) = tilefuse_dsl::back::ptx::ptxas::find() {
+            tilefuse_dsl::back::ptx::ptxas::assemble(&ptxas, &p, target)
+                .unwrap_or_else(|e| panic!("{target:?}: {e}"));
+        }
+    }
+}
+
+#[test]
 fn global_timer_is_an_i64_scalar_that_reads_the_gpu_clock() {
     let e = error_of(
         "#[kernel] fn k(t: Ptr<i64>) { store(t, global_timer(1)); }",

@@ -78,7 +78,7 @@ type R<T> = Result<T, CompileError>;
 const OPS: &str = "program_id, num_programs, arange, zeros, full, load, store, atomic_add, \
 atomic_max, select, maximum, minimum, exp, exp2, log, log2, sqrt, rsqrt, sin, cos, abs, sigmoid, \
 tanh, floor, ceil, sum, max, min, argmax, dot, expand_dims, broadcast_to, cdiv, cluster_gather, \
-global_timer";
+global_timer, sm_id";
 
 impl Lower {
     fn run(&mut self, ast: &KernelAst, spec: &Specialization) -> R<Kernel> {
@@ -797,6 +797,10 @@ impl Lower {
             "global_timer" => {
                 self.arity(name, args, 0, 0, span)?;
                 Ok(self.emit_at(Expr::GlobalTimer, span))
+            }
+            "sm_id" => {
+                self.arity(name, args, 0, 0, span)?;
+                Ok(self.emit_at(Expr::SmId, span))
             }
             "cluster_gather" => {
                 self.arity(name, args, 1, 1, span)?;

@@ -523,6 +523,8 @@ impl<'k, 'b, 'a> Exec<'k, 'b, 'a> {
                 one.splat(ty.numel())?
             }
             Expr::GlobalTimer => Data::I(vec![global_timer_ns()]),
+            // The interpreter runs every program on one processor.
+            Expr::SmId => Data::I(vec![0]),
             Expr::ProgramId(a) | Expr::NumPrograms(a) => {
                 let a = *a as usize;
                 if a > 2 {

@@ -373,6 +373,9 @@ pub enum Expr {
     /// launch (the GPU's `%globaltimer`; the interpreter's monotonic clock), for
     /// timelines of when programs start, wait and end.
     GlobalTimer,
+    /// `sm_id()`: the `i32` index of the multiprocessor running the program (the GPU's
+    /// `%smid`; 0 on the interpreter), to see which programs share an SM in a timeline.
+    SmId,
     /// `arange(start, end)`: the `i32` tile `[start, start+1, .., end-1]`.
     Arange {
         /// First element.
@@ -511,6 +514,7 @@ impl Expr {
             | Expr::ProgramId(_)
             | Expr::NumPrograms(_)
             | Expr::GlobalTimer
+            | Expr::SmId
             | Expr::Arange { .. } => vec![],
             Expr::Splat { value, .. }
             | Expr::Broadcast { value, .. }

@@ -575,6 +575,7 @@ impl Infer<'_> {
             Expr::GlobalTimer => {
                 Ok(self.emit(Expr::GlobalTimer, Type::val(DType::I64, vec![]), loc))
             }
+            Expr::SmId => Ok(self.emit(Expr::SmId, Type::val(DType::I32, vec![]), loc)),
             Expr::NumPrograms(a) => {
                 Ok(self.emit(Expr::NumPrograms(*a), Type::val(DType::I32, vec![]), loc))
             }

@@ -38,6 +38,11 @@ impl Emitter<'_> {
                 self.ins(format!("mov.u64 {d}, %globaltimer"));
                 Ok(d)
             }
+            Expr::SmId => {
+                let d = self.reg(Rk::R);
+                self.ins(format!("mov.u32 {d}, %smid"));
+                Ok(d)
+            }
             Expr::ProgramId(axis) | Expr::NumPrograms(axis) => {
                 let d = self.reg(Rk::R);
                 let reg = if matches!(e, Expr::ProgramId(_)) {

@@ -444,14 +444,16 @@ fn timer<const B: usize>(x: Ptr<f32>, out: Ptr<f32>, stamps: Ptr<i64>, steps: i3
     }
     store(out + offs, y);
     let end = global_timer();
-    store(stamps + 2 * program_id(0), start);
-    store(stamps + 2 * program_id(0) + 1, end);
+    store(stamps + 3 * program_id(0), start);
+    store(stamps + 3 * program_id(0) + 1, end);
+    store(stamps + 3 * program_id(0) + 2, sm_id() as i64);
 }
 "#;
 
 /// `global_timer()` reads one clock for every program: each program's end stamp is at
 /// or after its start, every stamp lies within one short window, and the work between
-/// them computes what the interpreter computes.
+/// them computes what the interpreter computes. `sm_id()` names a processor: 0 on the
+/// interpreter; on the GPU more programs than one processor holds spread over several.
 #[test]
 fn gpu_global_timer_stamps_each_program_in_order() {
     let mut r = Rng(29);
@@ -460,20 +462,32 @@ fn gpu_global_timer_stamps_each_program_in_order() {
     let data = [
         Data::F32(r.vec(programs * 128, 1.0)),
         Data::F32(vec![f32::NAN; programs * 128]),
-        Data::I64(vec![-1; 2 * programs]),
+        Data::I64(vec![-1; 3 * programs]),
         Data::S(Scalar::I32(16)),
     ];
     let check = |what: &str, got: &[Data]| {
         let Data::I64(stamps) = &got[2] else {
             unreachable!()
         };
-        for (p, s) in stamps.chunks(2).enumerate() {
+        for (p, s) in stamps.chunks(3).enumerate() {
             assert!(
                 s[0] >= 0 && s[1] >= s[0],
                 "{what}: program {p} stamps {s:?}"
             );
+            assert!(
+                (0..1024).contains(&s[2]),
+                "{what}: program {p} on SM {}",
+                s[2]
+            );
         }
-        let (lo, hi) = (stamps.iter().min().unwrap(), stamps.iter().max().unwrap());
+        let sms: std::collections::BTreeSet<i64> = stamps.chunks(3).map(|s| s[2]).collect();
+        if what == "interpreter" {
+            assert_eq!(sms.len(), 1, "{what}: one processor");
+        } else {
+            assert!(sms.len() > 1, "{what}: {programs} programs on SMs {sms:?}");
+        }
+        let times = stamps.chunks(3).flat_map(|s| [s[0], s[1]]);
+        let (lo, hi) = (times.clone().min().unwrap(), times.max().unwrap());
         assert!(
             hi - lo < 10_000_000_000,
             "{what}: stamps span {} ns",
