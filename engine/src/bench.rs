@@ -41,6 +41,9 @@ pub struct DecodeBenchOptions {
     /// Also time sampled decoding ([`SAMPLED`], drawn on the device after each step),
     /// in the graph mode when graphs are on.
     pub sampled: bool,
+    /// Stamp this layer's launches and report when their programs start, get past
+    /// their wait and finish ([`Decoder::timeline`]).
+    pub timeline: Option<usize>,
 }
 
 /// The settings of the `sampled` mode: temperature 0.8, top-p 0.9.
@@ -104,6 +107,129 @@ pub struct DecodeReport {
     pub blocks: Vec<BlockTime>,
     /// The variant sweep, when asked for.
     pub sweep: Option<Sweep>,
+    /// The stamped layer's launches, when asked for ([`DecodeBenchOptions::timeline`]).
+    pub timeline: Option<TimelineReport>,
+}
+
+/// One launch of a stamped layer, summarized over the stamped steps: each figure is
+/// the median over the steps, in microseconds from the layer's first program entry.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TimelineRow {
+    /// The launch's block.
+    pub block: crate::decode::Block,
+    /// Its programs.
+    pub programs: usize,
+    /// First and last program entry.
+    pub entry: (f64, f64),
+    /// First, median and last program past its wait.
+    pub past_wait: (f64, f64, f64),
+    /// First, median and last program exit.
+    pub exit: (f64, f64, f64),
+    /// Programs that entered before the previous launch's last program exited (started
+    /// beside it: programmatic launch); 0 for the first launch.
+    pub early: usize,
+}
+
+/// [`TimelineRow`]s of one layer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TimelineReport {
+    /// The stamped layer.
+    pub layer: usize,
+    /// Steps summarized.
+    pub steps: usize,
+    /// The smallest non-zero difference between two stamps of a step, in nanoseconds:
+    /// the clock's resolution or finer.
+    pub clock_step_ns: i64,
+    /// Per launch, in step order.
+    pub rows: Vec<TimelineRow>,
+    /// One step's stamps as recorded (the last step), for a closer look.
+    pub sample: crate::decode::Timeline,
+}
+
+impl TimelineReport {
+    /// Summarizes stamped steps (all of one layer and one plan).
+    pub fn new(runs: &[crate::decode::Timeline]) -> Option<TimelineReport> {
+        let first = runs.first()?;
+        let us = |ns: i64| ns as f64 / 1e3;
+        let mut per_run: Vec<Vec<TimelineRow>> = Vec::new();
+        let mut clock_step_ns = i64::MAX;
+        for run in runs {
+            let mut all: Vec<i64> = run
+                .launches
+                .iter()
+                .flat_map(|l| {
+                    l.programs
+                        .iter()
+                        .flat_map(|p| [p.entry, p.past_wait, p.exit])
+                })
+                .collect();
+            all.sort_unstable();
+            all.dedup();
+            if let Some(step) = all.windows(2).map(|w| w[1] - w[0]).min() {
+                clock_step_ns = clock_step_ns.min(step);
+            }
+            let mut rows = Vec::new();
+            let mut prev_exit = None;
+            for l in &run.launches {
+                let mut entry: Vec<i64> = l.programs.iter().map(|p| p.entry).collect();
+                let mut wait: Vec<i64> = l.programs.iter().map(|p| p.past_wait).collect();
+                let mut exit: Vec<i64> = l.programs.iter().map(|p| p.exit).collect();
+                let early = prev_exit.map_or(0, |e| entry.iter().filter(|&&t| t < e).count());
+                entry.sort_unstable();
+                wait.sort_unstable();
+                exit.sort_unstable();
+                let spread = |v: &[i64]| (us(v[0]), us(v[v.len() / 2]), us(v[v.len() - 1]));
+                let (e0, _, e1) = spread(&entry);
+                rows.push(TimelineRow {
+                    block: l.block,
+                    programs: l.programs.len(),
+                    entry: (e0, e1),
+                    past_wait: spread(&wait),
+                    exit: spread(&exit),
+                    early,
+                });
+                prev_exit = exit.last().copied();
+            }
+            per_run.push(rows);
+        }
+        let mid = |f: &dyn Fn(&TimelineRow) -> f64, i: usize| {
+            median(per_run.iter().map(|rows| f(&rows[i])).collect())
+        };
+        let rows = (0..first.launches.len())
+            .map(|i| {
+                let r = &per_run[0][i];
+                let mut early: Vec<usize> = per_run.iter().map(|rows| rows[i].early).collect();
+                early.sort_unstable();
+                TimelineRow {
+                    block: r.block,
+                    programs: r.programs,
+                    entry: (mid(&|r| r.entry.0, i), mid(&|r| r.entry.1, i)),
+                    past_wait: (
+                        mid(&|r| r.past_wait.0, i),
+                        mid(&|r| r.past_wait.1, i),
+                        mid(&|r| r.past_wait.2, i),
+                    ),
+                    exit: (
+                        mid(&|r| r.exit.0, i),
+                        mid(&|r| r.exit.1, i),
+                        mid(&|r| r.exit.2, i),
+                    ),
+                    early: early[early.len() / 2],
+                }
+            })
+            .collect();
+        Some(TimelineReport {
+            layer: first.layer,
+            steps: runs.len(),
+            clock_step_ns: if clock_step_ns == i64::MAX {
+                0
+            } else {
+                clock_step_ns
+            },
+            rows,
+            sample: runs[runs.len() - 1].clone(),
+        })
+    }
 }
 
 /// One plan timed by [`sweep`].
@@ -518,6 +644,14 @@ pub fn run(opts: &DecodeBenchOptions) -> Result<DecodeReport> {
     } else {
         Vec::new()
     };
+    let timeline = match opts.timeline {
+        Some(layer) => {
+            dec.release_graph();
+            dec.set_input(token, opts.context + opts.tokens / 2)?;
+            TimelineReport::new(&dec.timeline(layer, if gpu { 20 } else { 2 })?)
+        }
+        None => None,
+    };
     let sweep = if opts.sweep {
         Some(sweep(&mut dec, token, opts.context, opts.tokens)?)
     } else {
@@ -525,6 +659,7 @@ pub fn run(opts: &DecodeBenchOptions) -> Result<DecodeReport> {
     };
     Ok(DecodeReport {
         sweep,
+        timeline,
         device: opts.device.name(),
         preset: opts.preset.clone(),
         context: opts.context,
@@ -629,6 +764,45 @@ impl fmt::Display for DecodeReport {
             writeln!(f, "  splits             {}", sw.best.splits)?;
             writeln!(f, "  min_chunk          {}", sw.best.min_chunk)?;
         }
+        if let Some(t) = &self.timeline {
+            writeln!(
+                f,
+                "\ntimeline of layer {} (median of {} steps; µs from the layer's first program \
+                 entry; clock step {} ns):",
+                t.layer, t.steps, t.clock_step_ns
+            )?;
+            writeln!(
+                f,
+                "  {:<10} {:>8}  {:>15}  {:>22}  {:>22}  {:>5}",
+                "launch",
+                "programs",
+                "entry first-last",
+                "past wait first/med/last",
+                "exit first/med/last",
+                "early"
+            )?;
+            for r in &t.rows {
+                writeln!(
+                    f,
+                    "  {:<10} {:>8}  {:>7.2} {:>7.2}  {:>7.2} {:>7.2} {:>6.2}  {:>7.2} {:>7.2} {:>6.2}  {:>5}",
+                    format!("{:?}", r.block),
+                    r.programs,
+                    r.entry.0,
+                    r.entry.1,
+                    r.past_wait.0,
+                    r.past_wait.1,
+                    r.past_wait.2,
+                    r.exit.0,
+                    r.exit.1,
+                    r.exit.2,
+                    r.early
+                )?;
+            }
+            writeln!(
+                f,
+                "  (early: programs that entered before the previous launch's last exit)"
+            )?;
+        }
         if !self.blocks.is_empty() {
             let total: f64 = self.blocks.iter().map(|b| b.us).sum();
             let in_step: f64 = self.blocks.iter().map(|b| b.in_step_us).sum();
@@ -681,6 +855,50 @@ mod tests {
                 .count();
             assert!(alternatives > 0, "{role}");
         }
+    }
+
+    #[test]
+    fn a_timeline_summary_takes_medians_over_steps_and_counts_early_programs() {
+        use crate::decode::{Block, LaunchStamps, ProgramStamps, Timeline};
+        let p = |entry, past_wait, exit| ProgramStamps {
+            entry,
+            past_wait,
+            exit,
+            sm: 0,
+        };
+        // Step `shift`: a first launch of two programs, then one of three whose first
+        // two programs enter while the first launch runs (before 2000 + shift ns).
+        let step = |shift: i64| Timeline {
+            layer: 3,
+            launches: vec![
+                LaunchStamps {
+                    block: Block::Qkv,
+                    programs: vec![p(0, 100, 1500), p(40, 100, 2000 + shift)],
+                },
+                LaunchStamps {
+                    block: Block::Attention,
+                    programs: vec![
+                        p(500, 2500 + shift, 4000),
+                        p(1000, 2600 + shift, 4100),
+                        p(2100 + shift, 2700 + shift, 4200 + shift),
+                    ],
+                },
+            ],
+        };
+        let t = TimelineReport::new(&[step(0), step(300), step(30)]).unwrap();
+        assert_eq!((t.layer, t.steps), (3, 3));
+        assert_eq!(t.clock_step_ns, 40, "the first two entries");
+        let (qkv, attn) = (&t.rows[0], &t.rows[1]);
+        assert_eq!((qkv.block, qkv.programs, qkv.early), (Block::Qkv, 2, 0));
+        assert_eq!(
+            qkv.exit,
+            (1.5, 2.03, 2.03),
+            "median step: the one shifted 30 ns"
+        );
+        assert_eq!((attn.programs, attn.early), (3, 2));
+        assert_eq!(attn.entry, (0.5, 2.13));
+        assert_eq!(attn.past_wait, (2.53, 2.63, 2.73));
+        assert!(TimelineReport::new(&[]).is_none());
     }
 
     #[test]

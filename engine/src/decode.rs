@@ -10,6 +10,8 @@
 //! Prompts are processed through the same single-token step, one token at a time
 //! (there is no batched prefill yet).
 
+use std::collections::HashMap;
+
 use half::bf16;
 use tilefuse_dsl::runtime::{Buffer, Device, Graph, KernelArg, KernelDef, Readback};
 
@@ -429,6 +431,9 @@ struct Scratch {
     part_idx: Buffer<i32>,
     /// A zero bias as long as the longest projection, for layers without one.
     zeros: Buffer<bf16>,
+    /// The layer kernels' timeline stamps (see [`Decoder::timeline`]); 4 values a
+    /// program of the stamped layer, unwritten otherwise.
+    stamps: Buffer<i64>,
 }
 
 /// Draws per step of device-side sampling (`R` of [`crate::kernels::sample_draw`]):
@@ -514,6 +519,8 @@ pub struct Decoder {
     /// Device-side sampling's buffers, made on first use (see `sample_on_device`).
     sampler: Option<DeviceSampler>,
     graph: Option<Graph>,
+    /// The layer whose kernels write timeline stamps ([`Decoder::timeline`]).
+    stamp_layer: Option<usize>,
 }
 
 impl std::fmt::Debug for Decoder {
@@ -614,6 +621,15 @@ impl Decoder {
             part_val: dev.zeros(v)?,
             part_idx: dev.zeros(v)?,
             zeros: dev.zeros(zeros_len)?,
+            // Room for any plan's layer (every grid at its most programs).
+            stamps: dev.alloc_filled(
+                4 * (qkv_dim
+                    + cfg.num_heads * splits
+                    + cfg.num_heads * hd.div_ceil(32)
+                    + 2 * h
+                    + im),
+                -1i64,
+            )?,
         };
         Ok(Decoder {
             cfg: cfg.clone(),
@@ -635,6 +651,7 @@ impl Decoder {
             sampler: None,
             plan,
             graph: None,
+            stamp_layer: None,
         })
     }
 
@@ -684,6 +701,39 @@ impl Decoder {
     }
 
     /// Launches of `block` per step: once per layer, or once for the step.
+    /// The grids of one layer's launches, in step order (no combine when the splits
+    /// merge in a cluster).
+    fn layer_grids(&self) -> Vec<(Block, [u32; 3])> {
+        let (cfg, plan) = (&self.cfg, &self.plan);
+        let rows = |choice: &KernelChoice, n: usize| n.div_ceil(choice.consts[0] as usize) as u32;
+        let qkv_dim = cfg.q_dim() + 2 * cfg.kv_dim();
+        let (nh, nkv) = (cfg.num_heads, cfg.num_kv_heads);
+        let mut grids = vec![
+            (Block::Qkv, [rows(&plan.qkv, qkv_dim), 1, 1]),
+            (
+                Block::Attention,
+                [
+                    nkv as u32,
+                    plan.splits as u32,
+                    (nh / nkv).div_ceil(plan.attention.consts[1] as usize) as u32,
+                ],
+            ),
+        ];
+        if !plan.clustered() {
+            let chunks = cfg.head_dim as i64 / plan.combine.consts[2];
+            grids.push((Block::Combine, [nh as u32, chunks as u32, 1]));
+        }
+        grids.extend([
+            (Block::OProj, [rows(&plan.o_proj, cfg.hidden_size), 1, 1]),
+            (
+                Block::GateUp,
+                [rows(&plan.gate_up, cfg.intermediate_size), 1, 1],
+            ),
+            (Block::Down, [rows(&plan.down, cfg.hidden_size), 1, 1]),
+        ]);
+        grids
+    }
+
     fn launches(&self, block: Block) -> usize {
         match block {
             Block::Embed | Block::LmHead | Block::Argmax => 1,
@@ -753,18 +803,26 @@ impl Decoder {
     /// Launches only the blocks `want` selects, in step order (for timing a step part
     /// by part; a partial step leaves the model's state meaningless).
     pub fn step_blocks(&mut self, mut want: impl FnMut(Block) -> bool) -> Result<()> {
+        let grids = self.layer_grids();
         let cfg = &self.cfg;
         let plan = &self.plan;
         let dev = &self.dev;
         let s = &mut self.s;
         let (h, hd) = (cfg.hidden_size as i32, cfg.head_dim);
-        let (nh, nkv) = (cfg.num_heads, cfg.num_kv_heads);
         let qkv_dim = (cfg.q_dim() + 2 * cfg.kv_dim()) as i32;
         let im = cfg.intermediate_size as i32;
         let eps = cfg.rms_norm_eps as f32;
         let max_seq = self.max_seq_len as i32;
         let scale = (hd as f32).powf(-0.5);
-        let rows = |choice: &KernelChoice, n: usize| n.div_ceil(choice.consts[0] as usize) as u32;
+        let grid = |block: Block| grids.iter().find(|g| g.0 == block).map_or([0; 3], |g| g.1);
+        // Where each launch of the stamped layer writes its programs' stamps.
+        let mut stamp_base = HashMap::new();
+        let mut programs = 0;
+        for (block, g) in &grids {
+            stamp_base.insert(*block, programs as i32);
+            programs += g.iter().product::<u32>();
+        }
+        let stamp_layer = self.stamp_layer;
         let mut first = true;
 
         if want(Block::Embed) {
@@ -783,14 +841,20 @@ impl Decoder {
                 ],
             )?;
         }
-        for l in self.layers.iter_mut() {
+        for (li, l) in self.layers.iter_mut().enumerate() {
+            let stamp_at = |block: Block| -> i32 {
+                match stamp_layer {
+                    Some(sl) if sl == li => stamp_base[&block],
+                    _ => -1,
+                }
+            };
             // (1) RMSNorm + QKV projection (+ bias).
             if want(Block::Qkv) {
                 launch(
                     dev,
                     &mut first,
                     &RMS_NORM_GEMV,
-                    rows(&plan.qkv, qkv_dim as usize),
+                    grid(Block::Qkv),
                     &plan.qkv.consts,
                     plan.qkv.num_warps,
                     &mut [
@@ -802,6 +866,8 @@ impl Decoder {
                         qkv_dim.into(),
                         h.into(),
                         eps.into(),
+                        (&mut s.stamps).into(),
+                        stamp_at(Block::Qkv).into(),
                     ],
                 )?;
             }
@@ -812,11 +878,7 @@ impl Decoder {
                     dev,
                     &mut first,
                     &ATTENTION_SPLIT,
-                    [
-                        nkv as u32,
-                        plan.splits as u32,
-                        (nh / nkv).div_ceil(plan.attention.consts[1] as usize) as u32,
-                    ],
+                    grid(Block::Attention),
                     &plan.attention.consts,
                     plan.attention.num_warps,
                     &mut [
@@ -833,12 +895,14 @@ impl Decoder {
                         (&mut s.part_l).into(),
                         (&mut s.part_acc).into(),
                         (&mut s.attn).into(),
-                        ((nh / nkv) as i32).into(),
+                        ((cfg.num_heads / cfg.num_kv_heads) as i32).into(),
                         max_seq.into(),
                         (plan.min_chunk as i32).into(),
                         i32::from(cfg.qk_norm).into(),
                         eps.into(),
                         scale.into(),
+                        (&mut s.stamps).into(),
+                        stamp_at(Block::Attention).into(),
                     ],
                 )?;
             }
@@ -847,7 +911,7 @@ impl Decoder {
                     dev,
                     &mut first,
                     &ATTENTION_COMBINE,
-                    (nh as u32, (hd as i64 / plan.combine.consts[2]) as u32),
+                    grid(Block::Combine),
                     &plan.combine.consts,
                     plan.combine.num_warps,
                     &mut [
@@ -856,6 +920,8 @@ impl Decoder {
                         (&s.part_acc).into(),
                         (&mut s.attn).into(),
                         (plan.splits as i32).into(),
+                        (&mut s.stamps).into(),
+                        stamp_at(Block::Combine).into(),
                     ],
                 )?;
             }
@@ -865,7 +931,7 @@ impl Decoder {
                     dev,
                     &mut first,
                     &GEMV_RESIDUAL,
-                    rows(&plan.o_proj, cfg.hidden_size),
+                    grid(Block::OProj),
                     &plan.o_proj.consts,
                     plan.o_proj.num_warps,
                     &mut [
@@ -875,6 +941,8 @@ impl Decoder {
                         (&mut s.x).into(),
                         h.into(),
                         (cfg.q_dim() as i32).into(),
+                        (&mut s.stamps).into(),
+                        stamp_at(Block::OProj).into(),
                     ],
                 )?;
             }
@@ -884,7 +952,7 @@ impl Decoder {
                     dev,
                     &mut first,
                     &RMS_NORM_GATE_UP,
-                    rows(&plan.gate_up, cfg.intermediate_size),
+                    grid(Block::GateUp),
                     &plan.gate_up.consts,
                     plan.gate_up.num_warps,
                     &mut [
@@ -895,6 +963,8 @@ impl Decoder {
                         im.into(),
                         h.into(),
                         eps.into(),
+                        (&mut s.stamps).into(),
+                        stamp_at(Block::GateUp).into(),
                     ],
                 )?;
             }
@@ -904,7 +974,7 @@ impl Decoder {
                     dev,
                     &mut first,
                     &GEMV_RESIDUAL,
-                    rows(&plan.down, cfg.hidden_size),
+                    grid(Block::Down),
                     &plan.down.consts,
                     plan.down.num_warps,
                     &mut [
@@ -914,6 +984,8 @@ impl Decoder {
                         (&mut s.x).into(),
                         h.into(),
                         im.into(),
+                        (&mut s.stamps).into(),
+                        stamp_at(Block::Down).into(),
                     ],
                 )?;
             }
@@ -1249,6 +1321,155 @@ impl Decoder {
         self.s.state.copy_from_host(&saved)?;
         self.synchronize()?;
         Ok(out)
+    }
+}
+
+/// One program's record in a [`Timeline`]: `global_timer()` nanoseconds (the GPU's
+/// `%globaltimer`) from the stamped layer's first program entry, and its SM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProgramStamps {
+    /// When the program started.
+    pub entry: i64,
+    /// When it got past `wait_for_prior_kernels()` (the previous launches' writes
+    /// visible).
+    pub past_wait: i64,
+    /// When it issued its last store.
+    pub exit: i64,
+    /// The SM it ran on (`sm_id()`; 0 on the interpreter).
+    pub sm: i32,
+}
+
+/// One launch of the stamped layer: its block and every program's stamps, in linear
+/// program order (x fastest).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LaunchStamps {
+    /// The block the launch belongs to.
+    pub block: Block,
+    /// Per program.
+    pub programs: Vec<ProgramStamps>,
+}
+
+/// One step with one layer's launches stamped ([`Decoder::timeline`]): when each of
+/// their programs started, got past its wait and finished.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Timeline {
+    /// The stamped layer.
+    pub layer: usize,
+    /// Its launches, in step order.
+    pub launches: Vec<LaunchStamps>,
+}
+
+impl Decoder {
+    /// Runs the step `reps` times (as a captured graph on a GPU, after two unrecorded
+    /// replays; eagerly on the CPU) with the launches of layer `layer` writing
+    /// timeline stamps, and returns each run's [`Timeline`]. `state` is restored before
+    /// every run and afterwards; the graph [`Decoder::step`] replays is untouched.
+    ///
+    /// The stamps cost a clock read at entry and after the wait and four stores a
+    /// program, in that layer only.
+    pub fn timeline(&mut self, layer: usize, reps: usize) -> Result<Vec<Timeline>> {
+        if layer >= self.cfg.num_layers {
+            return Err(EngineError::Option {
+                message: format!(
+                    "timeline layer {layer}: the model has {} layers (0..{})",
+                    self.cfg.num_layers, self.cfg.num_layers
+                ),
+            });
+        }
+        let grids = self.layer_grids();
+        let total: usize = grids
+            .iter()
+            .map(|(_, g)| g.iter().product::<u32>() as usize)
+            .sum();
+        let poison = vec![-1i64; self.s.stamps.len()];
+        if 4 * total > poison.len() {
+            return Err(EngineError::Option {
+                message: format!(
+                    "timeline: the plan's layer has {total} programs, more than the {} stamps \
+                     have room for",
+                    poison.len() / 4
+                ),
+            });
+        }
+        let saved = self.s.state.to_vec()?;
+        self.stamp_layer = Some(layer);
+        let runs = self.stamped_runs(reps.max(1), &saved, &poison);
+        self.stamp_layer = None;
+        self.s.state.copy_from_host(&saved)?;
+        self.synchronize()?;
+        let mut out = Vec::new();
+        for raw in runs? {
+            let mut launches = Vec::new();
+            let mut at = 0;
+            for (block, g) in &grids {
+                let n = g.iter().product::<u32>() as usize;
+                let mut programs = Vec::with_capacity(n);
+                for (p, s) in raw[4 * at..4 * (at + n)].chunks(4).enumerate() {
+                    if s[..3].iter().any(|&t| t < 0) || !(s[0] <= s[1] && s[1] <= s[2]) {
+                        return Err(EngineError::Option {
+                            message: format!(
+                                "timeline of layer {layer}: program {p} of the {block:?} launch \
+                                 wrote stamps {s:?} (want entry <= past wait <= exit)"
+                            ),
+                        });
+                    }
+                    programs.push(ProgramStamps {
+                        entry: s[0],
+                        past_wait: s[1],
+                        exit: s[2],
+                        sm: s[3] as i32,
+                    });
+                }
+                launches.push(LaunchStamps {
+                    block: *block,
+                    programs,
+                });
+                at += n;
+            }
+            let t0 = launches
+                .iter()
+                .flat_map(|l| l.programs.iter().map(|p| p.entry))
+                .min()
+                .unwrap_or(0);
+            for p in launches.iter_mut().flat_map(|l| l.programs.iter_mut()) {
+                p.entry -= t0;
+                p.past_wait -= t0;
+                p.exit -= t0;
+            }
+            out.push(Timeline { layer, launches });
+        }
+        Ok(out)
+    }
+
+    /// The raw stamps of `reps` stamped steps (see [`Decoder::timeline`]).
+    fn stamped_runs(
+        &mut self,
+        reps: usize,
+        saved: &[i32],
+        poison: &[i64],
+    ) -> Result<Vec<Vec<i64>>> {
+        let mut runs = Vec::with_capacity(reps);
+        if self.dev.is_cuda() {
+            let dev = self.dev.clone();
+            let graph = dev.capture(|| self.step_eager())?;
+            for rep in 0..reps + 2 {
+                self.s.state.copy_from_host(saved)?;
+                self.s.stamps.copy_from_host(poison)?;
+                graph.launch()?;
+                let raw = self.s.stamps.to_vec()?;
+                if rep >= 2 {
+                    runs.push(raw);
+                }
+            }
+        } else {
+            for _ in 0..reps {
+                self.s.state.copy_from_host(saved)?;
+                self.s.stamps.copy_from_host(poison)?;
+                self.step_eager()?;
+                runs.push(self.s.stamps.to_vec()?);
+            }
+        }
+        Ok(runs)
     }
 }
 

@@ -21,6 +21,12 @@
 //!
 //! Row-major weights `[n, k]` need `k` to be a multiple of 8, so that each thread reads
 //! 16-byte vectors; real checkpoints all satisfy it, and loading checks it.
+//!
+//! The layer kernels (steps 1-5) end with two timeline arguments, `stamps` and
+//! `stamp_at`: with `stamp_at >= 0`, program `p` (linear index, x fastest) writes its
+//! entry time, the time it got past `wait_for_prior_kernels()`, its exit time (all
+//! `global_timer()` nanoseconds) and its `sm_id()` to `stamps[(stamp_at + p) * 4..][..4]`
+//! ([`crate::decode::Decoder::timeline`]); with `-1` they write nothing.
 
 use tilefuse_macros::kernel;
 
@@ -96,7 +102,14 @@ pub fn rms_norm_gemv<
     n: i32,
     #[multiple_of(8)] k: i32,
     eps: f32,
+    stamps: Ptr<i64>,
+    stamp_at: i32,
 ) {
+    // Timeline stamps (see the module docs), stored as they are read: nothing stays
+    // live across the kernel for them.
+    if stamp_at >= 0 {
+        store(stamps + (stamp_at + program_id(0)) * 4, global_timer());
+    }
     let rows = program_id(0) * BLOCK_N + arange(0, BLOCK_N);
     let row_ok = rows < n;
     let row_offs = rows.expand_dims(1) * k;
@@ -122,6 +135,9 @@ pub fn rms_norm_gemv<
     // Weights are never written during decode: only now wait for the kernels before
     // this one (with programmatic launch on Hopper, the loads above overlap their tail).
     wait_for_prior_kernels();
+    if stamp_at >= 0 {
+        store(stamps + (stamp_at + program_id(0)) * 4 + 1, global_timer());
+    }
 
     // One pass: the squares for the norm and the dot products with `norm_w * x` are
     // summed together, and `inv_rms` scales the row sums at the end (no reduction
@@ -171,6 +187,11 @@ pub fn rms_norm_gemv<
     }
     let inv_rms = 1.0 / sqrt(sq_sum / (k as f32) + eps);
     store(y + rows, (sums * inv_rms + b) as bf16, row_ok);
+    if stamp_at >= 0 {
+        let at = stamps + (stamp_at + program_id(0)) * 4;
+        store(at + 2, global_timer());
+        store(at + 3, sm_id() as i64);
+    }
 }
 
 /// `x = bf16(x + bf16(W · a + bias))`: a projection added into the residual stream.
@@ -209,7 +230,14 @@ pub fn gemv_residual<
     x: Ptr<bf16>,
     n: i32,
     #[multiple_of(8)] k: i32,
+    stamps: Ptr<i64>,
+    stamp_at: i32,
 ) {
+    // Timeline stamps (see the module docs), stored as they are read: nothing stays
+    // live across the kernel for them.
+    if stamp_at >= 0 {
+        store(stamps + (stamp_at + program_id(0)) * 4, global_timer());
+    }
     let rows = program_id(0) * BLOCK_N + arange(0, BLOCK_N);
     let row_ok = rows < n;
     let row_offs = rows.expand_dims(1) * k;
@@ -232,6 +260,9 @@ pub fn gemv_residual<
     }
     let b = load(bias + rows, row_ok, 0.0) as f32;
     wait_for_prior_kernels();
+    if stamp_at >= 0 {
+        store(stamps + (stamp_at + program_id(0)) * 4 + 1, global_timer());
+    }
     // Everything the end needs is requested now, not after the reduction (each load
     // issued after a barrier costs its own round trip).
     let old = load(x + rows, row_ok, 0.0) as f32;
@@ -270,6 +301,11 @@ pub fn gemv_residual<
     }
     let proj = (sums + b) as bf16 as f32;
     store(x + rows, (old + proj) as bf16, row_ok);
+    if stamp_at >= 0 {
+        let at = stamps + (stamp_at + program_id(0)) * 4;
+        store(at + 2, global_timer());
+        store(at + 3, sm_id() as i64);
+    }
 }
 
 /// `act = bf16(bf16(silu(g)) * u)` with `g = W[r] · rmsnorm(x)` and
@@ -310,7 +346,14 @@ pub fn rms_norm_gate_up<
     inter: i32,
     #[multiple_of(8)] k: i32,
     eps: f32,
+    stamps: Ptr<i64>,
+    stamp_at: i32,
 ) {
+    // Timeline stamps (see the module docs), stored as they are read: nothing stays
+    // live across the kernel for them.
+    if stamp_at >= 0 {
+        store(stamps + (stamp_at + program_id(0)) * 4, global_timer());
+    }
     let rows = program_id(0) * BLOCK_N + arange(0, BLOCK_N);
     let row_ok = rows < inter;
     let row_offs = rows.expand_dims(1) * k;
@@ -330,6 +373,9 @@ pub fn rms_norm_gate_up<
     }
     let gw_first = load(norm_w + cols, col_ok, 0.0) as f32;
     wait_for_prior_kernels();
+    if stamp_at >= 0 {
+        store(stamps + (stamp_at + program_id(0)) * 4 + 1, global_timer());
+    }
 
     // One pass, as in `rms_norm_gemv`: `inv_rms` scales the row sums at the end.
     let xv = load(x + cols, col_ok, 0.0) as f32;
@@ -391,6 +437,11 @@ pub fn rms_norm_gate_up<
     let up = (sum_u * inv_rms) as bf16 as f32;
     let silu = (gate / (1.0 + exp(-gate))) as bf16 as f32;
     store(act + rows, (silu * up) as bf16, row_ok);
+    if stamp_at >= 0 {
+        let at = stamps + (stamp_at + program_id(0)) * 4;
+        store(at + 2, global_timer());
+        store(at + 3, sm_id() as i64);
+    }
 }
 
 /// Decode attention, first pass, with the step's QK-norm (when `use_norm != 0`), RoPE
@@ -398,10 +449,10 @@ pub fn rms_norm_gate_up<
 ///
 /// Program `(kv_head, split, chunk)` attends `G` of the query heads sharing `kv_head`
 /// (the group padded to a multiple of `G`; larger groups take several programs along
-/// grid z) over its share of the positions `0..=pos` (`pos` read from `state[1]`; at
-/// least `min_chunk` positions a split, so at short contexts only the first splits have
-/// any), with
-/// an online softmax, and writes the partial max, denominator and weighted value sum per
+/// grid z) over its share of the positions `0..=pos` (`pos` read from `state[1]`): the
+/// last split takes the new position `pos` alone (unless there is only one), the others
+/// share the cached `0..pos`, at least `min_chunk` positions each, so at short contexts
+/// only the first splits have any. Each runs an online softmax, and writes the partial max, denominator and weighted value sum per
 /// query head and split for [`attention_combine`]. With `CLUSTER > 1` the `CLUSTER`
 /// splits of a KV head are one thread-block cluster (grid y = `CLUSTER`): they exchange
 /// their partials with `cluster_gather` and split 0 writes the merged bf16 head outputs
@@ -410,7 +461,7 @@ pub fn rms_norm_gate_up<
 /// The queries and the new key and value come straight from the fused projection `qkv`
 /// (`[q heads | k heads | v heads]`): each program normalizes and rotates its queries
 /// (`rope_cos` / `rope_sin` hold `[max_seq, D / 2]` bf16-rounded values, as the reference
-/// computes them); the program whose share holds `pos` computes the new key, takes the
+/// computes them); the last split's programs compute the new key, take the
 /// new position from registers and appends key and value to row `pos` of the caches
 /// (`[num_kv_heads, max_seq, D]`), which no program of this launch reads. Split 0 also
 /// stores the rotated queries in `q_out`, for inspection.
@@ -469,7 +520,21 @@ pub fn attention_split<
     use_norm: i32,
     eps: f32,
     scale: f32,
+    stamps: Ptr<i64>,
+    stamp_at: i32,
 ) {
+    // Timeline stamps (see the module docs), stored as they are read: nothing stays
+    // live across the kernel for them.
+    if stamp_at >= 0 {
+        store(
+            stamps
+                + (stamp_at
+                    + (program_id(2) * num_programs(1) + program_id(1)) * num_programs(0)
+                    + program_id(0))
+                    * 4,
+            global_timer(),
+        );
+    }
     let kv_head = program_id(0);
     let split = program_id(1);
     let splits = num_programs(1);
@@ -477,12 +542,18 @@ pub fn attention_split<
     // Clamped so that a step past the cache's end stays inside every buffer (its
     // result is meaningless; the engine never runs one).
     let pos = minimum(load(state + 1), max_seq - 1);
-    // At least `min_chunk` positions a split: at short contexts the later splits are
-    // empty (they write an empty partial and read no cache), so fewer programs wait on
-    // memory and the merge weighs fewer partials.
-    let per_split = maximum(cdiv(pos + 1, splits), min_chunk);
+    // The last split takes the new position alone (with more than one split): the
+    // program that owns it normalizes, rotates and appends the new key and scores it,
+    // serial work that made a program which also reads a share of the cache the
+    // launch's last to finish (`tilefuse bench --timeline`). The others share the
+    // cached positions `0..pos`, at least `min_chunk` each: at short contexts the later
+    // ones are empty (they write an empty partial and read no cache), so fewer
+    // programs wait on memory and the merge weighs fewer partials.
+    let cached_splits = maximum(splits - 1, 1);
+    let per_split = maximum(cdiv(pos, cached_splits), min_chunk);
     let start = split * per_split;
-    // Cached positions only: `pos` itself is not in the cache yet.
+    // Cached positions only: `pos` itself is not in the cache yet. Empty for the last
+    // split: `(splits - 1) * per_split >= pos`.
     let end = minimum(start + per_split, pos);
     let base = kv_head * max_seq * D;
     // A head's D dims as 4 chunks of D / 4 (`dims[c, j] = c * D / 4 + j`), the leading
@@ -516,6 +587,17 @@ pub fn attention_split<
     // step, cache rows below `pos` by earlier ones): only the projection `qkv` comes
     // from the kernel just before.
     wait_for_prior_kernels();
+    if stamp_at >= 0 {
+        store(
+            stamps
+                + (stamp_at
+                    + (program_id(2) * num_programs(1) + program_id(1)) * num_programs(0)
+                    + program_id(0))
+                    * 4
+                + 1,
+            global_timer(),
+        );
+    }
     // Only now let the next kernels start: triggered at entry, programs of the combine
     // and the O projection started early and their loads competed with this kernel's
     // (H100: 121.3 -> 112.5 us a decode step, 6.71 -> 5.09 us alone at 512 positions).
@@ -549,10 +631,10 @@ pub fn attention_split<
         store(q_out + head_at + dims.expand_dims(0), q as bf16, q_ok);
     }
 
-    // The new position's key, appended by the program whose share holds `pos`, and its
-    // scores against the queries: computed while the first cache tile is in flight, not
-    // after the loop (this program ends last when its reductions come at the end).
-    let owner = (pos >= start) & (pos < start + per_split);
+    // The new position's key, appended by the last split's programs, and its scores
+    // against the queries (computed before any cache tile: with a single split, while
+    // the first is in flight, not after the loop).
+    let owner = (split == splits - 1) | (splits == 1);
     let mut score_new = full([G], f32::NEG_INFINITY);
     if owner {
         if use_norm != 0 {
@@ -633,7 +715,7 @@ pub fn attention_split<
     } else {
         // The cluster is every split of this KV head (`splits == CLUSTER`): merge the
         // partials through distributed shared memory, as `attention_combine` would.
-        // Empty splits hold m = -inf and weigh exp(-inf) = 0; the split holding `pos`
+        // Empty splits hold m = -inf and weigh exp(-inf) = 0; the last split, holding `pos`,
         // is never empty.
         let all_m = cluster_gather(m);
         let all_l = cluster_gather(l);
@@ -645,6 +727,15 @@ pub fn attention_split<
         if split == 0 {
             store(out + head_at + dims.expand_dims(0), o as bf16, q_ok);
         }
+    }
+    if stamp_at >= 0 {
+        let at = stamps
+            + (stamp_at
+                + (program_id(2) * num_programs(1) + program_id(1)) * num_programs(0)
+                + program_id(0))
+                * 4;
+        store(at + 2, global_timer());
+        store(at + 3, sm_id() as i64);
     }
 }
 
@@ -659,7 +750,24 @@ pub fn attention_combine<const D: usize, const S: usize, const DC: usize>(
     part_acc: Ptr<f32>,
     out: Ptr<bf16>,
     splits: i32,
+    stamps: Ptr<i64>,
+    stamp_at: i32,
 ) {
+    // Timeline stamps (see the module docs), stored as they are read: nothing stays
+    // live across the kernel for them.
+    if stamp_at >= 0 {
+        store(
+            stamps + (stamp_at + program_id(1) * num_programs(0) + program_id(0)) * 4,
+            global_timer(),
+        );
+    }
+    wait_for_prior_kernels();
+    if stamp_at >= 0 {
+        store(
+            stamps + (stamp_at + program_id(1) * num_programs(0) + program_id(0)) * 4 + 1,
+            global_timer(),
+        );
+    }
     let head = program_id(0);
     let s = arange(0, S);
     let ok = s < splits;
@@ -678,6 +786,11 @@ pub fn attention_combine<const D: usize, const S: usize, const DC: usize>(
     let denom = (weight * l).sum(0);
     let o = (acc * weight.expand_dims(1)).sum(0) / denom;
     store(out + head * D + d, o as bf16);
+    if stamp_at >= 0 {
+        let at = stamps + (stamp_at + program_id(1) * num_programs(0) + program_id(0)) * 4;
+        store(at + 2, global_timer());
+        store(at + 3, sm_id() as i64);
+    }
 }
 
 /// Final norm and LM head: `logits = bf16(W · rmsnorm(x))` (stored as f32), plus each

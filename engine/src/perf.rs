@@ -611,6 +611,8 @@ pub struct GemvWorkload {
     part_val: Buffer<f32>,
     part_idx: Buffer<i32>,
     state: Buffer<i32>,
+    /// The layer kernels' timeline argument (never written: `stamp_at` is -1).
+    stamps: Buffer<i64>,
 }
 
 const EPS: f32 = 1e-6;
@@ -650,6 +652,7 @@ impl GemvWorkload {
             part_val: dev.alloc_filled(if kind == GemvKind::LmHead { n } else { 1 }, f32::NAN)?,
             part_idx: dev.alloc_filled(if kind == GemvKind::LmHead { n } else { 1 }, 0i32)?,
             state: dev.upload(&[0i32, 0])?,
+            stamps: dev.alloc_filled(4, -1i64)?,
         })
     }
 
@@ -721,6 +724,8 @@ impl GemvWorkload {
                     n.into(),
                     k.into(),
                     EPS.into(),
+                    (&mut self.stamps).into(),
+                    (-1i32).into(),
                 ],
             )?,
             GemvKind::GemvResidual => kernels::GEMV_RESIDUAL.launch_dyn(
@@ -734,6 +739,8 @@ impl GemvWorkload {
                     (&mut set.y).into(),
                     n.into(),
                     k.into(),
+                    (&mut self.stamps).into(),
+                    (-1i32).into(),
                 ],
             )?,
             GemvKind::RmsNormGateUp => kernels::RMS_NORM_GATE_UP.launch_dyn(
@@ -748,6 +755,8 @@ impl GemvWorkload {
                     (n / 2).into(),
                     k.into(),
                     EPS.into(),
+                    (&mut self.stamps).into(),
+                    (-1i32).into(),
                 ],
             )?,
             GemvKind::LmHead => {
@@ -815,6 +824,8 @@ pub struct AttentionWorkload {
     part_l: Buffer<f32>,
     part_acc: Buffer<f32>,
     out: Buffer<bf16>,
+    /// The timeline argument (never written: `stamp_at` is -1).
+    stamps: Buffer<i64>,
 }
 
 impl AttentionWorkload {
@@ -867,6 +878,7 @@ impl AttentionWorkload {
             part_l: dev.alloc_filled(slots, f32::NAN)?,
             part_acc: dev.alloc_filled(slots * head_dim, f32::NAN)?,
             out: dev.alloc_filled(num_heads * head_dim, bf16::NAN)?,
+            stamps: dev.alloc_filled(4, -1i64)?,
         })
     }
 
@@ -936,6 +948,8 @@ impl AttentionWorkload {
                 1i32.into(),
                 1e-6f32.into(),
                 scale.into(),
+                (&mut self.stamps).into(),
+                (-1i32).into(),
             ],
         )?;
         if cfg.cluster > 1 {
@@ -951,6 +965,8 @@ impl AttentionWorkload {
                 (&self.part_acc).into(),
                 (&mut self.out).into(),
                 (cfg.splits as i32).into(),
+                (&mut self.stamps).into(),
+                (-1i32).into(),
             ],
         )?;
         Ok(())

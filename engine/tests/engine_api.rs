@@ -336,6 +336,68 @@ fn replay_timing_and_the_profile_check_their_input_and_decode_real_steps() {
     }
 }
 
+/// `timeline` stamps every program of one layer's launches, in launch order: no
+/// program gets past its wait before every program of the launch before it has
+/// exited (on the GPU too, where launches overlap), and the step it stamps computes
+/// what an unstamped step does, with `state` restored afterwards.
+#[test]
+fn a_layer_timeline_stamps_every_program_after_the_launch_before_it() {
+    use tilefuse_engine::decode::Block;
+    let (cfg, w) = tilefuse_engine::preset::load("tiny-qwen3", 5).unwrap();
+    let (_turn, devs) = cpu_and_gpu("a_layer_timeline");
+    for dev in devs {
+        let mut dec = tilefuse_engine::Decoder::new(&cfg, &w, &dev, 32).unwrap();
+        dec.set_input(3, 5).unwrap();
+        dec.step_eager().unwrap();
+        let want = dec.read_logits().unwrap();
+        let err = dec.timeline(cfg.num_layers, 1).unwrap_err().to_string();
+        assert!(err.contains(&format!("layer {}", cfg.num_layers)), "{err}");
+
+        dec.set_input(3, 5).unwrap();
+        let runs = dec.timeline(1, 3).unwrap();
+        assert_eq!(runs.len(), 3, "{dev}");
+        for run in &runs {
+            assert_eq!(run.layer, 1);
+            let blocks: Vec<Block> = run.launches.iter().map(|l| l.block).collect();
+            assert_eq!(
+                blocks,
+                [
+                    Block::Qkv,
+                    Block::Attention,
+                    Block::Combine,
+                    Block::OProj,
+                    Block::GateUp,
+                    Block::Down
+                ],
+                "{dev}"
+            );
+            for pair in run.launches.windows(2) {
+                let last_exit = pair[0].programs.iter().map(|p| p.exit).max().unwrap();
+                let first_past = pair[1].programs.iter().map(|p| p.past_wait).min().unwrap();
+                assert!(
+                    first_past >= last_exit,
+                    "{dev}: a {:?} program got past its wait at {first_past} ns, before the \
+                     last {:?} program exited at {last_exit} ns",
+                    pair[1].block,
+                    pair[0].block
+                );
+            }
+            for l in &run.launches {
+                assert!(!l.programs.is_empty(), "{dev}: {:?}", l.block);
+                for p in &l.programs {
+                    assert!(p.entry >= 0 && p.entry <= p.past_wait && p.past_wait <= p.exit);
+                    if !dev.is_cuda() {
+                        assert_eq!(p.sm, 0, "the interpreter has one processor");
+                    }
+                }
+            }
+        }
+        assert_eq!(dec.read_state().unwrap(), (3, 5), "{dev}: state restored");
+        dec.step_eager().unwrap();
+        assert_eq!(dec.read_logits().unwrap(), want, "{dev}: the same step");
+    }
+}
+
 /// Other compiled variants, split counts and chunk sizes compute the same step (up to
 /// summation order), and plans that do not fit the decoder are refused with a message.
 #[test]

@@ -42,6 +42,30 @@ fn launch(
         .unwrap_or_else(|e| panic!("{} {consts:?} on {dev}: {e}", def.name));
 }
 
+/// A poisoned timeline buffer for a launch of `programs` programs stamped at slot 1
+/// (slot 0 and the slot after the last program must stay unwritten).
+fn stamps(dev: &Device, programs: usize) -> Buffer<i64> {
+    dev.alloc_filled(4 * (programs + 2), -1i64).unwrap()
+}
+
+/// Every program wrote its own slot (entry <= past wait <= exit, an SM index) and
+/// nothing else was written: the kernels' linear program index covers the grid once.
+fn check_stamps(what: &str, buf: &Buffer<i64>, programs: usize) {
+    let v = buf.to_vec().unwrap();
+    assert_eq!(&v[..4], &[-1; 4], "{what}: slot 0 written");
+    assert_eq!(
+        &v[4 * (programs + 1)..],
+        &[-1; 4],
+        "{what}: slot past the grid written"
+    );
+    for (p, s) in v[4..4 * (programs + 1)].chunks(4).enumerate() {
+        assert!(
+            s[0] >= 0 && s[0] <= s[1] && s[1] <= s[2] && (0..1024).contains(&s[3]),
+            "{what}: program {p} stamps {s:?}"
+        );
+    }
+}
+
 /// Checks `got[i]` against `want[i]` within `tol[i]`; NaN (unwritten) always fails.
 fn check(what: &str, got: &[f32], want: &[f64], tol: &[f64]) {
     assert_eq!(got.len(), want.len(), "{what}: length");
@@ -209,6 +233,8 @@ fn rms_norm_gemv_matches_host() {
             );
             for cfg in configs(&dev, &RMS_NORM_GEMV, n, k) {
                 let mut y = dev.alloc_filled(n, bf16::NAN).unwrap();
+                let programs = cfg.grid(n) as usize;
+                let mut st = stamps(&dev, programs);
                 launch(
                     &RMS_NORM_GEMV,
                     &dev,
@@ -223,15 +249,14 @@ fn rms_norm_gemv_matches_host() {
                         (n as i32).into(),
                         (k as i32).into(),
                         EPS.into(),
+                        (&mut st).into(),
+                        1i32.into(),
                     ],
                 );
+                let what = format!("rms_norm_gemv {n}x{k} {cfg:?} on {dev}");
+                check_stamps(&what, &st, programs);
                 let got = f32s(&y.to_vec().unwrap());
-                check(
-                    &format!("rms_norm_gemv {n}x{k} {cfg:?} on {dev}"),
-                    &got,
-                    &want,
-                    &tol,
-                );
+                check(&what, &got, &want, &tol);
             }
         }
     }
@@ -267,6 +292,8 @@ fn gemv_residual_matches_host() {
             );
             for cfg in configs(&dev, &GEMV_RESIDUAL, n, k) {
                 let mut x = dev.upload(&x_old).unwrap();
+                let programs = cfg.grid(n) as usize;
+                let mut st = stamps(&dev, programs);
                 launch(
                     &GEMV_RESIDUAL,
                     &dev,
@@ -279,15 +306,14 @@ fn gemv_residual_matches_host() {
                         (&mut x).into(),
                         (n as i32).into(),
                         (k as i32).into(),
+                        (&mut st).into(),
+                        1i32.into(),
                     ],
                 );
+                let what = format!("gemv_residual {n}x{k} {cfg:?} on {dev}");
+                check_stamps(&what, &st, programs);
                 let got = f32s(&x.to_vec().unwrap());
-                check(
-                    &format!("gemv_residual {n}x{k} {cfg:?} on {dev}"),
-                    &got,
-                    &want,
-                    &tol,
-                );
+                check(&what, &got, &want, &tol);
             }
         }
     }
@@ -333,6 +359,8 @@ fn rms_norm_gate_up_matches_host() {
             );
             for cfg in configs(&dev, &RMS_NORM_GATE_UP, inter, k) {
                 let mut act = dev.alloc_filled(inter, bf16::NAN).unwrap();
+                let programs = cfg.grid(inter) as usize;
+                let mut st = stamps(&dev, programs);
                 launch(
                     &RMS_NORM_GATE_UP,
                     &dev,
@@ -346,15 +374,14 @@ fn rms_norm_gate_up_matches_host() {
                         (inter as i32).into(),
                         (k as i32).into(),
                         EPS.into(),
+                        (&mut st).into(),
+                        1i32.into(),
                     ],
                 );
+                let what = format!("rms_norm_gate_up inter={inter} k={k} {cfg:?} on {dev}");
+                check_stamps(&what, &st, programs);
                 let got = f32s(&act.to_vec().unwrap());
-                check(
-                    &format!("rms_norm_gate_up inter={inter} k={k} {cfg:?} on {dev}"),
-                    &got,
-                    &want,
-                    &tol,
-                );
+                check(&what, &got, &want, &tol);
             }
         }
     }
@@ -827,6 +854,8 @@ fn check_attention(
         let mut pl = dev.alloc_filled(slots, f32::NAN).unwrap();
         let mut pa = dev.alloc_filled(slots * d, f32::NAN).unwrap();
         let mut out = dev.alloc_filled(nh * d, bf16::NAN).unwrap();
+        let split_programs = nkv * splits * c.group.div_ceil(c.g);
+        let mut split_stamps = stamps(dev, split_programs);
         launch(
             &ATTENTION_SPLIT,
             dev,
@@ -858,9 +887,14 @@ fn check_attention(
                 i32::from(use_norm).into(),
                 EPS.into(),
                 scale.into(),
+                (&mut split_stamps).into(),
+                1i32.into(),
             ],
         );
+        check_stamps(&format!("{what}: split"), &split_stamps, split_programs);
         if cluster == 1 {
+            let combine_programs = nh * (d / dc);
+            let mut combine_stamps = stamps(dev, combine_programs);
             launch(
                 &ATTENTION_COMBINE,
                 dev,
@@ -872,7 +906,14 @@ fn check_attention(
                     (&pa).into(),
                     (&mut out).into(),
                     (splits as i32).into(),
+                    (&mut combine_stamps).into(),
+                    1i32.into(),
                 ],
+            );
+            check_stamps(
+                &format!("{what}: combine"),
+                &combine_stamps,
+                combine_programs,
             );
         }
 
@@ -953,8 +994,8 @@ fn attention_small_contexts_all_groups() {
                     [bs, stages, 1],
                     &[(1, 1), (3, 1), (8, 1), (8, 64)],
                 );
-                // Two programs a cluster merging in the kernel: at 1 and 3 positions
-                // with min_chunk 64 the second split is empty.
+                // Two programs a cluster merging in the kernel: the second takes the
+                // new position alone, the first every cached one.
                 check_attention(
                     &dev,
                     &mut rng,

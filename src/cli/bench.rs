@@ -43,6 +43,14 @@ pub struct BenchArgs {
     /// after each step.
     #[arg(long)]
     pub sampled: bool,
+    /// Stamp one layer's launches (the middle one unless `--timeline-layer`) and print
+    /// when their programs start, get past their wait and finish (20 graph replays on a
+    /// GPU, medians).
+    #[arg(long)]
+    pub timeline: bool,
+    /// The layer `--timeline` stamps.
+    #[arg(long, requires = "timeline")]
+    pub timeline_layer: Option<usize>,
     /// Also write the report as JSON.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -51,6 +59,12 @@ pub struct BenchArgs {
 /// Runs `tilefuse bench`.
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let device = super::generate::parse_device(args.device.as_deref())?;
+    let timeline = if args.timeline {
+        let layers = crate::engine::preset::config(&args.preset)?.num_layers;
+        Some(args.timeline_layer.unwrap_or(layers / 2))
+    } else {
+        None
+    };
     let graph = !args.no_graph && std::env::var("TILEFUSE_CUDA_GRAPH").map_or(true, |v| v != "0");
     let report = bench::run(&DecodeBenchOptions {
         preset: args.preset.clone(),
@@ -63,6 +77,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         profile: args.profile,
         sweep: args.sweep,
         sampled: args.sampled,
+        timeline,
     })?;
     super::write_stdout(&report.to_string())?;
     if let Some(path) = &args.json {
@@ -98,6 +113,25 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
             "kernels_per_step": report.kernels_per_step,
             "modes": modes,
             "blocks": blocks,
+            "timeline": report.timeline.as_ref().map(|t| serde_json::json!({
+                "layer": t.layer,
+                "steps": t.steps,
+                "clock_step_ns": t.clock_step_ns,
+                "launches": t.rows.iter().map(|r| serde_json::json!({
+                    "block": format!("{:?}", r.block),
+                    "programs": r.programs,
+                    "entry_us": [r.entry.0, r.entry.1],
+                    "past_wait_us": [r.past_wait.0, r.past_wait.1, r.past_wait.2],
+                    "exit_us": [r.exit.0, r.exit.1, r.exit.2],
+                    "early": r.early,
+                })).collect::<Vec<_>>(),
+                // One step's stamps, ns from the layer's first entry: [entry, past wait,
+                // exit, SM] a program, in linear program order.
+                "sample": t.sample.launches.iter().map(|l| serde_json::json!({
+                    "block": format!("{:?}", l.block),
+                    "programs": l.programs.iter().map(|p| [p.entry, p.past_wait, p.exit, i64::from(p.sm)]).collect::<Vec<_>>(),
+                })).collect::<Vec<_>>(),
+            })),
         });
         std::fs::write(path, serde_json::to_string_pretty(&json)?)?;
     }
