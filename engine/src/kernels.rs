@@ -105,10 +105,11 @@ pub fn rms_norm_gemv<
     stamps: Ptr<i64>,
     stamp_at: i32,
 ) {
-    // Timeline stamps (see the module docs), stored as they are read: nothing stays
-    // live across the kernel for them.
+    // Timeline stamps (see the module docs): the clock is read only when asked for,
+    // and stored at the end.
+    let mut t_entry = 0 as i64;
     if stamp_at >= 0 {
-        store(stamps + (stamp_at + program_id(0)) * 4, global_timer());
+        t_entry = global_timer();
     }
     let rows = program_id(0) * BLOCK_N + arange(0, BLOCK_N);
     let row_ok = rows < n;
@@ -135,8 +136,9 @@ pub fn rms_norm_gemv<
     // Weights are never written during decode: only now wait for the kernels before
     // this one (with programmatic launch on Hopper, the loads above overlap their tail).
     wait_for_prior_kernels();
+    let mut t_wait = 0 as i64;
     if stamp_at >= 0 {
-        store(stamps + (stamp_at + program_id(0)) * 4 + 1, global_timer());
+        t_wait = global_timer();
     }
 
     // One pass: the squares for the norm and the dot products with `norm_w * x` are
@@ -189,6 +191,8 @@ pub fn rms_norm_gemv<
     store(y + rows, (sums * inv_rms + b) as bf16, row_ok);
     if stamp_at >= 0 {
         let at = stamps + (stamp_at + program_id(0)) * 4;
+        store(at, t_entry);
+        store(at + 1, t_wait);
         store(at + 2, global_timer());
         store(at + 3, sm_id() as i64);
     }
@@ -233,10 +237,11 @@ pub fn gemv_residual<
     stamps: Ptr<i64>,
     stamp_at: i32,
 ) {
-    // Timeline stamps (see the module docs), stored as they are read: nothing stays
-    // live across the kernel for them.
+    // Timeline stamps (see the module docs): the clock is read only when asked for,
+    // and stored at the end.
+    let mut t_entry = 0 as i64;
     if stamp_at >= 0 {
-        store(stamps + (stamp_at + program_id(0)) * 4, global_timer());
+        t_entry = global_timer();
     }
     let rows = program_id(0) * BLOCK_N + arange(0, BLOCK_N);
     let row_ok = rows < n;
@@ -260,8 +265,9 @@ pub fn gemv_residual<
     }
     let b = load(bias + rows, row_ok, 0.0) as f32;
     wait_for_prior_kernels();
+    let mut t_wait = 0 as i64;
     if stamp_at >= 0 {
-        store(stamps + (stamp_at + program_id(0)) * 4 + 1, global_timer());
+        t_wait = global_timer();
     }
     // Everything the end needs is requested now, not after the reduction (each load
     // issued after a barrier costs its own round trip).
@@ -303,6 +309,8 @@ pub fn gemv_residual<
     store(x + rows, (old + proj) as bf16, row_ok);
     if stamp_at >= 0 {
         let at = stamps + (stamp_at + program_id(0)) * 4;
+        store(at, t_entry);
+        store(at + 1, t_wait);
         store(at + 2, global_timer());
         store(at + 3, sm_id() as i64);
     }
@@ -349,10 +357,11 @@ pub fn rms_norm_gate_up<
     stamps: Ptr<i64>,
     stamp_at: i32,
 ) {
-    // Timeline stamps (see the module docs), stored as they are read: nothing stays
-    // live across the kernel for them.
+    // Timeline stamps (see the module docs): the clock is read only when asked for,
+    // and stored at the end.
+    let mut t_entry = 0 as i64;
     if stamp_at >= 0 {
-        store(stamps + (stamp_at + program_id(0)) * 4, global_timer());
+        t_entry = global_timer();
     }
     let rows = program_id(0) * BLOCK_N + arange(0, BLOCK_N);
     let row_ok = rows < inter;
@@ -373,8 +382,9 @@ pub fn rms_norm_gate_up<
     }
     let gw_first = load(norm_w + cols, col_ok, 0.0) as f32;
     wait_for_prior_kernels();
+    let mut t_wait = 0 as i64;
     if stamp_at >= 0 {
-        store(stamps + (stamp_at + program_id(0)) * 4 + 1, global_timer());
+        t_wait = global_timer();
     }
 
     // One pass, as in `rms_norm_gemv`: `inv_rms` scales the row sums at the end.
@@ -439,6 +449,8 @@ pub fn rms_norm_gate_up<
     store(act + rows, (silu * up) as bf16, row_ok);
     if stamp_at >= 0 {
         let at = stamps + (stamp_at + program_id(0)) * 4;
+        store(at, t_entry);
+        store(at + 1, t_wait);
         store(at + 2, global_timer());
         store(at + 3, sm_id() as i64);
     }
@@ -523,17 +535,11 @@ pub fn attention_split<
     stamps: Ptr<i64>,
     stamp_at: i32,
 ) {
-    // Timeline stamps (see the module docs), stored as they are read: nothing stays
-    // live across the kernel for them.
+    // Timeline stamps (see the module docs): the clock is read only when asked for,
+    // and stored at the end.
+    let mut t_entry = 0 as i64;
     if stamp_at >= 0 {
-        store(
-            stamps
-                + (stamp_at
-                    + (program_id(2) * num_programs(1) + program_id(1)) * num_programs(0)
-                    + program_id(0))
-                    * 4,
-            global_timer(),
-        );
+        t_entry = global_timer();
     }
     let kv_head = program_id(0);
     let split = program_id(1);
@@ -587,16 +593,9 @@ pub fn attention_split<
     // step, cache rows below `pos` by earlier ones): only the projection `qkv` comes
     // from the kernel just before.
     wait_for_prior_kernels();
+    let mut t_wait = 0 as i64;
     if stamp_at >= 0 {
-        store(
-            stamps
-                + (stamp_at
-                    + (program_id(2) * num_programs(1) + program_id(1)) * num_programs(0)
-                    + program_id(0))
-                    * 4
-                + 1,
-            global_timer(),
-        );
+        t_wait = global_timer();
     }
     // Only now let the next kernels start: triggered at entry, programs of the combine
     // and the O projection started early and their loads competed with this kernel's
@@ -734,6 +733,8 @@ pub fn attention_split<
                 + (program_id(2) * num_programs(1) + program_id(1)) * num_programs(0)
                 + program_id(0))
                 * 4;
+        store(at, t_entry);
+        store(at + 1, t_wait);
         store(at + 2, global_timer());
         store(at + 3, sm_id() as i64);
     }
@@ -753,20 +754,16 @@ pub fn attention_combine<const D: usize, const S: usize, const DC: usize>(
     stamps: Ptr<i64>,
     stamp_at: i32,
 ) {
-    // Timeline stamps (see the module docs), stored as they are read: nothing stays
-    // live across the kernel for them.
+    // Timeline stamps (see the module docs): the clock is read only when asked for,
+    // and stored at the end.
+    let mut t_entry = 0 as i64;
     if stamp_at >= 0 {
-        store(
-            stamps + (stamp_at + program_id(1) * num_programs(0) + program_id(0)) * 4,
-            global_timer(),
-        );
+        t_entry = global_timer();
     }
     wait_for_prior_kernels();
+    let mut t_wait = 0 as i64;
     if stamp_at >= 0 {
-        store(
-            stamps + (stamp_at + program_id(1) * num_programs(0) + program_id(0)) * 4 + 1,
-            global_timer(),
-        );
+        t_wait = global_timer();
     }
     let head = program_id(0);
     let s = arange(0, S);
@@ -788,6 +785,8 @@ pub fn attention_combine<const D: usize, const S: usize, const DC: usize>(
     store(out + head * D + d, o as bf16);
     if stamp_at >= 0 {
         let at = stamps + (stamp_at + program_id(1) * num_programs(0) + program_id(0)) * 4;
+        store(at, t_entry);
+        store(at + 1, t_wait);
         store(at + 2, global_timer());
         store(at + 3, sm_id() as i64);
     }
