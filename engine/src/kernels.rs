@@ -496,7 +496,8 @@ pub fn rms_norm_gate_up<
     // and comparisons (8 and 16, the Qwen3 head shape over 64-position tiles).
     CLUSTER = [1, 2, 8, 16],
     cluster(y = CLUSTER),
-    // 8 warps were never faster (`examples/bandwidth.rs`, `tilefuse bench --sweep`).
+    // 8 warps were never faster (`examples/bandwidth.rs`, `tilefuse bench --sweep`;
+    // last in session 21's paired sweep, with the chunked layout: +3.1% a step).
     num_warps = [4],
     // Two 64-position tiles for four heads need more than 255 registers a thread.
     skip(D = 128, G = 4, BS = 64, STAGES = 2, num_warps = 4),
