@@ -237,10 +237,13 @@ impl<T> Tile<T> {
 
     /// Sum along `axis` (dropped; rank 1 gives a scalar). Floats accumulate in `f32`
     /// (also for `f16`/`bf16`, rounded once to the dtype); the order of additions is
-    /// unspecified. Integers wrap.
+    /// unspecified. An `f32` product used only by sums is fused into them on the GPU
+    /// (one `fma` a product, unrounded; the interpreter rounds it: both are within a
+    /// sum's tolerance). Integers wrap.
     ///
     /// ```rust,ignore
     /// let row_sums = v.sum(1); // [M, N] -> [M]
+    /// let dots = ((w as f32) * x.expand_dims(0)).sum(1); // one fma a product on the GPU
     /// ```
     pub fn sum(self, axis: usize) -> Tile<T> {
         let _ = axis;

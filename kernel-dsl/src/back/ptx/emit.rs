@@ -75,6 +75,9 @@ pub struct Emitter<'k> {
     /// Whether a `cluster_gather` reads other programs' shared memory (the kernel then
     /// ends with a cluster barrier).
     pub gathers_remote: bool,
+    /// Products that `reduce` folds into a sum's additions (see `contract.rs`); they
+    /// are never computed on their own.
+    pub fused: std::collections::HashSet<ValueId>,
 }
 
 /// The cache qualifier of each parameter's loads.
@@ -139,6 +142,7 @@ impl<'k> Emitter<'k> {
             cluster_smem: 0,
             cluster_base: None,
             gathers_remote: false,
+            fused: super::contract::fused_products(k),
         };
         e.tid = e.reg(Rk::R);
         e.lane = e.reg(Rk::R);
@@ -815,7 +819,7 @@ impl<'k> Emitter<'k> {
             self.vals[v.index()] = Some(vec![r]);
             return Ok(());
         }
-        if self.lay.strong[v.index()] {
+        if self.lay.strong[v.index()] && !self.fused.contains(&v) {
             let l = self.layout_of(v);
             let r = self.compute(v, &l)?;
             self.vals[v.index()] = Some(r);

@@ -7,6 +7,8 @@
 //!   that result's layout) and loop-carried zeros take their update's layout.
 //!   Splats, aranges, broadcasts and arithmetic on them are *rematerialized* in whatever
 //!   layout a user needs instead of being moved.
+//! - `contract.rs`: the `f32` products whose only uses are sums, which `reduce.rs`
+//!   folds into the sum as fused multiply-adds.
 //! - `axis.rs`: contiguity / divisibility / constancy (Triton's AxisInfo) for vector
 //!   accesses and provably uniform masks.
 //! - `emit.rs`: registers, thread coordinates per layout (computed once at entry),
@@ -26,6 +28,7 @@
 
 mod axis;
 mod cluster;
+mod contract;
 mod dot;
 mod elementwise;
 mod emit;

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use super::emit::{Emitter, Res};
 use super::regs::{int_ty, rk, Rk};
-use crate::ir::{DType, ReduceOp, ValueId};
+use crate::ir::{DType, Def, Expr, ReduceOp, ValueId};
 
 /// A partial result: value (and index for argmax).
 #[derive(Clone)]
@@ -27,7 +27,21 @@ impl Emitter<'_> {
     ) -> Res<Vec<String>> {
         let mut dt = self.val_dt(value)?;
         let src_l = self.layout_of(value);
-        let mut regs = self.tile(value, &src_l)?;
+        // A product only summed (`contract.rs`): its factors, multiplied into the running
+        // sum by `fma` instead of rounded products added one by one.
+        let factors = match &self.k.value(value).def {
+            Def::Expr(Expr::Binary { lhs, rhs, .. })
+                if op == ReduceOp::Sum && self.fused.contains(&value) =>
+            {
+                let (lhs, rhs) = (*lhs, *rhs);
+                Some((self.tile(lhs, &src_l)?, self.tile(rhs, &src_l)?))
+            }
+            _ => None,
+        };
+        let mut regs = match &factors {
+            Some(_) => Vec::new(),
+            None => self.tile(value, &src_l)?,
+        };
         let is_bool = dt == DType::Bool;
         if is_bool {
             if !matches!(op, ReduceOp::Max | ReduceOp::Min) {
@@ -68,6 +82,15 @@ impl Emitter<'_> {
             g.sort();
             let mut acc: Option<Part> = None;
             for (along, i) in g {
+                if let Some((a, b)) = &factors {
+                    let d = self.reg(Rk::F);
+                    match &acc {
+                        None => self.ins(format!("mul.rn.f32 {d}, {}, {}", a[i], b[i])),
+                        Some(s) => self.ins(format!("fma.rn.f32 {d}, {}, {}, {}", a[i], b[i], s.v)),
+                    }
+                    acc = Some(Part { v: d, i: None });
+                    continue;
+                }
                 let x = if dt.is_float() {
                     self.up(dt, &regs[i])
                 } else {

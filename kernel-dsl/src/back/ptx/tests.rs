@@ -261,6 +261,16 @@ fn gemv_bf16_loop() {
         // x is loaded in the slice of W's layout and the accumulator lives in the
         // reduction's layout: no shared-memory traffic in the loop.
         assert!(!p.ptx.contains("bar.sync"), "{}", p.layouts);
+        // The products are summed and used nowhere else: each thread's share of a row
+        // is one chain of fused multiply-adds (a product a thread's element after its
+        // first), and no product is computed or rounded on its own.
+        let per_thread = (bn * bk) as usize / (32 * w as usize);
+        let (fmas, muls) = (
+            p.ptx.matches("fma.rn.f32").count(),
+            p.ptx.matches("mul.rn.f32").count(),
+        );
+        assert_eq!(fmas + muls, per_thread, "{}", p.ptx);
+        assert!(fmas >= 3 * muls, "{}", p.ptx);
     }
 }
 
