@@ -658,34 +658,3 @@ fn global_timer_is_an_i64_scalar_that_reads_the_gpu_clock() {
         }
     }
 }
-
-#[test]
-fn loop_invariant_layout_conversions_are_made_once_before_the_loop() {
-    // `r` is a reduction's result, laid out over the rows it summed; inside the loop it
-    // scales both the rows and the columns of a tile, so one of the two must move it
-    // between threads (shared memory and barriers). It does not change in the loop:
-    // that happens once, before.
-    let src = "#[kernel(B = [32])] fn k<const B: usize>(x: Ptr<f32>, y: Ptr<f32>, n: i32) {
-        let i = arange(0, B);
-        let at = i.expand_dims(1) * B + i.expand_dims(0);
-        let r = load(x + at).sum(1);
-        let mut acc = zeros::<f32>([B, B]);
-        for s in (0..n).step_by(1) {
-            acc += load(y + s * B * B + at) * r.expand_dims(0) * r.expand_dims(1);
-        }
-        store(x + at, acc);
-    }";
-    let k = compile_source(src, &spec(&[("B", 32)], 4)).unwrap();
-    for target in [
-        tilefuse_dsl::back::ptx::Target::Sm80,
-        tilefuse_dsl::back::ptx::Target::Sm90,
-    ] {
-        let ptx = tilefuse_dsl::back::ptx::compile(&k, target).unwrap().ptx;
-        let head = ptx.find("$L_loop").expect("a loop");
-        let back = ptx.find("bra.uni $L_loop").expect("a back edge");
-        assert!(ptx[..head].contains("bar.sync"), "{ptx}");
-        assert!(ptx[..head].contains("st.shared"), "{ptx}");
-        assert!(!ptx[head..back].contains("bar.sync"), "{ptx}");
-        assert!(!ptx[head..back].contains("ld.shared"), "{ptx}");
-    }
-}

@@ -8,7 +8,7 @@ pub(super) const WAIT_MARKER: &str = "\t// wait_for_prior_kernels\n";
 /// Where `launch_dependents()` stands in the body, until `compile` picks the target.
 pub(super) const LAUNCH_MARKER: &str = "\t// launch_dependents\n";
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::fmt::Write;
 
 use super::axis::AxisInfo;
@@ -77,15 +77,8 @@ pub struct Emitter<'k> {
     pub gathers_remote: bool,
     /// Products that `reduce` folds into a sum's additions (see `contract.rs`); they
     /// are never computed on their own.
-    pub fused: HashSet<ValueId>,
-    /// During a loop body's dry run (see `invariant_conversions`): the values defined
-    /// before the loop, and the layout conversions of them the body asked for.
-    hoisting: Option<Hoisting>,
+    pub fused: std::collections::HashSet<ValueId>,
 }
-
-/// A loop body's dry run: the values defined before the loop, and the conversions of
-/// them (value, target layout) that the body made.
-type Hoisting = (HashSet<ValueId>, Vec<(ValueId, Layout)>);
 
 /// The cache qualifier of each parameter's loads.
 ///
@@ -150,7 +143,6 @@ impl<'k> Emitter<'k> {
             cluster_base: None,
             gathers_remote: false,
             fused: super::contract::fused_products(k),
-            hoisting: None,
         };
         e.tid = e.reg(Rk::R);
         e.lane = e.reg(Rk::R);
@@ -371,11 +363,6 @@ impl<'k> Emitter<'k> {
         let r = if cheap || self.vals[v.index()].is_none() {
             self.compute(v, l)?
         } else {
-            if let Some((outer, found)) = &mut self.hoisting {
-                if outer.contains(&v) && !found.iter().any(|(w, m)| *w == v && m == l) {
-                    found.push((v, l.clone()));
-                }
-            }
             let from = self.layout_of(v);
             let src = self.vals[v.index()].clone().unwrap();
             let kind = self.rk_of(v);
@@ -707,13 +694,6 @@ impl<'k> Emitter<'k> {
                     self.vals[c.result.index()] = Some(p.clone());
                     params.push((kind, p, words));
                 }
-                // Loop-invariant conversions are made once, here, and found in this
-                // scope's cache by every iteration.
-                let mut variant = vec![*index];
-                variant.extend(carried.iter().flat_map(|c| [c.param, c.result]));
-                for (v, l) in self.invariant_conversions(body, &variant)? {
-                    self.tile(v, &l)?;
-                }
                 let (head, exit) = (self.new_label("loop"), self.new_label("end"));
                 let (s0, e0, st) = (self.scalar(*start), self.scalar(*end), self.scalar(*step));
                 self.ins(format!("mov.{} {idx}, {s0}", rk(ity).bits()));
@@ -810,44 +790,6 @@ impl<'k> Emitter<'k> {
                 Ok(())
             }
         }
-    }
-
-    /// The layout conversions (through shared memory) of values defined before a loop
-    /// that its body makes: each would otherwise run on every iteration, barriers
-    /// included (Triton hoists them too). Found by emitting the body once and throwing
-    /// the code away; `variant` are the values that change from one iteration to the
-    /// next (the index, the carried values). Inside another loop's dry run, none: the
-    /// outer dry run already records what this body converts.
-    fn invariant_conversions(
-        &mut self,
-        body: &Block,
-        variant: &[ValueId],
-    ) -> Res<Vec<(ValueId, Layout)>> {
-        if self.hoisting.is_some() {
-            return Ok(Vec::new());
-        }
-        let vals = self.vals.clone();
-        let halves = self.halves.clone();
-        let (code, accesses, loc) = (self.code.len(), self.accesses.len(), self.loc);
-        let mut outer: HashSet<ValueId> = (0..vals.len())
-            .filter(|&i| vals[i].is_some())
-            .map(|i| ValueId(i as u32))
-            .collect();
-        for v in variant {
-            outer.remove(v);
-        }
-        self.hoisting = Some((outer, Vec::new()));
-        self.cache.push(HashMap::new());
-        let run = self.block(body);
-        self.cache.pop();
-        let found = self.hoisting.take().map(|(_, f)| f).unwrap_or_default();
-        self.code.truncate(code);
-        self.accesses.truncate(accesses);
-        self.vals = vals;
-        self.halves = halves;
-        self.loc = loc;
-        run?;
-        Ok(found)
     }
 
     fn let_(&mut self, v: ValueId) -> Res<()> {

@@ -953,33 +953,3 @@ fn gpu_cluster_gather() {
         );
     }
 }
-
-const HOISTED: &str = r#"
-fn hoisted<const B: usize>(x: Ptr<f32>, y: Ptr<f32>, n: i32) {
-    let i = arange(0, B);
-    let at = i.expand_dims(1) * B + i.expand_dims(0);
-    let r = load(x + at).sum(1);
-    let mut acc = zeros::<f32>([B, B]);
-    for s in (0..n).step_by(1) {
-        acc += load(y + s * B * B + at) * r.expand_dims(0) * r.expand_dims(1);
-    }
-    store(x + at, acc);
-}
-"#;
-
-/// A loop-invariant layout conversion made once before the loop (`emit.rs`) gives what
-/// the interpreter gives, for loops of zero, one and several iterations.
-#[test]
-fn gpu_loop_invariant_conversion() {
-    let mut r = Rng(11);
-    let b = 32;
-    for (n, warps) in [(0, 4), (1, 4), (5, 4), (3, 8)] {
-        let d = def(HOISTED, &[("B", b as i64)], warps);
-        let data = [
-            Data::F32(r.vec(b * b, 1.0)),
-            Data::F32(r.vec((n as usize).max(1) * b * b, 1.0)),
-            Data::S(Scalar::I32(n)),
-        ];
-        diff("hoisted", d, [1, 1, 1], &data, 1e-5);
-    }
-}

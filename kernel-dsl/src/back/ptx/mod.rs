@@ -13,8 +13,7 @@
 //!   accesses and provably uniform masks.
 //! - `emit.rs`: registers, thread coordinates per layout (computed once at entry),
 //!   materialization of a value in a layout (rematerialization, else a shared-memory
-//!   conversion; a loop body's conversions of values defined before the loop are made
-//!   once, before it), statements and structured control flow (`for` stays a loop, `if`
+//!   conversion), statements and structured control flow (`for` stays a loop, `if`
 //!   branches, merges by moves).
 //! - `elementwise.rs`, `memory.rs` (vectorized `ld.global.nc` / `st.global`, owner-only
 //!   stores and atomics), `reduce.rs` (in-thread, `shfl.sync.bfly`, shared memory across
