@@ -90,50 +90,41 @@ mod tests {
     use super::super::build::B;
     use super::*;
 
-    #[test]
-    fn a_product_used_only_by_sums_is_fused() {
+    /// `x[0] = (v * v).sum(0)` over `v = x[0..64]` of dtype `d`: the builder, the
+    /// pointers, the loaded tile and the product, for a test to add to.
+    fn sum_of_squares(d: DType) -> (B, [ValueId; 4]) {
         let mut b = B::new("k", 4);
-        let x = b.ptr("x", DType::F32);
+        let x = b.ptr("x", d);
         let offs = b.arange(64);
         let p = b.addptr(x, offs);
         let v = b.load(p, None, None);
         let sq = b.bin(BinaryOp::Mul, v, v);
         let s = b.reduce(ReduceOp::Sum, sq, 0);
         b.store(x, s, None);
-        let k = b.finish();
-        assert_eq!(fused_products(&k), HashSet::from([sq]));
+        (b, [x, p, v, sq])
+    }
+
+    #[test]
+    fn a_product_used_only_by_sums_is_fused() {
+        let (b, [.., sq]) = sum_of_squares(DType::F32);
+        assert_eq!(fused_products(&b.finish()), HashSet::from([sq]));
     }
 
     #[test]
     fn a_product_with_another_use_keeps_its_rounding() {
-        let mut b = B::new("k", 4);
-        let x = b.ptr("x", DType::F32);
-        let offs = b.arange(64);
-        let p = b.addptr(x, offs);
-        let v = b.load(p, None, None);
-        let sq = b.bin(BinaryOp::Mul, v, v);
-        let s = b.reduce(ReduceOp::Sum, sq, 0);
-        b.store(x, s, None);
+        let (mut b, [x, p, v, sq]) = sum_of_squares(DType::F32);
         // Stored as well: not fused.
         b.store(p, sq, None);
         // A max of a product: not a sum, so not fused either.
         let m = b.bin(BinaryOp::Mul, v, v);
         let mx = b.reduce(ReduceOp::Max, m, 0);
         b.store(x, mx, None);
-        let k = b.finish();
-        assert!(fused_products(&k).is_empty());
+        assert!(fused_products(&b.finish()).is_empty());
     }
 
     #[test]
     fn only_f32_products_are_fused() {
-        let mut b = B::new("k", 4);
-        let x = b.ptr("x", DType::BF16);
-        let offs = b.arange(64);
-        let p = b.addptr(x, offs);
-        let v = b.load(p, None, None);
-        let sq = b.bin(BinaryOp::Mul, v, v);
-        let s = b.reduce(ReduceOp::Sum, sq, 0);
-        b.store(x, s, None);
+        let (b, [.., sq]) = sum_of_squares(DType::BF16);
         let k = b.finish();
         assert_eq!(k.ty(sq).dtype(), Some(DType::BF16));
         assert!(fused_products(&k).is_empty());
