@@ -210,14 +210,15 @@ pub fn rms_norm_gemv<
     // so compiled for 2 x 1024 tiles over 8 warps only, for comparisons.
     STAGES = [1, 2],
     // 1: each tile is reduced as it arrives, so no `[BLOCK_N, BLOCK_K]` f32 tile is
-    // carried across the loop (fewer registers, one reduction a tile); compiled for
-    // 4096-column tiles (the down projections' default; the 2048-column forms were
-    // never the in-step sweep's choice for O, docs/perf.md).
+    // carried across the loop (fewer registers, one reduction a tile, and the products
+    // fuse into it as `fma`); compiled for 4096-column tiles (the down projections'
+    // default) and 2048-column ones (the O projection alone: 2 rows over 8 warps is the
+    // fastest variant on an H100 since the fusion, docs/perf.md).
     REDUCE_EACH = [0, 1],
     skip(STAGES = 2, BLOCK_N = [1, 4, 8]),
     skip(STAGES = 2, BLOCK_K = [256, 512, 2048, 4096]),
     skip(STAGES = 2, num_warps = 4),
-    skip(REDUCE_EACH = 1, BLOCK_K = [256, 512, 1024, 2048]),
+    skip(REDUCE_EACH = 1, BLOCK_K = [256, 512, 1024]),
     skip(REDUCE_EACH = 1, STAGES = 2),
     // 8 x 4096 weights for 128 threads spill.
     skip(BLOCK_N = 8, BLOCK_K = 4096, num_warps = 4)
