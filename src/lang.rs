@@ -403,6 +403,43 @@ pub fn store<T>(ptrs: Ptr<T>, values: Tile<T>, mask: Tile<bool>) {
     match ptrs.never {}
 }
 
+/// Asks the GPU's L2 cache to fetch the lines holding these addresses:
+/// `prefetch(ptrs)` or `prefetch(ptrs, mask)`. A hint with no value and no effect on any
+/// result: a kernel whose memory is idle (attention's arithmetic, say) can pull in bytes
+/// a later kernel will read. One pointer per 128-byte line is enough (the compiler issues
+/// one prefetch per contiguous group a thread holds). Each is a request on the program's
+/// load path, like a load: thousands of them delay the program's own loads (for large
+/// contiguous ranges on Hopper, [`prefetch_range`] is one request). Masked-off lanes
+/// touch nothing; the interpreter checks that every unmasked address lies inside its
+/// buffer, as for a load. A statement: it returns nothing.
+///
+/// ```rust,ignore
+/// // Every 64th bf16 of the next block: one pointer a line.
+/// let lines = next_block + arange(0, 256) * 64;
+/// prefetch(w + lines, lines < n);
+/// ```
+pub fn prefetch<T>(ptrs: Ptr<T>, mask: Tile<bool>) {
+    let _ = mask;
+    match ptrs.never {}
+}
+
+/// Asks the GPU's L2 cache to fetch `count` consecutive elements from the single
+/// pointer `ptr` (nothing when `count` is not positive): on Hopper (`sm_90`) one bulk
+/// request by one thread, which the copy engine serves without occupying the program's
+/// load path (the range is widened to 16-byte bounds); elsewhere a no-op. A hint like
+/// [`prefetch`]; the interpreter checks the range's first and last elements. Measured in
+/// the decode step: a third of the next gate/up weights asked for while attention
+/// computes is +1.5% a token on an H100 at context 1024; asking for more, or while the
+/// memory is busy, is slower (docs/perf.md). A statement: it returns nothing.
+///
+/// ```rust,ignore
+/// prefetch_range(w + program_id(0) * chunk, chunk);
+/// ```
+pub fn prefetch_range<T>(ptr: Ptr<T>, count: i32) {
+    let _ = count;
+    match ptr.never {}
+}
+
 /// Waits until the kernels launched before this one on the stream have finished and
 /// their writes are visible. A statement, only at the top level of the kernel body.
 ///

@@ -105,6 +105,9 @@ pub struct LaunchPlan {
     /// Fewest positions per split (`attention_split`'s `min_chunk`): at short contexts
     /// only `ceil((pos + 1) / min_chunk)` splits hold positions.
     pub min_chunk: usize,
+    /// Bytes of each layer's gate/up weights that `attention_split` asks L2 for (see
+    /// [`tuning::attention_prefetch_bytes`]).
+    pub prefetch_bytes: usize,
 }
 
 /// The GEMVs' tiles on the interpreter.
@@ -216,6 +219,7 @@ impl LaunchPlan {
             },
             splits,
             min_chunk: if gpu { tuning::ATTENTION_MIN_CHUNK } else { 1 },
+            prefetch_bytes: tuning::attention_prefetch_bytes(),
         }
         .with_sized_argmax(v);
         plan.check()?;
@@ -814,6 +818,8 @@ impl Decoder {
         let eps = cfg.rms_norm_eps as f32;
         let max_seq = self.max_seq_len as i32;
         let scale = (hd as f32).powf(-0.5);
+        let prefetch_len =
+            (2 * cfg.intermediate_size * cfg.hidden_size).min(plan.prefetch_bytes / 2) as i32;
         let grid = |block: Block| grids.iter().find(|g| g.0 == block).map_or([0; 3], |g| g.1);
         // Where each launch of the stamped layer writes its programs' stamps.
         let mut stamp_base = HashMap::new();
@@ -901,6 +907,8 @@ impl Decoder {
                         i32::from(cfg.qk_norm).into(),
                         eps.into(),
                         scale.into(),
+                        (&l.gate_up_w).into(),
+                        prefetch_len.into(),
                         (&mut s.stamps).into(),
                         stamp_at(Block::Attention).into(),
                     ],

@@ -479,6 +479,10 @@ pub fn rms_norm_gate_up<
 /// (`[num_kv_heads, max_seq, D]`), which no program of this launch reads. Split 0 also
 /// stores the rotated queries in `q_out`, for inspection.
 ///
+/// When no split holds more than one `BS`-position tile, each program also asks L2 for
+/// its share of the first `prefetch_len` elements of `prefetch_w` (`prefetch_range`,
+/// none when 0) once past its wait.
+///
 /// Scores round like the reference (`bf16(bf16(q·k) * scale)`); the probabilities stay
 /// f32 (the reference rounds the normalized probabilities, which a split pass cannot).
 ///
@@ -534,6 +538,8 @@ pub fn attention_split<
     use_norm: i32,
     eps: f32,
     scale: f32,
+    prefetch_w: Ptr<bf16>,
+    prefetch_len: i32,
     stamps: Ptr<i64>,
     stamp_at: i32,
 ) {
@@ -603,6 +609,18 @@ pub fn attention_split<
     // and the O projection started early and their loads competed with this kernel's
     // (H100: 121.3 -> 112.5 us a decode step, 6.71 -> 5.09 us alone at 512 positions).
     launch_dependents();
+    // When every split holds at most one tile, this launch is now arithmetic on bytes
+    // already requested and HBM idles until the next GEMV's programs start: one bulk
+    // request a program asks L2 for its share of the first `prefetch_len` bf16 of
+    // `prefetch_w` (the decode step names the layer's gate/up weights, read two
+    // launches later). Longer shares stream the cache and need HBM themselves.
+    if (prefetch_len > 0) & (per_split <= BS) {
+        let programs = num_programs(0) * num_programs(1) * num_programs(2);
+        let me = (program_id(2) * num_programs(1) + split) * num_programs(0) + kv_head;
+        let per = cdiv(cdiv(prefetch_len, programs), 64) * 64;
+        let first = minimum(me * per, prefetch_len);
+        prefetch_range(prefetch_w + first, minimum(per, prefetch_len - first));
+    }
 
     // Queries `[G, 4, D / 4]`: QK-norm and RoPE, each element with its RoPE partner.
     let g = program_id(2) * G + arange(0, G);

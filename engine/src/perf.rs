@@ -948,6 +948,8 @@ impl AttentionWorkload {
                 1i32.into(),
                 1e-6f32.into(),
                 scale.into(),
+                (&self.norm_w).into(),
+                0i32.into(),
                 (&mut self.stamps).into(),
                 (-1i32).into(),
             ],

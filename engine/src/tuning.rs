@@ -306,6 +306,28 @@ pub fn attention_config(seq: usize, num_kv_heads: usize, sm_count: usize) -> Att
 /// (`tilefuse bench --sweep`). `STAGES = 2` stays compiled for comparisons.
 pub const ATTENTION_STAGES: usize = 1;
 
+/// Bytes of each layer's gate/up weights (at most all of them) that the decode step's
+/// attention launch asks L2 to fetch (`prefetch_range`) while its arithmetic leaves HBM
+/// idle (only when every split holds at most one tile, as at context 1024), so that the
+/// gate/up projection two launches later reads them from L2. A budget in bytes, not a
+/// share: the idle window is a few microseconds whatever the model.
+/// `TILEFUSE_PREFETCH=KiB` overrides it (0 turns it off).
+///
+/// H100, 2026-11-25, Qwen3-0.6B preset (12 MiB of gate/up a layer), context 1024,
+/// interleaved with the build before (1608.9 tok/s): 2.4 MiB 1625.6, 3 MiB 1627.1,
+/// 4 MiB 1633.0; in other builds 6 MiB and all 12 MiB were slower than none (the
+/// prefetch then competes with the O projection's weights), and so was a third of
+/// Llama-3.2-1B's 64 MiB.
+pub const ATTENTION_PREFETCH_BYTES: usize = 4 << 20;
+
+/// [`ATTENTION_PREFETCH_BYTES`], or `TILEFUSE_PREFETCH` (KiB) when set.
+pub fn attention_prefetch_bytes() -> usize {
+    std::env::var("TILEFUSE_PREFETCH")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .map_or(ATTENTION_PREFETCH_BYTES, |kib| kib << 10)
+}
+
 /// The split count of [`attention_config`] for a given `bs`.
 pub fn attention_splits(seq: usize, num_kv_heads: usize, sm_count: usize, bs: usize) -> usize {
     let fill = (2 * sm_count.max(1)).div_ceil(num_kv_heads.max(1));

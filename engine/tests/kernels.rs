@@ -888,6 +888,9 @@ fn check_attention(
                 i32::from(use_norm).into(),
                 EPS.into(),
                 scale.into(),
+                // Prefetch the projection: the interpreter checks the ranges.
+                (&qkv_b).into(),
+                (qkv_b.len() as i32).into(),
                 (&mut split_stamps).into(),
                 1i32.into(),
             ],

@@ -589,6 +589,106 @@ fn cluster_mistakes_are_errors() {
 }
 
 #[test]
+fn prefetch_is_a_statement_on_pointers_and_becomes_an_l2_prefetch() {
+    let e = error_of("#[kernel] fn k(x: Ptr<f32>) { prefetch(load(x)); }", &[]);
+    assert!(e.contains("`prefetch` needs pointers"), "{e}");
+    let e = error_of("#[kernel] fn k(x: Ptr<f32>) { prefetch(); }", &[]);
+    assert!(e.contains("`prefetch` takes 1 to 2 arguments"), "{e}");
+    let e = error_of(
+        "#[kernel(B = [64])] fn k<const B: usize>(x: Ptr<f32>) { prefetch(x + arange(0, B), arange(0, 32) < 4); }",
+        &[("B", 64)],
+    );
+    assert!(e.contains("64") && e.contains("32"), "{e}");
+
+    // One line a thread: 512 bf16 (1 KiB) over 4 warps, 4 elements a thread in one
+    // 8-byte group, masked.
+    let src = "#[kernel(B = [512])] fn k<const B: usize>(w: Ptr<bf16>, n: i32) {
+        let offs = arange(0, B);
+        prefetch(w + offs, offs < n);
+    }";
+    let k = compile_source(src, &spec(&[("B", 512)], 4)).unwrap();
+    let mut saw = 0;
+    k.body.visit(&mut |s| {
+        if let Stmt::Prefetch { ptr, mask, .. } = s {
+            saw += 1;
+            assert_eq!(*k.ty(*ptr), Type::tile(Elem::Ptr(DType::BF16), vec![512]));
+            assert_eq!(*k.ty(mask.unwrap()), Type::val(DType::Bool, vec![512]));
+        }
+    });
+    assert_eq!(saw, 1);
+    for target in [
+        tilefuse_dsl::back::ptx::Target::Sm80,
+        tilefuse_dsl::back::ptx::Target::Sm90,
+    ] {
+        let p = tilefuse_dsl::back::ptx::compile(&k, target).unwrap();
+        let lines: Vec<&str> = p
+            .ptx
+            .lines()
+            .filter(|l| l.contains("prefetch.global.L2"))
+            .collect();
+        assert_eq!(lines.len(), 1, "{}", p.ptx);
+        assert!(
+            lines[0].trim_start().starts_with("@%p"),
+            "masked: {}",
+            lines[0]
+        );
+        assert!(
+            !p.ptx.contains("ld.global"),
+            "a prefetch loads nothing: {}",
+            p.ptx
+        );
+        if let Ok(ptxas) = tilefuse_dsl::back::ptx::ptxas::find() {
+            tilefuse_dsl::back::ptx::ptxas::assemble(&ptxas, &p, target)
+                .unwrap_or_else(|e| panic!("{target:?}: {e}"));
+        }
+    }
+}
+
+#[test]
+fn prefetch_range_is_one_bulk_request_on_sm90_and_nothing_on_sm80() {
+    let e = error_of(
+        "#[kernel(B = [64])] fn k<const B: usize>(x: Ptr<f32>) { prefetch_range(x + arange(0, B), 4); }",
+        &[("B", 64)],
+    );
+    assert!(e.contains("`prefetch_range` needs a single pointer"), "{e}");
+    let e = error_of("#[kernel] fn k(x: Ptr<f32>) { prefetch_range(x); }", &[]);
+    assert!(e.contains("`prefetch_range` takes 2 arguments"), "{e}");
+    let e = error_of(
+        "#[kernel] fn k(x: Ptr<f32>) { prefetch_range(x, 1.5); }",
+        &[],
+    );
+    assert!(e.contains("i32"), "{e}");
+
+    let src =
+        "#[kernel] fn k(w: Ptr<bf16>, n: i32) { prefetch_range(w + program_id(0) * 4096, n); }";
+    let k = compile_source(src, &spec(&[], 4)).unwrap();
+    let p90 = tilefuse_dsl::back::ptx::compile(&k, tilefuse_dsl::back::ptx::Target::Sm90).unwrap();
+    assert!(p90.ptx.contains(".version 8.0"), "{}", p90.ptx);
+    let bulk: Vec<&str> = p90
+        .ptx
+        .lines()
+        .filter(|l| l.contains("cp.async.bulk.prefetch.L2.global"))
+        .collect();
+    assert_eq!(bulk.len(), 1, "{}", p90.ptx);
+    assert!(
+        bulk[0].trim_start().starts_with("@%p"),
+        "one thread, n > 0: {}",
+        bulk[0]
+    );
+    let p80 = tilefuse_dsl::back::ptx::compile(&k, tilefuse_dsl::back::ptx::Target::Sm80).unwrap();
+    assert!(p80.ptx.contains(".version 7.8") && !p80.ptx.contains("prefetch"));
+    if let Ok(ptxas) = tilefuse_dsl::back::ptx::ptxas::find() {
+        for (p, target) in [
+            (&p90, tilefuse_dsl::back::ptx::Target::Sm90),
+            (&p80, tilefuse_dsl::back::ptx::Target::Sm80),
+        ] {
+            tilefuse_dsl::back::ptx::ptxas::assemble(&ptxas, p, target)
+                .unwrap_or_else(|e| panic!("{target:?}: {e}"));
+        }
+    }
+}
+
+#[test]
 fn sm_id_is_an_i32_scalar_that_reads_the_processor_index() {
     let e = error_of("#[kernel] fn k(t: Ptr<i32>) { store(t, sm_id(0)); }", &[]);
     assert!(e.contains("sm_id"), "{e}");

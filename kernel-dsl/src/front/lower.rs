@@ -275,6 +275,18 @@ impl Lower {
                 r
             }
             SynExpr::Call(c) if call_name(&c.func).as_deref() == Some("store") => self.store(c),
+            SynExpr::Call(c) if call_name(&c.func).as_deref() == Some("prefetch") => {
+                self.prefetch(c)
+            }
+            SynExpr::Call(c) if call_name(&c.func).as_deref() == Some("prefetch_range") => {
+                let args: Vec<&SynExpr> = c.args.iter().collect();
+                self.arity("prefetch_range", &args, 2, 2, c.span())?;
+                let ptr = self.expr(args[0])?;
+                let count = self.expr(args[1])?;
+                let loc = self.loc(c.span());
+                self.push_stmt(Stmt::PrefetchRange { ptr, count, loc });
+                Ok(())
+            }
             SynExpr::Call(c)
                 if matches!(
                     call_name(&c.func).as_deref(),
@@ -984,6 +996,19 @@ impl Lower {
             }
             other => self.err(span, format!("unknown op `{other}` (tile ops: {OPS})")),
         }
+    }
+
+    fn prefetch(&mut self, c: &syn::ExprCall) -> R<()> {
+        let args: Vec<&SynExpr> = c.args.iter().collect();
+        self.arity("prefetch", &args, 1, 2, c.span())?;
+        let ptr = self.expr(args[0])?;
+        let mask = match args.get(1) {
+            Some(m) => Some(self.expr(m)?),
+            None => None,
+        };
+        let loc = self.loc(c.span());
+        self.push_stmt(Stmt::Prefetch { ptr, mask, loc });
+        Ok(())
     }
 
     fn store(&mut self, c: &syn::ExprCall) -> R<()> {

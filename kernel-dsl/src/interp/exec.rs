@@ -368,6 +368,8 @@ impl<'k, 'b, 'a> Exec<'k, 'b, 'a> {
             Stmt::Store {
                 ptr, value, mask, ..
             } => self.store(*ptr, *value, *mask),
+            Stmt::Prefetch { ptr, mask, .. } => self.prefetch(*ptr, *mask),
+            Stmt::PrefetchRange { ptr, count, .. } => self.prefetch_range(*ptr, *count),
             // Launches run one after another here: prior kernels are long finished.
             Stmt::WaitPriorKernels { .. } | Stmt::LaunchDependents { .. } => Ok(()),
             Stmt::For {
@@ -448,6 +450,40 @@ impl<'k, 'b, 'a> Exec<'k, 'b, 'a> {
             .ty(v)
             .dtype()
             .ok_or_else(|| format!("{v} is a pointer, not a value"))
+    }
+
+    /// A cache hint: nothing to do here but check, as a load would, that every unmasked
+    /// address lies inside its buffer.
+    fn prefetch(&mut self, ptr: ValueId, mask: Option<ValueId>) -> OpResult<()> {
+        let d = self.pointee(ptr)?;
+        let env = &self.env;
+        let Data::P(ptrs) = get(env, ptr)? else {
+            return Err(format!("prefetch through {ptr}, which holds no pointers"));
+        };
+        let mask = mask_of(env, mask, ptrs.len())?;
+        self.mem
+            .gather(ptrs, mask.as_deref(), d.size_bytes(), |_| (), |_| ())?;
+        Ok(())
+    }
+
+    /// A cache hint: checks that the range's first and last elements lie inside the
+    /// pointer's buffer.
+    fn prefetch_range(&mut self, ptr: ValueId, count: ValueId) -> OpResult<()> {
+        let d = self.pointee(ptr)?;
+        let env = &self.env;
+        let Data::P(p) = get(env, ptr)? else {
+            return Err(format!("prefetch through {ptr}, which holds no pointers"));
+        };
+        let Data::I(n) = get(env, count)? else {
+            return Err(format!("prefetch count {count} is not an integer"));
+        };
+        let n = n.first().copied().unwrap_or(0);
+        if n > 0 {
+            let ends = [p[0], (p[0].0, p[0].1 + n - 1)];
+            self.mem
+                .gather(&ends, None, d.size_bytes(), |_| (), |_| ())?;
+        }
+        Ok(())
     }
 
     fn store(&mut self, ptr: ValueId, value: ValueId, mask: Option<ValueId>) -> OpResult<()> {

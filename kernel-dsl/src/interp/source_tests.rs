@@ -55,6 +55,46 @@ fn add<const BLOCK: usize>(x: Ptr<f32>, y: Ptr<f32>, out: Ptr<f32>, n: i32) {
 }
 
 #[test]
+fn prefetch_changes_nothing_but_checks_its_addresses() {
+    let k = compile(
+        r#"
+#[kernel(B = [64])]
+fn k<const B: usize>(x: Ptr<f32>, out: Ptr<f32>, n: i32, ahead: i32) {
+    let offs = arange(0, B);
+    prefetch(x + offs + ahead, offs + ahead < n);
+    prefetch(x + ahead);
+    prefetch_range(x + 8, n - 8 + ahead - 3);
+    store(out + offs, load(x + offs, offs < n, 0.0) * 2.0, offs < n);
+}
+"#,
+        &[("B", 64)],
+    );
+    let mut rng = Rng(5);
+    let x = rng.f32s(40);
+    let xb = f32_bytes(&x);
+    let run_with = |ahead: i32| {
+        let mut ob = f32_bytes(&[f32::NAN; 40]);
+        let r = run(
+            &k,
+            [1, 1, 1],
+            &mut [
+                Arg::Read(&xb),
+                Arg::Write(&mut ob),
+                Arg::Scalar(Scalar::I32(40)),
+                Arg::Scalar(Scalar::I32(ahead)),
+            ],
+        );
+        r.map(|_| bytes_f32(&ob))
+    };
+    let want: Vec<f32> = x.iter().map(|v| v * 2.0).collect();
+    assert_eq!(run_with(3).unwrap(), want);
+    // The unmasked scalar prefetch of `x + 40` is past the buffer's end, and so is the
+    // range's last element.
+    let e = run_with(40).unwrap_err().to_string();
+    assert!(e.contains("`x`") && e.contains("out of bounds"), "{e}");
+}
+
+#[test]
 fn softmax_from_source() {
     let k = compile(
         r#"

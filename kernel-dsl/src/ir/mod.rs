@@ -639,6 +639,26 @@ pub enum Stmt {
         /// The statement's location.
         loc: Loc,
     },
+    /// `prefetch(ptrs, mask)`: asks the GPU's L2 cache to fetch the lines of these
+    /// addresses (where `mask` holds); no value, no effect on any result.
+    Prefetch {
+        /// The pointers (tile or scalar).
+        ptr: ValueId,
+        /// A `bool` of the pointers' shape, if any.
+        mask: Option<ValueId>,
+        /// The statement's location.
+        loc: Loc,
+    },
+    /// `prefetch_range(ptr, count)`: asks L2 for the `count` elements from the scalar
+    /// pointer `ptr` (one bulk request on sm_90); no value, no effect on any result.
+    PrefetchRange {
+        /// The first element (a scalar pointer).
+        ptr: ValueId,
+        /// Elements to fetch (a scalar `i32`; nothing when not positive).
+        count: ValueId,
+        /// The statement's location.
+        loc: Loc,
+    },
     /// `wait_for_prior_kernels()`: memory written by the kernels launched before this
     /// one on the stream is visible after this point (Hopper's programmatic dependent
     /// launch); a no-op elsewhere. Only at the top level of the kernel body.

@@ -120,6 +120,46 @@ impl Infer<'_> {
                 self.map[v.index()] = Some(new);
                 Ok(())
             }
+            Stmt::PrefetchRange { ptr, count, loc } => {
+                let p = self.get(*ptr)?;
+                let pty = self.ty(p).clone();
+                if !matches!(pty.elem, Elem::Ptr(_)) || !pty.is_scalar() {
+                    return Err(CompileError::new(
+                        *loc,
+                        format!("`prefetch_range` needs a single pointer, found {pty}"),
+                    ));
+                }
+                let n = self.get(*count)?;
+                let n = self.with_dtype(n, DType::I32, *loc)?;
+                let nty = self.ty(n).clone();
+                if !nty.is_scalar() || nty.elem != Elem::Val(DType::I32) {
+                    return Err(CompileError::new(
+                        *loc,
+                        format!("`prefetch_range` counts elements with an i32 scalar, found {nty}"),
+                    ));
+                }
+                self.blocks
+                    .last_mut()
+                    .expect("open block")
+                    .push(Stmt::PrefetchRange {
+                        ptr: p,
+                        count: n,
+                        loc: *loc,
+                    });
+                Ok(())
+            }
+            Stmt::Prefetch { ptr, mask, loc } => {
+                let (ptr, mask) = self.prefetch(*ptr, *mask, *loc)?;
+                self.blocks
+                    .last_mut()
+                    .expect("open block")
+                    .push(Stmt::Prefetch {
+                        ptr,
+                        mask,
+                        loc: *loc,
+                    });
+                Ok(())
+            }
             Stmt::Store {
                 ptr,
                 value,
@@ -989,6 +1029,32 @@ impl Infer<'_> {
             None => None,
         };
         Ok((p, v, m))
+    }
+
+    /// The pointers and mask of a `prefetch`, the mask broadcast to the pointers' shape.
+    fn prefetch(
+        &mut self,
+        ptr: ValueId,
+        mask: Option<ValueId>,
+        loc: Loc,
+    ) -> R<(ValueId, Option<ValueId>)> {
+        let p = self.get(ptr)?;
+        let pty = self.ty(p).clone();
+        if !matches!(pty.elem, Elem::Ptr(_)) {
+            return Err(CompileError::new(
+                loc,
+                format!("`prefetch` needs pointers (`ptr + offsets`), found {pty}"),
+            ));
+        }
+        let Some(m) = mask else {
+            return Ok((p, None));
+        };
+        let m = self.get(m)?;
+        let m = self.bool_operand(m, loc, "the mask of `prefetch`")?;
+        let shape = self.common_shape(&[p, m], loc)?;
+        let p = self.broadcast(p, &shape, loc)?;
+        let m = self.broadcast(m, &shape, loc)?;
+        Ok((p, Some(m)))
     }
 
     fn add_ptr(&mut self, ptr: ValueId, offset: ValueId, loc: Loc) -> R<ValueId> {

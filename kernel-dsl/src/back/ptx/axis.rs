@@ -68,7 +68,11 @@ fn block(k: &Kernel, b: &Block, info: &mut [AxisInfo]) {
                     info[v.index()] = expr(k, *v, e, info);
                 }
             }
-            Stmt::Store { .. } | Stmt::WaitPriorKernels { .. } | Stmt::LaunchDependents { .. } => {}
+            Stmt::Store { .. }
+            | Stmt::Prefetch { .. }
+            | Stmt::PrefetchRange { .. }
+            | Stmt::WaitPriorKernels { .. }
+            | Stmt::LaunchDependents { .. } => {}
             // The index of a loop is a multiple of what divides both its start and step;
             // loop-carried and merged values keep the pessimistic default.
             Stmt::For {

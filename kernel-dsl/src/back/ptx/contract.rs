@@ -29,6 +29,15 @@ pub fn fused_products(k: &Kernel) -> HashSet<ValueId> {
                 other[u.index()] = true;
             }
         }
+        Stmt::PrefetchRange { ptr, count, .. } => {
+            other[ptr.index()] = true;
+            other[count.index()] = true;
+        }
+        Stmt::Prefetch { ptr, mask, .. } => {
+            for u in [Some(*ptr), *mask].into_iter().flatten() {
+                other[u.index()] = true;
+            }
+        }
         Stmt::For {
             start,
             end,

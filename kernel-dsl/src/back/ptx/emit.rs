@@ -652,6 +652,14 @@ impl<'k> Emitter<'k> {
                 self.loc = *loc;
                 self.store(*ptr, *value, *mask)
             }
+            Stmt::Prefetch { ptr, mask, loc } => {
+                self.loc = *loc;
+                self.prefetch(*ptr, *mask)
+            }
+            Stmt::PrefetchRange { ptr, count, loc } => {
+                self.loc = *loc;
+                self.prefetch_range(*ptr, *count)
+            }
             Stmt::For {
                 index,
                 start,

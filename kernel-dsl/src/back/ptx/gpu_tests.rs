@@ -119,6 +119,39 @@ fn gpu_vector_add() {
     diff("vector_add16", d, [5, 1, 1], &data, 0.0);
 }
 
+// Each program asks L2 for the next program's block before adding its own (lines of
+// `y` one by one, `x` as a bulk range on sm_90): hints, so the sums are exactly those
+// of `vector_add`.
+const ADD_PREFETCH: &str = r#"
+fn vector_add_prefetch<const BLOCK: usize>(x: Ptr<f32>, y: Ptr<f32>, out: Ptr<f32>, n: i32) {
+    let offs = program_id(0) * BLOCK + arange(0, BLOCK);
+    let next = offs + BLOCK;
+    prefetch(y + next, next < n);
+    let after = minimum(program_id(0) * BLOCK + BLOCK, n);
+    prefetch_range(x + after, minimum(BLOCK, n - after));
+    let mask = offs < n;
+    let a = load(x + offs, mask, 0.0);
+    let b = load(y + offs, mask, 0.0);
+    store(out + offs, a + b, mask);
+}
+"#;
+
+#[test]
+fn gpu_l2_prefetch() {
+    let mut r = Rng(8);
+    for (block, n) in [(1024, 3000), (256, 1000), (32, 77)] {
+        let d = def(ADD_PREFETCH, &[("BLOCK", block)], 4);
+        let grid = (n as u32).div_ceil(block as u32);
+        let data = [
+            Data::F32(r.vec(n, 1.0)),
+            Data::F32(r.vec(n, 1.0)),
+            Data::F32(vec![f32::NAN; n]),
+            Data::S(Scalar::I32(n as i32)),
+        ];
+        diff("vector_add_prefetch", d, [grid, 1, 1], &data, 0.0);
+    }
+}
+
 const SOFTMAX: &str = r#"
 fn softmax<const BLOCK: usize>(x: Ptr<f32>, out: Ptr<f32>, n_cols: i32) {
     let row = program_id(0);

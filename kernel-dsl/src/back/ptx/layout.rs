@@ -362,7 +362,11 @@ fn block(k: &Kernel, b: &Block, l: &mut Layouts) -> Result<(), CompileError> {
     for stmt in &b.stmts {
         match stmt {
             Stmt::Let(v) => value(k, *v, l),
-            Stmt::Store { .. } | Stmt::WaitPriorKernels { .. } | Stmt::LaunchDependents { .. } => {}
+            Stmt::Store { .. }
+            | Stmt::Prefetch { .. }
+            | Stmt::PrefetchRange { .. }
+            | Stmt::WaitPriorKernels { .. }
+            | Stmt::LaunchDependents { .. } => {}
             Stmt::For { carried, body, .. } => {
                 // Loop-carried tiles starting from a cheap value (zeros) take the layout
                 // their update produces, so the loop moves no data: a first pass treats

@@ -176,6 +176,64 @@ impl Emitter<'_> {
         Ok(out)
     }
 
+    /// `prefetch.global.L2` of each element's address (one per vector group: the
+    /// elements of a group share a line), by its owner thread only.
+    pub fn prefetch(&mut self, ptr: ValueId, mask: Option<ValueId>) -> Res<()> {
+        let (ptrs, masks, owner, vw) = if self.k.ty(ptr).is_scalar() {
+            let tid0 = self.tid0.clone();
+            let m = mask.map(|m| vec![self.scalar(m)]);
+            (vec![self.scalar(ptr)], m, Some(tid0), 1)
+        } else {
+            let l = self.layout_of(ptr);
+            let dt = self.ptr_dt(ptr)?;
+            let owner = self.coords(&l).owner;
+            (
+                self.tile(ptr, &l)?,
+                mask.map(|m| self.tile(m, &l)).transpose()?,
+                owner,
+                // Groups by the pointers alone: one line a group even when the mask
+                // varies inside it (the group's first element decides; a hint lost at
+                // a range's first line costs nothing, and no masked-off address is
+                // ever touched).
+                self.vec_width(ptr, None, &l, dt),
+            )
+        };
+        for g in (0..ptrs.len()).step_by(vw) {
+            let m = masks.as_ref().map(|m| m[g].clone());
+            let pred = self.and_pred(owner.as_deref(), m.as_deref());
+            let at = pred.as_ref().map_or(String::new(), |p| format!("@{p} "));
+            self.ins(format!("{at}prefetch.global.L2 [{}]", ptrs[g]));
+        }
+        Ok(())
+    }
+
+    /// `prefetch_range`: on sm_90 one `cp.async.bulk.prefetch.L2` by thread 0 over the
+    /// range widened to 16-byte bounds (the copy engine's granule; allocations are
+    /// aligned far beyond it, so no other allocation is touched); a no-op elsewhere.
+    pub fn prefetch_range(&mut self, ptr: ValueId, count: ValueId) -> Res<()> {
+        if self.target != super::Target::Sm90 {
+            return Ok(());
+        }
+        let size = self.ptr_dt(ptr)?.size_bytes() as u64;
+        let (p, n) = (self.scalar(ptr), self.scalar(count));
+        let (start, end, bytes) = (self.reg(Rk::D), self.reg(Rk::D), self.reg(Rk::D));
+        let go = self.reg(Rk::P);
+        self.ins(format!("and.b64 {start}, {p}, -16"));
+        self.ins(format!("cvt.s64.s32 {end}, {n}"));
+        self.ins(format!("mad.lo.s64 {end}, {end}, {size}, {p}"));
+        self.ins(format!("add.s64 {end}, {end}, 15"));
+        self.ins(format!("and.b64 {end}, {end}, -16"));
+        self.ins(format!("sub.s64 {bytes}, {end}, {start}"));
+        self.ins(format!("setp.gt.s32 {go}, {n}, 0"));
+        self.ins(format!("and.pred {go}, {go}, {}", self.tid0));
+        let b32 = self.reg(Rk::R);
+        self.ins(format!("cvt.u32.u64 {b32}, {bytes}"));
+        self.ins(format!(
+            "@{go} cp.async.bulk.prefetch.L2.global [{start}], {b32}"
+        ));
+        Ok(())
+    }
+
     /// Stores a tile or scalar; each element is written by its owner thread only.
     pub fn store(&mut self, ptr: ValueId, value: ValueId, mask: Option<ValueId>) -> Res<()> {
         let dt = self.ptr_dt(ptr)?;
