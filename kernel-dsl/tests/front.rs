@@ -224,6 +224,17 @@ fn k<const B: usize>(x: Ptr<bf16>, y: Ptr<i64>) {
     assert!(lits.contains(&Type::val(DType::I64, vec![])));
 }
 
+/// Runs ptxas on `p` for `target` when this machine has it (CI installs it).
+fn assemble_if_ptxas(
+    p: &tilefuse_dsl::back::ptx::PtxKernel,
+    target: tilefuse_dsl::back::ptx::Target,
+) {
+    if let Ok(ptxas) = tilefuse_dsl::back::ptx::ptxas::find() {
+        tilefuse_dsl::back::ptx::ptxas::assemble(&ptxas, p, target)
+            .unwrap_or_else(|e| panic!("{target:?}: {e}"));
+    }
+}
+
 fn error_of(src: &str, consts: &[(&str, i64)]) -> String {
     compile_source(src, &spec(consts, 4)).unwrap_err().message
 }
@@ -637,10 +648,7 @@ fn prefetch_is_a_statement_on_pointers_and_becomes_an_l2_prefetch() {
             "a prefetch loads nothing: {}",
             p.ptx
         );
-        if let Ok(ptxas) = tilefuse_dsl::back::ptx::ptxas::find() {
-            tilefuse_dsl::back::ptx::ptxas::assemble(&ptxas, &p, target)
-                .unwrap_or_else(|e| panic!("{target:?}: {e}"));
-        }
+        assemble_if_ptxas(&p, target);
     }
 }
 
@@ -677,15 +685,8 @@ fn prefetch_range_is_one_bulk_request_on_sm90_and_nothing_on_sm80() {
     );
     let p80 = tilefuse_dsl::back::ptx::compile(&k, tilefuse_dsl::back::ptx::Target::Sm80).unwrap();
     assert!(p80.ptx.contains(".version 7.8") && !p80.ptx.contains("prefetch"));
-    if let Ok(ptxas) = tilefuse_dsl::back::ptx::ptxas::find() {
-        for (p, target) in [
-            (&p90, tilefuse_dsl::back::ptx::Target::Sm90),
-            (&p80, tilefuse_dsl::back::ptx::Target::Sm80),
-        ] {
-            tilefuse_dsl::back::ptx::ptxas::assemble(&ptxas, p, target)
-                .unwrap_or_else(|e| panic!("{target:?}: {e}"));
-        }
-    }
+    assemble_if_ptxas(&p90, tilefuse_dsl::back::ptx::Target::Sm90);
+    assemble_if_ptxas(&p80, tilefuse_dsl::back::ptx::Target::Sm80);
 }
 
 #[test]
@@ -707,10 +708,7 @@ fn sm_id_is_an_i32_scalar_that_reads_the_processor_index() {
     ] {
         let p = tilefuse_dsl::back::ptx::compile(&k, target).unwrap();
         assert_eq!(p.ptx.matches("%smid").count(), 1, "{}", p.ptx);
-        if let Ok(ptxas) = tilefuse_dsl::back::ptx::ptxas::find() {
-            tilefuse_dsl::back::ptx::ptxas::assemble(&ptxas, &p, target)
-                .unwrap_or_else(|e| panic!("{target:?}: {e}"));
-        }
+        assemble_if_ptxas(&p, target);
     }
 }
 

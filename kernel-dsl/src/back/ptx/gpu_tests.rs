@@ -94,31 +94,6 @@ fn vector_add16<const BLOCK: usize>(x: Ptr<f32>, y: Ptr<f32>, out: Ptr<f32>, #[m
 }
 "#;
 
-#[test]
-fn gpu_vector_add() {
-    let mut r = Rng(7);
-    for (block, warps, n) in [(1024, 4, 3000), (256, 4, 1000), (32, 4, 77)] {
-        let d = def(ADD, &[("BLOCK", block)], warps);
-        let grid = (n as u32).div_ceil(block as u32);
-        let data = [
-            Data::F32(r.vec(n, 1.0)),
-            Data::F32(r.vec(n, 1.0)),
-            Data::F32(vec![0.0; n]),
-            Data::S(Scalar::I32(n as i32)),
-        ];
-        diff("vector_add", d, [grid, 1, 1], &data, 0.0);
-    }
-    let d = def(ADD16, &[("BLOCK", 1024)], 4);
-    let n = 4096 + 16;
-    let data = [
-        Data::F32(r.vec(n, 1.0)),
-        Data::F32(r.vec(n, 1.0)),
-        Data::F32(vec![0.0; n]),
-        Data::S(Scalar::I32(n as i32)),
-    ];
-    diff("vector_add16", d, [5, 1, 1], &data, 0.0);
-}
-
 // Each program asks L2 for the next program's block before adding its own (lines of
 // `y` one by one, `x` as a bulk range on sm_90): hints, so the sums are exactly those
 // of `vector_add`.
@@ -137,19 +112,30 @@ fn vector_add_prefetch<const BLOCK: usize>(x: Ptr<f32>, y: Ptr<f32>, out: Ptr<f3
 "#;
 
 #[test]
-fn gpu_l2_prefetch() {
-    let mut r = Rng(8);
-    for (block, n) in [(1024, 3000), (256, 1000), (32, 77)] {
-        let d = def(ADD_PREFETCH, &[("BLOCK", block)], 4);
-        let grid = (n as u32).div_ceil(block as u32);
-        let data = [
-            Data::F32(r.vec(n, 1.0)),
-            Data::F32(r.vec(n, 1.0)),
-            Data::F32(vec![f32::NAN; n]),
-            Data::S(Scalar::I32(n as i32)),
-        ];
-        diff("vector_add_prefetch", d, [grid, 1, 1], &data, 0.0);
+fn gpu_vector_add() {
+    let mut r = Rng(7);
+    for (name, src) in [("vector_add", ADD), ("vector_add_prefetch", ADD_PREFETCH)] {
+        for (block, warps, n) in [(1024, 4, 3000), (256, 4, 1000), (32, 4, 77)] {
+            let d = def(src, &[("BLOCK", block)], warps);
+            let grid = (n as u32).div_ceil(block as u32);
+            let data = [
+                Data::F32(r.vec(n, 1.0)),
+                Data::F32(r.vec(n, 1.0)),
+                Data::F32(vec![f32::NAN; n]),
+                Data::S(Scalar::I32(n as i32)),
+            ];
+            diff(name, d, [grid, 1, 1], &data, 0.0);
+        }
     }
+    let d = def(ADD16, &[("BLOCK", 1024)], 4);
+    let n = 4096 + 16;
+    let data = [
+        Data::F32(r.vec(n, 1.0)),
+        Data::F32(r.vec(n, 1.0)),
+        Data::F32(vec![0.0; n]),
+        Data::S(Scalar::I32(n as i32)),
+    ];
+    diff("vector_add16", d, [5, 1, 1], &data, 0.0);
 }
 
 const SOFTMAX: &str = r#"
