@@ -16,7 +16,7 @@
 //!   conversion), statements and structured control flow (`for` stays a loop, `if`
 //!   branches, merges by moves).
 //! - `elementwise.rs`, `memory.rs` (vectorized `ld.global.nc` / `st.global`, owner-only
-//!   stores and atomics), `reduce.rs` (in-thread, `shfl.sync.bfly`, shared memory across
+//!   stores and atomics, L2 prefetches), `reduce.rs` (in-thread, `shfl.sync.bfly`, shared memory across
 //!   warps), `dot.rs` (`mma.sync` for f16/bf16, FMA otherwise).
 //!
 //! Every tile element lives in a scalar register with a compile-time name; code is fully
@@ -57,7 +57,7 @@ pub use layout::Layout;
 pub enum Target {
     /// `sm_80`, PTX ISA 7.8: runs on Ampere, Ada and Hopper through the driver's JIT.
     Sm80,
-    /// `sm_90`, PTX ISA 7.8.
+    /// `sm_90`, PTX ISA 7.8 (8.0 for a kernel with `prefetch_range`).
     Sm90,
 }
 
