@@ -279,13 +279,7 @@ impl Lower {
                 self.prefetch(c)
             }
             SynExpr::Call(c) if call_name(&c.func).as_deref() == Some("prefetch_range") => {
-                let args: Vec<&SynExpr> = c.args.iter().collect();
-                self.arity("prefetch_range", &args, 2, 2, c.span())?;
-                let ptr = self.expr(args[0])?;
-                let count = self.expr(args[1])?;
-                let loc = self.loc(c.span());
-                self.push_stmt(Stmt::PrefetchRange { ptr, count, loc });
-                Ok(())
+                self.prefetch_range(c)
             }
             SynExpr::Call(c)
                 if matches!(
@@ -1008,6 +1002,16 @@ impl Lower {
         };
         let loc = self.loc(c.span());
         self.push_stmt(Stmt::Prefetch { ptr, mask, loc });
+        Ok(())
+    }
+
+    fn prefetch_range(&mut self, c: &syn::ExprCall) -> R<()> {
+        let args: Vec<&SynExpr> = c.args.iter().collect();
+        self.arity("prefetch_range", &args, 2, 2, c.span())?;
+        let ptr = self.expr(args[0])?;
+        let count = self.expr(args[1])?;
+        let loc = self.loc(c.span());
+        self.push_stmt(Stmt::PrefetchRange { ptr, count, loc });
         Ok(())
     }
 

@@ -121,29 +121,13 @@ impl Infer<'_> {
                 Ok(())
             }
             Stmt::PrefetchRange { ptr, count, loc } => {
-                let p = self.get(*ptr)?;
-                let pty = self.ty(p).clone();
-                if !matches!(pty.elem, Elem::Ptr(_)) || !pty.is_scalar() {
-                    return Err(CompileError::new(
-                        *loc,
-                        format!("`prefetch_range` needs a single pointer, found {pty}"),
-                    ));
-                }
-                let n = self.get(*count)?;
-                let n = self.with_dtype(n, DType::I32, *loc)?;
-                let nty = self.ty(n).clone();
-                if !nty.is_scalar() || nty.elem != Elem::Val(DType::I32) {
-                    return Err(CompileError::new(
-                        *loc,
-                        format!("`prefetch_range` counts elements with an i32 scalar, found {nty}"),
-                    ));
-                }
+                let (ptr, count) = self.prefetch_range(*ptr, *count, *loc)?;
                 self.blocks
                     .last_mut()
                     .expect("open block")
                     .push(Stmt::PrefetchRange {
-                        ptr: p,
-                        count: n,
+                        ptr,
+                        count,
                         loc: *loc,
                     });
                 Ok(())
@@ -1055,6 +1039,28 @@ impl Infer<'_> {
         let p = self.broadcast(p, &shape, loc)?;
         let m = self.broadcast(m, &shape, loc)?;
         Ok((p, Some(m)))
+    }
+
+    /// The single pointer and the `i32` count of a `prefetch_range`.
+    fn prefetch_range(&mut self, ptr: ValueId, count: ValueId, loc: Loc) -> R<(ValueId, ValueId)> {
+        let p = self.get(ptr)?;
+        let pty = self.ty(p).clone();
+        if !matches!(pty.elem, Elem::Ptr(_)) || !pty.is_scalar() {
+            return Err(CompileError::new(
+                loc,
+                format!("`prefetch_range` needs a single pointer, found {pty}"),
+            ));
+        }
+        let n = self.get(count)?;
+        let n = self.with_dtype(n, DType::I32, loc)?;
+        let nty = self.ty(n).clone();
+        if !nty.is_scalar() || nty.elem != Elem::Val(DType::I32) {
+            return Err(CompileError::new(
+                loc,
+                format!("`prefetch_range` counts elements with an i32 scalar, found {nty}"),
+            ));
+        }
+        Ok((p, n))
     }
 
     fn add_ptr(&mut self, ptr: ValueId, offset: ValueId, loc: Loc) -> R<ValueId> {
