@@ -151,12 +151,15 @@ impl<'a> Timed<'a> {
 
     /// Median microseconds per launch over repeated replays.
     fn median_us(&mut self, dev: &Device) -> perf::Result<f64> {
-        let opts = TimingOptions { warmup: 2, reps: 10 };
+        let opts = TimingOptions {
+            warmup: 2,
+            reps: 10,
+        };
         match self {
             Timed::Graph(g) => Ok(g.time(opts)?.median_us),
             Timed::Plain(f, launches) => {
                 let n = *launches;
-                Ok(perf::time_events(dev, n, opts, |i| f(i))?.median_us)
+                Ok(perf::time_events(dev, n, opts, f)?.median_us)
             }
         }
     }
@@ -177,7 +180,11 @@ struct GemmWorkload {
 }
 
 impl GemmWorkload {
-    fn new(dev: &Device, info: &DeviceInfo, (m, n, k): (usize, usize, usize)) -> perf::Result<Self> {
+    fn new(
+        dev: &Device,
+        info: &DeviceInfo,
+        (m, n, k): (usize, usize, usize),
+    ) -> perf::Result<Self> {
         let mut rng = Rng::new((m * 31 + n * 7 + k) as u64);
         // Scaled so that C's entries are O(1): |a| < 1/sqrt(k), |b| < 1.
         let a = rng.bf16_vec(m * k, 1.0 / (k as f32).sqrt());
@@ -214,7 +221,11 @@ impl GemmWorkload {
                 .map(|l| self.a[i * k + l].to_f64() * self.b[l * n + j].to_f64())
                 .sum();
             let d = (c[i * n + j].to_f64() - want).abs();
-            diff = if d.is_nan() { f64::INFINITY } else { diff.max(d) };
+            diff = if d.is_nan() {
+                f64::INFINITY
+            } else {
+                diff.max(d)
+            };
             scale = scale.max(want.abs());
         }
         Ok(diff / scale.max(1e-30))
@@ -245,7 +256,12 @@ fn tflops(flops: f64, us: f64) -> f64 {
     flops / (us * 1e-6) / 1e12
 }
 
-fn criterion_time(group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>, id: BenchmarkId, dev: &Device, timed: &mut Timed<'_>) -> bool {
+fn criterion_time(
+    group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    id: BenchmarkId,
+    dev: &Device,
+    timed: &mut Timed<'_>,
+) -> bool {
     let mut ran = false;
     group.bench_function(id, |b| {
         ran = true;
@@ -268,8 +284,8 @@ fn gemm_benches(
     let lang = language_matmul();
     for (name, m, n, k) in gemm_shapes() {
         let what = format!("{name} {m}x{n}x{k}");
-        let mut w = GemmWorkload::new(dev, info, (m, n, k))
-            .unwrap_or_else(|e| panic!("gemm {what}: {e}"));
+        let mut w =
+            GemmWorkload::new(dev, info, (m, n, k)).unwrap_or_else(|e| panic!("gemm {what}: {e}"));
         let launches = w.launches();
         let mut group = c.benchmark_group(format!("gemm/{name}_{m}x{n}x{k}"));
         group.sampling_mode(SamplingMode::Flat);
@@ -290,13 +306,18 @@ fn gemm_benches(
                 cublas_gemm(blas, a, b, c_blas, (m, n, k))
             })
             .unwrap_or_else(|e| panic!("gemm {}: cuBLAS: {e}", row.what));
-            ran |= criterion_time(&mut group, BenchmarkId::new("cublas", "gemm_ex"), dev, &mut timed);
+            ran |= criterion_time(
+                &mut group,
+                BenchmarkId::new("cublas", "gemm_ex"),
+                dev,
+                &mut timed,
+            );
             if ran {
                 row.cublas_us = timed.median_us(dev).ok();
             }
             drop(timed);
             let err = w.sampled_error(&w.c_blas).unwrap_or(f64::INFINITY);
-            if !(err < GEMM_TOLERANCE) {
+            if err >= GEMM_TOLERANCE {
                 row.cublas_us = None;
                 row.note = format!("cuBLAS differs from the host reference ({err:.2e}) ");
             }
@@ -327,9 +348,8 @@ fn gemm_benches(
                         row.tilefuse_us = timed.median_us(dev).ok();
                     }
                 } else if !err.is_nan() {
-                    row.note += &format!(
-                        "tilefuse differs from the host reference ({err:.2e}): not timed"
-                    );
+                    row.note +=
+                        &format!("tilefuse differs from the host reference ({err:.2e}): not timed");
                 }
             }
         }
@@ -386,7 +406,11 @@ impl AttentionWorkload {
                 let want = flash_attention::reference_row(qh, kh, vh, self.shape, t, h);
                 for (g, w) in got[(t * hq + h) * d..][..d].iter().zip(&want) {
                     let e = (g.to_f64() - w).abs();
-                    worst = if e.is_nan() { f64::INFINITY } else { worst.max(e) };
+                    worst = if e.is_nan() {
+                        f64::INFINITY
+                    } else {
+                        worst.max(e)
+                    };
                 }
             }
         }
@@ -395,7 +419,6 @@ impl AttentionWorkload {
 }
 
 fn attention_benches(c: &mut Criterion, dev: &Device, info: &DeviceInfo, rows: &mut Vec<Row>) {
-    let cfg = FlashConfig::DEFAULT;
     for seq in [1024usize, 4096, 16384] {
         let shape = AttentionShape {
             seq,
@@ -403,36 +426,41 @@ fn attention_benches(c: &mut Criterion, dev: &Device, info: &DeviceInfo, rows: &
             num_kv_heads: 8,
             head_dim: HEAD_DIM,
         };
-        let what = format!("attention {seq} (16q/8kv, d128)");
         let mut group = c.benchmark_group(format!("attention/seq{seq}"));
         group.sampling_mode(SamplingMode::Flat);
         group.throughput(Throughput::Elements(shape.causal_flops() as u64));
         let mut w = AttentionWorkload::new(dev, info, shape)
-            .unwrap_or_else(|e| panic!("{what}: {e}"));
-        let mut row = Row {
-            what,
-            flops: shape.causal_flops(),
-            tilefuse_us: None,
-            cublas_us: None,
-            note: format!("tiles {}x{}", cfg.block_m, cfg.block_n),
-        };
-        let err = w.check(dev, cfg).unwrap_or_else(|e| panic!("{}: {e}", row.what));
-        if err < 1e-2 {
-            let AttentionWorkload { sets, out, .. } = &mut w;
-            let launches = sets.len().max(2);
-            let mut timed = Timed::new(dev, launches, |i| {
-                let (q, k, v) = &sets[i % sets.len()];
-                Ok(flash_attention::launch(dev, q, k, v, out, shape, cfg)?)
-            })
-            .unwrap_or_else(|e| panic!("{}: {e}", row.what));
-            let id = BenchmarkId::new("tilefuse", format!("bm{}_bn{}", cfg.block_m, cfg.block_n));
-            if criterion_time(&mut group, id, dev, &mut timed) {
-                row.tilefuse_us = timed.median_us(dev).ok();
+            .unwrap_or_else(|e| panic!("attention {seq}: {e}"));
+        // The GPU candidates (the last configuration is for short sequences).
+        for &cfg in &FlashConfig::ALL[..3] {
+            let tiles = format!("bm{}_bn{}_w{}", cfg.block_m, cfg.block_n, cfg.num_warps);
+            let mut row = Row {
+                what: format!("attention {seq} (16q/8kv, d128)"),
+                flops: shape.causal_flops(),
+                tilefuse_us: None,
+                cublas_us: None,
+                note: tiles.clone(),
+            };
+            let err = w
+                .check(dev, cfg)
+                .unwrap_or_else(|e| panic!("{} {tiles}: {e}", row.what));
+            if err < 1e-2 {
+                let AttentionWorkload { sets, out, .. } = &mut w;
+                let launches = sets.len().max(2);
+                let mut timed = Timed::new(dev, launches, |i| {
+                    let (q, k, v) = &sets[i % sets.len()];
+                    Ok(flash_attention::launch(dev, q, k, v, out, shape, cfg)?)
+                })
+                .unwrap_or_else(|e| panic!("{} {tiles}: {e}", row.what));
+                let id = BenchmarkId::new("tilefuse", &tiles);
+                if criterion_time(&mut group, id, dev, &mut timed) {
+                    row.tilefuse_us = timed.median_us(dev).ok();
+                    rows.push(row);
+                }
+            } else {
+                row.note += &format!(": differs from the host reference by {err:.2e}, not timed");
                 rows.push(row);
             }
-        } else {
-            row.note = format!("differs from the host reference by {err:.2e}: not timed");
-            rows.push(row);
         }
         group.finish();
     }

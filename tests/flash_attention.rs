@@ -55,7 +55,11 @@ fn max_error(
         let row = &got[(t * shape.num_heads + h) * shape.head_dim..][..shape.head_dim];
         for (g, w) in row.iter().zip(&want) {
             let e = (g.to_f64() - w).abs();
-            worst = if e.is_nan() { f64::INFINITY } else { worst.max(e) };
+            worst = if e.is_nan() {
+                f64::INFINITY
+            } else {
+                worst.max(e)
+            };
         }
     }
     worst
@@ -92,9 +96,7 @@ fn reference_known_answers() {
     let v: Vec<bf16> = (0..s.kv_len())
         .map(|i| bf16::from_f32((i / HEAD_DIM + 1) as f32))
         .collect();
-    assert!(reference_row(&q, &k, &v, s, 0, 1)
-        .iter()
-        .all(|&x| x == 1.0));
+    assert!(reference_row(&q, &k, &v, s, 0, 1).iter().all(|&x| x == 1.0));
     assert!(reference_row(&q, &k, &v, s, 2, 0)
         .iter()
         .all(|&x| (x - 2.0).abs() < 1e-12));
@@ -122,17 +124,13 @@ fn bad_shapes_are_errors_naming_the_problem() {
             .unwrap_err()
             .to_string()
     };
-    let e = err(
-        AttentionShape {
-            head_dim: 64,
-            ..s
-        },
-        &kv,
-        &mut out,
-    );
+    let e = err(AttentionShape { head_dim: 64, ..s }, &kv, &mut out);
     assert!(e.contains("head_dim 64"), "{e}");
     let e = err(shape(4, 3, 2), &kv, &mut out);
-    assert!(e.contains("num_heads 3") && e.contains("num_kv_heads 2"), "{e}");
+    assert!(
+        e.contains("num_heads 3") && e.contains("num_kv_heads 2"),
+        "{e}"
+    );
     let e = err(shape(0, 2, 1), &kv, &mut out);
     assert!(e.contains("seq is 0"), "{e}");
     let short = dev.alloc_filled(s.kv_len() - 1, bf16::ONE).unwrap();

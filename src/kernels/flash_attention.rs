@@ -69,8 +69,10 @@ use tilefuse_macros::kernel;
     BLOCK_M = [64, 16],
     BLOCK_N = [32, 16],
     D = [128],
-    num_warps = [4],
-    skip(BLOCK_M = 16, BLOCK_N = 32)
+    num_warps = [4, 8],
+    skip(BLOCK_M = 16, BLOCK_N = 32),
+    skip(BLOCK_M = 16, num_warps = 8),
+    skip(BLOCK_N = 16, num_warps = 8)
 )]
 #[allow(clippy::too_many_arguments)]
 pub fn flash_attention_fwd<const BLOCK_M: usize, const BLOCK_N: usize, const D: usize>(
@@ -221,9 +223,14 @@ impl FlashConfig {
         num_warps: 4,
     };
 
-    /// Every compiled variant.
-    pub const ALL: [FlashConfig; 3] = [
+    /// Every compiled variant: the GPU candidates first, [`FlashConfig::SMALL`] last.
+    pub const ALL: [FlashConfig; 4] = [
         FlashConfig::DEFAULT,
+        FlashConfig {
+            block_m: 64,
+            block_n: 32,
+            num_warps: 8,
+        },
         FlashConfig {
             block_m: 64,
             block_n: 16,
@@ -350,7 +357,11 @@ pub fn reference_row(
     let scores: Vec<f64> = (0..=t)
         .map(|j| {
             let kr = &k[(j * num_kv_heads + kvh) * d..][..d];
-            let dot: f64 = qr.iter().zip(kr).map(|(a, b)| a.to_f64() * b.to_f64()).sum();
+            let dot: f64 = qr
+                .iter()
+                .zip(kr)
+                .map(|(a, b)| a.to_f64() * b.to_f64())
+                .sum();
             dot * scale
         })
         .collect();
