@@ -61,7 +61,7 @@ use tilefuse_macros::kernel;
 /// The FlashAttention-2 forward kernel: see the [module documentation](self) for the
 /// algorithm and the layouts, and [`launch`] for the checked entry point.
 ///
-/// Grid: `(cdiv(seq, BLOCK_M), num_heads)`. `BLOCK_N` divides `BLOCK_M` (both powers of
+/// Grid: `(num_heads, cdiv(seq, BLOCK_M))`. `BLOCK_N` divides `BLOCK_M` (both powers of
 /// two, `BLOCK_N <= BLOCK_M`), so the unmasked part of the key loop ends exactly at the
 /// program's first query row. `num_heads` is a multiple of `num_kv_heads`.
 #[kernel(
@@ -85,10 +85,11 @@ pub fn flash_attention_fwd<const BLOCK_M: usize, const BLOCK_N: usize, const D: 
     num_kv_heads: i32,
     sm_scale: f32,
 ) {
-    // The tiles with the most keys (the last rows) start first; the short ones fill the
-    // tail of the grid.
-    let start_m = num_programs(0) - 1 - program_id(0);
-    let head = program_id(1);
+    // Heads along x (fastest in launch order) and query tiles along y in reverse: every
+    // head's longest tiles (the last rows, the most keys) start first, the short ones
+    // fill the tail of the grid.
+    let head = program_id(0);
+    let start_m = num_programs(1) - 1 - program_id(1);
     let kv_head = head / (num_heads / num_kv_heads);
     let q_stride = num_heads * D;
     let kv_stride = num_kv_heads * D;
@@ -312,7 +313,7 @@ pub fn launch(
     let grid_m = seq.div_ceil(cfg.block_m) as u32;
     FLASH_ATTENTION_FWD.launch_dyn(
         dev,
-        LaunchConfig::from((grid_m, num_heads as u32)).num_warps(cfg.num_warps),
+        LaunchConfig::from((num_heads as u32, grid_m)).num_warps(cfg.num_warps),
         &[cfg.block_m as i64, cfg.block_n as i64, HEAD_DIM as i64],
         &mut [
             q.into(),
