@@ -9,8 +9,9 @@
 use tilefuse_dsl::half::bf16;
 use tilefuse_dsl::runtime::testing::gpu_or_skip;
 use tilefuse_dsl::runtime::{Buffer, Device, KernelArg, KernelDef, LaunchConfig};
+use tilefuse_engine::bench::Rng;
 use tilefuse_engine::kernels::*;
-use tilefuse_engine::perf::Rng;
+use tilefuse_engine::sampling::kernels::*;
 use tilefuse_engine::tuning::{self, GemvConfig};
 
 const EPS: f32 = 1e-6;
@@ -659,7 +660,7 @@ fn argmax_finish_takes_first_of_ties_across_blocks() {
 }
 
 /// Host cos/sin tables, `[max_seq, d / 2]`, bf16-rounded, as the reference builds them
-/// (`reference::rope_inv_freq` without scaling).
+/// (`rope::inv_freq` without scaling).
 fn rope_tables(d: usize, max_seq: usize, theta: f32) -> (Vec<f32>, Vec<f32>) {
     let inv: Vec<f32> = (0..d / 2)
         .map(|i| 1.0 / theta.powf((2 * i) as f32 / d as f32))
@@ -1066,7 +1067,7 @@ fn attention_qwen3_shape_on_gpu() {
         seq: 4096,
         max_seq: 4096,
     };
-    let default = tuning::attention_config(4096, 8, tuning::DEFAULT_SM_COUNT);
+    let default = tuning::attention_config(4096);
     check_attention(
         &dev,
         &mut rng,
