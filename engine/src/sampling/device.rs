@@ -4,7 +4,7 @@
 //! draw falls outside top-k/top-p the host draws instead ([`super::Sampler`]): rejection
 //! sampling, exact as a whole (docs/design.md, "Sampling on the device").
 //!
-//! [`crate::Decoder::queue_device_sample`] drives a [`DeviceSampler`]; what the engine
+//! [`crate::Decoder::queue_device_sample`] drives a `DeviceSampler`; what the engine
 //! does when the host must draw (the step to redo) is [`crate::engine`]'s.
 
 use tilefuse_dsl::runtime::{Buffer, Device, Graph, LaunchConfig, Readback};
