@@ -3,15 +3,14 @@
 //!
 //! `cargo bench --bench kernels`. One criterion iteration is one launch: the timing is
 //! CUDA events around replays of a captured graph of launches that cycle through buffer
-//! sets larger than 4× L2 (see `tilefuse_engine::perf`), so neither the host's launch
+//! sets larger than 4× L2 (see `tilefuse_engine::bench::workloads`), so neither the host's launch
 //! cost nor the L2 cache shows. Without a GPU it prints that it was skipped and exits 0.
 
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput};
-use tilefuse::engine::perf::{
-    self, AttentionWorkload, CapturedGraph, Cublas, DeviceInfo, GemvKind, GemvWorkload,
-};
+use tilefuse::dsl::runtime::{DeviceInfo, Graph};
+use tilefuse::engine::bench::{AttentionWorkload, Cublas, GemvKind, GemvWorkload, PerfError};
 use tilefuse::engine::tuning;
 use tilefuse::prelude::*;
 
@@ -23,10 +22,22 @@ const GEMVS: [(GemvKind, usize, usize, &str); 5] = [
     (GemvKind::LmHead, 151_936, 1024, "lm_head"),
 ];
 
+/// A graph of `launches` calls of `f` (called with `0..launches`), captured after the
+/// queued work finished.
+fn capture(
+    dev: &Device,
+    launches: usize,
+    mut f: impl FnMut(usize) -> Result<(), PerfError>,
+) -> Result<(Graph, usize), PerfError> {
+    dev.synchronize()?;
+    let graph = dev.capture(|| (0..launches).try_for_each(&mut f))?;
+    Ok((graph, launches))
+}
+
 /// Criterion iterations in units of one launch: replays of a graph of `per_replay`
 /// launches, rounded up.
-fn time_launches(graph: &CapturedGraph, iters: u64) -> Duration {
-    let per = graph.launches() as u64;
+fn time_launches((graph, per): &(Graph, usize), iters: u64) -> Duration {
+    let per = *per as u64;
     let replays = iters.div_ceil(per).max(1);
     let total = graph
         .time_replays(replays)
@@ -43,7 +54,7 @@ fn gemv_benches(c: &mut Criterion, dev: &Device, info: &DeviceInfo, blas: Option
         let mut group = c.benchmark_group(format!("gemv/{what}_{n}x{k}"));
         group.throughput(Throughput::Bytes(w.bytes()));
         w.launch(dev, 0, cfg).unwrap();
-        let graph = CapturedGraph::capture(dev, launches, |j| w.launch(dev, j, cfg))
+        let graph = capture(dev, launches, |j| w.launch(dev, j, cfg))
             .unwrap_or_else(|e| panic!("{what}: capture: {e}"));
         group.bench_function(BenchmarkId::new("tilefuse", kind.name()), |b| {
             b.iter_custom(|iters| time_launches(&graph, iters))
@@ -52,7 +63,7 @@ fn gemv_benches(c: &mut Criterion, dev: &Device, info: &DeviceInfo, blas: Option
         if let Some(blas) = blas {
             group.throughput(Throughput::Bytes(w.cublas_bytes()));
             w.launch_cublas(blas, 0).unwrap();
-            match CapturedGraph::capture(dev, launches, |j| w.launch_cublas(blas, j)) {
+            match capture(dev, launches, |j| w.launch_cublas(blas, j)) {
                 Ok(graph) => {
                     group.bench_function(BenchmarkId::new("cublas", "gemm_ex_n1"), |b| {
                         b.iter_custom(|iters| time_launches(&graph, iters))
@@ -69,12 +80,12 @@ fn attention_benches(c: &mut Criterion, dev: &Device, info: &DeviceInfo) {
     for (i, ctx) in [512usize, 4096, 32768].into_iter().enumerate() {
         let mut w = AttentionWorkload::new(dev, ctx, (16, 8, 128), info, 2000 + i as u64)
             .unwrap_or_else(|e| panic!("attention ctx {ctx}: {e}"));
-        let cfg = tuning::attention_config(ctx, 8, info.sm_count);
+        let cfg = tuning::attention_config(ctx);
         let launches = w.launches();
         let mut group = c.benchmark_group(format!("attention/ctx{ctx}"));
         group.throughput(Throughput::Bytes(w.bytes()));
         w.launch(dev, 0, cfg).unwrap();
-        let graph = CapturedGraph::capture(dev, launches, |j| w.launch(dev, j, cfg))
+        let graph = capture(dev, launches, |j| w.launch(dev, j, cfg))
             .unwrap_or_else(|e| panic!("attention ctx {ctx}: capture: {e}"));
         group.bench_function(
             BenchmarkId::new("tilefuse", format!("bs{}_splits{}", cfg.bs, cfg.splits)),
@@ -90,7 +101,7 @@ fn main() {
         println!("kernels bench: skipped: no CUDA device");
         return;
     }
-    let info = perf::device_info(&dev).unwrap_or_else(|e| panic!("device info: {e}"));
+    let info = dev.info().unwrap_or_else(|e| panic!("device info: {e}"));
     let blas = match Cublas::new(&dev) {
         Ok(b) => Some(b),
         Err(e) => {

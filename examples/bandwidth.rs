@@ -12,10 +12,9 @@
 
 use std::collections::BTreeMap;
 
-use tilefuse::engine::perf::{
-    self, AttentionWorkload, Cublas, DeviceInfo, GemvKind, GemvWorkload, Method, Stats,
-    TimingOptions,
-};
+use tilefuse::dsl::runtime::timing::{self, CopyCeiling, Method, Stats, TimingOptions};
+use tilefuse::dsl::runtime::DeviceInfo;
+use tilefuse::engine::bench::{AttentionWorkload, Cublas, GemvKind, GemvWorkload, PerfError};
 use tilefuse::engine::tuning::{self, AttentionConfig, GemvConfig};
 use tilefuse::prelude::*;
 
@@ -56,13 +55,13 @@ fn main() {
     }
 }
 
-fn run(dev: &Device, sweep: bool) -> perf::Result<()> {
-    let info = perf::device_info(dev)?;
+fn run(dev: &Device, sweep: bool) -> Result<(), PerfError> {
+    let info = dev.info()?;
     let opts = TimingOptions {
         warmup: 5,
         reps: 30,
     };
-    let ceiling = perf::copy_ceiling(dev, 1 << 30, opts)?;
+    let ceiling = timing::copy_ceiling(dev, 1 << 30, opts)?;
     let blas = match Cublas::new(dev) {
         Ok(b) => Some(b),
         Err(e) => {
@@ -98,7 +97,7 @@ fn run(dev: &Device, sweep: bool) -> perf::Result<()> {
             if results.contains_key(&cfg) {
                 continue;
             }
-            let r = perf::time_graph(dev, launches, opts, |j| w.launch(dev, j, cfg))?;
+            let r = timing::time_graph(dev, launches, opts, |j| w.launch(dev, j, cfg))?;
             results.insert(cfg, r);
         }
         let (best, (stats, method)) = results
@@ -108,7 +107,7 @@ fn run(dev: &Device, sweep: bool) -> perf::Result<()> {
             .expect("at least one variant");
         let cublas = match &blas {
             Some(b) => Some((
-                perf::time_graph(dev, launches, opts, |j| w.launch_cublas(b, j))?.0,
+                timing::time_graph(dev, launches, opts, |j| w.launch_cublas(b, j))?.0,
                 w.cublas_bytes(),
             )),
             None => None,
@@ -164,11 +163,11 @@ fn run(dev: &Device, sweep: bool) -> perf::Result<()> {
     for (i, &ctx) in CONTEXTS.iter().enumerate() {
         let mut w = AttentionWorkload::new(dev, ctx, ATTN, &info, 2000 + i as u64)?;
         let launches = w.launches();
-        let default = tuning::attention_config(ctx, ATTN.1, info.sm_count);
+        let default = tuning::attention_config(ctx);
         let mut cfgs = vec![default];
         for (bs, num_warps) in [(32, 4), (64, 4)] {
             let useful = ctx.div_ceil(bs);
-            let fill = tuning::attention_splits(ctx, ATTN.1, info.sm_count, bs);
+            let fill = tuning::attention_splits(ctx, bs);
             for splits in [fill, 8, 16, 32, 64] {
                 for stages in [1, 2] {
                     if splits <= useful.max(1) && splits <= tuning::MAX_SPLITS {
@@ -208,7 +207,7 @@ fn run(dev: &Device, sweep: bool) -> perf::Result<()> {
             if results.iter().any(|r| r.0 == cfg) {
                 continue;
             }
-            let (s, m) = perf::time_graph(dev, launches, opts, |j| w.launch(dev, j, cfg))?;
+            let (s, m) = timing::time_graph(dev, launches, opts, |j| w.launch(dev, j, cfg))?;
             results.push((cfg, s, m));
         }
         let best_of = |clustered: bool| {
@@ -268,7 +267,7 @@ fn run(dev: &Device, sweep: bool) -> perf::Result<()> {
     Ok(())
 }
 
-fn print_table(info: &DeviceInfo, ceiling: &perf::CopyCeiling, rows: &[Row]) {
+fn print_table(info: &DeviceInfo, ceiling: &CopyCeiling, rows: &[Row]) {
     let cgb = ceiling.gb_per_s();
     println!(
         "device: {} (sm_{}{}, {} SMs, L2 {} MiB, {} GiB)",

@@ -284,7 +284,8 @@ impl Engine {
                 if speculate {
                     self.decoder.step()?;
                 }
-                let (t, on_host) = self.decoder.finish_device_sample(
+                let (t, on_host) = finish_device_sample(
+                    &mut self.decoder,
                     &mut sampler,
                     input,
                     pos,
@@ -351,4 +352,39 @@ impl Engine {
         out.decode_steps = out.tokens.len().saturating_sub(1);
         Ok(out)
     }
+}
+
+/// Finishes a draw queued with [`Decoder::queue_device_sample`] behind the step that
+/// decoded `input` at `pos - 1`, and leaves the step that decodes the drawn token at
+/// `pos` queued when `queue_next`. `speculated`: that next step was already queued
+/// behind the draw (it decodes the device's draw, or the greedy token when the host must
+/// draw: then both steps run again, each rewriting only its own cache position).
+/// Returns the token and whether the host drew it (from `sampler`, when every device
+/// draw fell outside top-k/top-p).
+pub(crate) fn finish_device_sample(
+    dec: &mut Decoder,
+    sampler: &mut Sampler,
+    input: u32,
+    pos: usize,
+    speculated: bool,
+    queue_next: bool,
+) -> Result<(u32, bool)> {
+    if let Some(token) = dec.take_device_sample()? {
+        // `state` holds the draw already.
+        if queue_next && !speculated {
+            dec.step()?;
+        }
+        return Ok((token, false));
+    }
+    if speculated {
+        // The speculative step overwrote the logits: run this one again.
+        dec.set_input(input, pos - 1)?;
+        dec.step()?;
+    }
+    let token = sampler.sample(dec.logits()?);
+    if queue_next {
+        dec.set_input(token, pos)?;
+        dec.step()?;
+    }
+    Ok((token, true))
 }

@@ -4,9 +4,12 @@
 //!
 //! - [`engine`](mod@engine): [`Engine`], the library entry point (load, generate).
 //! - [`decode`]: [`Decoder`], the model on a device: weights, KV cache, one step of
-//!   kernel launches, graph capture.
-//! - [`sampling`]: greedy / temperature / top-k / top-p.
-//! - [`bench`](mod@bench): the decode benchmark behind `tilefuse bench`.
+//!   kernel launches (`decode/step.rs`: a layer as `qkv()`, `attention()`, `o_proj()`,
+//!   `mlp()`), the launch plan, graph capture, profiling.
+//! - [`rope`]: rotary tables, shared by the decoder and the reference.
+//! - [`sampling`]: temperature / top-k / top-p, on the host and on the device.
+//! - [`bench`](mod@bench): the decode benchmark behind `tilefuse bench`, the variant
+//!   sweep, kernel workloads and the cuBLAS baseline.
 //! - [`config`]: `config.json` / `generation_config.json` → [`ModelConfig`].
 //! - [`weights`]: memory-mapped safetensors, looked up by tensor name.
 //! - [`model`]: per-layer weights ([`ModelWeights`]) and [`Checkpoint`].
@@ -14,7 +17,6 @@
 //! - [`reference`](mod@reference): the plain-Rust decoder the kernel engine is checked against.
 //! - [`tokenizer`]: `tokenizer.json` encode/decode ([`Tokenizer`]).
 //! - [`kernels`]: the decode kernels; [`tuning`]: their launch configurations.
-//! - [`perf`]: copy ceiling, event and graph timing, cuBLAS baseline.
 //! - [`error`]: [`EngineError`], which names the file, tensor or value at fault.
 
 #![warn(missing_docs)]
@@ -26,9 +28,9 @@ pub mod engine;
 pub mod error;
 pub mod kernels;
 pub mod model;
-pub mod perf;
 pub mod preset;
 pub mod reference;
+pub mod rope;
 pub mod sampling;
 pub mod tokenizer;
 pub mod tuning;

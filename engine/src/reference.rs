@@ -29,9 +29,10 @@
 
 use half::bf16;
 
-use crate::config::{ModelConfig, RopeScaling};
+use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};
 use crate::model::ModelWeights;
+use crate::rope;
 
 /// Rounds an f32 to the nearest bf16 (ties to even) and back.
 #[inline]
@@ -98,63 +99,11 @@ fn rms_norm_heads(x: &mut [f32], weight: &[bf16], eps: f32) {
     }
 }
 
-/// Rotary inverse frequencies, `head_dim / 2` of them, including llama3
-/// scaling, computed in f32 as transformers does.
-pub fn rope_inv_freq(cfg: &ModelConfig) -> Vec<f32> {
-    let dim = cfg.head_dim;
-    let base = cfg.rope_theta as f32;
-    let plain = (0..dim / 2).map(|i| 1.0 / base.powf((2 * i) as f32 / dim as f32));
-    match cfg.rope_scaling {
-        RopeScaling::None => plain.collect(),
-        RopeScaling::Llama3 {
-            factor,
-            low_freq_factor,
-            high_freq_factor,
-            original_max_position_embeddings,
-        } => {
-            let (factor, low, high) = (
-                factor as f32,
-                low_freq_factor as f32,
-                high_freq_factor as f32,
-            );
-            let old_ctx = original_max_position_embeddings as f32;
-            let low_freq_wavelen = old_ctx / low;
-            let high_freq_wavelen = old_ctx / high;
-            plain
-                .map(|inv| {
-                    // `scalar / tensor` in torch is `reciprocal(tensor) * scalar`;
-                    // mirrored because the two differ in the last f32 bit.
-                    let wavelen = (1.0 / inv) * (2.0 * std::f32::consts::PI);
-                    if wavelen < high_freq_wavelen {
-                        // High frequencies: untouched.
-                        inv
-                    } else if wavelen > low_freq_wavelen {
-                        // Low frequencies: fully interpolated.
-                        inv / factor
-                    } else {
-                        // In between: blend the two.
-                        let smooth = ((1.0 / wavelen) * old_ctx - low) / (high - low);
-                        (1.0 - smooth) * inv / factor + smooth * inv
-                    }
-                })
-                .collect()
-        }
-    }
-}
-
 /// Rotates each `head_dim`-wide slice of `x` by position `pos`
 /// (rotate-half layout: pairs are `(i, i + head_dim/2)`).
 fn rope(x: &mut [f32], inv_freq: &[f32], pos: usize) {
     let half = inv_freq.len();
-    // cos/sin are computed in f32 and handed to the bf16 math rounded.
-    let cos: Vec<f32> = inv_freq
-        .iter()
-        .map(|fr| bf((fr * pos as f32).cos()))
-        .collect();
-    let sin: Vec<f32> = inv_freq
-        .iter()
-        .map(|fr| bf((fr * pos as f32).sin()))
-        .collect();
+    let (cos, sin) = rope::cos_sin(inv_freq, pos);
     for head in x.chunks_exact_mut(2 * half) {
         for i in 0..half {
             let (a, b) = (head[i], head[i + half]);
@@ -195,7 +144,7 @@ impl<'a> Reference<'a> {
     /// tensor's size does not match the config.
     pub fn new(cfg: ModelConfig, weights: ModelWeights<'a>) -> Result<Self> {
         weights.validate(&cfg)?;
-        let inv_freq = rope_inv_freq(&cfg);
+        let inv_freq = rope::inv_freq(&cfg);
         let n = cfg.num_layers;
         Ok(Reference {
             cfg,

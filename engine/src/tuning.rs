@@ -102,6 +102,36 @@ impl GemvConfig {
     }
 }
 
+/// The GEMV kernels' typed constants from a [`GemvConfig`], so that launches take the
+/// configuration itself.
+macro_rules! gemv_consts {
+    ($($consts:ident),*) => {$(
+        impl From<GemvConfig> for kernels::$consts {
+            fn from(c: GemvConfig) -> Self {
+                kernels::$consts {
+                    block_n: c.block_n,
+                    block_k: c.block_k,
+                    stages: c.stages,
+                    reduce_each: c.reduce_each,
+                }
+            }
+        }
+    )*};
+}
+gemv_consts!(RmsNormGemvConsts, GemvResidualConsts, RmsNormGateUpConsts);
+
+impl From<GemvConfig> for kernels::LmHeadArgmaxConsts {
+    fn from(c: GemvConfig) -> Self {
+        kernels::LmHeadArgmaxConsts {
+            block_n: c.block_n,
+            block_k: c.block_k,
+            stages: c.stages,
+            stream: c.stream,
+            reduce_each: c.reduce_each,
+        }
+    }
+}
+
 /// The default configuration of [`kernels::rms_norm_gemv`] and
 /// [`kernels::gemv_residual`] for a `[n, k]` weight (for `rms_norm_gate_up`, pass
 /// `n = inter`: each program reads `2 × block_n` rows), on a GPU with
@@ -114,7 +144,7 @@ pub fn gemv_config(n: usize, k: usize) -> GemvConfig {
 ///
 /// From `tilefuse bench --sweep` (every compiled variant timed inside the captured
 /// decode step, each against the best plan so far in interleaved pairs; Qwen3-0.6B and
-/// Llama-3.2-1B, H100 and H200, 2026-11-25, see docs/perf.md). Inside the step every
+/// Llama-3.2-1B, H100 and H200; docs/perf.md, "Decode kernels: results"). Inside the step every
 /// projection prefers *fewer, fatter* programs (128–384 a launch, 4–16 rows each) than
 /// it does alone, where 1-row programs (1024 a launch) rank first: between its
 /// neighbours in a graph a kernel's launch overlaps their tails, and with an idle GPU
@@ -124,8 +154,8 @@ pub fn gemv_config_for(n: usize, k: usize, sm_count: usize) -> GemvConfig {
         (true, _) => (8, 512, 4, 0),
         // Qwen3-0.6B's O projection (1024 x 2048): 8 whole rows a program, 128
         // programs (one a SM) over 8 warps. Llama-3.2-1B's (2048 x 2048): 8 rows in
-        // 1024-column steps over 4 warps. Session 19 had 2 x 2048 over 8 warps for both
-        // (512 programs, 4 a SM).
+        // 1024-column steps over 4 warps. 2 x 2048 over 8 warps (512 programs, 4 a SM)
+        // was slower in the step for both (docs/perf.md, "Decode kernels: results").
         (false, 2048) if n <= 1024 => (8, 2048, 8, 0),
         (false, 2048) => (8, 1024, 4, 0),
         // From 3072 columns (Qwen3-0.6B's down projection, 1024 x 3072, and Llama-3.2-1B's,
@@ -152,8 +182,8 @@ fn tall(n: usize, sm_count: usize) -> bool {
 /// is 1024 wide (Qwen3-0.6B, 4096 x 1024) and in 1024-column tiles reduced as they
 /// arrive when it is wider (Llama-3.2-1B, 3072 x 2048); otherwise as [`gemv_config`],
 /// with column steps of at most 1024 (the widest it is compiled for). From the in-step
-/// sweeps of 2026-11-25 (see [`gemv_config_for`]); session 19 had 8 rows in
-/// 512-column steps over 4 warps.
+/// sweeps (see [`gemv_config_for`]), which preferred them to 8 rows in 512-column steps
+/// over 4 warps.
 pub fn norm_gemv_config(n: usize, k: usize) -> GemvConfig {
     if tall(n, DEFAULT_SM_COUNT) {
         return match k {
@@ -172,8 +202,8 @@ pub fn norm_gemv_config(n: usize, k: usize) -> GemvConfig {
 /// accumulators at 8 warps exceed ptxas' register budget and spill.
 ///
 /// Rows of 1024 columns (Qwen3-0.6B's 3072 × 1024): 8 rows a program in 512-column
-/// steps (156 registers on sm_90, three programs a SM; session 19's whole rows reduced
-/// as they arrive took 195, two a SM). Wider rows (Llama-3.2-1B's 8192 × 2048): 4 rows a program
+/// steps (156 registers on sm_90, three programs a SM; whole rows reduced as they
+/// arrive took 195, two a SM). Wider rows (Llama-3.2-1B's 8192 × 2048): 4 rows a program
 /// in 1024-column tiles reduced as they arrive. Both from the in-step sweeps (see
 /// [`gemv_config_for`]).
 pub fn gate_up_config(_inter: usize, k: usize) -> GemvConfig {
@@ -201,10 +231,11 @@ pub const LM_HEAD_PROGRAMS_PER_SM: usize = 2;
 /// reduced as it arrives (`REDUCE_EACH`), over a fixed grid of
 /// [`LM_HEAD_PROGRAMS_PER_SM`] programs a SM, each streaming consecutive row blocks and
 /// requesting the next block (32 KiB at k = 1024) before reducing the current one.
-/// Qwen3-0.6B's 151936 × 1024 alone (`examples/bandwidth.rs --sweep`,
-/// 2026-11-25): H200 81.06 -> 76.38 µs (97.5% of the copy ceiling, 1.00× cuBLAS; the
-/// earlier 16 × 256 tiles, 4 programs a SM, were 0.95×), see docs/gpu-results.md
-/// (session 19). Small vocabularies keep a program per block of 4 rows.
+/// Qwen3-0.6B's 151936 × 1024 alone (`examples/bandwidth.rs --sweep`): H200 81.06 ->
+/// 76.38 µs (97.5% of the copy ceiling, 1.00× cuBLAS; the earlier 16 × 256 tiles, 4
+/// programs a SM, were 0.95×), see docs/perf.md, "Decode kernels: results" (GEMV
+/// variants that reduce each weight tile as it arrives). Small vocabularies keep a
+/// program per block of 4 rows.
 pub fn lm_head_config_for(vocab: usize, _k: usize, sm_count: usize) -> GemvConfig {
     let large = vocab >= 32 * 1024;
     GemvConfig {
@@ -276,14 +307,11 @@ pub fn combine_s(splits: usize) -> usize {
     splits.next_power_of_two().clamp(8, MAX_SPLITS)
 }
 
-/// The default attention launch for `seq` cached positions and `num_kv_heads`, on a GPU
-/// with `sm_count` SMs: about two programs per SM, rounded down to a power of two
-/// (`num_kv_heads × splits ≈ 2 × sm_count`; H100, 64-position tiles: 32 splits beat
-/// 64 at 4k and 32k), no more splits than tiles of `bs` positions, at most
-/// [`MAX_SPLITS`].
-pub fn attention_config(seq: usize, num_kv_heads: usize, sm_count: usize) -> AttentionConfig {
+/// The default attention launch for `seq` cached positions: [`attention_splits`] splits
+/// of [`ATTENTION_BS`]-position tiles merged by `attention_combine`.
+pub fn attention_config(seq: usize) -> AttentionConfig {
     let bs = ATTENTION_BS;
-    let splits = attention_splits(seq, num_kv_heads, sm_count, bs);
+    let splits = attention_splits(seq, bs);
     AttentionConfig {
         splits,
         bs,
@@ -300,7 +328,8 @@ pub fn attention_config(seq: usize, num_kv_heads: usize, sm_count: usize) -> Att
 ///
 /// Double buffering (2) won at long shares while the compiler moved a carried bf16
 /// tile half by half (32k positions alone 54.5 against 57.7 µs, H100). With tiles
-/// carried as packed words the single buffer is faster everywhere (H100, 2026-11-25):
+/// carried as packed words the single buffer is faster everywhere (H100; docs/perf.md,
+/// "Decode kernels: results", 16-bit tiles packed in 32-bit words):
 /// alone at 4k 12.76 against 13.22 µs and at 32k 52.52 against 53.80 (`examples/
 /// bandwidth.rs --sweep`), inside the step 3.5% (4k) and 2.5% (16k) a token
 /// (`tilefuse bench --sweep`). `STAGES = 2` stays compiled for comparisons.
@@ -313,8 +342,9 @@ pub const ATTENTION_STAGES: usize = 1;
 /// share: the idle window is a few microseconds whatever the model.
 /// `TILEFUSE_PREFETCH=KiB` overrides it (0 turns it off).
 ///
-/// H100, 2026-11-25, Qwen3-0.6B preset (12 MiB of gate/up a layer), context 1024,
-/// interleaved with the build before (1608.9 tok/s): 2.4 MiB 1625.6, 3 MiB 1627.1,
+/// H100, Qwen3-0.6B preset (12 MiB of gate/up a layer), context 1024 (docs/perf.md,
+/// "Decode kernels: results", L2 prefetch), interleaved with the build before
+/// (1608.9 tok/s): 2.4 MiB 1625.6, 3 MiB 1627.1,
 /// 4 MiB 1633.0; in other builds 6 MiB and all 12 MiB were slower than none (the
 /// prefetch then competes with the O projection's weights), and so was a third of
 /// Llama-3.2-1B's 64 MiB.
@@ -328,19 +358,12 @@ pub fn attention_prefetch_bytes() -> usize {
         .map_or(ATTENTION_PREFETCH_BYTES, |kib| kib << 10)
 }
 
-/// The split count of [`attention_config`] for a given `bs`.
-pub fn attention_splits(seq: usize, num_kv_heads: usize, sm_count: usize, bs: usize) -> usize {
-    let fill = (2 * sm_count.max(1)).div_ceil(num_kv_heads.max(1));
-    let fill = 1 << fill.ilog2();
-    let useful = seq.max(1).div_ceil(bs.max(1));
-    fill.min(useful).clamp(1, MAX_SPLITS)
-}
-
-/// The decode step's split count for a KV cache of `max_seq` positions: one split per
-/// [`ATTENTION_BS`] positions of capacity, at most [`STEP_SPLITS`]. With
+/// The one rule for the attention's split count, for `seq` positions (the decode step
+/// passes its KV cache's capacity: the graph fixes the count for every position) in
+/// tiles of `bs`: one split per tile, at most [`STEP_SPLITS`]. With
 /// [`ATTENTION_MIN_CHUNK`], shorter contexts leave the later splits empty.
-pub fn attention_splits_for_capacity(max_seq: usize) -> usize {
-    max_seq.div_ceil(ATTENTION_BS).clamp(1, STEP_SPLITS)
+pub fn attention_splits(seq: usize, bs: usize) -> usize {
+    seq.max(1).div_ceil(bs.max(1)).clamp(1, STEP_SPLITS)
 }
 
 /// The cluster size of the decode step's attention on a GPU of compute capability
@@ -365,29 +388,30 @@ pub fn attention_cluster(cc: (i32, i32)) -> usize {
 /// 64-position tiles).
 pub const STEP_CLUSTERS: [usize; 2] = [8, 16];
 
-/// The most splits the decode step uses: 8 KV heads × 32 splits is two programs per
-/// SM of an H100, the best of `examples/bandwidth.rs` at 4k and 32k positions.
+/// The most splits the attention uses: 8 KV heads × 32 splits is two programs per SM of
+/// an H100 (`examples/bandwidth.rs`, H100, 64-position tiles: 32 splits beat 64 at 4k and
+/// 32k positions).
 pub const STEP_SPLITS: usize = 32;
 
 /// Logits per program of the device-sampling kernels (`B` of
-/// [`kernels::sample_draw`]): small, so that real vocabularies give one program or
+/// [`crate::sampling::kernels::sample_draw`]): small, so that real vocabularies give one program or
 /// more per SM (H100, Qwen3-0.6B: 4096 made a sampled token 17 µs slower).
 pub const SAMPLE_BLOCK: usize = 1024;
 
-/// The compiled reduction widths (`PB`) of [`kernels::sample_check`] and
-/// [`kernels::sample_pick`].
+/// The compiled reduction widths (`PB`) of [`crate::sampling::kernels::sample_check`] and
+/// [`crate::sampling::kernels::sample_pick`].
 pub const SAMPLE_REDUCE_WIDTHS: [usize; 3] = [64, 256, 1024];
 
 /// The largest `top_k` the device draws with when top-p is set too (`KM` of
-/// [`kernels::sample_topk_part`]).
+/// [`crate::sampling::kernels::sample_topk_part`]).
 pub const SAMPLE_TOP_K_MAX: usize = 64;
 
-/// Logits per program of [`kernels::sample_topk_part`] (`B`): few lists to merge,
+/// Logits per program of [`crate::sampling::kernels::sample_topk_part`] (`B`): few lists to merge,
 /// since the merge is serial (H100: 1024 took ~70 µs a token for top-k 20, mostly in
 /// the merge of 149 lists).
 pub const SAMPLE_TOP_K_BLOCK: usize = 4096;
 
-/// Candidates [`kernels::sample_topk_mass`] merges (`F`): programs × `SAMPLE_TOP_K_MAX`.
+/// Candidates [`crate::sampling::kernels::sample_topk_mass`] merges (`F`): programs × `SAMPLE_TOP_K_MAX`.
 pub const SAMPLE_TOP_K_MERGE: usize = 4096;
 
 /// The smallest compiled reduction width that covers `parts` programs of
@@ -440,13 +464,19 @@ mod tests {
             let pb = sample_reduce_width(parts).unwrap_or_else(|| panic!("vocab {vocab}"));
             assert!(pb >= parts);
             let (b, r, pb) = (SAMPLE_BLOCK as i64, 4, pb as i64);
-            assert!(kernels::SAMPLE_DRAW.variant(&[b, r], None).is_ok());
+            assert!(crate::sampling::kernels::SAMPLE_DRAW
+                .variant(&[b, r], None)
+                .is_ok());
             assert!(
-                kernels::SAMPLE_CHECK.variant(&[b, r, pb], None).is_ok(),
+                crate::sampling::kernels::SAMPLE_CHECK
+                    .variant(&[b, r, pb], None)
+                    .is_ok(),
                 "vocab {vocab}"
             );
             assert!(
-                kernels::SAMPLE_PICK.variant(&[r, pb], None).is_ok(),
+                crate::sampling::kernels::SAMPLE_PICK
+                    .variant(&[r, pb], None)
+                    .is_ok(),
                 "vocab {vocab}"
             );
         }
@@ -482,7 +512,7 @@ mod tests {
     fn defaults_name_compiled_variants() {
         assert!(defaults_are_compiled());
         for seq in [1, 3, 512, 4096, 32768] {
-            let c = attention_config(seq, 8, DEFAULT_SM_COUNT);
+            let c = attention_config(seq);
             assert!(
                 c.splits >= 1 && c.splits <= c.s && c.s <= MAX_SPLITS,
                 "{c:?}"
@@ -505,8 +535,8 @@ mod tests {
                 }
             }
         }
-        assert_eq!(attention_config(32768, 8, 132).splits, 32);
-        assert_eq!(attention_config(1, 8, 132).splits, 1);
+        assert_eq!(attention_config(32768).splits, 32);
+        assert_eq!(attention_config(1).splits, 1);
     }
 
     #[test]
@@ -519,7 +549,7 @@ mod tests {
             (4096, 32),
             (1 << 20, 32),
         ] {
-            assert_eq!(attention_splits_for_capacity(seq), want, "max_seq {seq}");
+            assert_eq!(attention_splits(seq, ATTENTION_BS), want, "max_seq {seq}");
         }
     }
 

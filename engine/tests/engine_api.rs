@@ -403,6 +403,8 @@ fn a_layer_timeline_stamps_every_program_after_the_launch_before_it() {
 #[test]
 fn every_launch_plan_computes_the_same_step() {
     use tilefuse_engine::decode::KernelChoice;
+    use tilefuse_engine::kernels::{AttentionCombineConsts, AttentionSplitConsts};
+    use tilefuse_engine::tuning::GemvConfig;
     let (cfg, w) = tilefuse_engine::preset::load("tiny-qwen3", 5).unwrap();
     let (_turn, devs) = cpu_and_gpu("every_launch_plan_computes_the_same_step");
     let tokens = [3u32, 141, 59, 26, 535, 89, 79, 323];
@@ -423,22 +425,34 @@ fn every_launch_plan_computes_the_same_step() {
                 assert!(rel < 1e-2, "{dev} step {step}: {plan} differs by {rel:.3e}");
             }
         };
-        let d = cfg.head_dim as i64;
-        let choice = |consts: &[i64], num_warps| KernelChoice {
-            consts: consts.to_vec(),
-            num_warps,
+        let d = cfg.head_dim;
+        let gemv = |block_n, block_k, stages, reduce_each, num_warps| GemvConfig {
+            stages,
+            reduce_each,
+            ..GemvConfig::tile(block_n, block_k, num_warps)
         };
         // Split + combine with one split.
         let mut other = base.clone().with_attention_cluster(1, 1, 32);
-        // GEMVs: `[BLOCK_N, BLOCK_K, STAGES, REDUCE_EACH]`.
-        other.qkv = choice(&[4, 1024, 1, 1], 4);
-        other.o_proj = choice(&[2, 1024, 2, 0], 8);
-        other.gate_up = choice(&[8, 256, 2, 0], 4);
-        other.down = choice(&[4, 4096, 1, 1], 8);
-        other.attention = choice(&[d, 4, 32, 2, 1], 4);
-        other.combine = choice(&[d, 8, 32], 4);
+        other.qkv = gemv(4, 1024, 1, 1, 4);
+        other.o_proj = gemv(2, 1024, 2, 0, 8);
+        other.gate_up = gemv(8, 256, 2, 0, 4);
+        other.down = gemv(4, 4096, 1, 1, 8);
+        other.attention = KernelChoice {
+            consts: AttentionSplitConsts {
+                d,
+                g: 4,
+                bs: 32,
+                stages: 2,
+                cluster: 1,
+            },
+            num_warps: 4,
+        };
+        other.combine = KernelChoice {
+            consts: AttentionCombineConsts { d, s: 8, dc: 32 },
+            num_warps: 4,
+        };
         other.min_chunk = 16;
-        let other = other.with_lm_head(choice(&[16, 256, 2, 0, 0], 4), cfg.vocab_size);
+        let other = other.with_lm_head(gemv(16, 256, 2, 0, 4), cfg.vocab_size);
         assert_ne!(other, base);
         dec.set_plan(other).unwrap();
         same_step(&run(&mut dec), "other plan");
@@ -452,7 +466,7 @@ fn every_launch_plan_computes_the_same_step() {
         }
         for (cluster, bs) in clusters {
             let mut plan = base.clone().with_attention_cluster(cluster, 0, bs);
-            plan.attention.consts[3] = 2;
+            plan.attention.consts.stages = 2;
             if plan.check().is_err() && dev.is_cuda() {
                 continue; // no variant for this head size
             }
@@ -489,7 +503,7 @@ fn every_launch_plan_computes_the_same_step() {
             assert!(err.contains("splits"), "{err}");
         }
         let mut uncompiled = base.clone();
-        uncompiled.qkv = choice(&[3, 256, 1], 4);
+        uncompiled.qkv = GemvConfig::tile(3, 256, 4);
         let err = dec.set_plan(uncompiled).unwrap_err().to_string();
         assert!(err.contains("rms_norm_gemv"), "{err}");
         // A refused plan leaves the decoder as it was.

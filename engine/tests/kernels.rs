@@ -9,8 +9,9 @@
 use tilefuse_dsl::half::bf16;
 use tilefuse_dsl::runtime::testing::gpu_or_skip;
 use tilefuse_dsl::runtime::{Buffer, Device, KernelArg, KernelDef, LaunchConfig};
+use tilefuse_engine::bench::Rng;
 use tilefuse_engine::kernels::*;
-use tilefuse_engine::perf::Rng;
+use tilefuse_engine::sampling::kernels::*;
 use tilefuse_engine::tuning::{self, GemvConfig};
 
 const EPS: f32 = 1e-6;
@@ -659,7 +660,7 @@ fn argmax_finish_takes_first_of_ties_across_blocks() {
 }
 
 /// Host cos/sin tables, `[max_seq, d / 2]`, bf16-rounded, as the reference builds them
-/// (`reference::rope_inv_freq` without scaling).
+/// (`rope::inv_freq` without scaling).
 fn rope_tables(d: usize, max_seq: usize, theta: f32) -> (Vec<f32>, Vec<f32>) {
     let inv: Vec<f32> = (0..d / 2)
         .map(|i| 1.0 / theta.powf((2 * i) as f32 / d as f32))
@@ -857,63 +858,69 @@ fn check_attention(
         let mut out = dev.alloc_filled(nh * d, bf16::NAN).unwrap();
         let split_programs = nkv * splits * c.group.div_ceil(c.g);
         let mut split_stamps = stamps(dev, split_programs);
-        launch(
-            &ATTENTION_SPLIT,
+        let consts = AttentionSplitConsts {
+            d,
+            g: c.g,
+            bs,
+            stages,
+            cluster,
+        };
+        AttentionSplitArgs {
+            qkv: &qkv_b,
+            q_norm_w: &qw_b,
+            k_norm_w: &kw_b,
+            rope_cos: &cos_b,
+            rope_sin: &sin_b,
+            state: &state,
+            k_cache: &mut kc,
+            v_cache: &mut vc,
+            q_out: &mut q_out,
+            part_m: &mut pm,
+            part_l: &mut pl,
+            part_acc: &mut pa,
+            out: &mut out,
+            group: c.group as i32,
+            max_seq: c.max_seq as i32,
+            min_chunk: min_chunk as i32,
+            use_norm: i32::from(use_norm),
+            eps: EPS,
+            scale,
+            // Prefetch the projection: the interpreter checks the ranges.
+            prefetch_w: &qkv_b,
+            prefetch_len: qkv_b.len() as i32,
+            stamps: &mut split_stamps,
+            stamp_at: 1,
+        }
+        .launch(
             dev,
             LaunchConfig::from((nkv as u32, splits as u32, c.group.div_ceil(c.g) as u32)),
-            &[
-                d as i64,
-                c.g as i64,
-                bs as i64,
-                stages as i64,
-                cluster as i64,
-            ],
-            &mut [
-                (&qkv_b).into(),
-                (&qw_b).into(),
-                (&kw_b).into(),
-                (&cos_b).into(),
-                (&sin_b).into(),
-                (&state).into(),
-                (&mut kc).into(),
-                (&mut vc).into(),
-                (&mut q_out).into(),
-                (&mut pm).into(),
-                (&mut pl).into(),
-                (&mut pa).into(),
-                (&mut out).into(),
-                (c.group as i32).into(),
-                (c.max_seq as i32).into(),
-                (min_chunk as i32).into(),
-                i32::from(use_norm).into(),
-                EPS.into(),
-                scale.into(),
-                // Prefetch the projection: the interpreter checks the ranges.
-                (&qkv_b).into(),
-                (qkv_b.len() as i32).into(),
-                (&mut split_stamps).into(),
-                1i32.into(),
-            ],
-        );
+            consts,
+        )
+        .unwrap_or_else(|e| panic!("attention_split {consts:?} on {dev}: {e}"));
         check_stamps(&format!("{what}: split"), &split_stamps, split_programs);
         if cluster == 1 {
             let combine_programs = nh * (d / dc);
             let mut combine_stamps = stamps(dev, combine_programs);
-            launch(
-                &ATTENTION_COMBINE,
+            let consts = AttentionCombineConsts {
+                d,
+                s: tuning::combine_s(splits),
+                dc,
+            };
+            AttentionCombineArgs {
+                part_m: &pm,
+                part_l: &pl,
+                part_acc: &pa,
+                out: &mut out,
+                splits: splits as i32,
+                stamps: &mut combine_stamps,
+                stamp_at: 1,
+            }
+            .launch(
                 dev,
                 LaunchConfig::from((nh as u32, (d / dc) as u32)),
-                &[d as i64, tuning::combine_s(splits) as i64, dc as i64],
-                &mut [
-                    (&pm).into(),
-                    (&pl).into(),
-                    (&pa).into(),
-                    (&mut out).into(),
-                    (splits as i32).into(),
-                    (&mut combine_stamps).into(),
-                    1i32.into(),
-                ],
-            );
+                consts,
+            )
+            .unwrap_or_else(|e| panic!("attention_combine {consts:?} on {dev}: {e}"));
             check_stamps(
                 &format!("{what}: combine"),
                 &combine_stamps,
@@ -1066,7 +1073,7 @@ fn attention_qwen3_shape_on_gpu() {
         seq: 4096,
         max_seq: 4096,
     };
-    let default = tuning::attention_config(4096, 8, tuning::DEFAULT_SM_COUNT);
+    let default = tuning::attention_config(4096);
     check_attention(
         &dev,
         &mut rng,

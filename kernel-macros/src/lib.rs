@@ -227,6 +227,7 @@ fn expand(attr: TokenStream2, item: ItemFn) -> TokenStream2 {
     let def_doc = format!(
         "Description of the kernel `{name_str}`: its signature, source and compiled variants (PTX)."
     );
+    let typed = typed_items(&krate, vis, &ast, &written, &def_name);
     let errors = errors.iter().map(|e| e.to_compile_error());
     quote! {
         #(#docs)*
@@ -244,7 +245,156 @@ fn expand(attr: TokenStream2, item: ItemFn) -> TokenStream2 {
         };
 
         #(#impls)*
+        #typed
         #(#errors)*
+    }
+}
+
+/// `foo_bar` → `FooBar`.
+fn camel_case(name: &str) -> String {
+    name.split('_')
+        .filter(|w| !w.is_empty())
+        .map(|w| {
+            let mut c = w.chars();
+            c.next()
+                .map(|f| f.to_uppercase().chain(c).collect::<String>())
+                .unwrap_or_default()
+        })
+        .collect()
+}
+
+/// An identifier for `name`, raw where `name` is a keyword (a constant `TYPE` gives the
+/// field `r#type`).
+fn field_ident(name: &str) -> syn::Ident {
+    if syn::parse_str::<syn::Ident>(name).is_ok() {
+        format_ident!("{}", name)
+    } else {
+        syn::Ident::new_raw(name, Span::call_site())
+    }
+}
+
+/// The typed-launch items of a kernel `foo`: `FooConsts` (its compile-time constants by
+/// name, a `KernelConsts`) and `FooArgs` (its run-time arguments by name) with a
+/// `launch` that takes the constants as a run-time value (see docs/design.md, "The
+/// launch contract").
+fn typed_items(
+    krate: &TokenStream2,
+    vis: &syn::Visibility,
+    ast: &tilefuse_dsl::front::KernelAst,
+    written: &[usize],
+    def_name: &syn::Ident,
+) -> TokenStream2 {
+    let name_str = ast.name.to_string();
+    let camel = camel_case(&name_str);
+    let consts_name = format_ident!("{}Consts", camel);
+    let args_name = format_ident!("{}Args", camel);
+
+    let fields: Vec<syn::Ident> = ast
+        .consts
+        .iter()
+        .map(|c| field_ident(&c.name.to_lowercase()))
+        .collect();
+    let field_docs = ast
+        .consts
+        .iter()
+        .map(|c| format!("`{}` (compiled: {:?}).", c.name, c.values));
+    let indices = 0..fields.len();
+    let count = fields.len();
+    let consts_doc = format!(
+        "The compile-time constants of `{name_str}` by name, chosen at run time: pass them to \
+         [`{args_name}::launch`]; a variant must have been compiled for them."
+    );
+    let consts_item = quote! {
+        #[doc = #consts_doc]
+        #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+        #vis struct #consts_name {
+            #(#[doc = #field_docs] pub #fields: usize,)*
+        }
+
+        impl #krate::runtime::KernelConsts for #consts_name {
+            fn def() -> &'static #krate::runtime::KernelDef {
+                &#def_name
+            }
+            fn values(&self) -> ::std::vec::Vec<i64> {
+                ::std::vec![#(self.#fields as i64),*]
+            }
+            fn from_values(values: &[i64]) -> ::core::option::Option<Self> {
+                if values.len() != #count {
+                    return ::core::option::Option::None;
+                }
+                ::core::option::Option::Some(#consts_name {
+                    #(#fields: usize::try_from(values[#indices]).ok()?,)*
+                })
+            }
+        }
+    };
+
+    let has_ptr = ast
+        .params
+        .iter()
+        .any(|p| matches!(p.kind, ParamKind::Ptr(_)));
+    let lt = if has_ptr { quote!(<'a>) } else { quote!() };
+    let mut arg_fields = Vec::new();
+    let mut arg_idents = Vec::new();
+    let mut arg_exprs = Vec::new();
+    for (i, p) in ast.params.iter().enumerate() {
+        let ident = field_ident(&p.name);
+        match p.kind {
+            ParamKind::Ptr(d) => {
+                let t = rust_type(krate, d);
+                if written.contains(&i) {
+                    let doc = format!("`{}`, written.", p.name);
+                    arg_fields.push(
+                        quote!(#[doc = #doc] pub #ident: &'a mut #krate::runtime::Buffer<#t>),
+                    );
+                    arg_exprs.push(quote!(#krate::runtime::KernelArg::write(#ident)));
+                } else {
+                    let doc = format!("`{}`, read.", p.name);
+                    arg_fields
+                        .push(quote!(#[doc = #doc] pub #ident: &'a #krate::runtime::Buffer<#t>));
+                    arg_exprs.push(quote!(#krate::runtime::KernelArg::read(#ident)));
+                }
+            }
+            ParamKind::Scalar(d) | ParamKind::ScalarMultipleOf(d, _) => {
+                let t = rust_type(krate, d);
+                let doc = format!("`{}`.", p.name);
+                arg_fields.push(quote!(#[doc = #doc] pub #ident: #t));
+                arg_exprs.push(quote!(#krate::runtime::KernelArg::from(#ident)));
+            }
+        }
+        arg_idents.push(ident);
+    }
+    let args_doc = format!(
+        "The run-time arguments of `{name_str}` by name (written buffers by `&mut`): \
+         [`{args_name}::launch`] runs the variant that [`{consts_name}`] names."
+    );
+    let launch_doc = format!(
+        "Launches `{name_str}` on `dev` with the variant compiled for `consts` (and \
+         `cfg`'s `num_warps`, else the first compiled for them); an error names the \
+         compiled variants when there is none."
+    );
+    let values = fields.iter().map(|f| quote!(consts.#f as i64));
+    quote! {
+        #consts_item
+
+        #[doc = #args_doc]
+        #vis struct #args_name #lt {
+            #(#arg_fields,)*
+        }
+
+        impl #lt #args_name #lt {
+            #[doc = #launch_doc]
+            #vis fn launch(
+                self,
+                dev: &#krate::runtime::Device,
+                cfg: impl ::core::convert::Into<#krate::runtime::LaunchConfig>,
+                consts: impl ::core::convert::Into<#consts_name>,
+            ) -> ::core::result::Result<(), #krate::runtime::LaunchError> {
+                let consts: #consts_name = consts.into();
+                let #args_name { #(#arg_idents),* } = self;
+                #def_name.launch_dyn(dev, cfg, &[#(#values),*], &mut [#(#arg_exprs),*])
+            }
+        }
     }
 }
 

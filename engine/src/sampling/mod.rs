@@ -1,8 +1,15 @@
-//! Token sampling on the host: temperature, top-k and top-p (nucleus), seeded.
+//! Token sampling: temperature, top-k and top-p (nucleus), seeded.
 //!
-//! Greedy decoding never comes here: the device writes the argmax itself. Sampling
-//! needs the logits on the host, one `vocab_size × 4`-byte copy per token (about
-//! 0.6 MB for a 152k vocabulary).
+//! - this file: the settings ([`Sampling`]) and the host's draw ([`Sampler`]), which
+//!   needs the logits on the host, one `vocab_size × 4`-byte copy per token (about
+//!   0.6 MB for a 152k vocabulary);
+//! - [`device`]: the draw on the device after a step, with the host's draw as its
+//!   fallback; [`kernels`]: its kernels.
+//!
+//! Greedy decoding never comes here: the device writes the argmax itself.
+
+pub mod device;
+pub mod kernels;
 
 use crate::error::{EngineError, Result};
 

@@ -1,0 +1,481 @@
+//! The kernel-based decoder: model weights on a device, a preallocated KV cache, and
+//! one decode step as a fixed sequence of kernel launches (see [`crate::kernels`]).
+//!
+//! - `step.rs`: one step, a layer as `qkv()`, `attention()`, `o_proj()`,
+//!   `mlp()` (what [`crate::reference`] computes, as kernel launches);
+//! - [`plan`]: which compiled variant each launch uses ([`LaunchPlan`]);
+//! - [`profile`]: a step timed block by block, and per-program timelines;
+//! - this file: the weights and buffers on the device, capture and readback.
+//!
+//! Everything a step reads that changes from token to token lives in device memory:
+//! `state = [token, pos]` is read by the kernels, and the last kernel writes the greedy
+//! next token and `pos + 1` back. The launch sequence is therefore the same at every
+//! position, which is what lets [`Decoder::capture`] record it once as a CUDA graph and
+//! replay it for every token. On the CPU device the same launches run on the interpreter.
+//!
+//! Prompts are processed through the same single-token step, one token at a time
+//! (there is no batched prefill yet). What to do between steps (sampling, speculation)
+//! is [`crate::Engine::generate`]'s.
+
+pub mod plan;
+pub mod profile;
+mod step;
+
+use half::bf16;
+use tilefuse_dsl::runtime::{Buffer, Device, Graph, Readback};
+
+use crate::config::ModelConfig;
+use crate::error::{EngineError, Result};
+use crate::model::ModelWeights;
+use crate::rope;
+use crate::sampling::device::DeviceSampler;
+use crate::sampling::Sampling;
+use crate::tuning;
+
+pub use plan::{Block, KernelChoice, LaunchPlan};
+pub(crate) use profile::median;
+pub use profile::{BlockTime, LaunchStamps, ProgramStamps, Timeline};
+
+/// One layer's weights in the kernels' layout, and its KV cache.
+struct Layer {
+    input_norm: Buffer<bf16>,
+    /// `[q; k; v]` projection rows, `[q_dim + 2 kv_dim, hidden]`.
+    qkv_w: Buffer<bf16>,
+    /// Their biases (zeros when the model has none).
+    qkv_b: Buffer<bf16>,
+    /// QK-norm weights, `[head_dim]` (ones, unused, when the model has none).
+    q_norm: Buffer<bf16>,
+    k_norm: Buffer<bf16>,
+    o_w: Buffer<bf16>,
+    o_b: Buffer<bf16>,
+    post_norm: Buffer<bf16>,
+    /// `[gate; up]` projection rows, `[2 * intermediate, hidden]`.
+    gate_up_w: Buffer<bf16>,
+    down_w: Buffer<bf16>,
+    /// `[num_kv_heads, max_seq_len, head_dim]`.
+    k_cache: Buffer<bf16>,
+    v_cache: Buffer<bf16>,
+}
+
+/// Activations and scratch of one step, allocated once.
+struct Scratch {
+    /// `[token, pos]`: the step's input, and the next step's after the last kernel.
+    state: Buffer<i32>,
+    /// The residual stream, `[hidden]`.
+    x: Buffer<bf16>,
+    qkv: Buffer<bf16>,
+    /// Queries after QK-norm and RoPE, `[q_dim]`.
+    q: Buffer<bf16>,
+    /// Attention output, `[q_dim]`.
+    attn: Buffer<bf16>,
+    /// `silu(gate) * up`, `[intermediate]`.
+    act: Buffer<bf16>,
+    /// Split-attention partials: max, denominator, `[num_heads, splits]`; weighted sums
+    /// `[num_heads, splits, head_dim]`.
+    part_m: Buffer<f32>,
+    part_l: Buffer<f32>,
+    part_acc: Buffer<f32>,
+    /// `[vocab]` logits (bf16 values stored as f32).
+    logits: Buffer<f32>,
+    /// Greedy candidates per LM-head program.
+    part_val: Buffer<f32>,
+    part_idx: Buffer<i32>,
+    /// A zero bias as long as the longest projection, for layers without one.
+    zeros: Buffer<bf16>,
+    /// The layer kernels' timeline stamps (see [`Decoder::timeline`]); 4 values a
+    /// program of the stamped layer, unwritten otherwise.
+    stamps: Buffer<i64>,
+}
+
+/// A model resident on a device, ready to decode.
+pub struct Decoder {
+    cfg: ModelConfig,
+    dev: Device,
+    plan: LaunchPlan,
+    max_seq_len: usize,
+    embed: Buffer<bf16>,
+    /// `None` when the LM head is tied to the embedding.
+    lm_head: Option<Buffer<bf16>>,
+    final_norm: Buffer<bf16>,
+    rope_cos: Buffer<f32>,
+    rope_sin: Buffer<f32>,
+    layers: Vec<Layer>,
+    s: Scratch,
+    /// Splits the attention partials have room for.
+    split_capacity: usize,
+    /// Host copy of `state`, filled in stream order (see `queue_state_read`).
+    state_readback: Readback<i32>,
+    /// Page-locked host copy of the logits, made on first use (see `logits`).
+    logits_readback: Option<Readback<f32>>,
+    /// Device-side sampling's buffers and launches, made on first use (see
+    /// `sample_on_device`).
+    sampler: Option<DeviceSampler>,
+    graph: Option<Graph>,
+    /// The layer whose kernels write timeline stamps ([`Decoder::timeline`]).
+    stamp_layer: Option<usize>,
+}
+
+impl std::fmt::Debug for Decoder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Decoder")
+            .field("device", &self.dev)
+            .field("max_seq_len", &self.max_seq_len)
+            .field("plan", &self.plan)
+            .field("graph", &self.graph.is_some())
+            .finish()
+    }
+}
+
+fn concat(parts: &[&[bf16]]) -> Vec<bf16> {
+    parts.concat()
+}
+
+impl Decoder {
+    /// Uploads `w` to `dev` in the kernels' layout (fused QKV and gate/up rows) and
+    /// allocates a KV cache for `max_seq_len` positions and every step buffer.
+    pub fn new(
+        cfg: &ModelConfig,
+        w: &ModelWeights<'_>,
+        dev: &Device,
+        max_seq_len: usize,
+    ) -> Result<Decoder> {
+        w.validate(cfg)?;
+        if max_seq_len == 0 {
+            return Err(EngineError::Option {
+                message: "max_seq_len must be at least 1".into(),
+            });
+        }
+        let plan = LaunchPlan::new(cfg, dev, max_seq_len)?;
+        let (h, hd, im, v) = (
+            cfg.hidden_size,
+            cfg.head_dim,
+            cfg.intermediate_size,
+            cfg.vocab_size,
+        );
+        let (qd, kvd) = (cfg.q_dim(), cfg.kv_dim());
+        let qkv_dim = qd + 2 * kvd;
+        let zeros_len = qkv_dim.max(h);
+        let ones = vec![bf16::ONE; hd];
+
+        let mut layers = Vec::with_capacity(cfg.num_layers);
+        for lw in &w.layers {
+            let qkv_b = match (&lw.q_bias, &lw.k_bias, &lw.v_bias) {
+                (Some(q), Some(k), Some(v)) => dev.upload(&concat(&[q, k, v]))?,
+                _ => dev.zeros(qkv_dim)?,
+            };
+            layers.push(Layer {
+                input_norm: dev.upload(&lw.input_norm)?,
+                qkv_w: dev.upload(&concat(&[&lw.q_proj, &lw.k_proj, &lw.v_proj]))?,
+                qkv_b,
+                q_norm: dev.upload(lw.q_norm.as_deref().unwrap_or(&ones))?,
+                k_norm: dev.upload(lw.k_norm.as_deref().unwrap_or(&ones))?,
+                o_w: dev.upload(&lw.o_proj)?,
+                o_b: match &lw.o_bias {
+                    Some(b) => dev.upload(b)?,
+                    None => dev.zeros(h)?,
+                },
+                post_norm: dev.upload(&lw.post_attention_norm)?,
+                gate_up_w: dev.upload(&concat(&[&lw.gate_proj, &lw.up_proj]))?,
+                down_w: dev.upload(&lw.down_proj)?,
+                k_cache: dev.zeros(cfg.num_kv_heads * max_seq_len * hd)?,
+                v_cache: dev.zeros(cfg.num_kv_heads * max_seq_len * hd)?,
+            });
+        }
+
+        // RoPE tables, row `pos` as the reference rotates with.
+        let (cos, sin) = rope::tables(cfg, max_seq_len);
+
+        // Room for the most splits any plan may use (`set_plan`); a few hundred KiB.
+        let splits = plan
+            .splits
+            .max(if dev.is_cuda() { tuning::MAX_SPLITS } else { 1 });
+        let s = Scratch {
+            state: dev.upload(&[0i32, 0])?,
+            x: dev.zeros(h)?,
+            qkv: dev.zeros(qkv_dim)?,
+            q: dev.zeros(qd)?,
+            attn: dev.zeros(qd)?,
+            act: dev.zeros(im)?,
+            part_m: dev.zeros(cfg.num_heads * splits)?,
+            part_l: dev.zeros(cfg.num_heads * splits)?,
+            part_acc: dev.zeros(cfg.num_heads * splits * hd)?,
+            logits: dev.zeros(v)?,
+            // Room for one candidate per row: any LM-head variant fits (see `set_plan`).
+            part_val: dev.zeros(v)?,
+            part_idx: dev.zeros(v)?,
+            zeros: dev.zeros(zeros_len)?,
+            // Room for any plan's layer (every grid at its most programs).
+            stamps: dev.alloc_filled(
+                4 * (qkv_dim
+                    + cfg.num_heads * splits
+                    + cfg.num_heads * hd.div_ceil(32)
+                    + 2 * h
+                    + im),
+                -1i64,
+            )?,
+        };
+        Ok(Decoder {
+            cfg: cfg.clone(),
+            dev: dev.clone(),
+            max_seq_len,
+            embed: dev.upload(&w.embed_tokens)?,
+            lm_head: match &w.lm_head {
+                Some(t) => Some(dev.upload(t)?),
+                None => None,
+            },
+            final_norm: dev.upload(&w.norm)?,
+            rope_cos: dev.upload(&cos)?,
+            rope_sin: dev.upload(&sin)?,
+            layers,
+            s,
+            split_capacity: splits,
+            state_readback: dev.readback(2)?,
+            logits_readback: None,
+            sampler: None,
+            plan,
+            graph: None,
+            stamp_layer: None,
+        })
+    }
+
+    /// The model's config.
+    pub fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    /// The device the model lives on.
+    pub fn device(&self) -> &Device {
+        &self.dev
+    }
+
+    /// The KV cache's capacity in positions.
+    pub fn max_seq_len(&self) -> usize {
+        self.max_seq_len
+    }
+
+    /// The kernel variants a step launches.
+    pub fn plan(&self) -> &LaunchPlan {
+        &self.plan
+    }
+
+    /// Replaces the launch plan, e.g. to time other compiled variants (`tilefuse bench
+    /// --sweep`). Drops a captured graph. The plan must pass [`LaunchPlan::check`] and
+    /// keep the splits within those the attention partials were allocated for (the
+    /// plan `Decoder::new` chose). Every plan computes the same function; only the
+    /// rounding order of sums may differ.
+    pub fn set_plan(&mut self, plan: LaunchPlan) -> Result<()> {
+        plan.check()?;
+        if !plan.clustered() && plan.splits > self.split_capacity {
+            return Err(EngineError::Option {
+                message: format!(
+                    "{} attention splits exceed the {} this decoder allocated",
+                    plan.splits, self.split_capacity
+                ),
+            });
+        }
+        self.graph = None;
+        self.plan = plan;
+        Ok(())
+    }
+
+    /// Kernel launches per step.
+    pub fn kernels_per_step(&self) -> usize {
+        Block::ALL.iter().map(|&b| self.launches(b)).sum()
+    }
+
+    /// The grids of one layer's launches, in step order.
+    fn layer_grids(&self) -> Vec<(Block, [u32; 3])> {
+        self.plan.layer_grids(&self.cfg)
+    }
+
+    /// Launches of `block` per step: once per layer, or once for the step.
+    fn launches(&self, block: Block) -> usize {
+        match block {
+            Block::Embed | Block::LmHead | Block::Argmax => 1,
+            Block::Combine if self.plan.clustered() => 0,
+            _ => self.cfg.num_layers,
+        }
+    }
+
+    /// Bytes of weights one step reads (every matrix, norm and bias once; the embedding
+    /// table only through its one row unless it is also the LM head).
+    pub fn weight_bytes_per_step(&self) -> usize {
+        let layer: usize = self
+            .layers
+            .iter()
+            .map(|l| {
+                l.input_norm.len()
+                    + l.qkv_w.len()
+                    + l.qkv_b.len()
+                    + l.o_w.len()
+                    + l.o_b.len()
+                    + l.post_norm.len()
+                    + l.gate_up_w.len()
+                    + l.down_w.len()
+                    + if self.cfg.qk_norm {
+                        2 * l.q_norm.len()
+                    } else {
+                        0
+                    }
+            })
+            .sum();
+        let head = self.lm_head.as_ref().unwrap_or(&self.embed).len();
+        2 * (layer + head + self.final_norm.len() + self.cfg.hidden_size)
+    }
+
+    /// Bytes of KV cache one step reads at context `len` (keys and values of every
+    /// layer and KV head).
+    pub fn kv_bytes_per_step(&self, len: usize) -> usize {
+        2 * 2 * self.cfg.num_layers * self.cfg.num_kv_heads * self.cfg.head_dim * len
+    }
+
+    /// Sets the step's input: `token` at position `pos` (a small host-to-device copy).
+    pub fn set_input(&mut self, token: u32, pos: usize) -> Result<()> {
+        if token as usize >= self.cfg.vocab_size {
+            return Err(EngineError::TokenOutOfRange {
+                token,
+                vocab: self.cfg.vocab_size,
+            });
+        }
+        if pos >= self.max_seq_len {
+            return Err(EngineError::TooLong {
+                prompt: pos + 1,
+                new: 0,
+                max: self.max_seq_len,
+            });
+        }
+        self.s.state.copy_from_host(&[token as i32, pos as i32])?;
+        Ok(())
+    }
+
+    /// Records one step as a CUDA graph (running it eagerly once first, so every kernel
+    /// is loaded). Afterwards [`Decoder::step`] replays the graph. Fails on the CPU
+    /// device and whenever the capture fails; nothing falls back silently.
+    ///
+    /// The warm-up step writes the KV cache at the position in `state`; it is
+    /// overwritten when that position is decoded for real.
+    pub fn capture(&mut self) -> Result<()> {
+        self.graph = None;
+        let saved = self.s.state.to_vec()?;
+        self.step_eager()?;
+        self.s.state.copy_from_host(&saved)?;
+        let dev = self.dev.clone();
+        let graph = dev.capture(|| self.step_eager())?;
+        self.graph = Some(graph);
+        Ok(())
+    }
+
+    /// Drops a captured graph; steps launch kernels one by one again.
+    pub fn release_graph(&mut self) {
+        self.graph = None;
+    }
+
+    /// Whether steps replay a captured graph.
+    pub fn uses_graph(&self) -> bool {
+        self.graph.is_some()
+    }
+
+    /// Runs one step: the graph if one was captured, individual launches otherwise.
+    pub fn step(&mut self) -> Result<()> {
+        match &self.graph {
+            Some(g) => Ok(g.launch()?),
+            None => self.step_eager(),
+        }
+    }
+
+    /// Queues a copy of `state` (the greedy next token and the next position) behind the
+    /// steps queued so far, without waiting; [`Decoder::take_state`] waits for it alone.
+    /// Since each step reads its token and position from the device, the next step can
+    /// be queued in between and run while the host takes this one's token.
+    pub fn queue_state_read(&mut self) -> Result<()> {
+        Ok(self.state_readback.enqueue(&self.s.state)?)
+    }
+
+    /// Waits for the copy [`Decoder::queue_state_read`] queued and returns its
+    /// `(token, next position)`.
+    pub fn take_state(&self) -> Result<(u32, usize)> {
+        let st = self.state_readback.wait()?;
+        Ok((st[0] as u32, st[1] as usize))
+    }
+
+    /// Waits for the step and reads `state`: the greedy next token and the next position.
+    pub fn read_state(&self) -> Result<(u32, usize)> {
+        let st = self.s.state.to_vec()?;
+        Ok((st[0] as u32, st[1] as usize))
+    }
+
+    /// Waits for the step and copies its logits to the host.
+    pub fn read_logits(&self) -> Result<Vec<f32>> {
+        Ok(self.s.logits.to_vec()?)
+    }
+
+    /// Waits for the step and returns its logits, copied into page-locked host memory
+    /// that is kept for the next call (no allocation per token, a faster copy than
+    /// [`Decoder::read_logits`]; what sampling reads every token).
+    pub fn logits(&mut self) -> Result<&[f32]> {
+        if self.logits_readback.is_none() {
+            self.logits_readback = Some(self.dev.readback(self.s.logits.len())?);
+        }
+        let rb = self.logits_readback.as_mut().expect("made above");
+        rb.enqueue(&self.s.logits)?;
+        Ok(rb.wait()?)
+    }
+
+    /// Draws the next token on the device from the last step's logits, by
+    /// `params` (temperature, then top-k or top-p), and waits for it.
+    ///
+    /// `Some(token)`: a draw was accepted and `state` already holds it, so the next
+    /// [`Decoder::step`] decodes it. `None`: all draws fell outside top-k/top-p, and
+    /// the host must draw from [`Decoder::logits`] and pass its token to
+    /// [`Decoder::set_input`]; together the two paths sample the restricted
+    /// distribution exactly (rejection sampling, see [`crate::sampling::device`]).
+    /// Draws are a function of `(seed, position)`. Errors for settings the device does
+    /// not draw ([`Sampling::device_can_sample`]).
+    pub fn sample_on_device(&mut self, params: &Sampling) -> Result<Option<u32>> {
+        self.queue_device_sample(params)?;
+        self.take_device_sample()
+    }
+
+    /// The first half of [`Decoder::sample_on_device`]: queues the draw behind the
+    /// steps queued so far, and the copy of its outcome, without waiting. A step
+    /// queued next decodes the drawn token (or, when the host must draw, the greedy
+    /// one: that step must then be redone). While steps replay a graph, the draw's
+    /// launches are recorded on first use and replay as a second graph.
+    pub fn queue_device_sample(&mut self, params: &Sampling) -> Result<()> {
+        if self.sampler.is_none() {
+            self.sampler = Some(DeviceSampler::new(&self.dev, self.cfg.vocab_size)?);
+        }
+        let ds = self.sampler.as_mut().expect("made above");
+        ds.queue(
+            &self.dev,
+            params,
+            &self.s.logits,
+            &mut self.s.state,
+            self.graph.is_some(),
+        )
+    }
+
+    /// The second half of [`Decoder::sample_on_device`]: waits for the outcome of the
+    /// draw [`Decoder::queue_device_sample`] queued (not for later work).
+    pub fn take_device_sample(&mut self) -> Result<Option<u32>> {
+        match &self.sampler {
+            Some(ds) => ds.take(),
+            None => Err(EngineError::Option {
+                message: "take_device_sample before queue_device_sample".into(),
+            }),
+        }
+    }
+
+    /// Waits for the device to finish all queued work.
+    pub fn synchronize(&self) -> Result<()> {
+        Ok(self.dev.synchronize()?)
+    }
+
+    /// Decodes `token` at `pos` and returns the logits for the next token (a
+    /// convenience for tests and tools; [`crate::Engine`] drives steps directly).
+    pub fn forward(&mut self, token: u32, pos: usize) -> Result<Vec<f32>> {
+        self.set_input(token, pos)?;
+        self.step()?;
+        self.read_logits()
+    }
+}

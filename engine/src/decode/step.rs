@@ -1,0 +1,338 @@
+//! One decode step as kernel launches: the embedding row, then per layer [`Step::qkv`],
+//! [`Step::attention`], [`Step::o_proj`] and [`Step::mlp`], then the LM head and the
+//! greedy token. It computes what [`crate::reference`]'s `forward` computes, in the
+//! same order; each launch's variant comes from the [`LaunchPlan`], its arguments are
+//! named (the kernels' generated `…Args`).
+
+use std::collections::HashMap;
+
+use half::bf16;
+use tilefuse_dsl::runtime::{Buffer, Device, LaunchConfig};
+
+use super::{Block, Decoder, LaunchPlan, Layer, Scratch};
+use crate::config::ModelConfig;
+use crate::error::Result;
+use crate::kernels::{
+    ArgmaxFinishArgs, AttentionCombineArgs, AttentionSplitArgs, EmbedArgs, EmbedConsts,
+    GemvResidualArgs, LmHeadArgmaxArgs, RmsNormGateUpArgs, RmsNormGemvArgs,
+};
+
+impl Decoder {
+    /// Runs one step with individual launches: reads `state`, appends to the KV cache,
+    /// leaves the logits in the device buffer and writes the greedy token and `pos + 1`
+    /// into `state`. Asynchronous on a GPU.
+    pub fn step_eager(&mut self) -> Result<()> {
+        self.step_blocks(|_| true)
+    }
+
+    /// Launches only the blocks `want` selects, in step order (for timing a step part
+    /// by part; a partial step leaves the model's state meaningless).
+    pub fn step_blocks(&mut self, want: impl FnMut(Block) -> bool) -> Result<()> {
+        let grids = self.layer_grids();
+        let Decoder {
+            cfg,
+            dev,
+            plan,
+            max_seq_len,
+            embed,
+            lm_head,
+            final_norm,
+            rope_cos,
+            rope_sin,
+            layers,
+            s,
+            stamp_layer,
+            ..
+        } = self;
+        let mut step = Step {
+            dev,
+            cfg,
+            plan,
+            max_seq: *max_seq_len as i32,
+            rope: (rope_cos, rope_sin),
+            s,
+            want,
+            first: true,
+            grids,
+            stamp_layer: *stamp_layer,
+            layer: 0,
+        };
+        step.embed(embed)?;
+        for (li, l) in layers.iter_mut().enumerate() {
+            step.layer = li;
+            step.qkv(l)?;
+            step.attention(l)?;
+            step.o_proj(l)?;
+            step.mlp(l)?;
+        }
+        step.lm_head(final_norm, lm_head.as_ref().unwrap_or(embed))
+    }
+}
+
+/// What one step's launches share.
+struct Step<'a, W> {
+    dev: &'a Device,
+    cfg: &'a ModelConfig,
+    plan: &'a LaunchPlan,
+    max_seq: i32,
+    /// RoPE cos and sin tables, `[max_seq_len, head_dim / 2]`.
+    rope: (&'a Buffer<f32>, &'a Buffer<f32>),
+    s: &'a mut Scratch,
+    /// Which blocks run.
+    want: W,
+    /// Whether the next launch is the step's first.
+    first: bool,
+    /// One layer's grids, in step order.
+    grids: Vec<(Block, [u32; 3])>,
+    /// The layer whose launches write timeline stamps.
+    stamp_layer: Option<usize>,
+    /// The layer being launched.
+    layer: usize,
+}
+
+impl<W: FnMut(Block) -> bool> Step<'_, W> {
+    /// The launch configuration of `block` on `grid`, or `None` when the block is left
+    /// out. The first launch of a step is serialized: kernels may overlap their
+    /// predecessors (programmatic launch) and read the position, the KV cache and the
+    /// RoPE tables before waiting for them, which is safe only once the previous step
+    /// has finished writing them.
+    fn config(&mut self, block: Block, grid: [u32; 3], num_warps: u32) -> Option<LaunchConfig> {
+        if !(self.want)(block) {
+            return None;
+        }
+        let cfg = LaunchConfig::grid(grid).num_warps(num_warps);
+        Some(if std::mem::take(&mut self.first) {
+            cfg.serialized()
+        } else {
+            cfg
+        })
+    }
+
+    /// A layer launch's configuration, on the plan's grid for `block`.
+    fn layer_config(&mut self, block: Block, num_warps: u32) -> Option<LaunchConfig> {
+        let grid = self
+            .grids
+            .iter()
+            .find(|g| g.0 == block)
+            .map_or([0; 3], |g| g.1);
+        self.config(block, grid, num_warps)
+    }
+
+    /// Where the launch of `block` writes its programs' timeline stamps: -1 (none)
+    /// outside the stamped layer, else after the layer's earlier launches' programs.
+    fn stamp_at(&self, block: Block) -> i32 {
+        if self.stamp_layer != Some(self.layer) {
+            return -1;
+        }
+        let base: HashMap<Block, u32> = self
+            .grids
+            .iter()
+            .scan(0, |programs, (b, g)| {
+                let at = *programs;
+                *programs += g.iter().product::<u32>();
+                Some((*b, at))
+            })
+            .collect();
+        base[&block] as i32
+    }
+
+    /// `x = embed[token]`.
+    fn embed(&mut self, table: &Buffer<bf16>) -> Result<()> {
+        let h = self.cfg.hidden_size;
+        let Some(cfg) = self.config(Block::Embed, [h.div_ceil(1024) as u32, 1, 1], 4) else {
+            return Ok(());
+        };
+        let s = &mut *self.s;
+        EmbedArgs {
+            table,
+            state: &s.state,
+            x: &mut s.x,
+            h: h as i32,
+        }
+        .launch(self.dev, cfg, EmbedConsts { b: 1024 })?;
+        Ok(())
+    }
+
+    /// RMSNorm, then the fused `[q; k; v]` projection plus bias.
+    fn qkv(&mut self, l: &Layer) -> Result<()> {
+        let plan = self.plan.qkv;
+        let Some(cfg) = self.layer_config(Block::Qkv, plan.num_warps) else {
+            return Ok(());
+        };
+        let stamp_at = self.stamp_at(Block::Qkv);
+        let (c, s) = (self.cfg, &mut *self.s);
+        RmsNormGemvArgs {
+            x: &s.x,
+            norm_w: &l.input_norm,
+            w: &l.qkv_w,
+            bias: &l.qkv_b,
+            y: &mut s.qkv,
+            n: (c.q_dim() + 2 * c.kv_dim()) as i32,
+            k: c.hidden_size as i32,
+            eps: c.rms_norm_eps as f32,
+            stamps: &mut s.stamps,
+            stamp_at,
+        }
+        .launch(self.dev, cfg, plan)?;
+        Ok(())
+    }
+
+    /// QK-norm, RoPE and the KV-cache append folded into split-K attention over the
+    /// cache, then the merge of the splits (inside the launch when it is clustered).
+    /// While its arithmetic leaves HBM idle, the launch asks L2 for the start of the
+    /// layer's gate/up weights (see [`crate::tuning::attention_prefetch_bytes`]).
+    fn attention(&mut self, l: &mut Layer) -> Result<()> {
+        let plan = self.plan;
+        let c = self.cfg;
+        if let Some(cfg) = self.layer_config(Block::Attention, plan.attention.num_warps) {
+            let stamp_at = self.stamp_at(Block::Attention);
+            let prefetch_len =
+                (2 * c.intermediate_size * c.hidden_size).min(plan.prefetch_bytes / 2) as i32;
+            let s = &mut *self.s;
+            AttentionSplitArgs {
+                qkv: &s.qkv,
+                q_norm_w: &l.q_norm,
+                k_norm_w: &l.k_norm,
+                rope_cos: self.rope.0,
+                rope_sin: self.rope.1,
+                state: &s.state,
+                k_cache: &mut l.k_cache,
+                v_cache: &mut l.v_cache,
+                q_out: &mut s.q,
+                part_m: &mut s.part_m,
+                part_l: &mut s.part_l,
+                part_acc: &mut s.part_acc,
+                out: &mut s.attn,
+                group: (c.num_heads / c.num_kv_heads) as i32,
+                max_seq: self.max_seq,
+                min_chunk: plan.min_chunk as i32,
+                use_norm: i32::from(c.qk_norm),
+                eps: c.rms_norm_eps as f32,
+                scale: (c.head_dim as f32).powf(-0.5),
+                prefetch_w: &l.gate_up_w,
+                prefetch_len,
+                stamps: &mut s.stamps,
+                stamp_at,
+            }
+            .launch(self.dev, cfg, plan.attention.consts)?;
+        }
+        if plan.clustered() {
+            return Ok(());
+        }
+        let Some(cfg) = self.layer_config(Block::Combine, plan.combine.num_warps) else {
+            return Ok(());
+        };
+        let stamp_at = self.stamp_at(Block::Combine);
+        let s = &mut *self.s;
+        AttentionCombineArgs {
+            part_m: &s.part_m,
+            part_l: &s.part_l,
+            part_acc: &s.part_acc,
+            out: &mut s.attn,
+            splits: plan.splits as i32,
+            stamps: &mut s.stamps,
+            stamp_at,
+        }
+        .launch(self.dev, cfg, plan.combine.consts)?;
+        Ok(())
+    }
+
+    /// The O projection, added into the residual stream.
+    fn o_proj(&mut self, l: &Layer) -> Result<()> {
+        let plan = self.plan.o_proj;
+        let Some(cfg) = self.layer_config(Block::OProj, plan.num_warps) else {
+            return Ok(());
+        };
+        let stamp_at = self.stamp_at(Block::OProj);
+        let (c, s) = (self.cfg, &mut *self.s);
+        GemvResidualArgs {
+            w: &l.o_w,
+            a: &s.attn,
+            bias: &l.o_b,
+            x: &mut s.x,
+            n: c.hidden_size as i32,
+            k: c.q_dim() as i32,
+            stamps: &mut s.stamps,
+            stamp_at,
+        }
+        .launch(self.dev, cfg, plan)?;
+        Ok(())
+    }
+
+    /// RMSNorm, the fused `[gate; up]` projection and `silu(gate) * up`, then the down
+    /// projection added into the residual stream.
+    fn mlp(&mut self, l: &Layer) -> Result<()> {
+        let (gate_up, down) = (self.plan.gate_up, self.plan.down);
+        let c = self.cfg;
+        if let Some(cfg) = self.layer_config(Block::GateUp, gate_up.num_warps) {
+            let stamp_at = self.stamp_at(Block::GateUp);
+            let s = &mut *self.s;
+            RmsNormGateUpArgs {
+                x: &s.x,
+                norm_w: &l.post_norm,
+                w: &l.gate_up_w,
+                act: &mut s.act,
+                inter: c.intermediate_size as i32,
+                k: c.hidden_size as i32,
+                eps: c.rms_norm_eps as f32,
+                stamps: &mut s.stamps,
+                stamp_at,
+            }
+            .launch(self.dev, cfg, gate_up)?;
+        }
+        let Some(cfg) = self.layer_config(Block::Down, down.num_warps) else {
+            return Ok(());
+        };
+        let stamp_at = self.stamp_at(Block::Down);
+        let s = &mut *self.s;
+        GemvResidualArgs {
+            w: &l.down_w,
+            a: &s.act,
+            bias: &s.zeros,
+            x: &mut s.x,
+            n: c.hidden_size as i32,
+            k: c.intermediate_size as i32,
+            stamps: &mut s.stamps,
+            stamp_at,
+        }
+        .launch(self.dev, cfg, down)?;
+        Ok(())
+    }
+
+    /// The final norm and the LM head with per-program greedy candidates, then the
+    /// greedy token and `pos + 1` into `state`.
+    fn lm_head(&mut self, final_norm: &Buffer<bf16>, head: &Buffer<bf16>) -> Result<()> {
+        let plan = self.plan;
+        let c = self.cfg;
+        let parts = plan.lm_programs(c.vocab_size);
+        let lm = plan.lm_head;
+        if let Some(cfg) = self.config(Block::LmHead, [parts as u32, 1, 1], lm.num_warps) {
+            let s = &mut *self.s;
+            LmHeadArgmaxArgs {
+                x: &s.x,
+                norm_w: final_norm,
+                w: head,
+                logits: &mut s.logits,
+                part_val: &mut s.part_val,
+                part_idx: &mut s.part_idx,
+                n: c.vocab_size as i32,
+                k: c.hidden_size as i32,
+                eps: c.rms_norm_eps as f32,
+            }
+            .launch(self.dev, cfg, lm)?;
+        }
+        let argmax = plan.argmax;
+        let Some(cfg) = self.config(Block::Argmax, [1, 1, 1], argmax.num_warps) else {
+            return Ok(());
+        };
+        let s = &mut *self.s;
+        ArgmaxFinishArgs {
+            part_val: &s.part_val,
+            part_idx: &s.part_idx,
+            state: &mut s.state,
+            parts: parts as i32,
+        }
+        .launch(self.dev, cfg, argmax.consts)?;
+        Ok(())
+    }
+}
