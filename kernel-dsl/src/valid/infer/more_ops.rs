@@ -3,7 +3,7 @@
 
 use super::{shape_str, Infer, R};
 use crate::error::CompileError;
-use crate::ir::{DType, Elem, Expr, Loc, RandOp, Type, ValueId};
+use crate::ir::{DType, Elem, Expr, Literal, Loc, RandOp, Type, ValueId};
 
 impl Infer<'_> {
     /// A typed tile operand of `what` (not a literal, not a scalar).
@@ -134,7 +134,19 @@ impl Infer<'_> {
             Expr::Rand { op, seed, offset } => {
                 let s = self.get(*seed)?;
                 let s = match self.weak.get(&s).copied() {
-                    Some(lit) => self.typed_literal(lit, Some(DType::I64), loc)?,
+                    Some(lit @ Literal::Int(..)) => {
+                        self.typed_literal(lit, Some(DType::I64), loc)?
+                    }
+                    Some(lit) => {
+                        let found = match lit {
+                            Literal::Float(v, _) => format!("the float literal {v}"),
+                            _ => "a bool literal".to_string(),
+                        };
+                        return Err(CompileError::new(
+                            loc,
+                            format!("the seed of a random draw is a scalar i32, u32 or i64, found {found}"),
+                        ));
+                    }
                     None => s,
                 };
                 let st = self.ty(s).clone();
