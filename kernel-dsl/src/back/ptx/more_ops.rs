@@ -424,3 +424,56 @@ impl Emitter<'_> {
         f
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::back::ptx::{compile, PtxKernel, Target};
+    use crate::{compile_source, Specialization};
+
+    fn ptx(src: &str, warps: u32) -> PtxKernel {
+        let spec = Specialization {
+            consts: vec![],
+            num_warps: warps,
+        };
+        let k = compile_source(src, &spec).unwrap_or_else(|e| panic!("{e}"));
+        compile(&k, Target::Sm90).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn a_transpose_moves_no_data() {
+        let p = ptx(
+            "#[kernel] fn t(x: Ptr<f32>, y: Ptr<f32>) {
+                let r = arange(0, 32).expand_dims(1);
+                let c = arange(0, 64).expand_dims(0);
+                let v = load(x + r * 64 + c) * 2.0;
+                store(y + arange(0, 64).expand_dims(1) * 32 + arange(0, 32).expand_dims(0), v.trans());
+            }",
+            4,
+        );
+        assert_eq!(p.shared_bytes, 0, "{}", p.layouts);
+        assert!(!p.ptx.contains("bar.sync"), "{}", p.ptx);
+    }
+
+    #[test]
+    fn a_scan_is_linear_with_log_shuffles() {
+        // 4096 elements, 4 warps: 8 registers a thread over 4 passes of 1024. Each pass
+        // of each thread shuffles log2(32) times, once for the exclusive prefix and once
+        // for the warp's total; warps meet once through shared memory.
+        let p = ptx(
+            "#[kernel] fn s(x: Ptr<f32>, y: Ptr<f32>) {
+                let o = arange(0, 4096);
+                store(y + o, load(x + o).cumsum(0));
+            }",
+            4,
+        );
+        let count = |pat: &str| p.ptx.matches(pat).count();
+        let passes = 4;
+        assert_eq!(count("shfl.sync.up"), passes * (5 + 1), "{}", p.ptx);
+        assert_eq!(count("shfl.sync.idx"), passes);
+        assert_eq!(count("bar.sync"), 2);
+        assert_eq!(p.shared_bytes, (passes * 4 * 4) as u32);
+        // Linear work: a few instructions per element, not a triangle.
+        let adds = count("add.rn.f32");
+        assert!(adds < 40 * passes * 4, "{adds} additions");
+    }
+}
