@@ -1408,3 +1408,4 @@ fn matrix_full_zeros_and_program_ids() {
 }
 
 mod more_ops;
+mod peer;

@@ -13,7 +13,7 @@ use super::*;
 use crate::interp::more_ops::{philox4x32_10, UNIFORM_SCALE};
 
 /// Shape-generic inclusive scan reference over one row of lanes.
-fn scan_ref(op: &str, dt: DType, lanes: &[V]) -> Vec<V> {
+pub(super) fn scan_ref(op: &str, dt: DType, lanes: &[V]) -> Vec<V> {
     let mut out = Vec::with_capacity(lanes.len());
     if dt.is_float() {
         let mut acc: Option<f64> = None;
@@ -191,6 +191,11 @@ fn matrix_scans_1d() {
 
 /// Row-major `[m, n]` data as the `[n, m]` transpose (or any permutation of a 3-D box).
 fn permuted(x: &[V], shape: &[usize], dims: &[usize]) -> Vec<V> {
+    permuted_pub(x, shape, dims)
+}
+
+/// [`permuted`], for the peer tests.
+pub(super) fn permuted_pub(x: &[V], shape: &[usize], dims: &[usize]) -> Vec<V> {
     let idx = crate::interp::more_ops::permute_index(shape, dims).unwrap();
     idx.iter().map(|&i| x[i]).collect()
 }
