@@ -284,8 +284,8 @@ fn matrix_layout_changes() {
         let want: Vec<V> = permuted(&x, &shape, &dims)
             .into_iter()
             .map(|v| match v {
-                // x + 0.0 turns -0.0 into +0.0.
-                V::F(f) if f == 0.0 => V::F(0.0),
+                // What the kernel's `+ 0` computes (-0.0 becomes +0.0).
+                V::F(f) => V::F(f + 0.0),
                 v => v,
             })
             .collect();
