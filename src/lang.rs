@@ -32,6 +32,11 @@
 //! | `tl.dot` | `dot(a, b)`, `dot(a, b, acc)` | [`dot`] |
 //! | `tl.atomic_add`, `tl.atomic_max` | `atomic_add(p, v, mask)`, `atomic_max(p, v, mask)` | [`atomic_add`], [`atomic_max`] |
 //! | `tl.cdiv` | `cdiv(a, b)` | [`cdiv`] |
+//! | `tl.argmin` | `x.argmin(1)` | [`Tile::argmin`] |
+//! | `tl.cumsum`, `tl.cumprod` | `x.cumsum(1)`, `x.cumprod(1)` | [`Tile::cumsum`], [`Tile::cumprod`] |
+//! | `tl.trans`, `tl.permute`, `tl.reshape` | `x.trans()`, `x.permute([2, 0, 1])`, `x.reshape([M * N])` | [`Tile::trans`], [`Tile::permute`], [`Tile::reshape`] |
+//! | `tl.histogram` | `histogram(x, BINS, mask)` | [`histogram`] |
+//! | `tl.rand`, `tl.randn`, `tl.randint` | `rand(seed, offs)`, `randn(seed, offs)`, `randint(seed, offs)` | [`rand`], [`randn`], [`randint`] |
 //! | `tl.extra.cuda.globaltimer` | `global_timer()` | [`global_timer`] |
 //! | `tl.extra.cuda.smid` | `sm_id()` | [`sm_id`] |
 //! | `gdc_wait`, `gdc_launch_dependents` | `wait_for_prior_kernels()`, `launch_dependents()` | [`wait_for_prior_kernels`], [`launch_dependents`] |
@@ -620,4 +625,181 @@ pub fn cluster_gather<T>(t: Tile<T>) -> Tile<T> {
 pub fn cdiv<T>(a: Tile<T>, b: Tile<T>) -> Tile<T> {
     let _ = b;
     match a.never {}
+}
+
+/// Scans, `argmin` and layout changes.
+impl<T> Tile<T> {
+    /// Index (`i32`) of the minimum along `axis`: the first (lowest) one on ties, never a
+    /// NaN lane unless all are NaN (then 0), as [`Tile::argmax`]. The same trap as
+    /// `argmax`'s: masked-off lanes padded with `other = f32::INFINITY` are candidates,
+    /// so a row of NaN padded that way gives the index of the first masked-off lane.
+    ///
+    /// ```rust,ignore
+    /// let nearest = dist.argmin(1); // [M, N] -> [M]
+    /// ```
+    pub fn argmin(self, axis: usize) -> Tile<i32> {
+        let _ = axis;
+        match self.never {}
+    }
+
+    /// Inclusive running sum along `axis` (Triton's `tl.cumsum`): element `i` is the sum
+    /// of elements `0..=i`. Same shape and dtype; floats accumulate in `f32` and each
+    /// element rounds once to the dtype (the GPU associates the additions differently,
+    /// within a sum's tolerance); integers wrap. On the GPU each thread scans its
+    /// registers, lanes combine with `shfl.sync.up` and warps through shared memory:
+    /// `O(B)` work, not a masked `O(B²)` triangle. Masked-off lanes take part: load them
+    /// as 0.
+    ///
+    /// ```
+    /// use tilefuse::prelude::*;
+    ///
+    /// #[kernel(B = [8], BINS = [4], num_warps = [1])]
+    /// fn more<const B: usize, const BINS: usize>(
+    ///     x: Ptr<i32>, sums: Ptr<i32>, first_min: Ptr<i32>, counts: Ptr<i32>,
+    ///     tr: Ptr<i32>, n: i32,
+    /// ) {
+    ///     let offs = arange(0, B);
+    ///     let v = load(x + offs, offs < n, 0);
+    ///     store(sums + offs, v.cumsum(0), offs < n);
+    ///     store(first_min, load(x + offs, offs < n, i32::MAX).argmin(0));
+    ///     store(counts + arange(0, BINS), histogram(v, BINS, offs < n));
+    ///     // [2, 4] -> its [4, 2] transpose, stored row-major.
+    ///     let m = v.reshape([2, 4]).trans();
+    ///     store(tr + arange(0, 4).expand_dims(1) * 2 + arange(0, 2).expand_dims(0), m);
+    /// }
+    ///
+    /// let dev = Device::cpu();
+    /// let x = dev.upload(&[3i32, 1, 2, 1, 0, 3, 2, 2]).unwrap();
+    /// let mut sums = dev.zeros::<i32>(8).unwrap();
+    /// let mut first_min = dev.zeros::<i32>(1).unwrap();
+    /// let mut counts = dev.zeros::<i32>(4).unwrap();
+    /// let mut tr = dev.zeros::<i32>(8).unwrap();
+    /// more::<8, 4>::launch(&dev, 1, &x, &mut sums, &mut first_min, &mut counts, &mut tr, 6)
+    ///     .unwrap();
+    /// assert_eq!(sums.to_vec().unwrap(), vec![3, 4, 6, 7, 7, 10, 0, 0]);
+    /// assert_eq!(first_min.to_vec().unwrap(), vec![4]);
+    /// // The two lanes past n = 6 are masked off.
+    /// assert_eq!(counts.to_vec().unwrap(), vec![1, 2, 1, 2]);
+    /// assert_eq!(tr.to_vec().unwrap(), vec![3, 0, 1, 3, 2, 0, 1, 0]);
+    /// ```
+    pub fn cumsum(self, axis: usize) -> Tile<T> {
+        let _ = axis;
+        match self.never {}
+    }
+
+    /// Inclusive running product along `axis` (Triton's `tl.cumprod`), computed like
+    /// [`Tile::cumsum`]. Masked-off lanes take part: load them as 1.
+    ///
+    /// ```rust,ignore
+    /// let decay = load(g + offs, offs < n, 1.0).cumprod(0);
+    /// ```
+    pub fn cumprod(self, axis: usize) -> Tile<T> {
+        let _ = axis;
+        match self.never {}
+    }
+
+    /// The transpose of a 2-D tile (Triton's `tl.trans`); `trans(x)` also works. On the
+    /// GPU it moves no data: the result's layout is the source's with the dims swapped
+    /// (a consumer that needs another layout converts through shared memory, as for any
+    /// value).
+    ///
+    /// ```rust,ignore
+    /// let bt = load(b + offs_kn).trans(); // [K, N] -> [N, K]
+    /// ```
+    pub fn trans(self) -> Tile<T> {
+        match self.never {}
+    }
+
+    /// Permutes the axes: result axis `t` is axis `dims[t]` of the source (Triton's
+    /// `tl.permute`); `permute(x, dims)` also works. Moves no data on the GPU, like
+    /// [`Tile::trans`].
+    ///
+    /// ```rust,ignore
+    /// let y = x.permute([2, 0, 1]); // [A, B, C] -> [C, A, B]
+    /// ```
+    pub fn permute(self, dims: &[usize]) -> Tile<T> {
+        let _ = dims;
+        match self.never {}
+    }
+
+    /// The same elements, in row-major order, in another shape of equal size (Triton's
+    /// `tl.reshape` without `can_reorder`); dims are powers of two. On the GPU the tile
+    /// goes through shared memory into the new shape's layout.
+    ///
+    /// ```rust,ignore
+    /// let flat = x.reshape([M * N]); // [M, N] -> [M * N]
+    /// ```
+    pub fn reshape(self, shape: &[usize]) -> Tile<T> {
+        let _ = shape;
+        match self.never {}
+    }
+}
+
+/// Counts of each value in `0..BINS` among the elements of a 1-D integer tile where
+/// `mask` holds (Triton's `tl.histogram`): an `i32` tile of shape `[BINS]` (a power of
+/// two). Values outside `0..BINS` are not counted. The mask may be left out. On the GPU
+/// the counters live in shared memory (`red.shared.add`).
+///
+/// ```rust,ignore
+/// let counts = histogram(load(tokens + offs, offs < n), VOCAB, offs < n);
+/// ```
+pub fn histogram<T>(x: Tile<T>, bins: usize, mask: Tile<bool>) -> Tile<i32> {
+    let _ = (bins, mask);
+    match x.never {}
+}
+
+/// Uniform `f32` random numbers in `[0, 1)`, one per element of `offsets` (Triton's
+/// `tl.rand`, the same values for the same seed and offsets). `seed` is a scalar `i32`,
+/// `u32` or `i64` (a signed seed sign-extends to the 64-bit Philox key); `offsets` an
+/// `i32` or `u32` tile or scalar (the Philox counter). The word of [`randint`] `w` maps to
+/// `(w as i32, or !w when negative) as f32 * 4.6566126e-10`; the interpreter and the GPU
+/// give identical values.
+///
+/// ```
+/// use tilefuse::prelude::*;
+///
+/// #[kernel(B = [64], num_warps = [1])]
+/// fn dropout<const B: usize>(x: Ptr<f32>, out: Ptr<f32>, n: i32, p: f32, seed: i64) {
+///     let offs = program_id(0) * B + arange(0, B);
+///     let keep = rand(seed, offs) > p;
+///     let v = load(x + offs, offs < n, 0.0);
+///     store(out + offs, select(keep, v / (1.0 - p), 0.0), offs < n);
+/// }
+///
+/// let dev = Device::cpu();
+/// let x = dev.upload(&vec![1.0f32; 100]).unwrap();
+/// let mut out = dev.zeros::<f32>(100).unwrap();
+/// dropout::<64>::launch(&dev, 2, &x, &mut out, 100, 0.5, 1234).unwrap();
+/// let kept = out.to_vec().unwrap().iter().filter(|&&v| v == 2.0).count();
+/// assert!((30..70).contains(&kept), "{kept} of 100 kept");
+/// ```
+pub fn rand<S, O>(seed: Tile<S>, offsets: Tile<O>) -> Tile<f32> {
+    let _ = offsets;
+    match seed.never {}
+}
+
+/// Standard normal `f32` random numbers (Triton's `tl.randn`): the Box-Muller transform
+/// of the uniform mappings `u1`, `u2` of the first two Philox words,
+/// `sqrt(-2 ln max(u1, 1e-7)) * cos(2π u2)`. The GPU's logarithm and cosine are
+/// approximate: values agree with the interpreter's to about 1e-3.
+///
+/// ```rust,ignore
+/// let noise = randn(seed, offs) * sigma;
+/// ```
+pub fn randn<S, O>(seed: Tile<S>, offsets: Tile<O>) -> Tile<f32> {
+    let _ = offsets;
+    match seed.never {}
+}
+
+/// Random `u32` words (Triton's `tl.randint`): the first output word of Philox4x32-10
+/// with counter `(offset, 0, 0, 0)` and key `(seed & 0xffffffff, seed >> 32)`. The
+/// interpreter's Philox is checked against the known-answer vectors published with
+/// Random123; the GPU's against the interpreter's, bit for bit.
+///
+/// ```rust,ignore
+/// let bucket = randint(seed, offs) % 16u32;
+/// ```
+pub fn randint<S, O>(seed: Tile<S>, offsets: Tile<O>) -> Tile<u32> {
+    let _ = offsets;
+    match seed.never {}
 }

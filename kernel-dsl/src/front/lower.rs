@@ -21,6 +21,9 @@ use crate::ir::{
 };
 use crate::Specialization;
 
+mod more_ops;
+use more_ops::MORE_OPS;
+
 /// The source spans of a lowered kernel, indexed by [`Loc`].
 #[derive(Clone, Debug, Default)]
 pub struct SpanTable {
@@ -79,7 +82,6 @@ const OPS: &str = "program_id, num_programs, arange, zeros, full, load, store, a
 atomic_max, select, maximum, minimum, exp, exp2, log, log2, sqrt, rsqrt, sin, cos, abs, sigmoid, \
 tanh, floor, ceil, sum, max, min, argmax, dot, expand_dims, broadcast_to, cdiv, cluster_gather, \
 global_timer, sm_id";
-
 impl Lower {
     fn run(&mut self, ast: &KernelAst, spec: &Specialization) -> R<Kernel> {
         let root = self.spans.add(ast.name.span());
@@ -988,7 +990,13 @@ impl Lower {
                 };
                 Ok(self.emit_at(Expr::Dot { a, b, acc }, span))
             }
-            other => self.err(span, format!("unknown op `{other}` (tile ops: {OPS})")),
+            other => match self.more_ops(other, args, span)? {
+                Some(v) => Ok(v),
+                None => self.err(
+                    span,
+                    format!("unknown op `{other}` (tile ops: {OPS}, {MORE_OPS})"),
+                ),
+            },
         }
     }
 

@@ -1,5 +1,6 @@
 //! Statement and expression execution for one program at a time.
 
+use super::more_ops;
 use super::ops::{self, Data, OpResult};
 use super::{Arg, InterpError, Scalar};
 use crate::ir::{AtomicOp, Block, DType, Def, Expr, Kernel, Literal, ParamKind, Stmt, ValueId};
@@ -710,6 +711,23 @@ impl<'k, 'b, 'a> Exec<'k, 'b, 'a> {
                     )?),
                     (d, o) => return Err(format!("load of {d} with a {} `other`", o.kind())),
                 }
+            }
+            Expr::Scan { op, value, axis } => {
+                let d = self.dtype(*value)?;
+                more_ops::scan(*op, d, get(env, *value)?, &k.ty(*value).shape, *axis)?
+            }
+            Expr::Permute { value, dims } => {
+                let idx = more_ops::permute_index(&k.ty(*value).shape, dims)?;
+                get(env, *value)?.gather(&idx)
+            }
+            Expr::Reshape { value, .. } => get(env, *value)?.clone(),
+            Expr::Histogram { value, bins, mask } => {
+                let x = get(env, *value)?;
+                let m = mask_of(env, *mask, x.len())?;
+                more_ops::histogram(x, *bins, m.as_deref())?
+            }
+            Expr::Rand { op, seed, offset } => {
+                more_ops::rand(*op, get(env, *seed)?, get(env, *offset)?)?
             }
             Expr::Reduce { op, value, axis } => {
                 let d = self.dtype(*value)?;

@@ -27,7 +27,9 @@
 //!   is an error.
 //! - `sum` accumulates in `f32` (for `f16`/`bf16` too) and rounds once to the input
 //!   dtype; `max`/`min` ignore NaN unless every lane is NaN; `argmax` gives the first
-//!   index of the maximum, never a NaN lane unless all are NaN (then 0).
+//!   index of the maximum, never a NaN lane unless all are NaN (then 0); `argmin` the
+//!   same for the minimum.
+//! - Scans, `permute`, `reshape`, `histogram` and the random numbers: see `more_ops.rs`.
 //! - `dot` multiplies and accumulates in `f32`, starting from the accumulator (or 0),
 //!   then rounds to the result dtype.
 //! - Atomics apply lane by lane in row-major order and return the old values (0 for
@@ -41,6 +43,7 @@
 //!   results are the last carried values (the inits if the loop never ran).
 
 mod exec;
+pub(crate) mod more_ops;
 mod ops;
 
 #[cfg(test)]

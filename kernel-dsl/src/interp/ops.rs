@@ -474,6 +474,12 @@ pub(crate) fn reduce(
         (ReduceOp::Argmax, Data::I(x)) => {
             Data::I(each(x, dims, |it| argmax_by(it, |p, q| p > q, |_| false)))
         }
+        (ReduceOp::Argmin, Data::F(x)) => {
+            Data::I(each(x, dims, |it| argmax_by(it, |p, q| p < q, f32::is_nan)))
+        }
+        (ReduceOp::Argmin, Data::I(x)) => {
+            Data::I(each(x, dims, |it| argmax_by(it, |p, q| p < q, |_| false)))
+        }
         (ReduceOp::Sum, Data::F(x)) => {
             // f32 accumulation for every float dtype; one rounding at the end.
             let mut out = each(x, dims, |it| it.fold(0.0f32, |s, p| s + p));

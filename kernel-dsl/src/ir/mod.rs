@@ -346,6 +346,28 @@ pub enum ReduceOp {
     Min,
     /// Index (`i32`) of the first maximum along the axis.
     Argmax,
+    /// Index (`i32`) of the first minimum along the axis.
+    Argmin,
+}
+
+/// Inclusive scans along one axis (Triton's `tl.cumsum` / `tl.cumprod`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ScanOp {
+    /// Running sum.
+    Sum,
+    /// Running product.
+    Prod,
+}
+
+/// Philox-based random numbers (Triton's `tl.rand`, `tl.randn`, `tl.randint`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RandOp {
+    /// `f32` uniform in `[0, 1)`.
+    Uniform,
+    /// `f32` standard normal (Box-Muller of the first two Philox words).
+    Normal,
+    /// `u32`: the first Philox word.
+    Int,
 }
 
 /// Atomic read-modify-write operations on global memory.
@@ -495,6 +517,49 @@ pub enum Expr {
         /// A `bool` of the pointers' shape, if any.
         mask: Option<ValueId>,
     },
+    /// Inclusive scan of `value` along `axis`; same shape and dtype.
+    Scan {
+        /// The combining operation.
+        op: ScanOp,
+        /// The tile.
+        value: ValueId,
+        /// The axis.
+        axis: usize,
+    },
+    /// Permutes the axes: result axis `t` is `value`'s axis `dims[t]` (`trans`, `permute`).
+    Permute {
+        /// The tile.
+        value: ValueId,
+        /// A permutation of `0..rank`.
+        dims: Vec<usize>,
+    },
+    /// The same elements in row-major order, in another shape of equal size.
+    Reshape {
+        /// The tile.
+        value: ValueId,
+        /// The result shape.
+        shape: Vec<usize>,
+    },
+    /// Counts of each integer in `[0, bins)` among the elements of a 1-D integer tile
+    /// (where `mask` holds); an `i32` tile of shape `[bins]`. Other values are ignored.
+    Histogram {
+        /// The 1-D integer tile.
+        value: ValueId,
+        /// The number of bins (a power of two).
+        bins: usize,
+        /// A `bool` of the value's shape, if any.
+        mask: Option<ValueId>,
+    },
+    /// Philox4x32-10 random numbers, elementwise over `offset` (an `i32`/`u32` tile or
+    /// scalar) under the 64-bit key `seed` (a scalar integer).
+    Rand {
+        /// What to draw.
+        op: RandOp,
+        /// The key.
+        seed: ValueId,
+        /// The counter of each element.
+        offset: ValueId,
+    },
     /// `cluster_gather(value)`: every program of the cluster contributes its `value`;
     /// each gets all of them stacked along a new leading axis, row `r` from the program
     /// of cluster rank `r` (`x` fastest within the cluster, then `y`, then `z`). Only at
@@ -521,7 +586,16 @@ impl Expr {
             | Expr::ExpandDims { value, .. }
             | Expr::Cast { value, .. }
             | Expr::Reduce { value, .. }
+            | Expr::Scan { value, .. }
+            | Expr::Permute { value, .. }
+            | Expr::Reshape { value, .. }
             | Expr::ClusterGather { value } => vec![*value],
+            Expr::Histogram { value, mask, .. } => {
+                let mut v = vec![*value];
+                v.extend(mask);
+                v
+            }
+            Expr::Rand { seed, offset, .. } => vec![*seed, *offset],
             Expr::Unary { arg, .. } => vec![*arg],
             Expr::Binary { lhs, rhs, .. } | Expr::Compare { lhs, rhs, .. } => vec![*lhs, *rhs],
             Expr::Select { cond, then, other } => vec![*cond, *then, *other],

@@ -995,9 +995,9 @@ fn neutral(op: &str, dt: DType) -> (String, V) {
     match (op, dt.is_float()) {
         ("sum", true) => ("0.0".into(), V::F(0.0)),
         ("sum", false) => ("0".into(), V::I(0)),
-        ("min", true) => (format!("f32::INFINITY as {t}"), V::F(f32::INFINITY)),
+        ("min" | "argmin", true) => (format!("f32::INFINITY as {t}"), V::F(f32::INFINITY)),
         (_, true) => (format!("f32::NEG_INFINITY as {t}"), V::F(f32::NEG_INFINITY)),
-        ("min", false) => match dt {
+        ("min" | "argmin", false) => match dt {
             DType::U8 => ("255".into(), V::I(255)),
             DType::I32 => ("i32::MAX".into(), V::I(i32::MAX as i64)),
             DType::U32 => ("u32::MAX".into(), V::I(u32::MAX as i64)),
@@ -1035,13 +1035,14 @@ fn reduce_ref(op: &str, dt: DType, lanes: &[V]) -> V {
                 .unwrap()
         }
         _ => {
-            // argmax: the first index of the maximum, never a NaN lane.
+            // argmax (argmin): the first index of the maximum (minimum), never a NaN lane.
+            let better = if op == "argmin" { "<" } else { ">" };
             let mut best: Option<(usize, V)> = None;
             for (j, &v) in lanes.iter().enumerate() {
                 if matches!(v, V::F(x) if x.is_nan()) {
                     continue;
                 }
-                if best.is_none_or(|(_, b)| compare(">", v, b)) {
+                if best.is_none_or(|(_, b)| compare(better, v, b)) {
                     best = Some((j, v));
                 }
             }
@@ -1056,9 +1057,13 @@ fn matrix_reductions() {
     let mut cases = vec![];
     const RM: usize = 8;
     const RN: usize = 32;
-    for op in ["sum", "max", "min", "argmax"] {
+    for op in ["sum", "max", "min", "argmax", "argmin"] {
         for dt in ALL {
-            let out = if op == "argmax" { DType::I32 } else { dt };
+            let out = if op.starts_with("arg") {
+                DType::I32
+            } else {
+                dt
+            };
             let (other, id) = neutral(op, dt);
             let tol = if op == "sum" && dt.is_float() {
                 approx(p2(-20), 1e-4).for_dtype(dt)
@@ -1067,7 +1072,7 @@ fn matrix_reductions() {
             };
             // Float inputs in [-1, 1] for sums (bounded error); ties for argmax.
             let dist = match (op, dt.is_float()) {
-                ("argmax", _) => Dist::Ties,
+                ("argmax" | "argmin", _) => Dist::Ties,
                 ("sum", true) => Dist::Range(-1.0, 1.0),
                 _ => Dist::Any,
             };
@@ -1401,3 +1406,6 @@ fn matrix_full_zeros_and_program_ids() {
     });
     check_all("matrix_full_zeros_and_program_ids", cases);
 }
+
+mod more_ops;
+mod peer;

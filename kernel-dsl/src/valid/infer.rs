@@ -21,6 +21,8 @@ use crate::ir::{
 
 type R<T> = Result<T, CompileError>;
 
+mod more_ops;
+
 /// Infers types and shapes of an untyped kernel, producing a typed kernel.
 pub fn infer(kernel: &Kernel) -> R<Kernel> {
     let mut cx = Infer {
@@ -859,7 +861,7 @@ impl Infer<'_> {
                 }
                 let mut shape = ty.shape.clone();
                 shape.remove(*axis);
-                let rd = if *op == ReduceOp::Argmax {
+                let rd = if matches!(op, ReduceOp::Argmax | ReduceOp::Argmin) {
                     DType::I32
                 } else {
                     d
@@ -874,6 +876,11 @@ impl Infer<'_> {
                     loc,
                 ))
             }
+            Expr::Scan { .. }
+            | Expr::Permute { .. }
+            | Expr::Reshape { .. }
+            | Expr::Histogram { .. }
+            | Expr::Rand { .. } => self.more_ops(expr, loc),
             Expr::ClusterGather { value } => {
                 let mut v = self.get(*value)?;
                 if self.weak.contains_key(&v) {

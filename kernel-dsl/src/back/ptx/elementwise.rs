@@ -107,6 +107,7 @@ impl Emitter<'_> {
                 self.ins(format!("add.s64 {d}, {}, {t}", a[0]));
                 Ok(d)
             }
+            Expr::Rand { op, seed, .. } => self.rand(*op, *seed, a),
             other => self.err(format!("cannot lower {other:?} per element")),
         }
     }
@@ -177,7 +178,7 @@ impl Emitter<'_> {
         }
     }
 
-    fn unary(&mut self, op: UnaryOp, dt: DType, a: &str) -> Res<String> {
+    pub(super) fn unary(&mut self, op: UnaryOp, dt: DType, a: &str) -> Res<String> {
         if dt == DType::Bool {
             if op != UnaryOp::Not {
                 return self.err(format!("{op:?} is not defined on bool"));

@@ -538,6 +538,17 @@ impl<'k> Emitter<'k> {
             } => self.atomic(v, *op, *ptr, *value, *mask, Some(l)),
             Expr::Reduce { op, value, axis } => self.reduce(v, *op, *value, *axis),
             Expr::Dot { a, b, acc } => self.dot(v, *a, *b, *acc, l),
+            Expr::Scan { op, value, axis } => self.scan(*op, *value, *axis),
+            Expr::Permute { value, dims } => {
+                // The source's layout with the tile dims relabeled back.
+                let mut sl = l.clone();
+                for (t, &d) in dims.iter().enumerate() {
+                    sl.keep[d] = l.keep[t];
+                }
+                self.tile(*value, &sl)
+            }
+            Expr::Reshape { value, .. } => self.reshape(*value, l),
+            Expr::Histogram { value, bins, mask } => self.histogram(*value, *bins, *mask, l),
             Expr::ClusterGather { .. } => {
                 self.err("`cluster_gather` must be at the top level of the kernel body")
             }

@@ -440,7 +440,26 @@ fn value(k: &Kernel, v: ValueId, l: &mut Layouts) {
                 .unwrap();
             (src.slice(*axis), true)
         }
+        // A scan leaves every element where the source has it.
+        Expr::Scan { value, .. } => (
+            l.of[value.index()]
+                .clone()
+                .or(default_of(k, *value))
+                .unwrap(),
+            true,
+        ),
+        // A permutation relabels the source's tile dims: no data moves.
+        Expr::Permute { value, dims } if strong_of(l, *value) => {
+            let src = l.of[value.index()].as_ref().unwrap();
+            let mut p = src.clone();
+            p.keep = dims.iter().map(|&d| src.keep[d]).collect();
+            (p, true)
+        }
+        Expr::Reshape { .. } | Expr::Histogram { .. } => {
+            (Layout::default_for(&shape, k.num_warps), true)
+        }
         Expr::Unary { .. }
+        | Expr::Rand { .. }
         | Expr::Binary { .. }
         | Expr::Compare { .. }
         | Expr::Select { .. }

@@ -34,6 +34,7 @@ mod elementwise;
 mod emit;
 mod layout;
 mod memory;
+mod more_ops;
 pub mod ptxas;
 mod reduce;
 mod regs;

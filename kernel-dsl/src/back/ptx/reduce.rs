@@ -8,7 +8,12 @@ use super::emit::{Emitter, Res};
 use super::regs::{int_ty, rk, Rk};
 use crate::ir::{DType, Def, Expr, ReduceOp, ValueId};
 
-/// A partial result: value (and index for argmax).
+/// Whether the reduction tracks the index of its pick.
+fn with_index(op: ReduceOp) -> bool {
+    matches!(op, ReduceOp::Argmax | ReduceOp::Argmin)
+}
+
+/// A partial result: value (and index for argmax/argmin).
 #[derive(Clone)]
 struct Part {
     v: String,
@@ -96,7 +101,7 @@ impl Emitter<'_> {
                 } else {
                     regs[i].clone()
                 };
-                let idx = if op == ReduceOp::Argmax {
+                let idx = if with_index(op) {
                     let r = self.reg(Rk::R);
                     self.ins(format!("add.s32 {r}, {}, {along}", c.base[s]));
                     Some(r)
@@ -137,7 +142,7 @@ impl Emitter<'_> {
             let numel: u32 = out_l.shape().iter().product::<usize>() as u32;
             let es = acc_kind.smem_bytes();
             let idx_at = ndw * numel * es;
-            let with_idx = op == ReduceOp::Argmax;
+            let with_idx = with_index(op);
             self.need_smem(idx_at + if with_idx { ndw * numel * 4 } else { 0 })?;
             let oc = self.coords(&out_l);
             let offs = Self::lin_offsets(&out_l);
@@ -197,7 +202,7 @@ impl Emitter<'_> {
         let mut out = Vec::new();
         for p in parts {
             out.push(match op {
-                ReduceOp::Argmax => p.i.unwrap(),
+                ReduceOp::Argmax | ReduceOp::Argmin => p.i.unwrap(),
                 _ if is_bool => {
                     let b = self.reg(Rk::P);
                     self.ins(format!("setp.ne.u32 {b}, {}, 0", p.v));
@@ -245,13 +250,14 @@ impl Emitter<'_> {
                 self.ins(format!("{m}.{t} {d}, {}, {}", a.v, b.v));
                 Part { v: d, i: None }
             }
-            ReduceOp::Argmax => {
-                // Take b when it is larger, or equal with a lower index; NaN loses unless
-                // both are NaN.
+            ReduceOp::Argmax | ReduceOp::Argmin => {
+                // Take b when it is larger (smaller for argmin), or equal with a lower
+                // index; NaN loses unless both are NaN.
                 let (ai, bi) = (a.i.as_ref().unwrap(), b.i.as_ref().unwrap());
                 let take = self.reg(Rk::P);
                 let (eq, lo) = (self.reg(Rk::P), self.reg(Rk::P));
-                self.ins(format!("setp.gt.{t} {take}, {}, {}", b.v, a.v));
+                let better = if op == ReduceOp::Argmax { "gt" } else { "lt" };
+                self.ins(format!("setp.{better}.{t} {take}, {}, {}", b.v, a.v));
                 self.ins(format!("setp.eq.{t} {eq}, {}, {}", b.v, a.v));
                 self.ins(format!("setp.lt.s32 {lo}, {bi}, {ai}"));
                 self.ins(format!("and.pred {eq}, {eq}, {lo}"));
