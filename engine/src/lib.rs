@@ -10,7 +10,8 @@
 //! - [`config`]: `config.json` / `generation_config.json` → [`ModelConfig`].
 //! - [`weights`]: memory-mapped safetensors, looked up by tensor name.
 //! - [`model`]: per-layer weights ([`ModelWeights`]) and [`Checkpoint`].
-//! - [`preset`]: real model shapes with seeded random weights.
+//! - [`preset`]: real model shapes with seeded random weights; [`device_init`] writes
+//!   them on the device.
 //! - [`reference`](mod@reference): the plain-Rust decoder the kernel engine is checked against.
 //! - [`tokenizer`]: `tokenizer.json` encode/decode ([`Tokenizer`]).
 //! - [`kernels`]: the decode kernels; [`tuning`]: their launch configurations.
@@ -22,6 +23,7 @@
 pub mod bench;
 pub mod config;
 pub mod decode;
+pub mod device_init;
 pub mod engine;
 pub mod error;
 pub mod kernels;
