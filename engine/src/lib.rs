@@ -14,6 +14,7 @@
 //!   them on the device.
 //! - [`reference`](mod@reference): the plain-Rust decoder the kernel engine is checked against.
 //! - [`tokenizer`]: `tokenizer.json` encode/decode ([`Tokenizer`]).
+//! - [`tp`]: the tensor-parallel split of a model over GPUs, simulated on the host.
 //! - [`kernels`]: the decode kernels; [`tuning`]: their launch configurations.
 //! - [`perf`]: copy ceiling, event and graph timing, cuBLAS baseline.
 //! - [`error`]: [`EngineError`], which names the file, tensor or value at fault.
@@ -33,6 +34,7 @@ pub mod preset;
 pub mod reference;
 pub mod sampling;
 pub mod tokenizer;
+pub mod tp;
 pub mod tuning;
 pub mod weights;
 
