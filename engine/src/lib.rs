@@ -14,6 +14,8 @@
 //!   them on the device.
 //! - [`reference`](mod@reference): the plain-Rust decoder the kernel engine is checked against.
 //! - [`tokenizer`]: `tokenizer.json` encode/decode ([`Tokenizer`]).
+//! - [`memory`]: the device memory a model needs, checked before allocating.
+//! - [`comm`]: NCCL collectives between the GPUs of one host, loaded at run time.
 //! - [`tp`]: the tensor-parallel split of a model over GPUs, simulated on the host.
 //! - [`kernels`]: the decode kernels; [`tuning`]: their launch configurations.
 //! - [`perf`]: copy ceiling, event and graph timing, cuBLAS baseline.
@@ -22,12 +24,14 @@
 #![warn(missing_docs)]
 
 pub mod bench;
+pub mod comm;
 pub mod config;
 pub mod decode;
 pub mod device_init;
 pub mod engine;
 pub mod error;
 pub mod kernels;
+pub mod memory;
 pub mod model;
 pub mod perf;
 pub mod preset;
