@@ -19,9 +19,14 @@ use crate::preset::{tensor_key, RandomTensor, IRWIN_HALL_UNIT};
 /// Elements one program of [`random_fill`] writes.
 pub const FILL_BLOCK: usize = 2048;
 
-/// `out[offset + i] = mean + std * z(key, i)` for `i < n`: the preset's random
-/// values ([`crate::preset::random_value`]) of one tensor, written at `offset`
-/// of a buffer that may hold several (the decoder's fused `[q; k; v]` rows).
+/// `out[offset + i] = mean + std * z(key, j)` for `i < n`: the preset's random
+/// values ([`crate::preset::random_value`]) of one tensor, or of a block of it, written
+/// at `offset` of a buffer that may hold several (the decoder's fused `[q; k; v]`
+/// rows).
+///
+/// Element `i` of the block is element `j = (row0 + i / cols) * row_len + col0 + i %
+/// cols` of the whole tensor (row-major, `row_len` columns): a whole tensor is `row0 =
+/// col0 = 0`, `cols = row_len`; a tensor-parallel shard picks rows or columns.
 #[kernel(crate = tilefuse_dsl, B = [2048], num_warps = [4])]
 pub fn random_fill<const B: usize>(
     out: Ptr<bf16>,
@@ -29,14 +34,19 @@ pub fn random_fill<const B: usize>(
     key1: u32,
     offset: i32,
     n: i32,
+    row0: i32,
+    col0: i32,
+    cols: i32,
+    row_len: i32,
     mean: f32,
     std: f32,
     unit: f32,
 ) {
     let i = program_id(0) * B + arange(0, B);
     let ok = i < n;
+    let j = (row0 + i / cols) * row_len + col0 + i % cols;
     // Two rounds of murmur3's finalizer over the index and the key: 64 bits.
-    let mut a = ((i as u32) * 2654435761) ^ key0;
+    let mut a = ((j as u32) * 2654435761) ^ key0;
     a = a ^ (a >> 16);
     a = a * 2246822507;
     a = a ^ (a >> 13);
@@ -66,30 +76,61 @@ pub fn random_fill_tensor(
     spec: &RandomTensor,
     seed: u64,
 ) -> Result<()> {
-    let end = offset.checked_add(spec.len).filter(|&e| e <= out.len());
-    let Some(end) = end else {
-        return Err(EngineError::Option {
-            message: format!(
-                "random tensor `{}` ({} elements at offset {offset}) does not fit a buffer of {}",
-                spec.name,
-                spec.len,
-                out.len()
-            ),
-        });
+    let len = spec.len.max(1);
+    random_fill_block(dev, out, offset, spec, seed, len, 0..spec.len / len, 0..len)
+}
+
+/// Writes the block `rows x cols` of tensor `spec` (row-major, `row_len` columns)
+/// drawn with `seed` into `out[offset..]`, row after row: the values the host preset
+/// has there. A tensor-parallel rank's shard ([`crate::tp::shard_weights`]) is a row
+/// range (q/k/v, gate/up, LM head) or a column range (O, down) of the whole tensor.
+#[allow(clippy::too_many_arguments)]
+pub fn random_fill_block(
+    dev: &Device,
+    out: &mut Buffer<bf16>,
+    offset: usize,
+    spec: &RandomTensor,
+    seed: u64,
+    row_len: usize,
+    rows: std::ops::Range<usize>,
+    cols: std::ops::Range<usize>,
+) -> Result<()> {
+    let n = rows.len() * cols.len();
+    let bad = |why: String| EngineError::Option {
+        message: format!("random tensor `{}`: {why}", spec.name),
     };
-    if end > i32::MAX as usize {
+    if row_len == 0 || spec.len % row_len != 0 {
+        return Err(bad(format!(
+            "{} elements are not rows of {row_len}",
+            spec.len
+        )));
+    }
+    if rows.end > spec.len / row_len || cols.end > row_len {
+        return Err(bad(format!(
+            "rows {rows:?} x columns {cols:?} exceed its {} x {row_len}",
+            spec.len / row_len
+        )));
+    }
+    let end = offset.checked_add(n).filter(|&e| e <= out.len());
+    let Some(end) = end else {
+        return Err(bad(format!(
+            "{n} elements at offset {offset} do not fit a buffer of {}",
+            out.len()
+        )));
+    };
+    if end > i32::MAX as usize || spec.len > i32::MAX as usize {
         return Err(EngineError::Unsupported {
             message: format!(
-                "random tensor `{}` ends at element {end}, past the 2^31 elements a fill kernel addresses",
-                spec.name
+                "random tensor `{}` ({} elements, written up to element {end}) is past the 2^31 elements a fill kernel addresses",
+                spec.name, spec.len
             ),
         });
     }
-    if spec.len == 0 {
+    if n == 0 {
         return Ok(());
     }
     let [key0, key1] = tensor_key(seed, &spec.name);
-    let grid = spec.len.div_ceil(FILL_BLOCK) as u32;
+    let grid = n.div_ceil(FILL_BLOCK) as u32;
     random_fill::<FILL_BLOCK>::launch(
         dev,
         grid,
@@ -97,7 +138,11 @@ pub fn random_fill_tensor(
         key0,
         key1,
         offset as i32,
-        spec.len as i32,
+        n as i32,
+        rows.start as i32,
+        cols.start as i32,
+        cols.len() as i32,
+        row_len as i32,
         spec.mean,
         spec.std,
         IRWIN_HALL_UNIT,
@@ -165,6 +210,63 @@ mod tests {
         }
     }
 
+    /// Each rank's shard filled on the device is the host split of the host preset.
+    #[test]
+    fn shards_filled_in_place_match_the_split() {
+        let cfg = crate::preset::config("tiny-qwen3").unwrap();
+        let host = crate::preset::random_weights(&cfg, 8);
+        let plan = crate::tp::TpPlan::new(&cfg, 2).unwrap();
+        let specs = random_tensors(&cfg);
+        let find = |n: &str| specs.iter().find(|s| s.name == n).unwrap();
+        let (h, hd, im, qd) = (
+            cfg.hidden_size,
+            cfg.head_dim,
+            cfg.intermediate_size,
+            cfg.q_dim(),
+        );
+        let dev = Device::cpu();
+        for r in 0..2 {
+            let shard = crate::tp::shard_weights(&cfg, &plan, &host, r);
+            let s = plan.rank(r);
+            let q_rows = s.heads.start * hd..s.heads.end * hd;
+            let cases: [(&str, usize, _, _, &[bf16]); 4] = [
+                (
+                    "model.layers.1.self_attn.q_proj.weight",
+                    h,
+                    q_rows.clone(),
+                    0..h,
+                    &shard.layers[1].q_proj,
+                ),
+                (
+                    "model.layers.1.self_attn.o_proj.weight",
+                    qd,
+                    0..h,
+                    q_rows,
+                    &shard.layers[1].o_proj,
+                ),
+                (
+                    "model.layers.0.mlp.down_proj.weight",
+                    im,
+                    0..h,
+                    s.intermediate.clone(),
+                    &shard.layers[0].down_proj,
+                ),
+                (
+                    "model.embed_tokens.weight",
+                    h,
+                    s.vocab.clone(),
+                    0..h,
+                    &shard.lm_head,
+                ),
+            ];
+            for (name, row_len, rows, cols, want) in cases {
+                let mut buf = dev.zeros::<bf16>(want.len() + 3).unwrap();
+                random_fill_block(&dev, &mut buf, 3, find(name), 8, row_len, rows, cols).unwrap();
+                assert_eq!(&buf.to_vec().unwrap()[3..], want, "rank {r}: {name}");
+            }
+        }
+    }
+
     #[test]
     fn ranges_outside_the_buffer_are_errors() {
         let dev = Device::cpu();
@@ -173,5 +275,10 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("t.weight") && e.contains("offset 4"), "{e}");
+        let t = spec("t.weight", 12, 0.0, 1.0);
+        let e = random_fill_block(&dev, &mut buf, 0, &t, 0, 4, 0..2, 2..5)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("exceed its 3 x 4"), "{e}");
     }
 }
