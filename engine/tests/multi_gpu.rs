@@ -12,7 +12,7 @@ use safetensors::SafeTensors;
 use tilefuse_dsl::runtime::testing::{gpu_or_skip, gpu_turn};
 use tilefuse_dsl::runtime::Device;
 use tilefuse_engine::comm::{capture_all, Communicator};
-use tilefuse_engine::device_init::random_buffer;
+use tilefuse_engine::device_init::{random_buffer, random_fill_block};
 use tilefuse_engine::engine::check_placement;
 use tilefuse_engine::memory::device_memory;
 use tilefuse_engine::preset::{self, random_tensor, random_tensors, RandomTensor};
@@ -163,6 +163,19 @@ fn device_fill_matches_host() {
         let buf = random_buffer(&dev, &[s], 4).unwrap();
         assert_eq!(&buf.to_vec().unwrap()[..], values, "{name}");
     }
+
+    // A column block (a down projection's tensor-parallel shard) and a row block.
+    let down = spec("model.layers.3.mlp.down_proj.weight", 512 * 1536, 0.0);
+    let whole = random_tensor(4, &down.name, down.len, 0.0, 0.02);
+    let mut buf = dev.zeros::<bf16>(512 * 768).unwrap();
+    random_fill_block(&dev, &mut buf, 0, &down, 4, 1536, 0..512, 768..1536).unwrap();
+    let want: Vec<bf16> = whole
+        .chunks_exact(1536)
+        .flat_map(|row| row[768..].to_vec())
+        .collect();
+    assert_eq!(buf.to_vec().unwrap(), want);
+    random_fill_block(&dev, &mut buf, 0, &down, 4, 1536, 256..512, 0..1536).unwrap();
+    assert_eq!(buf.to_vec().unwrap(), whole[256 * 1536..]);
 
     // Speed: Qwen3-8B's untied LM head (1.2 GB of bf16).
     let head = spec("lm_head.weight", 151936 * 4096, 0.0);
