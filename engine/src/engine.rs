@@ -37,6 +37,13 @@ pub struct EngineOptions {
     /// Replay each decode step as one CUDA graph (GPU only). Default: on, unless the
     /// environment sets `TILEFUSE_CUDA_GRAPH=0`.
     pub cuda_graph: bool,
+    /// GPUs to split the model over (tensor parallelism, [`crate::tp`]); default 1.
+    /// The split is validated, but decoding over several GPUs is not wired into the
+    /// decoder yet: more than 1 is an error after the validation (docs/design.md,
+    /// "Tensor parallelism").
+    pub tp: usize,
+    /// Report checkpoint loading on stderr (a line rewritten in place); default off.
+    pub progress: bool,
 }
 
 impl Default for EngineOptions {
@@ -45,6 +52,8 @@ impl Default for EngineOptions {
             device: Device::auto(),
             max_seq_len: None,
             cuda_graph: std::env::var("TILEFUSE_CUDA_GRAPH").map_or(true, |v| v != "0"),
+            tp: 1,
+            progress: false,
         }
     }
 }
@@ -118,6 +127,37 @@ impl Generation {
     }
 }
 
+/// The KV-cache capacity `opts` gives a model with config `cfg`.
+fn kv_positions(cfg: &ModelConfig, opts: &EngineOptions) -> usize {
+    opts.max_seq_len
+        .unwrap_or(cfg.max_position_embeddings.min(4096))
+}
+
+/// Checks, before anything is allocated, that the model fits `opts.device`
+/// ([`crate::memory`]) and that `opts.tp` splits it ([`crate::tp`]). `label` names
+/// the model in errors.
+pub fn check_placement(label: &str, cfg: &ModelConfig, opts: &EngineOptions) -> Result<()> {
+    let positions = kv_positions(cfg, opts);
+    if opts.tp != 1 {
+        let plan = crate::tp::TpPlan::new(cfg, opts.tp)?;
+        let need = (0..plan.size())
+            .map(|r| crate::memory::MemoryNeed::for_rank(cfg, &plan, r, positions))
+            .max_by_key(|n| n.total())
+            .expect("a plan has at least one rank");
+        crate::memory::check_fits(&opts.device, label, cfg, &need)?;
+        return Err(crate::error::EngineError::TensorParallel {
+            size: opts.tp,
+            message: format!(
+                "{label} splits {} ways (each GPU: {}), but the decoder does not run split models yet; use --tp 1 (see docs/design.md, \"Tensor parallelism\")",
+                opts.tp,
+                need.breakdown()
+            ),
+        });
+    }
+    let need = crate::memory::MemoryNeed::for_decoder(cfg, positions);
+    crate::memory::check_fits(&opts.device, label, cfg, &need)
+}
+
 /// A model on a device, with its tokenizer when the checkpoint has one.
 #[derive(Debug)]
 pub struct Engine {
@@ -132,21 +172,31 @@ impl Engine {
     pub fn load(dir: impl AsRef<Path>, opts: EngineOptions) -> Result<Engine> {
         let dir = dir.as_ref();
         let ckpt = Checkpoint::open(dir)?;
+        let label = dir.display().to_string();
+        check_placement(&label, &ckpt.config, &opts)?;
+        if opts.progress {
+            ckpt.weights
+                .prefetch(crate::weights::stderr_progress("loading weights"));
+        }
         let weights = ckpt.model_weights()?;
         let tokenizer = if dir.join("tokenizer.json").is_file() {
             Some(Tokenizer::from_dir(dir)?)
         } else {
             None
         };
-        let mut engine = Engine::from_weights(&ckpt.config, &weights, opts)?;
+        let mut engine = Engine::place(&ckpt.config, &weights, opts)?;
         engine.tokenizer = tokenizer;
         Ok(engine)
     }
 
-    /// A built-in preset (see [`crate::preset`]) with seeded random weights.
+    /// A built-in preset (see [`crate::preset`]; a name or a `config.json` path) with
+    /// seeded random weights. A model that does not fit the device fails before its
+    /// weights are generated.
     pub fn from_preset(name: &str, seed: u64, opts: EngineOptions) -> Result<Engine> {
-        let (cfg, weights) = crate::preset::load(name, seed)?;
-        Engine::from_weights(&cfg, &weights, opts)
+        let cfg = crate::preset::config(name)?;
+        check_placement(name, &cfg, &opts)?;
+        let weights = crate::preset::random_weights(&cfg, seed);
+        Engine::place(&cfg, &weights, opts)
     }
 
     /// An engine over weights already in host memory.
@@ -155,10 +205,13 @@ impl Engine {
         weights: &ModelWeights<'_>,
         opts: EngineOptions,
     ) -> Result<Engine> {
-        let max_seq_len = opts
-            .max_seq_len
-            .unwrap_or(cfg.max_position_embeddings.min(4096));
-        let decoder = Decoder::new(cfg, weights, &opts.device, max_seq_len)?;
+        check_placement("the model", cfg, &opts)?;
+        Engine::place(cfg, weights, opts)
+    }
+
+    /// Uploads checked weights.
+    fn place(cfg: &ModelConfig, weights: &ModelWeights<'_>, opts: EngineOptions) -> Result<Engine> {
+        let decoder = Decoder::new(cfg, weights, &opts.device, kv_positions(cfg, &opts))?;
         Ok(Engine {
             decoder,
             tokenizer: None,

@@ -176,6 +176,41 @@ pub enum EngineError {
         message: String,
     },
 
+    /// A model cannot be split over the requested number of GPUs.
+    #[error("tensor parallelism over {size} GPUs: {message}")]
+    TensorParallel {
+        /// The number of GPUs asked for.
+        size: usize,
+        /// What does not divide or is not supported, naming the config value.
+        message: String,
+    },
+
+    /// The model (weights, KV cache and workspace) does not fit the GPU's free memory.
+    #[error("{model} needs {need_gib:.2} GiB on {device} ({detail}), but only {free_gib:.2} GiB of its {total_gib:.2} GiB are free{hint}")]
+    OutOfMemory {
+        /// The model, as named by the user (preset or directory).
+        model: String,
+        /// The device.
+        device: String,
+        /// GiB needed in total.
+        need_gib: f64,
+        /// What the total is made of.
+        detail: String,
+        /// GiB free on the device.
+        free_gib: f64,
+        /// The device's total memory in GiB.
+        total_gib: f64,
+        /// A suggestion (a shorter KV cache, more GPUs), or empty.
+        hint: String,
+    },
+
+    /// A collective-communication library call failed or the library is missing.
+    #[error("NCCL: {message}")]
+    Communication {
+        /// What failed, and what to do about it.
+        message: String,
+    },
+
     /// Creating a device, allocating, copying or capturing failed.
     #[error(transparent)]
     Runtime(#[from] tilefuse_dsl::runtime::RuntimeError),

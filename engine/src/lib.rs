@@ -13,26 +13,34 @@
 //! - [`config`]: `config.json` / `generation_config.json` → [`ModelConfig`].
 //! - [`weights`]: memory-mapped safetensors, looked up by tensor name.
 //! - [`model`]: per-layer weights ([`ModelWeights`]) and [`Checkpoint`].
-//! - [`preset`]: real model shapes with seeded random weights.
+//! - [`preset`]: real model shapes with seeded random weights; [`device_init`] writes
+//!   them on the device.
 //! - [`reference`](mod@reference): the plain-Rust decoder the kernel engine is checked against.
 //! - [`tokenizer`]: `tokenizer.json` encode/decode ([`Tokenizer`]).
+//! - [`memory`]: the device memory a model needs, checked before allocating.
+//! - [`comm`]: NCCL collectives between the GPUs of one host, loaded at run time.
+//! - [`tp`]: the tensor-parallel split of a model over GPUs, simulated on the host.
 //! - [`kernels`]: the decode kernels; [`tuning`]: their launch configurations.
 //! - [`error`]: [`EngineError`], which names the file, tensor or value at fault.
 
 #![warn(missing_docs)]
 
 pub mod bench;
+pub mod comm;
 pub mod config;
 pub mod decode;
+pub mod device_init;
 pub mod engine;
 pub mod error;
 pub mod kernels;
+pub mod memory;
 pub mod model;
 pub mod preset;
 pub mod reference;
 pub mod rope;
 pub mod sampling;
 pub mod tokenizer;
+pub mod tp;
 pub mod tuning;
 pub mod weights;
 

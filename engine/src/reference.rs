@@ -36,13 +36,13 @@ use crate::rope;
 
 /// Rounds an f32 to the nearest bf16 (ties to even) and back.
 #[inline]
-fn bf(x: f32) -> f32 {
+pub(crate) fn bf(x: f32) -> f32 {
     bf16::from_f32(x).to_f32()
 }
 
 /// Widens bf16 to f32 (exact: bf16 is the top half of an f32).
 #[inline]
-fn f(x: bf16) -> f32 {
+pub(crate) fn f(x: bf16) -> f32 {
     f32::from_bits(u32::from(x.to_bits()) << 16)
 }
 
@@ -50,7 +50,7 @@ fn f(x: bf16) -> f32 {
 ///
 /// Large matrices are split by rows over threads; each row is still summed
 /// in the same order, so the result does not depend on the thread count.
-fn linear(w: &[bf16], bias: Option<&[bf16]>, x: &[f32], out: &mut [f32]) {
+pub(crate) fn linear(w: &[bf16], bias: Option<&[bf16]>, x: &[f32], out: &mut [f32]) {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     if threads == 1 || out.len() * x.len() < (1 << 20) {
         return linear_rows(w, bias, x, out, 0);
@@ -81,7 +81,7 @@ fn linear_rows(w: &[bf16], bias: Option<&[bf16]>, x: &[f32], out: &mut [f32], fi
 }
 
 /// RMSNorm as transformers computes it in bf16 (see the module docs).
-fn rms_norm(x: &[f32], weight: &[bf16], eps: f32, out: &mut [f32]) {
+pub(crate) fn rms_norm(x: &[f32], weight: &[bf16], eps: f32, out: &mut [f32]) {
     let mean_sq = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
     let inv_rms = 1.0 / (mean_sq + eps).sqrt();
     for ((o, xi), wi) in out.iter_mut().zip(x).zip(weight) {
@@ -90,7 +90,7 @@ fn rms_norm(x: &[f32], weight: &[bf16], eps: f32, out: &mut [f32]) {
 }
 
 /// RMSNorm applied in place to each `head_dim`-wide slice (Qwen3's QK-norm).
-fn rms_norm_heads(x: &mut [f32], weight: &[bf16], eps: f32) {
+pub(crate) fn rms_norm_heads(x: &mut [f32], weight: &[bf16], eps: f32) {
     let d = weight.len();
     let mut tmp = vec![0.0f32; d];
     for head in x.chunks_exact_mut(d) {
@@ -101,7 +101,7 @@ fn rms_norm_heads(x: &mut [f32], weight: &[bf16], eps: f32) {
 
 /// Rotates each `head_dim`-wide slice of `x` by position `pos`
 /// (rotate-half layout: pairs are `(i, i + head_dim/2)`).
-fn rope(x: &mut [f32], inv_freq: &[f32], pos: usize) {
+pub(crate) fn rope(x: &mut [f32], inv_freq: &[f32], pos: usize) {
     let half = inv_freq.len();
     let (cos, sin) = rope::cos_sin(inv_freq, pos);
     for head in x.chunks_exact_mut(2 * half) {
@@ -111,6 +111,59 @@ fn rope(x: &mut [f32], inv_freq: &[f32], pos: usize) {
             head[i] = bf(bf(a * cos[i]) + bf(-b * sin[i]));
             head[i + half] = bf(bf(b * cos[i]) + bf(a * sin[i]));
         }
+    }
+}
+
+/// Decode attention of the query heads in `q` (`[heads][head_dim]`) over the
+/// `scores.len()` cached positions (`[pos][kv_head][head_dim]`, `n_kv` heads;
+/// consecutive query heads share a kv head), written to `out` (like `q`).
+pub(crate) fn attend(
+    q: &[f32],
+    k_cache: &[f32],
+    v_cache: &[f32],
+    n_kv: usize,
+    hd: usize,
+    scores: &mut [f32],
+    out: &mut [f32],
+) {
+    let n_heads = q.len() / hd;
+    // Grouped-query attention: consecutive query heads share a kv head.
+    let group = n_heads / n_kv;
+    let scale = (hd as f32).powf(-0.5);
+    for head in 0..n_heads {
+        let kvh = head / group;
+        let qh = &q[head * hd..(head + 1) * hd];
+        for (p, s) in scores.iter_mut().enumerate() {
+            let kp = &k_cache[(p * n_kv + kvh) * hd..(p * n_kv + kvh + 1) * hd];
+            let dot: f32 = qh.iter().zip(kp).map(|(a, b)| a * b).sum();
+            *s = bf(bf(dot) * scale);
+        }
+        // Softmax in f32, probabilities handed on as bf16.
+        let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut denom = 0.0f32;
+        for s in scores.iter_mut() {
+            *s = (*s - max).exp();
+            denom += *s;
+        }
+        for s in scores.iter_mut() {
+            *s = bf(*s / denom);
+        }
+        let out = &mut out[head * hd..(head + 1) * hd];
+        for (d, o) in out.iter_mut().enumerate() {
+            let mut acc = 0.0f32;
+            for (p, s) in scores.iter().enumerate() {
+                acc += s * v_cache[(p * n_kv + kvh) * hd + d];
+            }
+            *o = bf(acc);
+        }
+    }
+}
+
+/// `gate = silu(gate) * up`, rounded as transformers rounds it in bf16.
+pub(crate) fn swiglu(gate: &mut [f32], up: &[f32]) {
+    for (g, u) in gate.iter_mut().zip(up) {
+        let silu = bf(*g / (1.0 + (-*g).exp()));
+        *g = bf(silu * u);
     }
 }
 
@@ -205,10 +258,8 @@ impl<'a> Reference<'a> {
         self.truncate(pos);
         let cfg = &self.cfg;
         let (h, hd, im) = (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size);
-        let (n_heads, n_kv) = (cfg.num_heads, cfg.num_kv_heads);
-        let group = n_heads / n_kv;
+        let n_kv = cfg.num_kv_heads;
         let eps = cfg.rms_norm_eps as f32;
-        let scale = (hd as f32).powf(-0.5);
 
         // Embedding lookup: the hidden state starts as a bf16 row.
         let t = token as usize;
@@ -243,34 +294,7 @@ impl<'a> Reference<'a> {
             self.v_cache[l].extend_from_slice(&v);
             let (kc, vc) = (&self.k_cache[l], &self.v_cache[l]);
 
-            for head in 0..n_heads {
-                // Grouped-query attention: consecutive query heads share a kv head.
-                let kvh = head / group;
-                let qh = &q[head * hd..(head + 1) * hd];
-                for (p, s) in scores.iter_mut().enumerate() {
-                    let kp = &kc[(p * n_kv + kvh) * hd..(p * n_kv + kvh + 1) * hd];
-                    let dot: f32 = qh.iter().zip(kp).map(|(a, b)| a * b).sum();
-                    *s = bf(bf(dot) * scale);
-                }
-                // Softmax in f32, probabilities handed on as bf16.
-                let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let mut denom = 0.0f32;
-                for s in scores.iter_mut() {
-                    *s = (*s - max).exp();
-                    denom += *s;
-                }
-                for s in scores.iter_mut() {
-                    *s = bf(*s / denom);
-                }
-                let out = &mut attn[head * hd..(head + 1) * hd];
-                for (d, o) in out.iter_mut().enumerate() {
-                    let mut acc = 0.0f32;
-                    for (p, s) in scores.iter().enumerate() {
-                        acc += s * vc[(p * n_kv + kvh) * hd + d];
-                    }
-                    *o = bf(acc);
-                }
-            }
+            attend(&q, kc, vc, n_kv, hd, &mut scores, &mut attn);
             linear(&lw.o_proj, lw.o_bias.as_deref(), &attn, &mut proj);
             for (xi, pi) in x.iter_mut().zip(&proj) {
                 *xi = bf(*xi + pi);
@@ -280,10 +304,7 @@ impl<'a> Reference<'a> {
             rms_norm(&x, &lw.post_attention_norm, eps, &mut xn);
             linear(&lw.gate_proj, None, &xn, &mut gate);
             linear(&lw.up_proj, None, &xn, &mut up);
-            for (g, u) in gate.iter_mut().zip(&up) {
-                let silu = bf(*g / (1.0 + (-*g).exp()));
-                *g = bf(silu * u);
-            }
+            swiglu(&mut gate, &up);
             linear(&lw.down_proj, None, &gate, &mut proj);
             for (xi, pi) in x.iter_mut().zip(&proj) {
                 *xi = bf(*xi + pi);

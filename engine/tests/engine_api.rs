@@ -18,6 +18,7 @@ fn engine(dev: &Device, graph: bool, max_seq_len: usize) -> Engine {
             device: dev.clone(),
             max_seq_len: Some(max_seq_len),
             cuda_graph: graph,
+            ..EngineOptions::default()
         },
     )
     .unwrap()
@@ -98,6 +99,7 @@ fn the_callback_stops_generation_and_eos_ends_it() {
             device: Device::cpu(),
             max_seq_len: Some(64),
             cuda_graph: false,
+            ..EngineOptions::default()
         },
     )
     .unwrap();

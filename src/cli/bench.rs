@@ -9,9 +9,14 @@ use crate::engine::bench::{self, DecodeBenchOptions};
 /// Arguments of `tilefuse bench`.
 #[derive(Debug, Args)]
 pub struct BenchArgs {
-    /// The preset (random weights at real shape).
+    /// The preset (random weights at real shape), or the path of a config.json.
     #[arg(long, default_value = "qwen3-0.6b")]
     pub preset: String,
+    /// Split the model over this many GPUs (tensor parallelism). The split is checked
+    /// (heads, KV heads, intermediate width, memory per GPU); running it is not wired
+    /// into the decoder yet, so more than 1 ends with an error saying so.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub tp: u16,
     /// Tokens of KV already in the cache.
     #[arg(long, default_value_t = 1024)]
     pub context: usize,
@@ -59,6 +64,18 @@ pub struct BenchArgs {
 /// Runs `tilefuse bench`.
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let device = super::generate::parse_device(args.device.as_deref())?;
+    // Fail before generating weights when the model does not fit (or cannot be split).
+    let cfg = crate::engine::preset::config(&args.preset)?;
+    crate::engine::engine::check_placement(
+        &args.preset,
+        &cfg,
+        &crate::engine::EngineOptions {
+            device: device.clone(),
+            max_seq_len: Some(args.context + args.tokens + 8),
+            tp: usize::from(args.tp),
+            ..Default::default()
+        },
+    )?;
     let timeline = if args.timeline {
         let layers = crate::engine::preset::config(&args.preset)?.num_layers;
         Some(args.timeline_layer.unwrap_or(layers / 2))

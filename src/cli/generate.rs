@@ -17,7 +17,8 @@ pub struct GenerateArgs {
     /// A Hugging Face model directory (config.json, *.safetensors, tokenizer.json).
     #[arg(long, required_unless_present = "preset", conflicts_with = "preset")]
     pub model: Option<PathBuf>,
-    /// A built-in preset with random weights instead of a directory (e.g. tiny-qwen3).
+    /// A built-in preset with random weights instead of a directory (e.g. tiny-qwen3,
+    /// qwen3-8b, llama-3.1-70b), or the path of a config.json to fill with random weights.
     #[arg(long)]
     pub preset: Option<String>,
     /// The prompt text (needs the model's tokenizer.json).
@@ -57,6 +58,11 @@ pub struct GenerateArgs {
     /// Keep going after an end-of-sequence token.
     #[arg(long)]
     pub ignore_eos: bool,
+    /// Split the model over this many GPUs (tensor parallelism). The split is checked
+    /// (heads, KV heads, intermediate width, memory per GPU); running it is not wired
+    /// into the decoder yet, so more than 1 ends with an error saying so.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub tp: u16,
 }
 
 /// Parses `cpu`, `cuda` or `cuda:K`; a GPU that is not there is an error.
@@ -79,6 +85,8 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         device,
         max_seq_len: args.max_seq_len,
         cuda_graph: !args.no_graph && EngineOptions::default().cuda_graph,
+        tp: usize::from(args.tp),
+        progress: true,
     };
     let mut engine = match (&args.model, &args.preset) {
         (Some(dir), _) => Engine::load(dir, opts)?,

@@ -1,0 +1,259 @@
+//! Device memory a model needs, checked against what the GPU has free before
+//! anything is allocated (or, for a preset, generated), so that a model that
+//! does not fit fails at once with the sizes, not halfway through an upload.
+//!
+//! The counts follow what [`crate::Decoder::new`] allocates: the weights in the
+//! kernels' layout (fused `[q; k; v]` and `[gate; up]` rows; a zero bias and unit
+//! QK-norm weights where the model has none), the KV cache, RoPE tables and the
+//! step's scratch buffers, plus [`RESERVE_BYTES`] for what is not counted (kernel
+//! images, CUDA graphs, allocation granularity).
+
+use tilefuse_dsl::runtime::Device;
+
+use crate::config::ModelConfig;
+use crate::error::{EngineError, Result};
+use crate::tp::TpPlan;
+use crate::tuning;
+
+/// Bytes set aside beyond the counted buffers: loaded kernel images, graphs, the
+/// device sampler, allocation rounding.
+pub const RESERVE_BYTES: u64 = 256 << 20;
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// Device memory one decoder needs, in bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryNeed {
+    /// Weights in the decoder's layout (bf16).
+    pub weights: u64,
+    /// The KV cache (bf16 keys and values of every layer and position).
+    pub kv_cache: u64,
+    /// RoPE tables, step buffers, and [`RESERVE_BYTES`].
+    pub workspace: u64,
+    /// KV-cache positions counted.
+    pub max_seq_len: usize,
+}
+
+impl MemoryNeed {
+    /// A single-GPU decoder of `cfg` with a KV cache of `max_seq_len` positions.
+    pub fn for_decoder(cfg: &ModelConfig, max_seq_len: usize) -> MemoryNeed {
+        decoder_need(cfg, cfg.vocab_size, max_seq_len)
+    }
+
+    /// Rank `r`'s decoder under `plan`: its shard of every layer, its KV heads, its
+    /// LM-head rows, and the whole embedding.
+    pub fn for_rank(cfg: &ModelConfig, plan: &TpPlan, r: usize, max_seq_len: usize) -> MemoryNeed {
+        let local = plan.rank_config(cfg, r);
+        decoder_need(&local, cfg.vocab_size, max_seq_len)
+    }
+
+    /// Everything, in bytes.
+    pub fn total(&self) -> u64 {
+        self.weights + self.kv_cache + self.workspace
+    }
+
+    /// `weights 15.26 GiB + KV cache 576.0 MiB (4096 positions) + workspace 262.3 MiB`.
+    pub fn breakdown(&self) -> String {
+        format!(
+            "weights {} + KV cache {} ({} positions) + workspace {}",
+            human(self.weights),
+            human(self.kv_cache),
+            self.max_seq_len,
+            human(self.workspace)
+        )
+    }
+}
+
+/// Bytes in GiB (two decimals) from 1 GiB up, else in MiB.
+fn human(bytes: u64) -> String {
+    if bytes as f64 >= GIB {
+        format!("{:.2} GiB", bytes as f64 / GIB)
+    } else {
+        format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
+    }
+}
+
+/// The decoder's allocations for `cfg` (whose `vocab_size` is the LM head's rows)
+/// with an embedding of `embed_vocab` rows.
+fn decoder_need(cfg: &ModelConfig, embed_vocab: usize, max_seq_len: usize) -> MemoryNeed {
+    let u = |n: usize| n as u64;
+    let (h, hd, im, v) = (
+        u(cfg.hidden_size),
+        u(cfg.head_dim),
+        u(cfg.intermediate_size),
+        u(cfg.vocab_size),
+    );
+    let (heads, qd, kvd) = (u(cfg.num_heads), u(cfg.q_dim()), u(cfg.kv_dim()));
+    let qkv = qd + 2 * kvd;
+    let seq = u(max_seq_len);
+    // Per layer: norms, fused QKV and its bias, QK-norm weights, O and its bias,
+    // fused gate/up, down.
+    let layer = 2 * h + qkv * h + qkv + 2 * hd + h * qd + h + 2 * im * h + h * im;
+    let head = if cfg.tie_word_embeddings && u(embed_vocab) == v {
+        0
+    } else {
+        v * h
+    };
+    let weights = 2 * (u(cfg.num_layers) * layer + u(embed_vocab) * h + head + h);
+    let kv_cache = 2 * 2 * u(cfg.num_layers) * kvd * seq;
+    let splits = u(tuning::MAX_SPLITS);
+    let rope = 2 * 4 * seq * (hd / 2);
+    let activations = 2 * (h + qkv + 2 * qd + im + qkv.max(h));
+    let attention_parts = 4 * heads * splits * (2 + hd);
+    let lm_head = 3 * 4 * v;
+    let stamps = 8 * 4 * (qkv + heads * splits + heads * hd.div_ceil(32) + 2 * h + im);
+    MemoryNeed {
+        weights,
+        kv_cache,
+        workspace: rope + activations + attention_parts + lm_head + stamps + RESERVE_BYTES,
+        max_seq_len,
+    }
+}
+
+/// `(free, total)` bytes of a GPU's memory; `None` on the CPU (whose memory the
+/// engine does not budget).
+pub fn device_memory(dev: &Device) -> Result<Option<(u64, u64)>> {
+    let Some(cuda) = dev.as_cuda() else {
+        return Ok(None);
+    };
+    let (free, total) = cuda
+        .context()
+        .mem_get_info()
+        .map_err(|e| EngineError::Option {
+            message: format!("querying the free memory of {dev}: {e:?}"),
+        })?;
+    Ok(Some((free as u64, total as u64)))
+}
+
+/// Checks that `need` fits the free memory of `dev`; an error naming `model` and
+/// both sizes in GiB (with a hint: a shorter KV cache, or more GPUs) if not. Always
+/// fine on the CPU.
+pub fn check_fits(dev: &Device, model: &str, cfg: &ModelConfig, need: &MemoryNeed) -> Result<()> {
+    let Some((free, total)) = device_memory(dev)? else {
+        return Ok(());
+    };
+    fits(model, &dev.name(), cfg, need, free, total)
+}
+
+/// [`check_fits`] with the device's memory given.
+pub fn fits(
+    model: &str,
+    device: &str,
+    cfg: &ModelConfig,
+    need: &MemoryNeed,
+    free: u64,
+    total: u64,
+) -> Result<()> {
+    if need.total() <= free {
+        return Ok(());
+    }
+    let hint = if need.weights + need.workspace <= free {
+        // The weights fit; the cache is what is too long.
+        let per_position = need.kv_cache / need.max_seq_len.max(1) as u64;
+        let positions = (free - need.weights - need.workspace) / per_position.max(1);
+        format!("; a KV cache of at most {positions} positions fits (--max-seq-len)")
+    } else {
+        // Split the model over enough GPUs of this size, if the shapes allow.
+        (2..=8)
+            .filter_map(|n| {
+                let plan = TpPlan::new(cfg, n).ok()?;
+                let worst = (0..n)
+                    .map(|r| MemoryNeed::for_rank(cfg, &plan, r, need.max_seq_len).total())
+                    .max()?;
+                (worst <= free).then(|| {
+                    format!(
+                        "; split over {n} such GPUs (--tp {n}) each needs {:.2} GiB",
+                        worst as f64 / GIB
+                    )
+                })
+            })
+            .next()
+            .unwrap_or_default()
+    };
+    Err(EngineError::OutOfMemory {
+        model: model.to_string(),
+        device: device.to_string(),
+        need_gib: need.total() as f64 / GIB,
+        detail: need.breakdown(),
+        free_gib: free as f64 / GIB,
+        total_gib: total as f64 / GIB,
+        hint,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::preset;
+
+    const GB80: u64 = 80 * 1_000_000_000;
+
+    #[test]
+    fn weights_are_the_parameters_plus_the_decoders_padding() {
+        // Qwen3-8B: 8.19e9 parameters, 16.4 GB of bf16; the decoder adds zero
+        // biases and the O bias per layer (a few MB).
+        let cfg = preset::config("qwen3-8b").unwrap();
+        let need = MemoryNeed::for_decoder(&cfg, 4096);
+        let params: usize = preset::random_tensors(&cfg).iter().map(|t| t.len).sum();
+        let padding = need.weights - 2 * params as u64;
+        assert!(padding > 0 && padding < 1 << 20, "padding {padding}");
+        // KV cache: 36 layers x 8 KV heads x 128 x 4096 positions x 2 (k, v) x 2 bytes.
+        assert_eq!(need.kv_cache, 36 * 8 * 128 * 4096 * 2 * 2);
+        assert!(need.total() < GB80);
+    }
+
+    #[test]
+    fn a_model_too_big_for_one_gpu_names_both_sizes_and_the_split_that_fits() {
+        let cfg = preset::config("llama-3.1-70b").unwrap();
+        let need = MemoryNeed::for_decoder(&cfg, 4096);
+        let free = GB80 - (1 << 30);
+        let e = fits("llama-3.1-70b", "NVIDIA H100", &cfg, &need, free, GB80)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("llama-3.1-70b needs 13") && e.contains("73.5") && e.contains("74.5"),
+            "{e}"
+        );
+        assert!(
+            e.contains("weights 131.") && e.contains("4096 positions"),
+            "{e}"
+        );
+        assert!(e.contains("--tp 2"), "{e}");
+        // Split in two, each rank fits.
+        let plan = TpPlan::new(&cfg, 2).unwrap();
+        for r in 0..2 {
+            let rank = MemoryNeed::for_rank(&cfg, &plan, r, 4096);
+            assert!(rank.total() < free, "{}", rank.breakdown());
+            assert!(rank.weights < need.weights / 2 + (2 << 30));
+        }
+    }
+
+    #[test]
+    fn a_cache_too_long_suggests_the_positions_that_fit() {
+        let cfg = preset::config("qwen3-32b").unwrap();
+        let need = MemoryNeed::for_decoder(&cfg, 131072);
+        let e = fits("qwen3-32b", "NVIDIA H100", &cfg, &need, GB80, GB80)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("--max-seq-len") && e.contains("131072 positions"),
+            "{e}"
+        );
+        assert!(fits(
+            "qwen3-32b",
+            "x",
+            &cfg,
+            &MemoryNeed::for_decoder(&cfg, 4096),
+            GB80,
+            GB80
+        )
+        .is_ok());
+    }
+
+    #[test]
+    fn the_cpu_is_not_budgeted() {
+        let cfg = preset::config("llama-3.1-70b").unwrap();
+        let need = MemoryNeed::for_decoder(&cfg, 4096);
+        assert!(check_fits(&Device::cpu(), "m", &cfg, &need).is_ok());
+    }
+}
