@@ -24,7 +24,10 @@ use std::time::Duration;
 use criterion::{BenchmarkId, Criterion, SamplingMode, Throughput};
 use cudarc::cublas::sys::cublasOperation_t;
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
-use tilefuse::engine::perf::{self, CapturedGraph, DeviceInfo, PerfError, Rng, TimingOptions};
+use tilefuse::dsl::runtime::timing::{self as perf_timing, TimingOptions};
+use tilefuse::dsl::runtime::{DeviceInfo, Graph};
+use tilefuse::engine::bench::workloads::{replicate, rotation_sets, Result};
+use tilefuse::engine::bench::{Cublas, PerfError, Rng};
 use tilefuse::kernels::flash_attention::{self, AttentionShape, FlashConfig, HEAD_DIM};
 use tilefuse::prelude::*;
 
@@ -38,7 +41,7 @@ type MatmulFn = fn(
     usize,
     usize,
     usize,
-) -> Result<(), String>;
+) -> std::result::Result<(), String>;
 
 /// The language's GEMM under test, or `None` while the crate has no
 /// `tilefuse::kernels::matmul` (then only cuBLAS is measured, and the table says so).
@@ -82,7 +85,7 @@ fn cublas_gemm(
     b: &Buffer<bf16>,
     c: &mut Buffer<bf16>,
     (m, n, k): (usize, usize, usize),
-) -> perf::Result<()> {
+) -> Result<()> {
     let (Some(a), Some(b)) = (a.cuda_slice(), b.cuda_slice()) else {
         return Err(PerfError("cuBLAS needs CUDA buffers".into()));
     };
@@ -108,8 +111,11 @@ fn cublas_gemm(
 /// A timed sequence of launches: a captured graph, or plain launches between events
 /// when capture failed.
 enum Timed<'a> {
-    Graph(CapturedGraph),
-    Plain(Box<dyn FnMut(usize) -> perf::Result<()> + 'a>, usize),
+    Graph(Graph, usize),
+    Plain(
+        Box<dyn FnMut(usize) -> std::result::Result<(), PerfError> + 'a>,
+        usize,
+    ),
 }
 
 impl<'a> Timed<'a> {
@@ -118,11 +124,12 @@ impl<'a> Timed<'a> {
     fn new(
         dev: &Device,
         launches: usize,
-        mut f: impl FnMut(usize) -> perf::Result<()> + 'a,
-    ) -> perf::Result<Timed<'a>> {
+        mut f: impl FnMut(usize) -> std::result::Result<(), PerfError> + 'a,
+    ) -> Result<Timed<'a>> {
         f(0)?;
-        match CapturedGraph::capture(dev, launches, &mut f) {
-            Ok(g) => Ok(Timed::Graph(g)),
+        dev.synchronize()?;
+        match dev.capture(|| (0..launches).try_for_each(&mut f)) {
+            Ok(g) => Ok(Timed::Graph(g, launches)),
             Err(e) => {
                 println!("graph capture failed ({e}); timing plain launches");
                 Ok(Timed::Plain(Box::new(f), launches))
@@ -133,16 +140,17 @@ impl<'a> Timed<'a> {
     /// Criterion's `iter_custom`: `iters` launches, rounded up to whole replays.
     fn time(&mut self, dev: &Device, iters: u64) -> Duration {
         let r = match self {
-            Timed::Graph(g) => {
-                let per = g.launches() as u64;
+            Timed::Graph(g, per) => {
+                let per = *per as u64;
                 let replays = iters.div_ceil(per).max(1);
                 g.time_replays(replays)
                     .map(|t| t.mul_f64(iters as f64 / (replays * per) as f64))
+                    .map_err(PerfError::from)
             }
             Timed::Plain(f, launches) => {
                 let opts = TimingOptions { warmup: 0, reps: 1 };
                 let n = iters as usize;
-                perf::time_events(dev, n, opts, |i| f(i % *launches))
+                perf_timing::time_events(dev, n, opts, |i| f(i % *launches))
                     .map(|s| Duration::from_secs_f64(s.median_us * 1e-6 * iters as f64))
             }
         };
@@ -150,16 +158,16 @@ impl<'a> Timed<'a> {
     }
 
     /// Median microseconds per launch over repeated replays.
-    fn median_us(&mut self, dev: &Device) -> perf::Result<f64> {
+    fn median_us(&mut self, dev: &Device) -> Result<f64> {
         let opts = TimingOptions {
             warmup: 2,
             reps: 10,
         };
         match self {
-            Timed::Graph(g) => Ok(g.time(opts)?.median_us),
+            Timed::Graph(g, per) => Ok(g.time(*per, opts)?.median_us),
             Timed::Plain(f, launches) => {
                 let n = *launches;
-                Ok(perf::time_events(dev, n, opts, f)?.median_us)
+                Ok(perf_timing::time_events(dev, n, opts, f)?.median_us)
             }
         }
     }
@@ -180,20 +188,16 @@ struct GemmWorkload {
 }
 
 impl GemmWorkload {
-    fn new(
-        dev: &Device,
-        info: &DeviceInfo,
-        (m, n, k): (usize, usize, usize),
-    ) -> perf::Result<Self> {
+    fn new(dev: &Device, info: &DeviceInfo, (m, n, k): (usize, usize, usize)) -> Result<Self> {
         let mut rng = Rng::new((m * 31 + n * 7 + k) as u64);
         // Scaled so that C's entries are O(1): |a| < 1/sqrt(k), |b| < 1.
         let a = rng.bf16_vec(m * k, 1.0 / (k as f32).sqrt());
         let b = rng.bf16_vec(k * n, 1.0);
         let set_bytes = 2 * (m * k + k * n);
         let fit = (info.total_mem / 2 / set_bytes).max(1);
-        let sets = perf::rotation_sets(set_bytes, info.l2_bytes).min(fit);
-        let a_sets = perf::replicate(dev, &a, sets)?;
-        let b_sets = perf::replicate(dev, &b, sets)?;
+        let sets = rotation_sets(set_bytes, info.l2_bytes).min(fit);
+        let a_sets = replicate(dev, &a, sets)?;
+        let b_sets = replicate(dev, &b, sets)?;
         Ok(GemmWorkload {
             m,
             n,
@@ -209,7 +213,7 @@ impl GemmWorkload {
     /// Largest difference between `c` (downloaded) and the host f64 product at 256
     /// sampled entries (corners included), over the largest sampled |entry|; NaN is
     /// infinite.
-    fn sampled_error(&self, c: &Buffer<bf16>) -> perf::Result<f64> {
+    fn sampled_error(&self, c: &Buffer<bf16>) -> Result<f64> {
         let c = c.to_vec()?;
         let (m, n, k) = (self.m, self.n, self.k);
         let mut rng = Rng::new(3);
@@ -370,12 +374,12 @@ struct AttentionWorkload {
 }
 
 impl AttentionWorkload {
-    fn new(dev: &Device, info: &DeviceInfo, shape: AttentionShape) -> perf::Result<Self> {
+    fn new(dev: &Device, info: &DeviceInfo, shape: AttentionShape) -> Result<Self> {
         let mut rng = Rng::new(shape.seq as u64);
         let q = rng.bf16_vec(shape.q_len(), 3.0);
         let k = rng.bf16_vec(shape.kv_len(), 1.0);
         let v = rng.bf16_vec(shape.kv_len(), 1.0);
-        let sets = perf::rotation_sets(2 * (q.len() + 2 * k.len()), info.l2_bytes);
+        let sets = rotation_sets(2 * (q.len() + 2 * k.len()), info.l2_bytes);
         let mut s = Vec::with_capacity(sets);
         for _ in 0..sets {
             s.push((dev.upload(&q)?, dev.upload(&k)?, dev.upload(&v)?));
@@ -390,7 +394,7 @@ impl AttentionWorkload {
 
     /// Largest difference from the host reference over a sample of rows (first, last,
     /// tile edges, random), every head.
-    fn check(&mut self, dev: &Device, cfg: FlashConfig) -> perf::Result<f64> {
+    fn check(&mut self, dev: &Device, cfg: FlashConfig) -> Result<f64> {
         let (q, k, v) = &self.sets[0];
         flash_attention::launch(dev, q, k, v, &mut self.out, self.shape, cfg)?;
         let got = self.out.to_vec()?;
@@ -494,10 +498,10 @@ fn main() {
         println!("gemm bench: skipped: no CUDA device");
         return;
     }
-    let info = perf::device_info(&dev).unwrap_or_else(|e| panic!("device info: {e}"));
-    // `perf::Cublas::new` loads the library without panicking; then a handle of our own
+    let info = dev.info().unwrap_or_else(|e| panic!("device info: {e}"));
+    // `Cublas::new` loads the library without panicking; then a handle of our own
     // on the same stream does the GEMMs.
-    let blas = match perf::Cublas::new(&dev) {
+    let blas = match Cublas::new(&dev) {
         Ok(_) => {
             let stream = dev.as_cuda().expect("checked above").stream().clone();
             match CudaBlas::new(stream) {

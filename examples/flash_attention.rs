@@ -10,7 +10,8 @@
 //! (spot-checked rows, then timed: CUDA events around graph replays, median; causal
 //! FLOPs = 2 × 2 × S² × D × HQ / 2).
 
-use tilefuse::engine::perf::{self, Rng, TimingOptions};
+use tilefuse::dsl::runtime::timing::{self as perf, TimingOptions};
+use tilefuse::engine::bench::{PerfError, Rng};
 use tilefuse::kernels::flash_attention::{self, AttentionShape, FlashConfig, HEAD_DIM};
 use tilefuse::prelude::*;
 
@@ -130,7 +131,7 @@ fn main() -> anyhow::Result<()> {
             };
             let (stats, method) = perf::time_graph(&dev, 3, opts, |_| {
                 flash_attention::launch(&dev, &q, &k, &v, &mut out, shape, cfg)?;
-                Ok(())
+                Ok::<(), PerfError>(())
             })?;
             let tflops = shape.causal_flops() / (stats.median_us * 1e-6) / 1e12;
             println!(

@@ -5,7 +5,7 @@
 //! or tensor.
 
 use tilefuse::dsl::runtime::testing::{gpu_or_skip, gpu_turn};
-use tilefuse::engine::perf::Rng;
+use tilefuse::engine::bench::Rng;
 use tilefuse::kernels::flash_attention::{
     self, reference_row, AttentionShape, FlashConfig, HEAD_DIM,
 };

@@ -33,9 +33,8 @@ use half::bf16;
 use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};
 use crate::model::{LayerWeights, ModelWeights, Tensor};
-use crate::reference::{
-    argmax, attend, bf, f, linear, rms_norm, rms_norm_heads, rope, rope_inv_freq, swiglu,
-};
+use crate::reference::{argmax, attend, bf, f, linear, rms_norm, rms_norm_heads, rope, swiglu};
+use crate::rope::inv_freq as rope_inv_freq;
 
 /// What one rank holds of each split dimension (ranges of whole heads, rows or tokens).
 #[derive(Clone, Debug, PartialEq, Eq)]

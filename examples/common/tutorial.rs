@@ -4,7 +4,8 @@
 
 #![allow(dead_code)]
 
-use tilefuse::engine::perf::{self, Stats, TimingOptions};
+use tilefuse::dsl::runtime::timing::{self as perf, Stats, TimingOptions};
+use tilefuse::engine::bench::PerfError;
 use tilefuse::prelude::*;
 
 /// Times `launch` (one kernel launch) with CUDA events: 10 warm-ups, then the median of
@@ -25,7 +26,7 @@ pub fn time(
         if let Err(e) = launch() {
             err = Some(e);
         }
-        Ok(())
+        Ok::<(), PerfError>(())
     })?;
     if let Some(e) = err {
         return Err(e);
