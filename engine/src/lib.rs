@@ -14,6 +14,8 @@
 //! - [`reference`](mod@reference): the plain-Rust decoder the kernel engine is checked against.
 //! - [`tokenizer`]: `tokenizer.json` encode/decode ([`Tokenizer`]).
 //! - [`kernels`]: the decode kernels; [`tuning`]: their launch configurations.
+//! - [`prefill`]: batched prefill of the prompt in chunks ([`prefill::Prefiller`]).
+//! - [`prefill_kernels`]: the batched-prefill kernels (GEMMs and attention over `dot`).
 //! - [`perf`]: copy ceiling, event and graph timing, cuBLAS baseline.
 //! - [`error`]: [`EngineError`], which names the file, tensor or value at fault.
 
@@ -27,6 +29,8 @@ pub mod error;
 pub mod kernels;
 pub mod model;
 pub mod perf;
+pub mod prefill;
+pub mod prefill_kernels;
 pub mod preset;
 pub mod reference;
 pub mod sampling;
