@@ -1,15 +1,28 @@
-//! Batched prefill: its kernels against f64 host references at awkward shapes (rows
-//! not a multiple of the tile, a single row, columns and `k` not multiples of the
-//! tile), on the interpreter and on the GPU (when there is one;
-//! `TILEFUSE_REQUIRE_GPU=1` makes its absence a failure), where every compiled variant
-//! runs. Inputs are seeded random values; outputs are poisoned (NaN) before each
-//! launch, so unwritten elements fail.
+//! Batched prefill, on the interpreter and on the GPU (when there is one;
+//! `TILEFUSE_REQUIRE_GPU=1` makes its absence a failure):
+//!
+//! - its kernels against f64 host references at awkward shapes (rows not a multiple of
+//!   the tile, a single row, columns and `k` not multiples of the tile), every compiled
+//!   variant on a GPU; inputs are seeded random values, outputs are poisoned (NaN)
+//!   before each launch, so unwritten elements fail;
+//! - the whole prefill of the fixtures' prompts in chunks (one, several that do not
+//!   divide the prompt, one token each) against transformers' logits, against
+//!   token-by-token decode steps on the same device, and decoding on from the
+//!   prefilled cache; the long-prompt fixtures (made on the GPU machine) against
+//!   transformers' float32 logits;
+//! - bad prompts rejected before any work.
 
+mod common;
+
+use common::{fixtures_dir, read_reference, rel_err};
 use tilefuse_dsl::half::bf16;
-use tilefuse_dsl::runtime::testing::gpu_or_skip;
+use tilefuse_dsl::runtime::testing::{gpu_or_skip, gpu_turn};
 use tilefuse_dsl::runtime::{Device, KernelArg, KernelDef, LaunchConfig};
+use tilefuse_engine::decode::Decoder;
 use tilefuse_engine::perf::Rng;
 use tilefuse_engine::prefill_kernels::*;
+use tilefuse_engine::reference::argmax;
+use tilefuse_engine::{Checkpoint, EngineError};
 
 const EPS: f32 = 1e-6;
 
@@ -527,4 +540,294 @@ fn attention_matches_host() {
             }
         }
     }
+}
+
+// The whole prefill against transformers and against token-by-token decoding.
+
+/// The decode fixtures' bound on the relative logit error against transformers
+/// (`tests/decode_fixtures.rs`).
+const REL_TOL: f32 = 3e-2;
+
+/// Batched prefill against token-by-token steps on one device. The steps' fused GEMVs
+/// do not round their normalized inputs to bf16 and their split attention keeps
+/// probabilities in f32, where the prefill rounds as transformers does (but for the
+/// probabilities, rounded unnormalized): on the small fixtures the steps are 1.4-2.2e-2
+/// from transformers and the prefill 0.9-1.2e-2, so the two differ by about as much as
+/// each differs from transformers.
+const VS_STEPS_TOL: f32 = 3e-2;
+
+/// Prompt tokens compared against token-by-token decode steps (which are slow on the
+/// interpreter: 300 of them take half a minute).
+const STEPS_PREFIX: usize = 40;
+
+/// The logits after the first `len` tokens of fixture `name`'s prompt through
+/// token-by-token decode steps.
+fn step_logits(name: &str, dev: &Device, len: usize) -> Vec<f32> {
+    let dir = fixtures_dir().join(name);
+    let ckpt = Checkpoint::open(&dir).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let weights = ckpt.model_weights().unwrap();
+    let r = read_reference(&dir);
+    let mut steps = Decoder::new(&ckpt.config, &weights, dev, len).unwrap();
+    for (pos, &t) in r.prompt_ids[..len].iter().enumerate() {
+        steps.set_input(t, pos).unwrap();
+        steps.step().unwrap();
+    }
+    steps.read_logits().unwrap()
+}
+
+/// Prefills fixture `name`'s prompt on `dev` in chunks of `chunk`: its first
+/// [`STEPS_PREFIX`] tokens, checked against token-by-token steps on the same device
+/// (`steps`), then the rest from that position on. Checks the logits against
+/// transformers', then decodes on from the prefilled cache, teacher-forced, against
+/// transformers' later steps. Returns the logits after the prefill.
+fn prefill_fixture(name: &str, dev: &Device, chunk: usize, steps: &[f32]) -> Vec<f32> {
+    let dir = fixtures_dir().join(name);
+    let ckpt = Checkpoint::open(&dir).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let weights = ckpt.model_weights().unwrap();
+    let r = read_reference(&dir);
+    let n = r.prompt_ids.len();
+    let total = n + r.tokens.len();
+    let what = format!("{name} on {dev}, chunks of {chunk}");
+
+    let mut dec = Decoder::new(&ckpt.config, &weights, dev, total).unwrap();
+    dec.set_prefill_chunk(chunk).unwrap();
+    let prefix = n.min(STEPS_PREFIX);
+    dec.prefill(&r.prompt_ids[..prefix])
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    let vs_steps = rel_err(&dec.read_logits().unwrap(), steps);
+    assert!(
+        vs_steps < VS_STEPS_TOL,
+        "{what}: {prefix} tokens vs token-by-token steps {vs_steps:.3e}"
+    );
+    if prefix < n {
+        dec.prefill_at(&r.prompt_ids[prefix..], prefix)
+            .unwrap_or_else(|e| panic!("{what}: from {prefix}: {e}"));
+    }
+    let logits = dec.read_logits().unwrap();
+    let (greedy, next_pos) = dec.read_state().unwrap();
+    assert_eq!(next_pos, n, "{what}: the prefill leaves the next position");
+    assert_eq!(greedy as usize, argmax(&logits), "{what}: greedy token");
+    let rel = rel_err(&logits, &r.logits[0]);
+    assert!(rel < REL_TOL, "{what}: vs transformers {rel:.3e}");
+
+    // Decoding continues from the prefilled cache (teacher-forced; the device's own
+    // greedy token when it is transformers' choice).
+    let mut worst = rel;
+    for step in 1..r.tokens.len() {
+        let pos = n + step - 1;
+        let (state_token, state_pos) = dec.read_state().unwrap();
+        assert_eq!(state_pos, pos, "{what}: step {step} position");
+        if state_token != r.tokens[step - 1] {
+            dec.set_input(r.tokens[step - 1], pos).unwrap();
+        }
+        dec.step().unwrap();
+        let ours = dec.read_logits().unwrap();
+        let rel = rel_err(&ours, &r.logits[step]);
+        worst = worst.max(rel);
+        assert!(
+            rel < REL_TOL,
+            "{what}: decode step {step} after the prefill: {rel:.3e}"
+        );
+    }
+    eprintln!(
+        "{what}: vs transformers {rel:.3e} after the prefill, worst {worst:.3e} with the \
+         steps after it; {prefix} tokens vs token-by-token steps {vs_steps:.3e}"
+    );
+    logits
+}
+
+/// The fixture in one chunk, in chunks that do not divide the prompt and (for short
+/// prompts) one token a chunk, on the interpreter; on a GPU also against the
+/// interpreter.
+fn check_fixture(name: &str, chunks: &[usize]) {
+    let prefix = read_reference(&fixtures_dir().join(name))
+        .prompt_ids
+        .len()
+        .min(STEPS_PREFIX);
+    let cpu = Device::cpu();
+    let steps = step_logits(name, &cpu, prefix);
+    let cpu: Vec<Vec<f32>> = chunks
+        .iter()
+        .map(|&c| prefill_fixture(name, &cpu, c, &steps))
+        .collect();
+    if let Some(gpu) = gpu_or_skip(name) {
+        let _turn = gpu_turn();
+        let steps = step_logits(name, &gpu, prefix);
+        for (&c, cpu_logits) in chunks.iter().zip(&cpu) {
+            let g = prefill_fixture(name, &gpu, c, &steps);
+            let rel = rel_err(&g, cpu_logits);
+            assert!(
+                rel < 1e-2,
+                "{name}, chunks of {c}: GPU vs interpreter {rel:.3e}"
+            );
+        }
+    }
+}
+
+#[test]
+fn prefill_qwen3_tied_gqa() {
+    check_fixture("qwen3_tied_gqa", &[512, 5, 1]);
+}
+
+#[test]
+fn prefill_qwen3_untied_mqa() {
+    check_fixture("qwen3_untied_mqa", &[512, 7]);
+}
+
+#[test]
+fn prefill_qwen2_bias() {
+    check_fixture("qwen2_bias", &[512, 10, 1]);
+}
+
+#[test]
+fn prefill_llama3_scaled_long() {
+    check_fixture("llama3_scaled_long", &[512, 128, 37]);
+}
+
+/// A fixture's reference.json with transformers' float32 logits and its own bf16
+/// error per step (the long-prompt fixtures of `scripts/make_fixtures.py`).
+struct LongReference {
+    prompt_ids: Vec<u32>,
+    tokens: Vec<u32>,
+    logits_f32: Vec<Vec<f32>>,
+    hf_bf16_rel_err: Vec<f32>,
+}
+
+fn read_long_reference(dir: &std::path::Path) -> LongReference {
+    let path = dir.join("reference.json");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let field = |k: &str| -> &Vec<serde_json::Value> {
+        v[k].as_array()
+            .unwrap_or_else(|| panic!("{}: no `{k}`", path.display()))
+    };
+    let ids = |k: &str| {
+        field(k)
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect()
+    };
+    LongReference {
+        prompt_ids: ids("prompt_ids"),
+        tokens: ids("tokens"),
+        logits_f32: field("logits_f32")
+            .iter()
+            .map(|row| {
+                row.as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.as_f64().unwrap() as f32)
+                    .collect()
+            })
+            .collect(),
+        hf_bf16_rel_err: field("hf_bf16_rel_err")
+            .iter()
+            .map(|x| x.as_f64().unwrap() as f32)
+            .collect(),
+    }
+}
+
+/// A long-prompt fixture (made on the GPU machine, where torch is): the prefill in
+/// chunks of `chunk`, then teacher-forced decode steps, each against transformers'
+/// float32 logits within max(0.03, 2.5 x transformers' own bf16 error at that step).
+/// Skips with a message when the fixture has not been made.
+fn check_long_fixture(name: &str, dev: &Device, chunk: usize) {
+    let dir = fixtures_dir().join(name);
+    if !dir.join("reference.json").is_file() {
+        println!(
+            "{name}: skipped: fixture not made (python scripts/make_fixtures.py --only {name} \
+             --device cuda, on a machine with torch)"
+        );
+        return;
+    }
+    let ckpt = Checkpoint::open(&dir).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let weights = ckpt.model_weights().unwrap();
+    let r = read_long_reference(&dir);
+    let n = r.prompt_ids.len();
+    let what = format!("{name} on {dev}, chunks of {chunk}");
+    let mut dec = Decoder::new(&ckpt.config, &weights, dev, n + r.tokens.len() + 1).unwrap();
+    dec.set_prefill_chunk(chunk).unwrap();
+    dec.prefill(&r.prompt_ids)
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    for step in 0..r.tokens.len() {
+        if step > 0 {
+            dec.set_input(r.tokens[step - 1], n + step - 1).unwrap();
+            dec.step().unwrap();
+        }
+        let ours = dec.read_logits().unwrap();
+        let tol = 0.03f32.max(2.5 * r.hf_bf16_rel_err[step]);
+        let rel = rel_err(&ours, &r.logits_f32[step]);
+        eprintln!(
+            "{what} step {step}: {rel:.3e} vs transformers f32 (tol {tol:.3e}, its bf16 {:.3e})",
+            r.hf_bf16_rel_err[step]
+        );
+        assert!(rel <= tol, "{what} step {step}: {rel:.3e} > {tol:.3e}");
+    }
+}
+
+#[test]
+fn prefill_qwen3_prompt_800() {
+    check_long_fixture("qwen3_prompt_800", &Device::cpu(), 512);
+    if let Some(gpu) = gpu_or_skip("prefill_qwen3_prompt_800") {
+        let _turn = gpu_turn();
+        for chunk in [512, 128, 300] {
+            check_long_fixture("qwen3_prompt_800", &gpu, chunk);
+        }
+    }
+}
+
+#[test]
+fn prefill_llama3_prompt_720() {
+    check_long_fixture("llama3_prompt_720", &Device::cpu(), 512);
+    if let Some(gpu) = gpu_or_skip("prefill_llama3_prompt_720") {
+        let _turn = gpu_turn();
+        for chunk in [512, 128, 300] {
+            check_long_fixture("llama3_prompt_720", &gpu, chunk);
+        }
+    }
+}
+
+/// Bad prompts are errors before any work: the decoder's state is untouched.
+#[test]
+fn prefill_rejects_bad_prompts_before_any_work() {
+    let dir = fixtures_dir().join("qwen3_tied_gqa");
+    let ckpt = Checkpoint::open(&dir).unwrap();
+    let weights = ckpt.model_weights().unwrap();
+    let dev = Device::cpu();
+    let mut dec = Decoder::new(&ckpt.config, &weights, &dev, 8).unwrap();
+    dec.set_input(3, 2).unwrap();
+    let cases: [(&[u32], &str); 3] = [
+        (&[1; 9], "exceeds max_seq_len = 8"),
+        (&[], "empty"),
+        (&[1, 2, 1000], "token id 1000 is out of range"),
+    ];
+    for (prompt, want) in cases {
+        let err = dec.prefill(prompt).unwrap_err();
+        assert!(
+            err.to_string().contains(want),
+            "prompt of {} tokens: {err}",
+            prompt.len()
+        );
+        assert_eq!(
+            dec.read_state().unwrap(),
+            (3, 2),
+            "state untouched after: {err}"
+        );
+    }
+    // Positions: a prompt that fits from 0 does not fit from a later start.
+    let err = dec.prefill_at(&[1; 4], 5).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            EngineError::TooLong {
+                prompt: 9,
+                max: 8,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    // The largest that fits runs.
+    dec.prefill(&[1; 8]).unwrap();
+    assert_eq!(dec.read_state().unwrap().1, 8);
 }
