@@ -72,8 +72,8 @@ pub struct PrefillPlan {
 
 impl PrefillPlan {
     /// The default plan for `cfg` on `dev`: on the interpreter the smallest tiles (16
-    /// rows, little masked work), on a GPU tiles whose operands use tensor cores
-    /// within 48 KiB of shared memory.
+    /// rows, little masked work), on a GPU 128 x 64 x 32 GEMM tiles and 64 x 32
+    /// attention tiles over 8 warps.
     pub fn new(cfg: &ModelConfig, dev: &Device) -> Result<PrefillPlan> {
         let d = cfg.head_dim as i64;
         if ![32, 64, 128].contains(&d) {
@@ -82,15 +82,17 @@ impl PrefillPlan {
             });
         }
         let plan = if dev.is_cuda() {
-            let gemm = TileChoice::gemm(128, 64, 32, 4);
+            // Not yet chosen by measurement; tiles that fit 48 KiB of shared memory and
+            // do not spill with today's `dot`.
+            let gemm = TileChoice::gemm(128, 64, 32, 8);
             PrefillPlan {
                 qkv: gemm.clone(),
                 o_proj: gemm.clone(),
-                gate_up: TileChoice::gemm(64, 64, 32, 4),
+                gate_up: gemm.clone(),
                 down: gemm,
                 attention: TileChoice {
                     consts: vec![d, 64, 32],
-                    num_warps: 4,
+                    num_warps: 8,
                 },
             }
         } else {
@@ -512,4 +514,79 @@ fn launch(
 ) -> Result<()> {
     def.launch_dyn(dev, grid.into().num_warps(num_warps), consts, args)?;
     Ok(())
+}
+
+/// A timed batched prefill ([`time_prefill`]).
+#[derive(Clone, Debug)]
+pub struct PrefillTiming {
+    /// Prompt tokens.
+    pub prompt: usize,
+    /// Tokens per chunk.
+    pub chunk: usize,
+    /// Kernel launches of one prefill (with the LM head and argmax).
+    pub launches: usize,
+    /// Wall-clock milliseconds of each timed run, from the first launch to the greedy
+    /// next token read on the host: the time to first token.
+    pub runs_ms: Vec<f64>,
+}
+
+impl PrefillTiming {
+    /// The median run in milliseconds.
+    pub fn median_ms(&self) -> f64 {
+        let mut v = self.runs_ms.clone();
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(0.0)
+    }
+
+    /// Prompt tokens per second of the median run.
+    pub fn tokens_per_s(&self) -> f64 {
+        self.prompt as f64 / (self.median_ms() / 1e3)
+    }
+}
+
+impl std::fmt::Display for PrefillTiming {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut sorted = self.runs_ms.clone();
+        sorted.sort_by(f64::total_cmp);
+        write!(
+            f,
+            "prefill           {} tokens in chunks of {} ({} launches): time to first token \
+             {:.2} ms (median of {}, min {:.2}, max {:.2}), {:.0} tokens/s",
+            self.prompt,
+            self.chunk,
+            self.launches,
+            self.median_ms(),
+            sorted.len(),
+            sorted.first().copied().unwrap_or(0.0),
+            sorted.last().copied().unwrap_or(0.0),
+            self.tokens_per_s()
+        )
+    }
+}
+
+/// Times `reps` batched prefills of `prompt` on `dec` (after one untimed run, which
+/// loads the kernels): each from the first launch until the greedy next token is on
+/// the host, so it is the time to first token of a generation whose decode graph is
+/// already captured.
+pub fn time_prefill(
+    dec: &mut crate::decode::Decoder,
+    prompt: &[u32],
+    reps: usize,
+) -> Result<PrefillTiming> {
+    dec.prefill(prompt)?;
+    dec.synchronize()?;
+    let mut runs_ms = Vec::with_capacity(reps.max(1));
+    for _ in 0..reps.max(1) {
+        let t0 = std::time::Instant::now();
+        dec.prefill(prompt)?;
+        dec.read_state()?;
+        runs_ms.push(t0.elapsed().as_secs_f64() * 1e3);
+    }
+    let p = dec.prefiller()?;
+    Ok(PrefillTiming {
+        prompt: prompt.len(),
+        chunk: p.chunk(),
+        launches: p.launches_for(prompt.len()) + 2,
+        runs_ms,
+    })
 }

@@ -92,8 +92,13 @@ pub fn prefill_embed<const B: usize>(
     skip(BLOCK_M = 16, BLOCK_K = 64),
     skip(BLOCK_M = 16, num_warps = 8),
     skip(BLOCK_N = 32, BLOCK_M = [64, 128]),
-    // Operands and the f32 product need more than 48 KiB of shared memory.
-    skip(BLOCK_M = 128, BLOCK_N = 128, BLOCK_K = 64)
+    // With today's `dot` (operand tiles and the f32 product held across the
+    // program's threads) these spill registers (`tests/ptxas_all.rs`); 128 x 128 x 64
+    // also needs more than 48 KiB of shared memory.
+    skip(BLOCK_M = 128, BLOCK_N = 128),
+    skip(num_warps = 4, BLOCK_M = 128),
+    skip(num_warps = 4, BLOCK_N = 128),
+    skip(num_warps = 4, BLOCK_K = 64)
 )]
 pub fn prefill_norm_qkv<const BLOCK_M: usize, const BLOCK_N: usize, const BLOCK_K: usize>(
     x: Ptr<bf16>,
@@ -153,11 +158,15 @@ pub fn prefill_norm_qkv<const BLOCK_M: usize, const BLOCK_N: usize, const BLOCK_
     BLOCK_N = [32, 64, 128],
     BLOCK_K = [32, 64],
     num_warps = [4, 8],
+    // The tiles of `prefill_norm_qkv`.
     skip(BLOCK_M = 16, BLOCK_N = [64, 128]),
     skip(BLOCK_M = 16, BLOCK_K = 64),
     skip(BLOCK_M = 16, num_warps = 8),
     skip(BLOCK_N = 32, BLOCK_M = [64, 128]),
-    skip(BLOCK_M = 128, BLOCK_N = 128, BLOCK_K = 64)
+    skip(BLOCK_M = 128, BLOCK_N = 128),
+    skip(num_warps = 4, BLOCK_M = 128),
+    skip(num_warps = 4, BLOCK_N = 128),
+    skip(num_warps = 4, BLOCK_K = 64)
 )]
 pub fn prefill_gemm_residual<const BLOCK_M: usize, const BLOCK_N: usize, const BLOCK_K: usize>(
     a: Ptr<bf16>,
@@ -204,11 +213,18 @@ pub fn prefill_gemm_residual<const BLOCK_M: usize, const BLOCK_N: usize, const B
     BLOCK_N = [32, 64, 128],
     BLOCK_K = [32, 64],
     num_warps = [4, 8],
+    // The tiles of `prefill_norm_qkv` but for 64-wide `k` steps over 128 rows or
+    // columns: two accumulators spill there.
     skip(BLOCK_M = 16, BLOCK_N = [64, 128]),
     skip(BLOCK_M = 16, BLOCK_K = 64),
     skip(BLOCK_M = 16, num_warps = 8),
     skip(BLOCK_N = 32, BLOCK_M = [64, 128]),
-    skip(BLOCK_M = 128, BLOCK_N = 128, BLOCK_K = 64)
+    skip(BLOCK_M = 128, BLOCK_N = 128),
+    skip(num_warps = 4, BLOCK_M = 128),
+    skip(num_warps = 4, BLOCK_N = 128),
+    skip(num_warps = 4, BLOCK_K = 64),
+    skip(BLOCK_K = 64, BLOCK_M = 128),
+    skip(BLOCK_K = 64, BLOCK_N = 128)
 )]
 pub fn prefill_norm_gate_up<const BLOCK_M: usize, const BLOCK_N: usize, const BLOCK_K: usize>(
     x: Ptr<bf16>,
@@ -355,9 +371,12 @@ pub fn prefill_qk_rope<const D: usize, const BT: usize>(
     // 16 x 32 over 4 warps: the interpreter's tile.
     skip(BLOCK_M = 16, BLOCK_N = 64),
     skip(BLOCK_M = 16, num_warps = 8),
-    skip(BLOCK_M = 64, num_warps = 8),
     // Queries, a key tile and the f32 scores need more than 48 KiB of shared memory.
-    skip(D = 128, BLOCK_M = 128)
+    skip(D = 128, BLOCK_M = 128),
+    // With today's `dot` these spill registers over 4 warps (`tests/ptxas_all.rs`).
+    skip(num_warps = 4, BLOCK_M = 128),
+    skip(num_warps = 4, BLOCK_M = 64, BLOCK_N = 64),
+    skip(num_warps = 4, BLOCK_M = 64, D = 128)
 )]
 pub fn prefill_attention<const D: usize, const BLOCK_M: usize, const BLOCK_N: usize>(
     q: Ptr<bf16>,

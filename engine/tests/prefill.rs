@@ -510,7 +510,7 @@ fn attention_matches_host() {
                     .map(|v| (v.consts.to_vec(), v.num_warps))
                     .collect()
             } else {
-                vec![(vec![d as i64, 16, 32], 4), (vec![d as i64, 64, 32], 4)]
+                vec![(vec![d as i64, 16, 32], 4), (vec![d as i64, 64, 32], 8)]
             };
             for (consts, warps) in variants {
                 let mut out = dev.alloc_filled(t * nh * d, bf16::NAN).unwrap();
