@@ -57,6 +57,10 @@ pub struct GenerateArgs {
     /// Keep going after an end-of-sequence token.
     #[arg(long)]
     pub ignore_eos: bool,
+    /// Run the prompt through one decode step per token instead of the batched
+    /// prefill (for bisecting).
+    #[arg(long)]
+    pub no_batched_prefill: bool,
 }
 
 /// Parses `cpu`, `cuda` or `cuda:K`; a GPU that is not there is an error.
@@ -100,6 +104,7 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         },
         stop_at_eos: !args.ignore_eos,
         keep_logits: args.logits_out.is_some(),
+        batched_prefill: !args.no_batched_prefill,
     };
 
     // Stream: text when there is a tokenizer (decode everything so far, print what is
@@ -157,14 +162,26 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         String::new()
     };
     eprintln!(
-        "{} prompt tokens in {:.1} ms, {} new tokens, {:.1} tokens/s, {:.3} ms/token, device {}, {}{sampled}",
+        "{} prompt tokens in {:.1} ms ({:.0} tokens/s, {}), time to first token {:.1} ms, \
+         {} new tokens, {:.1} tokens/s, {:.3} ms/token, device {}, {}{sampled}",
         out.prompt_ids.len(),
         out.prompt_time.as_secs_f64() * 1e3,
+        out.prompt_tokens_per_s(),
+        if out.batched_prefill {
+            "batched prefill"
+        } else {
+            "token by token"
+        },
+        out.first_token_time.as_secs_f64() * 1e3,
         out.tokens.len(),
         out.tokens_per_s(),
         out.ms_per_token(),
         engine.decoder().device().name(),
-        if out.used_graph { "CUDA graph per token" } else { "eager launches" }
+        if out.used_graph {
+            "CUDA graph per token"
+        } else {
+            "eager launches"
+        }
     );
     Ok(())
 }
