@@ -831,3 +831,44 @@ fn prefill_rejects_bad_prompts_before_any_work() {
     dec.prefill(&[1; 8]).unwrap();
     assert_eq!(dec.read_state().unwrap().1, 8);
 }
+
+/// Real model shapes on a GPU (Qwen3-0.6B: head_dim 128, 16/8 heads, QK-norm;
+/// Llama-3.2-1B: 32/8 heads, rope scaling), random weights: a prompt of 1100 tokens
+/// (past two chunk boundaries, not a multiple of any tile) prefilled against the same
+/// prompt through token-by-token graph replays, then four decode steps from each cache.
+#[test]
+fn prefill_matches_steps_at_real_shapes() {
+    let Some(gpu) = gpu_or_skip("prefill_matches_steps_at_real_shapes") else {
+        return;
+    };
+    let _turn = gpu_turn();
+    for preset in ["qwen3-0.6b", "llama-3.2-1b"] {
+        let (cfg, weights) = tilefuse_engine::preset::load(preset, 3).unwrap();
+        let mut rng = Rng::new(2506);
+        let prompt: Vec<u32> = (0..1100)
+            .map(|_| rng.next_u32() % cfg.vocab_size as u32)
+            .collect();
+        let len = prompt.len() + 8;
+        let mut batched = Decoder::new(&cfg, &weights, &gpu, len).unwrap();
+        batched.capture().unwrap();
+        batched.prefill(&prompt).unwrap();
+        let mut steps = Decoder::new(&cfg, &weights, &gpu, len).unwrap();
+        steps.capture().unwrap();
+        for (pos, &t) in prompt.iter().enumerate() {
+            steps.set_input(t, pos).unwrap();
+            steps.step().unwrap();
+        }
+        for step in 0..5 {
+            let (b, s) = (batched.read_logits().unwrap(), steps.read_logits().unwrap());
+            let rel = rel_err(&b, &s);
+            eprintln!("{preset} step {step}: batched prefill vs token-by-token {rel:.3e}");
+            assert!(rel < VS_STEPS_TOL, "{preset} step {step}: {rel:.3e}");
+            assert_eq!(batched.read_state().unwrap().1, prompt.len() + step);
+            // Both continue with the same token.
+            let next = steps.read_state().unwrap().0;
+            batched.set_input(next, prompt.len() + step).unwrap();
+            batched.step().unwrap();
+            steps.step().unwrap();
+        }
+    }
+}
