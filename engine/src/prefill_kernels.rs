@@ -402,7 +402,8 @@ pub fn prefill_attention<const D: usize, const BLOCK_M: usize, const BLOCK_N: us
         0.0,
     );
     // Keys up to this tile's last query position (padding rows past `t` see the same
-    // keys as the last real one; position 0 keeps every row's softmax non-empty).
+    // keys as the last real one; position 0 keeps every row's softmax non-empty, and
+    // the first tile processed always holds it).
     let end = start + minimum((program_id(0) + 1) * BLOCK_M, t);
     let s = arange(0, BLOCK_N);
     let mut m = full([BLOCK_M], f32::NEG_INFINITY);
@@ -410,7 +411,25 @@ pub fn prefill_attention<const D: usize, const BLOCK_M: usize, const BLOCK_N: us
     let mut acc = zeros::<f32>([BLOCK_M, D]);
     let mut k_ptrs = k_cache + base + s.expand_dims(0) * D + d.expand_dims(1);
     let mut v_ptrs = v_cache + base + s.expand_dims(1) * D + d.expand_dims(0);
-    for s0 in (0..end).step_by(BLOCK_N) {
+    // Whole key tiles before the tile's first query position are visible to every row
+    // and inside the cache: no causal or bounds masks.
+    let unmasked = (start + program_id(0) * BLOCK_M) / BLOCK_N * BLOCK_N;
+    for s0 in (0..unmasked).step_by(BLOCK_N) {
+        let kt = load(k_ptrs);
+        let dots = dot(qt, kt);
+        let scores = ((dots as bf16 as f32) * scale) as bf16 as f32;
+        let m_new = maximum(m, scores.max(1));
+        let p = exp(scores - m_new.expand_dims(1));
+        let alpha = exp(m - m_new);
+        l = l * alpha + p.sum(1);
+        let vt = load(v_ptrs);
+        acc = dot(p as bf16, vt, acc * alpha.expand_dims(1));
+        m = m_new;
+        k_ptrs = k_ptrs + BLOCK_N * D;
+        v_ptrs = v_ptrs + BLOCK_N * D;
+    }
+    // The rest, up to the tile's last query position: masked.
+    for s0 in (unmasked..end).step_by(BLOCK_N) {
         let s_ok = s0 + s < end;
         let kt = load(k_ptrs, s_ok.expand_dims(0), 0.0);
         let dots = dot(qt, kt);
