@@ -38,6 +38,13 @@
 //! `[cdiv(T, BLOCK_M), cdiv(N, BLOCK_N)]` computes one output tile; programs along `m`
 //! are consecutive, so the few programs sharing a weight tile run together and read it
 //! from DRAM once.
+//!
+//! Tile variants: a 16-row tile for the interpreter (little masked work), and on the
+//! GPU 64- and 128-row GEMM tiles with 64 or 128 columns and 32- or 64-wide `k` steps,
+//! 64- and 128-query attention tiles over 32 or 64 keys. Those that spill registers or
+//! exceed 48 KiB of shared memory with today's `dot` are skipped (each `skip` says
+//! so; `tests/ptxas_all.rs` checks the rest); [`crate::prefill::PrefillPlan`] picks
+//! one per launch.
 
 use tilefuse_macros::kernel;
 
