@@ -110,6 +110,8 @@ fn bench_runs_on_the_interpreter() {
         "--device",
         "cpu",
         "--sampled",
+        "--prompt",
+        "12",
     ]);
     assert!(
         out.status.success(),
@@ -128,4 +130,41 @@ fn bench_runs_on_the_interpreter() {
         .unwrap_or_else(|| panic!("no sampled row: {text}"));
     let rate: f64 = row.split_whitespace().nth(1).unwrap().parse().unwrap();
     assert!(rate > 0.0, "{row}");
+    // `--prompt`: the batched prefill's time to first token.
+    assert!(
+        text.lines().any(|l| l.starts_with("prefill")
+            && l.contains("12 tokens")
+            && l.contains("time to first token")),
+        "{text}"
+    );
+}
+
+#[test]
+fn generate_reports_the_prompt_path_and_time_to_first_token() {
+    for (flag, path) in [
+        (None, "batched prefill"),
+        (Some("--no-batched-prefill"), "token by token"),
+    ] {
+        let mut args = vec![
+            "generate",
+            "--preset",
+            "tiny-qwen3",
+            "--prompt-ids",
+            "5,6,7,8,9",
+            "--max-new-tokens",
+            "2",
+            "--device",
+            "cpu",
+        ];
+        args.extend(flag);
+        let out = tilefuse(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+        assert!(
+            stderr.contains("5 prompt tokens")
+                && stderr.contains(path)
+                && stderr.contains("time to first token"),
+            "{flag:?}: summary line: {stderr}"
+        );
+    }
 }

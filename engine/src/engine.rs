@@ -70,6 +70,9 @@ pub struct GenerateOptions {
     /// Keep the logits each token was chosen from (one `vocab_size` row per token;
     /// costs a device-to-host copy per token).
     pub keep_logits: bool,
+    /// Run the prompt through the layers in chunks ([`Decoder::prefill`]; the
+    /// default) rather than one decode step per token (kept for bisecting).
+    pub batched_prefill: bool,
 }
 
 impl Default for GenerateOptions {
@@ -79,6 +82,7 @@ impl Default for GenerateOptions {
             sampling: Sampling::greedy(),
             stop_at_eos: true,
             keep_logits: false,
+            batched_prefill: true,
         }
     }
 }
@@ -92,8 +96,14 @@ pub struct Generation {
     pub tokens: Vec<u32>,
     /// `logits[i]`: the logits `tokens[i]` was chosen from (when kept).
     pub logits: Vec<Vec<f32>>,
-    /// Time to run the prompt through the model (token by token).
+    /// Time to run the prompt through the model (in batched chunks, or token by token).
     pub prompt_time: Duration,
+    /// Time from the start of the prompt to the first generated token known on the
+    /// host (the prompt, its last position's LM head and the token's read; after the
+    /// one-time capture of the decode step's CUDA graph, which is not counted).
+    pub first_token_time: Duration,
+    /// Whether the prompt went through the batched prefill.
+    pub batched_prefill: bool,
     /// Time from the first generated token to the last.
     pub decode_time: Duration,
     /// Decode steps run in `decode_time` (one per token after the first).
@@ -108,6 +118,15 @@ pub struct Generation {
 }
 
 impl Generation {
+    /// Prompt throughput: prompt tokens per second of [`Generation::prompt_time`].
+    pub fn prompt_tokens_per_s(&self) -> f64 {
+        if self.prompt_time.is_zero() {
+            0.0
+        } else {
+            self.prompt_ids.len() as f64 / self.prompt_time.as_secs_f64()
+        }
+    }
+
     /// Decode throughput: steps per second after the prompt (0 when none ran).
     pub fn tokens_per_s(&self) -> f64 {
         if self.decode_steps == 0 || self.decode_time.is_zero() {
@@ -278,6 +297,8 @@ impl Engine {
             tokens: Vec::new(),
             logits: Vec::new(),
             prompt_time: Duration::ZERO,
+            first_token_time: Duration::ZERO,
+            batched_prefill: opts.batched_prefill,
             decode_time: Duration::ZERO,
             decode_steps: 0,
             used_graph: false,
@@ -288,15 +309,21 @@ impl Engine {
             return Ok(out);
         }
 
-        let t0 = Instant::now();
+        // The graph is captured before the prompt: its warm-up step overwrites the
+        // logits and a cache position, both rewritten by the prompt.
         self.decoder.set_input(prompt[0], 0)?;
         if self.cuda_graph && !self.decoder.uses_graph() {
             self.decoder.capture()?;
         }
         out.used_graph = self.decoder.uses_graph();
-        for (pos, &token) in prompt.iter().enumerate() {
-            self.decoder.set_input(token, pos)?;
-            self.decoder.step()?;
+        let t0 = Instant::now();
+        if opts.batched_prefill {
+            self.decoder.prefill(prompt)?;
+        } else {
+            for (pos, &token) in prompt.iter().enumerate() {
+                self.decoder.set_input(token, pos)?;
+                self.decoder.step()?;
+            }
         }
         self.decoder.synchronize()?;
         out.prompt_time = t0.elapsed();
@@ -323,8 +350,11 @@ impl Engine {
         let mut input = prompt[prompt.len() - 1];
         // Whether the last token was drawn on the host: then the next step is not queued
         // ahead of the draw (where draws keep falling outside top-k/top-p, as over flat
-        // logits, speculating would run every step three times).
-        let mut fell_back = false;
+        // logits, speculating would run every step three times). After a batched
+        // prefill the first draw is not speculated either: a host fallback would then
+        // redo the prompt's last position through the decode step, whose rounding
+        // differs from the prefill's, and the same seed could draw other tokens.
+        let mut fell_back = opts.batched_prefill;
         loop {
             let last = out.tokens.len() + 1 == opts.max_new_tokens;
             let mut host_draw = !greedy;
@@ -379,6 +409,9 @@ impl Engine {
                 if opts.keep_logits {
                     out.logits.push(logits.to_vec());
                 }
+            }
+            if out.tokens.is_empty() {
+                out.first_token_time = t0.elapsed();
             }
             out.tokens.push(token);
             let stop = on_token(token).is_break();

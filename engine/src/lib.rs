@@ -21,6 +21,8 @@
 //! - [`comm`]: NCCL collectives between the GPUs of one host, loaded at run time.
 //! - [`tp`]: the tensor-parallel split of a model over GPUs, simulated on the host.
 //! - [`kernels`]: the decode kernels; [`tuning`]: their launch configurations.
+//! - [`prefill`]: batched prefill of the prompt in chunks ([`prefill::Prefiller`]).
+//! - [`prefill_kernels`]: the batched-prefill kernels (GEMMs and attention over `dot`).
 //! - [`error`]: [`EngineError`], which names the file, tensor or value at fault.
 
 #![warn(missing_docs)]
@@ -35,6 +37,8 @@ pub mod error;
 pub mod kernels;
 pub mod memory;
 pub mod model;
+pub mod prefill;
+pub mod prefill_kernels;
 pub mod preset;
 pub mod reference;
 pub mod rope;

@@ -553,3 +553,53 @@ fn pipelined_greedy_decoding_matches_step_by_step() {
         }
     }
 }
+
+#[test]
+fn batched_prefill_is_the_default_and_matches_the_token_by_token_prompt() {
+    let (_turn, devs) =
+        cpu_and_gpu("batched_prefill_is_the_default_and_matches_the_token_by_token_prompt");
+    assert!(GenerateOptions::default().batched_prefill);
+    let prompt: Vec<u32> = (0..37).map(|i| (i * 41 + 5) % 500).collect();
+    for dev in devs {
+        for graph in [false, dev.is_cuda()] {
+            let mut e = engine(&dev, graph, 64);
+            let batched = e
+                .generate(&prompt, &opts(6), |_| ControlFlow::Continue(()))
+                .unwrap();
+            let stepped = e
+                .generate(
+                    &prompt,
+                    &GenerateOptions {
+                        batched_prefill: false,
+                        ..opts(6)
+                    },
+                    |_| ControlFlow::Continue(()),
+                )
+                .unwrap();
+            let what = format!("{dev}, graph {graph}");
+            assert!(
+                batched.batched_prefill && !stepped.batched_prefill,
+                "{what}"
+            );
+            assert_eq!(batched.tokens.len(), 6, "{what}");
+            assert!(
+                batched.first_token_time >= batched.prompt_time
+                    && batched.prompt_tokens_per_s() > 0.0,
+                "{what}: {batched:?}"
+            );
+            // The two prompt paths round differently (see tests/prefill.rs): the
+            // first logits agree to the fixtures' tolerance, and while the tokens
+            // agree so do the later steps'.
+            for (step, (b, s)) in batched.logits.iter().zip(&stepped.logits).enumerate() {
+                if step > 0 && batched.tokens[step - 1] != stepped.tokens[step - 1] {
+                    break;
+                }
+                let rel = common::rel_err(b, s);
+                assert!(
+                    rel < 3e-2,
+                    "{what} step {step}: batched vs stepped {rel:.3e}"
+                );
+            }
+        }
+    }
+}

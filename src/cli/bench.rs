@@ -56,6 +56,13 @@ pub struct BenchArgs {
     /// The layer `--timeline` stamps.
     #[arg(long, requires = "timeline")]
     pub timeline_layer: Option<usize>,
+    /// Also time the batched prefill of a random prompt of this many tokens (time to
+    /// first token and prompt tokens/s; 0: off).
+    #[arg(long, default_value_t = 0)]
+    pub prompt: usize,
+    /// Tokens per prefill chunk (default: the engine's).
+    #[arg(long, requires = "prompt")]
+    pub prefill_chunk: Option<usize>,
     /// Also write the report as JSON.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -83,6 +90,21 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         None
     };
     let graph = !args.no_graph && std::env::var("TILEFUSE_CUDA_GRAPH").map_or(true, |v| v != "0");
+    if args.prompt > 0 {
+        let (cfg, weights) = crate::engine::preset::load(&args.preset, args.seed)?;
+        let mut dec = crate::engine::Decoder::new(&cfg, &weights, &device, args.prompt)?;
+        drop(weights);
+        if let Some(chunk) = args.prefill_chunk {
+            dec.set_prefill_chunk(chunk)?;
+        }
+        let mut rng = crate::engine::bench::Rng::new(args.seed ^ 0x9E1F);
+        let prompt: Vec<u32> = (0..args.prompt)
+            .map(|_| rng.next_u32() % cfg.vocab_size as u32)
+            .collect();
+        let reps = if device.is_cuda() { 10 } else { 1 };
+        let timing = crate::engine::prefill::time_prefill(&mut dec, &prompt, reps)?;
+        super::write_stdout(&format!("{timing}\n"))?;
+    }
     let report = bench::run(&DecodeBenchOptions {
         preset: args.preset.clone(),
         context: args.context,

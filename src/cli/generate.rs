@@ -63,6 +63,10 @@ pub struct GenerateArgs {
     /// into the decoder yet, so more than 1 ends with an error saying so.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub tp: u16,
+    /// Run the prompt through one decode step per token instead of the batched
+    /// prefill (for bisecting).
+    #[arg(long)]
+    pub no_batched_prefill: bool,
 }
 
 /// Parses `cpu`, `cuda` or `cuda:K`; a GPU that is not there is an error.
@@ -108,6 +112,7 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         },
         stop_at_eos: !args.ignore_eos,
         keep_logits: args.logits_out.is_some(),
+        batched_prefill: !args.no_batched_prefill,
     };
 
     // Stream: text when there is a tokenizer (decode everything so far, print what is
@@ -165,14 +170,26 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         String::new()
     };
     eprintln!(
-        "{} prompt tokens in {:.1} ms, {} new tokens, {:.1} tokens/s, {:.3} ms/token, device {}, {}{sampled}",
+        "{} prompt tokens in {:.1} ms ({:.0} tokens/s, {}), time to first token {:.1} ms, \
+         {} new tokens, {:.1} tokens/s, {:.3} ms/token, device {}, {}{sampled}",
         out.prompt_ids.len(),
         out.prompt_time.as_secs_f64() * 1e3,
+        out.prompt_tokens_per_s(),
+        if out.batched_prefill {
+            "batched prefill"
+        } else {
+            "token by token"
+        },
+        out.first_token_time.as_secs_f64() * 1e3,
         out.tokens.len(),
         out.tokens_per_s(),
         out.ms_per_token(),
         engine.decoder().device().name(),
-        if out.used_graph { "CUDA graph per token" } else { "eager launches" }
+        if out.used_graph {
+            "CUDA graph per token"
+        } else {
+            "eager launches"
+        }
     );
     Ok(())
 }

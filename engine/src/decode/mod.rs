@@ -13,9 +13,11 @@
 //! position, which is what lets [`Decoder::capture`] record it once as a CUDA graph and
 //! replay it for every token. On the CPU device the same launches run on the interpreter.
 //!
-//! Prompts are processed through the same single-token step, one token at a time
-//! (there is no batched prefill yet). What to do between steps (sampling, speculation)
-//! is [`crate::Engine::generate`]'s.
+//! Prompts go through the layers in chunks ([`Decoder::prefill`], see
+//! [`crate::prefill`]), which write the same KV cache and leave the same `state` and
+//! logits as token-by-token steps would; [`Decoder::step`] also takes a prompt one token
+//! at a time. What to do between steps (sampling, speculation) is
+//! [`crate::Engine::generate`]'s.
 
 pub mod plan;
 pub mod profile;
@@ -27,6 +29,7 @@ use tilefuse_dsl::runtime::{Buffer, Device, Graph, Readback};
 use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};
 use crate::model::ModelWeights;
+use crate::prefill::{LayerView, ModelView, Prefiller};
 use crate::rope;
 use crate::sampling::device::DeviceSampler;
 use crate::sampling::Sampling;
@@ -113,6 +116,8 @@ pub struct Decoder {
     graph: Option<Graph>,
     /// The layer whose kernels write timeline stamps ([`Decoder::timeline`]).
     stamp_layer: Option<usize>,
+    /// The batched-prefill driver, made on first use ([`Decoder::prefill`]).
+    prefiller: Option<Prefiller>,
 }
 
 impl std::fmt::Debug for Decoder {
@@ -235,6 +240,7 @@ impl Decoder {
             plan,
             graph: None,
             stamp_layer: None,
+            prefiller: None,
         })
     }
 
@@ -469,6 +475,77 @@ impl Decoder {
     /// Waits for the device to finish all queued work.
     pub fn synchronize(&self) -> Result<()> {
         Ok(self.dev.synchronize()?)
+    }
+
+    /// The model's device buffers (weights per layer, KV cache, RoPE tables, the step's
+    /// hidden state and `state`), lent to the batched prefill.
+    pub fn prefill_view(&mut self) -> ModelView<'_> {
+        ModelView {
+            embed: &self.embed,
+            rope_cos: &self.rope_cos,
+            rope_sin: &self.rope_sin,
+            zeros: &self.s.zeros,
+            layers: self
+                .layers
+                .iter_mut()
+                .map(|l| LayerView {
+                    input_norm: &l.input_norm,
+                    qkv_w: &l.qkv_w,
+                    qkv_b: &l.qkv_b,
+                    q_norm: &l.q_norm,
+                    k_norm: &l.k_norm,
+                    o_w: &l.o_w,
+                    o_b: &l.o_b,
+                    post_norm: &l.post_norm,
+                    gate_up_w: &l.gate_up_w,
+                    down_w: &l.down_w,
+                    k_cache: &mut l.k_cache,
+                    v_cache: &mut l.v_cache,
+                })
+                .collect(),
+            x: &mut self.s.x,
+            state: &mut self.s.state,
+            max_seq_len: self.max_seq_len,
+        }
+    }
+
+    /// Uses chunks of up to `chunk` tokens in [`Decoder::prefill`] (default
+    /// [`crate::prefill::DEFAULT_CHUNK`], at most the cache's capacity); allocates the
+    /// chunk's activations now.
+    pub fn set_prefill_chunk(&mut self, chunk: usize) -> Result<()> {
+        self.prefiller = Some(Prefiller::new(&self.cfg, &self.dev, chunk)?);
+        Ok(())
+    }
+
+    /// The batched-prefill driver (made with the default chunk size if none was set).
+    pub fn prefiller(&mut self) -> Result<&mut Prefiller> {
+        if self.prefiller.is_none() {
+            let chunk = crate::prefill::DEFAULT_CHUNK.min(self.max_seq_len);
+            self.set_prefill_chunk(chunk)?;
+        }
+        Ok(self.prefiller.as_mut().expect("made above"))
+    }
+
+    /// Runs the prompt `tokens` at positions `0..` in batched chunks; see
+    /// [`Decoder::prefill_at`].
+    pub fn prefill(&mut self, tokens: &[u32]) -> Result<()> {
+        self.prefill_at(tokens, 0)
+    }
+
+    /// Runs `tokens` at positions `start..` through every layer in chunks (appending
+    /// to the KV cache), then the step's final norm, LM head and greedy argmax on the
+    /// last position: the logits, the KV cache and `state = [greedy next token,
+    /// start + len]` are then those the token-by-token steps leave, and
+    /// [`Decoder::step`] (eager or the captured graph) decodes the next position. A
+    /// prompt past the cache's capacity, an empty one or an id outside the vocabulary
+    /// is an error before any work. Asynchronous on a GPU.
+    pub fn prefill_at(&mut self, tokens: &[u32], start: usize) -> Result<()> {
+        self.prefiller()?;
+        let mut p = self.prefiller.take().expect("made above");
+        let ran = p.run(self.prefill_view(), tokens, start);
+        self.prefiller = Some(p);
+        ran?;
+        self.step_blocks(|b| matches!(b, Block::LmHead | Block::Argmax))
     }
 
     /// Decodes `token` at `pos` and returns the logits for the next token (a

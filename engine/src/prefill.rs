@@ -1,0 +1,592 @@
+//! Batched prefill: the prompt goes through the layers in chunks of up to `C` tokens,
+//! each layer a handful of GEMM and attention launches over the whole chunk (see
+//! [`crate::prefill_kernels`]), instead of one decode step per token.
+//!
+//! The prefill writes the same KV cache the decode step reads, and ends with the last
+//! prompt position's hidden state in the decode step's `x` and `state = [last token,
+//! last position]`: the decode step's LM head and greedy argmax then leave the logits
+//! and `state = [next token, next position]` exactly as a token-by-token prompt would,
+//! and decoding (eager or one CUDA graph for every position) continues from there.
+//!
+//! [`Prefiller`] owns the chunk's activations (allocated once for `C` rows); the
+//! model's device buffers are lent to it per call as a [`ModelView`].
+
+use half::bf16;
+use tilefuse_dsl::runtime::{Buffer, Device, KernelArg, KernelDef, LaunchConfig};
+
+use crate::config::ModelConfig;
+use crate::error::{EngineError, Result};
+use crate::prefill_kernels::{
+    PREFILL_ATTENTION, PREFILL_EMBED, PREFILL_GEMM_RESIDUAL, PREFILL_LAST_ROW,
+    PREFILL_NORM_GATE_UP, PREFILL_NORM_QKV, PREFILL_QK_ROPE,
+};
+
+/// Prompt tokens per chunk unless set otherwise ([`Prefiller::new`]).
+pub const DEFAULT_CHUNK: usize = 512;
+
+/// Rows per program of [`crate::prefill_kernels::prefill_qk_rope`].
+const ROPE_ROWS: i64 = 16;
+
+/// One launch's compiled variant: its compile-time constants in declaration order and
+/// its warps per program.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TileChoice {
+    /// Compile-time constants, in the kernel's declaration order.
+    pub consts: Vec<i64>,
+    /// Warps per program.
+    pub num_warps: u32,
+}
+
+impl TileChoice {
+    /// A GEMM's tile: `[BLOCK_M, BLOCK_N, BLOCK_K]` over `num_warps` warps.
+    pub fn gemm(block_m: i64, block_n: i64, block_k: i64, num_warps: u32) -> TileChoice {
+        TileChoice {
+            consts: vec![block_m, block_n, block_k],
+            num_warps,
+        }
+    }
+
+    fn rows(&self) -> i64 {
+        self.consts[0]
+    }
+
+    fn cols(&self) -> i64 {
+        self.consts[1]
+    }
+}
+
+/// Which compiled variant each prefill launch uses.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PrefillPlan {
+    /// `prefill_norm_qkv`: `[BLOCK_M, BLOCK_N, BLOCK_K]`.
+    pub qkv: TileChoice,
+    /// `prefill_gemm_residual` for the O projection.
+    pub o_proj: TileChoice,
+    /// `prefill_norm_gate_up`.
+    pub gate_up: TileChoice,
+    /// `prefill_gemm_residual` for the down projection.
+    pub down: TileChoice,
+    /// `prefill_attention`: `[D, BLOCK_M, BLOCK_N]`.
+    pub attention: TileChoice,
+}
+
+impl PrefillPlan {
+    /// The default plan for `cfg` on `dev`: on the interpreter the smallest tiles (16
+    /// rows, little masked work), on a GPU 128 x 64 x 32 GEMM tiles and 64 x 32
+    /// attention tiles over 8 warps.
+    pub fn new(cfg: &ModelConfig, dev: &Device) -> Result<PrefillPlan> {
+        let d = cfg.head_dim as i64;
+        if ![32, 64, 128].contains(&d) {
+            return Err(EngineError::Unsupported {
+                message: format!("head_dim = {d} (prefill supports 32, 64, 128)"),
+            });
+        }
+        let plan = if dev.is_cuda() {
+            // Not yet chosen by measurement; tiles that fit 48 KiB of shared memory and
+            // do not spill with today's `dot`.
+            let gemm = TileChoice::gemm(128, 64, 32, 8);
+            PrefillPlan {
+                qkv: gemm.clone(),
+                o_proj: gemm.clone(),
+                gate_up: gemm.clone(),
+                down: gemm,
+                attention: TileChoice {
+                    consts: vec![d, 64, 32],
+                    num_warps: 8,
+                },
+            }
+        } else {
+            let gemm = TileChoice::gemm(16, 32, 32, 4);
+            PrefillPlan {
+                qkv: gemm.clone(),
+                o_proj: gemm.clone(),
+                gate_up: gemm.clone(),
+                down: gemm,
+                attention: TileChoice {
+                    consts: vec![d, 16, 32],
+                    num_warps: 4,
+                },
+            }
+        };
+        plan.check()?;
+        Ok(plan)
+    }
+
+    /// Every launch of the plan with its kernel.
+    pub fn choices(&self) -> [(&'static KernelDef, &TileChoice); 5] {
+        [
+            (&PREFILL_NORM_QKV, &self.qkv),
+            (&PREFILL_GEMM_RESIDUAL, &self.o_proj),
+            (&PREFILL_NORM_GATE_UP, &self.gate_up),
+            (&PREFILL_GEMM_RESIDUAL, &self.down),
+            (&PREFILL_ATTENTION, &self.attention),
+        ]
+    }
+
+    /// Fails unless every launch names a compiled variant (the error lists them).
+    pub fn check(&self) -> Result<()> {
+        for (def, c) in self.choices() {
+            def.variant(&c.consts, Some(c.num_warps))?;
+        }
+        Ok(())
+    }
+}
+
+/// One layer's device buffers, lent to the prefill (the decode step's layout: fused
+/// `[q; k; v]` and `[gate; up]` rows, zero biases where the model has none, ones for
+/// absent QK-norm weights).
+#[derive(Debug)]
+pub struct LayerView<'a> {
+    /// Input RMSNorm weight, `[hidden]`.
+    pub input_norm: &'a Buffer<bf16>,
+    /// `[q_dim + 2 kv_dim, hidden]`.
+    pub qkv_w: &'a Buffer<bf16>,
+    /// `[q_dim + 2 kv_dim]`.
+    pub qkv_b: &'a Buffer<bf16>,
+    /// `[head_dim]`.
+    pub q_norm: &'a Buffer<bf16>,
+    /// `[head_dim]`.
+    pub k_norm: &'a Buffer<bf16>,
+    /// `[hidden, q_dim]`.
+    pub o_w: &'a Buffer<bf16>,
+    /// `[hidden]`.
+    pub o_b: &'a Buffer<bf16>,
+    /// Post-attention RMSNorm weight, `[hidden]`.
+    pub post_norm: &'a Buffer<bf16>,
+    /// `[2 * intermediate, hidden]`.
+    pub gate_up_w: &'a Buffer<bf16>,
+    /// `[hidden, intermediate]`.
+    pub down_w: &'a Buffer<bf16>,
+    /// `[num_kv_heads, max_seq_len, head_dim]`.
+    pub k_cache: &'a mut Buffer<bf16>,
+    /// Same layout as `k_cache`.
+    pub v_cache: &'a mut Buffer<bf16>,
+}
+
+/// The model's device buffers, lent to [`Prefiller::run`] by the decoder.
+#[derive(Debug)]
+pub struct ModelView<'a> {
+    /// Embedding table, `[vocab, hidden]`.
+    pub embed: &'a Buffer<bf16>,
+    /// RoPE tables `[max_seq_len, head_dim / 2]` (bf16-rounded values).
+    pub rope_cos: &'a Buffer<f32>,
+    /// See `rope_cos`.
+    pub rope_sin: &'a Buffer<f32>,
+    /// Zeros, at least `hidden` of them (the down projection's bias).
+    pub zeros: &'a Buffer<bf16>,
+    /// Per layer.
+    pub layers: Vec<LayerView<'a>>,
+    /// The decode step's hidden state `[hidden]`: receives the last prompt row.
+    pub x: &'a mut Buffer<bf16>,
+    /// The decode step's `[token, pos]`: receives the last prompt token and position.
+    pub state: &'a mut Buffer<i32>,
+    /// The KV cache's capacity in positions.
+    pub max_seq_len: usize,
+}
+
+/// The batched-prefill driver: a chunk's activations, allocated once for
+/// [`Prefiller::chunk`] rows, and the launch plan.
+#[derive(Debug)]
+pub struct Prefiller {
+    cfg: ModelConfig,
+    dev: Device,
+    chunk: usize,
+    plan: PrefillPlan,
+    /// The chunk's token ids, `[chunk]`.
+    ids: Buffer<i32>,
+    /// The residual stream, `[chunk, hidden]`.
+    x: Buffer<bf16>,
+    /// Fused projection, `[chunk, q_dim + 2 kv_dim]`.
+    qkv: Buffer<bf16>,
+    /// Queries after QK-norm and RoPE, `[chunk, num_heads, head_dim]`.
+    q: Buffer<bf16>,
+    /// Attention output, `[chunk, q_dim]`.
+    attn: Buffer<bf16>,
+    /// `silu(gate) * up`, `[chunk, intermediate]`.
+    act: Buffer<bf16>,
+}
+
+impl Prefiller {
+    /// A driver for `cfg` on `dev` with chunks of up to `chunk` tokens.
+    pub fn new(cfg: &ModelConfig, dev: &Device, chunk: usize) -> Result<Prefiller> {
+        if chunk == 0 {
+            return Err(EngineError::Option {
+                message: "the prefill chunk size must be at least 1".into(),
+            });
+        }
+        if cfg.hidden_size % 8 != 0 || cfg.intermediate_size % 8 != 0 || cfg.q_dim() % 8 != 0 {
+            return Err(EngineError::Unsupported {
+                message: format!(
+                    "prefill needs hidden_size ({}), intermediate_size ({}) and \
+                     num_attention_heads * head_dim ({}) to be multiples of 8",
+                    cfg.hidden_size,
+                    cfg.intermediate_size,
+                    cfg.q_dim()
+                ),
+            });
+        }
+        let plan = PrefillPlan::new(cfg, dev)?;
+        let qkv_dim = cfg.q_dim() + 2 * cfg.kv_dim();
+        Ok(Prefiller {
+            cfg: cfg.clone(),
+            dev: dev.clone(),
+            chunk,
+            plan,
+            ids: dev.zeros(chunk)?,
+            x: dev.zeros(chunk * cfg.hidden_size)?,
+            qkv: dev.zeros(chunk * qkv_dim)?,
+            q: dev.zeros(chunk * cfg.q_dim())?,
+            attn: dev.zeros(chunk * cfg.q_dim())?,
+            act: dev.zeros(chunk * cfg.intermediate_size)?,
+        })
+    }
+
+    /// Tokens per chunk.
+    pub fn chunk(&self) -> usize {
+        self.chunk
+    }
+
+    /// The kernel variants a chunk launches.
+    pub fn plan(&self) -> &PrefillPlan {
+        &self.plan
+    }
+
+    /// Replaces the launch plan (to time other compiled variants); it must pass
+    /// [`PrefillPlan::check`] and keep the model's head dim.
+    pub fn set_plan(&mut self, plan: PrefillPlan) -> Result<()> {
+        plan.check()?;
+        if plan.attention.consts[0] != self.cfg.head_dim as i64 {
+            return Err(EngineError::Option {
+                message: format!(
+                    "prefill attention compiled for D = {}, the model's head_dim is {}",
+                    plan.attention.consts[0], self.cfg.head_dim
+                ),
+            });
+        }
+        self.plan = plan;
+        Ok(())
+    }
+
+    /// Kernel launches for a prompt of `len` tokens (chunks of embedding and layers,
+    /// and the hand-over of the last row).
+    pub fn launches_for(&self, len: usize) -> usize {
+        len.div_ceil(self.chunk) * (1 + 6 * self.cfg.num_layers) + 1
+    }
+
+    /// Checks a prompt of `tokens` at positions `start..` before any work: non-empty,
+    /// every id in the vocabulary, and the last position inside the cache.
+    pub fn validate(&self, tokens: &[u32], start: usize, max_seq_len: usize) -> Result<()> {
+        if tokens.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        if start + tokens.len() > max_seq_len {
+            return Err(EngineError::TooLong {
+                prompt: start + tokens.len(),
+                new: 0,
+                max: max_seq_len,
+            });
+        }
+        if let Some(&token) = tokens.iter().find(|&&t| t as usize >= self.cfg.vocab_size) {
+            return Err(EngineError::TokenOutOfRange {
+                token,
+                vocab: self.cfg.vocab_size,
+            });
+        }
+        Ok(())
+    }
+
+    /// Runs `tokens` at positions `start .. start + len` through every layer in chunks,
+    /// appending their keys and values to the cache, and leaves the last position's
+    /// hidden state in `m.x` and `state = [last token, start + len - 1]` (the decode
+    /// step's LM head and argmax run next). Asynchronous on a GPU. Every check happens
+    /// before the first launch.
+    pub fn run(&mut self, m: ModelView<'_>, tokens: &[u32], start: usize) -> Result<()> {
+        self.validate(tokens, start, m.max_seq_len)?;
+        let cfg = &self.cfg;
+        if m.layers.len() != cfg.num_layers {
+            return Err(EngineError::Option {
+                message: format!(
+                    "prefill: {} layers lent for a model of {}",
+                    m.layers.len(),
+                    cfg.num_layers
+                ),
+            });
+        }
+        let ModelView {
+            embed,
+            rope_cos,
+            rope_sin,
+            zeros,
+            mut layers,
+            x: x_out,
+            state,
+            max_seq_len,
+        } = m;
+        let dev = &self.dev;
+        let plan = &self.plan;
+        let (h, im, qd) = (
+            cfg.hidden_size as i32,
+            cfg.intermediate_size as i32,
+            cfg.q_dim() as i32,
+        );
+        let qkv_dim = (cfg.q_dim() + 2 * cfg.kv_dim()) as i32;
+        let (nh, nkv) = (cfg.num_heads as i32, cfg.num_kv_heads as i32);
+        let eps = cfg.rms_norm_eps as f32;
+        let scale = (cfg.head_dim as f32).powf(-0.5);
+        let max_seq = max_seq_len as i32;
+        let gemm_grid = |c: &TileChoice, t: usize, n: i32| -> [u32; 3] {
+            [
+                t.div_ceil(c.rows() as usize) as u32,
+                (n as usize).div_ceil(c.cols() as usize) as u32,
+                1,
+            ]
+        };
+        let mut ids = vec![0i32; self.chunk];
+        let mut last = (0, 0);
+        for (ci, chunk) in tokens.chunks(self.chunk).enumerate() {
+            let p0 = (start + ci * self.chunk) as i32;
+            let t = chunk.len();
+            let ti = t as i32;
+            for (slot, &tok) in ids.iter_mut().zip(chunk) {
+                *slot = tok as i32;
+            }
+            self.ids.copy_from_host(&ids)?;
+            launch(
+                dev,
+                &PREFILL_EMBED,
+                [t as u32, (h as u32).div_ceil(1024), 1],
+                &[1024],
+                4,
+                &mut [
+                    embed.into(),
+                    (&self.ids).into(),
+                    (&mut self.x).into(),
+                    0i32.into(),
+                    h.into(),
+                ],
+            )?;
+            for l in layers.iter_mut() {
+                launch(
+                    dev,
+                    &PREFILL_NORM_QKV,
+                    gemm_grid(&plan.qkv, t, qkv_dim),
+                    &plan.qkv.consts,
+                    plan.qkv.num_warps,
+                    &mut [
+                        (&self.x).into(),
+                        l.input_norm.into(),
+                        l.qkv_w.into(),
+                        l.qkv_b.into(),
+                        (&mut self.qkv).into(),
+                        ti.into(),
+                        qkv_dim.into(),
+                        h.into(),
+                        eps.into(),
+                    ],
+                )?;
+                launch(
+                    dev,
+                    &PREFILL_QK_ROPE,
+                    [t.div_ceil(ROPE_ROWS as usize) as u32, (nh + nkv) as u32, 1],
+                    &[cfg.head_dim as i64, ROPE_ROWS],
+                    4,
+                    &mut [
+                        (&self.qkv).into(),
+                        l.q_norm.into(),
+                        l.k_norm.into(),
+                        rope_cos.into(),
+                        rope_sin.into(),
+                        (&mut self.q).into(),
+                        (&mut *l.k_cache).into(),
+                        (&mut *l.v_cache).into(),
+                        ti.into(),
+                        p0.into(),
+                        nh.into(),
+                        nkv.into(),
+                        max_seq.into(),
+                        i32::from(cfg.qk_norm).into(),
+                        eps.into(),
+                    ],
+                )?;
+                launch(
+                    dev,
+                    &PREFILL_ATTENTION,
+                    [
+                        t.div_ceil(plan.attention.consts[1] as usize) as u32,
+                        nh as u32,
+                        1,
+                    ],
+                    &plan.attention.consts,
+                    plan.attention.num_warps,
+                    &mut [
+                        (&self.q).into(),
+                        (&*l.k_cache).into(),
+                        (&*l.v_cache).into(),
+                        (&mut self.attn).into(),
+                        ti.into(),
+                        p0.into(),
+                        (nh / nkv).into(),
+                        max_seq.into(),
+                        scale.into(),
+                    ],
+                )?;
+                launch(
+                    dev,
+                    &PREFILL_GEMM_RESIDUAL,
+                    gemm_grid(&plan.o_proj, t, h),
+                    &plan.o_proj.consts,
+                    plan.o_proj.num_warps,
+                    &mut [
+                        (&self.attn).into(),
+                        l.o_w.into(),
+                        l.o_b.into(),
+                        (&mut self.x).into(),
+                        ti.into(),
+                        h.into(),
+                        qd.into(),
+                    ],
+                )?;
+                launch(
+                    dev,
+                    &PREFILL_NORM_GATE_UP,
+                    gemm_grid(&plan.gate_up, t, im),
+                    &plan.gate_up.consts,
+                    plan.gate_up.num_warps,
+                    &mut [
+                        (&self.x).into(),
+                        l.post_norm.into(),
+                        l.gate_up_w.into(),
+                        (&mut self.act).into(),
+                        ti.into(),
+                        im.into(),
+                        h.into(),
+                        eps.into(),
+                    ],
+                )?;
+                launch(
+                    dev,
+                    &PREFILL_GEMM_RESIDUAL,
+                    gemm_grid(&plan.down, t, h),
+                    &plan.down.consts,
+                    plan.down.num_warps,
+                    &mut [
+                        (&self.act).into(),
+                        l.down_w.into(),
+                        zeros.into(),
+                        (&mut self.x).into(),
+                        ti.into(),
+                        h.into(),
+                        im.into(),
+                    ],
+                )?;
+            }
+            last = (ti - 1, p0 + ti - 1);
+        }
+        launch(
+            dev,
+            &PREFILL_LAST_ROW,
+            1,
+            &[1024],
+            4,
+            &mut [
+                (&self.x).into(),
+                (&self.ids).into(),
+                x_out.into(),
+                state.into(),
+                last.0.into(),
+                0i32.into(),
+                last.1.into(),
+                h.into(),
+            ],
+        )?;
+        Ok(())
+    }
+}
+
+/// Launches `def`'s compiled variant for `consts` / `num_warps` over `grid`.
+fn launch(
+    dev: &Device,
+    def: &KernelDef,
+    grid: impl Into<LaunchConfig>,
+    consts: &[i64],
+    num_warps: u32,
+    args: &mut [KernelArg<'_>],
+) -> Result<()> {
+    def.launch_dyn(dev, grid.into().num_warps(num_warps), consts, args)?;
+    Ok(())
+}
+
+/// A timed batched prefill ([`time_prefill`]).
+#[derive(Clone, Debug)]
+pub struct PrefillTiming {
+    /// Prompt tokens.
+    pub prompt: usize,
+    /// Tokens per chunk.
+    pub chunk: usize,
+    /// Kernel launches of one prefill (with the LM head and argmax).
+    pub launches: usize,
+    /// Wall-clock milliseconds of each timed run, from the first launch to the greedy
+    /// next token read on the host: the time to first token.
+    pub runs_ms: Vec<f64>,
+}
+
+impl PrefillTiming {
+    /// The median run in milliseconds.
+    pub fn median_ms(&self) -> f64 {
+        let mut v = self.runs_ms.clone();
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(0.0)
+    }
+
+    /// Prompt tokens per second of the median run.
+    pub fn tokens_per_s(&self) -> f64 {
+        self.prompt as f64 / (self.median_ms() / 1e3)
+    }
+}
+
+impl std::fmt::Display for PrefillTiming {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut sorted = self.runs_ms.clone();
+        sorted.sort_by(f64::total_cmp);
+        write!(
+            f,
+            "prefill           {} tokens in chunks of {} ({} launches): time to first token \
+             {:.2} ms (median of {}, min {:.2}, max {:.2}), {:.0} tokens/s",
+            self.prompt,
+            self.chunk,
+            self.launches,
+            self.median_ms(),
+            sorted.len(),
+            sorted.first().copied().unwrap_or(0.0),
+            sorted.last().copied().unwrap_or(0.0),
+            self.tokens_per_s()
+        )
+    }
+}
+
+/// Times `reps` batched prefills of `prompt` on `dec` (after one untimed run, which
+/// loads the kernels): each from the first launch until the greedy next token is on
+/// the host, so it is the time to first token of a generation whose decode graph is
+/// already captured.
+pub fn time_prefill(
+    dec: &mut crate::decode::Decoder,
+    prompt: &[u32],
+    reps: usize,
+) -> Result<PrefillTiming> {
+    dec.prefill(prompt)?;
+    dec.synchronize()?;
+    let mut runs_ms = Vec::with_capacity(reps.max(1));
+    for _ in 0..reps.max(1) {
+        let t0 = std::time::Instant::now();
+        dec.prefill(prompt)?;
+        dec.read_state()?;
+        runs_ms.push(t0.elapsed().as_secs_f64() * 1e3);
+    }
+    let p = dec.prefiller()?;
+    Ok(PrefillTiming {
+        prompt: prompt.len(),
+        chunk: p.chunk(),
+        launches: p.launches_for(prompt.len()) + 2,
+        runs_ms,
+    })
+}

@@ -1,0 +1,485 @@
+//! The batched-prefill kernels: a chunk of `T` prompt tokens at positions
+//! `start .. start + T` through one layer at a time, written around `dot` (tensor cores
+//! for bf16 tiles) as Triton's tutorial GEMM and FlashAttention-2 are.
+//!
+//! Per chunk ([`crate::prefill`] drives them):
+//!
+//! 1. [`prefill_embed`]: the embedding rows of the chunk's token ids, `x[T, hidden]`;
+//!
+//! and per layer:
+//!
+//! 2. [`prefill_norm_qkv`]: RMSNorm fused into the fused `[q; k; v]` projection's
+//!    prologue, plus bias;
+//! 3. [`prefill_qk_rope`]: QK-norm (Qwen3), RoPE at every position of the chunk, the
+//!    queries to a `[T, num_heads, head_dim]` buffer and the keys and values appended to
+//!    the KV cache;
+//! 4. [`prefill_attention`]: causal attention of the chunk's queries over the cache
+//!    (earlier chunks and this one), FlashAttention-2 style;
+//! 5. [`prefill_gemm_residual`]: the O projection (+ bias) added into `x`;
+//! 6. [`prefill_norm_gate_up`]: RMSNorm fused into the `[gate; up]` projection, with
+//!    `silu(gate) * up` in the epilogue;
+//! 7. [`prefill_gemm_residual`]: the down projection added into `x`;
+//!
+//! and after the last chunk [`prefill_last_row`], which hands the last position's
+//! hidden state and token to the decode step's LM head and argmax (so the device state
+//! ends as after a decode step at that position).
+//!
+//! Rounding mirrors the host reference ([`crate::reference`]) wherever a tile kernel
+//! can: norm outputs, projections, RoPE terms, scores and the residual stream are
+//! rounded to bf16 where transformers rounds them, arithmetic is f32. The one
+//! departure is attention's probabilities: the reference rounds the *normalized*
+//! probabilities to bf16; an online softmax rounds the unnormalized ones (the `dot`
+//! operand with the values) and divides at the end, as the decode kernels' split pass
+//! keeps them in f32.
+//!
+//! GEMMs are "NT": `Y[T, N] = A[T, K] · W[N, K]^T` over row-major bf16 weights `[N, K]`
+//! (the layout checkpoints and the decode kernels use); the `B` tile `[BLOCK_K,
+//! BLOCK_N]` is read from `W` by pointer arithmetic. Program `(m, n)` of the grid
+//! `[cdiv(T, BLOCK_M), cdiv(N, BLOCK_N)]` computes one output tile; programs along `m`
+//! are consecutive, so the few programs sharing a weight tile run together and read it
+//! from DRAM once.
+//!
+//! Tile variants: a 16-row tile for the interpreter (little masked work), and on the
+//! GPU 64- and 128-row GEMM tiles with 64 or 128 columns and 32- or 64-wide `k` steps,
+//! 64- and 128-query attention tiles over 32 or 64 keys. Those that spill registers or
+//! exceed 48 KiB of shared memory with today's `dot` are skipped (each `skip` says
+//! so; `tests/ptxas_all.rs` checks the rest); [`crate::prefill::PrefillPlan`] picks
+//! one per launch.
+
+use tilefuse_macros::kernel;
+
+/// Every kernel description in this module, for tooling (offline assembly, inspection).
+pub fn all() -> [&'static tilefuse_dsl::runtime::KernelDef; 7] {
+    [
+        &PREFILL_EMBED,
+        &PREFILL_NORM_QKV,
+        &PREFILL_QK_ROPE,
+        &PREFILL_ATTENTION,
+        &PREFILL_GEMM_RESIDUAL,
+        &PREFILL_NORM_GATE_UP,
+        &PREFILL_LAST_ROW,
+    ]
+}
+
+/// `x[r] = table[ids[first + r]]` for the rows `r < t` (grid `[t, cdiv(h, B)]`).
+#[kernel(crate = tilefuse_dsl, B = [1024], num_warps = [4])]
+pub fn prefill_embed<const B: usize>(
+    table: Ptr<bf16>,
+    ids: Ptr<i32>,
+    x: Ptr<bf16>,
+    first: i32,
+    #[multiple_of(8)] h: i32,
+) {
+    let row = program_id(0);
+    let token = load(ids + first + row);
+    let offs = program_id(1) * B + arange(0, B);
+    let ok = offs < h;
+    store(
+        x + row * h + offs,
+        load(table + token * h + offs, ok, 0.0),
+        ok,
+    );
+}
+
+/// `y = bf16(rmsnorm(x) · W^T + bias)`: `x[t, k]`, `W[n, k]`, `y[t, n]`, the QKV
+/// projection of a chunk.
+///
+/// RMSNorm is the GEMM's prologue and rounds as the reference does: each program first
+/// computes its rows' `inv_rms` over all of `k`, then normalizes every `A` tile to
+/// `bf16(norm_w * bf16(x * inv_rms))` before the `dot`, so the product sees exactly the
+/// reference's bf16 operand (the rows are re-read; they are `k` bf16 each).
+#[kernel(
+    crate = tilefuse_dsl,
+    BLOCK_M = [16, 64, 128],
+    BLOCK_N = [32, 64, 128],
+    BLOCK_K = [32, 64],
+    num_warps = [4, 8],
+    // 16 x 32 x 32 over 4 warps: the interpreter's tile (little masked work).
+    skip(BLOCK_M = 16, BLOCK_N = [64, 128]),
+    skip(BLOCK_M = 16, BLOCK_K = 64),
+    skip(BLOCK_M = 16, num_warps = 8),
+    skip(BLOCK_N = 32, BLOCK_M = [64, 128]),
+    // With today's `dot` (operand tiles and the f32 product held across the
+    // program's threads) these spill registers (`tests/ptxas_all.rs`); 128 x 128 x 64
+    // also needs more than 48 KiB of shared memory.
+    skip(BLOCK_M = 128, BLOCK_N = 128),
+    skip(num_warps = 4, BLOCK_M = 128),
+    skip(num_warps = 4, BLOCK_N = 128),
+    skip(num_warps = 4, BLOCK_K = 64)
+)]
+pub fn prefill_norm_qkv<const BLOCK_M: usize, const BLOCK_N: usize, const BLOCK_K: usize>(
+    x: Ptr<bf16>,
+    norm_w: Ptr<bf16>,
+    w: Ptr<bf16>,
+    bias: Ptr<bf16>,
+    y: Ptr<bf16>,
+    t: i32,
+    n: i32,
+    #[multiple_of(8)] k: i32,
+    eps: f32,
+) {
+    let rows = program_id(0) * BLOCK_M + arange(0, BLOCK_M);
+    let cols = program_id(1) * BLOCK_N + arange(0, BLOCK_N);
+    let row_ok = rows < t;
+    let col_ok = cols < n;
+    let kk = arange(0, BLOCK_K);
+    // Prologue: each row's inverse RMS.
+    let mut sq = zeros::<f32>([BLOCK_M]);
+    let mut x_ptrs = x + rows.expand_dims(1) * k + kk.expand_dims(0);
+    for k0 in (0..k).step_by(BLOCK_K) {
+        let mask = row_ok.expand_dims(1) & (k0 + kk < k).expand_dims(0);
+        let xv = load(x_ptrs, mask, 0.0) as f32;
+        sq += (xv * xv).sum(1);
+        x_ptrs = x_ptrs + BLOCK_K;
+    }
+    let inv_rms = (1.0 / sqrt(sq / (k as f32) + eps)).expand_dims(1);
+
+    let mut acc = zeros::<f32>([BLOCK_M, BLOCK_N]);
+    let mut a_ptrs = x + rows.expand_dims(1) * k + kk.expand_dims(0);
+    let mut b_ptrs = w + cols.expand_dims(0) * k + kk.expand_dims(1);
+    for k0 in (0..k).step_by(BLOCK_K) {
+        let k_ok = k0 + kk < k;
+        let a = load(a_ptrs, row_ok.expand_dims(1) & k_ok.expand_dims(0), 0.0) as f32;
+        let g = (load(norm_w + k0 + kk, k_ok, 0.0) as f32).expand_dims(0);
+        let an = (g * ((a * inv_rms) as bf16 as f32)) as bf16;
+        let b = load(b_ptrs, k_ok.expand_dims(1) & col_ok.expand_dims(0), 0.0);
+        acc = dot(an, b, acc);
+        a_ptrs = a_ptrs + BLOCK_K;
+        b_ptrs = b_ptrs + BLOCK_K;
+    }
+    let b = (load(bias + cols, col_ok, 0.0) as f32).expand_dims(0);
+    let mask = row_ok.expand_dims(1) & col_ok.expand_dims(0);
+    store(
+        y + rows.expand_dims(1) * n + cols.expand_dims(0),
+        (acc + b) as bf16,
+        mask,
+    );
+}
+
+/// `x = bf16(x + bf16(a · W^T + bias))`: `a[t, k]`, `W[n, k]`, `x[t, n]`, a projection
+/// added into the residual stream (the O projection with its bias, the down projection
+/// with a zero one).
+#[kernel(
+    crate = tilefuse_dsl,
+    BLOCK_M = [16, 64, 128],
+    BLOCK_N = [32, 64, 128],
+    BLOCK_K = [32, 64],
+    num_warps = [4, 8],
+    // The tiles of `prefill_norm_qkv`.
+    skip(BLOCK_M = 16, BLOCK_N = [64, 128]),
+    skip(BLOCK_M = 16, BLOCK_K = 64),
+    skip(BLOCK_M = 16, num_warps = 8),
+    skip(BLOCK_N = 32, BLOCK_M = [64, 128]),
+    skip(BLOCK_M = 128, BLOCK_N = 128),
+    skip(num_warps = 4, BLOCK_M = 128),
+    skip(num_warps = 4, BLOCK_N = 128),
+    skip(num_warps = 4, BLOCK_K = 64)
+)]
+pub fn prefill_gemm_residual<const BLOCK_M: usize, const BLOCK_N: usize, const BLOCK_K: usize>(
+    a: Ptr<bf16>,
+    w: Ptr<bf16>,
+    bias: Ptr<bf16>,
+    x: Ptr<bf16>,
+    t: i32,
+    n: i32,
+    #[multiple_of(8)] k: i32,
+) {
+    let rows = program_id(0) * BLOCK_M + arange(0, BLOCK_M);
+    let cols = program_id(1) * BLOCK_N + arange(0, BLOCK_N);
+    let row_ok = rows < t;
+    let col_ok = cols < n;
+    let kk = arange(0, BLOCK_K);
+    let mut acc = zeros::<f32>([BLOCK_M, BLOCK_N]);
+    let mut a_ptrs = a + rows.expand_dims(1) * k + kk.expand_dims(0);
+    let mut b_ptrs = w + cols.expand_dims(0) * k + kk.expand_dims(1);
+    for k0 in (0..k).step_by(BLOCK_K) {
+        let k_ok = k0 + kk < k;
+        let at = load(a_ptrs, row_ok.expand_dims(1) & k_ok.expand_dims(0), 0.0);
+        let bt = load(b_ptrs, k_ok.expand_dims(1) & col_ok.expand_dims(0), 0.0);
+        acc = dot(at, bt, acc);
+        a_ptrs = a_ptrs + BLOCK_K;
+        b_ptrs = b_ptrs + BLOCK_K;
+    }
+    let b = (load(bias + cols, col_ok, 0.0) as f32).expand_dims(0);
+    let mask = row_ok.expand_dims(1) & col_ok.expand_dims(0);
+    let at = x + rows.expand_dims(1) * n + cols.expand_dims(0);
+    let old = load(at, mask, 0.0) as f32;
+    let proj = (acc + b) as bf16 as f32;
+    store(at, (old + proj) as bf16, mask);
+}
+
+/// `act = bf16(bf16(silu(g)) * u)` with `g = bf16(rmsnorm(x) · W[j]^T)` and
+/// `u = bf16(rmsnorm(x) · W[inter + j]^T)`: the MLP's first half over the fused
+/// `[gate; up]` weight `[2 * inter, k]`, `act[t, inter]`.
+///
+/// Each program holds two accumulators, for columns `j` of the gate rows and of the up
+/// rows, over one normalized `A` tile (the norm as in [`prefill_norm_qkv`]).
+#[kernel(
+    crate = tilefuse_dsl,
+    BLOCK_M = [16, 64, 128],
+    BLOCK_N = [32, 64, 128],
+    BLOCK_K = [32, 64],
+    num_warps = [4, 8],
+    // The tiles of `prefill_norm_qkv` but for 64-wide `k` steps over 128 rows or
+    // columns: two accumulators spill there.
+    skip(BLOCK_M = 16, BLOCK_N = [64, 128]),
+    skip(BLOCK_M = 16, BLOCK_K = 64),
+    skip(BLOCK_M = 16, num_warps = 8),
+    skip(BLOCK_N = 32, BLOCK_M = [64, 128]),
+    skip(BLOCK_M = 128, BLOCK_N = 128),
+    skip(num_warps = 4, BLOCK_M = 128),
+    skip(num_warps = 4, BLOCK_N = 128),
+    skip(num_warps = 4, BLOCK_K = 64),
+    skip(BLOCK_K = 64, BLOCK_M = 128),
+    skip(BLOCK_K = 64, BLOCK_N = 128)
+)]
+pub fn prefill_norm_gate_up<const BLOCK_M: usize, const BLOCK_N: usize, const BLOCK_K: usize>(
+    x: Ptr<bf16>,
+    norm_w: Ptr<bf16>,
+    w: Ptr<bf16>,
+    act: Ptr<bf16>,
+    t: i32,
+    inter: i32,
+    #[multiple_of(8)] k: i32,
+    eps: f32,
+) {
+    let rows = program_id(0) * BLOCK_M + arange(0, BLOCK_M);
+    let cols = program_id(1) * BLOCK_N + arange(0, BLOCK_N);
+    let row_ok = rows < t;
+    let col_ok = cols < inter;
+    let kk = arange(0, BLOCK_K);
+    let mut sq = zeros::<f32>([BLOCK_M]);
+    let mut x_ptrs = x + rows.expand_dims(1) * k + kk.expand_dims(0);
+    for k0 in (0..k).step_by(BLOCK_K) {
+        let mask = row_ok.expand_dims(1) & (k0 + kk < k).expand_dims(0);
+        let xv = load(x_ptrs, mask, 0.0) as f32;
+        sq += (xv * xv).sum(1);
+        x_ptrs = x_ptrs + BLOCK_K;
+    }
+    let inv_rms = (1.0 / sqrt(sq / (k as f32) + eps)).expand_dims(1);
+
+    let mut acc_g = zeros::<f32>([BLOCK_M, BLOCK_N]);
+    let mut acc_u = zeros::<f32>([BLOCK_M, BLOCK_N]);
+    let mut a_ptrs = x + rows.expand_dims(1) * k + kk.expand_dims(0);
+    let mut g_ptrs = w + cols.expand_dims(0) * k + kk.expand_dims(1);
+    let mut u_ptrs = w + (inter + cols).expand_dims(0) * k + kk.expand_dims(1);
+    for k0 in (0..k).step_by(BLOCK_K) {
+        let k_ok = k0 + kk < k;
+        let a = load(a_ptrs, row_ok.expand_dims(1) & k_ok.expand_dims(0), 0.0) as f32;
+        let g = (load(norm_w + k0 + kk, k_ok, 0.0) as f32).expand_dims(0);
+        let an = (g * ((a * inv_rms) as bf16 as f32)) as bf16;
+        let b_mask = k_ok.expand_dims(1) & col_ok.expand_dims(0);
+        let gt = load(g_ptrs, b_mask, 0.0);
+        let ut = load(u_ptrs, b_mask, 0.0);
+        acc_g = dot(an, gt, acc_g);
+        acc_u = dot(an, ut, acc_u);
+        a_ptrs = a_ptrs + BLOCK_K;
+        g_ptrs = g_ptrs + BLOCK_K;
+        u_ptrs = u_ptrs + BLOCK_K;
+    }
+    let gate = acc_g as bf16 as f32;
+    let up = acc_u as bf16 as f32;
+    let silu = (gate / (1.0 + exp(-gate))) as bf16 as f32;
+    let mask = row_ok.expand_dims(1) & col_ok.expand_dims(0);
+    store(
+        act + rows.expand_dims(1) * inter + cols.expand_dims(0),
+        (silu * up) as bf16,
+        mask,
+    );
+}
+
+/// QK-norm (when `use_norm != 0`), RoPE and the KV-cache append for a chunk: program
+/// `(b, h)` takes rows `b * BT ..` of the fused projection `qkv[t, (nh + 2 nkv) * D]`
+/// (the row's position is `start + row`) and head slot `h`: a query head for
+/// `h < num_heads` (normalized, rotated, stored to `q_out[t, num_heads, D]`), else KV
+/// head `h - num_heads` (its key normalized, rotated and stored, and its value copied,
+/// to row `start + row` of the caches `[num_kv_heads, max_seq, D]`).
+///
+/// Rounds as [`crate::kernels::attention_split`] and the reference do:
+/// `bf16(norm_w * bf16(x * inv_rms))`, then `bf16(bf16(a * cos) + bf16(±b * sin))`
+/// with `b` the rotate-half partner and the bf16-rounded tables `rope_cos` /
+/// `rope_sin` (`[max_seq, D / 2]`).
+#[kernel(crate = tilefuse_dsl, D = [32, 64, 128], BT = [16], num_warps = [4])]
+pub fn prefill_qk_rope<const D: usize, const BT: usize>(
+    qkv: Ptr<bf16>,
+    q_norm_w: Ptr<bf16>,
+    k_norm_w: Ptr<bf16>,
+    rope_cos: Ptr<f32>,
+    rope_sin: Ptr<f32>,
+    q_out: Ptr<bf16>,
+    k_cache: Ptr<bf16>,
+    v_cache: Ptr<bf16>,
+    t: i32,
+    start: i32,
+    num_heads: i32,
+    num_kv_heads: i32,
+    max_seq: i32,
+    use_norm: i32,
+    eps: f32,
+) {
+    let rows = program_id(0) * BT + arange(0, BT);
+    let ok = (rows < t).expand_dims(1);
+    let head = program_id(1);
+    let row_len = (num_heads + 2 * num_kv_heads) * D;
+    let d = arange(0, D);
+    let partner = (d + D / 2) % D;
+    let sign = select(d < D / 2, -1.0, 1.0).expand_dims(0);
+    let freq = (d % (D / 2)).expand_dims(0);
+    let pos = (start + rows).expand_dims(1);
+    let at = rows.expand_dims(1) * row_len + head * D;
+    let mut a = load(qkv + at + d.expand_dims(0), ok, 0.0) as f32;
+    let mut b = load(qkv + at + partner.expand_dims(0), ok, 0.0) as f32;
+    let cs = load(rope_cos + pos * (D / 2) + freq, ok, 0.0);
+    let sn = load(rope_sin + pos * (D / 2) + freq, ok, 0.0);
+    let is_q = head < num_heads;
+    if use_norm != 0 {
+        let w = select(is_q, load(q_norm_w + d), load(k_norm_w + d)) as f32;
+        let w_partner = select(is_q, load(q_norm_w + partner), load(k_norm_w + partner)) as f32;
+        let inv_rms = (1.0 / sqrt((a * a).sum(1) / (D as f32) + eps)).expand_dims(1);
+        a = (w.expand_dims(0) * ((a * inv_rms) as bf16 as f32)) as bf16 as f32;
+        b = (w_partner.expand_dims(0) * ((b * inv_rms) as bf16 as f32)) as bf16 as f32;
+    }
+    let turn = (sign * b * sn) as bf16 as f32;
+    let rotated = (((a * cs) as bf16 as f32) + turn) as bf16;
+    if is_q {
+        store(
+            q_out + (rows.expand_dims(1) * num_heads + head) * D + d.expand_dims(0),
+            rotated,
+            ok,
+        );
+    } else {
+        let kv_head = head - num_heads;
+        let cache_at = kv_head * max_seq * D + pos * D + d.expand_dims(0);
+        store(k_cache + cache_at, rotated, ok);
+        let v_at = rows.expand_dims(1) * row_len + (num_heads + num_kv_heads + kv_head) * D;
+        store(
+            v_cache + cache_at,
+            load(qkv + v_at + d.expand_dims(0), ok, 0.0),
+            ok,
+        );
+    }
+}
+
+/// Causal attention of a chunk, FlashAttention-2 style: program `(m, h)` keeps the
+/// queries of rows `m * BLOCK_M ..` of head `h` (`q[t, num_heads, D]`, positions
+/// `start + row`) and streams keys and values of KV head `h / group` from the cache
+/// (`[num_kv_heads, max_seq, D]`, positions `0 ..= start + row`: earlier chunks and
+/// this one, already appended) in `BLOCK_N`-position tiles with an online softmax.
+/// Output `out[t, num_heads * D]` bf16.
+///
+/// Scores round as the reference's (`bf16(bf16(q·k) * scale)`); the unnormalized
+/// probabilities enter the value product as bf16 (see the module docs).
+#[kernel(
+    crate = tilefuse_dsl,
+    D = [32, 64, 128],
+    BLOCK_M = [16, 64, 128],
+    BLOCK_N = [32, 64],
+    num_warps = [4, 8],
+    // 16 x 32 over 4 warps: the interpreter's tile.
+    skip(BLOCK_M = 16, BLOCK_N = 64),
+    skip(BLOCK_M = 16, num_warps = 8),
+    // Queries, a key tile and the f32 scores need more than 48 KiB of shared memory.
+    skip(D = 128, BLOCK_M = 128),
+    // With today's `dot` these spill registers over 4 warps (`tests/ptxas_all.rs`).
+    skip(num_warps = 4, BLOCK_M = 128),
+    skip(num_warps = 4, BLOCK_M = 64, BLOCK_N = 64),
+    skip(num_warps = 4, BLOCK_M = 64, D = 128)
+)]
+pub fn prefill_attention<const D: usize, const BLOCK_M: usize, const BLOCK_N: usize>(
+    q: Ptr<bf16>,
+    k_cache: Ptr<bf16>,
+    v_cache: Ptr<bf16>,
+    out: Ptr<bf16>,
+    t: i32,
+    start: i32,
+    group: i32,
+    max_seq: i32,
+    scale: f32,
+) {
+    let head = program_id(1);
+    let num_heads = num_programs(1);
+    let base = (head / group) * max_seq * D;
+    let rows = program_id(0) * BLOCK_M + arange(0, BLOCK_M);
+    let row_ok = rows < t;
+    let q_pos = (start + rows).expand_dims(1);
+    let d = arange(0, D);
+    let qt = load(
+        q + (rows * num_heads + head).expand_dims(1) * D + d.expand_dims(0),
+        row_ok.expand_dims(1),
+        0.0,
+    );
+    // Keys up to this tile's last query position (padding rows past `t` see the same
+    // keys as the last real one; position 0 keeps every row's softmax non-empty, and
+    // the first tile processed always holds it).
+    let end = start + minimum((program_id(0) + 1) * BLOCK_M, t);
+    let s = arange(0, BLOCK_N);
+    let mut m = full([BLOCK_M], f32::NEG_INFINITY);
+    let mut l = zeros::<f32>([BLOCK_M]);
+    let mut acc = zeros::<f32>([BLOCK_M, D]);
+    let mut k_ptrs = k_cache + base + s.expand_dims(0) * D + d.expand_dims(1);
+    let mut v_ptrs = v_cache + base + s.expand_dims(1) * D + d.expand_dims(0);
+    // Whole key tiles before the tile's first query position are visible to every row
+    // and inside the cache: no causal or bounds masks.
+    let unmasked = (start + program_id(0) * BLOCK_M) / BLOCK_N * BLOCK_N;
+    for s0 in (0..unmasked).step_by(BLOCK_N) {
+        let kt = load(k_ptrs);
+        let dots = dot(qt, kt);
+        let scores = ((dots as bf16 as f32) * scale) as bf16 as f32;
+        let m_new = maximum(m, scores.max(1));
+        let p = exp(scores - m_new.expand_dims(1));
+        let alpha = exp(m - m_new);
+        l = l * alpha + p.sum(1);
+        let vt = load(v_ptrs);
+        acc = dot(p as bf16, vt, acc * alpha.expand_dims(1));
+        m = m_new;
+        k_ptrs = k_ptrs + BLOCK_N * D;
+        v_ptrs = v_ptrs + BLOCK_N * D;
+    }
+    // The rest, up to the tile's last query position: masked.
+    for s0 in (unmasked..end).step_by(BLOCK_N) {
+        let s_ok = s0 + s < end;
+        let kt = load(k_ptrs, s_ok.expand_dims(0), 0.0);
+        let dots = dot(qt, kt);
+        let scores = ((dots as bf16 as f32) * scale) as bf16 as f32;
+        let visible = (s0 + s).expand_dims(0) <= q_pos;
+        let scores = select(visible & s_ok.expand_dims(0), scores, f32::NEG_INFINITY);
+        let m_new = maximum(m, scores.max(1));
+        let p = exp(scores - m_new.expand_dims(1));
+        let alpha = exp(m - m_new);
+        l = l * alpha + p.sum(1);
+        let vt = load(v_ptrs, s_ok.expand_dims(1), 0.0);
+        acc = dot(p as bf16, vt, acc * alpha.expand_dims(1));
+        m = m_new;
+        k_ptrs = k_ptrs + BLOCK_N * D;
+        v_ptrs = v_ptrs + BLOCK_N * D;
+    }
+    let o = acc / l.expand_dims(1);
+    store(
+        out + rows.expand_dims(1) * (num_heads * D) + head * D + d.expand_dims(0),
+        o as bf16,
+        row_ok.expand_dims(1),
+    );
+}
+
+/// Hands row `row` of the chunk to the decode step's LM head: `x_out = x[row]`,
+/// `state = [ids[first + row], pos]`. The LM head and `argmax_finish` then write the
+/// greedy next token and `pos + 1` to `state`, as after a decode step at `pos`.
+#[kernel(crate = tilefuse_dsl, B = [1024], num_warps = [4])]
+pub fn prefill_last_row<const B: usize>(
+    x: Ptr<bf16>,
+    ids: Ptr<i32>,
+    x_out: Ptr<bf16>,
+    state: Ptr<i32>,
+    row: i32,
+    first: i32,
+    pos: i32,
+    #[multiple_of(8)] h: i32,
+) {
+    for c0 in (0..h).step_by(B) {
+        let offs = c0 + arange(0, B);
+        let ok = offs < h;
+        store(x_out + offs, load(x + row * h + offs, ok, 0.0), ok);
+    }
+    store(state, load(ids + first + row));
+    store(state + 1, pos);
+}
