@@ -152,7 +152,7 @@ impl Kernel {
     }
 
     /// Every pointer parameter a pointer value may derive from (through `AddPtr`,
-    /// broadcasts, splats, both sides of a `select`, both sides of an `if`, and a
+    /// broadcasts, splats, permutations and reshapes, both sides of a `select`, both sides of an `if`, and a
     /// loop-carried value's entry and end-of-body values), in ascending order; `None`
     /// when some path leads elsewhere (a pointer loaded from memory, say).
     pub fn root_params(&self, v: ValueId) -> Option<Vec<usize>> {
@@ -186,7 +186,9 @@ impl Kernel {
                 Def::Expr(Expr::AddPtr { ptr, .. })
                 | Def::Expr(Expr::Splat { value: ptr, .. })
                 | Def::Expr(Expr::Broadcast { value: ptr, .. })
-                | Def::Expr(Expr::ExpandDims { value: ptr, .. }) => todo.push(*ptr),
+                | Def::Expr(Expr::ExpandDims { value: ptr, .. })
+                | Def::Expr(Expr::Permute { value: ptr, .. })
+                | Def::Expr(Expr::Reshape { value: ptr, .. }) => todo.push(*ptr),
                 Def::Expr(Expr::Select { then, other, .. }) => {
                     todo.push(*then);
                     todo.push(*other);

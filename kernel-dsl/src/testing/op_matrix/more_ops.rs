@@ -447,3 +447,45 @@ fn matrix_random() {
     }
     check_all("matrix_random", cases);
 }
+
+/// Pointer tiles permute and reshape like values: a store through transposed pointers
+/// of a transposed tile writes the original layout, and the buffer counts as written
+/// (its loads then take the coherent path on the GPU).
+#[test]
+fn matrix_permuted_pointers() {
+    let mut r = Rng(0x7A46);
+    let src = "fn ptr_trans<const M: usize, const N: usize>(x: Ptr<f32>, out: Ptr<f32>) {
+    let offs = arange(0, M).expand_dims(1) * N + arange(0, N).expand_dims(0);
+    let v = load(x + offs);
+    store((out + offs).trans(), v.trans());
+    store((out + M * N + offs).reshape([M * N]), v.reshape([M * N]) * 2.0);
+}"
+    .to_string();
+    let spec = crate::Specialization {
+        consts: vec![("M".into(), 8), ("N".into(), 16)],
+        num_warps: 2,
+    };
+    let k = crate::compile_source(&format!("#[kernel(M = [8], N = [16])]\n{src}"), &spec)
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(k.written_params(), vec![1]);
+    let x = gen(&mut r, DType::F32, 128, Dist::Range(-4.0, 4.0));
+    let mut want = x.clone();
+    want.extend(x.iter().map(|v| V::F(v.f() * 2.0)));
+    let case = Case {
+        src,
+        consts: vec![("M", 8), ("N", 16)],
+        warps: 2,
+        tol: EXACT,
+        assemble: true,
+        runs: vec![Run {
+            what: "8 x 16".into(),
+            grid: [1, 1, 1],
+            args: vec![
+                data(DType::F32, &x),
+                data(DType::F32, &[poison(DType::F32); 256]),
+            ],
+            want: vec![None, Some(want)],
+        }],
+    };
+    check_all("matrix_permuted_pointers", vec![case]);
+}
