@@ -42,7 +42,8 @@ pub struct EngineOptions {
     /// decoder yet: more than 1 is an error after the validation (docs/design.md,
     /// "Tensor parallelism").
     pub tp: usize,
-    /// Report checkpoint loading on stderr (a line rewritten in place); default off.
+    /// Report checkpoint loading on stderr (a line rewritten in place) for checkpoints
+    /// of 1 GiB or more; default off.
     pub progress: bool,
 }
 
@@ -193,7 +194,8 @@ impl Engine {
         let ckpt = Checkpoint::open(dir)?;
         let label = dir.display().to_string();
         check_placement(&label, &ckpt.config, &opts)?;
-        if opts.progress {
+        // Small checkpoints load too fast for a progress line to help.
+        if opts.progress && ckpt.weights.total_bytes() >= 1 << 30 {
             ckpt.weights
                 .prefetch(crate::weights::stderr_progress("loading weights"));
         }

@@ -210,6 +210,7 @@ mod tests {
         let e = fits("llama-3.1-70b", "NVIDIA H100", &cfg, &need, free, GB80)
             .unwrap_err()
             .to_string();
+        println!("{e}");
         assert!(
             e.contains("llama-3.1-70b needs 13") && e.contains("73.5") && e.contains("74.5"),
             "{e}"

@@ -328,7 +328,7 @@ pub(crate) const IRWIN_HALL_UNIT: f32 = 1.732_050_8 / 65536.0;
 /// Element `index` of a tensor keyed `key` ([`tensor_key`]): `mean + std * z`
 /// rounded to bf16, `z` approximately N(0, 1).
 ///
-/// Two rounds of [`fmix32`] over the index and the key give 64 random bits; the
+/// Two rounds of murmur3's 32-bit finalizer over the index and the key give 64 random bits; the
 /// sum of their four 16-bit halves, centred and scaled to unit variance
 /// (Irwin–Hall), is close to normal (bounded at ±3.5σ) and far cheaper than
 /// Box–Muller. Every step is exact or one rounded f32 operation, in this order,
