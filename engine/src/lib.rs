@@ -9,6 +9,7 @@
 //! - [`bench`](mod@bench): the decode benchmark behind `tilefuse bench`.
 //! - [`config`]: `config.json` / `generation_config.json` → [`ModelConfig`].
 //! - [`weights`]: memory-mapped safetensors, looked up by tensor name.
+//! - [`gguf`]: llama.cpp's GGUF files: header, config, tokenizer, quantized block formats.
 //! - [`model`]: per-layer weights ([`ModelWeights`]) and [`Checkpoint`].
 //! - [`preset`]: real model shapes with seeded random weights.
 //! - [`reference`](mod@reference): the plain-Rust decoder the kernel engine is checked against.
@@ -24,6 +25,7 @@ pub mod config;
 pub mod decode;
 pub mod engine;
 pub mod error;
+pub mod gguf;
 pub mod kernels;
 pub mod model;
 pub mod perf;
