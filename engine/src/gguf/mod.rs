@@ -297,9 +297,11 @@ impl<'a> Cursor<'a> {
                     4..=6 => 4,
                     8 | 10..=12 => 8,
                     9 => 12,
-                    other => return Err(self.err(format!(
+                    other => {
+                        return Err(self.err(format!(
                         "array `{key}` at byte {at} has unknown element type {other} (known: 0-12)"
-                    ))),
+                    )))
+                    }
                 };
                 let n = self.count(&format!("length of array `{key}`"), min)?;
                 let mut items = Vec::with_capacity(n);

@@ -393,6 +393,52 @@ impl PackedMatrix {
         }
     }
 
+    /// The matrix as f32, row-major, read from the device layout: the host model of
+    /// what the kernels compute (same rounding as [`dequantize`] on the file's blocks).
+    pub fn dequantize(&self) -> Vec<f32> {
+        let (rows, cols) = self.shape();
+        let mut out = vec![0f32; rows * cols];
+        match self {
+            PackedMatrix::Q8_0 { q, d, .. } => {
+                for (i, o) in out.iter_mut().enumerate() {
+                    *o = (q[i] as i32 - 128) as f32 * d[i / 32].to_f32();
+                }
+            }
+            PackedMatrix::Q4K {
+                q,
+                scales,
+                mins,
+                d,
+                dmin,
+                ..
+            } => {
+                for (i, o) in out.iter_mut().enumerate() {
+                    // Element e of a 256-block: chunk e / 64, nibble (e / 32) % 2, byte e % 32.
+                    let (sb, e) = (i / 256, i % 256);
+                    let byte = q[sb * 128 + (e / 64) * 32 + e % 32];
+                    let nib = (byte >> (4 * ((e / 32) % 2))) & 15;
+                    let scale = d[sb].to_f32() * scales[i / 32] as f32;
+                    let min = dmin[sb].to_f32() * mins[i / 32] as f32;
+                    *o = scale * nib as f32 - min;
+                }
+            }
+            PackedMatrix::Q6K {
+                ql, qh, scales, d, ..
+            } => {
+                for (i, o) in out.iter_mut().enumerate() {
+                    let (sb, e) = (i / 256, i % 256);
+                    let (h, g, l) = (e / 128, (e / 32) % 4, e % 32);
+                    let lo = (ql[sb * 128 + h * 64 + (g % 2) * 32 + l] >> (4 * (g / 2))) & 15;
+                    let hi = (qh[sb * 64 + h * 32 + l] >> (2 * g)) & 3;
+                    let qv = (lo | (hi << 4)) as i32 - 32;
+                    let scale = d[sb].to_f32() * (scales[i / 16] as i32 - 128) as f32;
+                    *o = scale * qv as f32;
+                }
+            }
+        }
+        out
+    }
+
     /// Bytes a GEMV reads from this matrix's arrays (the bandwidth floor's numerator).
     pub fn device_bytes(&self) -> usize {
         match self {
