@@ -14,6 +14,7 @@
 //! - [`preset`]: real model shapes with seeded random weights.
 //! - [`reference`](mod@reference): the plain-Rust decoder the kernel engine is checked against.
 //! - [`tokenizer`]: `tokenizer.json` encode/decode ([`Tokenizer`]).
+//! - [`kernels_quant`]: GEMVs over Q8_0/Q4_K/Q6_K weights.
 //! - [`kernels`]: the decode kernels; [`tuning`]: their launch configurations.
 //! - [`perf`]: copy ceiling, event and graph timing, cuBLAS baseline.
 //! - [`error`]: [`EngineError`], which names the file, tensor or value at fault.
@@ -27,6 +28,7 @@ pub mod engine;
 pub mod error;
 pub mod gguf;
 pub mod kernels;
+pub mod kernels_quant;
 pub mod model;
 pub mod perf;
 pub mod preset;

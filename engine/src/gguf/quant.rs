@@ -18,18 +18,21 @@
 //! # Device layout ([`PackedMatrix`])
 //!
 //! At load the blocks of a `[rows, cols]` matrix are split into separate row-major
-//! arrays, so that each kernel tile reads the quants as contiguous bytes and the scales
-//! as small arrays of their own (no 2-byte `f16` fields at odd offsets inside 34-byte
-//! blocks, which rule out 16-byte loads):
+//! arrays: the quants as `u32` words (the kernel language loads bytes one at a time,
+//! words as 16-byte vectors), the scales as small arrays of their own. Within a group of
+//! `W` words covering `G = W * F` elements (`F` fields a word: 4 bytes or 8 nibbles),
+//! field `t` of word `w` holds element `t * W + w` of the group, so that a kernel tile
+//! `[.., F, W]` (fields, words) is in element order and both the words (`[.., 1, W]`)
+//! and the activations (`[.., F, W]`) are contiguous loads:
 //!
-//! | type | arrays (per row) | bytes per 256 elements (file) |
-//! |---|---|---|
-//! | Q8_0 | `q: u8[cols]` (`i8` with the sign bit flipped: `x = d * (q - 128)`), `d: f16[cols / 32]` | 272 (272) |
-//! | Q4_K | `q: u8[cols / 2]` (file order), `scales: u8[cols / 32]`, `mins: u8[cols / 32]` (6-bit values unpacked), `d: f16[cols / 256]`, `dmin: f16[cols / 256]` | 148 (144) |
-//! | Q6_K | `ql: u8[cols / 2]`, `qh: u8[cols / 4]` (file order), `scales: u8[cols / 16]` (`i8` with the sign bit flipped), `d: f16[cols / 256]` | 210 (210) |
+//! | type | arrays (per row) | group | bytes per 256 elements (file) |
+//! |---|---|---|---|
+//! | Q8_0 | `q: u32[cols / 4]` (bytes: `i8` with the sign bit flipped, `x = d * (q - 128)`), `d: f16[cols / 32]` | 32 elements, 8 words | 272 (272) |
+//! | Q4_K | `q: u32[cols / 8]` (nibbles), `scales: u8[cols / 32]`, `mins: u8[cols / 32]` (6-bit values unpacked), `d: f16[cols / 256]`, `dmin: f16[cols / 256]` | 32 elements, 4 words | 148 (144) |
+//! | Q6_K | `ql: u32[cols / 8]` (low nibbles), `qh: u32[cols / 16]` (high 2 bits, element `i` of a 16-group at bit `2 i`), `scales: u8[cols / 16]` (`i8` with the sign bit flipped), `d: f16[cols / 256]` | 16 elements, 2 words | 210 (210) |
 //!
-//! Q4_K's unpacked scales cost 4 bytes a block (2.8%) and spare each thread three
-//! gathers and a dozen bit operations per sub-block.
+//! Q4_K's unpacked scales cost 4 bytes a super-block (2.8%) and spare each thread the
+//! 6-bit unpacking (three gathers and a dozen bit operations per sub-block).
 
 use half::{bf16, f16};
 
@@ -249,8 +252,8 @@ pub enum PackedMatrix {
         rows: usize,
         /// Columns (input features), a multiple of 32.
         cols: usize,
-        /// `[rows, cols]` quants, `i8` with the sign bit flipped.
-        q: Vec<u8>,
+        /// `[rows, cols / 4]` words of four biased `i8` quants.
+        q: Vec<u32>,
         /// `[rows, cols / 32]` block scales.
         d: Vec<f16>,
     },
@@ -260,8 +263,8 @@ pub enum PackedMatrix {
         rows: usize,
         /// Columns (input features), a multiple of 256.
         cols: usize,
-        /// `[rows, cols / 2]` nibbles in file order.
-        q: Vec<u8>,
+        /// `[rows, cols / 8]` words of eight 4-bit quants.
+        q: Vec<u32>,
         /// `[rows, cols / 32]` 6-bit sub-block scales.
         scales: Vec<u8>,
         /// `[rows, cols / 32]` 6-bit sub-block mins.
@@ -277,15 +280,38 @@ pub enum PackedMatrix {
         rows: usize,
         /// Columns (input features), a multiple of 256.
         cols: usize,
-        /// `[rows, cols / 2]` low 4 bits in file order.
-        ql: Vec<u8>,
-        /// `[rows, cols / 4]` high 2 bits in file order.
-        qh: Vec<u8>,
+        /// `[rows, cols / 8]` words of eight low nibbles.
+        ql: Vec<u32>,
+        /// `[rows, cols / 16]` words of sixteen 2-bit high parts.
+        qh: Vec<u32>,
         /// `[rows, cols / 16]` scales, `i8` with the sign bit flipped.
         scales: Vec<u8>,
         /// `[rows, cols / 256]` super-block scales.
         d: Vec<f16>,
     },
+}
+
+/// Packs `fields[i]` (each below `1 << bits`) into words: in each group of `words`
+/// words, field `t` of word `w` is element `t * words + w` of the group.
+fn interleave(fields: &[u32], bits: u32, words: usize) -> Vec<u32> {
+    let per_word = (32 / bits) as usize;
+    let group = per_word * words;
+    let mut out = vec![0u32; fields.len() / per_word];
+    for (g, chunk) in fields.chunks_exact(group).enumerate() {
+        for (e, &v) in chunk.iter().enumerate() {
+            let (t, w) = (e / words, e % words);
+            out[g * words + w] |= v << (bits as usize * t);
+        }
+    }
+    out
+}
+
+/// Field `e` of the group laid out by [`interleave`].
+fn field(words_arr: &[u32], e: usize, bits: u32, words: usize) -> u32 {
+    let group = (32 / bits) as usize * words;
+    let (g, i) = (e / group, e % group);
+    let (t, w) = (i / words, i % words);
+    (words_arr[g * words + w] >> (bits as usize * t)) & ((1u32 << bits) - 1)
 }
 
 impl PackedMatrix {
@@ -311,37 +337,52 @@ impl PackedMatrix {
                 ),
             });
         }
+        let n = rows * cols;
         let blocks = bytes.chunks_exact(block_bytes);
         Ok(match ty {
             GgmlType::Q8_0 => {
-                let mut q = Vec::with_capacity(rows * cols);
-                let mut d = Vec::with_capacity(rows * cols / 32);
+                let mut q = Vec::with_capacity(n);
+                let mut d = Vec::with_capacity(n / 32);
                 for b in blocks {
                     d.push(f16::from_le_bytes([b[0], b[1]]));
-                    q.extend(b[2..34].iter().map(|&v| v ^ 0x80));
+                    q.extend(b[2..34].iter().map(|&v| u32::from(v ^ 0x80)));
                 }
-                PackedMatrix::Q8_0 { rows, cols, q, d }
+                PackedMatrix::Q8_0 {
+                    rows,
+                    cols,
+                    q: interleave(&q, 8, 8),
+                    d,
+                }
             }
             GgmlType::Q4_K => {
-                let nb = rows * cols / 256;
                 let (mut q, mut scales, mut mins) = (
-                    Vec::with_capacity(nb * 128),
-                    Vec::with_capacity(nb * 8),
-                    Vec::with_capacity(nb * 8),
+                    Vec::with_capacity(n),
+                    Vec::with_capacity(n / 32),
+                    Vec::with_capacity(n / 32),
                 );
-                let (mut d, mut dmin) = (Vec::with_capacity(nb), Vec::with_capacity(nb));
+                let (mut d, mut dmin) = (Vec::with_capacity(n / 256), Vec::with_capacity(n / 256));
                 for b in blocks {
                     d.push(f16::from_le_bytes([b[0], b[1]]));
                     dmin.push(f16::from_le_bytes([b[2], b[3]]));
                     let (sc, m) = q4k_scale_min(&b[4..16]);
                     scales.extend_from_slice(&sc);
                     mins.extend_from_slice(&m);
-                    q.extend_from_slice(&b[16..144]);
+                    let qs = &b[16..144];
+                    // Element order: chunk c of 64 is bytes c*32.. low nibbles, then high.
+                    for c in 0..4 {
+                        for nib in 0..2 {
+                            q.extend(
+                                qs[c * 32..c * 32 + 32]
+                                    .iter()
+                                    .map(|&v| u32::from((v >> (4 * nib)) & 15)),
+                            );
+                        }
+                    }
                 }
                 PackedMatrix::Q4K {
                     rows,
                     cols,
-                    q,
+                    q: interleave(&q, 4, 4),
                     scales,
                     mins,
                     d,
@@ -349,24 +390,30 @@ impl PackedMatrix {
                 }
             }
             GgmlType::Q6_K => {
-                let nb = rows * cols / 256;
-                let (mut ql, mut qh, mut scales, mut d) = (
-                    Vec::with_capacity(nb * 128),
-                    Vec::with_capacity(nb * 64),
-                    Vec::with_capacity(nb * 16),
-                    Vec::with_capacity(nb),
+                let (mut lo, mut hi, mut scales, mut d) = (
+                    Vec::with_capacity(n),
+                    Vec::with_capacity(n),
+                    Vec::with_capacity(n / 16),
+                    Vec::with_capacity(n / 256),
                 );
                 for b in blocks {
-                    ql.extend_from_slice(&b[..128]);
-                    qh.extend_from_slice(&b[128..192]);
+                    let (ql, qh) = (&b[..128], &b[128..192]);
+                    for e in 0..256 {
+                        let (h, g, l) = (e / 128, (e / 32) % 4, e % 32);
+                        lo.push(u32::from(
+                            (ql[h * 64 + (g % 2) * 32 + l] >> (4 * (g / 2))) & 15,
+                        ));
+                        hi.push(u32::from((qh[h * 32 + l] >> (2 * g)) & 3));
+                    }
                     scales.extend(b[192..208].iter().map(|&v| v ^ 0x80));
                     d.push(f16::from_le_bytes([b[208], b[209]]));
                 }
                 PackedMatrix::Q6K {
                     rows,
                     cols,
-                    ql,
-                    qh,
+                    ql: interleave(&lo, 4, 2),
+                    // One word a 16-group: field t is element t.
+                    qh: interleave(&hi, 2, 1),
                     scales,
                     d,
                 }
@@ -401,7 +448,7 @@ impl PackedMatrix {
         match self {
             PackedMatrix::Q8_0 { q, d, .. } => {
                 for (i, o) in out.iter_mut().enumerate() {
-                    *o = (q[i] as i32 - 128) as f32 * d[i / 32].to_f32();
+                    *o = (field(q, i, 8, 8) as i32 - 128) as f32 * d[i / 32].to_f32();
                 }
             }
             PackedMatrix::Q4K {
@@ -413,25 +460,17 @@ impl PackedMatrix {
                 ..
             } => {
                 for (i, o) in out.iter_mut().enumerate() {
-                    // Element e of a 256-block: chunk e / 64, nibble (e / 32) % 2, byte e % 32.
-                    let (sb, e) = (i / 256, i % 256);
-                    let byte = q[sb * 128 + (e / 64) * 32 + e % 32];
-                    let nib = (byte >> (4 * ((e / 32) % 2))) & 15;
-                    let scale = d[sb].to_f32() * scales[i / 32] as f32;
-                    let min = dmin[sb].to_f32() * mins[i / 32] as f32;
-                    *o = scale * nib as f32 - min;
+                    let scale = d[i / 256].to_f32() * scales[i / 32] as f32;
+                    let min = dmin[i / 256].to_f32() * mins[i / 32] as f32;
+                    *o = scale * field(q, i, 4, 4) as f32 - min;
                 }
             }
             PackedMatrix::Q6K {
                 ql, qh, scales, d, ..
             } => {
                 for (i, o) in out.iter_mut().enumerate() {
-                    let (sb, e) = (i / 256, i % 256);
-                    let (h, g, l) = (e / 128, (e / 32) % 4, e % 32);
-                    let lo = (ql[sb * 128 + h * 64 + (g % 2) * 32 + l] >> (4 * (g / 2))) & 15;
-                    let hi = (qh[sb * 64 + h * 32 + l] >> (2 * g)) & 3;
-                    let qv = (lo | (hi << 4)) as i32 - 32;
-                    let scale = d[sb].to_f32() * (scales[i / 16] as i32 - 128) as f32;
+                    let qv = (field(ql, i, 4, 2) | (field(qh, i, 2, 1) << 4)) as i32 - 32;
+                    let scale = d[i / 256].to_f32() * (scales[i / 16] as i32 - 128) as f32;
                     *o = scale * qv as f32;
                 }
             }
@@ -442,7 +481,7 @@ impl PackedMatrix {
     /// Bytes a GEMV reads from this matrix's arrays (the bandwidth floor's numerator).
     pub fn device_bytes(&self) -> usize {
         match self {
-            PackedMatrix::Q8_0 { q, d, .. } => q.len() + 2 * d.len(),
+            PackedMatrix::Q8_0 { q, d, .. } => 4 * q.len() + 2 * d.len(),
             PackedMatrix::Q4K {
                 q,
                 scales,
@@ -450,10 +489,10 @@ impl PackedMatrix {
                 d,
                 dmin,
                 ..
-            } => q.len() + scales.len() + mins.len() + 2 * (d.len() + dmin.len()),
+            } => 4 * q.len() + scales.len() + mins.len() + 2 * (d.len() + dmin.len()),
             PackedMatrix::Q6K {
                 ql, qh, scales, d, ..
-            } => ql.len() + qh.len() + scales.len() + 2 * d.len(),
+            } => 4 * (ql.len() + qh.len()) + scales.len() + 2 * d.len(),
         }
     }
 }
