@@ -21,6 +21,7 @@
 //! tensor type, offsets past the end, shapes not matching the metadata) is an
 //! [`EngineError::Gguf`] naming the file and the offset, key or tensor at fault.
 
+pub mod device;
 pub mod model;
 pub mod quant;
 pub mod tokenizer;
