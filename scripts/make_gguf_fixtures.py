@@ -36,14 +36,14 @@ BLOCK = {T.Q8_0: (32, 34), T.Q4_K: (256, 144), T.Q6_K: (256, 210)}
 EXTREME_D = np.array([65504.0, 2.0**-24, 2.0**-14, -3.5, 0.0, 1.0], dtype=np.float16)
 
 
-def random_blocks(qtype, n_blocks, d_scale):
+def random_blocks(qtype, n_blocks, d_scale, extreme=True):
     """Random block bytes with sane f16 scales (random bytes there could be NaN/inf);
-    the first blocks take the extreme scales."""
+    with `extreme`, the first blocks take the extreme scales."""
     _, size = BLOCK[qtype]
     b = rng.integers(0, 256, size=(n_blocks, size), dtype=np.uint8)
     d = (rng.standard_normal(n_blocks) * d_scale).astype(np.float16)
     dmin = (np.abs(rng.standard_normal(n_blocks)) * d_scale).astype(np.float16)
-    k = min(len(EXTREME_D), n_blocks)
+    k = min(len(EXTREME_D), n_blocks) if extreme else 0
     d[:k] = EXTREME_D[:k]
     dmin[:k] = EXTREME_D[::-1][:k]
     if qtype == T.Q8_0:
@@ -53,8 +53,9 @@ def random_blocks(qtype, n_blocks, d_scale):
         b[:, 2:4] = dmin.view(np.uint8).reshape(-1, 2)
     elif qtype == T.Q6_K:
         b[:, 208:210] = d.view(np.uint8).reshape(-1, 2)
-        # Extreme i8 sub-block scales in the first block.
-        b[0, 192:208] = np.array([0x80, 0x7F, 0, 1, 0xFF] + [0x80] * 11, dtype=np.uint8)
+        if extreme:
+            # Extreme i8 sub-block scales in the first block.
+            b[0, 192:208] = np.array([0x80, 0x7F, 0, 1, 0xFF] + [0x80] * 11, dtype=np.uint8)
     return b
 
 
@@ -65,7 +66,7 @@ def matrix(qtype, rows, cols, d_scale):
     if qtype == T.Q8_0:
         w = (rng.standard_normal((rows, cols)) * d_scale * 40).astype(np.float32)
         return quantize(w, T.Q8_0)
-    blocks = random_blocks(qtype, rows * cols // block, d_scale)
+    blocks = random_blocks(qtype, rows * cols // block, d_scale, extreme=False)
     return blocks.reshape(rows, cols // block * size)
 
 
@@ -162,24 +163,24 @@ def write_model():
         norm(head_dim).astype(np.float16), T.F16, (head_dim,))
     q_dim, kv_dim = heads * head_dim, kv_heads * head_dim
     put(f"{p}.attn_q.weight", f"{h}.self_attn.q_proj.weight",
-        matrix(T.Q4_K, q_dim, hidden, 0.002), T.Q4_K, (q_dim, hidden))
+        matrix(T.Q4_K, q_dim, hidden, 0.0003), T.Q4_K, (q_dim, hidden))
     put(f"{p}.attn_k.weight", f"{h}.self_attn.k_proj.weight",
         matrix(T.Q8_0, kv_dim, hidden, 0.002), T.Q8_0, (kv_dim, hidden))
     put(f"{p}.attn_v.weight", f"{h}.self_attn.v_proj.weight",
-        matrix(T.Q6_K, kv_dim, hidden, 0.0005), T.Q6_K, (kv_dim, hidden))
+        matrix(T.Q6_K, kv_dim, hidden, 0.0001), T.Q6_K, (kv_dim, hidden))
     put(f"{p}.attn_output.weight", f"{h}.self_attn.o_proj.weight",
-        matrix(T.Q4_K, hidden, q_dim, 0.002), T.Q4_K, (hidden, q_dim))
+        matrix(T.Q4_K, hidden, q_dim, 0.0003), T.Q4_K, (hidden, q_dim))
     put(f"{p}.ffn_norm.weight", f"{h}.post_attention_layernorm.weight",
         norm(hidden).astype(np.float32), T.F32, (hidden,))
     put(f"{p}.ffn_gate.weight", f"{h}.mlp.gate_proj.weight",
-        matrix(T.Q4_K, inter, hidden, 0.002), T.Q4_K, (inter, hidden))
+        matrix(T.Q4_K, inter, hidden, 0.0003), T.Q4_K, (inter, hidden))
     put(f"{p}.ffn_up.weight", f"{h}.mlp.up_proj.weight",
         matrix(T.Q8_0, inter, hidden, 0.002), T.Q8_0, (inter, hidden))
     put(f"{p}.ffn_down.weight", f"{h}.mlp.down_proj.weight",
-        matrix(T.Q6_K, hidden, inter, 0.0005), T.Q6_K, (hidden, inter))
+        matrix(T.Q6_K, hidden, inter, 0.0001), T.Q6_K, (hidden, inter))
     put("output_norm.weight", "model.norm.weight", norm(hidden).astype(np.float32), T.F32, (hidden,))
     put("output.weight", "lm_head.weight",
-        matrix(T.Q6_K, n_vocab, hidden, 0.0005), T.Q6_K, (n_vocab, hidden))
+        matrix(T.Q6_K, n_vocab, hidden, 0.0001), T.Q6_K, (n_vocab, hidden))
 
     w.write_header_to_file()
     w.write_kv_data_to_file()

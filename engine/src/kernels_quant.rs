@@ -3,12 +3,18 @@
 //! [`PackedMatrix`](crate::gguf::quant::PackedMatrix) and are dequantized in registers,
 //! with f32 accumulation.
 //!
-//! Each type has one kernel with two variants (the `RESIDUAL` constant), the two shapes
-//! of projection the decode step needs that do not fuse a norm (see [`crate::kernels`]):
+//! Each type has one kernel with three variants, the projections of the decode step
+//! (see [`crate::kernels`]) apart from the gate/up pair and the LM head:
 //!
-//! - `RESIDUAL = 0`: `y = bf16(W · a + bias)`;
-//! - `RESIDUAL = 1`: `x = bf16(x + bf16(W · a + bias))`, as
+//! - `RESIDUAL = 0, NORM = 0`: `y = bf16(W · a + bias)`;
+//! - `NORM = 1`: `y = bf16(inv_rms * (W · (norm_w * a)) + bias)` with
+//!   `inv_rms = 1 / sqrt(mean(a²) + eps)`, the RMSNorm folded in as in
+//!   [`rms_norm_gemv`](crate::kernels::rms_norm_gemv) (the squares summed from the
+//!   activation tiles the dot products load anyway);
+//! - `RESIDUAL = 1`: `y = bf16(y + bf16(W · a + bias))`, as
 //!   [`gemv_residual`](crate::kernels::gemv_residual).
+//!
+//! `norm_w` and `eps` are read only with `NORM = 1`.
 //!
 //! Tiles are rank 4 so that the block structure is a tile axis and no reshape is
 //! needed: `[BLOCK_N, groups, fields, words]`, with the group, field and word of the
@@ -39,22 +45,32 @@ pub fn all() -> [&'static tilefuse_dsl::runtime::KernelDef; 3] {
 
 /// `y = bf16(W · a + bias)` for a Q8_0 matrix `W` of shape `[n, k]` with
 /// `k = 4 * k_words` (`q: u32[n, k_words]`, `d: f16[n, k / 32]`); with `RESIDUAL = 1`,
-/// `y = bf16(y + bf16(W · a + bias))`.
+/// `y = bf16(y + bf16(W · a + bias))`; with `NORM = 1`, RMSNorm of `a` first (see the
+/// module docs).
 #[kernel(
     crate = tilefuse_dsl,
     BLOCK_N = [1, 2, 4, 8],
     BLOCK_K = [256, 512, 1024],
     num_warps = [4, 8],
-    RESIDUAL = [0, 1]
+    RESIDUAL = [0, 1],
+    NORM = [0, 1],
+    skip(NORM = 1, RESIDUAL = 1)
 )]
-pub fn q8_0_gemv<const BLOCK_N: usize, const BLOCK_K: usize, const RESIDUAL: usize>(
+pub fn q8_0_gemv<
+    const BLOCK_N: usize,
+    const BLOCK_K: usize,
+    const RESIDUAL: usize,
+    const NORM: usize,
+>(
     q: Ptr<u32>,
     d: Ptr<f16>,
     a: Ptr<bf16>,
+    norm_w: Ptr<bf16>,
     bias: Ptr<bf16>,
     y: Ptr<bf16>,
     n: i32,
     #[multiple_of(8)] k_words: i32,
+    eps: f32,
 ) {
     let groups = k_words / 8;
     let rows = program_id(0) * BLOCK_N + arange(0, BLOCK_N);
@@ -89,7 +105,16 @@ pub fn q8_0_gemv<const BLOCK_N: usize, const BLOCK_K: usize, const RESIDUAL: usi
     if RESIDUAL == 1 {
         old = load(y + rows, row_ok, 0.0) as f32;
     }
-    let av = load(a + elems, (grp < groups).expand_dims(1).expand_dims(2), 0.0) as f32;
+    let a_ok = (grp < groups).expand_dims(1).expand_dims(2);
+    let xv = load(a + elems, a_ok, 0.0) as f32;
+    let mut sq = 0.0;
+    let mut av = xv;
+    if NORM == 1 {
+        // RMSNorm folded in (as `rms_norm_gemv`): the squares are summed from the
+        // activation tiles and `inv_rms` scales the row sums at the end.
+        sq = (xv * xv).sum(2).sum(1).sum(0);
+        av = xv * (load(norm_w + elems, a_ok, 0.0) as f32);
+    }
     let vals = (((q_first >> shift) & 255) as i32 - 128) as f32;
     let dots = (vals * av.expand_dims(0)).sum(3).sum(2);
     let mut sums = (dots * (d_first as f32)).sum(1);
@@ -102,14 +127,19 @@ pub fn q8_0_gemv<const BLOCK_N: usize, const BLOCK_K: usize, const RESIDUAL: usi
             0,
         );
         let dt = load(d + d_rows + (g0 + grp).expand_dims(0), g_ok, 0.0);
-        let av = load(
-            a + g0 * 32 + elems,
-            (g0 + grp < groups).expand_dims(1).expand_dims(2),
-            0.0,
-        ) as f32;
+        let a_ok = (g0 + grp < groups).expand_dims(1).expand_dims(2);
+        let xv = load(a + g0 * 32 + elems, a_ok, 0.0) as f32;
+        let mut av = xv;
+        if NORM == 1 {
+            sq += (xv * xv).sum(2).sum(1).sum(0);
+            av = xv * (load(norm_w + g0 * 32 + elems, a_ok, 0.0) as f32);
+        }
         let vals = (((qt >> shift) & 255) as i32 - 128) as f32;
         let dots = (vals * av.expand_dims(0)).sum(3).sum(2);
         sums += (dots * (dt as f32)).sum(1);
+    }
+    if NORM == 1 {
+        sums = sums * (1.0 / sqrt(sq / ((groups * 32) as f32) + eps));
     }
     let proj = (sums + b) as bf16;
     if RESIDUAL == 1 {
@@ -121,25 +151,35 @@ pub fn q8_0_gemv<const BLOCK_N: usize, const BLOCK_K: usize, const RESIDUAL: usi
 
 /// `y = bf16(W · a + bias)` for a Q4_K matrix `W` of shape `[n, k]` with
 /// `k = 8 * k_words` (`q: u32[n, k_words]`, `scales`, `mins: u8[n, k / 32]`, `d`,
-/// `dmin: f16[n, k / 256]`); with `RESIDUAL = 1`, `y = bf16(y + bf16(W · a + bias))`.
+/// `dmin: f16[n, k / 256]`); with `RESIDUAL = 1`, `y = bf16(y + bf16(W · a + bias))`;
+/// with `NORM = 1`, RMSNorm of `a` first (see the module docs).
 #[kernel(
     crate = tilefuse_dsl,
     BLOCK_N = [1, 2, 4, 8],
     BLOCK_K = [256, 512, 1024],
     num_warps = [4, 8],
-    RESIDUAL = [0, 1]
+    RESIDUAL = [0, 1],
+    NORM = [0, 1],
+    skip(NORM = 1, RESIDUAL = 1)
 )]
-pub fn q4_k_gemv<const BLOCK_N: usize, const BLOCK_K: usize, const RESIDUAL: usize>(
+pub fn q4_k_gemv<
+    const BLOCK_N: usize,
+    const BLOCK_K: usize,
+    const RESIDUAL: usize,
+    const NORM: usize,
+>(
     q: Ptr<u32>,
     scales: Ptr<u8>,
     mins: Ptr<u8>,
     d: Ptr<f16>,
     dmin: Ptr<f16>,
     a: Ptr<bf16>,
+    norm_w: Ptr<bf16>,
     bias: Ptr<bf16>,
     y: Ptr<bf16>,
     n: i32,
     #[multiple_of(32)] k_words: i32,
+    eps: f32,
 ) {
     let groups = k_words / 4;
     let rows = program_id(0) * BLOCK_N + arange(0, BLOCK_N);
@@ -175,7 +215,16 @@ pub fn q4_k_gemv<const BLOCK_N: usize, const BLOCK_K: usize, const RESIDUAL: usi
     if RESIDUAL == 1 {
         old = load(y + rows, row_ok, 0.0) as f32;
     }
-    let av = load(a + elems, (grp < groups).expand_dims(1).expand_dims(2), 0.0) as f32;
+    let a_ok = (grp < groups).expand_dims(1).expand_dims(2);
+    let xv = load(a + elems, a_ok, 0.0) as f32;
+    let mut sq = 0.0;
+    let mut av = xv;
+    if NORM == 1 {
+        // RMSNorm folded in (as `rms_norm_gemv`): the squares are summed from the
+        // activation tiles and `inv_rms` scales the row sums at the end.
+        sq = (xv * xv).sum(2).sum(1).sum(0);
+        av = xv * (load(norm_w + elems, a_ok, 0.0) as f32);
+    }
     let dots = (((q_first >> shift) & 15) as f32 * av.expand_dims(0))
         .sum(3)
         .sum(2);
@@ -196,11 +245,13 @@ pub fn q4_k_gemv<const BLOCK_N: usize, const BLOCK_K: usize, const RESIDUAL: usi
         let sb = ((g0 + grp) / 8).expand_dims(0);
         let dt = load(d + d_rows + sb, g_ok, 0.0);
         let dmint = load(dmin + d_rows + sb, g_ok, 0.0);
-        let av = load(
-            a + g0 * 32 + elems,
-            (g0 + grp < groups).expand_dims(1).expand_dims(2),
-            0.0,
-        ) as f32;
+        let a_ok = (g0 + grp < groups).expand_dims(1).expand_dims(2);
+        let xv = load(a + g0 * 32 + elems, a_ok, 0.0) as f32;
+        let mut av = xv;
+        if NORM == 1 {
+            sq += (xv * xv).sum(2).sum(1).sum(0);
+            av = xv * (load(norm_w + g0 * 32 + elems, a_ok, 0.0) as f32);
+        }
         let dots = (((qt >> shift) & 15) as f32 * av.expand_dims(0))
             .sum(3)
             .sum(2);
@@ -208,6 +259,9 @@ pub fn q4_k_gemv<const BLOCK_N: usize, const BLOCK_K: usize, const RESIDUAL: usi
         let scale = (dt as f32) * (sct as f32);
         let min = (dmint as f32) * (mt as f32);
         sums += (scale * dots - min * a_sums).sum(1);
+    }
+    if NORM == 1 {
+        sums = sums * (1.0 / sqrt(sq / ((groups * 32) as f32) + eps));
     }
     let proj = (sums + b) as bf16;
     if RESIDUAL == 1 {
@@ -220,24 +274,34 @@ pub fn q4_k_gemv<const BLOCK_N: usize, const BLOCK_K: usize, const RESIDUAL: usi
 /// `y = bf16(W · a + bias)` for a Q6_K matrix `W` of shape `[n, k]` with
 /// `k = 16 * k_words` (`ql: u32[n, 2 * k_words]`, `qh: u32[n, k_words]`,
 /// `scales: u8[n, k_words]`, `d: f16[n, k / 256]`); with `RESIDUAL = 1`,
-/// `y = bf16(y + bf16(W · a + bias))`.
+/// `y = bf16(y + bf16(W · a + bias))`; with `NORM = 1`, RMSNorm of `a` first (see the
+/// module docs).
 #[kernel(
     crate = tilefuse_dsl,
     BLOCK_N = [1, 2, 4, 8],
     BLOCK_K = [256, 512, 1024],
     num_warps = [4, 8],
-    RESIDUAL = [0, 1]
+    RESIDUAL = [0, 1],
+    NORM = [0, 1],
+    skip(NORM = 1, RESIDUAL = 1)
 )]
-pub fn q6_k_gemv<const BLOCK_N: usize, const BLOCK_K: usize, const RESIDUAL: usize>(
+pub fn q6_k_gemv<
+    const BLOCK_N: usize,
+    const BLOCK_K: usize,
+    const RESIDUAL: usize,
+    const NORM: usize,
+>(
     ql: Ptr<u32>,
     qh: Ptr<u32>,
     scales: Ptr<u8>,
     d: Ptr<f16>,
     a: Ptr<bf16>,
+    norm_w: Ptr<bf16>,
     bias: Ptr<bf16>,
     y: Ptr<bf16>,
     n: i32,
     #[multiple_of(16)] k_words: i32,
+    eps: f32,
 ) {
     // One group (16 elements) a high-bits word and a scale; two low-nibble words.
     let groups = k_words;
@@ -275,7 +339,16 @@ pub fn q6_k_gemv<const BLOCK_N: usize, const BLOCK_K: usize, const RESIDUAL: usi
     if RESIDUAL == 1 {
         old = load(y + rows, row_ok, 0.0) as f32;
     }
-    let av = load(a + elems, (grp < groups).expand_dims(1).expand_dims(2), 0.0) as f32;
+    let a_ok = (grp < groups).expand_dims(1).expand_dims(2);
+    let xv = load(a + elems, a_ok, 0.0) as f32;
+    let mut sq = 0.0;
+    let mut av = xv;
+    if NORM == 1 {
+        // RMSNorm folded in (as `rms_norm_gemv`): the squares are summed from the
+        // activation tiles and `inv_rms` scales the row sums at the end.
+        sq = (xv * xv).sum(2).sum(1).sum(0);
+        av = xv * (load(norm_w + elems, a_ok, 0.0) as f32);
+    }
     let hi = (qh_first.expand_dims(2).expand_dims(3) >> hi_shift) & 3;
     let qv = ((((ql_first >> lo_shift) & 15) | (hi << 4)) as i32 - 32) as f32;
     let dots = (qv * av.expand_dims(0)).sum(3).sum(2);
@@ -292,16 +365,21 @@ pub fn q6_k_gemv<const BLOCK_N: usize, const BLOCK_K: usize, const RESIDUAL: usi
         let ht = load(qh + g_rows + (g0 + grp).expand_dims(0), g_ok, 0);
         let sct = load(scales + g_rows + (g0 + grp).expand_dims(0), g_ok, 128);
         let dt = load(d + d_rows + ((g0 + grp) / 16).expand_dims(0), g_ok, 0.0);
-        let av = load(
-            a + g0 * 16 + elems,
-            (g0 + grp < groups).expand_dims(1).expand_dims(2),
-            0.0,
-        ) as f32;
+        let a_ok = (g0 + grp < groups).expand_dims(1).expand_dims(2);
+        let xv = load(a + g0 * 16 + elems, a_ok, 0.0) as f32;
+        let mut av = xv;
+        if NORM == 1 {
+            sq += (xv * xv).sum(2).sum(1).sum(0);
+            av = xv * (load(norm_w + g0 * 16 + elems, a_ok, 0.0) as f32);
+        }
         let hi = (ht.expand_dims(2).expand_dims(3) >> hi_shift) & 3;
         let qv = ((((lt >> lo_shift) & 15) | (hi << 4)) as i32 - 32) as f32;
         let dots = (qv * av.expand_dims(0)).sum(3).sum(2);
         let scale = (dt as f32) * (((sct as i32) - 128) as f32);
         sums += (scale * dots).sum(1);
+    }
+    if NORM == 1 {
+        sums = sums * (1.0 / sqrt(sq / ((groups * 16) as f32) + eps));
     }
     let proj = (sums + b) as bf16;
     if RESIDUAL == 1 {

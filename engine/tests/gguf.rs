@@ -468,3 +468,52 @@ fn hf_and_gguf_names_round_trip() {
     );
     assert_eq!(gguf::model::hf_name("blk.x.attn_q.weight"), None);
 }
+
+#[test]
+fn engine_loads_a_gguf_file_and_decodes_like_the_reference() {
+    use std::ops::ControlFlow;
+    use tilefuse_dsl::runtime::Device;
+    use tilefuse_engine::{Engine, EngineOptions, GenerateOptions, Reference};
+
+    let path = fixture("tiny_qwen3.gguf");
+    let mut engine = Engine::load(
+        &path,
+        EngineOptions {
+            device: Device::cpu(),
+            max_seq_len: Some(32),
+            cuda_graph: false,
+        },
+    )
+    .unwrap();
+    let prompt = engine.encode("The quick brown fox").unwrap();
+    assert!(prompt.len() > 2);
+    let opts = GenerateOptions {
+        max_new_tokens: 4,
+        stop_at_eos: false,
+        keep_logits: true,
+        ..GenerateOptions::default()
+    };
+    let out = engine
+        .generate(&prompt, &opts, |_| ControlFlow::Continue(()))
+        .unwrap();
+    // The host reference decoder on the same (dequantized) weights.
+    let f = GgufFile::open(&path).unwrap();
+    let cfg = f.config().unwrap();
+    let mut reference = Reference::new(cfg.clone(), f.model_weights(&cfg).unwrap()).unwrap();
+    let mut logits = Vec::new();
+    let mut pos = 0;
+    for &t in &prompt[..prompt.len() - 1] {
+        reference.forward(t, pos).unwrap();
+        pos += 1;
+    }
+    let mut token = *prompt.last().unwrap();
+    for step in 0..4 {
+        let l = reference.forward(token, pos).unwrap();
+        pos += 1;
+        let rel = common::rel_err(&out.logits[step], &l);
+        assert!(rel < 2e-2, "step {step}: logits differ by {rel}");
+        token = out.tokens[step];
+        logits.push(l);
+    }
+    assert_eq!(out.tokens.len(), 4);
+}

@@ -3,7 +3,7 @@
 //!
 //! Random blocks of each type (random quant and scale bytes, random f16 super-block
 //! scales with some extreme ones), on the interpreter at small shapes with a few launch
-//! configurations, and on the GPU (when there is one; `TILEFUSE_REQUIRE_GPU=1` makes
+//! configurations, for each variant (plain, residual, RMSNorm prologue), and on the GPU (when there is one; `TILEFUSE_REQUIRE_GPU=1` makes
 //! its absence a failure) at those shapes plus Qwen3-0.6B's layer shapes (QKV `4096 x
 //! 1024`, down `1024 x 3072`) with every compiled configuration. Outputs are poisoned
 //! with NaN before each launch, so unwritten rows fail.
@@ -74,6 +74,7 @@ struct Case {
     a: Vec<bf16>,
     bias: Vec<bf16>,
     old: Vec<bf16>,
+    norm_w: Vec<bf16>,
 }
 
 fn case(rng: &mut Rng, ty: GgmlType, n: usize, k: usize) -> Case {
@@ -93,17 +94,27 @@ fn case(rng: &mut Rng, ty: GgmlType, n: usize, k: usize) -> Case {
         a: vec(k, 2.0),
         bias: vec(n, 1.0),
         old: vec(n, 4.0),
+        norm_w: vec(k, 1.5),
     }
 }
 
-/// `(W · a + bias, Σ |w·a| + |bias|)` per row, in f64.
-fn host(c: &Case, n: usize, k: usize) -> Vec<(f64, f64)> {
+/// `(W · x + bias, Σ |w·x| + |bias|)` per row, in f64, with `x = a`, or with `norm`,
+/// `x = rmsnorm(a) * norm_w`.
+fn host(c: &Case, n: usize, k: usize, norm: bool) -> Vec<(f64, f64)> {
+    let mut x: Vec<f64> = c.a.iter().map(|v| v.to_f64()).collect();
+    if norm {
+        let ms = x.iter().map(|v| v * v).sum::<f64>() / k as f64;
+        let inv_rms = 1.0 / (ms + EPS as f64).sqrt();
+        for (xi, g) in x.iter_mut().zip(&c.norm_w) {
+            *xi *= inv_rms * g.to_f64();
+        }
+    }
     (0..n)
         .map(|r| {
             let mut sum = c.bias[r].to_f64();
             let mut mag = sum.abs();
             for j in 0..k {
-                let p = c.w[r * k + j] as f64 * c.a[j].to_f64();
+                let p = c.w[r * k + j] as f64 * x[j];
                 sum += p;
                 mag += p.abs();
             }
@@ -111,6 +122,8 @@ fn host(c: &Case, n: usize, k: usize) -> Vec<(f64, f64)> {
         })
         .collect()
 }
+
+const EPS: f32 = 1e-6;
 
 fn bf(x: f64) -> f64 {
     bf16::from_f64(x).to_f64()
@@ -147,18 +160,22 @@ fn check_type(ty: GgmlType, seed: u64) {
         }
         for &(n, k) in &shapes {
             let c = case(&mut rng, ty, n, k);
-            let want = host(&c, n, k);
+            let plain = host(&c, n, k, false);
+            let normed = host(&c, n, k, true);
             let m = DeviceQuantMatrix::upload(&dev, &c.packed).unwrap();
             let a = dev.upload(&c.a).unwrap();
             let bias = dev.upload(&c.bias).unwrap();
+            let norm_w = dev.upload(&c.norm_w).unwrap();
             for &cfg in &configs {
-                for residual in [false, true] {
+                for (residual, norm) in [(false, false), (true, false), (false, true)] {
+                    let want = if norm { &normed } else { &plain };
+                    let norm_arg = norm.then_some((&norm_w, EPS));
                     let mut y = if residual {
                         dev.upload(&c.old).unwrap()
                     } else {
                         dev.alloc_filled(n, bf16::NAN).unwrap()
                     };
-                    m.gemv(&dev, cfg, &a, &bias, &mut y, residual)
+                    m.gemv(&dev, cfg, &a, norm_arg, &bias, &mut y, residual)
                         .unwrap_or_else(|e| panic!("{ty} {cfg:?} on {dev}: {e}"));
                     let got = y.to_vec().unwrap();
                     for r in 0..n {
@@ -177,7 +194,7 @@ fn check_type(ty: GgmlType, seed: u64) {
                         let g = got[r].to_f64();
                         assert!(
                             g.is_finite() && (g - expect).abs() <= tol,
-                            "{ty} {n}x{k} {cfg:?} residual={residual} on {dev}: row {r}: got {g}, want {expect} (tol {tol:.3e})"
+                            "{ty} {n}x{k} {cfg:?} residual={residual} norm={norm} on {dev}: row {r}: got {g}, want {expect} (tol {tol:.3e})"
                         );
                     }
                 }

@@ -163,19 +163,34 @@ impl DeviceQuantMatrix {
         }
     }
 
-    /// `y = bf16(W · a + bias)`, or with `residual`, `y = bf16(y + bf16(W · a + bias))`
-    /// (`a: [cols]`, `bias`, `y: [rows]`).
+    /// `y = bf16(W · a + bias)`; with `residual`, `y = bf16(y + bf16(W · a + bias))`;
+    /// with `norm = Some((norm_w, eps))`, `a` goes through RMSNorm first (`a: [cols]`,
+    /// `norm_w: [cols]`, `bias`, `y: [rows]`). A norm and a residual together are an
+    /// error: the decode step never needs both.
+    #[allow(clippy::too_many_arguments)]
     pub fn gemv(
         &self,
         dev: &Device,
         cfg: QuantGemvConfig,
         a: &Buffer<bf16>,
+        norm: Option<(&Buffer<bf16>, f32)>,
         bias: &Buffer<bf16>,
         y: &mut Buffer<bf16>,
         residual: bool,
     ) -> Result<()> {
+        if norm.is_some() && residual {
+            return Err(crate::error::EngineError::Option {
+                message: "a quantized GEMV takes a norm prologue or a residual, not both".into(),
+            });
+        }
         let launch = LaunchConfig::from(cfg.grid(self.rows)).num_warps(cfg.num_warps);
-        let consts = [cfg.block_n as i64, cfg.block_k as i64, i64::from(residual)];
+        let consts = [
+            cfg.block_n as i64,
+            cfg.block_k as i64,
+            i64::from(residual),
+            i64::from(norm.is_some()),
+        ];
+        let (norm_w, eps) = norm.unwrap_or((a, 0.0));
         let n = self.rows as i32;
         let k = self.cols as i32;
         let mut args: Vec<KernelArg<'_>> = match &self.buffers {
@@ -196,7 +211,15 @@ impl DeviceQuantMatrix {
             QuantBuffers::Q4K { .. } => k / 8,
             QuantBuffers::Q6K { .. } => k / 16,
         };
-        args.extend([a.into(), bias.into(), y.into(), n.into(), k_words.into()]);
+        args.extend([
+            a.into(),
+            norm_w.into(),
+            bias.into(),
+            y.into(),
+            n.into(),
+            k_words.into(),
+            eps.into(),
+        ]);
         self.kernel().launch_dyn(dev, launch, &consts, &mut args)?;
         Ok(())
     }
