@@ -279,8 +279,9 @@ fn small_file() -> Builder {
 #[test]
 fn parses_every_value_type_of_a_hand_built_file() {
     let bytes = small_file().bytes();
-    let (version, meta, tensors) = gguf::parse_bytes(&bytes, Path::new("ok.gguf")).unwrap();
-    assert_eq!(version, 3);
+    let h = gguf::parse_bytes(&bytes, Path::new("ok.gguf")).unwrap();
+    let (meta, tensors) = (h.metadata, h.tensors);
+    assert_eq!(h.version, 3);
     let get = |k: &str| {
         meta.iter()
             .find(|(key, _)| key == k)
@@ -302,13 +303,12 @@ fn parses_every_value_type_of_a_hand_built_file() {
     assert_eq!(tensors[1].offset, 32);
 }
 
-/// Where the last tensor's data ends in a file whose header is `bytes`.
-fn data_end(bytes: &[u8], tensors: &[gguf::TensorInfo]) -> usize {
-    let f = write_temp("end.gguf", bytes);
-    let start = GgufFile::open(&f).unwrap().data_start;
-    tensors
+/// Where the last tensor's data ends in the file `bytes`.
+fn data_end(bytes: &[u8]) -> usize {
+    let h = gguf::parse_bytes(bytes, Path::new("ok.gguf")).unwrap();
+    h.tensors
         .iter()
-        .map(|t| (start + t.offset + t.size) as usize)
+        .map(|t| (h.data_start + t.offset + t.size) as usize)
         .max()
         .unwrap()
 }
@@ -320,8 +320,7 @@ fn every_truncation_is_an_error() {
         std::fs::read(fixture("blocks.gguf")).unwrap(),
     ] {
         // Up to the end of the last tensor's data (the padding after it is optional).
-        let (_, _, tensors) = gguf::parse_bytes(&bytes, Path::new("ok.gguf")).unwrap();
-        for len in 0..data_end(&bytes, &tensors) {
+        for len in 0..data_end(&bytes) {
             let msg = parse_err(&bytes[..len]);
             assert!(
                 msg.contains("truncated")
@@ -334,7 +333,7 @@ fn every_truncation_is_an_error() {
     // The tiny model's header (its tokenizer makes it several KiB), every byte.
     let model = std::fs::read(fixture("tiny_qwen3.gguf")).unwrap();
     let f = GgufFile::open(fixture("tiny_qwen3.gguf")).unwrap();
-    let end = data_end(&model, &f.tensors);
+    let end = data_end(&model);
     for len in (0..f.data_start as usize).chain((f.data_start as usize..end).step_by(997)) {
         let msg = parse_err(&model[..len]);
         assert!(msg.contains("bad.gguf"), "{msg}");

@@ -113,8 +113,8 @@ fn host(c: &Case, n: usize, k: usize, norm: bool) -> Vec<(f64, f64)> {
         .map(|r| {
             let mut sum = c.bias[r].to_f64();
             let mut mag = sum.abs();
-            for j in 0..k {
-                let p = c.w[r * k + j] as f64 * x[j];
+            for (wj, xj) in c.w[r * k..(r + 1) * k].iter().zip(&x) {
+                let p = *wj as f64 * xj;
                 sum += p;
                 mag += p.abs();
             }

@@ -1,5 +1,5 @@
 //! GGUF files (llama.cpp's format, versions 2 and 3): a hand-written parser over a
-//! memory map, the model's [`ModelConfig`] from the metadata, tensor names mapped to
+//! memory map, the model's [`ModelConfig`](crate::ModelConfig) from the metadata, tensor names mapped to
 //! the engine's Hugging Face names, the tokenizer from `tokenizer.ggml.*`, and the
 //! block formats ([`quant`]).
 //!
@@ -587,12 +587,28 @@ fn tensor_size(ty: GgmlType, ne: &[u64]) -> std::result::Result<u64, String> {
         .ok_or_else(|| format!("dimensions {ne:?} overflow"))
 }
 
-/// Parses a GGUF header from bytes in memory (no tensor data is read); for tests and
-/// tools. `path` names the source in errors.
-pub fn parse_bytes(
-    bytes: &[u8],
-    path: &Path,
-) -> Result<(u32, Vec<(String, MetaValue)>, Vec<TensorInfo>)> {
+/// A GGUF header parsed from bytes in memory ([`parse_bytes`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ParsedHeader {
+    /// Format version (2 or 3).
+    pub version: u32,
+    /// Metadata in file order.
+    pub metadata: Vec<(String, MetaValue)>,
+    /// Tensor entries in file order.
+    pub tensors: Vec<TensorInfo>,
+    /// Absolute byte offset of the data section.
+    pub data_start: u64,
+}
+
+/// Parses a GGUF header from bytes in memory and checks every tensor's data range
+/// against their length (no tensor data is read); for tests and tools. `path` names
+/// the source in errors.
+pub fn parse_bytes(bytes: &[u8], path: &Path) -> Result<ParsedHeader> {
     let h = parse_header(bytes, path)?;
-    Ok((h.version, h.metadata, h.tensors))
+    Ok(ParsedHeader {
+        version: h.version,
+        metadata: h.metadata,
+        tensors: h.tensors,
+        data_start: h.data_start,
+    })
 }
