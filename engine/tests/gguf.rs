@@ -516,3 +516,96 @@ fn engine_loads_a_gguf_file_and_decodes_like_the_reference() {
     }
     assert_eq!(out.tokens.len(), 4);
 }
+
+#[test]
+fn llama_q_and_k_rows_are_permuted_back() {
+    let (heads, kv_heads, head_dim, cols) = (2usize, 1usize, 4usize, 2usize);
+    // Hugging Face rows: element (r, c) = 10 r + c.
+    let hf = |rows: usize| -> Vec<f32> {
+        (0..rows * cols)
+            .map(|i| ((i / cols) * 10 + i % cols) as f32)
+            .collect()
+    };
+    // llama.cpp's converter: `w.reshape(n_head, 2, rows / n_head / 2, cols)
+    // .swapaxes(1, 2).reshape(rows, cols)`.
+    let permute = |w: &[f32], n_head: usize| -> Vec<f32> {
+        let rows = w.len() / cols;
+        let half = rows / n_head / 2;
+        let mut out = vec![0.0; w.len()];
+        for h in 0..n_head {
+            for i in 0..half {
+                for j in 0..2 {
+                    let dst = (h * half + i) * 2 + j; // [n_head, half, 2]
+                    let src = (h * 2 + j) * half + i; // [n_head, 2, half]
+                    out[dst * cols..(dst + 1) * cols]
+                        .copy_from_slice(&w[src * cols..(src + 1) * cols]);
+                }
+            }
+        }
+        out
+    };
+    let bytes = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
+    let u32v = |v: u32| v.to_le_bytes().to_vec();
+    let (q_rows, k_rows) = (heads * head_dim, kv_heads * head_dim);
+    let file = Builder::new()
+        .kv("general.architecture", 8, string_bytes("llama"))
+        .kv("llama.embedding_length", 4, u32v(cols as u32))
+        .kv("llama.block_count", 4, u32v(1))
+        .kv("llama.feed_forward_length", 4, u32v(8))
+        .kv("llama.attention.head_count", 4, u32v(heads as u32))
+        .kv("llama.attention.head_count_kv", 4, u32v(kv_heads as u32))
+        .kv("llama.attention.key_length", 4, u32v(head_dim as u32))
+        .kv("llama.vocab_size", 4, u32v(3))
+        .tensor(
+            "blk.0.attn_q.weight",
+            &[cols as u64, q_rows as u64],
+            0,
+            bytes(&permute(&hf(q_rows), heads)),
+        )
+        .tensor(
+            "blk.0.attn_k.weight",
+            &[cols as u64, k_rows as u64],
+            0,
+            bytes(&permute(&hf(k_rows), kv_heads)),
+        )
+        .tensor(
+            "blk.0.attn_v.weight",
+            &[cols as u64, k_rows as u64],
+            0,
+            bytes(&permute(&hf(k_rows), kv_heads)),
+        );
+    let path = write_temp("llama.gguf", &file.bytes());
+    let f = GgufFile::open(&path).unwrap();
+    let cfg = f.config().unwrap();
+    assert_eq!(cfg.arch, Arch::Llama);
+    assert_eq!(
+        (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim),
+        (heads, kv_heads, head_dim)
+    );
+    let q = f
+        .tensor_f32(
+            "model.layers.0.self_attn.q_proj.weight",
+            &[q_rows, cols],
+            &cfg,
+        )
+        .unwrap();
+    assert_eq!(q, hf(q_rows));
+    let k = f
+        .tensor_f32(
+            "model.layers.0.self_attn.k_proj.weight",
+            &[k_rows, cols],
+            &cfg,
+        )
+        .unwrap();
+    assert_eq!(k, hf(k_rows));
+    // v is not permuted by the converter, so it comes back as stored.
+    let v = f
+        .tensor_f32(
+            "model.layers.0.self_attn.v_proj.weight",
+            &[k_rows, cols],
+            &cfg,
+        )
+        .unwrap();
+    assert_eq!(v, permute(&hf(k_rows), kv_heads));
+    assert_ne!(v, hf(k_rows));
+}
