@@ -14,6 +14,13 @@
 //! - `RESIDUAL = 1`: `y = bf16(y + bf16(W · a + bias))`, as
 //!   [`gemv_residual`](crate::kernels::gemv_residual).
 //!
+//! - `SILU_MUL = 1` (with `RESIDUAL = 1`): the activation is `bf16(bf16(silu(g)) * u)`
+//!   of `a = [g; u]` (each `k` long), computed as it loads: the MLP's down projection
+//!   reading the output of a `NORM = 1` GEMV over the `[gate; up]` rows, so the gate/up
+//!   pair needs no kernel of its own and the step no extra launch. The rounding is the
+//!   reference's (`engine/src/reference.rs`): projections, `silu(g)` and the product
+//!   each to bf16.
+//!
 //! `norm_w` and `eps` are read only with `NORM = 1`.
 //!
 //! Tiles are rank 4 so that the block structure is a tile axis and no reshape is
@@ -54,13 +61,17 @@ pub fn all() -> [&'static tilefuse_dsl::runtime::KernelDef; 3] {
     num_warps = [4, 8],
     RESIDUAL = [0, 1],
     NORM = [0, 1],
-    skip(NORM = 1, RESIDUAL = 1)
+    SILU_MUL = [0, 1],
+    skip(NORM = 1, RESIDUAL = 1),
+    skip(SILU_MUL = 1, NORM = 1),
+    skip(SILU_MUL = 1, RESIDUAL = 0)
 )]
 pub fn q8_0_gemv<
     const BLOCK_N: usize,
     const BLOCK_K: usize,
     const RESIDUAL: usize,
     const NORM: usize,
+    const SILU_MUL: usize,
 >(
     q: Ptr<u32>,
     d: Ptr<f16>,
@@ -106,7 +117,12 @@ pub fn q8_0_gemv<
         old = load(y + rows, row_ok, 0.0) as f32;
     }
     let a_ok = (grp < groups).expand_dims(1).expand_dims(2);
-    let xv = load(a + elems, a_ok, 0.0) as f32;
+    let mut xv = load(a + elems, a_ok, 0.0) as f32;
+    if SILU_MUL == 1 {
+        // `a` is `[gate; up]`, each `k` long (a fused gate/up projection's output).
+        let up = load(a + groups * 32 + elems, a_ok, 0.0) as f32;
+        xv = ((xv / (1.0 + exp(-xv))) as bf16 as f32 * up) as bf16 as f32;
+    }
     let mut sq = 0.0;
     let mut av = xv;
     if NORM == 1 {
@@ -128,7 +144,11 @@ pub fn q8_0_gemv<
         );
         let dt = load(d + d_rows + (g0 + grp).expand_dims(0), g_ok, 0.0);
         let a_ok = (g0 + grp < groups).expand_dims(1).expand_dims(2);
-        let xv = load(a + g0 * 32 + elems, a_ok, 0.0) as f32;
+        let mut xv = load(a + g0 * 32 + elems, a_ok, 0.0) as f32;
+        if SILU_MUL == 1 {
+            let up = load(a + (groups + g0) * 32 + elems, a_ok, 0.0) as f32;
+            xv = ((xv / (1.0 + exp(-xv))) as bf16 as f32 * up) as bf16 as f32;
+        }
         let mut av = xv;
         if NORM == 1 {
             sq += (xv * xv).sum(2).sum(1).sum(0);
@@ -160,13 +180,17 @@ pub fn q8_0_gemv<
     num_warps = [4, 8],
     RESIDUAL = [0, 1],
     NORM = [0, 1],
-    skip(NORM = 1, RESIDUAL = 1)
+    SILU_MUL = [0, 1],
+    skip(NORM = 1, RESIDUAL = 1),
+    skip(SILU_MUL = 1, NORM = 1),
+    skip(SILU_MUL = 1, RESIDUAL = 0)
 )]
 pub fn q4_k_gemv<
     const BLOCK_N: usize,
     const BLOCK_K: usize,
     const RESIDUAL: usize,
     const NORM: usize,
+    const SILU_MUL: usize,
 >(
     q: Ptr<u32>,
     scales: Ptr<u8>,
@@ -216,7 +240,12 @@ pub fn q4_k_gemv<
         old = load(y + rows, row_ok, 0.0) as f32;
     }
     let a_ok = (grp < groups).expand_dims(1).expand_dims(2);
-    let xv = load(a + elems, a_ok, 0.0) as f32;
+    let mut xv = load(a + elems, a_ok, 0.0) as f32;
+    if SILU_MUL == 1 {
+        // `a` is `[gate; up]`, each `k` long (a fused gate/up projection's output).
+        let up = load(a + groups * 32 + elems, a_ok, 0.0) as f32;
+        xv = ((xv / (1.0 + exp(-xv))) as bf16 as f32 * up) as bf16 as f32;
+    }
     let mut sq = 0.0;
     let mut av = xv;
     if NORM == 1 {
@@ -246,7 +275,11 @@ pub fn q4_k_gemv<
         let dt = load(d + d_rows + sb, g_ok, 0.0);
         let dmint = load(dmin + d_rows + sb, g_ok, 0.0);
         let a_ok = (g0 + grp < groups).expand_dims(1).expand_dims(2);
-        let xv = load(a + g0 * 32 + elems, a_ok, 0.0) as f32;
+        let mut xv = load(a + g0 * 32 + elems, a_ok, 0.0) as f32;
+        if SILU_MUL == 1 {
+            let up = load(a + (groups + g0) * 32 + elems, a_ok, 0.0) as f32;
+            xv = ((xv / (1.0 + exp(-xv))) as bf16 as f32 * up) as bf16 as f32;
+        }
         let mut av = xv;
         if NORM == 1 {
             sq += (xv * xv).sum(2).sum(1).sum(0);
@@ -283,13 +316,17 @@ pub fn q4_k_gemv<
     num_warps = [4, 8],
     RESIDUAL = [0, 1],
     NORM = [0, 1],
-    skip(NORM = 1, RESIDUAL = 1)
+    SILU_MUL = [0, 1],
+    skip(NORM = 1, RESIDUAL = 1),
+    skip(SILU_MUL = 1, NORM = 1),
+    skip(SILU_MUL = 1, RESIDUAL = 0)
 )]
 pub fn q6_k_gemv<
     const BLOCK_N: usize,
     const BLOCK_K: usize,
     const RESIDUAL: usize,
     const NORM: usize,
+    const SILU_MUL: usize,
 >(
     ql: Ptr<u32>,
     qh: Ptr<u32>,
@@ -340,7 +377,12 @@ pub fn q6_k_gemv<
         old = load(y + rows, row_ok, 0.0) as f32;
     }
     let a_ok = (grp < groups).expand_dims(1).expand_dims(2);
-    let xv = load(a + elems, a_ok, 0.0) as f32;
+    let mut xv = load(a + elems, a_ok, 0.0) as f32;
+    if SILU_MUL == 1 {
+        // `a` is `[gate; up]`, each `k` long (a fused gate/up projection's output).
+        let up = load(a + groups * 16 + elems, a_ok, 0.0) as f32;
+        xv = ((xv / (1.0 + exp(-xv))) as bf16 as f32 * up) as bf16 as f32;
+    }
     let mut sq = 0.0;
     let mut av = xv;
     if NORM == 1 {
@@ -366,7 +408,11 @@ pub fn q6_k_gemv<
         let sct = load(scales + g_rows + (g0 + grp).expand_dims(0), g_ok, 128);
         let dt = load(d + d_rows + ((g0 + grp) / 16).expand_dims(0), g_ok, 0.0);
         let a_ok = (g0 + grp < groups).expand_dims(1).expand_dims(2);
-        let xv = load(a + g0 * 16 + elems, a_ok, 0.0) as f32;
+        let mut xv = load(a + g0 * 16 + elems, a_ok, 0.0) as f32;
+        if SILU_MUL == 1 {
+            let up = load(a + (groups + g0) * 16 + elems, a_ok, 0.0) as f32;
+            xv = ((xv / (1.0 + exp(-xv))) as bf16 as f32 * up) as bf16 as f32;
+        }
         let mut av = xv;
         if NORM == 1 {
             sq += (xv * xv).sum(2).sum(1).sum(0);

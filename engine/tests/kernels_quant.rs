@@ -3,7 +3,7 @@
 //!
 //! Random blocks of each type (random quant and scale bytes, random f16 super-block
 //! scales with some extreme ones), on the interpreter at small shapes with a few launch
-//! configurations, for each variant (plain, residual, RMSNorm prologue), and on the GPU (when there is one; `TILEFUSE_REQUIRE_GPU=1` makes
+//! configurations, for each variant (plain, residual, RMSNorm prologue, SiLU-and-multiply prologue), and on the GPU (when there is one; `TILEFUSE_REQUIRE_GPU=1` makes
 //! its absence a failure) at those shapes plus Qwen3-0.6B's layer shapes (QKV `4096 x
 //! 1024`, down `1024 x 3072`) with every compiled configuration. Outputs are poisoned
 //! with NaN before each launch, so unwritten rows fail.
@@ -75,6 +75,8 @@ struct Case {
     bias: Vec<bf16>,
     old: Vec<bf16>,
     norm_w: Vec<bf16>,
+    /// `[g; u]` for the SiLU-and-multiply variant, `2 * k` long.
+    gate_up: Vec<bf16>,
 }
 
 fn case(rng: &mut Rng, ty: GgmlType, n: usize, k: usize) -> Case {
@@ -95,13 +97,25 @@ fn case(rng: &mut Rng, ty: GgmlType, n: usize, k: usize) -> Case {
         bias: vec(n, 1.0),
         old: vec(n, 4.0),
         norm_w: vec(k, 1.5),
+        gate_up: vec(2 * k, 4.0),
     }
 }
 
-/// `(W · x + bias, Σ |w·x| + |bias|)` per row, in f64, with `x = a`, or with `norm`,
-/// `x = rmsnorm(a) * norm_w`.
-fn host(c: &Case, n: usize, k: usize, norm: bool) -> Vec<(f64, f64)> {
+/// `(W · x + bias, Σ |w·x| + |bias|)` per row, in f64, with `x = a`; with `norm`,
+/// `x = rmsnorm(a) * norm_w`; with `silu_mul`, `x = bf16(bf16(silu(g)) * u)` of
+/// `[g; u] = gate_up` (the reference decoder's rounding).
+fn host(c: &Case, n: usize, k: usize, norm: bool, silu_mul: bool) -> Vec<(f64, f64)> {
     let mut x: Vec<f64> = c.a.iter().map(|v| v.to_f64()).collect();
+    if silu_mul {
+        x = (0..k)
+            .map(|j| {
+                let g = c.gate_up[j].to_f32();
+                let u = c.gate_up[k + j].to_f32();
+                let silu = bf16::from_f32(g / (1.0 + (-g).exp())).to_f32();
+                bf16::from_f32(silu * u).to_f64()
+            })
+            .collect();
+    }
     if norm {
         let ms = x.iter().map(|v| v * v).sum::<f64>() / k as f64;
         let inv_rms = 1.0 / (ms + EPS as f64).sqrt();
@@ -160,23 +174,38 @@ fn check_type(ty: GgmlType, seed: u64) {
         }
         for &(n, k) in &shapes {
             let c = case(&mut rng, ty, n, k);
-            let plain = host(&c, n, k, false);
-            let normed = host(&c, n, k, true);
+            let plain = host(&c, n, k, false, false);
+            let normed = host(&c, n, k, true, false);
+            let act = host(&c, n, k, false, true);
+            let gate_up = dev.upload(&c.gate_up).unwrap();
             let m = DeviceQuantMatrix::upload(&dev, &c.packed).unwrap();
             let a = dev.upload(&c.a).unwrap();
             let bias = dev.upload(&c.bias).unwrap();
             let norm_w = dev.upload(&c.norm_w).unwrap();
             for &cfg in &configs {
-                for (residual, norm) in [(false, false), (true, false), (false, true)] {
-                    let want = if norm { &normed } else { &plain };
+                for (residual, norm, silu) in [
+                    (false, false, false),
+                    (true, false, false),
+                    (false, true, false),
+                    (true, false, true),
+                ] {
+                    let want = match (norm, silu) {
+                        (true, _) => &normed,
+                        (_, true) => &act,
+                        _ => &plain,
+                    };
                     let norm_arg = norm.then_some((&norm_w, EPS));
                     let mut y = if residual {
                         dev.upload(&c.old).unwrap()
                     } else {
                         dev.alloc_filled(n, bf16::NAN).unwrap()
                     };
-                    m.gemv(&dev, cfg, &a, norm_arg, &bias, &mut y, residual)
-                        .unwrap_or_else(|e| panic!("{ty} {cfg:?} on {dev}: {e}"));
+                    let launched = if silu {
+                        m.gemv_silu_mul_residual(&dev, cfg, &gate_up, &bias, &mut y)
+                    } else {
+                        m.gemv(&dev, cfg, &a, norm_arg, &bias, &mut y, residual)
+                    };
+                    launched.unwrap_or_else(|e| panic!("{ty} {cfg:?} on {dev}: {e}"));
                     let got = y.to_vec().unwrap();
                     for r in 0..n {
                         let (proj, mag) = want[r];
@@ -194,7 +223,7 @@ fn check_type(ty: GgmlType, seed: u64) {
                         let g = got[r].to_f64();
                         assert!(
                             g.is_finite() && (g - expect).abs() <= tol,
-                            "{ty} {n}x{k} {cfg:?} residual={residual} norm={norm} on {dev}: row {r}: got {g}, want {expect} (tol {tol:.3e})"
+                            "{ty} {n}x{k} {cfg:?} residual={residual} norm={norm} silu_mul={silu} on {dev}: row {r}: got {g}, want {expect} (tol {tol:.3e})"
                         );
                     }
                 }

@@ -178,6 +178,35 @@ impl DeviceQuantMatrix {
         y: &mut Buffer<bf16>,
         residual: bool,
     ) -> Result<()> {
+        self.gemv_any(dev, cfg, a, norm, bias, y, residual, false)
+    }
+
+    /// The MLP's down projection over `act = [g; u]` (each `cols` long, the output of a
+    /// normed GEMV over the `[gate; up]` rows): `y = bf16(y + bf16(W · a + bias))` with
+    /// `a = bf16(bf16(silu(g)) * u)` computed as it loads.
+    pub fn gemv_silu_mul_residual(
+        &self,
+        dev: &Device,
+        cfg: QuantGemvConfig,
+        act: &Buffer<bf16>,
+        bias: &Buffer<bf16>,
+        y: &mut Buffer<bf16>,
+    ) -> Result<()> {
+        self.gemv_any(dev, cfg, act, None, bias, y, true, true)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn gemv_any(
+        &self,
+        dev: &Device,
+        cfg: QuantGemvConfig,
+        a: &Buffer<bf16>,
+        norm: Option<(&Buffer<bf16>, f32)>,
+        bias: &Buffer<bf16>,
+        y: &mut Buffer<bf16>,
+        residual: bool,
+        silu_mul: bool,
+    ) -> Result<()> {
         if norm.is_some() && residual {
             return Err(crate::error::EngineError::Option {
                 message: "a quantized GEMV takes a norm prologue or a residual, not both".into(),
@@ -189,6 +218,7 @@ impl DeviceQuantMatrix {
             cfg.block_k as i64,
             i64::from(residual),
             i64::from(norm.is_some()),
+            i64::from(silu_mul),
         ];
         let (norm_w, eps) = norm.unwrap_or((a, 0.0));
         let n = self.rows as i32;
