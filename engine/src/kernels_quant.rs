@@ -367,7 +367,16 @@ pub fn q6_k_gemv<
         g_ok.expand_dims(2).expand_dims(3),
         0,
     );
-    let qh_first = load(qh + g_rows + grp.expand_dims(0), g_ok, 0);
+    // Each group's high-bits word is loaded once per low-nibble word lane (`w * 0`), so
+    // that it lands in the layout of the `ql` words and needs no exchange through shared
+    // memory before the shift spreads it.
+    let h_offs =
+        (grp.expand_dims(1).expand_dims(2) + w.expand_dims(0).expand_dims(0) * 0).expand_dims(0);
+    let qh_first = load(
+        qh + g_rows.expand_dims(2).expand_dims(3) + h_offs,
+        g_ok.expand_dims(2).expand_dims(3),
+        0,
+    );
     let sc_first = load(scales + g_rows + grp.expand_dims(0), g_ok, 128);
     let d_first = load(d + d_rows + (grp / 16).expand_dims(0), g_ok, 0.0);
     let b = load(bias + rows, row_ok, 0.0) as f32;
@@ -391,7 +400,7 @@ pub fn q6_k_gemv<
         sq = (xv * xv).sum(2).sum(1).sum(0);
         av = xv * (load(norm_w + elems, a_ok, 0.0) as f32);
     }
-    let hi = (qh_first.expand_dims(2).expand_dims(3) >> hi_shift) & 3;
+    let hi = (qh_first >> hi_shift) & 3;
     let qv = ((((ql_first >> lo_shift) & 15) | (hi << 4)) as i32 - 32) as f32;
     let dots = (qv * av.expand_dims(0)).sum(3).sum(2);
     let scale = (d_first as f32) * (((sc_first as i32) - 128) as f32);
@@ -404,7 +413,11 @@ pub fn q6_k_gemv<
             g_ok.expand_dims(2).expand_dims(3),
             0,
         );
-        let ht = load(qh + g_rows + (g0 + grp).expand_dims(0), g_ok, 0);
+        let ht = load(
+            qh + g_rows.expand_dims(2).expand_dims(3) + g0 + h_offs,
+            g_ok.expand_dims(2).expand_dims(3),
+            0,
+        );
         let sct = load(scales + g_rows + (g0 + grp).expand_dims(0), g_ok, 128);
         let dt = load(d + d_rows + ((g0 + grp) / 16).expand_dims(0), g_ok, 0.0);
         let a_ok = (g0 + grp < groups).expand_dims(1).expand_dims(2);
@@ -418,7 +431,7 @@ pub fn q6_k_gemv<
             sq += (xv * xv).sum(2).sum(1).sum(0);
             av = xv * (load(norm_w + g0 * 16 + elems, a_ok, 0.0) as f32);
         }
-        let hi = (ht.expand_dims(2).expand_dims(3) >> hi_shift) & 3;
+        let hi = (ht >> hi_shift) & 3;
         let qv = ((((lt >> lo_shift) & 15) | (hi << 4)) as i32 - 32) as f32;
         let dots = (qv * av.expand_dims(0)).sum(3).sum(2);
         let scale = (dt as f32) * (((sct as i32) - 128) as f32);
