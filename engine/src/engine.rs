@@ -189,8 +189,13 @@ pub struct Engine {
 impl Engine {
     /// Loads a Hugging Face model directory (`config.json`, safetensors weights,
     /// optional `generation_config.json` and `tokenizer.json`) onto `opts.device`.
+    ///
+    /// A path to a `.gguf` file loads that file instead ([`Engine::load_gguf`]).
     pub fn load(dir: impl AsRef<Path>, opts: EngineOptions) -> Result<Engine> {
         let dir = dir.as_ref();
+        if dir.is_file() && crate::gguf::tokenizer::is_gguf_path(dir) {
+            return Engine::load_gguf(dir, opts);
+        }
         let ckpt = Checkpoint::open(dir)?;
         let label = dir.display().to_string();
         check_placement(&label, &ckpt.config, &opts)?;
@@ -206,6 +211,19 @@ impl Engine {
             None
         };
         let mut engine = Engine::place(&ckpt.config, &weights, opts)?;
+        engine.tokenizer = tokenizer;
+        Ok(engine)
+    }
+
+    /// Loads a GGUF file (Qwen3, Qwen2 or Llama; F32/F16/BF16/Q8_0/Q4_K/Q6_K tensors):
+    /// config and tokenizer from its metadata (or a `tokenizer.json` beside it), weights
+    /// dequantized to bf16 for the dense decoder.
+    pub fn load_gguf(path: impl AsRef<Path>, opts: EngineOptions) -> Result<Engine> {
+        let file = crate::gguf::GgufFile::open(path)?;
+        let cfg = file.config()?;
+        let weights = file.model_weights(&cfg)?;
+        let tokenizer = file.tokenizer()?;
+        let mut engine = Engine::from_weights(&cfg, &weights, opts)?;
         engine.tokenizer = tokenizer;
         Ok(engine)
     }

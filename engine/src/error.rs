@@ -72,6 +72,15 @@ pub enum EngineError {
         message: String,
     },
 
+    /// A GGUF file is malformed or holds something the engine does not support.
+    #[error("{path}: {message}", path = path.display())]
+    Gguf {
+        /// The GGUF file.
+        path: PathBuf,
+        /// What is wrong, naming the offset, key, tensor or type at fault.
+        message: String,
+    },
+
     /// A tensor the model needs is in none of the checkpoint's files.
     #[error("tensor `{name}` not found in {location}", location = location.display())]
     MissingTensor {

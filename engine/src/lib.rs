@@ -12,6 +12,7 @@
 //!   sweep, kernel workloads and the cuBLAS baseline.
 //! - [`config`]: `config.json` / `generation_config.json` → [`ModelConfig`].
 //! - [`weights`]: memory-mapped safetensors, looked up by tensor name.
+//! - [`gguf`]: llama.cpp's GGUF files: header, config, tokenizer, quantized block formats.
 //! - [`model`]: per-layer weights ([`ModelWeights`]) and [`Checkpoint`].
 //! - [`preset`]: real model shapes with seeded random weights; [`device_init`] writes
 //!   them on the device.
@@ -20,6 +21,8 @@
 //! - [`memory`]: the device memory a model needs, checked before allocating.
 //! - [`comm`]: NCCL collectives between the GPUs of one host, loaded at run time.
 //! - [`tp`]: the tensor-parallel split of a model over GPUs, simulated on the host.
+
+//! - [`kernels_quant`]: GEMVs over Q8_0/Q4_K/Q6_K weights.
 //! - [`kernels`]: the decode kernels; [`tuning`]: their launch configurations.
 //! - [`prefill`]: batched prefill of the prompt in chunks ([`prefill::Prefiller`]).
 //! - [`prefill_kernels`]: the batched-prefill kernels (GEMMs and attention over `dot`).
@@ -34,8 +37,11 @@ pub mod decode;
 pub mod device_init;
 pub mod engine;
 pub mod error;
+pub mod gguf;
 pub mod kernels;
 pub mod memory;
+
+pub mod kernels_quant;
 pub mod model;
 pub mod prefill;
 pub mod prefill_kernels;

@@ -51,6 +51,18 @@ impl Tokenizer {
         })
     }
 
+    /// A tokenizer from the text of a `tokenizer.json` held in memory (for example one
+    /// built from a GGUF file's metadata); `origin` names its source in errors.
+    pub fn from_json_bytes(bytes: &[u8], origin: impl AsRef<Path>) -> Result<Self> {
+        let path = origin.as_ref().to_path_buf();
+        let inner =
+            tokenizers::Tokenizer::from_bytes(bytes).map_err(|e| EngineError::Tokenizer {
+                path: path.clone(),
+                message: e.to_string(),
+            })?;
+        Ok(Tokenizer { inner, path })
+    }
+
     fn err(&self, e: impl std::fmt::Display) -> EngineError {
         EngineError::Tokenizer {
             path: self.path.clone(),

@@ -1,0 +1,498 @@
+//! ggml's element and block types: sizes, host dequantization (the reference the
+//! kernels are checked against) and the device layout the quantized GEMVs read.
+//!
+//! Supported for weights: Q8_0, Q4_K and Q6_K blocks, and F32, F16, BF16 elements.
+//! Block layouts, as llama.cpp writes them (little-endian):
+//!
+//! - **Q8_0**, 32 elements in 34 bytes: `f16 d`, `i8 q[32]`; `x = d * q`.
+//! - **Q4_K**, 256 elements in 144 bytes: `f16 d`, `f16 dmin`, `u8 scales[12]` (eight
+//!   6-bit scales and eight 6-bit mins, packed), `u8 qs[128]`. Sub-block `j` (32
+//!   elements) has `x = d * sc[j] * q - dmin * m[j]`; byte `c * 32 + l` of `qs` holds
+//!   element `c * 64 + l` in its low nibble and `c * 64 + 32 + l` in its high one.
+//! - **Q6_K**, 256 elements in 210 bytes: `u8 ql[128]` (low 4 bits), `u8 qh[64]` (high
+//!   2 bits), `i8 scales[16]` (one per 16 elements), `f16 d`; `x = d * sc * (q - 32)`.
+//!   In each half `h` of 128 elements, element `h * 128 + g * 32 + l` (`g` in 0..4) has
+//!   its low bits in `ql[h * 64 + (g % 2) * 32 + l]` (nibble `g / 2`) and its high bits
+//!   in `qh[h * 32 + l]` at bit `2 * g`.
+//!
+//! # Device layout ([`PackedMatrix`])
+//!
+//! At load the blocks of a `[rows, cols]` matrix are split into separate row-major
+//! arrays: the quants as `u32` words (the kernel language loads bytes one at a time,
+//! words as 16-byte vectors), the scales as small arrays of their own. Within a group of
+//! `W` words covering `G = W * F` elements (`F` fields a word: 4 bytes or 8 nibbles),
+//! field `t` of word `w` holds element `t * W + w` of the group, so that a kernel tile
+//! `[.., F, W]` (fields, words) is in element order and both the words (`[.., 1, W]`)
+//! and the activations (`[.., F, W]`) are contiguous loads:
+//!
+//! | type | arrays (per row) | group | bytes per 256 elements (file) |
+//! |---|---|---|---|
+//! | Q8_0 | `q: u32[cols / 4]` (bytes: `i8` with the sign bit flipped, `x = d * (q - 128)`), `d: f16[cols / 32]` | 32 elements, 8 words | 272 (272) |
+//! | Q4_K | `q: u32[cols / 8]` (nibbles), `scales: u8[cols / 32]`, `mins: u8[cols / 32]` (6-bit values unpacked), `d: f16[cols / 256]`, `dmin: f16[cols / 256]` | 32 elements, 4 words | 148 (144) |
+//! | Q6_K | `ql: u32[cols / 8]` (low nibbles), `qh: u32[cols / 16]` (high 2 bits, element `i` of a 16-group at bit `2 i`), `scales: u8[cols / 16]` (`i8` with the sign bit flipped), `d: f16[cols / 256]` | 16 elements, 2 words | 210 (210) |
+//!
+//! Q4_K's unpacked scales cost 4 bytes a super-block (2.8%) and spare each thread the
+//! 6-bit unpacking (three gathers and a dozen bit operations per sub-block).
+
+use half::{bf16, f16};
+
+use crate::error::{EngineError, Result};
+
+/// A ggml type id (`GGML_TYPE_*`), as stored in a GGUF tensor entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GgmlType(pub u32);
+
+impl GgmlType {
+    /// 32-bit floats.
+    pub const F32: GgmlType = GgmlType(0);
+    /// IEEE half floats.
+    pub const F16: GgmlType = GgmlType(1);
+    /// 32-element blocks of 8-bit quants and an f16 scale.
+    pub const Q8_0: GgmlType = GgmlType(8);
+    /// 256-element super-blocks of 4-bit quants, 6-bit scales and mins.
+    pub const Q4_K: GgmlType = GgmlType(12);
+    /// 256-element super-blocks of 6-bit quants and 8-bit scales.
+    pub const Q6_K: GgmlType = GgmlType(14);
+    /// bfloat16.
+    pub const BF16: GgmlType = GgmlType(30);
+
+    /// ggml's name for the type (`Q4_K`), or `type N` for an unknown id.
+    pub fn name(self) -> String {
+        match self.info() {
+            Some((name, _, _)) => name.to_string(),
+            None => format!("type {}", self.0),
+        }
+    }
+
+    /// `(elements per block, bytes per block)`, for every type ggml defines.
+    pub fn block(self) -> Option<(u64, u64)> {
+        self.info().map(|(_, b, s)| (b, s))
+    }
+
+    /// Whether the engine reads tensors of this type.
+    pub fn is_supported(self) -> bool {
+        [
+            Self::F32,
+            Self::F16,
+            Self::BF16,
+            Self::Q8_0,
+            Self::Q4_K,
+            Self::Q6_K,
+        ]
+        .contains(&self)
+    }
+
+    /// Whether this is one of the block-quantized types the GEMV kernels read.
+    pub fn is_quantized(self) -> bool {
+        [Self::Q8_0, Self::Q4_K, Self::Q6_K].contains(&self)
+    }
+
+    fn info(self) -> Option<(&'static str, u64, u64)> {
+        Some(match self.0 {
+            0 => ("F32", 1, 4),
+            1 => ("F16", 1, 2),
+            2 => ("Q4_0", 32, 18),
+            3 => ("Q4_1", 32, 20),
+            6 => ("Q5_0", 32, 22),
+            7 => ("Q5_1", 32, 24),
+            8 => ("Q8_0", 32, 34),
+            9 => ("Q8_1", 32, 40),
+            10 => ("Q2_K", 256, 84),
+            11 => ("Q3_K", 256, 110),
+            12 => ("Q4_K", 256, 144),
+            13 => ("Q5_K", 256, 176),
+            14 => ("Q6_K", 256, 210),
+            15 => ("Q8_K", 256, 292),
+            16 => ("IQ2_XXS", 256, 66),
+            17 => ("IQ2_XS", 256, 74),
+            18 => ("IQ3_XXS", 256, 98),
+            19 => ("IQ1_S", 256, 50),
+            20 => ("IQ4_NL", 32, 18),
+            21 => ("IQ3_S", 256, 110),
+            22 => ("IQ2_S", 256, 82),
+            23 => ("IQ4_XS", 256, 136),
+            24 => ("I8", 1, 1),
+            25 => ("I16", 1, 2),
+            26 => ("I32", 1, 4),
+            27 => ("I64", 1, 8),
+            28 => ("F64", 1, 8),
+            29 => ("IQ1_M", 256, 56),
+            30 => ("BF16", 1, 2),
+            34 => ("TQ1_0", 256, 54),
+            35 => ("TQ2_0", 256, 66),
+            39 => ("MXFP4", 32, 17),
+            _ => return None,
+        })
+    }
+}
+
+impl std::fmt::Display for GgmlType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name())
+    }
+}
+
+/// The types [`dequantize`] reads, for messages.
+pub const SUPPORTED: &str = "F32, F16, BF16, Q8_0, Q4_K, Q6_K";
+
+fn f16_at(b: &[u8], at: usize) -> f32 {
+    f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
+}
+
+/// Q4_K's eight 6-bit scales and mins from the 12 packed bytes.
+pub fn q4k_scale_min(packed: &[u8]) -> ([u8; 8], [u8; 8]) {
+    let mut sc = [0u8; 8];
+    let mut m = [0u8; 8];
+    for j in 0..8 {
+        if j < 4 {
+            sc[j] = packed[j] & 63;
+            m[j] = packed[j + 4] & 63;
+        } else {
+            sc[j] = (packed[j + 4] & 0x0f) | ((packed[j - 4] >> 6) << 4);
+            m[j] = (packed[j + 4] >> 4) | ((packed[j] >> 6) << 4);
+        }
+    }
+    (sc, m)
+}
+
+/// Dequantizes one Q8_0 block (34 bytes) into 32 values.
+pub fn dequantize_q8_0(block: &[u8], out: &mut [f32]) {
+    let d = f16_at(block, 0);
+    for (o, &q) in out[..32].iter_mut().zip(&block[2..34]) {
+        *o = q as i8 as f32 * d;
+    }
+}
+
+/// Dequantizes one Q4_K block (144 bytes) into 256 values, with llama.cpp's rounding:
+/// `(d * sc) * q - dmin * m` in f32.
+pub fn dequantize_q4_k(block: &[u8], out: &mut [f32]) {
+    let d = f16_at(block, 0);
+    let dmin = f16_at(block, 2);
+    let (sc, m) = q4k_scale_min(&block[4..16]);
+    let qs = &block[16..144];
+    for c in 0..4 {
+        for nib in 0..2 {
+            let j = c * 2 + nib;
+            let scale = d * sc[j] as f32;
+            let min = dmin * m[j] as f32;
+            for l in 0..32 {
+                let q = (qs[c * 32 + l] >> (4 * nib)) & 15;
+                out[c * 64 + nib * 32 + l] = scale * q as f32 - min;
+            }
+        }
+    }
+}
+
+/// Dequantizes one Q6_K block (210 bytes) into 256 values: `(d * sc) * (q - 32)` in f32.
+pub fn dequantize_q6_k(block: &[u8], out: &mut [f32]) {
+    let (ql, rest) = block.split_at(128);
+    let (qh, rest) = rest.split_at(64);
+    let (scales, d) = rest.split_at(16);
+    let d = f16_at(d, 0);
+    for h in 0..2 {
+        for g in 0..4 {
+            for l in 0..32 {
+                let lo = (ql[h * 64 + (g % 2) * 32 + l] >> (4 * (g / 2))) & 15;
+                let hi = (qh[h * 32 + l] >> (2 * g)) & 3;
+                let q = (lo | (hi << 4)) as i32 - 32;
+                let e = h * 128 + g * 32 + l;
+                let scale = d * scales[e / 16] as i8 as f32;
+                out[e] = scale * q as f32;
+            }
+        }
+    }
+}
+
+/// Dequantizes `bytes` holding `numel` elements of type `ty` to f32. `name` (the tensor)
+/// appears in errors; an unsupported type is an error naming the tensor and the type.
+pub fn dequantize(ty: GgmlType, bytes: &[u8], numel: usize, name: &str) -> Result<Vec<f32>> {
+    let unsupported = || EngineError::Unsupported {
+        message: format!(
+            "tensor `{name}` has ggml type {} (supported: {SUPPORTED})",
+            ty.name()
+        ),
+    };
+    let (block, block_bytes) = ty.block().ok_or_else(unsupported)?;
+    let (block, block_bytes) = (block as usize, block_bytes as usize);
+    if numel % block != 0 || bytes.len() != numel / block * block_bytes {
+        return Err(EngineError::Unsupported {
+            message: format!(
+                "tensor `{name}` ({}): {} bytes do not hold {numel} elements",
+                ty.name(),
+                bytes.len()
+            ),
+        });
+    }
+    let mut out = vec![0f32; numel];
+    let blocks = bytes
+        .chunks_exact(block_bytes)
+        .zip(out.chunks_exact_mut(block));
+    match ty {
+        GgmlType::F32 => {
+            blocks.for_each(|(b, o)| o[0] = f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        }
+        GgmlType::F16 => blocks.for_each(|(b, o)| o[0] = f16_at(b, 0)),
+        GgmlType::BF16 => {
+            blocks.for_each(|(b, o)| o[0] = bf16::from_le_bytes([b[0], b[1]]).to_f32())
+        }
+        GgmlType::Q8_0 => blocks.for_each(|(b, o)| dequantize_q8_0(b, o)),
+        GgmlType::Q4_K => blocks.for_each(|(b, o)| dequantize_q4_k(b, o)),
+        GgmlType::Q6_K => blocks.for_each(|(b, o)| dequantize_q6_k(b, o)),
+        _ => return Err(unsupported()),
+    }
+    Ok(out)
+}
+
+/// A quantized `[rows, cols]` matrix in the device layout (see the module docs).
+#[derive(Clone, Debug, PartialEq)]
+pub enum PackedMatrix {
+    /// Q8_0.
+    Q8_0 {
+        /// Rows (output features).
+        rows: usize,
+        /// Columns (input features), a multiple of 32.
+        cols: usize,
+        /// `[rows, cols / 4]` words of four biased `i8` quants.
+        q: Vec<u32>,
+        /// `[rows, cols / 32]` block scales.
+        d: Vec<f16>,
+    },
+    /// Q4_K.
+    Q4K {
+        /// Rows (output features).
+        rows: usize,
+        /// Columns (input features), a multiple of 256.
+        cols: usize,
+        /// `[rows, cols / 8]` words of eight 4-bit quants.
+        q: Vec<u32>,
+        /// `[rows, cols / 32]` 6-bit sub-block scales.
+        scales: Vec<u8>,
+        /// `[rows, cols / 32]` 6-bit sub-block mins.
+        mins: Vec<u8>,
+        /// `[rows, cols / 256]` super-block scales.
+        d: Vec<f16>,
+        /// `[rows, cols / 256]` super-block min scales.
+        dmin: Vec<f16>,
+    },
+    /// Q6_K.
+    Q6K {
+        /// Rows (output features).
+        rows: usize,
+        /// Columns (input features), a multiple of 256.
+        cols: usize,
+        /// `[rows, cols / 8]` words of eight low nibbles.
+        ql: Vec<u32>,
+        /// `[rows, cols / 16]` words of sixteen 2-bit high parts.
+        qh: Vec<u32>,
+        /// `[rows, cols / 16]` scales, `i8` with the sign bit flipped.
+        scales: Vec<u8>,
+        /// `[rows, cols / 256]` super-block scales.
+        d: Vec<f16>,
+    },
+}
+
+/// Packs `fields[i]` (each below `1 << bits`) into words: in each group of `words`
+/// words, field `t` of word `w` is element `t * words + w` of the group.
+fn interleave(fields: &[u32], bits: u32, words: usize) -> Vec<u32> {
+    let per_word = (32 / bits) as usize;
+    let group = per_word * words;
+    let mut out = vec![0u32; fields.len() / per_word];
+    for (g, chunk) in fields.chunks_exact(group).enumerate() {
+        for (e, &v) in chunk.iter().enumerate() {
+            let (t, w) = (e / words, e % words);
+            out[g * words + w] |= v << (bits as usize * t);
+        }
+    }
+    out
+}
+
+/// Field `e` of the group laid out by [`interleave`].
+fn field(words_arr: &[u32], e: usize, bits: u32, words: usize) -> u32 {
+    let group = (32 / bits) as usize * words;
+    let (g, i) = (e / group, e % group);
+    let (t, w) = (i / words, i % words);
+    (words_arr[g * words + w] >> (bits as usize * t)) & ((1u32 << bits) - 1)
+}
+
+impl PackedMatrix {
+    /// Splits the blocks of a `[rows, cols]` tensor of type `ty` into the device
+    /// layout. `name` appears in errors (unsupported type, size mismatch).
+    pub fn pack(ty: GgmlType, bytes: &[u8], rows: usize, cols: usize, name: &str) -> Result<Self> {
+        let (block, block_bytes) = match ty.block() {
+            Some((b, s)) if ty.is_quantized() => (b as usize, s as usize),
+            _ => {
+                return Err(EngineError::Unsupported {
+                    message: format!(
+                        "tensor `{name}` has ggml type {}; the quantized GEMVs read Q8_0, Q4_K and Q6_K",
+                        ty.name()
+                    ),
+                })
+            }
+        };
+        if cols % block != 0 || bytes.len() != rows * cols / block * block_bytes {
+            return Err(EngineError::Unsupported {
+                message: format!(
+                    "tensor `{name}` ({ty}): {} bytes do not hold [{rows}, {cols}] in blocks of {block}",
+                    bytes.len()
+                ),
+            });
+        }
+        let n = rows * cols;
+        let blocks = bytes.chunks_exact(block_bytes);
+        Ok(match ty {
+            GgmlType::Q8_0 => {
+                let mut q = Vec::with_capacity(n);
+                let mut d = Vec::with_capacity(n / 32);
+                for b in blocks {
+                    d.push(f16::from_le_bytes([b[0], b[1]]));
+                    q.extend(b[2..34].iter().map(|&v| u32::from(v ^ 0x80)));
+                }
+                PackedMatrix::Q8_0 {
+                    rows,
+                    cols,
+                    q: interleave(&q, 8, 8),
+                    d,
+                }
+            }
+            GgmlType::Q4_K => {
+                let (mut q, mut scales, mut mins) = (
+                    Vec::with_capacity(n),
+                    Vec::with_capacity(n / 32),
+                    Vec::with_capacity(n / 32),
+                );
+                let (mut d, mut dmin) = (Vec::with_capacity(n / 256), Vec::with_capacity(n / 256));
+                for b in blocks {
+                    d.push(f16::from_le_bytes([b[0], b[1]]));
+                    dmin.push(f16::from_le_bytes([b[2], b[3]]));
+                    let (sc, m) = q4k_scale_min(&b[4..16]);
+                    scales.extend_from_slice(&sc);
+                    mins.extend_from_slice(&m);
+                    let qs = &b[16..144];
+                    // Element order: chunk c of 64 is bytes c*32.. low nibbles, then high.
+                    for c in 0..4 {
+                        for nib in 0..2 {
+                            q.extend(
+                                qs[c * 32..c * 32 + 32]
+                                    .iter()
+                                    .map(|&v| u32::from((v >> (4 * nib)) & 15)),
+                            );
+                        }
+                    }
+                }
+                PackedMatrix::Q4K {
+                    rows,
+                    cols,
+                    q: interleave(&q, 4, 4),
+                    scales,
+                    mins,
+                    d,
+                    dmin,
+                }
+            }
+            GgmlType::Q6_K => {
+                let (mut lo, mut hi, mut scales, mut d) = (
+                    Vec::with_capacity(n),
+                    Vec::with_capacity(n),
+                    Vec::with_capacity(n / 16),
+                    Vec::with_capacity(n / 256),
+                );
+                for b in blocks {
+                    let (ql, qh) = (&b[..128], &b[128..192]);
+                    for e in 0..256 {
+                        let (h, g, l) = (e / 128, (e / 32) % 4, e % 32);
+                        lo.push(u32::from(
+                            (ql[h * 64 + (g % 2) * 32 + l] >> (4 * (g / 2))) & 15,
+                        ));
+                        hi.push(u32::from((qh[h * 32 + l] >> (2 * g)) & 3));
+                    }
+                    scales.extend(b[192..208].iter().map(|&v| v ^ 0x80));
+                    d.push(f16::from_le_bytes([b[208], b[209]]));
+                }
+                PackedMatrix::Q6K {
+                    rows,
+                    cols,
+                    ql: interleave(&lo, 4, 2),
+                    // One word a 16-group: field t is element t.
+                    qh: interleave(&hi, 2, 1),
+                    scales,
+                    d,
+                }
+            }
+            _ => unreachable!("checked by is_quantized above"),
+        })
+    }
+
+    /// The ggml type the matrix came from.
+    pub fn ggml_type(&self) -> GgmlType {
+        match self {
+            PackedMatrix::Q8_0 { .. } => GgmlType::Q8_0,
+            PackedMatrix::Q4K { .. } => GgmlType::Q4_K,
+            PackedMatrix::Q6K { .. } => GgmlType::Q6_K,
+        }
+    }
+
+    /// `(rows, cols)`.
+    pub fn shape(&self) -> (usize, usize) {
+        match *self {
+            PackedMatrix::Q8_0 { rows, cols, .. }
+            | PackedMatrix::Q4K { rows, cols, .. }
+            | PackedMatrix::Q6K { rows, cols, .. } => (rows, cols),
+        }
+    }
+
+    /// The matrix as f32, row-major, read from the device layout: the host model of
+    /// what the kernels compute (same rounding as [`dequantize`] on the file's blocks).
+    pub fn dequantize(&self) -> Vec<f32> {
+        let (rows, cols) = self.shape();
+        let mut out = vec![0f32; rows * cols];
+        match self {
+            PackedMatrix::Q8_0 { q, d, .. } => {
+                for (i, o) in out.iter_mut().enumerate() {
+                    *o = (field(q, i, 8, 8) as i32 - 128) as f32 * d[i / 32].to_f32();
+                }
+            }
+            PackedMatrix::Q4K {
+                q,
+                scales,
+                mins,
+                d,
+                dmin,
+                ..
+            } => {
+                for (i, o) in out.iter_mut().enumerate() {
+                    let scale = d[i / 256].to_f32() * scales[i / 32] as f32;
+                    let min = dmin[i / 256].to_f32() * mins[i / 32] as f32;
+                    *o = scale * field(q, i, 4, 4) as f32 - min;
+                }
+            }
+            PackedMatrix::Q6K {
+                ql, qh, scales, d, ..
+            } => {
+                for (i, o) in out.iter_mut().enumerate() {
+                    let qv = (field(ql, i, 4, 2) | (field(qh, i, 2, 1) << 4)) as i32 - 32;
+                    let scale = d[i / 256].to_f32() * (scales[i / 16] as i32 - 128) as f32;
+                    *o = scale * qv as f32;
+                }
+            }
+        }
+        out
+    }
+
+    /// Bytes a GEMV reads from this matrix's arrays (the bandwidth floor's numerator).
+    pub fn device_bytes(&self) -> usize {
+        match self {
+            PackedMatrix::Q8_0 { q, d, .. } => 4 * q.len() + 2 * d.len(),
+            PackedMatrix::Q4K {
+                q,
+                scales,
+                mins,
+                d,
+                dmin,
+                ..
+            } => 4 * q.len() + scales.len() + mins.len() + 2 * (d.len() + dmin.len()),
+            PackedMatrix::Q6K {
+                ql, qh, scales, d, ..
+            } => 4 * (ql.len() + qh.len()) + scales.len() + 2 * d.len(),
+        }
+    }
+}

@@ -1,0 +1,196 @@
+//! The tokenizer of a GGUF file: `tokenizer.ggml.*` metadata turned into the
+//! `tokenizer.json` the `tokenizers` library reads, or a `tokenizer.json` beside the file.
+//!
+//! Only byte-level BPE (`tokenizer.ggml.model = "gpt2"`, which Qwen2/Qwen3 and
+//! Llama 3 use) is built from metadata. The pre-tokenizer's split pattern follows
+//! `tokenizer.ggml.pre`: `qwen2`, `llama-bpe` (Llama 3), or the GPT-2 pattern for
+//! `gpt-2`/`default`/absent; any other value is an error naming it. Tokens of type 3
+//! (control) become special added tokens, type 4 (user-defined) plain added tokens, and
+//! `tokenizer.ggml.add_bos_token` adds a post-processor that prepends the bos token.
+
+use std::path::Path;
+
+use serde_json::{json, Map, Value};
+
+use super::{GgufFile, MetaValue};
+use crate::error::Result;
+use crate::tokenizer::Tokenizer;
+
+/// Qwen2's split pattern (single digits).
+const QWEN2_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// Llama 3's split pattern (digits in threes).
+const LLAMA3_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+impl GgufFile {
+    /// The tokenizer: `tokenizer.json` beside the file if there is one, else one built
+    /// from the metadata; `None` when the file has no `tokenizer.ggml.tokens`.
+    pub fn tokenizer(&self) -> Result<Option<Tokenizer>> {
+        if let Some(dir) = self.path().parent() {
+            let beside = dir.join("tokenizer.json");
+            if beside.is_file() {
+                return Tokenizer::from_file(beside).map(Some);
+            }
+        }
+        self.tokenizer_from_metadata()
+    }
+
+    /// The tokenizer built from `tokenizer.ggml.*` alone (ignoring any file beside it).
+    pub fn tokenizer_from_metadata(&self) -> Result<Option<Tokenizer>> {
+        let Some(json) = self.tokenizer_json()? else {
+            return Ok(None);
+        };
+        let text = serde_json::to_vec(&json).expect("a JSON value serializes");
+        Tokenizer::from_json_bytes(&text, self.path()).map(Some)
+    }
+
+    /// The `tokenizer.json` value the metadata describes (see the module docs).
+    pub fn tokenizer_json(&self) -> Result<Option<Value>> {
+        let Some(tokens) = self.get("tokenizer.ggml.tokens") else {
+            return Ok(None);
+        };
+        let model = self.opt_str("tokenizer.ggml.model")?.unwrap_or("gpt2");
+        if model != "gpt2" {
+            return Err(self.error(format!(
+                "tokenizer.ggml.model is `{model}`: only byte-level BPE (`gpt2`) is built from GGUF metadata; put a tokenizer.json beside the file"
+            )));
+        }
+        let strings = |key: &str, v: &MetaValue| -> Result<Vec<String>> {
+            let items = v.as_array().ok_or_else(|| {
+                self.error(format!(
+                    "metadata `{key}` is {}, expected an array of strings",
+                    v.type_name()
+                ))
+            })?;
+            items
+                .iter()
+                .enumerate()
+                .map(|(i, s)| {
+                    s.as_str().map(str::to_string).ok_or_else(|| {
+                        self.error(format!(
+                            "metadata `{key}`[{i}] is {}, expected a string",
+                            s.type_name()
+                        ))
+                    })
+                })
+                .collect()
+        };
+        let tokens = strings("tokenizer.ggml.tokens", tokens)?;
+        let merges = match self.get("tokenizer.ggml.merges") {
+            Some(v) => strings("tokenizer.ggml.merges", v)?,
+            None => Vec::new(),
+        };
+        let types: Vec<u64> = match self.get("tokenizer.ggml.token_type") {
+            Some(MetaValue::Array(a)) => a
+                .iter()
+                .enumerate()
+                .map(|(i, t)| {
+                    t.as_u64().ok_or_else(|| {
+                        self.error(format!(
+                            "metadata `tokenizer.ggml.token_type`[{i}] is {}, expected an integer",
+                            t.type_name()
+                        ))
+                    })
+                })
+                .collect::<Result<_>>()?,
+            Some(other) => {
+                return Err(self.error(format!(
+                    "metadata `tokenizer.ggml.token_type` is {}, expected an array",
+                    other.type_name()
+                )))
+            }
+            None => vec![1; tokens.len()],
+        };
+        if types.len() != tokens.len() {
+            return Err(self.error(format!(
+                "tokenizer.ggml.token_type has {} entries for {} tokens",
+                types.len(),
+                tokens.len()
+            )));
+        }
+
+        let mut vocab = Map::new();
+        let mut added = Vec::new();
+        for (id, (tok, &ty)) in tokens.iter().zip(&types).enumerate() {
+            vocab.insert(tok.clone(), json!(id));
+            if ty == 3 || ty == 4 {
+                added.push(json!({
+                    "id": id, "content": tok, "single_word": false, "lstrip": false,
+                    "rstrip": false, "normalized": false, "special": ty == 3,
+                }));
+            }
+        }
+        let merges: Vec<Value> = merges
+            .iter()
+            .enumerate()
+            .map(|(i, m)| match m.split_once(' ') {
+                Some((a, b)) => Ok(json!([a, b])),
+                None => Err(self.error(format!(
+                    "tokenizer.ggml.merges[{i}] is `{m}`, expected two tokens separated by a space"
+                ))),
+            })
+            .collect::<Result<_>>()?;
+
+        let byte_level = |use_regex: bool| json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": use_regex, "use_regex": use_regex});
+        let split = |pattern: &str| {
+            json!({"type": "Sequence", "pretokenizers": [
+                {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": false},
+                byte_level(false),
+            ]})
+        };
+        let pre = self.opt_str("tokenizer.ggml.pre")?;
+        let pre_tokenizer = match pre {
+            None | Some("default" | "gpt-2" | "gpt2") => byte_level(true),
+            Some("qwen2") => split(QWEN2_PATTERN),
+            Some("llama-bpe" | "llama3") => split(LLAMA3_PATTERN),
+            Some(other) => {
+                return Err(self.error(format!(
+                    "tokenizer.ggml.pre is `{other}` (supported: qwen2, llama-bpe, gpt-2, default); put a tokenizer.json beside the file"
+                )))
+            }
+        };
+
+        let add_bos = self
+            .opt_bool("tokenizer.ggml.add_bos_token")?
+            .unwrap_or(false);
+        let bos = self.opt_u64("tokenizer.ggml.bos_token_id")?;
+        let post_processor = match (add_bos, bos) {
+            (true, Some(bos)) => {
+                let Some(bos_tok) = tokens.get(bos as usize) else {
+                    return Err(self.error(format!(
+                        "tokenizer.ggml.bos_token_id {bos} is past the {} tokens",
+                        tokens.len()
+                    )));
+                };
+                json!({
+                    "type": "TemplateProcessing",
+                    "single": [{"SpecialToken": {"id": bos_tok, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+                    "pair": [{"SpecialToken": {"id": bos_tok, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                             {"SpecialToken": {"id": bos_tok, "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
+                    "special_tokens": {bos_tok.clone(): {"id": bos_tok, "ids": [bos], "tokens": [bos_tok]}},
+                })
+            }
+            _ => Value::Null,
+        };
+        Ok(Some(json!({
+            "version": "1.0",
+            "truncation": null,
+            "padding": null,
+            "added_tokens": added,
+            "normalizer": null,
+            "pre_tokenizer": pre_tokenizer,
+            "post_processor": post_processor,
+            "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+            "model": {
+                "type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
+                "ignore_merges": false, "vocab": vocab, "merges": merges,
+            },
+        })))
+    }
+}
+
+/// Whether `path` names a GGUF file (by its extension).
+pub fn is_gguf_path(path: &Path) -> bool {
+    path.extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+}

@@ -1,0 +1,612 @@
+//! The GGUF reader and the Q8_0 / Q4_K / Q6_K dequantizers against llama.cpp's `gguf`
+//! Python package (`tests/fixtures/gguf/`, made by `scripts/make_gguf_fixtures.py`),
+//! and malformed files: every one an error naming what is wrong, never a panic.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use tilefuse_engine::gguf::quant::{self, GgmlType, PackedMatrix};
+use tilefuse_engine::gguf::{self, GgufFile, MetaValue};
+use tilefuse_engine::{Arch, EngineError, RopeScaling};
+
+fn fixture(name: &str) -> PathBuf {
+    common::fixtures_dir().join("gguf").join(name)
+}
+
+fn expected_model() -> serde_json::Value {
+    let path = fixture("tiny_qwen3.json");
+    serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
+}
+
+#[test]
+fn dequantizes_blocks_like_the_gguf_package() {
+    let f = GgufFile::open(fixture("blocks.gguf")).unwrap();
+    for (name, ty) in [
+        ("q8_0", GgmlType::Q8_0),
+        ("q4_k", GgmlType::Q4_K),
+        ("q6_k", GgmlType::Q6_K),
+    ] {
+        let blocks = f.tensor(&format!("{name}.blocks")).unwrap();
+        let expected = f.tensor(&format!("{name}.expected")).unwrap();
+        assert_eq!(blocks.ggml_type, ty);
+        assert_eq!(expected.ggml_type, GgmlType::F32);
+        assert_eq!(blocks.ne, expected.ne);
+        let want = quant::dequantize(
+            GgmlType::F32,
+            f.tensor_bytes(expected),
+            expected.numel() as usize,
+            "expected",
+        )
+        .unwrap();
+        let got =
+            quant::dequantize(ty, f.tensor_bytes(blocks), blocks.numel() as usize, name).unwrap();
+        // Bit for bit: the same f32 operations in the same order as the package.
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(g.to_bits(), w.to_bits(), "{name} element {i}: {g} vs {w}");
+        }
+        // The extreme scales are there: the largest f16 makes some values huge.
+        assert!(
+            want.iter().any(|v| v.abs() > 1e5),
+            "{name}: no extreme block"
+        );
+        // The device layout dequantizes to the same values.
+        let (rows, cols) = (blocks.ne[1] as usize, blocks.ne[0] as usize);
+        let packed = PackedMatrix::pack(ty, f.tensor_bytes(blocks), rows, cols, name).unwrap();
+        let from_packed = packed.dequantize();
+        for (i, (g, w)) in from_packed.iter().zip(&want).enumerate() {
+            assert_eq!(
+                g.to_bits(),
+                w.to_bits(),
+                "{name} packed element {i}: {g} vs {w}"
+            );
+        }
+    }
+}
+
+#[test]
+fn reads_the_tiny_model_config() {
+    let f = GgufFile::open(fixture("tiny_qwen3.gguf")).unwrap();
+    assert_eq!(f.version, 3);
+    assert_eq!(f.alignment, 32);
+    let cfg = f.config().unwrap();
+    let e = &expected_model()["config"];
+    assert_eq!(cfg.arch, Arch::Qwen3);
+    assert_eq!(cfg.hidden_size, e["hidden_size"].as_u64().unwrap() as usize);
+    assert_eq!(cfg.num_layers, e["num_layers"].as_u64().unwrap() as usize);
+    assert_eq!(cfg.num_heads, e["num_heads"].as_u64().unwrap() as usize);
+    assert_eq!(
+        cfg.num_kv_heads,
+        e["num_kv_heads"].as_u64().unwrap() as usize
+    );
+    assert_eq!(cfg.head_dim, e["head_dim"].as_u64().unwrap() as usize);
+    assert_eq!(
+        cfg.intermediate_size,
+        e["intermediate_size"].as_u64().unwrap() as usize
+    );
+    assert_eq!(cfg.vocab_size, e["vocab_size"].as_u64().unwrap() as usize);
+    assert!((cfg.rms_norm_eps - e["rms_norm_eps"].as_f64().unwrap()).abs() < 1e-12);
+    assert_eq!(cfg.rope_theta, e["rope_theta"].as_f64().unwrap());
+    assert_eq!(cfg.rope_scaling, RopeScaling::None);
+    assert_eq!(
+        cfg.max_position_embeddings,
+        e["max_position_embeddings"].as_u64().unwrap() as usize
+    );
+    assert!(!cfg.tie_word_embeddings);
+    assert!(cfg.qk_norm && !cfg.qkv_bias && !cfg.o_bias);
+    assert_eq!(cfg.bos_token_id, Some(1));
+    assert_eq!(cfg.eos_token_ids, vec![0]);
+    // Metadata arrays come through whole.
+    let tokens = f.get("tokenizer.ggml.tokens").unwrap().as_array().unwrap();
+    assert_eq!(tokens.len(), cfg.vocab_size);
+    assert_eq!(tokens[0], MetaValue::String("<|endoftext|>".into()));
+}
+
+#[test]
+fn reads_every_tensor_of_the_tiny_model() {
+    let f = GgufFile::open(fixture("tiny_qwen3.gguf")).unwrap();
+    let cfg = f.config().unwrap();
+    let expected = expected_model();
+    let tensors = expected["tensors"].as_object().unwrap();
+    assert_eq!(tensors.len(), f.tensors.len());
+    for (hf, e) in tensors {
+        let shape: Vec<usize> = e["shape"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as usize)
+            .collect();
+        let g = gguf::model::gguf_name(hf).unwrap();
+        assert_eq!(g, e["gguf_name"].as_str().unwrap());
+        assert_eq!(gguf::model::hf_name(&g).as_deref(), Some(hf.as_str()));
+        assert_eq!(
+            f.tensor(&g).unwrap().ggml_type.name(),
+            e["type"].as_str().unwrap()
+        );
+        let v = f.tensor_f32(hf, &shape, &cfg).unwrap();
+        let sum: f64 = v.iter().map(|&x| x as f64).sum();
+        let sum_sq: f64 = v.iter().map(|&x| (x as f64) * (x as f64)).sum();
+        let (ws, wq) = (e["sum"].as_f64().unwrap(), e["sum_sq"].as_f64().unwrap());
+        assert!(
+            (sum - ws).abs() <= 1e-9 * wq.sqrt().max(1.0) * (v.len() as f64),
+            "{hf}: sum {sum} vs {ws}"
+        );
+        assert!(
+            (sum_sq - wq).abs() <= 1e-9 * wq,
+            "{hf}: sum of squares {sum_sq} vs {wq}"
+        );
+        for (at, want) in e["at"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .zip(e["values"].as_array().unwrap())
+        {
+            let at = at.as_u64().unwrap() as usize;
+            // The package's f32 values, printed as f64: equal once back in f32.
+            assert_eq!(v[at], want.as_f64().unwrap() as f32, "{hf}[{at}]");
+        }
+        if shape.len() == 2 {
+            let packed = f.packed_matrix(hf, shape[0], shape[1], &cfg).unwrap();
+            match packed {
+                Some(p) => {
+                    assert_eq!(p.shape(), (shape[0], shape[1]));
+                    assert_eq!(p.dequantize(), v, "{hf}: packed layout");
+                }
+                None => panic!("{hf}: every matrix of the fixture is quantized"),
+            }
+        }
+    }
+    // The whole model as the dense decoder reads it, checked against the config.
+    let weights = f.model_weights(&cfg).unwrap();
+    weights.validate(&cfg).unwrap();
+}
+
+#[test]
+fn builds_the_tokenizer_from_metadata() {
+    let f = GgufFile::open(fixture("tiny_qwen3.gguf")).unwrap();
+    let tok = f.tokenizer_from_metadata().unwrap().unwrap();
+    assert_eq!(tok.token_to_id("<|endoftext|>"), Some(0));
+    let path = common::fixtures_dir().join("tokenizer/expected.json");
+    let expected: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let cases = expected["cases"].as_array().unwrap();
+    assert!(cases.len() >= 5);
+    for case in cases {
+        let text = case["text"].as_str().unwrap();
+        let ids: Vec<u32> = case["ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect();
+        assert_eq!(tok.encode(text, true).unwrap(), ids, "encoding {text:?}");
+        assert_eq!(
+            tok.decode(&ids, false).unwrap(),
+            case["decoded"].as_str().unwrap()
+        );
+    }
+}
+
+/// A GGUF file built by hand: metadata and tensors (name, ne, type, data).
+struct Builder {
+    kv: Vec<(String, u32, Vec<u8>)>,
+    tensors: Vec<(String, Vec<u64>, u32, Vec<u8>)>,
+    version: u32,
+}
+
+fn string_bytes(s: &str) -> Vec<u8> {
+    let mut b = (s.len() as u64).to_le_bytes().to_vec();
+    b.extend_from_slice(s.as_bytes());
+    b
+}
+
+impl Builder {
+    fn new() -> Self {
+        Builder {
+            kv: Vec::new(),
+            tensors: Vec::new(),
+            version: 3,
+        }
+    }
+    fn kv(mut self, key: &str, ty: u32, value: Vec<u8>) -> Self {
+        self.kv.push((key.into(), ty, value));
+        self
+    }
+    fn tensor(mut self, name: &str, ne: &[u64], ty: u32, data: Vec<u8>) -> Self {
+        self.tensors.push((name.into(), ne.to_vec(), ty, data));
+        self
+    }
+    fn bytes(&self) -> Vec<u8> {
+        let mut b = b"GGUF".to_vec();
+        b.extend_from_slice(&self.version.to_le_bytes());
+        b.extend_from_slice(&(self.tensors.len() as u64).to_le_bytes());
+        b.extend_from_slice(&(self.kv.len() as u64).to_le_bytes());
+        for (k, ty, v) in &self.kv {
+            b.extend(string_bytes(k));
+            b.extend_from_slice(&ty.to_le_bytes());
+            b.extend_from_slice(v);
+        }
+        let mut offset = 0u64;
+        for (name, ne, ty, data) in &self.tensors {
+            b.extend(string_bytes(name));
+            b.extend_from_slice(&(ne.len() as u32).to_le_bytes());
+            for d in ne {
+                b.extend_from_slice(&d.to_le_bytes());
+            }
+            b.extend_from_slice(&ty.to_le_bytes());
+            b.extend_from_slice(&offset.to_le_bytes());
+            offset += (data.len() as u64).div_ceil(32) * 32;
+        }
+        while b.len() % 32 != 0 {
+            b.push(0);
+        }
+        for (_, _, _, data) in &self.tensors {
+            b.extend_from_slice(data);
+            while b.len() % 32 != 0 {
+                b.push(0);
+            }
+        }
+        b
+    }
+}
+
+fn parse_err(bytes: &[u8]) -> String {
+    match gguf::parse_bytes(bytes, Path::new("bad.gguf")) {
+        Ok(_) => panic!("parsed a malformed file"),
+        Err(e @ EngineError::Gguf { .. }) => e.to_string(),
+        Err(other) => panic!("wrong error kind: {other}"),
+    }
+}
+
+fn small_file() -> Builder {
+    Builder::new()
+        .kv("general.architecture", 8, string_bytes("qwen3"))
+        .kv("some.u8", 0, vec![7])
+        .kv("some.i16", 3, (-2i16).to_le_bytes().to_vec())
+        .kv("some.f64", 12, 1.5f64.to_le_bytes().to_vec())
+        .kv("some.bool", 7, vec![1])
+        .kv("some.array", 9, {
+            let mut v = 5u32.to_le_bytes().to_vec(); // i32 elements
+            v.extend_from_slice(&2u64.to_le_bytes());
+            v.extend_from_slice(&(-1i32).to_le_bytes());
+            v.extend_from_slice(&3i32.to_le_bytes());
+            v
+        })
+        .tensor("a", &[4, 2], 0, vec![0u8; 32])
+        .tensor("b", &[32], 8, vec![0u8; 34])
+}
+
+#[test]
+fn parses_every_value_type_of_a_hand_built_file() {
+    let bytes = small_file().bytes();
+    let h = gguf::parse_bytes(&bytes, Path::new("ok.gguf")).unwrap();
+    let (meta, tensors) = (h.metadata, h.tensors);
+    assert_eq!(h.version, 3);
+    let get = |k: &str| {
+        meta.iter()
+            .find(|(key, _)| key == k)
+            .map(|(_, v)| v.clone())
+    };
+    assert_eq!(get("some.u8"), Some(MetaValue::U8(7)));
+    assert_eq!(get("some.i16"), Some(MetaValue::I16(-2)));
+    assert_eq!(get("some.f64"), Some(MetaValue::F64(1.5)));
+    assert_eq!(get("some.bool"), Some(MetaValue::Bool(true)));
+    assert_eq!(
+        get("some.array"),
+        Some(MetaValue::Array(vec![
+            MetaValue::I32(-1),
+            MetaValue::I32(3)
+        ]))
+    );
+    assert_eq!(tensors[0].shape(), vec![2, 4]);
+    assert_eq!(tensors[1].ggml_type, GgmlType::Q8_0);
+    assert_eq!(tensors[1].offset, 32);
+}
+
+/// Where the last tensor's data ends in the file `bytes`.
+fn data_end(bytes: &[u8]) -> usize {
+    let h = gguf::parse_bytes(bytes, Path::new("ok.gguf")).unwrap();
+    h.tensors
+        .iter()
+        .map(|t| (h.data_start + t.offset + t.size) as usize)
+        .max()
+        .unwrap()
+}
+
+#[test]
+fn every_truncation_is_an_error() {
+    for bytes in [
+        small_file().bytes(),
+        std::fs::read(fixture("blocks.gguf")).unwrap(),
+    ] {
+        // Up to the end of the last tensor's data (the padding after it is optional).
+        for len in 0..data_end(&bytes) {
+            let msg = parse_err(&bytes[..len]);
+            assert!(
+                msg.contains("truncated")
+                    || msg.contains("past the end")
+                    || msg.contains("left in the file"),
+                "cut at {len}: {msg}"
+            );
+        }
+    }
+    // The tiny model's header (its tokenizer makes it several KiB), every byte.
+    let model = std::fs::read(fixture("tiny_qwen3.gguf")).unwrap();
+    let f = GgufFile::open(fixture("tiny_qwen3.gguf")).unwrap();
+    let end = data_end(&model);
+    for len in (0..f.data_start as usize).chain((f.data_start as usize..end).step_by(997)) {
+        let msg = parse_err(&model[..len]);
+        assert!(msg.contains("bad.gguf"), "{msg}");
+    }
+}
+
+#[test]
+fn malformed_headers_are_named() {
+    let good = small_file().bytes();
+    let mut b = good.clone();
+    b[0] = b'X';
+    assert!(parse_err(&b).contains("not a GGUF file"));
+    let mut f = small_file();
+    f.version = 4;
+    assert!(parse_err(&f.bytes()).contains("unsupported GGUF version 4"));
+    let f = small_file().kv("weird", 13, vec![]);
+    assert!(parse_err(&f.bytes()).contains("`weird` has unknown value type 13"));
+    let f = small_file().kv("flag", 7, vec![2]);
+    assert!(parse_err(&f.bytes()).contains("bool holding 2"));
+    let f = small_file().tensor("c", &[32], 99, vec![0u8; 32]);
+    let msg = parse_err(&f.bytes());
+    assert!(
+        msg.contains("tensor `c`") && msg.contains("unknown ggml type 99"),
+        "{msg}"
+    );
+    let f = small_file().tensor("d", &[33], 8, vec![0u8; 64]);
+    assert!(parse_err(&f.bytes()).contains("multiple of its block of 32"));
+    let f = small_file().kv("general.alignment", 4, 24u32.to_le_bytes().to_vec());
+    assert!(parse_err(&f.bytes()).contains("general.alignment"));
+    let f = small_file().tensor("e", &[1, 1, 1, 1, 1], 0, vec![0u8; 4]);
+    assert!(parse_err(&f.bytes()).contains("tensor `e` has 5 dimensions"));
+    let f = small_file().kv("general.architecture", 8, string_bytes("qwen3"));
+    assert!(parse_err(&f.bytes()).contains("appears twice"));
+    // A huge array length cannot make the parser allocate it.
+    let f = small_file().kv("big", 9, {
+        let mut v = 4u32.to_le_bytes().to_vec();
+        v.extend_from_slice(&(u64::MAX / 2).to_le_bytes());
+        v
+    });
+    assert!(parse_err(&f.bytes()).contains("length of array `big`"));
+    // A tensor whose data starts past the end.
+    let mut b = good.clone();
+    let mut entry = string_bytes("b");
+    entry.extend_from_slice(&1u32.to_le_bytes());
+    let at = b.windows(entry.len()).position(|w| w == entry).unwrap(); // tensor "b"
+    let off = at + entry.len() + 8 + 4; // ne[0], type
+    b[off..off + 8].copy_from_slice(&(1u64 << 20).to_le_bytes());
+    let msg = parse_err(&b);
+    assert!(
+        msg.contains("tensor `b`") && msg.contains("past the end"),
+        "{msg}"
+    );
+}
+
+fn write_temp(name: &str, bytes: &[u8]) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("tilefuse-gguf-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // Tests run in parallel threads: every file gets its own name.
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let p = dir.join(format!("{n}-{name}"));
+    std::fs::write(&p, bytes).unwrap();
+    p
+}
+
+#[test]
+fn unsupported_types_and_shapes_name_the_tensor() {
+    // The tiny model with its q projection's type changed to Q3_K: the file still opens, and asking for the tensor names it and its type.
+    let mut bytes = std::fs::read(fixture("tiny_qwen3.gguf")).unwrap();
+    let name = b"blk.0.attn_q.weight";
+    let at = bytes.windows(name.len()).position(|w| w == name).unwrap() + name.len();
+    let ty_at = at + 4 + 2 * 8;
+    assert_eq!(
+        u32::from_le_bytes(bytes[ty_at..ty_at + 4].try_into().unwrap()),
+        12
+    );
+    // Q3_K's 110-byte blocks are smaller than Q4_K's 144: the data stays in the file.
+    bytes[ty_at..ty_at + 4].copy_from_slice(&11u32.to_le_bytes());
+    let path = write_temp("q3k.gguf", &bytes);
+    let f = GgufFile::open(&path).unwrap();
+    let cfg = f.config().unwrap();
+    let msg = f.model_weights(&cfg).unwrap_err().to_string();
+    assert!(
+        msg.contains("blk.0.attn_q.weight") && msg.contains("Q3_K"),
+        "{msg}"
+    );
+    let msg = quant::dequantize(GgmlType(11), &[0u8; 110], 256, "t")
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("`t`") && msg.contains("Q3_K"), "{msg}");
+
+    // A config that disagrees with a tensor's shape.
+    let f = GgufFile::open(fixture("tiny_qwen3.gguf")).unwrap();
+    let mut cfg = f.config().unwrap();
+    cfg.intermediate_size = 512;
+    let msg = f.model_weights(&cfg).unwrap_err().to_string();
+    assert!(
+        msg.contains("blk.0.ffn_gate.weight") && msg.contains("[512, 256]"),
+        "{msg}"
+    );
+
+    // An architecture the engine does not implement.
+    let mut bytes = std::fs::read(fixture("tiny_qwen3.gguf")).unwrap();
+    let at = bytes.windows(5).position(|w| w == b"qwen3").unwrap();
+    bytes[at..at + 5].copy_from_slice(b"gemma");
+    let path = write_temp("gemma.gguf", &bytes);
+    let msg = GgufFile::open(&path)
+        .unwrap()
+        .config()
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("unsupported architecture `gemma`"), "{msg}");
+}
+
+#[test]
+fn hf_and_gguf_names_round_trip() {
+    for hf in [
+        "model.embed_tokens.weight",
+        "model.norm.weight",
+        "lm_head.weight",
+        "model.layers.0.self_attn.q_proj.bias",
+        "model.layers.31.mlp.down_proj.weight",
+        "model.layers.2.self_attn.k_norm.weight",
+    ] {
+        let g = gguf::model::gguf_name(hf).unwrap();
+        assert_eq!(gguf::model::hf_name(&g).as_deref(), Some(hf));
+    }
+    assert_eq!(
+        gguf::model::gguf_name("model.layers.7.post_attention_layernorm.weight").as_deref(),
+        Some("blk.7.ffn_norm.weight")
+    );
+    assert_eq!(gguf::model::hf_name("blk.x.attn_q.weight"), None);
+}
+
+#[test]
+fn engine_loads_a_gguf_file_and_decodes_like_the_reference() {
+    use std::ops::ControlFlow;
+    use tilefuse_dsl::runtime::Device;
+    use tilefuse_engine::{Engine, EngineOptions, GenerateOptions, Reference};
+
+    let path = fixture("tiny_qwen3.gguf");
+    let mut engine = Engine::load(
+        &path,
+        EngineOptions {
+            device: Device::cpu(),
+            max_seq_len: Some(32),
+            cuda_graph: false,
+            ..EngineOptions::default()
+        },
+    )
+    .unwrap();
+    let prompt = engine.encode("The quick brown fox").unwrap();
+    assert!(prompt.len() > 2);
+    let opts = GenerateOptions {
+        max_new_tokens: 4,
+        stop_at_eos: false,
+        keep_logits: true,
+        ..GenerateOptions::default()
+    };
+    let out = engine
+        .generate(&prompt, &opts, |_| ControlFlow::Continue(()))
+        .unwrap();
+    // The host reference decoder on the same (dequantized) weights.
+    let f = GgufFile::open(&path).unwrap();
+    let cfg = f.config().unwrap();
+    let mut reference = Reference::new(cfg.clone(), f.model_weights(&cfg).unwrap()).unwrap();
+    let mut logits = Vec::new();
+    let mut pos = 0;
+    for &t in &prompt[..prompt.len() - 1] {
+        reference.forward(t, pos).unwrap();
+        pos += 1;
+    }
+    let mut token = *prompt.last().unwrap();
+    for step in 0..4 {
+        let l = reference.forward(token, pos).unwrap();
+        pos += 1;
+        let rel = common::rel_err(&out.logits[step], &l);
+        assert!(rel < 2e-2, "step {step}: logits differ by {rel}");
+        token = out.tokens[step];
+        logits.push(l);
+    }
+    assert_eq!(out.tokens.len(), 4);
+}
+
+#[test]
+fn llama_q_and_k_rows_are_permuted_back() {
+    let (heads, kv_heads, head_dim, cols) = (2usize, 1usize, 4usize, 2usize);
+    // Hugging Face rows: element (r, c) = 10 r + c.
+    let hf = |rows: usize| -> Vec<f32> {
+        (0..rows * cols)
+            .map(|i| ((i / cols) * 10 + i % cols) as f32)
+            .collect()
+    };
+    // llama.cpp's converter: `w.reshape(n_head, 2, rows / n_head / 2, cols)
+    // .swapaxes(1, 2).reshape(rows, cols)`.
+    let permute = |w: &[f32], n_head: usize| -> Vec<f32> {
+        let rows = w.len() / cols;
+        let half = rows / n_head / 2;
+        let mut out = vec![0.0; w.len()];
+        for h in 0..n_head {
+            for i in 0..half {
+                for j in 0..2 {
+                    let dst = (h * half + i) * 2 + j; // [n_head, half, 2]
+                    let src = (h * 2 + j) * half + i; // [n_head, 2, half]
+                    out[dst * cols..(dst + 1) * cols]
+                        .copy_from_slice(&w[src * cols..(src + 1) * cols]);
+                }
+            }
+        }
+        out
+    };
+    let bytes = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
+    let u32v = |v: u32| v.to_le_bytes().to_vec();
+    let (q_rows, k_rows) = (heads * head_dim, kv_heads * head_dim);
+    let file = Builder::new()
+        .kv("general.architecture", 8, string_bytes("llama"))
+        .kv("llama.embedding_length", 4, u32v(cols as u32))
+        .kv("llama.block_count", 4, u32v(1))
+        .kv("llama.feed_forward_length", 4, u32v(8))
+        .kv("llama.attention.head_count", 4, u32v(heads as u32))
+        .kv("llama.attention.head_count_kv", 4, u32v(kv_heads as u32))
+        .kv("llama.attention.key_length", 4, u32v(head_dim as u32))
+        .kv("llama.vocab_size", 4, u32v(3))
+        .tensor(
+            "blk.0.attn_q.weight",
+            &[cols as u64, q_rows as u64],
+            0,
+            bytes(&permute(&hf(q_rows), heads)),
+        )
+        .tensor(
+            "blk.0.attn_k.weight",
+            &[cols as u64, k_rows as u64],
+            0,
+            bytes(&permute(&hf(k_rows), kv_heads)),
+        )
+        .tensor(
+            "blk.0.attn_v.weight",
+            &[cols as u64, k_rows as u64],
+            0,
+            bytes(&permute(&hf(k_rows), kv_heads)),
+        );
+    let path = write_temp("llama.gguf", &file.bytes());
+    let f = GgufFile::open(&path).unwrap();
+    let cfg = f.config().unwrap();
+    assert_eq!(cfg.arch, Arch::Llama);
+    assert_eq!(
+        (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim),
+        (heads, kv_heads, head_dim)
+    );
+    let q = f
+        .tensor_f32(
+            "model.layers.0.self_attn.q_proj.weight",
+            &[q_rows, cols],
+            &cfg,
+        )
+        .unwrap();
+    assert_eq!(q, hf(q_rows));
+    let k = f
+        .tensor_f32(
+            "model.layers.0.self_attn.k_proj.weight",
+            &[k_rows, cols],
+            &cfg,
+        )
+        .unwrap();
+    assert_eq!(k, hf(k_rows));
+    // v is not permuted by the converter, so it comes back as stored.
+    let v = f
+        .tensor_f32(
+            "model.layers.0.self_attn.v_proj.weight",
+            &[k_rows, cols],
+            &cfg,
+        )
+        .unwrap();
+    assert_eq!(v, permute(&hf(k_rows), kv_heads));
+    assert_ne!(v, hf(k_rows));
+}

@@ -1,0 +1,248 @@
+//! The quantized GEMVs (`kernels_quant`) against the host dequantizer (itself checked
+//! bit for bit against llama.cpp's `gguf` package in `tests/gguf.rs`) and an f64 GEMV.
+//!
+//! Random blocks of each type (random quant and scale bytes, random f16 super-block
+//! scales with some extreme ones), on the interpreter at small shapes with a few launch
+//! configurations, for each variant (plain, residual, RMSNorm prologue, SiLU-and-multiply prologue), and on the GPU (when there is one; `TILEFUSE_REQUIRE_GPU=1` makes
+//! its absence a failure) at those shapes plus Qwen3-0.6B's layer shapes (QKV `4096 x
+//! 1024`, down `1024 x 3072`) with every compiled configuration. Outputs are poisoned
+//! with NaN before each launch, so unwritten rows fail.
+
+use tilefuse_dsl::half::{bf16, f16};
+use tilefuse_dsl::runtime::testing::gpu_or_skip;
+use tilefuse_dsl::runtime::Device;
+use tilefuse_engine::gguf::device::{DeviceQuantMatrix, QuantGemvConfig};
+use tilefuse_engine::gguf::quant::{self, GgmlType, PackedMatrix};
+
+/// xorshift64*: seeded, reproducible.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    /// Uniform in [-1, 1).
+    fn unit(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+    fn byte(&mut self) -> u8 {
+        (self.next() >> 56) as u8
+    }
+}
+
+/// `rows x cols` random blocks of `ty` in the file's layout. Scales are small random
+/// f16 values except in `extreme` rows, where the first block takes f16's largest finite
+/// value or a subnormal.
+fn random_blocks(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize, extreme: bool) -> Vec<u8> {
+    let (block, size) = ty.block().unwrap();
+    let (block, size) = (block as usize, size as usize);
+    let mut out = Vec::with_capacity(rows * cols / block * size);
+    for r in 0..rows {
+        for b in 0..cols / block {
+            let mut blk: Vec<u8> = (0..size).map(|_| rng.byte()).collect();
+            let mut d = f16::from_f32(rng.unit() * 0.02);
+            let dmin = f16::from_f32(rng.unit().abs() * 0.02);
+            if extreme && b == 0 {
+                d = if r % 2 == 0 {
+                    f16::MAX
+                } else {
+                    f16::from_bits(1)
+                };
+            }
+            match ty {
+                GgmlType::Q8_0 => blk[0..2].copy_from_slice(&d.to_le_bytes()),
+                GgmlType::Q4_K => {
+                    blk[0..2].copy_from_slice(&d.to_le_bytes());
+                    blk[2..4].copy_from_slice(&dmin.to_le_bytes());
+                }
+                GgmlType::Q6_K => blk[208..210].copy_from_slice(&d.to_le_bytes()),
+                _ => unreachable!(),
+            }
+            out.extend_from_slice(&blk);
+        }
+    }
+    out
+}
+
+struct Case {
+    packed: PackedMatrix,
+    /// Dequantized weights, row-major.
+    w: Vec<f32>,
+    a: Vec<bf16>,
+    bias: Vec<bf16>,
+    old: Vec<bf16>,
+    norm_w: Vec<bf16>,
+    /// `[g; u]` for the SiLU-and-multiply variant, `2 * k` long.
+    gate_up: Vec<bf16>,
+}
+
+fn case(rng: &mut Rng, ty: GgmlType, n: usize, k: usize) -> Case {
+    // A few rows with extreme scales in small cases; none at the large shapes, where
+    // one huge row would hide the others' errors in nothing (each row is checked alone).
+    let blocks = random_blocks(rng, ty, n, k, n * k <= 1 << 16);
+    let packed = PackedMatrix::pack(ty, &blocks, n, k, "w").unwrap();
+    let w = quant::dequantize(ty, &blocks, n * k, "w").unwrap();
+    let mut vec = |len: usize, scale: f32| -> Vec<bf16> {
+        (0..len)
+            .map(|_| bf16::from_f32(rng.unit() * scale))
+            .collect()
+    };
+    Case {
+        packed,
+        w,
+        a: vec(k, 2.0),
+        bias: vec(n, 1.0),
+        old: vec(n, 4.0),
+        norm_w: vec(k, 1.5),
+        gate_up: vec(2 * k, 4.0),
+    }
+}
+
+/// `(W · x + bias, Σ |w·x| + |bias|)` per row, in f64, with `x = a`; with `norm`,
+/// `x = rmsnorm(a) * norm_w`; with `silu_mul`, `x = bf16(bf16(silu(g)) * u)` of
+/// `[g; u] = gate_up` (the reference decoder's rounding).
+fn host(c: &Case, n: usize, k: usize, norm: bool, silu_mul: bool) -> Vec<(f64, f64)> {
+    let mut x: Vec<f64> = c.a.iter().map(|v| v.to_f64()).collect();
+    if silu_mul {
+        x = (0..k)
+            .map(|j| {
+                let g = c.gate_up[j].to_f32();
+                let u = c.gate_up[k + j].to_f32();
+                let silu = bf16::from_f32(g / (1.0 + (-g).exp())).to_f32();
+                bf16::from_f32(silu * u).to_f64()
+            })
+            .collect();
+    }
+    if norm {
+        let ms = x.iter().map(|v| v * v).sum::<f64>() / k as f64;
+        let inv_rms = 1.0 / (ms + EPS as f64).sqrt();
+        for (xi, g) in x.iter_mut().zip(&c.norm_w) {
+            *xi *= inv_rms * g.to_f64();
+        }
+    }
+    (0..n)
+        .map(|r| {
+            let mut sum = c.bias[r].to_f64();
+            let mut mag = sum.abs();
+            for (wj, xj) in c.w[r * k..(r + 1) * k].iter().zip(&x) {
+                let p = *wj as f64 * xj;
+                sum += p;
+                mag += p.abs();
+            }
+            (sum, mag)
+        })
+        .collect()
+}
+
+const EPS: f32 = 1e-6;
+
+fn bf(x: f64) -> f64 {
+    bf16::from_f64(x).to_f64()
+}
+
+fn check_type(ty: GgmlType, seed: u64) {
+    let mut rng = Rng(seed);
+    let test = format!("{}_gemv_matches_host", ty.name().to_lowercase());
+    let mut devices = vec![Device::cpu()];
+    devices.extend(gpu_or_skip(&test));
+    for dev in devices {
+        let min_k = if ty == GgmlType::Q8_0 { 32 } else { 256 };
+        let mut shapes = vec![(5, min_k), (24, 512), (9, 1024 + min_k)];
+        let mut configs = vec![
+            QuantGemvConfig {
+                block_n: 1,
+                block_k: 256,
+                num_warps: 4,
+            },
+            QuantGemvConfig {
+                block_n: 4,
+                block_k: 512,
+                num_warps: 4,
+            },
+            QuantGemvConfig {
+                block_n: 8,
+                block_k: 1024,
+                num_warps: 8,
+            },
+        ];
+        if dev.is_cuda() {
+            shapes.extend([(4096, 1024), (1024, 3072)]);
+            configs = QuantGemvConfig::all();
+        }
+        for &(n, k) in &shapes {
+            let c = case(&mut rng, ty, n, k);
+            let plain = host(&c, n, k, false, false);
+            let normed = host(&c, n, k, true, false);
+            let act = host(&c, n, k, false, true);
+            let gate_up = dev.upload(&c.gate_up).unwrap();
+            let m = DeviceQuantMatrix::upload(&dev, &c.packed).unwrap();
+            let a = dev.upload(&c.a).unwrap();
+            let bias = dev.upload(&c.bias).unwrap();
+            let norm_w = dev.upload(&c.norm_w).unwrap();
+            for &cfg in &configs {
+                for (residual, norm, silu) in [
+                    (false, false, false),
+                    (true, false, false),
+                    (false, true, false),
+                    (true, false, true),
+                ] {
+                    let want = match (norm, silu) {
+                        (true, _) => &normed,
+                        (_, true) => &act,
+                        _ => &plain,
+                    };
+                    let norm_arg = norm.then_some((&norm_w, EPS));
+                    let mut y = if residual {
+                        dev.upload(&c.old).unwrap()
+                    } else {
+                        dev.alloc_filled(n, bf16::NAN).unwrap()
+                    };
+                    let launched = if silu {
+                        m.gemv_silu_mul_residual(&dev, cfg, &gate_up, &bias, &mut y)
+                    } else {
+                        m.gemv(&dev, cfg, &a, norm_arg, &bias, &mut y, residual)
+                    };
+                    launched.unwrap_or_else(|e| panic!("{ty} {cfg:?} on {dev}: {e}"));
+                    let got = y.to_vec().unwrap();
+                    for r in 0..n {
+                        let (proj, mag) = want[r];
+                        // f32 accumulation (the sums and scaling run in a different
+                        // order than the host's), then bf16 rounding of the projection
+                        // and, with a residual, of the sum.
+                        let acc = mag * 2e-6;
+                        let (expect, tol) = if residual {
+                            let old = c.old[r].to_f64();
+                            let e = old + bf(proj);
+                            (e, acc + bf(proj).abs() / 256.0 + e.abs() / 256.0)
+                        } else {
+                            (proj, acc + proj.abs() / 256.0)
+                        };
+                        let g = got[r].to_f64();
+                        assert!(
+                            g.is_finite() && (g - expect).abs() <= tol,
+                            "{ty} {n}x{k} {cfg:?} residual={residual} norm={norm} silu_mul={silu} on {dev}: row {r}: got {g}, want {expect} (tol {tol:.3e})"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn q8_0_gemv_matches_host() {
+    check_type(GgmlType::Q8_0, 0x0808);
+}
+
+#[test]
+fn q4_k_gemv_matches_host() {
+    check_type(GgmlType::Q4_K, 0x0404);
+}
+
+#[test]
+fn q6_k_gemv_matches_host() {
+    check_type(GgmlType::Q6_K, 0x0606);
+}

@@ -1,0 +1,138 @@
+//! The quantized GEMVs (Q8_0, Q4_K, Q6_K) against the device's copy ceiling, at
+//! Qwen3-0.6B's layer shapes.
+//!
+//! `cargo run --release --example quant_bandwidth [-- --sweep]`
+//!
+//! Prints one table: per type, shape and variant (plain, residual), the best compiled
+//! launch configuration's time, the bytes the kernel must read (the quantized arrays,
+//! the activations, bias and output), GB/s, and the share of the measured
+//! device-to-device copy ceiling (the target: 70% or more on the layer shapes),
+//! with the bf16 GEMV's bytes for the same shape beside them. `--sweep` adds every
+//! configuration's time. Without a GPU it says so and exits 0.
+//!
+//! Method (docs/perf.md, as `examples/bandwidth.rs`): CUDA events around CUDA-graph
+//! replays of launches that cycle through copies of the weights larger than 4x L2
+//! together; median of 30 after 5 warm-ups.
+
+use tilefuse::dsl::runtime::timing::{self as perf, TimingOptions};
+use tilefuse::engine::bench::{PerfError, Rng};
+use tilefuse::engine::gguf::device::{DeviceQuantMatrix, QuantGemvConfig};
+use tilefuse::engine::gguf::quant::{GgmlType, PackedMatrix};
+use tilefuse::prelude::*;
+
+/// Qwen3-0.6B's decode GEMV shapes: (rows, columns, what).
+const SHAPES: [(usize, usize, &str); 4] = [
+    (4096, 1024, "QKV"),
+    (1024, 2048, "O"),
+    (6144, 1024, "gate+up"),
+    (1024, 3072, "down"),
+];
+
+fn main() {
+    let sweep = std::env::args().any(|a| a == "--sweep");
+    let dev = Device::auto();
+    if !dev.is_cuda() {
+        println!("quant_bandwidth: skipped: no CUDA device");
+        return;
+    }
+    if let Err(e) = run(&dev, sweep) {
+        eprintln!("quant_bandwidth: error: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// Random blocks of `ty` with sane f16 scales, in the file's layout.
+fn random_blocks(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
+    let (block, size) = ty.block().expect("a known type");
+    let (block, size) = (block as usize, size as usize);
+    let mut out: Vec<u8> = (0..rows * cols / block * size)
+        .map(|_| rng.next_u64() as u8)
+        .collect();
+    let scale = half::f16::from_f32(0.01).to_le_bytes();
+    for blk in out.chunks_exact_mut(size) {
+        match ty {
+            GgmlType::Q8_0 => blk[0..2].copy_from_slice(&scale),
+            GgmlType::Q4_K => {
+                blk[0..2].copy_from_slice(&scale);
+                blk[2..4].copy_from_slice(&scale);
+            }
+            _ => blk[size - 2..].copy_from_slice(&scale),
+        }
+    }
+    out
+}
+
+fn run(dev: &Device, sweep: bool) -> Result<(), Box<dyn std::error::Error>> {
+    let info = dev.info()?;
+    let opts = TimingOptions {
+        warmup: 5,
+        reps: 30,
+    };
+    let ceiling = perf::copy_ceiling(dev, 1 << 30, opts)?;
+    println!(
+        "{} ({} SMs, L2 {} MiB); copy ceiling {:.0} GB/s",
+        info.name,
+        info.sm_count,
+        info.l2_bytes >> 20,
+        ceiling.gb_per_s()
+    );
+    println!();
+    println!("| type | shape | what | variant | config (n, k, warps) | µs | bytes | GB/s | % of copy | bf16 bytes |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    let mut rng = Rng::new(27);
+    let mut sweeps = Vec::new();
+    for ty in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0] {
+        for &(n, k, what) in &SHAPES {
+            let packed = PackedMatrix::pack(ty, &random_blocks(&mut rng, ty, n, k), n, k, what)?;
+            // Copies of the weights that together exceed 4x L2, so every launch streams
+            // from DRAM.
+            let copies = (4 * info.l2_bytes / packed.device_bytes()).clamp(2, 256) + 1;
+            let mats: Vec<DeviceQuantMatrix> = (0..copies)
+                .map(|_| DeviceQuantMatrix::upload(dev, &packed))
+                .collect::<Result<_, _>>()?;
+            let a = dev.upload(&vec![bf16::from_f32(0.5); k])?;
+            let bias = dev.upload(&vec![bf16::from_f32(0.0); n])?;
+            let mut ys: Vec<Buffer<bf16>> = (0..copies)
+                .map(|_| dev.upload(&vec![bf16::from_f32(1.0); n]))
+                .collect::<Result<_, _>>()?;
+            let bytes = (packed.device_bytes() + 2 * k + 2 * n + 2 * n) as u64;
+            for residual in [false, true] {
+                let mut best: Option<(f64, QuantGemvConfig)> = None;
+                for cfg in QuantGemvConfig::all() {
+                    let (stats, _method) = perf::time_graph(dev, copies, opts, |i| {
+                        mats[i]
+                            .gemv(dev, cfg, &a, None, &bias, &mut ys[i], residual)
+                            .map_err(|e| PerfError(e.to_string()))
+                    })?;
+                    let us = stats.median_us;
+                    if sweep {
+                        sweeps.push(format!(
+                            "{ty} {n}x{k} residual={residual} {cfg:?}: {us:.2} µs"
+                        ));
+                    }
+                    if best.is_none_or(|(b, _)| us < b) {
+                        best = Some((us, cfg));
+                    }
+                }
+                let (us, cfg) = best.expect("at least one configuration");
+                let gbs = bytes as f64 / (us * 1e-6) / 1e9;
+                println!(
+                    "| {ty} | {n}x{k} | {what} | {} | {}, {}, {} | {us:.2} | {bytes} | {gbs:.0} | {:.0}% | {} |",
+                    if residual { "residual" } else { "plain" },
+                    cfg.block_n,
+                    cfg.block_k,
+                    cfg.num_warps,
+                    100.0 * gbs / ceiling.gb_per_s(),
+                    2 * n * k
+                );
+            }
+        }
+    }
+    if sweep {
+        println!();
+        for s in sweeps {
+            println!("{s}");
+        }
+    }
+    Ok(())
+}

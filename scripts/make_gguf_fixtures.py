@@ -1,0 +1,207 @@
+#!/usr/bin/env python3
+"""Writes the GGUF fixtures under tests/fixtures/gguf/ with llama.cpp's `gguf` package
+(PyPI `gguf`, tested with 0.19.0, numpy 2.x): the reference for the engine's GGUF reader
+and its Q8_0 / Q4_K / Q6_K dequantization.
+
+- `blocks.gguf`: random blocks of each type (including extreme f16 scales: the largest
+  finite, subnormal, negative, zero) as tensors `<type>.blocks`, and the package's own
+  dequantization of them (`gguf.quants.dequantize`) as F32 tensors `<type>.expected`.
+- `tiny_qwen3.gguf`: a one-layer Qwen3-like model (hidden 256, 4/2 heads of 64,
+  intermediate 256, the byte-level BPE tokenizer of tests/fixtures/tokenizer as
+  `tokenizer.ggml.*`) whose matrices mix Q4_K, Q6_K and Q8_0 as Q4_K_M files do, norms
+  in F32, BF16 and F16, and an untied Q6_K output matrix.
+- `tiny_qwen3.json`: what the model file should yield: the config, and per tensor (by
+  Hugging Face name) its ggml type, shape, the sum and sum of squares of its dequantized
+  values and 32 values at seeded positions.
+
+Run from the repository root: `python3 scripts/make_gguf_fixtures.py`. Seeded: a rerun
+with the same package versions writes the same bytes.
+"""
+
+import importlib.metadata
+import json
+import os
+
+import numpy as np
+import gguf
+from gguf import GGMLQuantizationType as T
+from gguf.quants import dequantize, quantize
+
+OUT = os.path.join("tests", "fixtures", "gguf")
+rng = np.random.default_rng(27)
+
+BLOCK = {T.Q8_0: (32, 34), T.Q4_K: (256, 144), T.Q6_K: (256, 210)}
+# f16 scales that stress the dequantizer: largest finite, smallest subnormal, smallest
+# normal, negative, zero, one.
+EXTREME_D = np.array([65504.0, 2.0**-24, 2.0**-14, -3.5, 0.0, 1.0], dtype=np.float16)
+
+
+def random_blocks(qtype, n_blocks, d_scale, extreme=True):
+    """Random block bytes with sane f16 scales (random bytes there could be NaN/inf);
+    with `extreme`, the first blocks take the extreme scales."""
+    _, size = BLOCK[qtype]
+    b = rng.integers(0, 256, size=(n_blocks, size), dtype=np.uint8)
+    d = (rng.standard_normal(n_blocks) * d_scale).astype(np.float16)
+    dmin = (np.abs(rng.standard_normal(n_blocks)) * d_scale).astype(np.float16)
+    k = min(len(EXTREME_D), n_blocks) if extreme else 0
+    d[:k] = EXTREME_D[:k]
+    dmin[:k] = EXTREME_D[::-1][:k]
+    if qtype == T.Q8_0:
+        b[:, 0:2] = d.view(np.uint8).reshape(-1, 2)
+    elif qtype == T.Q4_K:
+        b[:, 0:2] = d.view(np.uint8).reshape(-1, 2)
+        b[:, 2:4] = dmin.view(np.uint8).reshape(-1, 2)
+    elif qtype == T.Q6_K:
+        b[:, 208:210] = d.view(np.uint8).reshape(-1, 2)
+        if extreme:
+            # Extreme i8 sub-block scales in the first block.
+            b[0, 192:208] = np.array([0x80, 0x7F, 0, 1, 0xFF] + [0x80] * 11, dtype=np.uint8)
+    return b
+
+
+def matrix(qtype, rows, cols, d_scale):
+    """A [rows, cols] quantized matrix: Q8_0 through the package's quantizer (from random
+    normal weights), the K-quants as random blocks."""
+    block, size = BLOCK[qtype]
+    if qtype == T.Q8_0:
+        w = (rng.standard_normal((rows, cols)) * d_scale * 40).astype(np.float32)
+        return quantize(w, T.Q8_0)
+    blocks = random_blocks(qtype, rows * cols // block, d_scale, extreme=False)
+    return blocks.reshape(rows, cols // block * size)
+
+
+def write_blocks():
+    w = gguf.GGUFWriter(os.path.join(OUT, "blocks.gguf"), "blocks")
+    for qtype, rows in [(T.Q8_0, 6), (T.Q4_K, 6), (T.Q6_K, 6)]:
+        block, size = BLOCK[qtype]
+        per_row = 2
+        b = random_blocks(qtype, rows * per_row, 0.01).reshape(rows, per_row * size)
+        name = qtype.name.lower()
+        w.add_tensor(f"{name}.blocks", b, raw_dtype=qtype)
+        w.add_tensor(f"{name}.expected", dequantize(b, qtype).astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def write_model():
+    hidden, heads, kv_heads, head_dim, inter = 256, 4, 2, 64, 256
+    tok = json.load(open(os.path.join("tests", "fixtures", "tokenizer", "tokenizer.json")))
+    vocab = dict(tok["model"]["vocab"])
+    for a in tok["added_tokens"]:
+        vocab[a["content"]] = a["id"]
+    n_vocab = max(vocab.values()) + 1
+    tokens = [None] * n_vocab
+    for t, i in vocab.items():
+        tokens[i] = t
+    assert all(t is not None for t in tokens)
+    special = {a["id"] for a in tok["added_tokens"] if a["special"]}
+    types = [3 if i in special else 1 for i in range(n_vocab)]
+    merges = [" ".join(m) if isinstance(m, list) else m for m in tok["model"]["merges"]]
+
+    w = gguf.GGUFWriter(os.path.join(OUT, "tiny_qwen3.gguf"), "qwen3")
+    w.add_block_count(1)
+    w.add_context_length(4096)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(inter)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_rope_freq_base(1000000.0)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt-2")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(0)
+    w.add_add_bos_token(False)
+
+    expected = {}
+
+    def put(gguf_name, hf_name, data, qtype, shape):
+        w.add_tensor(gguf_name, data, raw_dtype=qtype if qtype in BLOCK else None)
+        if qtype in BLOCK:
+            deq = dequantize(data, qtype).reshape(shape)
+        else:
+            deq = data.astype(np.float32).reshape(shape)
+        flat = deq.reshape(-1).astype(np.float64)
+        at = rng.integers(0, flat.size, size=32)
+        expected[hf_name] = {
+            "gguf_name": gguf_name,
+            "type": qtype.name,
+            "shape": list(shape),
+            "sum": float(flat.sum()),
+            "sum_sq": float((flat * flat).sum()),
+            "at": [int(i) for i in at],
+            "values": [float(flat[i]) for i in at],
+        }
+
+    def norm(n):
+        return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+
+    put("token_embd.weight", "model.embed_tokens.weight",
+        matrix(T.Q8_0, n_vocab, hidden, 0.002), T.Q8_0, (n_vocab, hidden))
+    p, h = "blk.0", "model.layers.0"
+    put(f"{p}.attn_norm.weight", f"{h}.input_layernorm.weight",
+        norm(hidden).astype(np.float32), T.F32, (hidden,))
+    # BF16 through the writer: raw bytes of the bf16 rounding of random values.
+    q_norm = norm(head_dim)
+    q_norm_bf16 = (q_norm.view(np.uint32) >> 16).astype(np.uint16)
+    w.add_tensor(f"{p}.attn_q_norm.weight", q_norm_bf16.view(np.uint8), raw_dtype=T.BF16)
+    bf = (q_norm_bf16.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    at = rng.integers(0, head_dim, size=32)
+    expected[f"{h}.self_attn.q_norm.weight"] = {
+        "gguf_name": f"{p}.attn_q_norm.weight", "type": "BF16", "shape": [head_dim],
+        "sum": float(bf.sum()), "sum_sq": float((bf * bf).sum()),
+        "at": [int(i) for i in at], "values": [float(bf[i]) for i in at],
+    }
+    put(f"{p}.attn_k_norm.weight", f"{h}.self_attn.k_norm.weight",
+        norm(head_dim).astype(np.float16), T.F16, (head_dim,))
+    q_dim, kv_dim = heads * head_dim, kv_heads * head_dim
+    put(f"{p}.attn_q.weight", f"{h}.self_attn.q_proj.weight",
+        matrix(T.Q4_K, q_dim, hidden, 0.0003), T.Q4_K, (q_dim, hidden))
+    put(f"{p}.attn_k.weight", f"{h}.self_attn.k_proj.weight",
+        matrix(T.Q8_0, kv_dim, hidden, 0.002), T.Q8_0, (kv_dim, hidden))
+    put(f"{p}.attn_v.weight", f"{h}.self_attn.v_proj.weight",
+        matrix(T.Q6_K, kv_dim, hidden, 0.0001), T.Q6_K, (kv_dim, hidden))
+    put(f"{p}.attn_output.weight", f"{h}.self_attn.o_proj.weight",
+        matrix(T.Q4_K, hidden, q_dim, 0.0003), T.Q4_K, (hidden, q_dim))
+    put(f"{p}.ffn_norm.weight", f"{h}.post_attention_layernorm.weight",
+        norm(hidden).astype(np.float32), T.F32, (hidden,))
+    put(f"{p}.ffn_gate.weight", f"{h}.mlp.gate_proj.weight",
+        matrix(T.Q4_K, inter, hidden, 0.0003), T.Q4_K, (inter, hidden))
+    put(f"{p}.ffn_up.weight", f"{h}.mlp.up_proj.weight",
+        matrix(T.Q8_0, inter, hidden, 0.002), T.Q8_0, (inter, hidden))
+    put(f"{p}.ffn_down.weight", f"{h}.mlp.down_proj.weight",
+        matrix(T.Q6_K, hidden, inter, 0.0001), T.Q6_K, (hidden, inter))
+    put("output_norm.weight", "model.norm.weight", norm(hidden).astype(np.float32), T.F32, (hidden,))
+    put("output.weight", "lm_head.weight",
+        matrix(T.Q6_K, n_vocab, hidden, 0.0001), T.Q6_K, (n_vocab, hidden))
+
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+    config = {
+        "arch": "Qwen3", "hidden_size": hidden, "num_layers": 1, "num_heads": heads,
+        "num_kv_heads": kv_heads, "head_dim": head_dim, "intermediate_size": inter,
+        "vocab_size": n_vocab, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+        "max_position_embeddings": 4096, "tie_word_embeddings": False,
+        "bos_token_id": 1, "eos_token_ids": [0],
+    }
+    with open(os.path.join(OUT, "tiny_qwen3.json"), "w") as f:
+        json.dump({"gguf_version": importlib.metadata.version("gguf"),
+                   "config": config, "tensors": expected}, f, indent=1)
+
+
+if __name__ == "__main__":
+    os.makedirs(OUT, exist_ok=True)
+    write_blocks()
+    write_model()
+    for name in sorted(os.listdir(OUT)):
+        print(name, os.path.getsize(os.path.join(OUT, name)))
