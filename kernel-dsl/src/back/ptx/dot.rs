@@ -41,7 +41,7 @@ impl Emitter<'_> {
         }
         if half && m % 16 == 0 && n % 8 == 0 && kk % 16 == 0 {
             let need = ((m * kk + kk * n) * 2).next_multiple_of(16) + m * n * 4;
-            if need <= 48 * 1024 {
+            if need <= super::STATIC_SHARED_LIMIT as usize {
                 return self.dot_mma(da, a, b, acc, l);
             }
         }

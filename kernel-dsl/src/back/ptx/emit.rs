@@ -218,9 +218,12 @@ impl<'k> Emitter<'k> {
     /// Reserves `bytes` of the shared buffer (every use starts at offset 0: uses are
     /// separated by barriers).
     pub fn need_smem(&mut self, bytes: u32) -> Res<()> {
-        if bytes > 48 * 1024 {
+        let limit = self.target.max_shared_bytes();
+        if bytes > limit {
             return self.err(format!(
-                "needs {bytes} bytes of shared memory (more than 48 KiB); use smaller tiles"
+                "needs {bytes} bytes of shared memory, more than the {limit} bytes ({} KiB) one program may use on {}; use smaller tiles",
+                limit / 1024,
+                self.target.name()
             ));
         }
         self.smem = self.smem.max(bytes);

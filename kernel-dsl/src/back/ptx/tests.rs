@@ -908,3 +908,41 @@ fn mma_layouts_split_warps_by_elements() {
     // Too few MMA tiles for the warps: no register-accumulator layout.
     assert_eq!(super::Layout::mma(&[16, 8], 4), None);
 }
+
+#[test]
+fn large_dot_tiles_use_dynamic_shared_memory() {
+    let k = |bm: i64, bn: i64, bk: i64| {
+        let spec = crate::Specialization {
+            consts: [("BM", bm), ("BN", bn), ("BK", bk), ("ACC", 0)]
+                .iter()
+                .map(|(n, v)| (n.to_string(), *v))
+                .collect(),
+            num_warps: 8,
+        };
+        let src = format!(
+            "#[kernel(BM = [{bm}], BN = [{bn}], BK = [{bk}], ACC = [0], num_warps = [8])]\n{}",
+            super::gpu_tests::MATMUL_LOOP
+        );
+        crate::compile_source(&src, &spec).unwrap()
+    };
+    // 64 KiB of operands: above the static limit, below the sm_80 and sm_90 ones.
+    for t in [Target::Sm80, Target::Sm90] {
+        let p = compile(&k(128, 128, 128), t).unwrap();
+        assert_eq!(p.shared_bytes, 65536);
+        assert!(p.ptx.contains(".extern .shared .align 128 .b8 tf_smem[];"));
+    }
+    let p = compile(&k(64, 64, 32), Target::Sm80).unwrap();
+    assert!(p.ptx.contains(".shared .align 16 .b8 tf_smem[8192];"));
+    // 192 KiB: fits sm_90 only; the error names the kernel, the size and the limit.
+    let big = k(256, 512, 128);
+    assert!(compile(&big, Target::Sm90).is_ok());
+    let err = compile(&big, Target::Sm80).unwrap_err();
+    assert!(
+        err.message.contains("kernel `mml`")
+            && err.message.contains("196608 bytes")
+            && err.message.contains("166912 bytes (163 KiB)")
+            && err.message.contains("sm_80"),
+        "{}",
+        err.message
+    );
+}
