@@ -121,7 +121,7 @@ impl Emitter<'_> {
 /// eight rows an `ldmatrix` reads at one logical chunk fall in eight distinct 16-byte
 /// bank groups (rows of up to 128 bytes share a 128-byte line; `rows_per_line * chunks`
 /// is 8, so the swizzle of row `r` depends on `r % 8` only).
-struct Swizzle {
+pub(super) struct Swizzle {
     /// Bytes per row.
     row_bytes: u32,
     /// log2 of the rows sharing one 128-byte line.
@@ -131,7 +131,7 @@ struct Swizzle {
 }
 
 impl Swizzle {
-    fn new(cols: usize) -> Swizzle {
+    pub(super) fn new(cols: usize) -> Swizzle {
         let row_bytes = (cols * 2) as u32;
         let chunks = (row_bytes / 16).clamp(1, 8);
         Swizzle {
@@ -146,6 +146,19 @@ impl Emitter<'_> {
     /// The shared address of element `(row, col)` of a swizzled tile at the start of the
     /// shared buffer plus `at` (which the caller adds as the instruction's offset).
     fn swizzled_addr(&mut self, sw: &Swizzle, row: &str, col: &str) -> String {
+        let base = self.smem_base.clone();
+        self.swizzled_addr_from(&base, sw, row, col)
+    }
+
+    /// [`Self::swizzled_addr`] for a tile at the shared address in register `base`.
+    pub(super) fn swizzled_addr_from(
+        &mut self,
+        base: &str,
+        sw: &Swizzle,
+        row: &str,
+        col: &str,
+    ) -> String {
+        self.swizzled = true;
         let (s, ch, wi, a) = (
             self.reg(Rk::R),
             self.reg(Rk::R),
@@ -157,17 +170,14 @@ impl Emitter<'_> {
         self.ins(format!("shr.u32 {ch}, {col}, 3"));
         self.ins(format!("xor.b32 {ch}, {ch}, {s}"));
         self.ins(format!("and.b32 {wi}, {col}, 7"));
-        self.ins(format!(
-            "mad.lo.u32 {a}, {row}, {}, {}",
-            sw.row_bytes, self.smem_base
-        ));
+        self.ins(format!("mad.lo.u32 {a}, {row}, {}, {base}", sw.row_bytes));
         self.ins(format!("mad.lo.u32 {a}, {ch}, 16, {a}"));
         self.ins(format!("mad.lo.u32 {a}, {wi}, 2, {a}"));
         a
     }
 
     /// `base + off` in a new register.
-    fn plus(&mut self, base: &str, off: usize) -> String {
+    pub(super) fn plus(&mut self, base: &str, off: usize) -> String {
         let r = self.reg(Rk::R);
         self.ins(format!("add.u32 {r}, {base}, {off}"));
         r
@@ -221,18 +231,25 @@ impl Emitter<'_> {
         let (m, kk) = (self.k.ty(a).shape[0], self.k.ty(a).shape[1]);
         let n = self.k.ty(b).shape[1];
         let (wm, wn) = (l.wpc[0], l.wpc[1]);
-        let b_at = m * kk * 2;
-        self.need_smem((b_at + kk * n * 2) as u32)?;
         let init = match acc {
             Some(c) => Some(self.tile(c, l)?),
             None => None,
         };
-        // One barrier pair per dot: the previous use of the buffer is over, then the
-        // operands are in place.
-        self.ins("bar.sync 0");
-        self.stage_swizzled(a, 0)?;
-        self.stage_swizzled(b, b_at as u32)?;
-        self.ins("bar.sync 0");
+        let (base, a_at, b_at) = match (self.ring_operand(a), self.ring_operand(b)) {
+            // Pipelined: the copies are in the ring, behind the loop's barrier.
+            (Some((base, a_at)), Some((_, b_at))) => (base, a_at as usize, b_at as usize),
+            _ => {
+                let b_at = m * kk * 2;
+                self.need_smem((b_at + kk * n * 2) as u32)?;
+                // One barrier pair per dot: the previous use of the buffer is over, then
+                // the operands are in place.
+                self.ins("bar.sync 0");
+                self.stage_swizzled(a, 0)?;
+                self.stage_swizzled(b, b_at as u32)?;
+                self.ins("bar.sync 0");
+                (self.smem_base.clone(), 0, b_at)
+            }
+        };
         let (sa, sb) = (Swizzle::new(kk), Swizzle::new(n));
         // Per lane: ldmatrix row `i` of matrix `j`; the warp's position (wm_i, wn_i).
         let r = |e: &mut Self| e.reg(Rk::R);
@@ -292,10 +309,10 @@ impl Emitter<'_> {
             for mi in 0..mt {
                 let row = self.plus(&row_a, mi * 16 * wm);
                 let col = self.plus(&col_a, ks * 16);
-                let addr = self.swizzled_addr(&sa, &row, &col);
+                let addr = self.swizzled_addr_from(&base, &sa, &row, &col);
                 let f: Vec<String> = (0..4).map(|_| self.reg(Rk::R)).collect();
                 self.ins(format!(
-                    "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {{{}}}, [{addr}]",
+                    "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {{{}}}, [{addr}+{a_at}]",
                     f.join(", ")
                 ));
                 af.push(f);
@@ -304,7 +321,7 @@ impl Emitter<'_> {
             for p in 0..nt.div_ceil(2) {
                 let row = self.plus(&row_b, ks * 16);
                 let col = self.plus(&col_b, p * 16 * wn);
-                let addr = self.swizzled_addr(&sb, &row, &col);
+                let addr = self.swizzled_addr_from(&base, &sb, &row, &col);
                 let x = if nt >= 2 { 4 } else { 2 };
                 let f: Vec<String> = (0..x).map(|_| self.reg(Rk::R)).collect();
                 self.ins(format!(

@@ -932,7 +932,7 @@ fn large_dot_tiles_use_dynamic_shared_memory() {
         assert!(p.ptx.contains(".extern .shared .align 128 .b8 tf_smem[];"));
     }
     let p = compile(&k(64, 64, 32), Target::Sm80).unwrap();
-    assert!(p.ptx.contains(".shared .align 16 .b8 tf_smem[8192];"));
+    assert!(p.ptx.contains(".shared .align 128 .b8 tf_smem[8192];"));
     // 192 KiB: fits sm_90 only; the error names the kernel, the size and the limit.
     let big = k(256, 512, 128);
     assert!(compile(&big, Target::Sm90).is_ok());
@@ -945,4 +945,64 @@ fn large_dot_tiles_use_dynamic_shared_memory() {
         "{}",
         err.message
     );
+}
+
+#[test]
+fn pipelined_dot_loops_copy_with_cp_async() {
+    let src = super::gpu_tests::matmul_pipelined();
+    for stages in [2, 3] {
+        let d = crate::testing::def_attr(
+            &src,
+            &[("BM", 128), ("BN", 128), ("BK", 32), ("ACC", 0)],
+            8,
+            false,
+            &format!("num_stages = [{stages}]"),
+        );
+        let ptx = d.variants[0].ptx_sm80.as_str();
+        if let Some(dir) = std::env::var_os("TILEFUSE_DUMP_DIR") {
+            let _ = std::fs::write(
+                std::path::Path::new(&dir).join(format!("mml_pipe{stages}.ptx")),
+                ptx,
+            );
+        }
+        assert_eq!(d.variants[0].shared_bytes, stages * 16384);
+        let body = loop_body(ptx);
+        // 16-byte copies straight into shared memory, waited for one stage behind.
+        assert!(body.contains("cp.async.cg.shared.global"), "{body}");
+        assert!(body.contains(&format!("cp.async.wait_group {}", stages - 2)));
+        assert!(body.contains("cp.async.commit_group"));
+        assert!(!body.contains("ld.global") && !body.contains("st.shared"));
+        assert_eq!(
+            body.matches("bar.sync").count(),
+            1,
+            "one barrier per iteration"
+        );
+        assert!(body.contains("ldmatrix") && body.contains("mma.sync"));
+        // The first stages - 1 iterations are in flight before the loop.
+        let before = &ptx[..ptx.find(body).unwrap()];
+        assert_eq!(
+            before.matches("cp.async.commit_group").count(),
+            stages as usize - 1
+        );
+        super::tests::assemble(
+            &compile(
+                &crate::compile_source(
+                    &format!(
+                        "#[kernel(BM = [128], BN = [128], BK = [32], ACC = [0], num_warps = [8], num_stages = [{stages}])]\n{src}"
+                    ),
+                    &crate::Specialization {
+                        consts: [("BM", 128), ("BN", 128), ("BK", 32), ("ACC", 0)]
+                            .iter()
+                            .map(|(n, v)| (n.to_string(), *v))
+                            .collect(),
+                        num_warps: 8,
+                    },
+                )
+                .unwrap(),
+                Target::Sm90,
+            )
+            .unwrap(),
+            Target::Sm90,
+        );
+    }
 }
