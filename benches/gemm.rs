@@ -43,21 +43,14 @@ type MatmulFn = fn(
     usize,
 ) -> std::result::Result<(), String>;
 
-/// The language's GEMM under test, or `None` while the crate has no
-/// `tilefuse::kernels::matmul` (then only cuBLAS is measured, and the table says so).
-///
-/// Wired, it reads:
-///
-/// ```ignore
-/// Some(|dev, a, b, c, m, n, k| {
-///     use tilefuse::kernels::matmul::{self, MatmulConfig};
-///     matmul::launch(dev, a, b, c, m, n, k, MatmulConfig::default())
-///         .map(|_| ())
-///         .map_err(|e| e.to_string())
-/// })
-/// ```
+/// The language's GEMM under test (`None` would time cuBLAS alone): Triton's tutorial
+/// matmul with the tile configuration [`MatmulConfig::for_shape`] picks.
 fn language_matmul() -> Option<MatmulFn> {
-    None
+    Some(|dev, a, b, c, m, n, k| {
+        use tilefuse::kernels::matmul::{self, MatmulConfig};
+        matmul::launch(dev, a, b, c, m, n, k, MatmulConfig::for_shape(m, n))
+            .map_err(|e| e.to_string())
+    })
 }
 
 /// `(name, M, N, K)`, in the order of the table.

@@ -237,9 +237,14 @@ fn inspect_one(
             kernel.threads_per_program()
         );
         let _ = writeln!(out, "  target: {}", target.name());
+        let kind = if p.shared_bytes > ptx::STATIC_SHARED_LIMIT {
+            "dynamic, opted in at load"
+        } else {
+            "static"
+        };
         let _ = writeln!(
             out,
-            "  shared memory: {} bytes (static, from the compiler)",
+            "  shared memory: {} bytes ({kind}, from the compiler)",
             p.shared_bytes
         );
         write_layouts(out, &src, &kernel, &p, false);

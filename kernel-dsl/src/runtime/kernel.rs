@@ -193,7 +193,8 @@ pub struct Variant {
     pub ptx_sm90: Ptx,
     /// The `.entry` name in both modules.
     pub entry: &'static str,
-    /// Static shared memory the kernel uses, in bytes.
+    /// Shared memory the kernel uses, in bytes. Above 48 KiB it is dynamic: the
+    /// function is opted in to that much at load and the size is passed at launch.
     pub shared_bytes: u32,
     /// Programs per thread-block cluster along x, y and z (`[1, 1, 1]`: none). A
     /// clustered variant launches only on sm_90 and newer, on grids that are a multiple
@@ -212,6 +213,16 @@ impl Variant {
 
     fn describe(&self, const_names: &[&str]) -> String {
         describe(const_names, self.consts, self.num_warps)
+    }
+
+    /// Dynamic shared memory to pass at launch: the whole use above the static limit
+    /// (where the PTX declares `.extern .shared`), else none.
+    fn dynamic_shared_bytes(&self) -> u32 {
+        if self.shared_bytes > crate::back::ptx::STATIC_SHARED_LIMIT {
+            self.shared_bytes
+        } else {
+            0
+        }
     }
 }
 
@@ -623,6 +634,23 @@ impl KernelDef {
                 "finding entry `{}` of [{describe}]",
                 variant.entry
             )))?;
+        let dynamic = variant.dynamic_shared_bytes();
+        if dynamic > 0 {
+            // Above 48 KiB the function must opt in to its dynamic shared memory.
+            use cudarc::driver::sys;
+            // SAFETY: a valid function handle and a documented attribute.
+            unsafe {
+                sys::cuFuncSetAttribute(
+                    f.cu_function(),
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    dynamic as i32,
+                )
+            }
+            .result()
+            .map_err(driver_err(format!(
+                "allowing {dynamic} bytes of dynamic shared memory for [{describe}] (more than this device allows per program?)"
+            )))?;
+        }
         if variant.cluster.iter().product::<u32>() > 8 {
             // Clusters above 8 programs are "non-portable": the function must opt in.
             use cudarc::driver::sys;
@@ -727,7 +755,7 @@ impl KernelDef {
                 blockDimX: block,
                 blockDimY: 1,
                 blockDimZ: 1,
-                sharedMemBytes: 0,
+                sharedMemBytes: variant.dynamic_shared_bytes(),
                 hStream: dev.stream().cu_stream(),
                 attrs: attrs.as_mut_ptr(),
                 numAttrs: attrs.len() as u32,
@@ -756,7 +784,7 @@ impl KernelDef {
                 f.cu_function(),
                 (grid[0], grid[1], grid[2]),
                 (block, 1, 1),
-                0,
+                variant.dynamic_shared_bytes(),
                 dev.stream().cu_stream(),
                 &mut params[..n],
             )

@@ -1,7 +1,12 @@
-//! `dot`. f16/bf16 operands with M, N, K multiples of 16, 8, 16 use tensor cores
-//! (`mma.sync.m16n8k16`, fragments read from shared memory, one 16x8 output tile per warp
-//! at a time); everything else goes to shared memory as f32 and each thread accumulates
-//! its output elements with FMAs in a run-time loop over K.
+//! `dot`. f16/bf16 operands with K a multiple of 16 whose result has an MMA layout
+//! ([`Layout::mma`], chosen by the layout pass) run on tensor cores with the accumulator
+//! in registers: the operands go to shared memory with vector stores in an XOR-swizzled
+//! layout, each warp reads its fragments with `ldmatrix` (`.trans` for B) and issues
+//! `mma.sync.m16n8k16` into the result's registers; nothing of the accumulator touches
+//! shared memory, so `acc = dot(a, b, acc)` in a loop keeps it in registers throughout.
+//! Smaller f16/bf16 tiles (fewer MMA tiles than warps) use tensor cores through shared
+//! memory, one 16x8 output tile per warp at a time; everything else goes to shared memory
+//! as f32 and each thread accumulates its output elements with FMAs in a loop over K.
 
 use std::collections::btree_map::Entry;
 
@@ -29,9 +34,14 @@ impl Emitter<'_> {
         }
         let (m, kk, n) = (ta.shape[0], ta.shape[1], tb.shape[1]);
         let half = da == db && matches!(da, DType::F16 | DType::BF16);
+        if super::layout::mma_dot(self.k, a, b)
+            && Layout::mma(&[m, n], self.k.num_warps).as_ref() == Some(l)
+        {
+            return self.dot_mma_regs(da, a, b, acc, l);
+        }
         if half && m % 16 == 0 && n % 8 == 0 && kk % 16 == 0 {
             let need = ((m * kk + kk * n) * 2).next_multiple_of(16) + m * n * 4;
-            if need <= 48 * 1024 {
+            if need <= super::STATIC_SHARED_LIMIT as usize {
                 return self.dot_mma(da, a, b, acc, l);
             }
         }
@@ -106,8 +116,247 @@ impl Emitter<'_> {
     }
 }
 
+/// The XOR swizzle of a row-major tile of 16-bit elements in shared memory: 16-byte
+/// chunk `c` of row `r` is stored at chunk `c ^ ((r / rows_per_line) % chunks)`, so the
+/// eight rows an `ldmatrix` reads at one logical chunk fall in eight distinct 16-byte
+/// bank groups (rows of up to 128 bytes share a 128-byte line; `rows_per_line * chunks`
+/// is 8, so the swizzle of row `r` depends on `r % 8` only).
+pub(super) struct Swizzle {
+    /// Bytes per row.
+    row_bytes: u32,
+    /// log2 of the rows sharing one 128-byte line.
+    line_shift: u32,
+    /// Chunks the XOR spans, minus one (a mask).
+    chunk_mask: u32,
+}
+
+impl Swizzle {
+    pub(super) fn new(cols: usize) -> Swizzle {
+        let row_bytes = (cols * 2) as u32;
+        let chunks = (row_bytes / 16).clamp(1, 8);
+        Swizzle {
+            row_bytes,
+            line_shift: (128 / row_bytes).max(1).trailing_zeros(),
+            chunk_mask: chunks - 1,
+        }
+    }
+}
+
 impl Emitter<'_> {
-    /// Tensor-core `dot` for f16/bf16 operands.
+    /// The shared address of element `(row, col)` of a swizzled tile at the start of the
+    /// shared buffer plus `at` (which the caller adds as the instruction's offset).
+    fn swizzled_addr(&mut self, sw: &Swizzle, row: &str, col: &str) -> String {
+        let base = self.smem_base.clone();
+        self.swizzled_addr_from(&base, sw, row, col)
+    }
+
+    /// [`Self::swizzled_addr`] for a tile at the shared address in register `base`.
+    pub(super) fn swizzled_addr_from(
+        &mut self,
+        base: &str,
+        sw: &Swizzle,
+        row: &str,
+        col: &str,
+    ) -> String {
+        self.swizzled = true;
+        let (s, ch, wi, a) = (
+            self.reg(Rk::R),
+            self.reg(Rk::R),
+            self.reg(Rk::R),
+            self.reg(Rk::R),
+        );
+        self.ins(format!("shr.u32 {s}, {row}, {}", sw.line_shift));
+        self.ins(format!("and.b32 {s}, {s}, {}", sw.chunk_mask));
+        self.ins(format!("shr.u32 {ch}, {col}, 3"));
+        self.ins(format!("xor.b32 {ch}, {ch}, {s}"));
+        self.ins(format!("and.b32 {wi}, {col}, 7"));
+        // The lane's offset first, the base last: the offset does not change from one
+        // loop iteration to the next (ptxas hoists it) while a ring's base does.
+        self.ins(format!("mul.lo.u32 {a}, {row}, {}", sw.row_bytes));
+        self.ins(format!("mad.lo.u32 {a}, {ch}, 16, {a}"));
+        self.ins(format!("mad.lo.u32 {a}, {wi}, 2, {a}"));
+        self.ins(format!("add.u32 {a}, {a}, {base}"));
+        a
+    }
+
+    /// `base + off` in a new register.
+    pub(super) fn plus(&mut self, base: &str, off: usize) -> String {
+        let r = self.reg(Rk::R);
+        self.ins(format!("add.u32 {r}, {base}, {off}"));
+        r
+    }
+
+    /// Stores the 2-D 16-bit tile `v` (in its own layout) into shared memory at byte
+    /// offset `at`, row-major and swizzled, with up to 16-byte vector stores (a thread's
+    /// contiguous run along the row). Copies of replicated elements are stored by their
+    /// owner only.
+    fn stage_swizzled(&mut self, v: ValueId, at: u32) -> Res<()> {
+        let l = self.layout_of(v);
+        let regs = self.tile(v, &l)?;
+        let sw = Swizzle::new(l.shape()[1]);
+        let (sr, sc) = (l.keep[0], l.keep[1]);
+        let c = self.coords(&l);
+        let at_pred = c.owner.as_ref().map_or(String::new(), |p| format!("@{p} "));
+        let w = if l.order[0] == sc {
+            l.run(sc).min(8)
+        } else {
+            1
+        };
+        let offs = l.reg_offsets();
+        for g in (0..regs.len()).step_by(w) {
+            let row = self.plus(&c.base[sr], offs[g][sr]);
+            let col = self.plus(&c.base[sc], offs[g][sc]);
+            let addr = self.swizzled_addr(&sw, &row, &col);
+            if w >= 2 {
+                let words = self.pack_halves(&regs[g..g + w]);
+                let (vs, list) = match words.len() {
+                    1 => (String::new(), words[0].clone()),
+                    n => (format!(".v{n}"), format!("{{{}}}", words.join(", "))),
+                };
+                self.ins(format!("{at_pred}st.shared{vs}.b32 [{addr}+{at}], {list}"));
+            } else {
+                self.ins(format!("{at_pred}st.shared.b16 [{addr}+{at}], {}", regs[g]));
+            }
+        }
+        Ok(())
+    }
+
+    /// Tensor-core `dot` with the accumulator in registers, in the MMA layout `l` (see
+    /// [`Layout::mma`] for which registers form which fragment).
+    fn dot_mma_regs(
+        &mut self,
+        dt: DType,
+        a: ValueId,
+        b: ValueId,
+        acc: Option<ValueId>,
+        l: &Layout,
+    ) -> Res<Vec<String>> {
+        let (m, kk) = (self.k.ty(a).shape[0], self.k.ty(a).shape[1]);
+        let n = self.k.ty(b).shape[1];
+        let (wm, wn) = (l.wpc[0], l.wpc[1]);
+        let init = match acc {
+            Some(c) => Some(self.tile(c, l)?),
+            None => None,
+        };
+        let (base, a_at, b_at) = match (self.ring_operand(a), self.ring_operand(b)) {
+            // Pipelined: the copies are in the ring, behind the loop's barrier.
+            (Some((base, a_at)), Some((_, b_at))) => (base, a_at as usize, b_at as usize),
+            _ => {
+                let b_at = m * kk * 2;
+                self.need_smem((b_at + kk * n * 2) as u32)?;
+                // One barrier pair per dot: the previous use of the buffer is over, then
+                // the operands are in place.
+                self.ins("bar.sync 0");
+                self.stage_swizzled(a, 0)?;
+                self.stage_swizzled(b, b_at as u32)?;
+                self.ins("bar.sync 0");
+                (self.smem_base.clone(), 0, b_at)
+            }
+        };
+        let (sa, sb) = (Swizzle::new(kk), Swizzle::new(n));
+        // Per lane: ldmatrix row `i` of matrix `j`; the warp's position (wm_i, wn_i).
+        let r = |e: &mut Self| e.reg(Rk::R);
+        let (lane, i, j, jl, jh, wmi, wni) = (
+            r(self),
+            r(self),
+            r(self),
+            r(self),
+            r(self),
+            r(self),
+            r(self),
+        );
+        let warp = self.warp_reg();
+        self.ins(format!("and.b32 {lane}, {}, 31", self.tid));
+        self.ins(format!("and.b32 {i}, {lane}, 7"));
+        self.ins(format!("shr.u32 {j}, {lane}, 3"));
+        self.ins(format!("and.b32 {jl}, {j}, 1"));
+        self.ins(format!("shr.u32 {jh}, {j}, 1"));
+        self.ins(format!("and.b32 {wni}, {warp}, {}", wn - 1));
+        self.ins(format!("shr.u32 {wmi}, {warp}, {}", wn.trailing_zeros()));
+        // A: matrices (rows half 0, k 0-7), (half 1, k 0-7), (half 0, k 8-15), (half 1,
+        // k 8-15); row = wm_i * 8 + i + half * 8 * WM (+ 16 * WM per MMA row tile).
+        let row_a = r(self);
+        self.ins(format!("mad.lo.u32 {row_a}, {jl}, {}, {i}", 8 * wm));
+        self.ins(format!("mad.lo.u32 {row_a}, {wmi}, 8, {row_a}"));
+        let col_a = r(self);
+        self.ins(format!("shl.b32 {col_a}, {jh}, 3"));
+        // B (k-major rows, read transposed): matrices (k 0-7, tile 2p), (k 8-15, 2p),
+        // (k 0-7, 2p+1), (k 8-15, 2p+1); column = wn_i * 8 + tile * 8 * WN.
+        let (mt, nt) = (m / (16 * wm), n / (8 * wn));
+        let row_b = r(self);
+        self.ins(format!("mad.lo.u32 {row_b}, {jl}, 8, {i}"));
+        let col_b = r(self);
+        let jh_b = if nt >= 2 { jh.clone() } else { "0".to_string() };
+        self.ins(format!("mul.lo.u32 {col_b}, {jh_b}, {}", 8 * wn));
+        self.ins(format!("mad.lo.u32 {col_b}, {wni}, 8, {col_b}"));
+        let ty = if dt == DType::BF16 { "bf16" } else { "f16" };
+        let c1 = 2 * nt;
+        let out: Vec<String> = (0..l.nregs()).map(|_| self.reg(Rk::F)).collect();
+        let zero = self.reg(Rk::F);
+        if init.is_none() {
+            self.ins(format!("mov.f32 {zero}, {}", f32_imm(0.0)));
+        }
+        let frag = |regs: &[String], mi: usize, ni: usize| -> Vec<String> {
+            [
+                (2 * mi, 2 * ni),
+                (2 * mi, 2 * ni + 1),
+                (2 * mi + 1, 2 * ni),
+                (2 * mi + 1, 2 * ni + 1),
+            ]
+            .iter()
+            .map(|&(r0, c)| regs[r0 * c1 + c].clone())
+            .collect()
+        };
+        for ks in 0..kk / 16 {
+            let mut af = Vec::new();
+            for mi in 0..mt {
+                let row = self.plus(&row_a, mi * 16 * wm);
+                let col = self.plus(&col_a, ks * 16);
+                let addr = self.swizzled_addr_from(&base, &sa, &row, &col);
+                let f: Vec<String> = (0..4).map(|_| self.reg(Rk::R)).collect();
+                self.ins(format!(
+                    "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {{{}}}, [{addr}+{a_at}]",
+                    f.join(", ")
+                ));
+                af.push(f);
+            }
+            let mut bf: Vec<[String; 2]> = Vec::new();
+            for p in 0..nt.div_ceil(2) {
+                let row = self.plus(&row_b, ks * 16);
+                let col = self.plus(&col_b, p * 16 * wn);
+                let addr = self.swizzled_addr_from(&base, &sb, &row, &col);
+                let x = if nt >= 2 { 4 } else { 2 };
+                let f: Vec<String> = (0..x).map(|_| self.reg(Rk::R)).collect();
+                self.ins(format!(
+                    "ldmatrix.sync.aligned.m8n8.x{x}.trans.shared.b16 {{{}}}, [{addr}+{b_at}]",
+                    f.join(", ")
+                ));
+                for pair in f.chunks(2) {
+                    bf.push([pair[0].clone(), pair[1].clone()]);
+                }
+            }
+            for (mi, fa) in af.iter().enumerate() {
+                for (ni, fb) in bf.iter().enumerate() {
+                    let d = frag(&out, mi, ni);
+                    let c = match (&init, ks) {
+                        (Some(init), 0) => frag(init, mi, ni),
+                        (None, 0) => vec![zero.clone(); 4],
+                        _ => d.clone(),
+                    };
+                    self.ins(format!(
+                        "mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32 {{{}}}, {{{}}}, {{{}}}, {{{}}}",
+                        d.join(", "),
+                        fa.join(", "),
+                        fb.join(", "),
+                        c.join(", ")
+                    ));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Tensor-core `dot` for f16/bf16 operands, through shared memory.
     fn dot_mma(
         &mut self,
         dt: DType,

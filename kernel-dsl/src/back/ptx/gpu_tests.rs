@@ -972,3 +972,139 @@ fn gpu_cluster_gather() {
         );
     }
 }
+
+/// Triton's tutorial matmul (masked edges, pointer tiles advanced by the loop), with
+/// `ACC` choosing how the product is accumulated: 0 `acc = dot(x, y, acc)` from zeros,
+/// 1 `acc = acc + dot(x, y)`, 2 `acc = dot(x, y, acc)` from the loaded output.
+pub(crate) const MATMUL_LOOP: &str = r#"
+fn mml<const BM: usize, const BN: usize, const BK: usize, const ACC: usize>(
+    a: Ptr<bf16>, b: Ptr<bf16>, c: Ptr<f32>, m: i32, n: i32, k: i32,
+) {
+    let rm = program_id(0) * BM + arange(0, BM);
+    let rn = program_id(1) * BN + arange(0, BN);
+    let rk = arange(0, BK);
+    let cmask = (rm.expand_dims(1) < m) & (rn.expand_dims(0) < n);
+    let pc = c + rm.expand_dims(1) * n + rn.expand_dims(0);
+    let mut acc = zeros::<f32>([BM, BN]);
+    if ACC == 2 {
+        acc = load(pc, cmask, 0.0);
+    }
+    let mut pa = a + rm.expand_dims(1) * k + rk.expand_dims(0);
+    let mut pb = b + rk.expand_dims(1) * n + rn.expand_dims(0);
+    for k0 in (0..k).step_by(BK) {
+        let x = load(pa, (rm.expand_dims(1) < m) & (rk.expand_dims(0) < k - k0), 0.0);
+        let y = load(pb, (rk.expand_dims(1) < k - k0) & (rn.expand_dims(0) < n), 0.0);
+        if ACC == 1 {
+            acc = acc + dot(x, y);
+        } else {
+            acc = dot(x, y, acc);
+        }
+        pa = pa + BK;
+        pb = pb + BK * n;
+    }
+    store(pc, acc, cmask);
+}
+"#;
+
+#[test]
+fn gpu_dot_in_a_loop() {
+    let mut r = Rng(47);
+    // (BM, BN, BK, warps, M, N, K, ACC, f16): M, N, K not multiples of the tile, K
+    // smaller than one tile, f16 and bf16, each accumulation form.
+    let cases = [
+        (64, 64, 32, 4, 100, 72, 40, 0, false),
+        (32, 64, 16, 4, 33, 65, 8, 1, false),
+        (64, 32, 32, 2, 70, 50, 100, 0, true),
+        (128, 64, 32, 8, 130, 72, 40, 2, false),
+        (128, 128, 32, 8, 130, 136, 40, 0, false),
+        (16, 16, 16, 1, 20, 24, 48, 2, true),
+    ];
+    for (bm, bn, bk, w, m, n, k, acc, f16) in cases {
+        let src = if f16 {
+            MATMUL_LOOP.replace("bf16", "f16")
+        } else {
+            MATMUL_LOOP.to_string()
+        };
+        let d = def(&src, &[("BM", bm), ("BN", bn), ("BK", bk), ("ACC", acc)], w);
+        let half = |r: &mut Rng, len: usize| {
+            if f16 {
+                Data::F16(
+                    r.vec(len, 1.0)
+                        .into_iter()
+                        .map(half::f16::from_f32)
+                        .collect(),
+                )
+            } else {
+                Data::Bf16(r.bf(len))
+            }
+        };
+        let data = [
+            half(&mut r, m * k),
+            half(&mut r, k * n),
+            Data::F32(r.vec(m * n, 1.0)),
+            Data::S(Scalar::I32(m as i32)),
+            Data::S(Scalar::I32(n as i32)),
+            Data::S(Scalar::I32(k as i32)),
+        ];
+        let grid = [
+            m.div_ceil(bm as usize) as u32,
+            n.div_ceil(bn as usize) as u32,
+            1,
+        ];
+        diff("dot_in_a_loop", d, grid, &data, 1e-4);
+    }
+}
+
+/// [`MATMUL_LOOP`] with `n` and `k` multiples of 16: 16-byte loads, so the operand
+/// loads are pipelined through `cp.async` (`num_stages`).
+pub(crate) fn matmul_pipelined() -> String {
+    MATMUL_LOOP.replace(
+        "n: i32, k: i32",
+        "#[multiple_of(16)] n: i32, #[multiple_of(16)] k: i32",
+    )
+}
+
+#[test]
+fn gpu_dot_pipelined() {
+    let mut r = Rng(53);
+    let src = matmul_pipelined();
+    // (BM, BN, BK, warps, stages, M, N, K, ACC): edges off the tile, K below one tile,
+    // K spanning fewer iterations than stages, each accumulation form.
+    let cases = [
+        (64, 64, 32, 4, 2, 100, 80, 48, 0),
+        (64, 64, 32, 4, 3, 100, 80, 160, 0),
+        (128, 128, 32, 8, 4, 130, 144, 16, 2),
+        (32, 64, 16, 4, 3, 70, 96, 48, 1),
+        (128, 64, 64, 4, 3, 200, 64, 336, 0),
+    ];
+    for (bm, bn, bk, w, stages, m, n, k, acc) in cases {
+        let d = crate::testing::def_attr(
+            &src,
+            &[("BM", bm), ("BN", bn), ("BK", bk), ("ACC", acc)],
+            w,
+            true,
+            &format!("num_stages = [{stages}]"),
+        );
+        assert!(
+            d.variants[0]
+                .ptx_sm80
+                .as_str()
+                .contains("cp.async.cg.shared.global"),
+            "pipelined"
+        );
+        let data = [
+            Data::Bf16(r.bf(m * k)),
+            Data::Bf16(r.bf(k * n)),
+            Data::F32(r.vec(m * n, 1.0)),
+            Data::S(Scalar::I32(m as i32)),
+            Data::S(Scalar::I32(n as i32)),
+            Data::S(Scalar::I32(k as i32)),
+        ];
+        let grid = [
+            m.div_ceil(bm as usize) as u32,
+            n.div_ceil(bn as usize) as u32,
+            1,
+        ];
+        diff("dot_pipelined", d, grid, &data, 1e-4);
+    }
+}

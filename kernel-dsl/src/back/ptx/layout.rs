@@ -14,7 +14,7 @@
 use std::collections::HashMap;
 
 use crate::error::CompileError;
-use crate::ir::{Block, Def, Expr, Kernel, Stmt, ValueId};
+use crate::ir::{Block, DType, Def, Expr, Kernel, Stmt, ValueId};
 
 /// A blocked layout with extents, see the module docs.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -69,6 +69,40 @@ impl Layout {
             ext: shape.to_vec(),
             keep: (0..rank).collect(),
         }
+    }
+
+    /// The accumulator layout of `mma.sync.m16n8k16` for an `[M, N]` `dot` result, or
+    /// `None` when the tile is too small for `num_warps` warps to each hold whole MMA
+    /// tiles.
+    ///
+    /// Lane `4g + t` of a 16x8 C/D fragment holds rows `g` and `g + 8`, columns `2t` and
+    /// `2t + 1`: as a blocked layout, `spt = [1, 2]`, `tpw = [8, 4]`, order `[1, 0]`. With
+    /// `wpc = [WM, WN]` warp `(wm, wn)` holds rows `wm * 8 + g + rep * 8 * WM` and columns
+    /// `(wn * 4 + t) * 2 + r + rep * 8 * WN`; row repetitions `2i` and `2i + 1` form the
+    /// fragment's two 8-row halves (the A fragment is read with `ldmatrix`, which takes
+    /// any row addresses), each column repetition one 8-column MMA tile. Warps are split
+    /// like Triton's `warpsPerCTA` for MMA: along the dim with more elements per warp.
+    pub fn mma(shape: &[usize], num_warps: u32) -> Option<Layout> {
+        let [m, n] = *shape else { return None };
+        let (mut wm, mut wn) = (1usize, 1usize);
+        while wm * wn < num_warps as usize {
+            let (can_m, can_n) = (m >= 32 * wm, n >= 16 * wn);
+            if can_m && (m / wm >= n / wn || !can_n) {
+                wm *= 2;
+            } else if can_n {
+                wn *= 2;
+            } else {
+                return None;
+            }
+        }
+        (m >= 16 * wm && n >= 8 * wn).then(|| Layout {
+            spt: vec![1, 2],
+            tpw: vec![8, 4],
+            wpc: vec![wm, wn],
+            order: vec![1, 0],
+            ext: vec![m, n],
+            keep: vec![0, 1],
+        })
     }
 
     /// Rank of the space.
@@ -301,6 +335,29 @@ pub fn assign(k: &Kernel) -> Result<Layouts, CompileError> {
                 }
             }
         }
+        // A `dot` accumulator that starts from loaded values is loaded straight into
+        // the MMA layout rather than converted through shared memory.
+        let mut carried = Vec::new();
+        k.body.visit(&mut |s| {
+            if let Stmt::For { carried: cs, .. } = s {
+                carried.extend(cs.iter().cloned());
+            }
+        });
+        for c in carried {
+            let dot = matches!(k.value(c.next).def, Def::Expr(Expr::Dot { .. }));
+            let (Some(want), true) = (l.of[c.param.index()].clone(), dot) else {
+                continue;
+            };
+            if l.of[c.init.index()].as_ref() == Some(&want) || !l.strong[c.init.index()] {
+                continue;
+            }
+            for (x, lx) in prefer(k, &l, c.init, want).into_iter().flatten() {
+                if let std::collections::hash_map::Entry::Vacant(e) = over.entry(x) {
+                    e.insert(lx);
+                    found = true;
+                }
+            }
+        }
         if !found {
             return Ok(l);
         }
@@ -353,6 +410,15 @@ fn prefer(k: &Kernel, l: &Layouts, v: ValueId, want: Layout) -> Option<Vec<(Valu
     }
 }
 
+/// Whether `dot(a, b)` can run on tensor cores with its accumulator in registers:
+/// f16 or bf16 operands of one dtype and K a multiple of 16 (the result must also have an
+/// MMA layout, [`Layout::mma`]).
+pub fn mma_dot(k: &Kernel, a: ValueId, b: ValueId) -> bool {
+    let (ta, tb) = (k.ty(a), k.ty(b));
+    let half = matches!(ta.dtype(), Some(DType::F16 | DType::BF16)) && ta.dtype() == tb.dtype();
+    half && ta.shape.len() == 2 && tb.shape.len() == 2 && ta.shape[1] % 16 == 0
+}
+
 fn default_of(k: &Kernel, v: ValueId) -> Option<Layout> {
     let ty = k.ty(v);
     (!ty.is_scalar()).then(|| Layout::default_for(&ty.shape, k.num_warps))
@@ -378,7 +444,10 @@ fn block(k: &Kernel, b: &Block, l: &mut Layouts) -> Result<(), CompileError> {
                 block(k, body, l)?;
                 for c in carried {
                     let (p, n) = (c.param.index(), c.next.index());
-                    if !l.strong[c.init.index()] && l.of[n].is_some() {
+                    // An accumulator updated by `dot` stays in the MMA layout even when it
+                    // starts from a loaded tile (converted once, before the loop).
+                    let dot = matches!(k.value(c.next).def, Def::Expr(Expr::Dot { .. }));
+                    if (!l.strong[c.init.index()] || dot) && l.of[n].is_some() {
                         l.of[p] = l.of[n].clone();
                     }
                     l.strong[p] = true;
@@ -477,9 +546,14 @@ fn value(k: &Kernel, v: ValueId, l: &mut Layouts) {
                 None => (Layout::default_for(&shape, k.num_warps), forced),
             }
         }
-        Expr::Dot { .. } | Expr::ClusterGather { .. } => {
-            (Layout::default_for(&shape, k.num_warps), true)
-        }
+        Expr::Dot { a, b, .. } => (
+            mma_dot(k, *a, *b)
+                .then(|| Layout::mma(&shape, k.num_warps))
+                .flatten()
+                .unwrap_or_else(|| Layout::default_for(&shape, k.num_warps)),
+            true,
+        ),
+        Expr::ClusterGather { .. } => (Layout::default_for(&shape, k.num_warps), true),
         _ => (Layout::default_for(&shape, k.num_warps), false),
     };
     l.of[i] = Some(lay);

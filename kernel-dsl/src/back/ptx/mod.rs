@@ -35,6 +35,7 @@ mod emit;
 mod layout;
 mod memory;
 mod more_ops;
+mod pipeline;
 pub mod ptxas;
 mod reduce;
 mod regs;
@@ -62,7 +63,21 @@ pub enum Target {
     Sm90,
 }
 
+/// Shared memory a program may use without opting in (static `.shared` arrays).
+pub const STATIC_SHARED_LIMIT: u32 = 48 * 1024;
+
 impl Target {
+    /// The most shared memory one program may use on this target, opted in per kernel at
+    /// load time: 163 KiB on sm_80 (A100), 227 KiB on sm_90 (H100/H200), per the CUDA
+    /// programming guide's compute-capability table. (sm_86/sm_89 parts allow less,
+    /// 99 KiB; there the driver refuses the launch and the error names the kernel.)
+    pub fn max_shared_bytes(self) -> u32 {
+        match self {
+            Target::Sm80 => 163 * 1024,
+            Target::Sm90 => 227 * 1024,
+        }
+    }
+
     /// The `.target` name.
     pub fn name(self) -> &'static str {
         match self {
@@ -79,7 +94,8 @@ pub struct PtxKernel {
     pub ptx: String,
     /// The `.entry` name.
     pub entry: String,
-    /// Static shared memory the kernel uses, in bytes.
+    /// Shared memory the kernel uses, in bytes: static up to [`STATIC_SHARED_LIMIT`],
+    /// dynamic (`.extern .shared`, sized at launch) above it.
     pub shared_bytes: u32,
     /// A human-readable report of the layout chosen for each tile value.
     pub layouts: String,
@@ -227,23 +243,51 @@ pub fn compile(kernel: &Kernel, target: Target) -> Result<PtxKernel, CompileErro
     if target == Target::Sm90 && e.code.contains(emit::WAIT_MARKER) {
         ptx.push_str("\t.reg .pred %tfw_p;\n\t.reg .b32 %tfw_r;\n\t.reg .b64 %tfw_d;\n");
     }
-    let smem = e.smem.next_multiple_of(16);
+    let smem = e.ring_bytes + e.smem.next_multiple_of(16);
+    if e.ring_bytes > 0 {
+        // The ring of pipelined loops comes first; the scratch space follows it.
+        let s = e.smem_base.clone();
+        e.pro = e.pro.replacen(
+            &format!("mov.u32 {s}, tf_smem;"),
+            &format!(
+                "mov.u32 {s}, tf_smem;\n\tadd.u32 {s}, {s}, {};",
+                e.ring_bytes
+            ),
+            1,
+        );
+    }
     let cluster_smem = e.cluster_smem.next_multiple_of(16);
-    if smem + cluster_smem > 48 * 1024 {
+    let limit = target.max_shared_bytes();
+    if smem + cluster_smem > STATIC_SHARED_LIMIT && (cluster_smem > 0 || smem > limit) {
+        let (cap, what) = if cluster_smem > 0 {
+            (STATIC_SHARED_LIMIT, format!(", {cluster_smem} of them for `cluster_gather` (clustered kernels keep to static shared memory)"))
+        } else {
+            (limit, String::new())
+        };
         return Err(CompileError::new(
             Default::default(),
             format!(
-                "kernel `{}`: needs {} bytes of shared memory (more than 48 KiB), {cluster_smem} of them for `cluster_gather`; use smaller tiles",
+                "kernel `{}`: needs {} bytes of shared memory, more than the {cap} bytes ({} KiB) one program may use on {}{what}; use smaller tiles or fewer stages",
                 kernel.name,
-                smem + cluster_smem
+                smem + cluster_smem,
+                cap / 1024,
+                target.name(),
             ),
         ));
     }
     if cluster_smem > 0 {
         let _ = writeln!(ptx, "\t.shared .align 16 .b8 tf_cluster[{cluster_smem}];");
     }
-    if smem > 0 {
-        let _ = writeln!(ptx, "\t.shared .align 16 .b8 tf_smem[{smem}];");
+    if smem > STATIC_SHARED_LIMIT {
+        // Above 48 KiB shared memory must be dynamic: the runtime opts the function in
+        // (`CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`) and passes the size at
+        // launch, for every variant whose `shared_bytes` exceeds the static limit.
+        let at = ptx.find(".visible .entry").expect("the entry was written");
+        ptx.insert_str(at, ".extern .shared .align 128 .b8 tf_smem[];\n\n");
+    } else if smem > 0 {
+        // Swizzled tiles are laid out for 128-byte lines.
+        let align = if e.swizzled { 128 } else { 16 };
+        let _ = writeln!(ptx, "\t.shared .align {align} .b8 tf_smem[{smem}];");
     } else {
         // No shared memory: drop the buffer's address from the prologue.
         e.pro = e

@@ -838,3 +838,171 @@ fn frem_algorithm_is_exact() {
     );
     assert_eq!(frem_steps(-6.0, 3.0).to_bits(), (-0.0f32).to_bits());
 }
+
+/// The body of the first `for` loop of a kernel's PTX.
+fn loop_body(ptx: &str) -> &str {
+    let start = ptx.find("$L_loop").expect("a loop");
+    let head = &ptx[start..];
+    let label = &head[..head.find(':').unwrap()];
+    let end = head
+        .find(&format!("bra.uni {label};"))
+        .expect("the back edge");
+    &head[..end]
+}
+
+#[test]
+fn dot_accumulator_stays_in_registers() {
+    for (bm, bn, bk, w) in [(128, 128, 32, 8), (64, 64, 32, 4), (128, 64, 64, 8)] {
+        let d = crate::testing::def_with(
+            super::gpu_tests::MATMUL_LOOP,
+            &[("BM", bm), ("BN", bn), ("BK", bk), ("ACC", 0)],
+            w,
+            false,
+        );
+        let ptx = d.variants[0].ptx_sm80.as_str();
+        if let Some(dir) = std::env::var_os("TILEFUSE_DUMP_DIR") {
+            let _ = std::fs::write(
+                std::path::Path::new(&dir).join(format!("mml_{bm}x{bn}x{bk}_{w}.ptx")),
+                ptx,
+            );
+        }
+        let body = loop_body(ptx);
+        assert!(
+            body.contains("ldmatrix.sync.aligned.m8n8.x4.shared.b16"),
+            "{body}"
+        );
+        assert!(body.contains("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"));
+        assert!(body.contains("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"));
+        // Operands go in with 16-byte stores; the accumulator never touches shared memory.
+        assert!(body.contains("st.shared.v4.b32"), "{body}");
+        assert!(!body.contains("st.shared.f32") && !body.contains("ld.shared.f32"));
+        assert!(
+            !ptx.contains("st.shared.f32"),
+            "no conversion of the accumulator"
+        );
+        assert_eq!(
+            body.matches("bar.sync").count(),
+            2,
+            "one barrier pair per dot"
+        );
+        // Each warp issues (BM / WM / 16) * (BN / WN / 8) MMAs per 16 of K.
+        let per_warp = bm as usize * bn as usize / (w as usize * 128);
+        assert_eq!(
+            body.matches("mma.sync").count(),
+            per_warp * bk as usize / 16
+        );
+    }
+}
+
+#[test]
+fn mma_layouts_split_warps_by_elements() {
+    let l = super::Layout::mma(&[128, 128], 4).unwrap();
+    assert_eq!(
+        (l.spt.clone(), l.tpw.clone(), l.wpc.clone()),
+        (vec![1, 2], vec![8, 4], vec![2, 2])
+    );
+    assert_eq!(l.nregs(), 128 * 128 / 128);
+    assert_eq!(super::Layout::mma(&[128, 256], 8).unwrap().wpc, vec![2, 4]);
+    assert_eq!(super::Layout::mma(&[16, 64], 4).unwrap().wpc, vec![1, 4]);
+    assert!(!super::Layout::mma(&[64, 64], 4).unwrap().replicated());
+    // Too few MMA tiles for the warps: no register-accumulator layout.
+    assert_eq!(super::Layout::mma(&[16, 8], 4), None);
+}
+
+#[test]
+fn large_dot_tiles_use_dynamic_shared_memory() {
+    let k = |bm: i64, bn: i64, bk: i64| {
+        let spec = crate::Specialization {
+            consts: [("BM", bm), ("BN", bn), ("BK", bk), ("ACC", 0)]
+                .iter()
+                .map(|(n, v)| (n.to_string(), *v))
+                .collect(),
+            num_warps: 8,
+        };
+        let src = format!(
+            "#[kernel(BM = [{bm}], BN = [{bn}], BK = [{bk}], ACC = [0], num_warps = [8])]\n{}",
+            super::gpu_tests::MATMUL_LOOP
+        );
+        crate::compile_source(&src, &spec).unwrap()
+    };
+    // 64 KiB of operands: above the static limit, below the sm_80 and sm_90 ones.
+    for t in [Target::Sm80, Target::Sm90] {
+        let p = compile(&k(128, 128, 128), t).unwrap();
+        assert_eq!(p.shared_bytes, 65536);
+        assert!(p.ptx.contains(".extern .shared .align 128 .b8 tf_smem[];"));
+    }
+    let p = compile(&k(64, 64, 32), Target::Sm80).unwrap();
+    assert!(p.ptx.contains(".shared .align 128 .b8 tf_smem[8192];"));
+    // 192 KiB: fits sm_90 only; the error names the kernel, the size and the limit.
+    let big = k(256, 512, 128);
+    assert!(compile(&big, Target::Sm90).is_ok());
+    let err = compile(&big, Target::Sm80).unwrap_err();
+    assert!(
+        err.message.contains("kernel `mml`")
+            && err.message.contains("196608 bytes")
+            && err.message.contains("166912 bytes (163 KiB)")
+            && err.message.contains("sm_80"),
+        "{}",
+        err.message
+    );
+}
+
+#[test]
+fn pipelined_dot_loops_copy_with_cp_async() {
+    let src = super::gpu_tests::matmul_pipelined();
+    for stages in [2, 3] {
+        let d = crate::testing::def_attr(
+            &src,
+            &[("BM", 128), ("BN", 128), ("BK", 32), ("ACC", 0)],
+            8,
+            false,
+            &format!("num_stages = [{stages}]"),
+        );
+        let ptx = d.variants[0].ptx_sm80.as_str();
+        if let Some(dir) = std::env::var_os("TILEFUSE_DUMP_DIR") {
+            let _ = std::fs::write(
+                std::path::Path::new(&dir).join(format!("mml_pipe{stages}.ptx")),
+                ptx,
+            );
+        }
+        assert_eq!(d.variants[0].shared_bytes, stages * 16384);
+        let body = loop_body(ptx);
+        // 16-byte copies straight into shared memory, waited for one stage behind.
+        assert!(body.contains("cp.async.cg.shared.global"), "{body}");
+        assert!(body.contains(&format!("cp.async.wait_group {}", stages - 2)));
+        assert!(body.contains("cp.async.commit_group"));
+        assert!(!body.contains("ld.global") && !body.contains("st.shared"));
+        assert_eq!(
+            body.matches("bar.sync").count(),
+            1,
+            "one barrier per iteration"
+        );
+        assert!(body.contains("ldmatrix") && body.contains("mma.sync"));
+        // The first stages - 1 iterations are in flight before the loop.
+        let before = &ptx[..ptx.find(body).unwrap()];
+        assert_eq!(
+            before.matches("cp.async.commit_group").count(),
+            stages as usize - 1
+        );
+        super::tests::assemble(
+            &compile(
+                &crate::compile_source(
+                    &format!(
+                        "#[kernel(BM = [128], BN = [128], BK = [32], ACC = [0], num_warps = [8], num_stages = [{stages}])]\n{src}"
+                    ),
+                    &crate::Specialization {
+                        consts: [("BM", 128), ("BN", 128), ("BK", 32), ("ACC", 0)]
+                            .iter()
+                            .map(|(n, v)| (n.to_string(), *v))
+                            .collect(),
+                        num_warps: 8,
+                    },
+                )
+                .unwrap(),
+                Target::Sm90,
+            )
+            .unwrap(),
+            Target::Sm90,
+        );
+    }
+}
