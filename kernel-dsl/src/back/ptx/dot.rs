@@ -121,7 +121,7 @@ impl Emitter<'_> {
 /// eight rows an `ldmatrix` reads at one logical chunk fall in eight distinct 16-byte
 /// bank groups (rows of up to 128 bytes share a 128-byte line; `rows_per_line * chunks`
 /// is 8, so the swizzle of row `r` depends on `r % 8` only).
-struct Swizzle {
+pub(super) struct Swizzle {
     /// Bytes per row.
     row_bytes: u32,
     /// log2 of the rows sharing one 128-byte line.
@@ -131,7 +131,7 @@ struct Swizzle {
 }
 
 impl Swizzle {
-    fn new(cols: usize) -> Swizzle {
+    pub(super) fn new(cols: usize) -> Swizzle {
         let row_bytes = (cols * 2) as u32;
         let chunks = (row_bytes / 16).clamp(1, 8);
         Swizzle {
@@ -142,10 +142,64 @@ impl Swizzle {
     }
 }
 
+/// How a `dot` operand sits in shared memory: its logical `[rows, cols]` tile stored
+/// row-major and swizzled, either as is or transposed (as `[cols, rows]`), whichever makes
+/// the fastest dim of the operand's layout the stored row. Each thread's contiguous run
+/// then goes in with one vector store (or `cp.async`), and `dot` reads fragments with
+/// `ldmatrix`, adding `.trans` where the stored orientation is not the fragment's: for A
+/// when it is stored transposed (M fastest), for B when it is not (N fastest; B from an
+/// `[N, K]` row-major weight, K fastest, is read without `.trans`).
+pub(super) struct Staged {
+    /// Stored as `[cols, rows]`.
+    pub transposed: bool,
+    /// The swizzle of the stored rows.
+    pub sw: Swizzle,
+}
+
+impl Staged {
+    /// The orientation for an operand in layout `l`.
+    pub(super) fn of(l: &Layout) -> Staged {
+        let shape = l.shape();
+        let transposed = l.order[0] == l.keep[0] && shape[0] > 1;
+        let stored_cols = if transposed { shape[0] } else { shape[1] };
+        Staged {
+            transposed,
+            sw: Swizzle::new(stored_cols),
+        }
+    }
+
+    /// Elements each vector store writes: the thread's run along the stored row (at
+    /// most 16 bytes), or 1 when its run lies across stored rows.
+    pub(super) fn width(&self, l: &Layout) -> usize {
+        let along = if self.transposed { l.keep[0] } else { l.keep[1] };
+        if l.order[0] == along {
+            l.run(along).min(8)
+        } else {
+            1
+        }
+    }
+}
+
 impl Emitter<'_> {
-    /// The shared address of element `(row, col)` of a swizzled tile at the start of the
-    /// shared buffer plus `at` (which the caller adds as the instruction's offset).
-    fn swizzled_addr(&mut self, sw: &Swizzle, row: &str, col: &str) -> String {
+    /// The shared address of logical element `(row, col)` of an operand staged as `st`
+    /// at shared address `base` (the caller adds the operand's offset).
+    pub(super) fn staged_addr(&mut self, base: &str, st: &Staged, row: &str, col: &str) -> String {
+        if st.transposed {
+            self.swizzled_addr_from(base, &st.sw, col, row)
+        } else {
+            self.swizzled_addr_from(base, &st.sw, row, col)
+        }
+    }
+
+    /// The shared address of element `(row, col)` of a swizzled tile at the shared
+    /// address in register `base` (the caller adds the tile's offset).
+    pub(super) fn swizzled_addr_from(
+        &mut self,
+        base: &str,
+        sw: &Swizzle,
+        row: &str,
+        col: &str,
+    ) -> String {
         let (s, ch, wi, a) = (
             self.reg(Rk::R),
             self.reg(Rk::R),
@@ -157,10 +211,7 @@ impl Emitter<'_> {
         self.ins(format!("shr.u32 {ch}, {col}, 3"));
         self.ins(format!("xor.b32 {ch}, {ch}, {s}"));
         self.ins(format!("and.b32 {wi}, {col}, 7"));
-        self.ins(format!(
-            "mad.lo.u32 {a}, {row}, {}, {}",
-            sw.row_bytes, self.smem_base
-        ));
+        self.ins(format!("mad.lo.u32 {a}, {row}, {}, {base}", sw.row_bytes));
         self.ins(format!("mad.lo.u32 {a}, {ch}, 16, {a}"));
         self.ins(format!("mad.lo.u32 {a}, {wi}, 2, {a}"));
         a
@@ -174,26 +225,23 @@ impl Emitter<'_> {
     }
 
     /// Stores the 2-D 16-bit tile `v` (in its own layout) into shared memory at byte
-    /// offset `at`, row-major and swizzled, with up to 16-byte vector stores (a thread's
-    /// contiguous run along the row). Copies of replicated elements are stored by their
-    /// owner only.
-    fn stage_swizzled(&mut self, v: ValueId, at: u32) -> Res<()> {
+    /// offset `at`, oriented and swizzled as [`Staged::of`] its layout says, with up to
+    /// 16-byte vector stores (a thread's contiguous run). Copies of replicated elements
+    /// are stored by their owner only.
+    fn stage_swizzled(&mut self, v: ValueId, at: u32) -> Res<Staged> {
         let l = self.layout_of(v);
         let regs = self.tile(v, &l)?;
-        let sw = Swizzle::new(l.shape()[1]);
+        let st = Staged::of(&l);
         let (sr, sc) = (l.keep[0], l.keep[1]);
         let c = self.coords(&l);
         let at_pred = c.owner.as_ref().map_or(String::new(), |p| format!("@{p} "));
-        let w = if l.order[0] == sc {
-            l.run(sc).min(8)
-        } else {
-            1
-        };
+        let w = st.width(&l);
         let offs = l.reg_offsets();
+        let base = self.smem_base.clone();
         for g in (0..regs.len()).step_by(w) {
             let row = self.plus(&c.base[sr], offs[g][sr]);
             let col = self.plus(&c.base[sc], offs[g][sc]);
-            let addr = self.swizzled_addr(&sw, &row, &col);
+            let addr = self.staged_addr(&base, &st, &row, &col);
             if w >= 2 {
                 let words = self.pack_halves(&regs[g..g + w]);
                 let (vs, list) = match words.len() {
@@ -205,7 +253,7 @@ impl Emitter<'_> {
                 self.ins(format!("{at_pred}st.shared.b16 [{addr}+{at}], {}", regs[g]));
             }
         }
-        Ok(())
+        Ok(st)
     }
 
     /// Tensor-core `dot` with the accumulator in registers, in the MMA layout `l` (see
@@ -230,10 +278,10 @@ impl Emitter<'_> {
         // One barrier pair per dot: the previous use of the buffer is over, then the
         // operands are in place.
         self.ins("bar.sync 0");
-        self.stage_swizzled(a, 0)?;
-        self.stage_swizzled(b, b_at as u32)?;
+        let sa = self.stage_swizzled(a, 0)?;
+        let sb = self.stage_swizzled(b, b_at as u32)?;
         self.ins("bar.sync 0");
-        let (sa, sb) = (Swizzle::new(kk), Swizzle::new(n));
+        let base = self.smem_base.clone();
         // Per lane: ldmatrix row `i` of matrix `j`; the warp's position (wm_i, wn_i).
         let r = |e: &mut Self| e.reg(Rk::R);
         let (lane, i, j, jl, jh, wmi, wni) = (
@@ -253,22 +301,30 @@ impl Emitter<'_> {
         self.ins(format!("shr.u32 {jh}, {j}, 1"));
         self.ins(format!("and.b32 {wni}, {warp}, {}", wn - 1));
         self.ins(format!("shr.u32 {wmi}, {warp}, {}", wn.trailing_zeros()));
+        // Lane `8j + i` addresses row `i` of stored 8x8 matrix `j`: a row of 8 M (or N)
+        // elements when the operand is stored transposed, of 8 K elements otherwise.
         // A: matrices (rows half 0, k 0-7), (half 1, k 0-7), (half 0, k 8-15), (half 1,
-        // k 8-15); row = wm_i * 8 + i + half * 8 * WM (+ 16 * WM per MMA row tile).
+        // k 8-15); row = wm_i * 8 + half * 8 * WM (+ 16 * WM per MMA row tile).
         let row_a = r(self);
-        self.ins(format!("mad.lo.u32 {row_a}, {jl}, {}, {i}", 8 * wm));
+        self.ins(format!("mul.lo.u32 {row_a}, {jl}, {}", 8 * wm));
         self.ins(format!("mad.lo.u32 {row_a}, {wmi}, 8, {row_a}"));
         let col_a = r(self);
         self.ins(format!("shl.b32 {col_a}, {jh}, 3"));
-        // B (k-major rows, read transposed): matrices (k 0-7, tile 2p), (k 8-15, 2p),
-        // (k 0-7, 2p+1), (k 8-15, 2p+1); column = wn_i * 8 + tile * 8 * WN.
+        let lane_a = if sa.transposed { &col_a } else { &row_a };
+        self.ins(format!("add.u32 {lane_a}, {lane_a}, {i}"));
+        // B: matrices (k 0-7, tile 2p), (k 8-15, 2p), (k 0-7, 2p+1), (k 8-15, 2p+1);
+        // column = wn_i * 8 + tile * 8 * WN.
         let (mt, nt) = (m / (16 * wm), n / (8 * wn));
         let row_b = r(self);
-        self.ins(format!("mad.lo.u32 {row_b}, {jl}, 8, {i}"));
+        self.ins(format!("shl.b32 {row_b}, {jl}, 3"));
         let col_b = r(self);
         let jh_b = if nt >= 2 { jh.clone() } else { "0".to_string() };
         self.ins(format!("mul.lo.u32 {col_b}, {jh_b}, {}", 8 * wn));
         self.ins(format!("mad.lo.u32 {col_b}, {wni}, 8, {col_b}"));
+        let lane_b = if sb.transposed { &col_b } else { &row_b };
+        self.ins(format!("add.u32 {lane_b}, {lane_b}, {i}"));
+        let trans_a = if sa.transposed { ".trans" } else { "" };
+        let trans_b = if sb.transposed { "" } else { ".trans" };
         let ty = if dt == DType::BF16 { "bf16" } else { "f16" };
         let c1 = 2 * nt;
         let out: Vec<String> = (0..l.nregs()).map(|_| self.reg(Rk::F)).collect();
@@ -292,10 +348,10 @@ impl Emitter<'_> {
             for mi in 0..mt {
                 let row = self.plus(&row_a, mi * 16 * wm);
                 let col = self.plus(&col_a, ks * 16);
-                let addr = self.swizzled_addr(&sa, &row, &col);
+                let addr = self.staged_addr(&base, &sa, &row, &col);
                 let f: Vec<String> = (0..4).map(|_| self.reg(Rk::R)).collect();
                 self.ins(format!(
-                    "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {{{}}}, [{addr}]",
+                    "ldmatrix.sync.aligned.m8n8.x4{trans_a}.shared.b16 {{{}}}, [{addr}]",
                     f.join(", ")
                 ));
                 af.push(f);
@@ -304,11 +360,11 @@ impl Emitter<'_> {
             for p in 0..nt.div_ceil(2) {
                 let row = self.plus(&row_b, ks * 16);
                 let col = self.plus(&col_b, p * 16 * wn);
-                let addr = self.swizzled_addr(&sb, &row, &col);
+                let addr = self.staged_addr(&base, &sb, &row, &col);
                 let x = if nt >= 2 { 4 } else { 2 };
                 let f: Vec<String> = (0..x).map(|_| self.reg(Rk::R)).collect();
                 self.ins(format!(
-                    "ldmatrix.sync.aligned.m8n8.x{x}.trans.shared.b16 {{{}}}, [{addr}+{b_at}]",
+                    "ldmatrix.sync.aligned.m8n8.x{x}{trans_b}.shared.b16 {{{}}}, [{addr}+{b_at}]",
                     f.join(", ")
                 ));
                 for pair in f.chunks(2) {
