@@ -29,6 +29,8 @@ pub mod lang;
 
 pub mod cli;
 
+pub mod kernels;
+
 pub use tilefuse_dsl as dsl;
 pub use tilefuse_engine as engine;
 pub use tilefuse_macros::kernel;

@@ -550,6 +550,54 @@ impl Cublas {
     }
 }
 
+impl Cublas {
+    /// `c = a b` for row-major bf16 `a [m, k]`, `b [k, n]` and `c [m, n]`, f32 compute
+    /// (`cublasGemmEx`; row-major `c` is column-major `c^T = b^T a^T`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_bf16(
+        &self,
+        a: &Buffer<bf16>,
+        b: &Buffer<bf16>,
+        c: &mut Buffer<bf16>,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<()> {
+        if a.len() < m * k || b.len() < k * n || c.len() < m * n {
+            return Err(PerfError(format!(
+                "cuBLAS GEMM {m}x{n}x{k}: buffers too small (a {}, b {}, c {})",
+                a.len(),
+                b.len(),
+                c.len()
+            )));
+        }
+        let (Some(asl), Some(bsl)) = (a.cuda_slice(), b.cuda_slice()) else {
+            return Err(PerfError("cuBLAS needs CUDA buffers".into()));
+        };
+        let csl = c
+            .cuda_slice_mut()
+            .ok_or_else(|| PerfError("cuBLAS needs CUDA buffers".into()))?;
+        let op = cudarc::cublas::sys::cublasOperation_t::CUBLAS_OP_N;
+        let cfg = GemmConfig {
+            transa: op,
+            transb: op,
+            m: n as i32,
+            n: m as i32,
+            k: k as i32,
+            alpha: bf16::ONE,
+            lda: n as i32,
+            ldb: k as i32,
+            beta: bf16::ZERO,
+            ldc: n as i32,
+        };
+        no_panic("cuBLAS GemmEx", || {
+            // SAFETY: the sizes were checked against the buffers above.
+            unsafe { self.blas.gemm(cfg, bsl, asl, csl) }?;
+            Ok(())
+        })
+    }
+}
+
 /// The GEMV-family decode kernels a [`GemvWorkload`] measures.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum GemvKind {

@@ -136,6 +136,7 @@ impl Lower {
                 .map(|c| (c.name.clone(), self.consts[&c.name]))
                 .collect(),
             num_warps: spec.num_warps,
+            num_stages: ast.num_stages,
             cluster,
             values: std::mem::take(&mut self.values),
             body,

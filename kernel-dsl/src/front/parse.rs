@@ -15,6 +15,11 @@ use crate::ir::{DType, ParamKind};
 /// Warps per program when the attribute lists none.
 pub const DEFAULT_NUM_WARPS: u32 = 4;
 
+/// Pipeline depth of `dot` operand loads when the attribute gives no `num_stages`:
+/// double buffering (one copy in flight while the tensor cores work on the other).
+/// Kernels without `dot` in a loop are unaffected.
+pub const DEFAULT_NUM_STAGES: u32 = 2;
+
 /// A compile-time constant (`const BLOCK: usize`) and the values to compile it for.
 #[derive(Clone, Debug)]
 pub struct ConstDecl {
@@ -46,6 +51,9 @@ pub struct KernelAst {
     pub consts: Vec<ConstDecl>,
     /// `num_warps` values to compile for.
     pub num_warps: Vec<u32>,
+    /// Software-pipelining depth of `dot` operand loads in loops (`num_stages = [S]`,
+    /// one value for the whole kernel; [`DEFAULT_NUM_STAGES`] when absent).
+    pub num_stages: u32,
     /// Combinations left out of the product (`skip(NAME = v, .., num_warps = w)`), each
     /// a list of `(name, value)` pairs that together exclude every specialization they
     /// all match (`num_warps` by that name).
@@ -320,6 +328,7 @@ pub fn parse_kernel(attr: TokenStream, item: &ItemFn) -> syn::Result<KernelAst> 
     }
 
     let mut num_warps = Vec::new();
+    let mut num_stages = None;
     let mut crate_path = None;
     let mut skip_entries = Vec::new();
     let one = |span| ClusterExtent::Lit(1, span);
@@ -390,6 +399,22 @@ pub fn parse_kernel(attr: TokenStream, item: &ItemFn) -> syn::Result<KernelAst> 
                 }
                 num_warps.push(v as u32);
             }
+            continue;
+        }
+        if name == "num_stages" {
+            let [(v, span)] = entry.values[..] else {
+                return Err(syn::Error::new(
+                    entry.name.span(),
+                    "num_stages takes one value for the whole kernel (`num_stages = [3]`)",
+                ));
+            };
+            if !(1..=8).contains(&v) || num_stages.is_some() {
+                return Err(syn::Error::new(
+                    span,
+                    format!("num_stages must be given once, from 1 to 8, got {v}"),
+                ));
+            }
+            num_stages = Some(v as u32);
             continue;
         }
         let Some(decl) = consts.iter_mut().find(|c| c.name == name) else {
@@ -481,6 +506,7 @@ pub fn parse_kernel(attr: TokenStream, item: &ItemFn) -> syn::Result<KernelAst> 
             name: sig.ident.clone(),
             consts: consts.clone(),
             num_warps: num_warps.clone(),
+            num_stages: 1,
             skips: skips.iter().map(|(_, s)| s.clone()).collect(),
             params: Vec::new(),
             body: (*item.block).clone(),
@@ -551,6 +577,7 @@ pub fn parse_kernel(attr: TokenStream, item: &ItemFn) -> syn::Result<KernelAst> 
         name: sig.ident.clone(),
         consts,
         num_warps,
+        num_stages: num_stages.unwrap_or(DEFAULT_NUM_STAGES),
         skips,
         params,
         body: (*item.block).clone(),

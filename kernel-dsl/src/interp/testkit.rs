@@ -19,6 +19,7 @@ impl Kb {
                 params: vec![],
                 consts: vec![],
                 num_warps: 4,
+                num_stages: 1,
                 cluster: [1, 1, 1],
                 values: vec![],
                 body: Block::default(),

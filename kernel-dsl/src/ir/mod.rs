@@ -53,6 +53,10 @@ pub struct Kernel {
     pub consts: Vec<(String, i64)>,
     /// Warps per program.
     pub num_warps: u32,
+    /// Shared-memory buffers a loop's `dot` operand loads are pipelined through
+    /// (`num_stages` in the attribute): loads run `num_stages - 1` iterations ahead as
+    /// `cp.async` copies; 1 turns pipelining off.
+    pub num_stages: u32,
     /// Programs per thread-block cluster along x, y and z (`[1, 1, 1]`: no clusters).
     /// The grid must be a multiple of it; [`Expr::ClusterGather`] exchanges tiles
     /// between the programs of one cluster.

@@ -39,6 +39,7 @@ pub fn infer(kernel: &Kernel) -> R<Kernel> {
         params: kernel.params.clone(),
         consts: kernel.consts.clone(),
         num_warps: kernel.num_warps,
+        num_stages: kernel.num_stages,
         cluster: kernel.cluster,
         values: cx.out,
         body,

@@ -41,6 +41,16 @@ fn pow2_div(x: i64) -> u64 {
 
 /// Divisibility of `x` at the starts of runs of length `rc` along `t`: its own run
 /// starts are only guaranteed to be among them when its runs are no longer.
+/// What holds of a value that is either `a` or `b`.
+fn meet(a: &AxisInfo, b: &AxisInfo) -> AxisInfo {
+    let min = |x: &[u64], y: &[u64]| x.iter().zip(y).map(|(p, q)| *p.min(q)).collect();
+    AxisInfo {
+        contig: min(&a.contig, &b.contig),
+        div: min(&a.div, &b.div),
+        cons: min(&a.cons, &b.cons),
+    }
+}
+
 fn at_runs(x: &AxisInfo, t: usize, rc: u64) -> u64 {
     if x.contig[t] <= rc {
         x.div[t]
@@ -73,18 +83,49 @@ fn block(k: &Kernel, b: &Block, info: &mut [AxisInfo]) {
             | Stmt::PrefetchRange { .. }
             | Stmt::WaitPriorKernels { .. }
             | Stmt::LaunchDependents { .. } => {}
-            // The index of a loop is a multiple of what divides both its start and step;
-            // loop-carried and merged values keep the pessimistic default.
+            // The index of a loop is a multiple of what divides both its start and step.
+            // A loop-carried value has what both its entry value and its end-of-body value
+            // have (a fixpoint from the entry value; pointer tiles advanced by a constant
+            // stay contiguous and aligned), merged values the pessimistic default.
             Stmt::For {
                 index,
                 start,
                 step,
                 body,
+                carried,
                 ..
             } => {
                 let d = info[start.index()].div[0].min(info[step.index()].div[0]);
                 info[index.index()].div[0] = d;
-                block(k, body, info)
+                for c in carried {
+                    info[c.param.index()] = info[c.init.index()].clone();
+                }
+                let mut stable = false;
+                for _ in 0..4 {
+                    block(k, body, info);
+                    let mut changed = false;
+                    for c in carried {
+                        let m = meet(&info[c.init.index()], &info[c.next.index()]);
+                        if m != info[c.param.index()] {
+                            info[c.param.index()] = m;
+                            changed = true;
+                        }
+                    }
+                    if !changed {
+                        stable = true;
+                        break;
+                    }
+                }
+                if !stable {
+                    for c in carried {
+                        let rank = info[c.param.index()].div.len();
+                        info[c.param.index()] = AxisInfo::unknown(rank);
+                    }
+                    block(k, body, info);
+                }
+                for c in carried {
+                    info[c.result.index()] = info[c.param.index()].clone();
+                }
             }
             Stmt::If {
                 then_body,
@@ -187,7 +228,9 @@ fn expr(k: &Kernel, v: ValueId, e: &Expr, info: &[AxisInfo]) -> AxisInfo {
             let (a, b) = (get(ptr), get(offset));
             let es = ty.pointee().map_or(1, |d| d.size_bytes()) as u64;
             for t in 0..out.div.len() {
-                out.contig[t] = a.cons[t].min(b.contig[t]);
+                // Contiguous offsets from a uniform pointer, or a contiguous pointer tile
+                // plus a uniform offset (a pointer tile advanced in a loop).
+                out.contig[t] = a.cons[t].min(b.contig[t]).max(a.contig[t].min(b.cons[t]));
                 let rc = out.contig[t];
                 out.div[t] = at_runs(&a, t, rc).min((at_runs(&b, t, rc) * es).min(MAX_DIV));
                 out.cons[t] = a.cons[t].min(b.cons[t]);

@@ -16,6 +16,7 @@ impl B {
                 params: vec![],
                 consts: vec![],
                 num_warps,
+                num_stages: 1,
                 cluster: [1, 1, 1],
                 values: vec![],
                 body: Block::default(),

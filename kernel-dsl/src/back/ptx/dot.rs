@@ -200,6 +200,7 @@ impl Emitter<'_> {
         row: &str,
         col: &str,
     ) -> String {
+        self.swizzled = true;
         let (s, ch, wi, a) = (
             self.reg(Rk::R),
             self.reg(Rk::R),
@@ -218,7 +219,7 @@ impl Emitter<'_> {
     }
 
     /// `base + off` in a new register.
-    fn plus(&mut self, base: &str, off: usize) -> String {
+    pub(super) fn plus(&mut self, base: &str, off: usize) -> String {
         let r = self.reg(Rk::R);
         self.ins(format!("add.u32 {r}, {base}, {off}"));
         r
@@ -228,7 +229,7 @@ impl Emitter<'_> {
     /// offset `at`, oriented and swizzled as [`Staged::of`] its layout says, with up to
     /// 16-byte vector stores (a thread's contiguous run). Copies of replicated elements
     /// are stored by their owner only.
-    fn stage_swizzled(&mut self, v: ValueId, at: u32) -> Res<Staged> {
+    fn stage_swizzled(&mut self, v: ValueId, at: u32) -> Res<()> {
         let l = self.layout_of(v);
         let regs = self.tile(v, &l)?;
         let st = Staged::of(&l);
@@ -253,7 +254,7 @@ impl Emitter<'_> {
                 self.ins(format!("{at_pred}st.shared.b16 [{addr}+{at}], {}", regs[g]));
             }
         }
-        Ok(st)
+        Ok(())
     }
 
     /// Tensor-core `dot` with the accumulator in registers, in the MMA layout `l` (see
@@ -269,19 +270,27 @@ impl Emitter<'_> {
         let (m, kk) = (self.k.ty(a).shape[0], self.k.ty(a).shape[1]);
         let n = self.k.ty(b).shape[1];
         let (wm, wn) = (l.wpc[0], l.wpc[1]);
-        let b_at = m * kk * 2;
-        self.need_smem((b_at + kk * n * 2) as u32)?;
         let init = match acc {
             Some(c) => Some(self.tile(c, l)?),
             None => None,
         };
-        // One barrier pair per dot: the previous use of the buffer is over, then the
-        // operands are in place.
-        self.ins("bar.sync 0");
-        let sa = self.stage_swizzled(a, 0)?;
-        let sb = self.stage_swizzled(b, b_at as u32)?;
-        self.ins("bar.sync 0");
-        let base = self.smem_base.clone();
+        // Both paths lay the operands out as `Staged::of` their layouts says.
+        let (sa, sb) = (Staged::of(&self.layout_of(a)), Staged::of(&self.layout_of(b)));
+        let (base, a_at, b_at) = match (self.ring_operand(a), self.ring_operand(b)) {
+            // Pipelined: the copies are in the ring, behind the loop's barrier.
+            (Some((base, a_at)), Some((_, b_at))) => (base, a_at as usize, b_at as usize),
+            _ => {
+                let b_at = m * kk * 2;
+                self.need_smem((b_at + kk * n * 2) as u32)?;
+                // One barrier pair per dot: the previous use of the buffer is over, then
+                // the operands are in place.
+                self.ins("bar.sync 0");
+                self.stage_swizzled(a, 0)?;
+                self.stage_swizzled(b, b_at as u32)?;
+                self.ins("bar.sync 0");
+                (self.smem_base.clone(), 0, b_at)
+            }
+        };
         // Per lane: ldmatrix row `i` of matrix `j`; the warp's position (wm_i, wn_i).
         let r = |e: &mut Self| e.reg(Rk::R);
         let (lane, i, j, jl, jh, wmi, wni) = (
@@ -351,7 +360,7 @@ impl Emitter<'_> {
                 let addr = self.staged_addr(&base, &sa, &row, &col);
                 let f: Vec<String> = (0..4).map(|_| self.reg(Rk::R)).collect();
                 self.ins(format!(
-                    "ldmatrix.sync.aligned.m8n8.x4{trans_a}.shared.b16 {{{}}}, [{addr}]",
+                    "ldmatrix.sync.aligned.m8n8.x4{trans_a}.shared.b16 {{{}}}, [{addr}+{a_at}]",
                     f.join(", ")
                 ));
                 af.push(f);

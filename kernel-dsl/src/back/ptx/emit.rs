@@ -75,6 +75,15 @@ pub struct Emitter<'k> {
     /// Whether a `cluster_gather` reads other programs' shared memory (the kernel then
     /// ends with a cluster barrier).
     pub gathers_remote: bool,
+    /// Bytes of the `cp.async` ring of pipelined loops, at the start of the shared
+    /// buffer (the scratch space every other use shares starts after it).
+    pub ring_bytes: u32,
+    /// The register holding the ring's address, once used.
+    ring_reg: Option<String>,
+    /// The pipelined loops being emitted, innermost last.
+    pub rings: Vec<super::pipeline::Ring>,
+    /// Whether shared memory holds swizzled tiles (then aligned to 128 bytes).
+    pub swizzled: bool,
     /// Products that `reduce` folds into a sum's additions (see `contract.rs`); they
     /// are never computed on their own.
     pub fused: std::collections::HashSet<ValueId>,
@@ -143,6 +152,10 @@ impl<'k> Emitter<'k> {
             cluster_base: None,
             gathers_remote: false,
             fused: super::contract::fused_products(k),
+            ring_bytes: 0,
+            ring_reg: None,
+            rings: Vec::new(),
+            swizzled: false,
         };
         e.tid = e.reg(Rk::R);
         e.lane = e.reg(Rk::R);
@@ -171,6 +184,47 @@ impl<'k> Emitter<'k> {
     /// The warp id register.
     pub fn warp_reg(&self) -> String {
         self.warp.clone()
+    }
+
+    /// The register holding the shared address of the `cp.async` ring.
+    pub fn ring_base(&mut self) -> String {
+        if let Some(r) = &self.ring_reg {
+            return r.clone();
+        }
+        let r = self.reg(Rk::R);
+        let _ = writeln!(self.pro, "\tmov.u32 {r}, tf_smem;");
+        self.ring_reg = Some(r.clone());
+        r
+    }
+
+    /// Takes `v`'s registers away (to rebind it for another loop iteration).
+    pub fn take_regs(&mut self, v: ValueId) -> Option<Vec<String>> {
+        self.vals[v.index()].take()
+    }
+
+    /// Binds `v` to registers.
+    pub fn set_regs(&mut self, v: ValueId, r: Vec<String>) {
+        self.vals[v.index()] = Some(r);
+    }
+
+    /// Puts back what [`Self::take_regs`] took.
+    pub fn restore_regs(&mut self, v: ValueId, r: Option<Vec<String>>) {
+        self.vals[v.index()] = r;
+    }
+
+    /// A new scope for values materialized in other layouts.
+    pub fn push_scope(&mut self) {
+        self.cache.push(HashMap::new());
+    }
+
+    /// Ends the scope [`Self::push_scope`] opened.
+    pub fn pop_scope(&mut self) {
+        self.cache.pop();
+    }
+
+    /// Emits the `let` of `v`.
+    pub fn emit_let(&mut self, v: ValueId) -> Res<()> {
+        self.let_(v)
     }
 
     /// A new register of a class.
@@ -680,6 +734,7 @@ impl<'k> Emitter<'k> {
                 let t = super::regs::int_ty(ity);
                 let idx = self.reg(rk(ity));
                 self.vals[index.index()] = Some(vec![idx.clone()]);
+                let plan = self.pipeline_plan(*index, carried, body);
                 let mut params = Vec::new();
                 for c in carried {
                     let kind = self.rk_of(c.param);
@@ -707,6 +762,17 @@ impl<'k> Emitter<'k> {
                 }
                 let (head, exit) = (self.new_label("loop"), self.new_label("end"));
                 let (s0, e0, st) = (self.scalar(*start), self.scalar(*end), self.scalar(*step));
+                let mut ring = match plan {
+                    Some(plan) => {
+                        let regs: HashMap<ValueId, Vec<String>> = carried
+                            .iter()
+                            .zip(&params)
+                            .map(|(c, (_, p, _))| (c.param, p.clone()))
+                            .collect();
+                        Some(self.pipeline_start(plan, *index, &s0, &e0, &st, &regs)?)
+                    }
+                    None => None,
+                };
                 self.ins(format!("mov.{} {idx}, {s0}", rk(ity).bits()));
                 self.label(&head);
                 for (_, p, words) in &params {
@@ -718,7 +784,15 @@ impl<'k> Emitter<'k> {
                 self.ins(format!("setp.ge.{t} {p}, {idx}, {e0}"));
                 self.ins(format!("@{p} bra {exit}"));
                 self.cache.push(HashMap::new());
+                if let Some(r) = ring.as_mut() {
+                    self.pipeline_iteration(r, *index, &e0, &st)?;
+                    self.rings.push(r.clone());
+                }
                 self.block(body)?;
+                if let Some(r) = &ring {
+                    self.rings.pop();
+                    self.pipeline_advance(r);
+                }
                 // Parallel copy: read every `next` before overwriting any parameter.
                 let mut tmps = Vec::new();
                 for (c, (kind, p, words)) in carried.iter().zip(&params) {
@@ -753,6 +827,9 @@ impl<'k> Emitter<'k> {
                 self.ins(format!("add.{t} {idx}, {idx}, {st}"));
                 self.ins(format!("bra.uni {head}"));
                 self.label(&exit);
+                if ring.is_some() {
+                    self.pipeline_end();
+                }
                 Ok(())
             }
             Stmt::If {
@@ -805,6 +882,10 @@ impl<'k> Emitter<'k> {
 
     fn let_(&mut self, v: ValueId) -> Res<()> {
         self.loc = self.k.value(v).loc;
+        if self.in_ring(v) {
+            // A `dot` operand the ring of a pipelined loop already holds.
+            return Ok(());
+        }
         let ty = self.k.ty(v).clone();
         if ty.is_scalar() {
             let Def::Expr(e) = &self.k.value(v).def else {

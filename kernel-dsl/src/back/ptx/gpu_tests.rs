@@ -1015,7 +1015,8 @@ fn gpu_dot_in_a_loop() {
         (64, 64, 32, 4, 100, 72, 40, 0, false),
         (32, 64, 16, 4, 33, 65, 8, 1, false),
         (64, 32, 32, 2, 70, 50, 100, 0, true),
-        (128, 128, 32, 8, 130, 136, 40, 2, false),
+        (128, 64, 32, 8, 130, 72, 40, 2, false),
+        (128, 128, 32, 8, 130, 136, 40, 0, false),
         (16, 16, 16, 1, 20, 24, 48, 2, true),
     ];
     for (bm, bn, bk, w, m, n, k, acc, f16) in cases {
@@ -1051,6 +1052,60 @@ fn gpu_dot_in_a_loop() {
             1,
         ];
         diff("dot_in_a_loop", d, grid, &data, 1e-4);
+    }
+}
+
+/// [`MATMUL_LOOP`] with `n` and `k` multiples of 16: 16-byte loads, so the operand
+/// loads are pipelined through `cp.async` (`num_stages`).
+pub(crate) fn matmul_pipelined() -> String {
+    MATMUL_LOOP.replace(
+        "n: i32, k: i32",
+        "#[multiple_of(16)] n: i32, #[multiple_of(16)] k: i32",
+    )
+}
+
+#[test]
+fn gpu_dot_pipelined() {
+    let mut r = Rng(53);
+    let src = matmul_pipelined();
+    // (BM, BN, BK, warps, stages, M, N, K, ACC): edges off the tile, K below one tile,
+    // K spanning fewer iterations than stages, each accumulation form.
+    let cases = [
+        (64, 64, 32, 4, 2, 100, 80, 48, 0),
+        (64, 64, 32, 4, 3, 100, 80, 160, 0),
+        (128, 128, 32, 8, 4, 130, 144, 16, 2),
+        (32, 64, 16, 4, 3, 70, 96, 48, 1),
+        (128, 64, 64, 4, 3, 200, 64, 336, 0),
+    ];
+    for (bm, bn, bk, w, stages, m, n, k, acc) in cases {
+        let d = crate::testing::def_attr(
+            &src,
+            &[("BM", bm), ("BN", bn), ("BK", bk), ("ACC", acc)],
+            w,
+            true,
+            &format!("num_stages = [{stages}]"),
+        );
+        assert!(
+            d.variants[0]
+                .ptx_sm80
+                .as_str()
+                .contains("cp.async.cg.shared.global"),
+            "pipelined"
+        );
+        let data = [
+            Data::Bf16(r.bf(m * k)),
+            Data::Bf16(r.bf(k * n)),
+            Data::F32(r.vec(m * n, 1.0)),
+            Data::S(Scalar::I32(m as i32)),
+            Data::S(Scalar::I32(n as i32)),
+            Data::S(Scalar::I32(k as i32)),
+        ];
+        let grid = [
+            m.div_ceil(bm as usize) as u32,
+            n.div_ceil(bn as usize) as u32,
+            1,
+        ];
+        diff("dot_pipelined", d, grid, &data, 1e-4);
     }
 }
 

@@ -9,7 +9,13 @@ use crate::ir::{AtomicOp, DType, ValueId};
 
 impl Emitter<'_> {
     /// Elements per vector access for pointers `ptr` in layout `l`.
-    pub(super) fn vec_width(&self, ptr: ValueId, mask: Option<ValueId>, l: &Layout, dt: DType) -> usize {
+    pub(super) fn vec_width(
+        &self,
+        ptr: ValueId,
+        mask: Option<ValueId>,
+        l: &Layout,
+        dt: DType,
+    ) -> usize {
         let es = dt.size_bytes();
         if es == 1 {
             return 1;

@@ -34,6 +34,7 @@ mod elementwise;
 mod emit;
 mod layout;
 mod memory;
+mod pipeline;
 pub mod ptxas;
 mod reduce;
 mod regs;
@@ -241,7 +242,19 @@ pub fn compile(kernel: &Kernel, target: Target) -> Result<PtxKernel, CompileErro
     if target == Target::Sm90 && e.code.contains(emit::WAIT_MARKER) {
         ptx.push_str("\t.reg .pred %tfw_p;\n\t.reg .b32 %tfw_r;\n\t.reg .b64 %tfw_d;\n");
     }
-    let smem = e.smem.next_multiple_of(16);
+    let smem = e.ring_bytes + e.smem.next_multiple_of(16);
+    if e.ring_bytes > 0 {
+        // The ring of pipelined loops comes first; the scratch space follows it.
+        let s = e.smem_base.clone();
+        e.pro = e.pro.replacen(
+            &format!("mov.u32 {s}, tf_smem;"),
+            &format!(
+                "mov.u32 {s}, tf_smem;\n\tadd.u32 {s}, {s}, {};",
+                e.ring_bytes
+            ),
+            1,
+        );
+    }
     let cluster_smem = e.cluster_smem.next_multiple_of(16);
     let limit = target.max_shared_bytes();
     if smem + cluster_smem > STATIC_SHARED_LIMIT && (cluster_smem > 0 || smem > limit) {
@@ -271,7 +284,9 @@ pub fn compile(kernel: &Kernel, target: Target) -> Result<PtxKernel, CompileErro
         let at = ptx.find(".visible .entry").expect("the entry was written");
         ptx.insert_str(at, ".extern .shared .align 128 .b8 tf_smem[];\n\n");
     } else if smem > 0 {
-        let _ = writeln!(ptx, "\t.shared .align 16 .b8 tf_smem[{smem}];");
+        // Swizzled tiles are laid out for 128-byte lines.
+        let align = if e.swizzled { 128 } else { 16 };
+        let _ = writeln!(ptx, "\t.shared .align {align} .b8 tf_smem[{smem}];");
     } else {
         // No shared memory: drop the buffer's address from the prologue.
         e.pro = e

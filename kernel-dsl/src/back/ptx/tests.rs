@@ -932,7 +932,7 @@ fn large_dot_tiles_use_dynamic_shared_memory() {
         assert!(p.ptx.contains(".extern .shared .align 128 .b8 tf_smem[];"));
     }
     let p = compile(&k(64, 64, 32), Target::Sm80).unwrap();
-    assert!(p.ptx.contains(".shared .align 16 .b8 tf_smem[8192];"));
+    assert!(p.ptx.contains(".shared .align 128 .b8 tf_smem[8192];"));
     // 192 KiB: fits sm_90 only; the error names the kernel, the size and the limit.
     let big = k(256, 512, 128);
     assert!(compile(&big, Target::Sm90).is_ok());
@@ -947,8 +947,69 @@ fn large_dot_tiles_use_dynamic_shared_memory() {
     );
 }
 
-/// The loop body and the global accesses of [`super::gpu_tests::matmul_oriented`].
-fn oriented(a_t: bool, b_t: bool, aligned: bool) -> (String, Vec<super::Access>) {
+#[test]
+fn pipelined_dot_loops_copy_with_cp_async() {
+    let src = super::gpu_tests::matmul_pipelined();
+    for stages in [2, 3] {
+        let d = crate::testing::def_attr(
+            &src,
+            &[("BM", 128), ("BN", 128), ("BK", 32), ("ACC", 0)],
+            8,
+            false,
+            &format!("num_stages = [{stages}]"),
+        );
+        let ptx = d.variants[0].ptx_sm80.as_str();
+        if let Some(dir) = std::env::var_os("TILEFUSE_DUMP_DIR") {
+            let _ = std::fs::write(
+                std::path::Path::new(&dir).join(format!("mml_pipe{stages}.ptx")),
+                ptx,
+            );
+        }
+        assert_eq!(d.variants[0].shared_bytes, stages * 16384);
+        let body = loop_body(ptx);
+        // 16-byte copies straight into shared memory, waited for one stage behind.
+        assert!(body.contains("cp.async.cg.shared.global"), "{body}");
+        assert!(body.contains(&format!("cp.async.wait_group {}", stages - 2)));
+        assert!(body.contains("cp.async.commit_group"));
+        assert!(!body.contains("ld.global") && !body.contains("st.shared"));
+        assert_eq!(
+            body.matches("bar.sync").count(),
+            1,
+            "one barrier per iteration"
+        );
+        assert!(body.contains("ldmatrix") && body.contains("mma.sync"));
+        // The first stages - 1 iterations are in flight before the loop.
+        let before = &ptx[..ptx.find(body).unwrap()];
+        assert_eq!(
+            before.matches("cp.async.commit_group").count(),
+            stages as usize - 1
+        );
+        super::tests::assemble(
+            &compile(
+                &crate::compile_source(
+                    &format!(
+                        "#[kernel(BM = [128], BN = [128], BK = [32], ACC = [0], num_warps = [8], num_stages = [{stages}])]\n{src}"
+                    ),
+                    &crate::Specialization {
+                        consts: [("BM", 128), ("BN", 128), ("BK", 32), ("ACC", 0)]
+                            .iter()
+                            .map(|(n, v)| (n.to_string(), *v))
+                            .collect(),
+                        num_warps: 8,
+                    },
+                )
+                .unwrap(),
+                Target::Sm90,
+            )
+            .unwrap(),
+            Target::Sm90,
+        );
+    }
+}
+
+/// The loop body and the global accesses of [`super::gpu_tests::matmul_oriented`]
+/// with `num_stages` stages.
+fn oriented(a_t: bool, b_t: bool, aligned: bool, stages: u32) -> (String, Vec<super::Access>) {
     let spec = crate::Specialization {
         consts: [("BM", 64), ("BN", 64), ("BK", 32)]
             .iter()
@@ -957,7 +1018,7 @@ fn oriented(a_t: bool, b_t: bool, aligned: bool) -> (String, Vec<super::Access>)
         num_warps: 4,
     };
     let src = format!(
-        "#[kernel(BM = [64], BN = [64], BK = [32], num_warps = [4])]\n{}",
+        "#[kernel(BM = [64], BN = [64], BK = [32], num_warps = [4], num_stages = [{stages}])]\n{}",
         super::gpu_tests::matmul_oriented(a_t, b_t, aligned)
     );
     let k = crate::compile_source(&src, &spec).unwrap();
@@ -966,19 +1027,24 @@ fn oriented(a_t: bool, b_t: bool, aligned: bool) -> (String, Vec<super::Access>)
     (loop_body(&p.ptx).to_string(), p.accesses)
 }
 
-#[test]
-fn operand_loads_coalesce_along_their_contiguous_dim() {
-    // NT: B is a [BK, BN] tile of an [N, K] row-major weight, contiguous along dim 0.
-    let (body, acc) = oriented(false, true, true);
-    let loads: Vec<usize> = acc
-        .iter()
+/// The vector widths of the kernel's loads.
+fn load_widths(acc: &[super::Access]) -> Vec<usize> {
+    acc.iter()
         .filter(|a| a.kind == super::AccessKind::Load)
         .map(|a| a.width)
-        .collect();
-    assert_eq!(loads, vec![8, 8], "16-byte loads of A and of B");
-    assert_eq!(body.matches("ld.global.nc.v4.b32").count(), 2 * 64 * 32 / 128 / 8);
+        .collect()
+}
+
+#[test]
+fn operand_loads_coalesce_along_their_contiguous_dim() {
+    // Per thread and operand: 64 x 32 elements over 128 threads, 8 to a vector.
+    let vectors = 2 * 64 * 32 / 128 / 8;
+    // NT: B is a [BK, BN] tile of an [N, K] row-major weight, contiguous along dim 0.
+    let (body, acc) = oriented(false, true, true, 1);
+    assert_eq!(load_widths(&acc), vec![8, 8], "16-byte loads of A and of B");
+    assert_eq!(body.matches("ld.global.nc.v4.b32").count(), vectors);
     // Both operands are stored with 16-byte vectors and read without `.trans`.
-    assert_eq!(body.matches("st.shared.v4.b32").count(), 2 * 64 * 32 / 128 / 8);
+    assert_eq!(body.matches("st.shared.v4.b32").count(), vectors);
     assert!(!body.contains("st.shared.b16"), "{body}");
     assert!(body.contains("ldmatrix.sync.aligned.m8n8.x4.shared.b16"));
     assert!(!body.contains(".trans"), "{body}");
@@ -988,9 +1054,9 @@ fn operand_loads_coalesce_along_their_contiguous_dim() {
 
     // TN: A stored [K, M] (M fastest) is staged transposed and read with `.trans`, B
     // as before.
-    let (body, acc) = oriented(true, false, true);
-    assert!(acc.iter().all(|a| a.kind != super::AccessKind::Load || a.width == 8));
-    assert_eq!(body.matches("st.shared.v4.b32").count(), 2 * 64 * 32 / 128 / 8);
+    let (body, acc) = oriented(true, false, true, 1);
+    assert_eq!(load_widths(&acc), vec![8, 8]);
+    assert_eq!(body.matches("st.shared.v4.b32").count(), vectors);
     assert_eq!(
         body.matches("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16")
             .count(),
@@ -999,12 +1065,26 @@ fn operand_loads_coalesce_along_their_contiguous_dim() {
         (2 + 2) * 32 / 16
     );
 
-    // Without 16-byte alignment the loads fall back to scalars; the orientation of the
-    // staged operands still gives vector shared stores.
-    let (body, acc) = oriented(false, true, false);
-    assert!(acc
-        .iter()
-        .all(|a| a.kind != super::AccessKind::Load || a.width == 1));
+    // Pipelined (`cp.async` ring): the copies are 16 bytes along the same stored rows,
+    // and the fragments are read the same way.
+    for (a_t, b_t) in [(false, true), (true, false), (true, true)] {
+        let (body, acc) = oriented(a_t, b_t, true, 2);
+        assert!(load_widths(&acc).iter().all(|&w| w == 8));
+        assert_eq!(body.matches("cp.async.cg.shared.global").count(), vectors);
+        assert!(!body.contains("st.shared"), "{body}");
+        let trans = body.matches(".trans").count();
+        let want = match (a_t, b_t) {
+            (false, true) => 0,
+            (true, false) => 4 * 2,
+            _ => 2 * 2,
+        };
+        assert_eq!(trans, want, "{a_t} {b_t}");
+    }
+
+    // Without 16-byte alignment the loads fall back to scalars (and are not
+    // pipelined); the staged operands still get vector shared stores.
+    let (body, acc) = oriented(false, true, false, 2);
+    assert!(load_widths(&acc).iter().all(|&w| w == 1));
     assert!(body.contains("st.shared.v4.b32"));
 }
 

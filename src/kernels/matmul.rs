@@ -1,0 +1,260 @@
+//! `C = A B` for row-major bf16 `A [M, K]` and `B [K, N]`, f32 accumulation, bf16 or f32
+//! `C [M, N]`: Triton's matmul tutorial written in the language.
+//!
+//! Each program computes one `BM x BN` tile of `C`, walking K in steps of `BK` with
+//! `acc = dot(a, b, acc)`; programs are ordered in groups of `GROUP_M` tile rows
+//! (Triton's "grouped ordering") so that consecutive programs share A and B tiles in L2.
+//! Edges are masked: M, N and K need not be multiples of the tile; N and K must be
+//! multiples of 16 elements (checked at launch; it gives 16-byte loads and stores).
+//! `dot` keeps the accumulator in tensor-core registers across the loop and reads its
+//! operands from swizzled shared memory with `ldmatrix`; the operand loads are pipelined
+//! three stages deep with `cp.async` (`num_stages = [3]`; docs/language.md, "`dot` on
+//! tensor cores").
+//!
+//! ```no_run
+//! use tilefuse::kernels::matmul::{launch, MatmulConfig};
+//! use tilefuse::prelude::*;
+//!
+//! let dev = Device::auto();
+//! let (m, n, k) = (1000, 512, 256);
+//! let a = dev.upload(&vec![bf16::from_f32(0.5); m * k]).unwrap();
+//! let b = dev.upload(&vec![bf16::from_f32(0.25); k * n]).unwrap();
+//! let mut c = dev.alloc_filled(m * n, bf16::ZERO).unwrap();
+//! launch(&dev, &a, &b, &mut c, m, n, k, MatmulConfig::default()).unwrap();
+//! ```
+
+use crate::dsl::half::bf16;
+use crate::dsl::runtime::{Buffer, Device, KernelArg, KernelDef, LaunchConfig, LaunchError};
+use crate::kernel;
+
+/// bf16 `C`. Compiled tile configurations `(BM, BN, BK, num_warps)`: (128, 256, 64, 8),
+/// (128, 128, 64, 8), (128, 128, 64, 4), (128, 128, 32, 4), (64, 128, 32, 4),
+/// (64, 64, 32, 4); `GROUP_M = 8`.
+#[kernel(
+    crate = crate::dsl,
+    BM = [128, 64],
+    BN = [256, 128, 64],
+    BK = [64, 32],
+    GROUP_M = [8],
+    num_warps = [8, 4],
+    num_stages = [3],
+    skip(BM = 64, BK = 64),
+    skip(BM = 64, BN = 256),
+    skip(BM = 64, num_warps = 8),
+    skip(BM = 128, BN = 64),
+    skip(BN = 256, BK = 32),
+    skip(BN = 256, num_warps = 4),
+    skip(BM = 128, BN = 128, BK = 32, num_warps = 8)
+)]
+pub fn matmul<const BM: usize, const BN: usize, const BK: usize, const GROUP_M: usize>(
+    a: Ptr<bf16>,
+    b: Ptr<bf16>,
+    c: Ptr<bf16>,
+    m: i32,
+    #[multiple_of(16)] n: i32,
+    #[multiple_of(16)] k: i32,
+) {
+    let pid = program_id(0);
+    let num_pid_m = cdiv(m, BM);
+    let num_pid_n = cdiv(n, BN);
+    let num_pid_in_group = GROUP_M * num_pid_n;
+    let first_pid_m = (pid / num_pid_in_group) * GROUP_M;
+    let group_size_m = minimum(num_pid_m - first_pid_m, GROUP_M);
+    let pid_m = first_pid_m + (pid % num_pid_in_group) % group_size_m;
+    let pid_n = (pid % num_pid_in_group) / group_size_m;
+    let rm = pid_m * BM + arange(0, BM);
+    let rn = pid_n * BN + arange(0, BN);
+    let rk = arange(0, BK);
+    let row_ok = (rm < m).expand_dims(1);
+    let col_ok = (rn < n).expand_dims(0);
+    let mut pa = a + rm.expand_dims(1) * k + rk.expand_dims(0);
+    let mut pb = b + rk.expand_dims(1) * n + rn.expand_dims(0);
+    let mut acc = zeros::<f32>([BM, BN]);
+    for k0 in (0..k).step_by(BK) {
+        let k_ok = rk < k - k0;
+        let x = load(pa, row_ok & k_ok.expand_dims(0), 0.0);
+        let y = load(pb, k_ok.expand_dims(1) & col_ok, 0.0);
+        acc = dot(x, y, acc);
+        pa += BK;
+        pb += BK * n;
+    }
+    store(
+        c + rm.expand_dims(1) * n + rn.expand_dims(0),
+        acc as bf16,
+        row_ok & col_ok,
+    );
+}
+
+/// f32 `C` (the same kernel, storing the accumulator as is). Compiled tile
+/// configurations: (128, 128, 64, 8), (64, 64, 32, 4); `GROUP_M = 8`.
+#[kernel(
+    crate = crate::dsl,
+    BM = [128, 64],
+    BN = [128, 64],
+    BK = [64, 32],
+    GROUP_M = [8],
+    num_warps = [8, 4],
+    num_stages = [3],
+    skip(BM = 64, BN = 128),
+    skip(BM = 128, BN = 64),
+    skip(BM = 64, BK = 64),
+    skip(BM = 128, BK = 32),
+    skip(BM = 64, num_warps = 8),
+    skip(BM = 128, num_warps = 4)
+)]
+pub fn matmul_f32<const BM: usize, const BN: usize, const BK: usize, const GROUP_M: usize>(
+    a: Ptr<bf16>,
+    b: Ptr<bf16>,
+    c: Ptr<f32>,
+    m: i32,
+    #[multiple_of(16)] n: i32,
+    #[multiple_of(16)] k: i32,
+) {
+    let pid = program_id(0);
+    let num_pid_m = cdiv(m, BM);
+    let num_pid_n = cdiv(n, BN);
+    let num_pid_in_group = GROUP_M * num_pid_n;
+    let first_pid_m = (pid / num_pid_in_group) * GROUP_M;
+    let group_size_m = minimum(num_pid_m - first_pid_m, GROUP_M);
+    let pid_m = first_pid_m + (pid % num_pid_in_group) % group_size_m;
+    let pid_n = (pid % num_pid_in_group) / group_size_m;
+    let rm = pid_m * BM + arange(0, BM);
+    let rn = pid_n * BN + arange(0, BN);
+    let rk = arange(0, BK);
+    let row_ok = (rm < m).expand_dims(1);
+    let col_ok = (rn < n).expand_dims(0);
+    let mut pa = a + rm.expand_dims(1) * k + rk.expand_dims(0);
+    let mut pb = b + rk.expand_dims(1) * n + rn.expand_dims(0);
+    let mut acc = zeros::<f32>([BM, BN]);
+    for k0 in (0..k).step_by(BK) {
+        let k_ok = rk < k - k0;
+        let x = load(pa, row_ok & k_ok.expand_dims(0), 0.0);
+        let y = load(pb, k_ok.expand_dims(1) & col_ok, 0.0);
+        acc = dot(x, y, acc);
+        pa += BK;
+        pb += BK * n;
+    }
+    store(
+        c + rm.expand_dims(1) * n + rn.expand_dims(0),
+        acc,
+        row_ok & col_ok,
+    );
+}
+
+/// A tile configuration of [`matmul`] / [`matmul_f32`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MatmulConfig {
+    /// Rows of `C` per program.
+    pub block_m: usize,
+    /// Columns of `C` per program.
+    pub block_n: usize,
+    /// K per loop iteration.
+    pub block_k: usize,
+    /// Warps per program.
+    pub num_warps: u32,
+    /// Tile rows per group of the program ordering.
+    pub group_m: usize,
+}
+
+impl MatmulConfig {
+    /// 128 x 256 x 64, 8 warps.
+    pub const LARGE: MatmulConfig = MatmulConfig::new(128, 256, 64, 8);
+    /// 128 x 128 x 64, 8 warps (the default).
+    pub const MEDIUM: MatmulConfig = MatmulConfig::new(128, 128, 64, 8);
+    /// 64 x 64 x 32, 4 warps (small problems: more programs).
+    pub const SMALL: MatmulConfig = MatmulConfig::new(64, 64, 32, 4);
+
+    /// A configuration with `GROUP_M = 8`.
+    pub const fn new(block_m: usize, block_n: usize, block_k: usize, num_warps: u32) -> Self {
+        MatmulConfig {
+            block_m,
+            block_n,
+            block_k,
+            num_warps,
+            group_m: 8,
+        }
+    }
+
+    /// Programs for an `m x n` output (one-dimensional grid, grouped ordering inside).
+    pub fn grid(&self, m: usize, n: usize) -> [u32; 3] {
+        let tiles = m.div_ceil(self.block_m) * n.div_ceil(self.block_n);
+        [tiles as u32, 1, 1]
+    }
+
+    fn consts(&self) -> [i64; 4] {
+        [
+            self.block_m as i64,
+            self.block_n as i64,
+            self.block_k as i64,
+            self.group_m as i64,
+        ]
+    }
+}
+
+impl Default for MatmulConfig {
+    fn default() -> Self {
+        MatmulConfig::MEDIUM
+    }
+}
+
+/// The `C` element types [`launch`] accepts: bf16 ([`matmul`]) and f32 ([`matmul_f32`]).
+pub trait MatmulOut: crate::dsl::runtime::Element {
+    /// The kernel that stores this type.
+    fn def() -> &'static KernelDef;
+}
+
+impl MatmulOut for bf16 {
+    fn def() -> &'static KernelDef {
+        &MATMUL
+    }
+}
+
+impl MatmulOut for f32 {
+    fn def() -> &'static KernelDef {
+        &MATMUL_F32
+    }
+}
+
+/// `c = a @ b` for row-major `a [m, k]`, `b [k, n]`, `c [m, n]` on `dev`, with the tile
+/// configuration `config` (which must be one the kernel was compiled with; the error
+/// lists those). `n` and `k` must be multiples of 16; offsets must fit in `i32`
+/// (`m * k`, `k * n`, `m * n` below 2^31).
+#[allow(clippy::too_many_arguments)]
+pub fn launch<T: MatmulOut>(
+    dev: &Device,
+    a: &Buffer<bf16>,
+    b: &Buffer<bf16>,
+    c: &mut Buffer<T>,
+    m: usize,
+    n: usize,
+    k: usize,
+    config: MatmulConfig,
+) -> Result<(), LaunchError> {
+    let def = T::def();
+    let too_big = [m * k, k * n, m * n].iter().any(|&x| x > i32::MAX as usize);
+    if too_big || a.len() < m * k || b.len() < k * n || c.len() < m * n {
+        return Err(LaunchError::Config {
+            kernel: def.name.into(),
+            message: format!(
+                "{m}x{n}x{k}: buffers of {} (a), {} (b), {} (c) elements, or offsets past i32",
+                a.len(),
+                b.len(),
+                c.len()
+            ),
+        });
+    }
+    let cfg = LaunchConfig::grid(config.grid(m, n)).num_warps(config.num_warps);
+    def.launch_dyn(
+        dev,
+        cfg,
+        &config.consts(),
+        &mut [
+            KernelArg::read(a),
+            KernelArg::read(b),
+            KernelArg::write(c),
+            KernelArg::from(m as i32),
+            KernelArg::from(n as i32),
+            KernelArg::from(k as i32),
+        ],
+    )
+}
