@@ -171,7 +171,11 @@ impl Staged {
     /// Elements each vector store writes: the thread's run along the stored row (at
     /// most 16 bytes), or 1 when its run lies across stored rows.
     pub(super) fn width(&self, l: &Layout) -> usize {
-        let along = if self.transposed { l.keep[0] } else { l.keep[1] };
+        let along = if self.transposed {
+            l.keep[0]
+        } else {
+            l.keep[1]
+        };
         if l.order[0] == along {
             l.run(along).min(8)
         } else {
@@ -275,7 +279,10 @@ impl Emitter<'_> {
             None => None,
         };
         // Both paths lay the operands out as `Staged::of` their layouts says.
-        let (sa, sb) = (Staged::of(&self.layout_of(a)), Staged::of(&self.layout_of(b)));
+        let (sa, sb) = (
+            Staged::of(&self.layout_of(a)),
+            Staged::of(&self.layout_of(b)),
+        );
         let (base, a_at, b_at) = match (self.ring_operand(a), self.ring_operand(b)) {
             // Pipelined: the copies are in the ring, behind the loop's barrier.
             (Some((base, a_at)), Some((_, b_at))) => (base, a_at as usize, b_at as usize),

@@ -1239,7 +1239,10 @@ fn transpose<const R: usize, const C: usize>(x: Ptr<f32>, out: Ptr<f32>) {
 fn gpu_transposing_store() {
     let mut r = Rng(59);
     let d = def(TRANSPOSE_SRC, &[("R", 64), ("C", 32)], 4);
-    let data = [Data::F32(r.vec(64 * 32, 1.0)), Data::F32(vec![0.0; 64 * 32])];
+    let data = [
+        Data::F32(r.vec(64 * 32, 1.0)),
+        Data::F32(vec![0.0; 64 * 32]),
+    ];
     let got = run_on(&crate::runtime::Device::cpu(), d, [1, 1, 1], &data);
     let (Data::F32(x), Data::F32(t)) = (&data[0], &got[1]) else {
         unreachable!()

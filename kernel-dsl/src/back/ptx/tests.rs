@@ -1049,7 +1049,10 @@ fn operand_loads_coalesce_along_their_contiguous_dim() {
     assert!(body.contains("ldmatrix.sync.aligned.m8n8.x4.shared.b16"));
     assert!(!body.contains(".trans"), "{body}");
     // The output tile's store keeps its 8-byte vectors (rows of the MMA layout).
-    let store = acc.iter().find(|a| a.kind == super::AccessKind::Store).unwrap();
+    let store = acc
+        .iter()
+        .find(|a| a.kind == super::AccessKind::Store)
+        .unwrap();
     assert_eq!(store.width, 2);
 
     // TN: A stored [K, M] (M fastest) is staged transposed and read with `.trans`, B
@@ -1090,7 +1093,12 @@ fn operand_loads_coalesce_along_their_contiguous_dim() {
 
 #[test]
 fn transposing_stores_are_coalesced() {
-    let d = crate::testing::def_with(super::gpu_tests::TRANSPOSE_SRC, &[("R", 64), ("C", 32)], 4, true);
+    let d = crate::testing::def_with(
+        super::gpu_tests::TRANSPOSE_SRC,
+        &[("R", 64), ("C", 32)],
+        4,
+        true,
+    );
     let ptx = d.variants[0].ptx_sm80.as_str();
     assert!(ptx.contains("ld.global.nc.v4.f32"), "{ptx}");
     assert!(ptx.contains("st.global.v4.f32"), "{ptx}");
