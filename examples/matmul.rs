@@ -17,9 +17,9 @@ use tilefuse::prelude::*;
 const CONFIGS: [MatmulConfig; 6] = [
     MatmulConfig::new(128, 256, 64, 8),
     MatmulConfig::new(128, 128, 64, 8),
-    MatmulConfig::new(128, 128, 64, 4),
     MatmulConfig::new(128, 128, 32, 4),
     MatmulConfig::new(64, 128, 32, 4),
+    MatmulConfig::new(64, 64, 64, 4),
     MatmulConfig::new(64, 64, 32, 4),
 ];
 

@@ -216,9 +216,12 @@ impl Emitter<'_> {
         self.ins(format!("shr.u32 {ch}, {col}, 3"));
         self.ins(format!("xor.b32 {ch}, {ch}, {s}"));
         self.ins(format!("and.b32 {wi}, {col}, 7"));
-        self.ins(format!("mad.lo.u32 {a}, {row}, {}, {base}", sw.row_bytes));
+        // The lane's offset first, the base last: the offset does not change from one
+        // loop iteration to the next (ptxas hoists it) while a ring's base does.
+        self.ins(format!("mul.lo.u32 {a}, {row}, {}", sw.row_bytes));
         self.ins(format!("mad.lo.u32 {a}, {ch}, 16, {a}"));
         self.ins(format!("mad.lo.u32 {a}, {wi}, 2, {a}"));
+        self.ins(format!("add.u32 {a}, {a}, {base}"));
         a
     }
 

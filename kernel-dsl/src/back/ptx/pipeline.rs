@@ -312,7 +312,7 @@ impl Emitter<'_> {
             ring,
         };
         for _ in 0..stages - 1 {
-            self.pipeline_issue(&mut r, index, end, step)?;
+            self.pipeline_issue(&mut r, index, end, step, false)?;
         }
         Ok(r)
     }
@@ -329,7 +329,7 @@ impl Emitter<'_> {
     ) -> Res<()> {
         self.ins(format!("cp.async.wait_group {}", self.k.num_stages - 2));
         self.ins("bar.sync 0");
-        self.pipeline_issue(r, index, end, step)
+        self.pipeline_issue(r, index, end, step, true)
     }
 
     /// At the end of the body: the next stage to read.
@@ -367,8 +367,16 @@ impl Emitter<'_> {
     }
 
     /// Copies for the iteration whose index is in `r.ahead`, into stage `r.write`; then
-    /// moves `ahead`, the carried values and `write` on by one iteration.
-    fn pipeline_issue(&mut self, r: &mut Ring, index: ValueId, end: &str, step: &str) -> Res<()> {
+    /// moves `ahead`, the carried values and `write` on by one iteration. `record`: list
+    /// the copies among the kernel's accesses (once per load, from the loop body).
+    fn pipeline_issue(
+        &mut self,
+        r: &mut Ring,
+        index: ValueId,
+        end: &str,
+        step: &str,
+        record: bool,
+    ) -> Res<()> {
         let ity = self.k.ty(index).dtype().unwrap_or(DType::I32);
         let t = int_ty(ity);
         let live = self.reg(Rk::P);
@@ -393,14 +401,16 @@ impl Emitter<'_> {
                 None => None,
             };
             let dt = self.k.ty(ld.value).dtype().unwrap_or(DType::BF16);
-            self.accesses.push(Access {
-                kind: AccessKind::Load,
-                ptr: ld.ptr,
-                loc: self.k.value(ld.value).loc,
-                dtype: dt,
-                width: ld.width,
-                elements: ptrs.len(),
-            });
+            if record {
+                self.accesses.push(Access {
+                    kind: AccessKind::Load,
+                    ptr: ld.ptr,
+                    loc: self.k.value(ld.value).loc,
+                    dtype: dt,
+                    width: ld.width,
+                    elements: ptrs.len(),
+                });
+            }
             let c = self.coords(&l);
             let offs = l.reg_offsets();
             let (sr, sc) = (l.keep[0], l.keep[1]);
