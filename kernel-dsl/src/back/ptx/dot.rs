@@ -142,15 +142,61 @@ impl Swizzle {
     }
 }
 
-impl Emitter<'_> {
-    /// The shared address of element `(row, col)` of a swizzled tile at the start of the
-    /// shared buffer plus `at` (which the caller adds as the instruction's offset).
-    fn swizzled_addr(&mut self, sw: &Swizzle, row: &str, col: &str) -> String {
-        let base = self.smem_base.clone();
-        self.swizzled_addr_from(&base, sw, row, col)
+/// How a `dot` operand sits in shared memory: its logical `[rows, cols]` tile stored
+/// row-major and swizzled, either as is or transposed (as `[cols, rows]`), whichever makes
+/// the fastest dim of the operand's layout the stored row. Each thread's contiguous run
+/// then goes in with one vector store (or `cp.async`), and `dot` reads fragments with
+/// `ldmatrix`, adding `.trans` where the stored orientation is not the fragment's: for A
+/// when it is stored transposed (M fastest), for B when it is not (N fastest; B from an
+/// `[N, K]` row-major weight, K fastest, is read without `.trans`).
+pub(super) struct Staged {
+    /// Stored as `[cols, rows]`.
+    pub transposed: bool,
+    /// The swizzle of the stored rows.
+    pub sw: Swizzle,
+}
+
+impl Staged {
+    /// The orientation for an operand in layout `l`.
+    pub(super) fn of(l: &Layout) -> Staged {
+        let shape = l.shape();
+        let transposed = l.order[0] == l.keep[0] && shape[0] > 1;
+        let stored_cols = if transposed { shape[0] } else { shape[1] };
+        Staged {
+            transposed,
+            sw: Swizzle::new(stored_cols),
+        }
     }
 
-    /// [`Self::swizzled_addr`] for a tile at the shared address in register `base`.
+    /// Elements each vector store writes: the thread's run along the stored row (at
+    /// most 16 bytes), or 1 when its run lies across stored rows.
+    pub(super) fn width(&self, l: &Layout) -> usize {
+        let along = if self.transposed {
+            l.keep[0]
+        } else {
+            l.keep[1]
+        };
+        if l.order[0] == along {
+            l.run(along).min(8)
+        } else {
+            1
+        }
+    }
+}
+
+impl Emitter<'_> {
+    /// The shared address of logical element `(row, col)` of an operand staged as `st`
+    /// at shared address `base` (the caller adds the operand's offset).
+    pub(super) fn staged_addr(&mut self, base: &str, st: &Staged, row: &str, col: &str) -> String {
+        if st.transposed {
+            self.swizzled_addr_from(base, &st.sw, col, row)
+        } else {
+            self.swizzled_addr_from(base, &st.sw, row, col)
+        }
+    }
+
+    /// The shared address of element `(row, col)` of a swizzled tile at the shared
+    /// address in register `base` (the caller adds the tile's offset).
     pub(super) fn swizzled_addr_from(
         &mut self,
         base: &str,
@@ -187,26 +233,23 @@ impl Emitter<'_> {
     }
 
     /// Stores the 2-D 16-bit tile `v` (in its own layout) into shared memory at byte
-    /// offset `at`, row-major and swizzled, with up to 16-byte vector stores (a thread's
-    /// contiguous run along the row). Copies of replicated elements are stored by their
-    /// owner only.
+    /// offset `at`, oriented and swizzled as [`Staged::of`] its layout says, with up to
+    /// 16-byte vector stores (a thread's contiguous run). Copies of replicated elements
+    /// are stored by their owner only.
     fn stage_swizzled(&mut self, v: ValueId, at: u32) -> Res<()> {
         let l = self.layout_of(v);
         let regs = self.tile(v, &l)?;
-        let sw = Swizzle::new(l.shape()[1]);
+        let st = Staged::of(&l);
         let (sr, sc) = (l.keep[0], l.keep[1]);
         let c = self.coords(&l);
         let at_pred = c.owner.as_ref().map_or(String::new(), |p| format!("@{p} "));
-        let w = if l.order[0] == sc {
-            l.run(sc).min(8)
-        } else {
-            1
-        };
+        let w = st.width(&l);
         let offs = l.reg_offsets();
+        let base = self.smem_base.clone();
         for g in (0..regs.len()).step_by(w) {
             let row = self.plus(&c.base[sr], offs[g][sr]);
             let col = self.plus(&c.base[sc], offs[g][sc]);
-            let addr = self.swizzled_addr(&sw, &row, &col);
+            let addr = self.staged_addr(&base, &st, &row, &col);
             if w >= 2 {
                 let words = self.pack_halves(&regs[g..g + w]);
                 let (vs, list) = match words.len() {
@@ -238,6 +281,11 @@ impl Emitter<'_> {
             Some(c) => Some(self.tile(c, l)?),
             None => None,
         };
+        // Both paths lay the operands out as `Staged::of` their layouts says.
+        let (sa, sb) = (
+            Staged::of(&self.layout_of(a)),
+            Staged::of(&self.layout_of(b)),
+        );
         let (base, a_at, b_at) = match (self.ring_operand(a), self.ring_operand(b)) {
             // Pipelined: the copies are in the ring, behind the loop's barrier.
             (Some((base, a_at)), Some((_, b_at))) => (base, a_at as usize, b_at as usize),
@@ -253,7 +301,6 @@ impl Emitter<'_> {
                 (self.smem_base.clone(), 0, b_at)
             }
         };
-        let (sa, sb) = (Swizzle::new(kk), Swizzle::new(n));
         // Per lane: ldmatrix row `i` of matrix `j`; the warp's position (wm_i, wn_i).
         let r = |e: &mut Self| e.reg(Rk::R);
         let (lane, i, j, jl, jh, wmi, wni) = (
@@ -273,22 +320,30 @@ impl Emitter<'_> {
         self.ins(format!("shr.u32 {jh}, {j}, 1"));
         self.ins(format!("and.b32 {wni}, {warp}, {}", wn - 1));
         self.ins(format!("shr.u32 {wmi}, {warp}, {}", wn.trailing_zeros()));
+        // Lane `8j + i` addresses row `i` of stored 8x8 matrix `j`: a row of 8 M (or N)
+        // elements when the operand is stored transposed, of 8 K elements otherwise.
         // A: matrices (rows half 0, k 0-7), (half 1, k 0-7), (half 0, k 8-15), (half 1,
-        // k 8-15); row = wm_i * 8 + i + half * 8 * WM (+ 16 * WM per MMA row tile).
+        // k 8-15); row = wm_i * 8 + half * 8 * WM (+ 16 * WM per MMA row tile).
         let row_a = r(self);
-        self.ins(format!("mad.lo.u32 {row_a}, {jl}, {}, {i}", 8 * wm));
+        self.ins(format!("mul.lo.u32 {row_a}, {jl}, {}", 8 * wm));
         self.ins(format!("mad.lo.u32 {row_a}, {wmi}, 8, {row_a}"));
         let col_a = r(self);
         self.ins(format!("shl.b32 {col_a}, {jh}, 3"));
-        // B (k-major rows, read transposed): matrices (k 0-7, tile 2p), (k 8-15, 2p),
-        // (k 0-7, 2p+1), (k 8-15, 2p+1); column = wn_i * 8 + tile * 8 * WN.
+        let lane_a = if sa.transposed { &col_a } else { &row_a };
+        self.ins(format!("add.u32 {lane_a}, {lane_a}, {i}"));
+        // B: matrices (k 0-7, tile 2p), (k 8-15, 2p), (k 0-7, 2p+1), (k 8-15, 2p+1);
+        // column = wn_i * 8 + tile * 8 * WN.
         let (mt, nt) = (m / (16 * wm), n / (8 * wn));
         let row_b = r(self);
-        self.ins(format!("mad.lo.u32 {row_b}, {jl}, 8, {i}"));
+        self.ins(format!("shl.b32 {row_b}, {jl}, 3"));
         let col_b = r(self);
         let jh_b = if nt >= 2 { jh.clone() } else { "0".to_string() };
         self.ins(format!("mul.lo.u32 {col_b}, {jh_b}, {}", 8 * wn));
         self.ins(format!("mad.lo.u32 {col_b}, {wni}, 8, {col_b}"));
+        let lane_b = if sb.transposed { &col_b } else { &row_b };
+        self.ins(format!("add.u32 {lane_b}, {lane_b}, {i}"));
+        let trans_a = if sa.transposed { ".trans" } else { "" };
+        let trans_b = if sb.transposed { "" } else { ".trans" };
         let ty = if dt == DType::BF16 { "bf16" } else { "f16" };
         let c1 = 2 * nt;
         let out: Vec<String> = (0..l.nregs()).map(|_| self.reg(Rk::F)).collect();
@@ -312,10 +367,10 @@ impl Emitter<'_> {
             for mi in 0..mt {
                 let row = self.plus(&row_a, mi * 16 * wm);
                 let col = self.plus(&col_a, ks * 16);
-                let addr = self.swizzled_addr_from(&base, &sa, &row, &col);
+                let addr = self.staged_addr(&base, &sa, &row, &col);
                 let f: Vec<String> = (0..4).map(|_| self.reg(Rk::R)).collect();
                 self.ins(format!(
-                    "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {{{}}}, [{addr}+{a_at}]",
+                    "ldmatrix.sync.aligned.m8n8.x4{trans_a}.shared.b16 {{{}}}, [{addr}+{a_at}]",
                     f.join(", ")
                 ));
                 af.push(f);
@@ -324,11 +379,11 @@ impl Emitter<'_> {
             for p in 0..nt.div_ceil(2) {
                 let row = self.plus(&row_b, ks * 16);
                 let col = self.plus(&col_b, p * 16 * wn);
-                let addr = self.swizzled_addr_from(&base, &sb, &row, &col);
+                let addr = self.staged_addr(&base, &sb, &row, &col);
                 let x = if nt >= 2 { 4 } else { 2 };
                 let f: Vec<String> = (0..x).map(|_| self.reg(Rk::R)).collect();
                 self.ins(format!(
-                    "ldmatrix.sync.aligned.m8n8.x{x}.trans.shared.b16 {{{}}}, [{addr}+{b_at}]",
+                    "ldmatrix.sync.aligned.m8n8.x{x}{trans_b}.shared.b16 {{{}}}, [{addr}+{b_at}]",
                     f.join(", ")
                 ));
                 for pair in f.chunks(2) {

@@ -1108,3 +1108,149 @@ fn gpu_dot_pipelined() {
         diff("dot_pipelined", d, grid, &data, 1e-4);
     }
 }
+
+/// A K-loop GEMM whose operands come in either orientation: `A_OFFSETS` is
+/// `rm.expand_dims(1) * k + rk.expand_dims(0)` for A stored `[M, K]` row-major (K
+/// fastest) or `rk.expand_dims(0) * m + rm.expand_dims(1)` for A stored as `[K, M]`
+/// (M fastest); `B_OFFSETS` is `rk.expand_dims(1) * n + rn.expand_dims(0)` for B stored
+/// `[K, N]` or `rn.expand_dims(0) * k + rk.expand_dims(1)` for an `[N, K]` row-major
+/// weight (K fastest, the "NT" GEMM). `MULT` becomes `#[multiple_of(8)]` (16-byte
+/// vectors provable) or nothing (scalar accesses).
+pub(crate) const MATMUL_ORIENTED: &str = r#"
+fn mmo<const BM: usize, const BN: usize, const BK: usize>(
+    a: Ptr<bf16>, b: Ptr<bf16>, c: Ptr<f32>, MULT m: i32, MULT n: i32, MULT k: i32,
+) {
+    let rm = program_id(0) * BM + arange(0, BM);
+    let rn = program_id(1) * BN + arange(0, BN);
+    let mut acc = zeros::<f32>([BM, BN]);
+    for k0 in (0..k).step_by(BK) {
+        let rk = k0 + arange(0, BK);
+        let x = load(a + A_OFFSETS, (rm.expand_dims(1) < m) & (rk.expand_dims(0) < k), 0.0);
+        let y = load(b + B_OFFSETS, (rk.expand_dims(1) < k) & (rn.expand_dims(0) < n), 0.0);
+        acc = dot(x, y, acc);
+    }
+    let cmask = (rm.expand_dims(1) < m) & (rn.expand_dims(0) < n);
+    store(c + rm.expand_dims(1) * n + rn.expand_dims(0), acc, cmask);
+}
+"#;
+
+/// [`MATMUL_ORIENTED`] with A stored transposed (`[K, M]`) when `a_t`, B as an `[N, K]`
+/// weight when `b_t`, and 16-byte alignment declared when `aligned`.
+pub(crate) fn matmul_oriented(a_t: bool, b_t: bool, aligned: bool) -> String {
+    let a = if a_t {
+        "rk.expand_dims(0) * m + rm.expand_dims(1)"
+    } else {
+        "rm.expand_dims(1) * k + rk.expand_dims(0)"
+    };
+    let b = if b_t {
+        "rn.expand_dims(0) * k + rk.expand_dims(1)"
+    } else {
+        "rk.expand_dims(1) * n + rn.expand_dims(0)"
+    };
+    MATMUL_ORIENTED
+        .replace("A_OFFSETS", a)
+        .replace("B_OFFSETS", b)
+        .replace("MULT ", if aligned { "#[multiple_of(8)] " } else { "" })
+}
+
+/// `C = op(A) @ op(B)` on the host, in f32, from bf16 buffers stored as
+/// [`matmul_oriented`] reads them.
+pub(crate) fn host_matmul(
+    a: &[bf16],
+    b: &[bf16],
+    (m, n, k): (usize, usize, usize),
+    a_t: bool,
+    b_t: bool,
+) -> Vec<f32> {
+    let mut c = vec![0f32; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            let mut s = 0f32;
+            for l in 0..k {
+                let x = if a_t { a[l * m + i] } else { a[i * k + l] };
+                let y = if b_t { b[j * k + l] } else { b[l * n + j] };
+                s += x.to_f32() * y.to_f32();
+            }
+            c[i * n + j] = s;
+        }
+    }
+    c
+}
+
+#[test]
+fn gpu_dot_operand_orientations() {
+    let mut r = Rng(53);
+    // (BM, BN, BK, warps, M, N, K, A transposed, B transposed, aligned): M, N, K not
+    // multiples of the tile, K smaller than one tile; NT (the prefill weight case), TN,
+    // TT; 16-byte vectors where provable and scalar accesses where not.
+    let cases = [
+        (64, 64, 32, 4, 72, 40, 24, false, true, true),
+        (128, 128, 32, 8, 136, 200, 88, false, true, true),
+        (64, 64, 32, 4, 100, 70, 45, false, true, false),
+        (64, 32, 32, 4, 72, 48, 56, true, false, true),
+        (32, 64, 16, 2, 40, 72, 8, true, true, true),
+        (64, 64, 64, 4, 65, 33, 130, true, true, false),
+    ];
+    for (bm, bn, bk, w, m, n, k, a_t, b_t, aligned) in cases {
+        let d = def(
+            &matmul_oriented(a_t, b_t, aligned),
+            &[("BM", bm), ("BN", bn), ("BK", bk)],
+            w,
+        );
+        let (ha, hb) = (r.bf(m * k), r.bf(k * n));
+        let data = [
+            Data::Bf16(ha.clone()),
+            Data::Bf16(hb.clone()),
+            Data::F32(vec![f32::NAN; m * n]),
+            Data::S(Scalar::I32(m as i32)),
+            Data::S(Scalar::I32(n as i32)),
+            Data::S(Scalar::I32(k as i32)),
+        ];
+        let grid = [
+            m.div_ceil(bm as usize) as u32,
+            n.div_ceil(bn as usize) as u32,
+            1,
+        ];
+        // The interpreter computes the oriented product the host does.
+        let got = run_on(&crate::runtime::Device::cpu(), d, grid, &data);
+        let Data::F32(c) = &got[2] else {
+            unreachable!()
+        };
+        let want = host_matmul(&ha, &hb, (m, n, k), a_t, b_t);
+        for (i, (g, h)) in c.iter().zip(&want).enumerate() {
+            assert!((g - h).abs() <= 1e-3 + 1e-3 * h.abs(), "[{i}] {g} vs {h}");
+        }
+        diff("dot_operand_orientations", d, grid, &data, 1e-4);
+    }
+}
+
+/// Loads a row-major `[R, C]` f32 tile and stores it transposed: the store's pointers
+/// run along dim 0.
+pub(crate) const TRANSPOSE_SRC: &str = r#"
+fn transpose<const R: usize, const C: usize>(x: Ptr<f32>, out: Ptr<f32>) {
+    let r = arange(0, R);
+    let c = arange(0, C);
+    let t = load(x + r.expand_dims(1) * C + c.expand_dims(0));
+    store(out + c.expand_dims(0) * R + r.expand_dims(1), t * 2.0);
+}
+"#;
+
+#[test]
+fn gpu_transposing_store() {
+    let mut r = Rng(59);
+    let d = def(TRANSPOSE_SRC, &[("R", 64), ("C", 32)], 4);
+    let data = [
+        Data::F32(r.vec(64 * 32, 1.0)),
+        Data::F32(vec![0.0; 64 * 32]),
+    ];
+    let got = run_on(&crate::runtime::Device::cpu(), d, [1, 1, 1], &data);
+    let (Data::F32(x), Data::F32(t)) = (&data[0], &got[1]) else {
+        unreachable!()
+    };
+    for i in 0..64 {
+        for j in 0..32 {
+            assert_eq!(t[j * 64 + i], 2.0 * x[i * 32 + j]);
+        }
+    }
+    diff("transposing_store", d, [1, 1, 1], &data, 0.0);
+}

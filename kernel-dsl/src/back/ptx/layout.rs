@@ -13,6 +13,7 @@
 
 use std::collections::HashMap;
 
+use super::axis::AxisInfo;
 use crate::error::CompileError;
 use crate::ir::{Block, DType, Def, Expr, Kernel, Stmt, ValueId};
 
@@ -39,12 +40,19 @@ impl Layout {
     pub fn default_for(shape: &[usize], num_warps: u32) -> Layout {
         let rank = shape.len();
         assert!(rank > 0, "scalars have no layout");
-        let last = rank - 1;
+        Layout::blocked(shape, num_warps, (0..rank).rev().collect())
+    }
+
+    /// The default layout with space dims in `order` (fastest first): up to 8
+    /// contiguous elements per thread along `order[0]`, lanes fastest-dim first, warps
+    /// slowest-dim first. [`Layout::default_for`] is this with the last dim fastest.
+    pub fn blocked(shape: &[usize], num_warps: u32, order: Vec<usize>) -> Layout {
+        let rank = shape.len();
+        let fast = order[0];
         let numel: usize = shape.iter().product();
         let threads = 32 * num_warps as usize;
         let mut spt = vec![1; rank];
-        spt[last] = (numel / threads).clamp(1, 8).min(shape[last]);
-        let order: Vec<usize> = (0..rank).rev().collect();
+        spt[fast] = (numel / threads).clamp(1, 8).min(shape[fast]);
         let mut tpw = vec![1; rank];
         let mut left = 32;
         for &s in &order {
@@ -55,12 +63,12 @@ impl Layout {
         tpw[order[rank - 1]] *= left;
         let mut wpc = vec![1; rank];
         let mut left = num_warps as usize;
-        for s in 0..rank {
+        for &s in order.iter().rev() {
             let w = left.min((shape[s] / (spt[s] * tpw[s])).max(1));
             wpc[s] = w;
             left /= w;
         }
-        wpc[0] *= left;
+        wpc[order[rank - 1]] *= left;
         Layout {
             spt,
             tpw,
@@ -69,6 +77,42 @@ impl Layout {
             ext: shape.to_vec(),
             keep: (0..rank).collect(),
         }
+    }
+
+    /// The layout of a global access through a pointer tile with axis facts `info` to
+    /// elements of `elem_bytes` bytes (Triton's coalescing): the dim along which the
+    /// pointers are most contiguous goes fastest, so each thread's run is a vector access
+    /// and a warp's accesses are adjacent. `None` when that is the last dim (or no dim is
+    /// contiguous): the default layout already does it. Small tiles (less than one
+    /// 16-byte vector per thread) and runs shorter than 8 elements keep the default too:
+    /// their few accesses gain little, and the default keeps reductions along the last
+    /// dim inside a warp (the sampling kernels' `[R, PB]` candidate tiles, 4 contiguous
+    /// f32 along R, stay as they were).
+    pub(crate) fn coalesced(
+        shape: &[usize],
+        num_warps: u32,
+        info: &AxisInfo,
+        elem_bytes: usize,
+    ) -> Option<Layout> {
+        let rank = shape.len();
+        if rank < 2 || info.contig.len() != rank {
+            return None;
+        }
+        let numel: usize = shape.iter().product();
+        if numel * elem_bytes < 32 * num_warps as usize * 16 {
+            return None;
+        }
+        let last = rank - 1;
+        let best = (0..rank)
+            .filter(|&t| shape[t] > 1)
+            .max_by_key(|&t| (info.contig[t].min(shape[t] as u64), t == last))?;
+        if best == last || info.contig[best] <= info.contig[last] || shape[best] < 8 {
+            return None;
+        }
+        // The other dims keep their default (last-fastest) relative order.
+        let mut order = vec![best];
+        order.extend((0..rank).rev().filter(|&t| t != best));
+        Some(Layout::blocked(shape, num_warps, order))
     }
 
     /// The accumulator layout of `mma.sync.m16n8k16` for an `[M, N]` `dot` result, or
@@ -280,7 +324,7 @@ pub struct Layouts {
 /// broadcasts) an op laid out differently are re-laid out to match their consumer, so
 /// e.g. the `x` vector of a GEMV is loaded straight into the slice of the weight tile's
 /// layout instead of being moved through shared memory every iteration.
-pub fn assign(k: &Kernel) -> Result<Layouts, CompileError> {
+pub fn assign(k: &Kernel, ax: &[AxisInfo]) -> Result<Layouts, CompileError> {
     let mut over: HashMap<ValueId, Layout> = HashMap::new();
     for _ in 0..4 {
         let mut l = Layouts {
@@ -288,7 +332,7 @@ pub fn assign(k: &Kernel) -> Result<Layouts, CompileError> {
             strong: vec![false; k.values.len()],
             over: over.clone(),
         };
-        block(k, &k.body, &mut l)?;
+        block(k, ax, &k.body, &mut l)?;
         let mut found = false;
         for (i, v) in k.values.iter().enumerate() {
             let Def::Expr(e) = &v.def else { continue };
@@ -367,7 +411,7 @@ pub fn assign(k: &Kernel) -> Result<Layouts, CompileError> {
         strong: vec![false; k.values.len()],
         over,
     };
-    block(k, &k.body, &mut l)?;
+    block(k, ax, &k.body, &mut l)?;
     Ok(l)
 }
 
@@ -424,10 +468,10 @@ fn default_of(k: &Kernel, v: ValueId) -> Option<Layout> {
     (!ty.is_scalar()).then(|| Layout::default_for(&ty.shape, k.num_warps))
 }
 
-fn block(k: &Kernel, b: &Block, l: &mut Layouts) -> Result<(), CompileError> {
+fn block(k: &Kernel, ax: &[AxisInfo], b: &Block, l: &mut Layouts) -> Result<(), CompileError> {
     for stmt in &b.stmts {
         match stmt {
-            Stmt::Let(v) => value(k, *v, l),
+            Stmt::Let(v) => value(k, ax, *v, l),
             Stmt::Store { .. }
             | Stmt::Prefetch { .. }
             | Stmt::PrefetchRange { .. }
@@ -441,7 +485,7 @@ fn block(k: &Kernel, b: &Block, l: &mut Layouts) -> Result<(), CompileError> {
                     l.of[c.param.index()] = l.of[c.init.index()].clone().or(default_of(k, c.init));
                     l.strong[c.param.index()] = l.strong[c.init.index()];
                 }
-                block(k, body, l)?;
+                block(k, ax, body, l)?;
                 for c in carried {
                     let (p, n) = (c.param.index(), c.next.index());
                     // An accumulator updated by `dot` stays in the MMA layout even when it
@@ -452,7 +496,7 @@ fn block(k: &Kernel, b: &Block, l: &mut Layouts) -> Result<(), CompileError> {
                     }
                     l.strong[p] = true;
                 }
-                block(k, body, l)?;
+                block(k, ax, body, l)?;
                 for c in carried {
                     l.of[c.result.index()] = l.of[c.param.index()].clone();
                     l.strong[c.result.index()] = true;
@@ -464,8 +508,8 @@ fn block(k: &Kernel, b: &Block, l: &mut Layouts) -> Result<(), CompileError> {
                 merges,
                 ..
             } => {
-                block(k, then_body, l)?;
-                block(k, else_body, l)?;
+                block(k, ax, then_body, l)?;
+                block(k, ax, else_body, l)?;
                 for m in merges {
                     let pick = if l.strong[m.then_value.index()] {
                         m.then_value
@@ -481,7 +525,7 @@ fn block(k: &Kernel, b: &Block, l: &mut Layouts) -> Result<(), CompileError> {
     Ok(())
 }
 
-fn value(k: &Kernel, v: ValueId, l: &mut Layouts) {
+fn value(k: &Kernel, ax: &[AxisInfo], v: ValueId, l: &mut Layouts) {
     let i = v.index();
     if k.ty(v).is_scalar() {
         return;
@@ -541,9 +585,18 @@ fn value(k: &Kernel, v: ValueId, l: &mut Layouts) {
                 .into_iter()
                 .find(|&o| strong_of(l, o) && k.ty(o).shape == shape);
             let forced = matches!(e, Expr::Load { .. } | Expr::Atomic { .. });
-            match anchor {
-                Some(o) => (l.of[o.index()].clone().unwrap(), true),
-                None => (Layout::default_for(&shape, k.num_warps), forced),
+            // A load that no operand lays out is coalesced along its pointers'
+            // most contiguous dim.
+            let coalesced = match e {
+                Expr::Load { ptr, .. } => k.ty(*ptr).pointee().and_then(|d| {
+                    Layout::coalesced(&shape, k.num_warps, &ax[ptr.index()], d.size_bytes())
+                }),
+                _ => None,
+            };
+            match (anchor, coalesced) {
+                (Some(o), _) => (l.of[o.index()].clone().unwrap(), true),
+                (None, Some(c)) => (c, true),
+                (None, None) => (Layout::default_for(&shape, k.num_warps), forced),
             }
         }
         Expr::Dot { a, b, .. } => (

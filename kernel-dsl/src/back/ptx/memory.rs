@@ -254,11 +254,24 @@ impl Emitter<'_> {
                 1,
             )
         } else {
-            let l = if self.lay.strong[value.index()] && !self.k.ty(value).is_scalar() {
+            let mut l = if self.lay.strong[value.index()] && !self.k.ty(value).is_scalar() {
                 self.layout_of(value)
             } else {
                 self.layout_of(ptr)
             };
+            // Coalescing: when the pointers run along another dim than the value's
+            // layout, the value moves (through shared memory) to a layout whose
+            // threads store vectors along that dim.
+            let shape = self.k.ty(ptr).shape.clone();
+            let info = &self.axis[ptr.index()];
+            let coalesced = Layout::coalesced(&shape, self.k.num_warps, info, dt.size_bytes());
+            if let Some(c) = coalesced {
+                if c.order[0] != l.order[0]
+                    && self.vec_width(ptr, mask, &c, dt) > self.vec_width(ptr, mask, &l, dt)
+                {
+                    l = c;
+                }
+            }
             let owner = self.coords(&l).owner;
             (
                 self.tile(ptr, &l)?,

@@ -176,8 +176,8 @@ pub fn compile(kernel: &Kernel, target: Target) -> Result<PtxKernel, CompileErro
     // Inference guarantees the invariants the passes rely on; should one be broken
     // anyway, report it as an error rather than take the build down.
     let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        let lay = layout::assign(kernel)?;
         let axis = axis::analyze(kernel);
+        let lay = layout::assign(kernel, &axis)?;
         let mut e = emit::Emitter::new(kernel, lay, axis, target);
         e.block(&kernel.body)?;
         Ok(e)

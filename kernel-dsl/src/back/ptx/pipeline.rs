@@ -414,13 +414,15 @@ impl Emitter<'_> {
             let c = self.coords(&l);
             let offs = l.reg_offsets();
             let (sr, sc) = (l.keep[0], l.keep[1]);
-            let sw = super::dot::Swizzle::new(l.shape()[1]);
+            // Oriented as `dot` reads it (the thread's run, and so each copy, lies
+            // along a stored row).
+            let st = super::dot::Staged::of(&l);
             let bytes = ld.width * 2;
             let cache = if bytes == 16 { "cg" } else { "ca" };
             for g in (0..ptrs.len()).step_by(ld.width) {
                 let row = self.plus(&c.base[sr], offs[g][sr]);
                 let col = self.plus(&c.base[sc], offs[g][sc]);
-                let addr = self.swizzled_addr_from(&r.write, &sw, &row, &col);
+                let addr = self.staged_addr(&r.write, &st, &row, &col);
                 let on = match &masks {
                     Some(m) => {
                         let p = self.reg(Rk::P);

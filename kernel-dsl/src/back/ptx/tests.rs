@@ -1006,3 +1006,101 @@ fn pipelined_dot_loops_copy_with_cp_async() {
         );
     }
 }
+
+/// The loop body and the global accesses of [`super::gpu_tests::matmul_oriented`]
+/// with `num_stages` stages.
+fn oriented(a_t: bool, b_t: bool, aligned: bool, stages: u32) -> (String, Vec<super::Access>) {
+    let spec = crate::Specialization {
+        consts: [("BM", 64), ("BN", 64), ("BK", 32)]
+            .iter()
+            .map(|(n, v)| (n.to_string(), *v))
+            .collect(),
+        num_warps: 4,
+    };
+    let src = format!(
+        "#[kernel(BM = [64], BN = [64], BK = [32], num_warps = [4], num_stages = [{stages}])]\n{}",
+        super::gpu_tests::matmul_oriented(a_t, b_t, aligned)
+    );
+    let k = crate::compile_source(&src, &spec).unwrap();
+    let p = compile(&k, Target::Sm80).unwrap();
+    assemble(&p, Target::Sm80);
+    (loop_body(&p.ptx).to_string(), p.accesses)
+}
+
+/// The vector widths of the kernel's loads.
+fn load_widths(acc: &[super::Access]) -> Vec<usize> {
+    acc.iter()
+        .filter(|a| a.kind == super::AccessKind::Load)
+        .map(|a| a.width)
+        .collect()
+}
+
+#[test]
+fn operand_loads_coalesce_along_their_contiguous_dim() {
+    // Per thread and operand: 64 x 32 elements over 128 threads, 8 to a vector.
+    let vectors = 2 * 64 * 32 / 128 / 8;
+    // NT: B is a [BK, BN] tile of an [N, K] row-major weight, contiguous along dim 0.
+    let (body, acc) = oriented(false, true, true, 1);
+    assert_eq!(load_widths(&acc), vec![8, 8], "16-byte loads of A and of B");
+    assert_eq!(body.matches("ld.global.nc.v4.b32").count(), vectors);
+    // Both operands are stored with 16-byte vectors and read without `.trans`.
+    assert_eq!(body.matches("st.shared.v4.b32").count(), vectors);
+    assert!(!body.contains("st.shared.b16"), "{body}");
+    assert!(body.contains("ldmatrix.sync.aligned.m8n8.x4.shared.b16"));
+    assert!(!body.contains(".trans"), "{body}");
+    // The output tile's store keeps its 8-byte vectors (rows of the MMA layout).
+    let store = acc
+        .iter()
+        .find(|a| a.kind == super::AccessKind::Store)
+        .unwrap();
+    assert_eq!(store.width, 2);
+
+    // TN: A stored [K, M] (M fastest) is staged transposed and read with `.trans`, B
+    // as before.
+    let (body, acc) = oriented(true, false, true, 1);
+    assert_eq!(load_widths(&acc), vec![8, 8]);
+    assert_eq!(body.matches("st.shared.v4.b32").count(), vectors);
+    assert_eq!(
+        body.matches("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16")
+            .count(),
+        // Per 16 of K: 2 A fragments (64 rows over 2 warps) and 2 B pairs (64 columns
+        // over 2 warps).
+        (2 + 2) * 32 / 16
+    );
+
+    // Pipelined (`cp.async` ring): the copies are 16 bytes along the same stored rows,
+    // and the fragments are read the same way.
+    for (a_t, b_t) in [(false, true), (true, false), (true, true)] {
+        let (body, acc) = oriented(a_t, b_t, true, 2);
+        assert!(load_widths(&acc).iter().all(|&w| w == 8));
+        assert_eq!(body.matches("cp.async.cg.shared.global").count(), vectors);
+        assert!(!body.contains("st.shared"), "{body}");
+        let trans = body.matches(".trans").count();
+        let want = match (a_t, b_t) {
+            (false, true) => 0,
+            (true, false) => 4 * 2,
+            _ => 2 * 2,
+        };
+        assert_eq!(trans, want, "{a_t} {b_t}");
+    }
+
+    // Without 16-byte alignment the loads fall back to scalars (and are not
+    // pipelined); the staged operands still get vector shared stores.
+    let (body, acc) = oriented(false, true, false, 2);
+    assert!(load_widths(&acc).iter().all(|&w| w == 1));
+    assert!(body.contains("st.shared.v4.b32"));
+}
+
+#[test]
+fn transposing_stores_are_coalesced() {
+    let d = crate::testing::def_with(
+        super::gpu_tests::TRANSPOSE_SRC,
+        &[("R", 64), ("C", 32)],
+        4,
+        true,
+    );
+    let ptx = d.variants[0].ptx_sm80.as_str();
+    assert!(ptx.contains("ld.global.nc.v4.f32"), "{ptx}");
+    assert!(ptx.contains("st.global.v4.f32"), "{ptx}");
+    assert!(!ptx.contains("st.global.f32"));
+}
