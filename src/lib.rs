@@ -31,7 +31,9 @@ pub mod cli;
 
 pub use tilefuse_dsl as dsl;
 pub use tilefuse_engine as engine;
-pub use tilefuse_macros::kernel;
+pub use tilefuse_macros::{kernel, tile_fn};
+#[doc(hidden)]
+pub use tilefuse_macros::__tile_chain;
 
 /// What kernel authors and engine users need in scope.
 pub mod prelude {
@@ -39,5 +41,5 @@ pub mod prelude {
     pub use crate::dsl::runtime::{
         Buffer, Device, KernelArg, KernelDef, LaunchConfig, LaunchError,
     };
-    pub use crate::kernel;
+    pub use crate::{kernel, tile_fn};
 }

@@ -249,6 +249,42 @@ impl KernelDef {
         describe(self.const_names, consts, num_warps)
     }
 
+    /// The smallest compiled value of the constant `name` that is at least `wanted`
+    /// (Triton's `BLOCK = triton.next_power_of_2(n)`, limited to what was compiled).
+    /// The error lists the compiled values. `#[kernel]` generates a typed
+    /// `pick_<name>(n)` on the kernel for each constant.
+    ///
+    /// ```
+    /// use tilefuse_dsl::runtime::{KernelDef, LaunchError};
+    /// fn block_for(def: &KernelDef, n: usize) -> Result<i64, LaunchError> {
+    ///     def.pick_at_least("BLOCK", n as i64)
+    /// }
+    /// ```
+    pub fn pick_at_least(&self, name: &str, wanted: i64) -> Result<i64, LaunchError> {
+        let Some(index) = self.const_names.iter().position(|n| *n == name) else {
+            return Err(LaunchError::Config {
+                kernel: self.name.into(),
+                message: format!(
+                    "`{name}` is not a constant of this kernel (its constants: {})",
+                    self.const_names.join(", ")
+                ),
+            });
+        };
+        let mut compiled: Vec<i64> = self.variants.iter().map(|v| v.consts[index]).collect();
+        compiled.sort_unstable();
+        compiled.dedup();
+        compiled
+            .iter()
+            .copied()
+            .find(|&v| v >= wanted)
+            .ok_or_else(|| LaunchError::NoFit {
+                kernel: self.name.into(),
+                name: name.into(),
+                wanted,
+                compiled,
+            })
+    }
+
     /// The variant for these constants and warp count (`None`: the first compiled for
     /// the constants). The error lists every compiled combination.
     pub fn variant(

@@ -1,0 +1,207 @@
+//! `#[tile_fn]` helpers, dtype-generic kernels and the run-time pick of a constant,
+//! through the macros: checked against host references on the interpreter and, when
+//! one is present, the GPU (the same IR runs on both).
+
+use half::bf16;
+use tilefuse_dsl::runtime::{Device, LaunchError};
+use tilefuse_macros::{kernel, tile_fn};
+
+/// Helpers in another module: `silu` calls `sig`, which the kernel's module never
+/// imports (a helper's own calls resolve where the helper is written).
+mod act {
+    use tilefuse_macros::tile_fn;
+
+    #[tile_fn(crate = tilefuse_dsl)]
+    fn sig(x: Tile<f32>) -> Tile<f32> {
+        1.0 / (1.0 + exp(-x))
+    }
+
+    /// `x * sigmoid(x)`.
+    #[tile_fn(crate = tilefuse_dsl)]
+    pub fn silu(x: Tile<f32>) -> Tile<f32> {
+        x * sig(x)
+    }
+
+    /// The sum of `x`'s first `N` lanes scaled by `s`, as a scalar: a const generic.
+    #[tile_fn(crate = tilefuse_dsl)]
+    pub fn head_sum<const N: usize>(x: Tile<f32>, s: f32) -> f32 {
+        let lanes = arange(0, N);
+        select(lanes < 4, x, 0.0).sum(0) * s
+    }
+}
+
+use act::silu;
+
+/// A helper that returns nothing: it stores (and loops, with a carried variable).
+#[tile_fn(crate = tilefuse_dsl)]
+fn store_powers(out: Ptr<f32>, offs: Tile<i32>, mask: Tile<bool>, v: Tile<f32>, k: i32) {
+    let mut p = v;
+    for _i in 0..k {
+        p = p * v;
+    }
+    store(out + offs, p, mask);
+}
+
+/// `y = silu(x)`, `z = x^(k+1)`, `head[pid] = 0.5 * sum of the block's first 4 silu values`.
+#[kernel(crate = tilefuse_dsl, BLOCK = [32, 128], num_warps = [1, 4])]
+fn fused<const BLOCK: usize>(
+    x: Ptr<f32>,
+    y: Ptr<f32>,
+    z: Ptr<f32>,
+    head: Ptr<f32>,
+    n: i32,
+    k: i32,
+) {
+    let offs = program_id(0) * BLOCK + arange(0, BLOCK);
+    let mask = offs < n;
+    let v = load(x + offs, mask, 0.0);
+    let s = silu(v);
+    store(y + offs, s, mask);
+    store_powers(z, offs, mask, v, k);
+    store(head + program_id(0), act::head_sum::<BLOCK>(s, 0.5));
+}
+
+fn devices() -> Vec<Device> {
+    let mut devs = vec![Device::cpu()];
+    if let Some(gpu) = tilefuse_dsl::runtime::testing::gpu_or_skip("helpers") {
+        devs.push(gpu);
+    }
+    devs
+}
+
+/// A seeded stream of values in [-3, 3).
+fn inputs(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 6.0 - 3.0
+        })
+        .collect()
+}
+
+fn close(a: f32, b: f32) -> bool {
+    (a - b).abs() <= 1e-5 * (1.0 + b.abs())
+}
+
+#[test]
+fn helpers_inline_across_modules_on_every_device() {
+    for dev in devices() {
+        for n in [1usize, 77, 300] {
+            let host = inputs(n, n as u64);
+            let x = dev.upload(&host).unwrap();
+            let k = 2;
+            let silu_ref: Vec<f32> = host.iter().map(|v| v / (1.0 + (-v).exp())).collect();
+            for (block, warps) in [(32usize, 1u32), (128, 4)] {
+                let grid = n.div_ceil(block);
+                let mut y = dev.alloc_filled(n, f32::NAN).unwrap();
+                let mut z = dev.alloc_filled(n, f32::NAN).unwrap();
+                let mut head = dev.alloc_filled(grid, f32::NAN).unwrap();
+                let cfg = tilefuse_dsl::runtime::LaunchConfig::from(grid as u32).num_warps(warps);
+                let r = if block == 32 {
+                    fused::<32>::launch(&dev, cfg, &x, &mut y, &mut z, &mut head, n as i32, k)
+                } else {
+                    fused::<128>::launch(&dev, cfg, &x, &mut y, &mut z, &mut head, n as i32, k)
+                };
+                r.unwrap();
+                let (y, z, head) = (y.to_vec().unwrap(), z.to_vec().unwrap(), head.to_vec().unwrap());
+                for i in 0..n {
+                    assert!(close(y[i], silu_ref[i]), "{dev:?} silu[{i}]: {} vs {}", y[i], silu_ref[i]);
+                    let p = host[i].powi(k + 1);
+                    assert!(close(z[i], p), "{dev:?} pow[{i}]: {} vs {p}", z[i]);
+                }
+                for (b, h) in head.iter().enumerate() {
+                    let want: f32 = (0..4)
+                        .map(|l| b * block + l)
+                        .filter(|&i| i < n)
+                        .map(|i| silu_ref[i])
+                        .sum::<f32>()
+                        * 0.5;
+                    assert!(close(*h, want), "{dev:?} head[{b}]: {h} vs {want}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn the_embedded_source_carries_the_helpers() {
+    // The interpreter recompiles from this text: the kernel, then every helper it
+    // reaches, each once.
+    let src: String = FUSED.source.split_whitespace().collect();
+    for name in ["fnfused<", "fnsilu(", "fnsig(", "fnhead_sum<", "fnstore_powers("] {
+        assert_eq!(src.matches(name).count(), 1, "{name} in {src}");
+    }
+}
+
+/// `out = x * 2 + 1` in `T`, computed in f32: one kernel per listed dtype.
+#[kernel(crate = tilefuse_dsl, T = [f32, bf16], BLOCK = [64, 256], num_warps = [2])]
+fn affine<T, const BLOCK: usize>(x: Ptr<T>, out: Ptr<T>, n: i32) {
+    let offs = program_id(0) * BLOCK + arange(0, BLOCK);
+    let mask = offs < n;
+    let v = load(x + offs, mask, 0.0 as T) as f32;
+    store(out + offs, (v * 2.0 + 1.0) as T, mask);
+}
+
+#[test]
+fn dtype_generic_kernels_compile_one_variant_per_dtype() {
+    assert_eq!(AFFINE_F32.variants.len(), 2);
+    assert_eq!(AFFINE_BF16.variants.len(), 2);
+    for dev in devices() {
+        let n = 200;
+        let host = inputs(n, 7);
+        let x = dev.upload(&host).unwrap();
+        let mut out = dev.alloc_filled(n, f32::NAN).unwrap();
+        affine::<f32, 64>::launch(&dev, 4u32, &x, &mut out, n as i32).unwrap();
+        let got = out.to_vec().unwrap();
+        for i in 0..n {
+            assert!(close(got[i], host[i] * 2.0 + 1.0), "{dev:?} f32[{i}]");
+        }
+        let hb: Vec<bf16> = host.iter().map(|v| bf16::from_f32(*v)).collect();
+        let xb = dev.upload(&hb).unwrap();
+        let mut ob = dev.alloc_filled(n, bf16::NAN).unwrap();
+        affine::<bf16, 256>::launch(&dev, 1u32, &xb, &mut ob, n as i32).unwrap();
+        let got = ob.to_vec().unwrap();
+        for i in 0..n {
+            let want = bf16::from_f32(hb[i].to_f32() * 2.0 + 1.0);
+            assert_eq!(got[i], want, "{dev:?} bf16[{i}]");
+        }
+    }
+}
+
+/// Sums a row of `n` values in one program (`n` at most `BLOCK`).
+#[kernel(crate = tilefuse_dsl, BLOCK = [32, 128, 512], num_warps = [4])]
+fn row_sum<const BLOCK: usize>(x: Ptr<f32>, out: Ptr<f32>, n: i32) {
+    let offs = arange(0, BLOCK);
+    store(out, load(x + offs, offs < n, 0.0).sum(0));
+}
+
+#[test]
+fn pick_chooses_the_smallest_compiled_block_that_fits() {
+    assert_eq!(row_sum::pick_block(1).unwrap(), 32);
+    assert_eq!(row_sum::pick_block(32).unwrap(), 32);
+    assert_eq!(row_sum::pick_block(33).unwrap(), 128);
+    assert_eq!(row_sum::pick_block(512).unwrap(), 512);
+    let err = row_sum::pick_block(513).unwrap_err();
+    assert!(matches!(err, LaunchError::NoFit { .. }), "{err}");
+    let msg = err.to_string();
+    assert!(msg.contains("[32, 128, 512]") && msg.contains("513"), "{msg}");
+    for dev in devices() {
+        for n in [5usize, 100, 400] {
+            let host = inputs(n, 3);
+            let x = dev.upload(&host).unwrap();
+            let mut out = dev.alloc_filled(1, f32::NAN).unwrap();
+            let block = row_sum::pick_block(n).unwrap();
+            row_sum::launch_at(&dev, 1u32, [block], &x, &mut out, n as i32).unwrap();
+            let want: f32 = host.iter().sum();
+            let got = out.to_vec().unwrap()[0];
+            assert!((got - want).abs() < 1e-4 * (1.0 + want.abs()), "{dev:?} n={n}: {got} vs {want}");
+        }
+        let x = dev.upload(&[1.0f32]).unwrap();
+        let mut out = dev.alloc_filled(1, f32::NAN).unwrap();
+        let err = row_sum::launch_at(&dev, 1u32, [64], &x, &mut out, 1).unwrap_err();
+        assert!(err.to_string().contains("BLOCK=512"), "{err}");
+    }
+}
