@@ -1100,7 +1100,7 @@ impl Lower {
             };
             match (g, arg) {
                 (Ok(name), syn::GenericArgument::Const(e)) => {
-                    let v = self.const_int(e, "a helper's constant")?;
+                    let v = self.generic_const(e)?;
                     consts.insert(name.clone(), v);
                 }
                 (Ok(name), syn::GenericArgument::Type(syn::Type::Path(p)))
@@ -1111,7 +1111,7 @@ impl Lower {
                         qself: None,
                         path: p.path.clone(),
                     });
-                    let v = self.const_int(&e, "a helper's constant")?;
+                    let v = self.generic_const(&e)?;
                     consts.insert(name.clone(), v);
                 }
                 (Err(name), syn::GenericArgument::Type(t)) => {
@@ -1143,6 +1143,17 @@ impl Lower {
         self.consts = saved_consts;
         self.types = saved_types;
         result
+    }
+
+    /// A helper's constant argument, folded without leaving its literal in the body (a
+    /// helper compiles to the same PTX as its body written in place).
+    fn generic_const(&mut self, e: &SynExpr) -> R<i64> {
+        let depth = self.blocks.last().map_or(0, |b| b.len());
+        let v = self.const_int(e, "a helper's constant")?;
+        if let Some(block) = self.blocks.last_mut() {
+            block.truncate(depth);
+        }
+        Ok(v)
     }
 
     fn helper_body(&mut self, h: &TileFn) -> R<Option<ValueId>> {

@@ -1,0 +1,152 @@
+//! `#[tile_fn]` helpers and dtype-generic kernels in the front end: inlining, the errors
+//! users see, and the same PTX as the hand-inlined kernel.
+
+use tilefuse_dsl::back::ptx::{self, Target};
+use tilefuse_dsl::{compile_source, Specialization};
+
+fn spec(consts: &[(&str, i64)]) -> Specialization {
+    Specialization {
+        consts: consts.iter().map(|(n, v)| (n.to_string(), *v)).collect(),
+        num_warps: 4,
+    }
+}
+
+fn error_of(src: &str, consts: &[(&str, i64)]) -> String {
+    compile_source(src, &spec(consts)).unwrap_err().message
+}
+
+fn ptx_of(src: &str, consts: &[(&str, i64)], target: Target) -> ptx::PtxKernel {
+    let k = compile_source(src, &spec(consts)).unwrap_or_else(|e| panic!("{e}\n{src}"));
+    ptx::compile(&k, target).unwrap()
+}
+
+const WITH_HELPERS: &str = r#"
+#[kernel(B = [256])]
+fn act<const B: usize>(x: Ptr<f32>, out: Ptr<f32>, n: i32) {
+    let offs = program_id(0) * B + arange(0, B);
+    let mask = offs < n;
+    let v = load(x + offs, mask, 0.0);
+    put(out, offs, mask, silu(v) + scaled_sum::<B>(v));
+}
+#[tile_fn]
+fn silu(x: Tile<f32>) -> Tile<f32> {
+    x * sigmoid(x)
+}
+#[tile_fn]
+fn scaled_sum<const N: usize>(x: Tile<f32>) -> f32 {
+    x.sum(0) / (N as f32)
+}
+#[tile_fn]
+fn put(p: Ptr<f32>, offs: Tile<i32>, mask: Tile<bool>, v: Tile<f32>) {
+    store(p + offs, v, mask);
+}
+"#;
+
+const INLINED: &str = r#"
+#[kernel(B = [256])]
+fn act<const B: usize>(x: Ptr<f32>, out: Ptr<f32>, n: i32) {
+    let offs = program_id(0) * B + arange(0, B);
+    let mask = offs < n;
+    let v = load(x + offs, mask, 0.0);
+    store(out + offs, v * sigmoid(v) + v.sum(0) / (B as f32), mask);
+}
+"#;
+
+#[test]
+fn a_helper_compiles_to_the_same_ptx_as_its_body_written_inline() {
+    for target in [Target::Sm80, Target::Sm90] {
+        let a = ptx_of(WITH_HELPERS, &[("B", 256)], target);
+        let b = ptx_of(INLINED, &[("B", 256)], target);
+        assert_eq!(a.ptx, b.ptx, "{target:?}");
+        if let Ok(ptxas) = ptx::ptxas::find() {
+            ptx::ptxas::assemble(&ptxas, &a, target).unwrap_or_else(|e| panic!("{e}"));
+        }
+    }
+}
+
+#[test]
+fn helper_errors_point_at_the_helper_or_the_call() {
+    // An unknown function names #[tile_fn], and the op list includes the statements.
+    let e = error_of(
+        "#[kernel] fn k(x: Ptr<f32>) { let a = gelu(load(x)); }",
+        &[],
+    );
+    assert!(e.contains("unknown op `gelu`") && e.contains("#[tile_fn]"), "{e}");
+    for op in ["prefetch", "prefetch_range", "wait_for_prior_kernels", "launch_dependents"] {
+        assert!(e.contains(op), "{op} missing from {e}");
+    }
+    // Recursion.
+    let e = error_of(
+        "#[kernel] fn k(x: Ptr<f32>) { store(x, f(load(x))); }\n#[tile_fn] fn f(v: Tile<f32>) -> Tile<f32> { g(v) }\n#[tile_fn] fn g(v: Tile<f32>) -> Tile<f32> { f(v) }",
+        &[],
+    );
+    assert!(e.contains("calls itself") && e.contains("f -> g"), "{e}");
+    // Arity, a missing constant, a missing tail value, a unit helper used as a value.
+    let src = |call: &str| {
+        format!("#[kernel] fn k(x: Ptr<f32>) {{ {call} }}\n#[tile_fn] fn h<const N: usize>(v: Tile<f32>) -> Tile<f32> {{ v * (N as f32) }}\n#[tile_fn] fn bad(v: Tile<f32>) -> Tile<f32> {{ let w = v; }}\n#[tile_fn] fn unit(p: Ptr<f32>) {{ store(p, 1.0); }}")
+    };
+    let e = error_of(&src("store(x, h::<2>(load(x), 1.0));"), &[]);
+    assert!(e.contains("takes 1 arguments, got 2"), "{e}");
+    let e = error_of(&src("store(x, h(load(x)));"), &[]);
+    assert!(e.contains("takes the constant `N`"), "{e}");
+    let e = error_of(&src("store(x, bad(load(x)));"), &[]);
+    assert!(e.contains("end its body with the value") && e.starts_with("line 3"), "{e}");
+    let e = error_of(&src("let a = unit(x);"), &[]);
+    assert!(e.contains("returns nothing"), "{e}");
+    // A type error inside a helper is located in the helper.
+    let e = error_of(
+        "#[kernel] fn k(x: Ptr<f32>, n: i32) { store(x, twice(load(x), n)); }\n#[tile_fn] fn twice(v: Tile<f32>, n: i32) -> Tile<f32> { v * n }",
+        &[],
+    );
+    assert!(e.contains("mismatched types") && e.starts_with("line 2"), "{e}");
+    // Helpers do not see the kernel's variables or constants.
+    let e = error_of(
+        "#[kernel(B = [4])] fn k<const B: usize>(x: Ptr<f32>) { store(x, leak()); }\n#[tile_fn] fn leak() -> f32 { B as f32 }",
+        &[("B", 4)],
+    );
+    assert!(e.contains("unknown name `B`"), "{e}");
+}
+
+#[test]
+fn a_bad_method_call_is_reported_at_the_method() {
+    let e = error_of(
+        "#[kernel] fn k(x: Ptr<f32>) {\n    let v = load(x);\n    let c = v.frobnicate(0);\n}",
+        &[],
+    );
+    // `v` is at column 13, `frobnicate` at column 15.
+    assert!(e.starts_with("line 3, column 15") && e.contains("frobnicate"), "{e}");
+}
+
+#[test]
+fn a_dtype_generic_kernel_binds_its_type_in_the_body() {
+    let generic = r#"
+#[kernel(T = [f32, bf16], B = [128])]
+#[bind_types(T = bf16)]
+fn scale<T, const B: usize>(x: Ptr<T>, out: Ptr<T>, n: i32) {
+    let offs = arange(0, B);
+    let v = load(x + offs, offs < n, 0.0 as T) as f32;
+    store(out + offs, (v * 3.0) as T, offs < n);
+}
+"#;
+    let concrete = r#"
+#[kernel(B = [128])]
+fn scale<const B: usize>(x: Ptr<bf16>, out: Ptr<bf16>, n: i32) {
+    let offs = arange(0, B);
+    let v = load(x + offs, offs < n, 0.0 as bf16) as f32;
+    store(out + offs, (v * 3.0) as bf16, offs < n);
+}
+"#;
+    let a = ptx_of(generic, &[("B", 128)], Target::Sm90);
+    let b = ptx_of(concrete, &[("B", 128)], Target::Sm90);
+    assert_eq!(a.ptx, b.ptx);
+    let e = error_of(
+        "#[kernel(B = [4])] fn k<T, const B: usize>(x: Ptr<T>) {}",
+        &[("B", 4)],
+    );
+    assert!(e.contains("type parameter `T` has no listed dtypes"), "{e}");
+    let e = error_of(
+        "#[kernel(T = [f32, f64])] fn k<T>(x: Ptr<T>) {}",
+        &[],
+    );
+    assert!(e.contains("expected an element type"), "{e}");
+}
