@@ -150,3 +150,39 @@ fn scale<const B: usize>(x: Ptr<bf16>, out: Ptr<bf16>, n: i32) {
     );
     assert!(e.contains("expected an element type"), "{e}");
 }
+
+#[test]
+fn while_assembles_and_reports_bad_conditions() {
+    let src = r#"
+#[kernel(B = [128])]
+fn k<const B: usize>(x: Ptr<f32>, out: Ptr<f32>, n: i32) {
+    let offs = arange(0, B);
+    let mut acc = zeros::<f32>([B]);
+    let mut h = zeros::<f16>([B]);
+    let mut i = 0;
+    while i * 2 < n {
+        acc = acc + load(x + i * B + offs);
+        h = h + (1.0 as f16);
+        i += 1;
+    }
+    store(out + offs, acc + (h as f32));
+}
+"#;
+    for target in [Target::Sm80, Target::Sm90] {
+        let p = ptx_of(src, &[("B", 128)], target);
+        assert!(p.ptx.contains("$L_while"), "{}", p.ptx);
+        if let Ok(ptxas) = ptx::ptxas::find() {
+            ptx::ptxas::assemble(&ptxas, &p, target).unwrap_or_else(|e| panic!("{e}"));
+        }
+    }
+    let e = error_of(
+        "#[kernel] fn k(x: Ptr<f32>) { let mut v = load(x); while v { v = v + 1.0; } }",
+        &[],
+    );
+    assert!(e.contains("`while` condition is a scalar bool"), "{e}");
+    let e = error_of(
+        "#[kernel] fn k(x: Ptr<f32>) { while 1 < 2 { store(x, 1.0); } }",
+        &[],
+    );
+    assert!(e.contains("run-time values"), "{e}");
+}

@@ -205,3 +205,79 @@ fn pick_chooses_the_smallest_compiled_block_that_fits() {
         assert!(err.to_string().contains("BLOCK=512"), "{err}");
     }
 }
+
+/// `while` with a run-time condition: Collatz steps of each program's value (a scalar
+/// carried), and a masked column sum over a run-time number of row blocks (an f32 tile
+/// and a bf16 tile carried, the latter packed across the back edge on the GPU).
+#[kernel(crate = tilefuse_dsl, B = [64], num_warps = [2])]
+fn while_loops<const B: usize>(
+    x: Ptr<i32>,
+    steps: Ptr<i32>,
+    m: Ptr<f32>,
+    sums: Ptr<f32>,
+    counts: Ptr<bf16>,
+    rows: i32,
+) {
+    let pid = program_id(0);
+    let mut v = load(x + pid);
+    let mut n = 0;
+    while v > 1 {
+        v = select(v % 2 == 0, v / 2, 3 * v + 1);
+        n += 1;
+    }
+    store(steps + pid, n);
+    let cols = arange(0, B);
+    let mut acc = zeros::<f32>([B]);
+    let mut seen = zeros::<bf16>([B]);
+    let mut r = 0;
+    while r < rows {
+        acc = acc + load(m + r * B + cols);
+        seen = seen + (1.0 as bf16);
+        r += 1;
+    }
+    store(sums + pid * B + cols, acc);
+    store(counts + pid * B + cols, seen);
+}
+
+#[test]
+fn while_loops_match_the_host_on_every_device() {
+    let xs: Vec<i32> = vec![1, 2, 3, 6, 7, 27, 97, 871];
+    let collatz = |mut v: i32| {
+        let mut n = 0;
+        while v > 1 {
+            v = if v % 2 == 0 { v / 2 } else { 3 * v + 1 };
+            n += 1;
+        }
+        n
+    };
+    for dev in devices() {
+        for rows in [0usize, 1, 5] {
+            let b = 64;
+            let m_host = inputs(rows.max(1) * b, rows as u64 + 11);
+            let x = dev.upload(&xs).unwrap();
+            let m = dev.upload(&m_host).unwrap();
+            let p = xs.len();
+            let mut steps = dev.alloc_filled(p, -1i32).unwrap();
+            let mut sums = dev.alloc_filled(p * b, f32::NAN).unwrap();
+            let mut counts = dev.alloc_filled(p * b, bf16::NAN).unwrap();
+            while_loops::<64>::launch(
+                &dev, p as u32, &x, &mut steps, &m, &mut sums, &mut counts, rows as i32,
+            )
+            .unwrap();
+            let want: Vec<i32> = xs.iter().map(|&v| collatz(v)).collect();
+            assert_eq!(steps.to_vec().unwrap(), want, "{dev:?}");
+            let sums = sums.to_vec().unwrap();
+            let counts = counts.to_vec().unwrap();
+            for pid in 0..p {
+                for c in 0..b {
+                    let mut want = 0.0f32;
+                    for r in 0..rows {
+                        want += m_host[r * b + c];
+                    }
+                    assert!(close(sums[pid * b + c], want), "{dev:?} rows={rows} col {c}");
+                    assert_eq!(counts[pid * b + c].to_f32(), rows as f32, "{dev:?}");
+                }
+            }
+        }
+    }
+}

@@ -331,8 +331,11 @@ impl Lower {
                 r.span(),
                 "`return` is not supported: guard the work with masks or an `if`",
             ),
-            SynExpr::While(w) => self.err(w.span(), "`while` is not supported: use `for`"),
-            SynExpr::Loop(l) => self.err(l.span(), "`loop` is not supported: use `for`"),
+            SynExpr::While(w) => self.while_loop(w),
+            SynExpr::Loop(l) => self.err(
+                l.span(),
+                "`loop` is not supported: use `while cond { .. }` or `for`",
+            ),
             other => {
                 let v = self.expr(other)?;
                 // An expression statement whose value is unused: keep it only for its
@@ -428,6 +431,72 @@ impl Lower {
             start,
             end,
             step,
+            carried: out,
+            body,
+            loc: loop_loc,
+        });
+        Ok(())
+    }
+
+    /// `while cond { .. }`: a run-time scalar condition, evaluated before every
+    /// iteration; variables from outside that the body assigns are carried, as in `for`.
+    fn while_loop(&mut self, w: &syn::ExprWhile) -> R<()> {
+        if let Some(label) = &w.label {
+            return self.err(label.span(), "loop labels are not supported");
+        }
+        let loop_loc = self.loc(w.span());
+        let mut assigned = AssignedNames::default();
+        assigned.visit_block(&w.body);
+        let mut carried_names: Vec<String> = assigned
+            .names
+            .into_iter()
+            .filter(|n| self.lookup(n).is_some_and(|v| v.mutable))
+            .collect();
+        carried_names.sort();
+        let mut carried = Vec::new();
+        for name in &carried_names {
+            let init = self.lookup(name).expect("filtered above").value;
+            let loc = self.values[init.index()].loc;
+            let param = self.new_value(Def::Carried { init }, loc);
+            self.assign(name, param, w.span())?;
+            carried.push((name.clone(), init, param));
+        }
+        // The condition's statements run at the head of every iteration.
+        self.blocks.push(Vec::new());
+        let cond = self.expr(&w.cond);
+        let cond_body = Block {
+            stmts: self.blocks.pop().unwrap_or_default(),
+        };
+        let cond = cond?;
+        if let Some(Literal::Bool(_)) = self.literal(cond) {
+            return self.err(
+                w.cond.span(),
+                "a `while` condition must depend on run-time values (a constant condition never ends or never runs)",
+            );
+        }
+        self.blocks.push(Vec::new());
+        self.scopes.push(HashMap::new());
+        let r = self.block_stmts(&w.body.stmts);
+        self.scopes.pop();
+        let body = Block {
+            stmts: self.blocks.pop().unwrap_or_default(),
+        };
+        r?;
+        let mut out = Vec::new();
+        for (name, init, param) in carried {
+            let next = self.lookup(&name).expect("still in scope").value;
+            let result = self.new_value(Def::LoopResult { init }, loop_loc);
+            self.assign(&name, result, w.span())?;
+            out.push(Carried {
+                param,
+                init,
+                next,
+                result,
+            });
+        }
+        self.push_stmt(Stmt::While {
+            cond_body,
+            cond,
             carried: out,
             body,
             loc: loop_loc,

@@ -415,6 +415,41 @@ impl<'k, 'b, 'a> Exec<'k, 'b, 'a> {
                 }
                 Ok(())
             }
+            Stmt::While {
+                cond_body,
+                cond,
+                carried,
+                body,
+                ..
+            } => {
+                for c in carried {
+                    let init = get(&self.env, c.init)?.clone();
+                    self.set(c.param, init)?;
+                }
+                loop {
+                    self.block(cond_body)?;
+                    let go = match get(&self.env, *cond)? {
+                        Data::B(b) if b.len() == 1 => b[0],
+                        _ => return Err(format!("`while` condition {cond} is not a scalar bool")),
+                    };
+                    if !go {
+                        break;
+                    }
+                    self.block(body)?;
+                    let nexts = carried
+                        .iter()
+                        .map(|c| get(&self.env, c.next).cloned())
+                        .collect::<OpResult<Vec<_>>>()?;
+                    for (c, n) in carried.iter().zip(nexts) {
+                        self.set(c.param, n)?;
+                    }
+                }
+                for c in carried {
+                    let last = get(&self.env, c.param)?.clone();
+                    self.set(c.result, last)?;
+                }
+                Ok(())
+            }
             Stmt::If {
                 cond,
                 then_body,
