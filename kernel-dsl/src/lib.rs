@@ -81,6 +81,16 @@ pub fn compile_source(src: &str, spec: &Specialization) -> Result<ir::Kernel, Co
     })
 }
 
+/// The source text of the statement or expression at `loc` in a kernel compiled by
+/// [`compile_source`] from `src` for `spec` (the same stages give the same locations),
+/// with its whitespace collapsed; `None` if it cannot be recovered.
+pub fn source_snippet(src: &str, spec: &Specialization, loc: ir::Loc) -> Option<String> {
+    let ast = parse_source(src).ok()?;
+    let (_, spans) = compile_with_spans(&ast, spec);
+    let text = spans.span(loc).source_text()?;
+    Some(text.split_whitespace().collect::<Vec<_>>().join(" "))
+}
+
 /// Parses a kernel's source text as [`compile_source`] takes it: the kernel (the first
 /// function, its attribute `#[kernel(..)]`), then any `#[tile_fn]` helpers.
 pub fn parse_source(src: &str) -> syn::Result<front::KernelAst> {

@@ -231,6 +231,8 @@ pub(crate) struct Exec<'k, 'b, 'a> {
     grid: [u32; 3],
     pid: [u32; 3],
     env: Vec<Option<Data>>,
+    /// The statement being run, for errors.
+    loc: Option<crate::ir::Loc>,
 }
 
 fn get(env: &[Option<Data>], v: ValueId) -> OpResult<&Data> {
@@ -272,6 +274,7 @@ impl<'k, 'b, 'a> Exec<'k, 'b, 'a> {
             grid,
             pid: [0; 3],
             env: vec![None; kernel.values.len()],
+            loc: None,
         }
     }
 
@@ -282,6 +285,7 @@ impl<'k, 'b, 'a> Exec<'k, 'b, 'a> {
                 "program ({}, {}, {}): {message}",
                 self.pid[0], self.pid[1], self.pid[2]
             ),
+            loc: self.loc,
         }
     }
 
@@ -344,6 +348,18 @@ impl<'k, 'b, 'a> Exec<'k, 'b, 'a> {
     }
 
     fn stmt(&mut self, stmt: &'k Stmt) -> OpResult<()> {
+        // The statement an error is reported at (inner statements override it).
+        self.loc = match stmt {
+            Stmt::Let(v) => self.kernel.values.get(v.index()).map(|value| value.loc),
+            Stmt::Store { loc, .. }
+            | Stmt::Prefetch { loc, .. }
+            | Stmt::PrefetchRange { loc, .. }
+            | Stmt::For { loc, .. }
+            | Stmt::While { loc, .. }
+            | Stmt::If { loc, .. }
+            | Stmt::WaitPriorKernels { loc }
+            | Stmt::LaunchDependents { loc } => Some(*loc),
+        };
         match stmt {
             Stmt::Let(v) => {
                 let value = self
@@ -354,7 +370,7 @@ impl<'k, 'b, 'a> Exec<'k, 'b, 'a> {
                 let Def::Expr(e) = &value.def else {
                     return Err(format!("`let` of {v}, which is not an expression"));
                 };
-                let d = self.expr(*v, e).map_err(|m| format!("{v}: {m}"))?;
+                let d = self.expr(*v, e)?;
                 let n = self.kernel.ty(*v).numel();
                 if d.len() != n {
                     return Err(format!(

@@ -547,8 +547,30 @@ impl KernelDef {
                 }
             });
         }
-        interp::run(&kernel, grid, &mut iargs)?;
+        interp::run(&kernel, grid, &mut iargs).map_err(|mut e| {
+            // Name the statement in the user's source, not an IR value.
+            if let Some(at) = e
+                .loc
+                .and_then(|loc| crate::source_snippet(self.source, &self.spec_of(variant), loc))
+            {
+                e.message = format!("{} (at `{at}`)", e.message);
+            }
+            e
+        })?;
         Ok(())
+    }
+
+    /// The specialization a variant was compiled for.
+    fn spec_of(&self, variant: &Variant) -> Specialization {
+        Specialization {
+            consts: self
+                .const_names
+                .iter()
+                .zip(variant.consts)
+                .map(|(n, v)| (n.to_string(), *v))
+                .collect(),
+            num_warps: variant.num_warps,
+        }
     }
 
     /// The typed IR of one variant for the interpreter, compiled from the source text on
@@ -561,15 +583,7 @@ impl KernelDef {
         if let Some(k) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
             return Ok(k.clone());
         }
-        let spec = Specialization {
-            consts: self
-                .const_names
-                .iter()
-                .zip(variant.consts)
-                .map(|(n, v)| (n.to_string(), *v))
-                .collect(),
-            num_warps: variant.num_warps,
-        };
+        let spec = self.spec_of(variant);
         // Compiled outside the lock: a slow compile does not block other kernels.
         let kernel =
             crate::compile_source(self.source, &spec).map_err(|e| LaunchError::Compile {

@@ -1,6 +1,7 @@
-//! `#[tile_fn]` helpers, dtype-generic kernels and the run-time pick of a constant,
-//! through the macros: checked against host references on the interpreter and, when
-//! one is present, the GPU (the same IR runs on both).
+//! Language features through the macros: `#[tile_fn]` helpers, dtype-generic kernels,
+//! the run-time pick of a constant, `while`, the argmax padding trap and the
+//! interpreter's out-of-bounds report; checked against host references on the
+//! interpreter and, when one is present, the GPU (the same IR runs on both).
 
 use half::bf16;
 use tilefuse_dsl::runtime::{Device, LaunchError};
@@ -63,7 +64,7 @@ fn fused<const BLOCK: usize>(
 
 fn devices() -> Vec<Device> {
     let mut devs = vec![Device::cpu()];
-    if let Some(gpu) = tilefuse_dsl::runtime::testing::gpu_or_skip("helpers") {
+    if let Some(gpu) = tilefuse_dsl::runtime::testing::gpu_or_skip("language") {
         devs.push(gpu);
     }
     devs
@@ -280,4 +281,55 @@ fn while_loops_match_the_host_on_every_device() {
             }
         }
     }
+}
+
+/// Row argmax of `rows x n` values, padded to `B` lanes with `pad`.
+#[kernel(crate = tilefuse_dsl, B = [32], num_warps = [1])]
+fn row_argmax<const B: usize>(x: Ptr<f32>, out: Ptr<i32>, n: i32, pad: f32) {
+    let row = program_id(0);
+    let cols = arange(0, B);
+    let v = load(x + row * n + cols, cols < n, pad);
+    store(out + row, v.argmax(0));
+}
+
+#[test]
+fn argmax_of_an_all_nan_row_padded_with_neg_inf_is_a_masked_lane() {
+    // docs/language.md, "The argmax padding trap": NaN is never chosen unless every
+    // lane is NaN, so -inf padding beats an all-NaN row and the index is `n`, a lane
+    // that was masked off. Padding with NaN keeps the row all-NaN: index 0.
+    let n = 5usize;
+    let mut host = vec![f32::NAN; 2 * n];
+    host[n + 3] = 7.0;
+    for dev in devices() {
+        let x = dev.upload(&host).unwrap();
+        let mut out = dev.alloc_filled(2, -1i32).unwrap();
+        row_argmax::<32>::launch(&dev, 2u32, &x, &mut out, n as i32, f32::NEG_INFINITY).unwrap();
+        assert_eq!(out.to_vec().unwrap(), vec![n as i32, 3], "{dev:?} -inf padding");
+        row_argmax::<32>::launch(&dev, 2u32, &x, &mut out, n as i32, f32::NAN).unwrap();
+        assert_eq!(out.to_vec().unwrap(), vec![0, 3], "{dev:?} NaN padding");
+    }
+}
+
+/// Reads `x[offs]` unmasked: out of bounds when `n` exceeds the buffer.
+#[kernel(crate = tilefuse_dsl, B = [16], num_warps = [1])]
+fn unmasked_copy<const B: usize>(x: Ptr<f32>, out: Ptr<f32>, n: i32) {
+    let offs = arange(0, B);
+    let in_row = load(x + offs, offs < n);
+    store(out + offs, in_row, offs < n);
+}
+
+#[test]
+fn the_interpreter_names_the_statement_that_went_out_of_bounds() {
+    let dev = Device::cpu();
+    let x = dev.upload(&[1.0f32; 8]).unwrap();
+    let mut out = dev.alloc_filled(16, 0.0f32).unwrap();
+    unmasked_copy::<16>::launch(&dev, 1u32, &x, &mut out, 8).unwrap();
+    let err = unmasked_copy::<16>::launch(&dev, 1u32, &x, &mut out, 12)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("out of bounds") && err.contains("`x`") && err.contains("load(x + offs, offs < n)"),
+        "{err}"
+    );
+    assert!(!err.contains('%'), "an IR value name leaked: {err}");
 }
