@@ -66,6 +66,9 @@ pub struct Emitter<'k> {
     pub loc: Loc,
     /// Global memory accesses emitted so far.
     pub accesses: Vec<super::Access>,
+    /// Why the last vector width computed was narrower than the layout allows (taken
+    /// by the access it was computed for).
+    pub narrowed: Option<String>,
     /// The target generated for.
     pub target: Target,
     /// Bytes of `tf_cluster`, the slots `cluster_gather` exchanges tiles through.
@@ -142,6 +145,7 @@ impl<'k> Emitter<'k> {
             tid0: String::new(),
             loc: Loc::default(),
             accesses: Vec::new(),
+            narrowed: None,
             target,
             cluster_smem: 0,
             cluster_base: None,

@@ -1,5 +1,6 @@
-//! `#[tile_fn]` helpers and dtype-generic kernels in the front end: inlining, the errors
-//! users see, and the same PTX as the hand-inlined kernel.
+//! Language features from source text to PTX: `#[tile_fn]` helpers (inlining, the errors
+//! users see, the same PTX as the hand-inlined kernel), dtype-generic kernels, `while`,
+//! and the reason a load is narrower than its layout allows.
 
 use tilefuse_dsl::back::ptx::{self, Target};
 use tilefuse_dsl::{compile_source, Specialization};
@@ -185,4 +186,35 @@ fn k<const B: usize>(x: Ptr<f32>, out: Ptr<f32>, n: i32) {
         &[],
     );
     assert!(e.contains("run-time values"), "{e}");
+}
+
+#[test]
+fn a_scalar_load_says_why_and_what_makes_it_wide() {
+    // A bf16 GEMV row tile: with `k` of unknown divisibility the row starts are not
+    // provably 16-byte aligned, so the loads are one element wide.
+    let gemv = |k_decl: &str| {
+        format!(
+            r#"
+#[kernel(N = [4], K = [256])]
+fn gemv<const N: usize, const K: usize>(w: Ptr<bf16>, x: Ptr<bf16>, y: Ptr<f32>, n: i32, {k_decl}) {{
+    let rows = program_id(0) * N + arange(0, N);
+    let cols = arange(0, K);
+    let mask = (rows.expand_dims(1) < n) & (cols.expand_dims(0) < k);
+    let t = load(w + rows.expand_dims(1) * k + cols.expand_dims(0), mask, 0.0) as f32;
+    let xv = load(x + cols, cols < k, 0.0) as f32;
+    store(y + rows, (t * xv.expand_dims(0)).sum(1), rows < n);
+}}
+"#
+        )
+    };
+    let consts = [("N", 4), ("K", 256)];
+    let plain = ptx_of(&gemv("k: i32"), &consts, Target::Sm90);
+    let w = &plain.accesses[0];
+    assert_eq!(w.width, 1);
+    let why = w.narrowed.as_deref().unwrap_or_default();
+    assert!(why.contains("#[multiple_of(16)]") && why.contains("k"), "{why}");
+    let marked = ptx_of(&gemv("#[multiple_of(16)] k: i32"), &consts, Target::Sm90);
+    let w = &marked.accesses[0];
+    assert_eq!(w.width, 8, "{w:?}");
+    assert_eq!(w.narrowed, None);
 }
