@@ -218,3 +218,36 @@ fn gemv<const N: usize, const K: usize>(w: Ptr<bf16>, x: Ptr<bf16>, y: Ptr<f32>,
     assert_eq!(w.width, 8, "{w:?}");
     assert_eq!(w.narrowed, None);
 }
+
+#[test]
+fn every_documented_free_function_op_is_in_the_tile_op_table() {
+    // `#[kernel]` treats a call of a name outside `TILE_OPS` as a helper call, so an op
+    // missing from the table would not compile as `op(x)`. Every free function the
+    // language documents (`src/lang.rs`: `pub fn name`, and the `math!` list) must be
+    // in it, and every entry must be an op the lowering knows.
+    let lang = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../src/lang.rs"))
+        .expect("src/lang.rs");
+    let mut names: Vec<String> = lang
+        .lines()
+        .filter_map(|l| l.strip_prefix("pub fn "))
+        .map(|rest| rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect())
+        .collect();
+    let math = lang.split("math! {").nth(1).expect("the math! list");
+    let math = &math[..math.find("\n}").expect("end of math!")];
+    names.extend(
+        math.lines()
+            .filter_map(|l| l.trim().split_once(": \"").map(|(n, _)| n.trim().to_string()))
+            .filter(|n| n.chars().all(|c| c.is_alphanumeric() || c == '_')),
+    );
+    assert!(names.len() > 30, "{names:?}");
+    for n in &names {
+        assert!(tilefuse_dsl::front::is_tile_op(n), "`{n}` is documented but not in TILE_OPS");
+    }
+    for op in tilefuse_dsl::front::TILE_OPS {
+        let src = format!("#[kernel] fn k(x: Ptr<f32>) {{ {op}(); }}");
+        if let Err(e) = compile_source(&src, &spec(&[])) {
+            let e = e.message;
+            assert!(!e.contains("unknown op"), "`{op}` is in TILE_OPS but not lowered: {e}");
+        }
+    }
+}

@@ -45,7 +45,48 @@ pub fn kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
     // The body calls helpers: gather their source through their macros (see `tile_fn`).
     let chain = chain_path(ast.crate_path.is_some());
     let state = quote! { kernel { (#attr) } { #item } };
-    start_chain(&chain, state, calls).into()
+    let fallbacks = unknown_helper_fallbacks(&ast.name, &calls);
+    let chain = start_chain(&chain, state, calls);
+    quote!(#fallbacks #chain).into()
+}
+
+/// For each helper a kernel calls by a plain name, a glob-imported `macro_rules!` of
+/// that name whose expansion is the unknown-op error: a real `#[tile_fn]` in scope (an
+/// explicit name) shadows the glob, so only a call of a function that is no helper
+/// reaches it, and the user reads the language's error instead of "cannot find macro".
+fn unknown_helper_fallbacks(kernel: &syn::Ident, calls: &[syn::Path]) -> TokenStream2 {
+    let plain: Vec<&syn::Ident> = calls
+        .iter()
+        .filter(|p| p.leading_colon.is_none() && p.segments.len() == 1)
+        .map(|p| &p.segments[0].ident)
+        .collect();
+    if plain.is_empty() {
+        return quote!();
+    }
+    let module = format_ident!("__tilefuse_unknown_ops_of_{}", kernel);
+    let defs = plain.iter().map(|name| {
+        let msg = format!(
+            "{} (no `#[tile_fn]` helper named `{name}` is in scope: bring it in with `use`, or call it by its path)",
+            tilefuse_dsl::front::lower::unknown_op_message(&name.to_string())
+        );
+        // The error's span is the call's: `compile_error!` reports where it is written.
+        let error = quote::quote_spanned!(name.span()=> ::core::compile_error! { #msg });
+        quote! {
+            macro_rules! #name {
+                ($($t:tt)*) => { #error };
+            }
+            pub(crate) use #name;
+        }
+    });
+    quote! {
+        #[doc(hidden)]
+        #[allow(non_snake_case, unused_macros, unused_imports)]
+        mod #module {
+            #(#defs)*
+        }
+        #[allow(unused_imports)]
+        use #module::*;
+    }
 }
 
 /// Marks a helper function that kernels (and other helpers) may call: a plain function
@@ -93,7 +134,9 @@ pub fn tile_fn(attr: TokenStream, item: TokenStream) -> TokenStream {
     }
     let chain = chain_path(direct);
     let state = quote! { tile_fn { (#attr) } { #item } };
-    start_chain(&chain, state, calls).into()
+    let fallbacks = unknown_helper_fallbacks(&item.sig.ident, &calls);
+    let chain = start_chain(&chain, state, calls);
+    quote!(#fallbacks #chain).into()
 }
 
 /// Whether `#[tile_fn(..)]` names `crate = path` (the only argument it takes).

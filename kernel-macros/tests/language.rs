@@ -333,3 +333,21 @@ fn the_interpreter_names_the_statement_that_went_out_of_bounds() {
     );
     assert!(!err.contains('%'), "an IR value name leaked: {err}");
 }
+
+#[test]
+fn helpers_work_inside_a_function_body() {
+    // As in doctests: helper and kernel are items of a block, not of a module.
+    #[tile_fn(crate = tilefuse_dsl)]
+    fn twice(x: Tile<f32>) -> Tile<f32> {
+        x * 2.0
+    }
+    #[kernel(crate = tilefuse_dsl, num_warps = [1])]
+    fn doubled(x: Ptr<f32>) {
+        store(x, twice(load(x)));
+    }
+    for dev in devices() {
+        let mut x = dev.upload(&[1.5f32]).unwrap();
+        doubled::launch(&dev, 1u32, &mut x).unwrap();
+        assert_eq!(x.to_vec().unwrap(), vec![3.0], "{dev:?}");
+    }
+}

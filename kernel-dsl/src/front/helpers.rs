@@ -178,23 +178,17 @@ pub fn helper_calls(body: &syn::Block) -> Vec<syn::Path> {
 /// gathered helper sources arrive in `#[kernel]`'s expansion and in the interpreter.
 pub fn parse_tile_fns(items: &[syn::Item]) -> syn::Result<Vec<TileFn>> {
     let mut out: Vec<TileFn> = Vec::new();
+    // The text of each helper kept, to tell the same helper arriving twice (through two
+    // callers) from two helpers sharing a name.
+    let mut texts: Vec<String> = Vec::new();
     for item in items {
         let syn::Item::Fn(f) = item else {
             return Err(syn::Error::new(item.span(), "expected a `#[tile_fn] fn`"));
         };
         let parsed = parse_tile_fn(f)?;
-        if let Some(prev) = out.iter().find(|h| h.name == parsed.name) {
-            let same = quote::quote!(#f).to_string()
-                == items
-                    .iter()
-                    .find_map(|i| match i {
-                        syn::Item::Fn(g) if g.sig.ident == prev.name => {
-                            Some(quote::quote!(#g).to_string())
-                        }
-                        _ => None,
-                    })
-                    .unwrap_or_default();
-            if same {
+        let text = quote::quote!(#f).to_string();
+        if let Some(i) = out.iter().position(|h| h.name == parsed.name) {
+            if texts[i] == text {
                 continue;
             }
             return Err(syn::Error::new(
@@ -206,6 +200,7 @@ pub fn parse_tile_fns(items: &[syn::Item]) -> syn::Result<Vec<TileFn>> {
             ));
         }
         out.push(parsed);
+        texts.push(text);
     }
     Ok(out)
 }

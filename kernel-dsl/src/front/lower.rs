@@ -87,7 +87,7 @@ type R<T> = Result<T, CompileError>;
 
 /// The unknown-op error: the tile ops (from the one table, [`TILE_OPS`]) and the hint
 /// that helpers need `#[tile_fn]`.
-fn unknown_op(name: &str) -> String {
+pub fn unknown_op_message(name: &str) -> String {
     let ops: Vec<&str> = TILE_OPS.iter().copied().filter(|n| *n != "where_").collect();
     format!(
         "unknown op `{name}` (tile ops: {}). To call a helper function from a kernel, mark it `#[tile_fn]`",
@@ -1093,7 +1093,7 @@ impl Lower {
                 };
                 Ok(self.emit_at(Expr::Dot { a, b, acc }, span))
             }
-            other => self.err(span, unknown_op(other)),
+            other => self.err(span, unknown_op_message(other)),
         }
     }
 
