@@ -336,6 +336,25 @@ fn expand(attr: TokenStream2, item: ItemFn, ast: KernelAst, helper_items: Vec<It
             format_ident!("{}", name_str.to_uppercase())
         };
         let types: Vec<DType> = combo.iter().map(|(_, d)| *d).collect();
+        let bad_scalar = bound.params.iter().find(|p| {
+            p.generic.is_some()
+                && matches!(p.kind, ParamKind::Scalar(d) | ParamKind::ScalarMultipleOf(d, _)
+                    if !matches!(d, DType::I32 | DType::U32 | DType::I64 | DType::F32))
+        });
+        if let Some(p) = bad_scalar {
+            let d = match p.kind {
+                ParamKind::Scalar(d) | ParamKind::ScalarMultipleOf(d, _) => d,
+                ParamKind::Ptr(d) => d,
+            };
+            errors.push(syn::Error::new(
+                p.span,
+                format!(
+                    "scalar parameter `{}` would be {d}, but scalars are i32, u32, i64 or f32: take it as f32 and convert with `as`",
+                    p.name
+                ),
+            ));
+            continue;
+        }
         out.push(expand_one(&bound, &krate, vis, &def_name, &source, &types, &mut errors));
     }
 
