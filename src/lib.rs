@@ -31,9 +31,9 @@ pub mod cli;
 
 pub use tilefuse_dsl as dsl;
 pub use tilefuse_engine as engine;
-pub use tilefuse_macros::{kernel, tile_fn};
 #[doc(hidden)]
 pub use tilefuse_macros::__tile_chain;
+pub use tilefuse_macros::{kernel, tile_fn};
 
 /// What kernel authors and engine users need in scope.
 pub mod prelude {

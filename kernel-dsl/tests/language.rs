@@ -72,8 +72,16 @@ fn helper_errors_point_at_the_helper_or_the_call() {
         "#[kernel] fn k(x: Ptr<f32>) { let a = gelu(load(x)); }",
         &[],
     );
-    assert!(e.contains("unknown op `gelu`") && e.contains("#[tile_fn]"), "{e}");
-    for op in ["prefetch", "prefetch_range", "wait_for_prior_kernels", "launch_dependents"] {
+    assert!(
+        e.contains("unknown op `gelu`") && e.contains("#[tile_fn]"),
+        "{e}"
+    );
+    for op in [
+        "prefetch",
+        "prefetch_range",
+        "wait_for_prior_kernels",
+        "launch_dependents",
+    ] {
         assert!(e.contains(op), "{op} missing from {e}");
     }
     // Recursion.
@@ -91,7 +99,10 @@ fn helper_errors_point_at_the_helper_or_the_call() {
     let e = error_of(&src("store(x, h(load(x)));"), &[]);
     assert!(e.contains("takes the constant `N`"), "{e}");
     let e = error_of(&src("store(x, bad(load(x)));"), &[]);
-    assert!(e.contains("end its body with the value") && e.starts_with("line 3"), "{e}");
+    assert!(
+        e.contains("end its body with the value") && e.starts_with("line 3"),
+        "{e}"
+    );
     let e = error_of(&src("let a = unit(x);"), &[]);
     assert!(e.contains("returns nothing"), "{e}");
     // A type error inside a helper is located in the helper.
@@ -99,7 +110,10 @@ fn helper_errors_point_at_the_helper_or_the_call() {
         "#[kernel] fn k(x: Ptr<f32>, n: i32) { store(x, twice(load(x), n)); }\n#[tile_fn] fn twice(v: Tile<f32>, n: i32) -> Tile<f32> { v * n }",
         &[],
     );
-    assert!(e.contains("mismatched types") && e.starts_with("line 2"), "{e}");
+    assert!(
+        e.contains("mismatched types") && e.starts_with("line 2"),
+        "{e}"
+    );
     // Helpers do not see the kernel's variables or constants.
     let e = error_of(
         "#[kernel(B = [4])] fn k<const B: usize>(x: Ptr<f32>) { store(x, leak()); }\n#[tile_fn] fn leak() -> f32 { B as f32 }",
@@ -115,7 +129,10 @@ fn a_bad_method_call_is_reported_at_the_method() {
         &[],
     );
     // `v` is at column 13, `frobnicate` at column 15.
-    assert!(e.starts_with("line 3, column 15") && e.contains("frobnicate"), "{e}");
+    assert!(
+        e.starts_with("line 3, column 15") && e.contains("frobnicate"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -145,10 +162,7 @@ fn scale<const B: usize>(x: Ptr<bf16>, out: Ptr<bf16>, n: i32) {
         &[("B", 4)],
     );
     assert!(e.contains("type parameter `T` has no listed dtypes"), "{e}");
-    let e = error_of(
-        "#[kernel(T = [f32, f64])] fn k<T>(x: Ptr<T>) {}",
-        &[],
-    );
+    let e = error_of("#[kernel(T = [f32, f64])] fn k<T>(x: Ptr<T>) {}", &[]);
     assert!(e.contains("expected an element type"), "{e}");
 }
 
@@ -212,7 +226,10 @@ fn gemv<const N: usize, const K: usize>(w: Ptr<bf16>, x: Ptr<bf16>, y: Ptr<f32>,
     let w = &plain.accesses[0];
     assert_eq!(w.width, 1);
     let why = w.narrowed.as_deref().unwrap_or_default();
-    assert!(why.contains("#[multiple_of(16)]") && why.contains("k"), "{why}");
+    assert!(
+        why.contains("#[multiple_of(16)]") && why.contains("k"),
+        "{why}"
+    );
     let marked = ptx_of(&gemv("#[multiple_of(16)] k: i32"), &consts, Target::Sm90);
     let w = &marked.accesses[0];
     assert_eq!(w.width, 8, "{w:?}");
@@ -230,24 +247,38 @@ fn every_documented_free_function_op_is_in_the_tile_op_table() {
     let mut names: Vec<String> = lang
         .lines()
         .filter_map(|l| l.strip_prefix("pub fn "))
-        .map(|rest| rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect())
+        .map(|rest| {
+            rest.chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect()
+        })
         .collect();
     let math = lang.split("math! {").nth(1).expect("the math! list");
     let math = &math[..math.find("\n}").expect("end of math!")];
     names.extend(
         math.lines()
-            .filter_map(|l| l.trim().split_once(": \"").map(|(n, _)| n.trim().to_string()))
+            .filter_map(|l| {
+                l.trim()
+                    .split_once(": \"")
+                    .map(|(n, _)| n.trim().to_string())
+            })
             .filter(|n| n.chars().all(|c| c.is_alphanumeric() || c == '_')),
     );
     assert!(names.len() > 30, "{names:?}");
     for n in &names {
-        assert!(tilefuse_dsl::front::is_tile_op(n), "`{n}` is documented but not in TILE_OPS");
+        assert!(
+            tilefuse_dsl::front::is_tile_op(n),
+            "`{n}` is documented but not in TILE_OPS"
+        );
     }
     for op in tilefuse_dsl::front::TILE_OPS {
         let src = format!("#[kernel] fn k(x: Ptr<f32>) {{ {op}(); }}");
         if let Err(e) = compile_source(&src, &spec(&[])) {
             let e = e.message;
-            assert!(!e.contains("unknown op"), "`{op}` is in TILE_OPS but not lowered: {e}");
+            assert!(
+                !e.contains("unknown op"),
+                "`{op}` is in TILE_OPS but not lowered: {e}"
+            );
         }
     }
 }

@@ -220,7 +220,8 @@ pub fn __tile_chain(input: TokenStream) -> TokenStream {
 fn chain_step(input: TokenStream2) -> syn::Result<TokenStream2> {
     use proc_macro2::TokenTree;
     let mut it = input.into_iter().peekable();
-    let bad = |what: &str| syn::Error::new(Span::call_site(), format!("malformed helper chain: {what}"));
+    let bad =
+        |what: &str| syn::Error::new(Span::call_site(), format!("malformed helper chain: {what}"));
     let Some(TokenTree::Group(chain)) = it.next() else {
         return Err(bad("callback"));
     };
@@ -276,14 +277,22 @@ fn chain_step(input: TokenStream2) -> syn::Result<TokenStream2> {
     Ok(helper_macro(&item, &gathered))
 }
 
-fn expand(attr: TokenStream2, item: ItemFn, ast: KernelAst, helper_items: Vec<ItemFn>) -> TokenStream2 {
+fn expand(
+    attr: TokenStream2,
+    item: ItemFn,
+    ast: KernelAst,
+    helper_items: Vec<ItemFn>,
+) -> TokenStream2 {
     // Helpers are found by name: one body per name (the same helper may arrive through
     // several others).
     let mut helper_fns: Vec<ItemFn> = Vec::new();
     for h in helper_items {
         let mut h = h;
         h.attrs.clear();
-        if !helper_fns.iter().any(|g| quote!(#g).to_string() == quote!(#h).to_string()) {
+        if !helper_fns
+            .iter()
+            .any(|g| quote!(#g).to_string() == quote!(#h).to_string())
+        {
             helper_fns.push(h);
         }
     }
@@ -355,7 +364,15 @@ fn expand(attr: TokenStream2, item: ItemFn, ast: KernelAst, helper_items: Vec<It
             ));
             continue;
         }
-        out.push(expand_one(&bound, &krate, vis, &def_name, &source, &types, &mut errors));
+        out.push(expand_one(
+            &bound,
+            &krate,
+            vis,
+            &def_name,
+            &source,
+            &types,
+            &mut errors,
+        ));
     }
 
     let const_idents: Vec<syn::Ident> = ast

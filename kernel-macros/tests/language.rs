@@ -107,9 +107,18 @@ fn helpers_inline_across_modules_on_every_device() {
                     fused::<128>::launch(&dev, cfg, &x, &mut y, &mut z, &mut head, n as i32, k)
                 };
                 r.unwrap();
-                let (y, z, head) = (y.to_vec().unwrap(), z.to_vec().unwrap(), head.to_vec().unwrap());
+                let (y, z, head) = (
+                    y.to_vec().unwrap(),
+                    z.to_vec().unwrap(),
+                    head.to_vec().unwrap(),
+                );
                 for i in 0..n {
-                    assert!(close(y[i], silu_ref[i]), "{dev:?} silu[{i}]: {} vs {}", y[i], silu_ref[i]);
+                    assert!(
+                        close(y[i], silu_ref[i]),
+                        "{dev:?} silu[{i}]: {} vs {}",
+                        y[i],
+                        silu_ref[i]
+                    );
                     let p = host[i].powi(k + 1);
                     assert!(close(z[i], p), "{dev:?} pow[{i}]: {} vs {p}", z[i]);
                 }
@@ -132,7 +141,13 @@ fn the_embedded_source_carries_the_helpers() {
     // The interpreter recompiles from this text: the kernel, then every helper it
     // reaches, each once.
     let src: String = FUSED.source.split_whitespace().collect();
-    for name in ["fnfused<", "fnsilu(", "fnsig(", "fnhead_sum<", "fnstore_powers("] {
+    for name in [
+        "fnfused<",
+        "fnsilu(",
+        "fnsig(",
+        "fnhead_sum<",
+        "fnstore_powers(",
+    ] {
         assert_eq!(src.matches(name).count(), 1, "{name} in {src}");
     }
 }
@@ -188,7 +203,10 @@ fn pick_chooses_the_smallest_compiled_block_that_fits() {
     let err = row_sum::pick_block(513).unwrap_err();
     assert!(matches!(err, LaunchError::NoFit { .. }), "{err}");
     let msg = err.to_string();
-    assert!(msg.contains("[32, 128, 512]") && msg.contains("513"), "{msg}");
+    assert!(
+        msg.contains("[32, 128, 512]") && msg.contains("513"),
+        "{msg}"
+    );
     for dev in devices() {
         for n in [5usize, 100, 400] {
             let host = inputs(n, 3);
@@ -198,7 +216,10 @@ fn pick_chooses_the_smallest_compiled_block_that_fits() {
             row_sum::launch_at(&dev, 1u32, [block], &x, &mut out, n as i32).unwrap();
             let want: f32 = host.iter().sum();
             let got = out.to_vec().unwrap()[0];
-            assert!((got - want).abs() < 1e-4 * (1.0 + want.abs()), "{dev:?} n={n}: {got} vs {want}");
+            assert!(
+                (got - want).abs() < 1e-4 * (1.0 + want.abs()),
+                "{dev:?} n={n}: {got} vs {want}"
+            );
         }
         let x = dev.upload(&[1.0f32]).unwrap();
         let mut out = dev.alloc_filled(1, f32::NAN).unwrap();
@@ -262,7 +283,14 @@ fn while_loops_match_the_host_on_every_device() {
             let mut sums = dev.alloc_filled(p * b, f32::NAN).unwrap();
             let mut counts = dev.alloc_filled(p * b, bf16::NAN).unwrap();
             while_loops::<64>::launch(
-                &dev, p as u32, &x, &mut steps, &m, &mut sums, &mut counts, rows as i32,
+                &dev,
+                p as u32,
+                &x,
+                &mut steps,
+                &m,
+                &mut sums,
+                &mut counts,
+                rows as i32,
             )
             .unwrap();
             let want: Vec<i32> = xs.iter().map(|&v| collatz(v)).collect();
@@ -275,7 +303,10 @@ fn while_loops_match_the_host_on_every_device() {
                     for r in 0..rows {
                         want += m_host[r * b + c];
                     }
-                    assert!(close(sums[pid * b + c], want), "{dev:?} rows={rows} col {c}");
+                    assert!(
+                        close(sums[pid * b + c], want),
+                        "{dev:?} rows={rows} col {c}"
+                    );
                     assert_eq!(counts[pid * b + c].to_f32(), rows as f32, "{dev:?}");
                 }
             }
@@ -304,7 +335,11 @@ fn argmax_of_an_all_nan_row_padded_with_neg_inf_is_a_masked_lane() {
         let x = dev.upload(&host).unwrap();
         let mut out = dev.alloc_filled(2, -1i32).unwrap();
         row_argmax::<32>::launch(&dev, 2u32, &x, &mut out, n as i32, f32::NEG_INFINITY).unwrap();
-        assert_eq!(out.to_vec().unwrap(), vec![n as i32, 3], "{dev:?} -inf padding");
+        assert_eq!(
+            out.to_vec().unwrap(),
+            vec![n as i32, 3],
+            "{dev:?} -inf padding"
+        );
         row_argmax::<32>::launch(&dev, 2u32, &x, &mut out, n as i32, f32::NAN).unwrap();
         assert_eq!(out.to_vec().unwrap(), vec![0, 3], "{dev:?} NaN padding");
     }
@@ -328,7 +363,9 @@ fn the_interpreter_names_the_statement_that_went_out_of_bounds() {
         .unwrap_err()
         .to_string();
     assert!(
-        err.contains("out of bounds") && err.contains("`x`") && err.contains("load(x + offs, offs < n)"),
+        err.contains("out of bounds")
+            && err.contains("`x`")
+            && err.contains("load(x + offs, offs < n)"),
         "{err}"
     );
     assert!(!err.contains('%'), "an IR value name leaked: {err}");

@@ -88,7 +88,11 @@ type R<T> = Result<T, CompileError>;
 /// The unknown-op error: the tile ops (from the one table, [`TILE_OPS`]) and the hint
 /// that helpers need `#[tile_fn]`.
 pub fn unknown_op_message(name: &str) -> String {
-    let ops: Vec<&str> = TILE_OPS.iter().copied().filter(|n| *n != "where_").collect();
+    let ops: Vec<&str> = TILE_OPS
+        .iter()
+        .copied()
+        .filter(|n| *n != "where_")
+        .collect();
     format!(
         "unknown op `{name}` (tile ops: {}). To call a helper function from a kernel, mark it `#[tile_fn]`",
         ops.join(", ")
@@ -1190,7 +1194,10 @@ impl Lower {
                 (_, other) => {
                     return self.err(
                         other.span(),
-                        format!("this generic argument does not fit helper `{}`'s declaration", h.name),
+                        format!(
+                            "this generic argument does not fit helper `{}`'s declaration",
+                            h.name
+                        ),
                     )
                 }
             }

@@ -449,12 +449,10 @@ pub fn parse_kernel(attr: TokenStream, item: &ItemFn) -> syn::Result<KernelAst> 
                     span: c.ident.span(),
                 });
             }
-            other => {
-                return Err(syn::Error::new(
-                    other.span(),
-                    "kernels take only const generics (`const BLOCK: usize`) and element types (`T`)",
-                ))
-            }
+            other => return Err(syn::Error::new(
+                other.span(),
+                "kernels take only const generics (`const BLOCK: usize`) and element types (`T`)",
+            )),
         }
     }
 

@@ -327,13 +327,16 @@ impl Infer<'_> {
         let body = Block {
             stmts: self.blocks.pop().unwrap_or_default(),
         };
-        self.blocks.last_mut().expect("open block").push(Stmt::While {
-            cond_body: cond_block,
-            cond: new_cond,
-            carried: out,
-            body,
-            loc,
-        });
+        self.blocks
+            .last_mut()
+            .expect("open block")
+            .push(Stmt::While {
+                cond_body: cond_block,
+                cond: new_cond,
+                carried: out,
+                body,
+                loc,
+            });
         Ok(())
     }
 
