@@ -440,7 +440,7 @@ fn expand_one(
     let mut variants = Vec::new();
     let specs = ast.specializations();
     for spec in &specs {
-        let (result, spans) = tilefuse_dsl::compile_with_spans(&ast, spec);
+        let (result, spans) = tilefuse_dsl::compile_with_spans(ast, spec);
         let kernel = match result {
             Ok(k) => k,
             Err(e) => {
@@ -477,8 +477,8 @@ fn expand_one(
         }
         let consts: Vec<i64> = spec.consts.iter().map(|(_, v)| *v).collect();
         let (sm80, sm90) = (
-            embedded_ptx(&krate, &ptx_text[0]),
-            embedded_ptx(&krate, &ptx_text[1]),
+            embedded_ptx(krate, &ptx_text[0]),
+            embedded_ptx(krate, &ptx_text[1]),
         );
         let num_warps = spec.num_warps;
         let [cx, cy, cz] = kernel.cluster;
@@ -502,7 +502,7 @@ fn expand_one(
 
     let params = ast.params.iter().enumerate().map(|(i, p)| {
         let pname = &p.name;
-        let kind = param_kind_tokens(&krate, p.kind);
+        let kind = param_kind_tokens(krate, p.kind);
         let w = written.contains(&i);
         quote! { #krate::runtime::ParamDef { name: #pname, kind: #kind, written: #w } }
     });
@@ -514,7 +514,7 @@ fn expand_one(
         let ident = format_ident!("{}", p.name);
         match p.kind {
             ParamKind::Ptr(d) => {
-                let t = rust_type(&krate, d);
+                let t = rust_type(krate, d);
                 if written.contains(&i) {
                     arg_decls.push(quote!(#ident: &mut #krate::runtime::Buffer<#t>));
                     arg_exprs.push(quote!(#krate::runtime::KernelArg::write(#ident)));
@@ -524,7 +524,7 @@ fn expand_one(
                 }
             }
             ParamKind::Scalar(d) | ParamKind::ScalarMultipleOf(d, _) => {
-                let t = rust_type(&krate, d);
+                let t = rust_type(krate, d);
                 arg_decls.push(quote!(#ident: #t));
                 arg_exprs.push(quote!(#krate::runtime::KernelArg::from(#ident)));
             }
