@@ -41,6 +41,10 @@
 //! | `tl.extra.cuda.smid` | `sm_id()` | [`sm_id`] |
 //! | `gdc_wait`, `gdc_launch_dependents` | `wait_for_prior_kernels()`, `launch_dependents()` | [`wait_for_prior_kernels`], [`launch_dependents`] |
 //! | Gluon's distributed shared memory | `cluster_gather(t)` | [`cluster_gather`] |
+//! | a `@triton.jit` helper | a `#[tile_fn]` function | [`tile_fn`](crate::tile_fn) (example below) |
+//! | `while cond:` | `while cond { .. }` (run-time scalar `bool`, carried variables as in `for`) | example below |
+//! | `x_ptr.dtype.element_ty` generics | `fn k<T>(x: Ptr<T>)` with `T = [f32, bf16]` in the attribute | example below |
+//! | `BLOCK = triton.next_power_of_2(n)` | `k::pick_block(n)`, then `k::launch_at(.., [block], ..)` | example below |
 //!
 //! The exact rules (integer wrapping, shifts past the width, rounding, casts, NaN in
 //! reductions) are in `docs/design.md`, "Semantics". Every op is checked against a
@@ -123,6 +127,72 @@
 //! mm::<16>::launch(&dev, 2, &a, &b, &mut c, &mut total).unwrap();
 //! assert!(c.to_vec().unwrap().iter().all(|&v| v == 3.0));
 //! assert_eq!(total.to_vec().unwrap(), vec![2.0 * 256.0 * 3.0]);
+//! ```
+//!
+//! A `#[tile_fn]` helper (inlined where it is called), a `while` loop, a kernel generic
+//! over its element type, and the run-time pick of a compiled constant:
+//!
+//! ```
+//! use tilefuse::prelude::*;
+//!
+//! #[tile_fn]
+//! fn silu(x: Tile<f32>) -> Tile<f32> {
+//!     x * sigmoid(x)
+//! }
+//!
+//! // `out[i] = silu(x[i])` in T; `steps[0]` = halvings of `n` down to 1.
+//! #[kernel(T = [f32, bf16], B = [64, 256], num_warps = [1])]
+//! fn act<T, const B: usize>(x: Ptr<T>, out: Ptr<T>, steps: Ptr<i32>, n: i32) {
+//!     let offs = program_id(0) * B + arange(0, B);
+//!     let v = load(x + offs, offs < n, 0.0 as T) as f32;
+//!     store(out + offs, silu(v) as T, offs < n);
+//!     let mut m = n;
+//!     let mut count = 0;
+//!     while m > 1 {
+//!         m = m / 2;
+//!         count += 1;
+//!     }
+//!     store(steps, count);
+//! }
+//!
+//! let dev = Device::cpu();
+//! let host = [-1.0f32, 0.0, 2.0];
+//! let x = dev.upload(&host).unwrap();
+//! let mut out = dev.zeros::<f32>(3).unwrap();
+//! let mut steps = dev.zeros::<i32>(1).unwrap();
+//! act::<f32, 64>::launch(&dev, 1, &x, &mut out, &mut steps, 3).unwrap();
+//! let want: Vec<f32> = host.iter().map(|v| v / (1.0 + (-v).exp())).collect();
+//! assert!(out.to_vec().unwrap().iter().zip(&want).all(|(a, b)| (a - b).abs() < 1e-6));
+//! assert_eq!(steps.to_vec().unwrap(), vec![1]);
+//!
+//! // The same kernel in bf16, its block picked at run time.
+//! let xb = dev.upload(&host.map(bf16::from_f32)).unwrap();
+//! let mut ob = dev.zeros::<bf16>(3).unwrap();
+//! assert_eq!(ACT_BF16.pick_at_least("B", 100).unwrap(), 256);
+//! act::<bf16, 256>::launch(&dev, 1, &xb, &mut ob, &mut steps, 3).unwrap();
+//! assert_eq!(ob.to_vec().unwrap()[2], bf16::from_f32(want[2]));
+//! ```
+//!
+//! For a kernel without type parameters, `pick_<const>` and `launch_at` are generated:
+//!
+//! ```
+//! use tilefuse::prelude::*;
+//!
+//! #[kernel(BLOCK = [32, 128], num_warps = [1])]
+//! fn row_sum<const BLOCK: usize>(x: Ptr<f32>, out: Ptr<f32>, n: i32) {
+//!     let offs = arange(0, BLOCK);
+//!     store(out, load(x + offs, offs < n, 0.0).sum(0));
+//! }
+//!
+//! let dev = Device::cpu();
+//! let x = dev.upload(&[1.0f32; 100]).unwrap();
+//! let mut out = dev.zeros::<f32>(1).unwrap();
+//! let block = row_sum::pick_block(100).unwrap(); // 128: the smallest compiled >= 100
+//! row_sum::launch_at(&dev, 1, [block], &x, &mut out, 100).unwrap();
+//! assert_eq!(out.to_vec().unwrap(), vec![100.0]);
+//! // None fits: the error lists the compiled values.
+//! let err = row_sum::pick_block(1000).unwrap_err().to_string();
+//! assert!(err.contains("[32, 128]"), "{err}");
 //! ```
 
 use std::marker::PhantomData;

@@ -33,7 +33,9 @@ pub mod kernels;
 
 pub use tilefuse_dsl as dsl;
 pub use tilefuse_engine as engine;
-pub use tilefuse_macros::kernel;
+#[doc(hidden)]
+pub use tilefuse_macros::__tile_chain;
+pub use tilefuse_macros::{kernel, tile_fn};
 
 /// What kernel authors and engine users need in scope.
 pub mod prelude {
@@ -41,5 +43,5 @@ pub mod prelude {
     pub use crate::dsl::runtime::{
         Buffer, Device, KernelArg, KernelDef, LaunchConfig, LaunchError,
     };
-    pub use crate::kernel;
+    pub use crate::{kernel, tile_fn};
 }

@@ -28,7 +28,31 @@
 //! `global_timer()` nanoseconds) and its `sm_id()` to `stamps[(stamp_at + p) * 4..][..4]`
 //! ([`crate::decode::Decoder::timeline`]); with `-1` they write nothing.
 
-use tilefuse_macros::kernel;
+use tilefuse_macros::{kernel, tile_fn};
+
+/// The clock for the timeline (`global_timer()`), read only when asked for
+/// (`stamp_at >= 0`; see the module docs), else 0.
+#[tile_fn(crate = tilefuse_dsl)]
+fn stamp_clock(stamp_at: i32) -> i64 {
+    let mut t = 0 as i64;
+    if stamp_at >= 0 {
+        t = global_timer();
+    }
+    t
+}
+
+/// Program `program_id(0)`'s timeline stamps when asked for (`stamp_at >= 0`): its
+/// entry time, the time it got past `wait_for_prior_kernels()`, now, and its SM.
+#[tile_fn(crate = tilefuse_dsl)]
+fn store_stamps(stamps: Ptr<i64>, stamp_at: i32, t_entry: i64, t_wait: i64) {
+    if stamp_at >= 0 {
+        let at = stamps + (stamp_at + program_id(0)) * 4;
+        store(at, t_entry);
+        store(at + 1, t_wait);
+        store(at + 2, global_timer());
+        store(at + 3, sm_id() as i64);
+    }
+}
 
 use crate::sampling::kernels as sampling;
 
@@ -110,10 +134,7 @@ pub fn rms_norm_gemv<
 ) {
     // Timeline stamps (see the module docs): the clock is read only when asked for,
     // and stored at the end.
-    let mut t_entry = 0 as i64;
-    if stamp_at >= 0 {
-        t_entry = global_timer();
-    }
+    let t_entry = stamp_clock(stamp_at);
     let rows = program_id(0) * BLOCK_N + arange(0, BLOCK_N);
     let row_ok = rows < n;
     let row_offs = rows.expand_dims(1) * k;
@@ -139,10 +160,7 @@ pub fn rms_norm_gemv<
     // Weights are never written during decode: only now wait for the kernels before
     // this one (with programmatic launch on Hopper, the loads above overlap their tail).
     wait_for_prior_kernels();
-    let mut t_wait = 0 as i64;
-    if stamp_at >= 0 {
-        t_wait = global_timer();
-    }
+    let t_wait = stamp_clock(stamp_at);
 
     // One pass: the squares for the norm and the dot products with `norm_w * x` are
     // summed together, and `inv_rms` scales the row sums at the end (no reduction
@@ -192,13 +210,7 @@ pub fn rms_norm_gemv<
     }
     let inv_rms = 1.0 / sqrt(sq_sum / (k as f32) + eps);
     store(y + rows, (sums * inv_rms + b) as bf16, row_ok);
-    if stamp_at >= 0 {
-        let at = stamps + (stamp_at + program_id(0)) * 4;
-        store(at, t_entry);
-        store(at + 1, t_wait);
-        store(at + 2, global_timer());
-        store(at + 3, sm_id() as i64);
-    }
+    store_stamps(stamps, stamp_at, t_entry, t_wait);
 }
 
 /// `x = bf16(x + bf16(W · a + bias))`: a projection added into the residual stream.
@@ -243,10 +255,7 @@ pub fn gemv_residual<
 ) {
     // Timeline stamps (see the module docs): the clock is read only when asked for,
     // and stored at the end.
-    let mut t_entry = 0 as i64;
-    if stamp_at >= 0 {
-        t_entry = global_timer();
-    }
+    let t_entry = stamp_clock(stamp_at);
     let rows = program_id(0) * BLOCK_N + arange(0, BLOCK_N);
     let row_ok = rows < n;
     let row_offs = rows.expand_dims(1) * k;
@@ -269,10 +278,7 @@ pub fn gemv_residual<
     }
     let b = load(bias + rows, row_ok, 0.0) as f32;
     wait_for_prior_kernels();
-    let mut t_wait = 0 as i64;
-    if stamp_at >= 0 {
-        t_wait = global_timer();
-    }
+    let t_wait = stamp_clock(stamp_at);
     // Everything the end needs is requested now, not after the reduction (each load
     // issued after a barrier costs its own round trip).
     let old = load(x + rows, row_ok, 0.0) as f32;
@@ -311,13 +317,7 @@ pub fn gemv_residual<
     }
     let proj = (sums + b) as bf16 as f32;
     store(x + rows, (old + proj) as bf16, row_ok);
-    if stamp_at >= 0 {
-        let at = stamps + (stamp_at + program_id(0)) * 4;
-        store(at, t_entry);
-        store(at + 1, t_wait);
-        store(at + 2, global_timer());
-        store(at + 3, sm_id() as i64);
-    }
+    store_stamps(stamps, stamp_at, t_entry, t_wait);
 }
 
 /// `act = bf16(bf16(silu(g)) * u)` with `g = W[r] · rmsnorm(x)` and
@@ -363,10 +363,7 @@ pub fn rms_norm_gate_up<
 ) {
     // Timeline stamps (see the module docs): the clock is read only when asked for,
     // and stored at the end.
-    let mut t_entry = 0 as i64;
-    if stamp_at >= 0 {
-        t_entry = global_timer();
-    }
+    let t_entry = stamp_clock(stamp_at);
     let rows = program_id(0) * BLOCK_N + arange(0, BLOCK_N);
     let row_ok = rows < inter;
     let row_offs = rows.expand_dims(1) * k;
@@ -386,10 +383,7 @@ pub fn rms_norm_gate_up<
     }
     let gw_first = load(norm_w + cols, col_ok, 0.0) as f32;
     wait_for_prior_kernels();
-    let mut t_wait = 0 as i64;
-    if stamp_at >= 0 {
-        t_wait = global_timer();
-    }
+    let t_wait = stamp_clock(stamp_at);
 
     // One pass, as in `rms_norm_gemv`: `inv_rms` scales the row sums at the end.
     let xv = load(x + cols, col_ok, 0.0) as f32;
@@ -451,13 +445,7 @@ pub fn rms_norm_gate_up<
     let up = (sum_u * inv_rms) as bf16 as f32;
     let silu = (gate / (1.0 + exp(-gate))) as bf16 as f32;
     store(act + rows, (silu * up) as bf16, row_ok);
-    if stamp_at >= 0 {
-        let at = stamps + (stamp_at + program_id(0)) * 4;
-        store(at, t_entry);
-        store(at + 1, t_wait);
-        store(at + 2, global_timer());
-        store(at + 3, sm_id() as i64);
-    }
+    store_stamps(stamps, stamp_at, t_entry, t_wait);
 }
 
 /// Decode attention, first pass, with the step's QK-norm (when `use_norm != 0`), RoPE
@@ -549,10 +537,7 @@ pub fn attention_split<
 ) {
     // Timeline stamps (see the module docs): the clock is read only when asked for,
     // and stored at the end.
-    let mut t_entry = 0 as i64;
-    if stamp_at >= 0 {
-        t_entry = global_timer();
-    }
+    let t_entry = stamp_clock(stamp_at);
     let kv_head = program_id(0);
     let split = program_id(1);
     let splits = num_programs(1);
@@ -605,10 +590,7 @@ pub fn attention_split<
     // step, cache rows below `pos` by earlier ones): only the projection `qkv` comes
     // from the kernel just before.
     wait_for_prior_kernels();
-    let mut t_wait = 0 as i64;
-    if stamp_at >= 0 {
-        t_wait = global_timer();
-    }
+    let t_wait = stamp_clock(stamp_at);
     // Only now let the next kernels start: triggered at entry, programs of the combine
     // and the O projection started early and their loads competed with this kernel's
     // (H100: 121.3 -> 112.5 us a decode step, 6.71 -> 5.09 us alone at 512 positions).
@@ -780,15 +762,9 @@ pub fn attention_combine<const D: usize, const S: usize, const DC: usize>(
 ) {
     // Timeline stamps (see the module docs): the clock is read only when asked for,
     // and stored at the end.
-    let mut t_entry = 0 as i64;
-    if stamp_at >= 0 {
-        t_entry = global_timer();
-    }
+    let t_entry = stamp_clock(stamp_at);
     wait_for_prior_kernels();
-    let mut t_wait = 0 as i64;
-    if stamp_at >= 0 {
-        t_wait = global_timer();
-    }
+    let t_wait = stamp_clock(stamp_at);
     let head = program_id(0);
     let s = arange(0, S);
     let ok = s < splits;

@@ -11,6 +11,7 @@ use quote::{format_ident, quote};
 use syn::ItemFn;
 
 use tilefuse_dsl::back::ptx::{self, Target};
+use tilefuse_dsl::front::KernelAst;
 use tilefuse_dsl::ir::{DType, ParamKind};
 
 /// Compiles a tile function to PTX at build time and generates its launch API.
@@ -33,12 +34,271 @@ pub fn kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
         Ok(item) => item,
         Err(e) => return e.to_compile_error().into(),
     };
-    expand(attr, item).into()
-}
-
-fn expand(attr: TokenStream2, item: ItemFn) -> TokenStream2 {
     let ast = match tilefuse_dsl::front::parse_kernel(attr.clone(), &item) {
         Ok(ast) => ast,
+        Err(e) => return e.to_compile_error().into(),
+    };
+    let calls = tilefuse_dsl::front::helper_calls(&item.block);
+    if calls.is_empty() {
+        return expand(attr, item, ast, Vec::new()).into();
+    }
+    // The body calls helpers: gather their source through their macros (see `tile_fn`).
+    let chain = chain_path(ast.crate_path.is_some());
+    let state = quote! { kernel { (#attr) } { #item } };
+    let fallbacks = unknown_helper_fallbacks(&ast.name, &calls);
+    let chain = start_chain(&chain, state, calls);
+    quote!(#fallbacks #chain).into()
+}
+
+/// For each helper a kernel calls by a plain name, a glob-imported `macro_rules!` of
+/// that name whose expansion is the unknown-op error: a real `#[tile_fn]` in scope (an
+/// explicit name) shadows the glob, so only a call of a function that is no helper
+/// reaches it, and the user reads the language's error instead of "cannot find macro".
+fn unknown_helper_fallbacks(kernel: &syn::Ident, calls: &[syn::Path]) -> TokenStream2 {
+    let plain: Vec<&syn::Ident> = calls
+        .iter()
+        .filter(|p| p.leading_colon.is_none() && p.segments.len() == 1)
+        .map(|p| &p.segments[0].ident)
+        .collect();
+    if plain.is_empty() {
+        return quote!();
+    }
+    let module = format_ident!("__tilefuse_unknown_ops_of_{}", kernel);
+    let defs = plain.iter().map(|name| {
+        let msg = format!(
+            "{} (no `#[tile_fn]` helper named `{name}` is in scope: bring it in with `use`, or call it by its path)",
+            tilefuse_dsl::front::lower::unknown_op_message(&name.to_string())
+        );
+        // The error's span is the call's: `compile_error!` reports where it is written.
+        let error = quote::quote_spanned!(name.span()=> ::core::compile_error! { #msg });
+        quote! {
+            macro_rules! #name {
+                ($($t:tt)*) => { #error };
+            }
+            pub(crate) use #name;
+        }
+    });
+    quote! {
+        #[doc(hidden)]
+        #[allow(non_snake_case, unused_macros, unused_imports)]
+        mod #module {
+            #(#defs)*
+        }
+        #[allow(unused_imports)]
+        use #module::*;
+    }
+}
+
+/// Marks a helper function that kernels (and other helpers) may call: a plain function
+/// over tiles and scalars, inlined where it is called. It may take const generics
+/// (`f::<BLOCK>(x)`) and element types (`f::<T>(x)`, needed where its body names `T`),
+/// return a value (its tail expression) or nothing (a helper that stores), and live in
+/// another module of the crate: bring it into scope with `use`, or call it by path.
+///
+/// ```ignore
+/// #[tile_fn]
+/// pub fn silu(x: Tile<f32>) -> Tile<f32> {
+///     x * sigmoid(x)
+/// }
+///
+/// #[kernel(BLOCK = [1024])]
+/// fn act<const BLOCK: usize>(x: Ptr<f32>, out: Ptr<f32>, n: i32) {
+///     let offs = program_id(0) * BLOCK + arange(0, BLOCK);
+///     store(out + offs, silu(load(x + offs, offs < n, 0.0)), offs < n);
+/// }
+/// ```
+///
+/// The helper becomes a hidden `macro_rules!` of the same name that hands its source
+/// (and that of the helpers it calls) to the kernels that call it; it is not a Rust
+/// function the host can call. It is shared within its crate (`pub` acts as
+/// `pub(crate)`). `crate = path` works as in `#[kernel]`, for crates that use
+/// `tilefuse-dsl` and `tilefuse-macros` directly.
+#[proc_macro_attribute]
+pub fn tile_fn(attr: TokenStream, item: TokenStream) -> TokenStream {
+    let attr: TokenStream2 = attr.into();
+    let item = match syn::parse::<ItemFn>(item) {
+        Ok(item) => item,
+        Err(e) => return e.to_compile_error().into(),
+    };
+    let direct = match tile_fn_crate(attr.clone()) {
+        Ok(d) => d,
+        Err(e) => return e.to_compile_error().into(),
+    };
+    if let Err(e) = tilefuse_dsl::front::parse_tile_fn(&item) {
+        return e.to_compile_error().into();
+    }
+    let mut calls = tilefuse_dsl::front::helper_calls(&item.block);
+    calls.retain(|p| p.segments.last().is_none_or(|s| s.ident != item.sig.ident));
+    if calls.is_empty() {
+        return helper_macro(&item, &[]).into();
+    }
+    let chain = chain_path(direct);
+    let state = quote! { tile_fn { (#attr) } { #item } };
+    let fallbacks = unknown_helper_fallbacks(&item.sig.ident, &calls);
+    let chain = start_chain(&chain, state, calls);
+    quote!(#fallbacks #chain).into()
+}
+
+/// Whether `#[tile_fn(..)]` names `crate = path` (the only argument it takes).
+fn tile_fn_crate(attr: TokenStream2) -> syn::Result<bool> {
+    if attr.is_empty() {
+        return Ok(false);
+    }
+    let parsed: syn::MetaNameValue = syn::parse2(attr)?;
+    if !parsed.path.is_ident("crate") {
+        return Err(syn::Error::new_spanned(
+            parsed.path,
+            "`#[tile_fn]` takes only `crate = path`",
+        ));
+    }
+    Ok(true)
+}
+
+/// The path of [`__tile_chain`]: through the `tilefuse` facade, or straight from this
+/// crate where the attribute names `crate = path` (crates that use `tilefuse-dsl` and
+/// `tilefuse-macros` directly).
+fn chain_path(direct: bool) -> TokenStream2 {
+    if direct {
+        quote!(::tilefuse_macros::__tile_chain)
+    } else {
+        quote!(::tilefuse::__tile_chain)
+    }
+}
+
+/// Calls the first helper's macro with the chain's state; the rest are pending.
+fn start_chain(chain: &TokenStream2, state: TokenStream2, calls: Vec<syn::Path>) -> TokenStream2 {
+    let mut calls = calls.into_iter();
+    let first = calls.next().expect("a chain starts with a helper");
+    let rest: Vec<syn::Path> = calls.collect();
+    quote! { #first! { [#chain] [#chain] #state pending { #(#rest;)* } } }
+}
+
+/// The `macro_rules!` a helper becomes: called with `[callback] state..`, it calls
+/// `callback! { state.. { <its source and its helpers'> } }`.
+fn helper_macro(item: &ItemFn, gathered: &[ItemFn]) -> TokenStream2 {
+    let name = &item.sig.ident;
+    let mut bare = item.clone();
+    bare.attrs.clear();
+    let mut sources = vec![quote!(#bare)];
+    for g in gathered {
+        if g.sig.ident != item.sig.ident {
+            sources.push(quote!(#g));
+        }
+    }
+    // Re-exported by path so that kernels anywhere in the crate can name it; `pub`
+    // becomes `pub(crate)` (a `macro_rules!` leaves its crate only through
+    // `#[macro_export]`, which a macro-generated macro cannot use by path).
+    let vis = match &item.vis {
+        syn::Visibility::Public(_) => quote!(pub(crate)),
+        other => quote!(#other),
+    };
+    quote! {
+        #[doc(hidden)]
+        #[allow(unused_macros)]
+        macro_rules! #name {
+            ([$($cb:tt)*] $($state:tt)*) => { $($cb)*! { $($state)* { #(#sources)* } } };
+        }
+        #[doc(hidden)]
+        #[allow(unused_imports)]
+        #vis use #name;
+    }
+}
+
+/// One step of gathering helper sources (generated by `#[kernel]` and `#[tile_fn]`, not
+/// for direct use): `[self] kernel|tile_fn { (attr) } { item } pending { paths; }
+/// { sources }..`. Calls the next pending helper's macro, or, when none is left,
+/// expands the kernel (or defines the helper's macro) with every gathered source.
+#[doc(hidden)]
+#[proc_macro]
+pub fn __tile_chain(input: TokenStream) -> TokenStream {
+    match chain_step(input.into()) {
+        Ok(t) => t.into(),
+        Err(e) => e.to_compile_error().into(),
+    }
+}
+
+fn chain_step(input: TokenStream2) -> syn::Result<TokenStream2> {
+    use proc_macro2::TokenTree;
+    let mut it = input.into_iter().peekable();
+    let bad =
+        |what: &str| syn::Error::new(Span::call_site(), format!("malformed helper chain: {what}"));
+    let Some(TokenTree::Group(chain)) = it.next() else {
+        return Err(bad("callback"));
+    };
+    let chain = chain.stream();
+    let Some(TokenTree::Ident(target)) = it.next() else {
+        return Err(bad("target"));
+    };
+    let Some(TokenTree::Group(attr)) = it.next() else {
+        return Err(bad("attribute"));
+    };
+    let attr = match attr.stream().into_iter().next() {
+        Some(TokenTree::Group(g)) => g.stream(),
+        _ => TokenStream2::new(),
+    };
+    let Some(TokenTree::Group(item)) = it.next() else {
+        return Err(bad("item"));
+    };
+    let item: ItemFn = syn::parse2(item.stream())?;
+    let _pending_kw = it.next();
+    let Some(TokenTree::Group(pending)) = it.next() else {
+        return Err(bad("pending"));
+    };
+    let mut gathered: Vec<ItemFn> = Vec::new();
+    for tt in it {
+        let TokenTree::Group(g) = tt else {
+            return Err(bad("sources"));
+        };
+        let file: syn::File = syn::parse2(g.stream())?;
+        for i in file.items {
+            let syn::Item::Fn(f) = i else {
+                return Err(bad("a source that is not a fn"));
+            };
+            gathered.push(f);
+        }
+    }
+    let pending: Vec<syn::Path> = syn::parse::Parser::parse2(
+        syn::punctuated::Punctuated::<syn::Path, syn::Token![;]>::parse_terminated,
+        pending.stream(),
+    )?
+    .into_iter()
+    .collect();
+    let state_item = &item;
+    if let Some((next, rest)) = pending.split_first() {
+        return Ok(quote! {
+            #next! { [#chain] [#chain] #target { (#attr) } { #state_item } pending { #(#rest;)* }
+                #({ #gathered })* }
+        });
+    }
+    if target == "kernel" {
+        let ast = tilefuse_dsl::front::parse_kernel(attr.clone(), &item)?;
+        return Ok(expand(attr, item, ast, gathered));
+    }
+    Ok(helper_macro(&item, &gathered))
+}
+
+fn expand(
+    attr: TokenStream2,
+    item: ItemFn,
+    ast: KernelAst,
+    helper_items: Vec<ItemFn>,
+) -> TokenStream2 {
+    // Helpers are found by name: one body per name (the same helper may arrive through
+    // several others).
+    let mut helper_fns: Vec<ItemFn> = Vec::new();
+    for h in helper_items {
+        let mut h = h;
+        h.attrs.clear();
+        if !helper_fns
+            .iter()
+            .any(|g| quote!(#g).to_string() == quote!(#h).to_string())
+        {
+            helper_fns.push(h);
+        }
+    }
+    let helper_syn: Vec<syn::Item> = helper_fns.iter().cloned().map(syn::Item::Fn).collect();
+    let helpers = match tilefuse_dsl::front::helpers::parse_tile_fns(&helper_syn) {
+        Ok(h) => h,
         Err(e) => return e.to_compile_error(),
     };
     let krate = ast
@@ -47,12 +307,128 @@ fn expand(attr: TokenStream2, item: ItemFn) -> TokenStream2 {
         .map(|p| quote!(#p))
         .unwrap_or_else(|| quote!(::tilefuse::dsl));
 
-    // The fn text the interpreter re-parses at run time (without doc comments).
+    let vis = &item.vis;
+    let name = &ast.name;
+    let name_str = name.to_string();
+    let docs: Vec<&syn::Attribute> = item
+        .attrs
+        .iter()
+        .filter(|a| a.path().is_ident("doc"))
+        .collect();
     let mut bare = item.clone();
     bare.attrs.retain(|a| !a.path().is_ident("doc"));
-    let source = quote!(#[kernel(#attr)] #bare).to_string();
 
+    let combos = ast.type_combinations();
+    let generic = !ast.types.is_empty();
+    let mut out = Vec::new();
     let mut errors: Vec<syn::Error> = Vec::new();
+    for combo in &combos {
+        let mut bound = ast.bind_types(combo);
+        bound.helpers = helpers.clone();
+        // The text the interpreter re-parses at run time (without doc comments): the
+        // kernel, its dtypes, then its helpers.
+        let binding = combo.iter().map(|(n, d)| {
+            let n = format_ident!("{}", n);
+            let d = format_ident!("{}", d.name());
+            quote!(#n = #d)
+        });
+        let binding = if generic {
+            quote!(#[bind_types(#(#binding),*)])
+        } else {
+            quote!()
+        };
+        let source = quote!(#[kernel(#attr)] #binding #bare #(#helper_fns)*).to_string();
+        let def_name = if generic {
+            let suffix: Vec<String> = combo.iter().map(|(_, d)| d.name().to_uppercase()).collect();
+            format_ident!("{}_{}", name_str.to_uppercase(), suffix.join("_"))
+        } else {
+            format_ident!("{}", name_str.to_uppercase())
+        };
+        let types: Vec<DType> = combo.iter().map(|(_, d)| *d).collect();
+        let bad_scalar = bound.params.iter().find(|p| {
+            p.generic.is_some()
+                && matches!(p.kind, ParamKind::Scalar(d) | ParamKind::ScalarMultipleOf(d, _)
+                    if !matches!(d, DType::I32 | DType::U32 | DType::I64 | DType::F32))
+        });
+        if let Some(p) = bad_scalar {
+            let d = match p.kind {
+                ParamKind::Scalar(d) | ParamKind::ScalarMultipleOf(d, _) => d,
+                ParamKind::Ptr(d) => d,
+            };
+            errors.push(syn::Error::new(
+                p.span,
+                format!(
+                    "scalar parameter `{}` would be {d}, but scalars are i32, u32, i64 or f32: take it as f32 and convert with `as`",
+                    p.name
+                ),
+            ));
+            continue;
+        }
+        out.push(expand_one(
+            &bound,
+            &krate,
+            vis,
+            &def_name,
+            &source,
+            &types,
+            &mut errors,
+        ));
+    }
+
+    let const_idents: Vec<syn::Ident> = ast
+        .consts
+        .iter()
+        .map(|c| format_ident!("{}", c.name))
+        .collect();
+    let type_idents: Vec<syn::Ident> = ast
+        .types
+        .iter()
+        .map(|t| format_ident!("{}", t.name))
+        .collect();
+    let struct_generics = if const_idents.is_empty() && type_idents.is_empty() {
+        quote!()
+    } else {
+        quote!(<#(#type_idents,)* #(const #const_idents: usize),*>)
+    };
+    let struct_body = if type_idents.is_empty() {
+        quote!(;)
+    } else {
+        quote!((::core::marker::PhantomData<(#(#type_idents,)*)>);)
+    };
+    let struct_doc = if generic {
+        format!(
+            "The tilefuse kernel `{name_str}`: call `launch` on a compiled specialization (`{name_str}::<dtype, ..>`); `{}_<DTYPE>` describes each dtype's variants.",
+            name_str.to_uppercase()
+        )
+    } else {
+        format!(
+            "The tilefuse kernel `{name_str}`: call `launch` on a compiled specialization; `{}` describes every variant.",
+            name_str.to_uppercase()
+        )
+    };
+    let errors = errors.iter().map(|e| e.to_compile_error());
+    quote! {
+        #(#docs)*
+        #[doc = #struct_doc]
+        #[allow(non_camel_case_types)]
+        #vis struct #name #struct_generics #struct_body
+
+        #(#out)*
+        #(#errors)*
+    }
+}
+
+/// The kernel description, launches and picks of one binding of a kernel's dtypes (the
+/// only one for a kernel without type parameters).
+fn expand_one(
+    ast: &KernelAst,
+    krate: &TokenStream2,
+    vis: &syn::Visibility,
+    def_name: &syn::Ident,
+    source: &str,
+    types: &[DType],
+    errors: &mut Vec<syn::Error>,
+) -> TokenStream2 {
     let mut push_error = |span: Span, msg: String| {
         if !errors.iter().any(|e| e.to_string() == msg) {
             errors.push(syn::Error::new(span, msg));
@@ -64,7 +440,7 @@ fn expand(attr: TokenStream2, item: ItemFn) -> TokenStream2 {
     let mut variants = Vec::new();
     let specs = ast.specializations();
     for spec in &specs {
-        let (result, spans) = tilefuse_dsl::compile_with_spans(&ast, spec);
+        let (result, spans) = tilefuse_dsl::compile_with_spans(ast, spec);
         let kernel = match result {
             Ok(k) => k,
             Err(e) => {
@@ -101,8 +477,8 @@ fn expand(attr: TokenStream2, item: ItemFn) -> TokenStream2 {
         }
         let consts: Vec<i64> = spec.consts.iter().map(|(_, v)| *v).collect();
         let (sm80, sm90) = (
-            embedded_ptx(&krate, &ptx_text[0]),
-            embedded_ptx(&krate, &ptx_text[1]),
+            embedded_ptx(krate, &ptx_text[0]),
+            embedded_ptx(krate, &ptx_text[1]),
         );
         let num_warps = spec.num_warps;
         let [cx, cy, cz] = kernel.cluster;
@@ -119,25 +495,14 @@ fn expand(attr: TokenStream2, item: ItemFn) -> TokenStream2 {
         });
     }
 
-    let vis = &item.vis;
     let name = &ast.name;
     let name_str = name.to_string();
-    let def_name = format_ident!("{}", name_str.to_uppercase());
     let const_names: Vec<&String> = ast.consts.iter().map(|c| &c.name).collect();
-    let const_idents: Vec<syn::Ident> = ast
-        .consts
-        .iter()
-        .map(|c| format_ident!("{}", c.name))
-        .collect();
-    let docs: Vec<&syn::Attribute> = item
-        .attrs
-        .iter()
-        .filter(|a| a.path().is_ident("doc"))
-        .collect();
+    let type_args: Vec<TokenStream2> = types.iter().map(|d| rust_type(krate, *d)).collect();
 
     let params = ast.params.iter().enumerate().map(|(i, p)| {
         let pname = &p.name;
-        let kind = param_kind_tokens(&krate, p.kind);
+        let kind = param_kind_tokens(krate, p.kind);
         let w = written.contains(&i);
         quote! { #krate::runtime::ParamDef { name: #pname, kind: #kind, written: #w } }
     });
@@ -149,7 +514,7 @@ fn expand(attr: TokenStream2, item: ItemFn) -> TokenStream2 {
         let ident = format_ident!("{}", p.name);
         match p.kind {
             ParamKind::Ptr(d) => {
-                let t = rust_type(&krate, d);
+                let t = rust_type(krate, d);
                 if written.contains(&i) {
                     arg_decls.push(quote!(#ident: &mut #krate::runtime::Buffer<#t>));
                     arg_exprs.push(quote!(#krate::runtime::KernelArg::write(#ident)));
@@ -159,7 +524,7 @@ fn expand(attr: TokenStream2, item: ItemFn) -> TokenStream2 {
                 }
             }
             ParamKind::Scalar(d) | ParamKind::ScalarMultipleOf(d, _) => {
-                let t = rust_type(&krate, d);
+                let t = rust_type(krate, d);
                 arg_decls.push(quote!(#ident: #t));
                 arg_exprs.push(quote!(#krate::runtime::KernelArg::from(#ident)));
             }
@@ -175,14 +540,14 @@ fn expand(attr: TokenStream2, item: ItemFn) -> TokenStream2 {
             continue;
         }
         seen.push(consts.clone());
-        let generics = if consts.is_empty() {
+        let generics = if consts.is_empty() && type_args.is_empty() {
             quote!()
         } else {
             let lits = consts.iter().map(|v| {
                 let v = *v as usize;
                 quote!(#v)
             });
-            quote!(<#(#lits),*>)
+            quote!(<#(#type_args,)* #(#lits),*>)
         };
         let warps: Vec<u32> = specs
             .iter()
@@ -216,25 +581,60 @@ fn expand(attr: TokenStream2, item: ItemFn) -> TokenStream2 {
         });
     }
 
-    let struct_generics = if const_idents.is_empty() {
-        quote!()
-    } else {
-        quote!(<#(const #const_idents: usize),*>)
-    };
-    let struct_doc = format!(
-        "The tilefuse kernel `{name_str}`: call `launch` on a compiled specialization; `{def_name}` describes every variant."
-    );
+    // Run-time choice of the constants, typed (kernels without type parameters: a
+    // dtype-generic kernel's launch types differ per dtype).
+    if types.is_empty() && !ast.consts.is_empty() {
+        let sentinel = ast.consts.iter().map(|_| quote!({ usize::MAX }));
+        let n = ast.consts.len();
+        let picks = ast.consts.iter().map(|c| {
+            let f = format_ident!("pick_{}", c.name.to_lowercase());
+            let cname = &c.name;
+            let doc = format!(
+                "The smallest compiled `{cname}` that is at least `n` (Triton's `{cname} = triton.next_power_of_2(n)`, among the compiled values); the error lists them. Launch with `launch_at`."
+            );
+            quote! {
+                #[doc = #doc]
+                #vis fn #f(n: usize) -> ::core::result::Result<usize, #krate::runtime::LaunchError> {
+                    #def_name.pick_at_least(#cname, n as i64).map(|v| v as usize)
+                }
+            }
+        });
+        let launch_doc = format!(
+            "Launches `{name_str}` with its constants ({}) chosen at run time (e.g. by the `pick_*` functions), typed like every `launch`; an uncompiled combination is an error that lists the compiled ones.",
+            const_names.iter().map(|c| c.as_str()).collect::<Vec<_>>().join(", ")
+        );
+        impls.push(quote! {
+            /// Run-time choice of the compile-time constants.
+            impl #name<#(#sentinel),*> {
+                #(#picks)*
+
+                #[doc = #launch_doc]
+                #[allow(clippy::too_many_arguments)]
+                #vis fn launch_at(
+                    dev: &#krate::runtime::Device,
+                    cfg: impl ::core::convert::Into<#krate::runtime::LaunchConfig>,
+                    consts: [usize; #n],
+                    #(#arg_decls),*
+                ) -> ::core::result::Result<(), #krate::runtime::LaunchError> {
+                    let consts = consts.map(|c| c as i64);
+                    #def_name.launch_dyn(dev, cfg, &consts, &mut [#(#arg_exprs),*])
+                }
+            }
+        });
+    }
+
     let def_doc = format!(
         "Description of the kernel `{name_str}`: its signature, source and compiled variants (PTX)."
     );
-    let typed = typed_items(&krate, vis, &ast, &written, &def_name);
-    let errors = errors.iter().map(|e| e.to_compile_error());
+    // Named argument and constant structs (`<Name>Args`, `<Name>Consts`) for kernels
+    // without dtype parameters; a dtype-generic kernel launches through its typed
+    // `launch` per dtype.
+    let typed = if types.is_empty() {
+        typed_items(krate, vis, ast, &written, def_name)
+    } else {
+        quote!()
+    };
     quote! {
-        #(#docs)*
-        #[doc = #struct_doc]
-        #[allow(non_camel_case_types)]
-        #vis struct #name #struct_generics;
-
         #[doc = #def_doc]
         #vis static #def_name: #krate::runtime::KernelDef = #krate::runtime::KernelDef {
             name: #name_str,
@@ -246,7 +646,6 @@ fn expand(attr: TokenStream2, item: ItemFn) -> TokenStream2 {
 
         #(#impls)*
         #typed
-        #(#errors)*
     }
 }
 

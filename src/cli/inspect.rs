@@ -467,6 +467,9 @@ fn write_accesses(out: &mut String, src: &Src, kernel: &Kernel, p: &PtxKernel) {
             },
             src.describe(a.loc)
         );
+        if let Some(why) = &a.narrowed {
+            let _ = writeln!(out, "           narrower than the layout allows: {why}");
+        }
     }
 }
 

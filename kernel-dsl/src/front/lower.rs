@@ -13,6 +13,7 @@ use syn::spanned::Spanned;
 use syn::visit::Visit;
 use syn::{BinOp, Expr as SynExpr, Lit, Pat, Stmt as SynStmt, UnOp};
 
+use super::helpers::{is_tile_op, TileFn, TILE_OPS};
 use super::parse::KernelAst;
 use crate::error::CompileError;
 use crate::ir::{
@@ -22,7 +23,6 @@ use crate::ir::{
 use crate::Specialization;
 
 mod more_ops;
-use more_ops::MORE_OPS;
 
 /// The source spans of a lowered kernel, indexed by [`Loc`].
 #[derive(Clone, Debug, Default)]
@@ -50,6 +50,9 @@ impl SpanTable {
 pub fn lower(ast: &KernelAst, spec: &Specialization) -> (Result<Kernel, CompileError>, SpanTable) {
     let mut cx = Lower {
         consts: HashMap::new(),
+        types: ast.bound_types.iter().cloned().collect(),
+        helpers: ast.helpers.clone(),
+        inlining: Vec::new(),
         clustered: false,
         values: Vec::new(),
         blocks: vec![Vec::new()],
@@ -68,6 +71,12 @@ struct Var {
 
 struct Lower {
     consts: HashMap<String, i64>,
+    /// Element-type parameters bound to dtypes (a dtype-generic kernel's `T`, a helper's).
+    types: HashMap<String, DType>,
+    /// The `#[tile_fn]` helpers the body may call.
+    helpers: Vec<TileFn>,
+    /// The helpers being inlined, outermost first (recursion is an error).
+    inlining: Vec<String>,
     /// Whether the attribute declares clusters (`cluster(..)`, even of one program).
     clustered: bool,
     values: Vec<Value>,
@@ -78,10 +87,20 @@ struct Lower {
 
 type R<T> = Result<T, CompileError>;
 
-const OPS: &str = "program_id, num_programs, arange, zeros, full, load, store, atomic_add, \
-atomic_max, select, maximum, minimum, exp, exp2, log, log2, sqrt, rsqrt, sin, cos, abs, sigmoid, \
-tanh, floor, ceil, sum, max, min, argmax, dot, expand_dims, broadcast_to, cdiv, cluster_gather, \
-global_timer, sm_id";
+/// The unknown-op error: the tile ops (from the one table, [`TILE_OPS`]) and the hint
+/// that helpers need `#[tile_fn]`.
+pub fn unknown_op_message(name: &str) -> String {
+    let ops: Vec<&str> = TILE_OPS
+        .iter()
+        .copied()
+        .filter(|n| *n != "where_")
+        .collect();
+    format!(
+        "unknown op `{name}` (tile ops: {}). To call a helper function from a kernel, mark it `#[tile_fn]`",
+        ops.join(", ")
+    )
+}
+
 impl Lower {
     fn run(&mut self, ast: &KernelAst, spec: &Specialization) -> R<Kernel> {
         let root = self.spans.add(ast.name.span());
@@ -310,12 +329,20 @@ impl Lower {
                 });
                 Ok(())
             }
+            SynExpr::Call(c) if call_name(&c.func).is_some_and(|n| self.helper(&n).is_some()) => {
+                let name = call_name(&c.func).unwrap_or_default();
+                let h = self.helper(&name).expect("checked by the guard");
+                self.inline_helper(h, c).map(|_| ())
+            }
             SynExpr::Return(r) => self.err(
                 r.span(),
                 "`return` is not supported: guard the work with masks or an `if`",
             ),
-            SynExpr::While(w) => self.err(w.span(), "`while` is not supported: use `for`"),
-            SynExpr::Loop(l) => self.err(l.span(), "`loop` is not supported: use `for`"),
+            SynExpr::While(w) => self.while_loop(w),
+            SynExpr::Loop(l) => self.err(
+                l.span(),
+                "`loop` is not supported: use `while cond { .. }` or `for`",
+            ),
             other => {
                 let v = self.expr(other)?;
                 // An expression statement whose value is unused: keep it only for its
@@ -411,6 +438,72 @@ impl Lower {
             start,
             end,
             step,
+            carried: out,
+            body,
+            loc: loop_loc,
+        });
+        Ok(())
+    }
+
+    /// `while cond { .. }`: a run-time scalar condition, evaluated before every
+    /// iteration; variables from outside that the body assigns are carried, as in `for`.
+    fn while_loop(&mut self, w: &syn::ExprWhile) -> R<()> {
+        if let Some(label) = &w.label {
+            return self.err(label.span(), "loop labels are not supported");
+        }
+        let loop_loc = self.loc(w.span());
+        let mut assigned = AssignedNames::default();
+        assigned.visit_block(&w.body);
+        let mut carried_names: Vec<String> = assigned
+            .names
+            .into_iter()
+            .filter(|n| self.lookup(n).is_some_and(|v| v.mutable))
+            .collect();
+        carried_names.sort();
+        let mut carried = Vec::new();
+        for name in &carried_names {
+            let init = self.lookup(name).expect("filtered above").value;
+            let loc = self.values[init.index()].loc;
+            let param = self.new_value(Def::Carried { init }, loc);
+            self.assign(name, param, w.span())?;
+            carried.push((name.clone(), init, param));
+        }
+        // The condition's statements run at the head of every iteration.
+        self.blocks.push(Vec::new());
+        let cond = self.expr(&w.cond);
+        let cond_body = Block {
+            stmts: self.blocks.pop().unwrap_or_default(),
+        };
+        let cond = cond?;
+        if let Some(Literal::Bool(_)) = self.literal(cond) {
+            return self.err(
+                w.cond.span(),
+                "a `while` condition must depend on run-time values (a constant condition never ends or never runs)",
+            );
+        }
+        self.blocks.push(Vec::new());
+        self.scopes.push(HashMap::new());
+        let r = self.block_stmts(&w.body.stmts);
+        self.scopes.pop();
+        let body = Block {
+            stmts: self.blocks.pop().unwrap_or_default(),
+        };
+        r?;
+        let mut out = Vec::new();
+        for (name, init, param) in carried {
+            let next = self.lookup(&name).expect("still in scope").value;
+            let result = self.new_value(Def::LoopResult { init }, loop_loc);
+            self.assign(&name, result, w.span())?;
+            out.push(Carried {
+                param,
+                init,
+                next,
+                result,
+            });
+        }
+        self.push_stmt(Stmt::While {
+            cond_body,
+            cond,
             carried: out,
             body,
             loc: loop_loc,
@@ -586,6 +679,15 @@ impl Lower {
                 let Some(name) = call_name(&c.func) else {
                     return self.err(c.func.span(), "expected the name of a tile op");
                 };
+                if let Some(h) = self.helper(&name) {
+                    return match self.inline_helper(h, c)? {
+                        Some(v) => Ok(v),
+                        None => self.err(
+                            c.span(),
+                            format!("helper `{name}` returns nothing: call it as a statement (`{name}(..);`)"),
+                        ),
+                    };
+                }
                 let turbofish = call_turbofish(&c.func);
                 let args: Vec<&SynExpr> = c.args.iter().collect();
                 self.call(&name, turbofish, &args, c.span())
@@ -602,7 +704,9 @@ impl Lower {
                     });
                 let mut args: Vec<&SynExpr> = vec![&m.receiver];
                 args.extend(m.args.iter());
-                self.call(&name, turbofish, &args, m.span())
+                // Located at the method's name: the span of the whole call would start at
+                // the receiver.
+                self.call(&name, turbofish, &args, m.method.span())
             }
             SynExpr::Index(i) => self.err(
                 i.span(),
@@ -719,7 +823,7 @@ impl Lower {
     fn dtype(&mut self, ty: &syn::Type) -> R<DType> {
         if let syn::Type::Path(p) = ty {
             if let Some(id) = p.path.get_ident() {
-                if let Some(d) = DType::from_name(&id.to_string()) {
+                if let Some(d) = self.named_dtype(&id.to_string()) {
                     return Ok(d);
                 }
             }
@@ -730,10 +834,15 @@ impl Lower {
         )
     }
 
+    /// A dtype by name: a dtype's own name, or a bound type parameter.
+    fn named_dtype(&self, name: &str) -> Option<DType> {
+        DType::from_name(name).or_else(|| self.types.get(name).copied())
+    }
+
     fn dtype_expr(&mut self, e: &SynExpr) -> R<DType> {
         if let SynExpr::Path(p) = e {
             if let Some(id) = p.path.get_ident() {
-                if let Some(d) = DType::from_name(&id.to_string()) {
+                if let Some(d) = self.named_dtype(&id.to_string()) {
                     return Ok(d);
                 }
             }
@@ -993,11 +1102,160 @@ impl Lower {
             }
             other => match self.more_ops(other, args, span)? {
                 Some(v) => Ok(v),
-                None => self.err(
-                    span,
-                    format!("unknown op `{other}` (tile ops: {OPS}, {MORE_OPS})"),
-                ),
+                None => self.err(span, unknown_op_message(other)),
             },
+        }
+    }
+
+    /// The index of the helper called `name`, if any (tile ops come first).
+    fn helper(&self, name: &str) -> Option<usize> {
+        if is_tile_op(name) {
+            return None;
+        }
+        self.helpers.iter().position(|h| h.name == name)
+    }
+
+    /// Inlines a call of a `#[tile_fn]` helper: its arguments are evaluated here, then
+    /// its body is lowered in place with only its parameters and generics in scope.
+    /// Returns the value of its tail expression (`None` for a helper without a return
+    /// type).
+    fn inline_helper(&mut self, index: usize, c: &syn::ExprCall) -> R<Option<ValueId>> {
+        let h = self.helpers[index].clone();
+        if self.inlining.contains(&h.name) {
+            return self.err(
+                c.span(),
+                format!(
+                    "helper `{}` calls itself (through {}): helpers are inlined, so they cannot recurse",
+                    h.name,
+                    self.inlining.join(" -> ")
+                ),
+            );
+        }
+        if c.args.len() != h.params.len() {
+            return self.err(
+                c.span(),
+                format!(
+                    "helper `{}` takes {} arguments, got {}",
+                    h.name,
+                    h.params.len(),
+                    c.args.len()
+                ),
+            );
+        }
+        // Generic arguments: `f::<B, T>(..)`, in the helper's declaration order.
+        let generic_args: Vec<syn::GenericArgument> = match &c.func.as_ref() {
+            SynExpr::Path(p) => match p.path.segments.last().map(|s| &s.arguments) {
+                Some(syn::PathArguments::AngleBracketed(a)) => a.args.iter().cloned().collect(),
+                _ => Vec::new(),
+            },
+            _ => Vec::new(),
+        };
+        if !generic_args.is_empty() && generic_args.len() != h.generics.len() {
+            return self.err(
+                c.func.span(),
+                format!(
+                    "helper `{}` takes {} generic arguments, got {}",
+                    h.name,
+                    h.generics.len(),
+                    generic_args.len()
+                ),
+            );
+        }
+        let mut consts = HashMap::new();
+        let mut types = HashMap::new();
+        for (i, g) in h.generics.iter().enumerate() {
+            let Some(arg) = generic_args.get(i) else {
+                if let Ok(name) = g {
+                    return self.err(
+                        c.func.span(),
+                        format!(
+                            "helper `{}` takes the constant `{name}`: pass it as `{}::<..>(..)`",
+                            h.name, h.name
+                        ),
+                    );
+                }
+                // An unbound type parameter: the body may not name it.
+                continue;
+            };
+            match (g, arg) {
+                (Ok(name), syn::GenericArgument::Const(e)) => {
+                    let v = self.generic_const(e)?;
+                    consts.insert(name.clone(), v);
+                }
+                (Ok(name), syn::GenericArgument::Type(syn::Type::Path(p)))
+                    if p.path.get_ident().is_some() =>
+                {
+                    let e = SynExpr::Path(syn::ExprPath {
+                        attrs: Vec::new(),
+                        qself: None,
+                        path: p.path.clone(),
+                    });
+                    let v = self.generic_const(&e)?;
+                    consts.insert(name.clone(), v);
+                }
+                (Err(name), syn::GenericArgument::Type(t)) => {
+                    let d = self.dtype(t)?;
+                    types.insert(name.clone(), d);
+                }
+                (_, other) => {
+                    return self.err(
+                        other.span(),
+                        format!(
+                            "this generic argument does not fit helper `{}`'s declaration",
+                            h.name
+                        ),
+                    )
+                }
+            }
+        }
+        let mut args = Vec::new();
+        for a in &c.args {
+            args.push(self.expr(a)?);
+        }
+        let saved_scopes = std::mem::replace(&mut self.scopes, vec![HashMap::new()]);
+        let saved_consts = std::mem::replace(&mut self.consts, consts);
+        let saved_types = std::mem::replace(&mut self.types, types);
+        self.inlining.push(h.name.clone());
+        for ((name, mutable, _), v) in h.params.iter().zip(args) {
+            self.bind(name, v, *mutable);
+        }
+        let result = self.helper_body(&h);
+        self.inlining.pop();
+        self.scopes = saved_scopes;
+        self.consts = saved_consts;
+        self.types = saved_types;
+        result
+    }
+
+    /// A helper's constant argument, folded without leaving its literal in the body (a
+    /// helper compiles to the same PTX as its body written in place).
+    fn generic_const(&mut self, e: &SynExpr) -> R<i64> {
+        let depth = self.blocks.last().map_or(0, |b| b.len());
+        let v = self.const_int(e, "a helper's constant")?;
+        if let Some(block) = self.blocks.last_mut() {
+            block.truncate(depth);
+        }
+        Ok(v)
+    }
+
+    fn helper_body(&mut self, h: &TileFn) -> R<Option<ValueId>> {
+        let stmts = &h.body.stmts;
+        if !h.returns {
+            self.block_stmts(stmts)?;
+            return Ok(None);
+        }
+        match stmts.split_last() {
+            Some((SynStmt::Expr(tail, None), rest)) => {
+                self.block_stmts(rest)?;
+                self.expr(tail).map(Some)
+            }
+            _ => self.err(
+                h.span,
+                format!(
+                    "helper `{}` declares a return type: end its body with the value (no `;`, no `return`)",
+                    h.name
+                ),
+            ),
         }
     }
 

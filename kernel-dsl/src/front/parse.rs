@@ -40,6 +40,21 @@ pub struct ParamDecl {
     pub kind: ParamKind,
     /// Where it was declared.
     pub span: Span,
+    /// The type parameter naming its element type (`x: Ptr<T>` in a kernel generic over
+    /// `T`), whose dtype `kind` takes once bound ([`KernelAst::bind_types`]).
+    pub generic: Option<String>,
+}
+
+/// An element-type parameter (`T` in `fn softmax<T: Float, ..>`) and the dtypes to
+/// compile it for (`T = [f32, bf16]` in the attribute).
+#[derive(Clone, Debug)]
+pub struct TypeDecl {
+    /// The name.
+    pub name: String,
+    /// The dtypes listed in the attribute.
+    pub values: Vec<DType>,
+    /// Where it was declared.
+    pub span: Span,
 }
 
 /// A parsed kernel: its checked signature, the values to specialize for, and its body.
@@ -49,6 +64,14 @@ pub struct KernelAst {
     pub name: Ident,
     /// Compile-time constants in declaration order.
     pub consts: Vec<ConstDecl>,
+    /// Element-type parameters in declaration order (each compiled for every listed
+    /// dtype: one kernel per combination, see [`KernelAst::type_combinations`]).
+    pub types: Vec<TypeDecl>,
+    /// The dtypes of the type parameters this AST was bound to (empty until
+    /// [`KernelAst::bind_types`]).
+    pub bound_types: Vec<(String, DType)>,
+    /// The `#[tile_fn]` helpers the body may call (gathered by `#[kernel]`).
+    pub helpers: Vec<super::helpers::TileFn>,
     /// `num_warps` values to compile for.
     pub num_warps: Vec<u32>,
     /// Software-pipelining depth of `dot` operand loads in loops (`num_stages = [S]`,
@@ -99,6 +122,50 @@ impl ClusterExtent {
 }
 
 impl KernelAst {
+    /// Every combination of the type parameters' dtypes, in declaration order (one
+    /// empty combination for a kernel without type parameters).
+    pub fn type_combinations(&self) -> Vec<Vec<(String, DType)>> {
+        let mut combos: Vec<Vec<(String, DType)>> = vec![vec![]];
+        for t in &self.types {
+            combos = combos
+                .into_iter()
+                .flat_map(|prefix| {
+                    t.values.iter().map(move |d| {
+                        let mut next = prefix.clone();
+                        next.push((t.name.clone(), *d));
+                        next
+                    })
+                })
+                .collect();
+        }
+        combos
+    }
+
+    /// This kernel with its type parameters bound to `binding` (one of
+    /// [`KernelAst::type_combinations`]): generic parameters take their dtypes, and the
+    /// body's `T` means the bound dtype.
+    pub fn bind_types(&self, binding: &[(String, DType)]) -> KernelAst {
+        let mut ast = self.clone();
+        for p in &mut ast.params {
+            let Some(g) = &p.generic else { continue };
+            let Some((_, d)) = binding.iter().find(|(n, _)| n == g) else {
+                continue;
+            };
+            p.kind = match p.kind {
+                ParamKind::Ptr(_) => ParamKind::Ptr(*d),
+                ParamKind::Scalar(_) => ParamKind::Scalar(*d),
+                ParamKind::ScalarMultipleOf(_, m) => ParamKind::ScalarMultipleOf(*d, m),
+            };
+        }
+        for t in &mut ast.types {
+            if let Some((_, d)) = binding.iter().find(|(n, _)| *n == t.name) {
+                t.values = vec![*d];
+            }
+        }
+        ast.bound_types = binding.to_vec();
+        ast
+    }
+
     /// Every combination of constant values and `num_warps`, constants varying slowest
     /// in declaration order, `num_warps` fastest, less the ones a `skip(..)` matches.
     pub fn specializations(&self) -> Vec<crate::Specialization> {
@@ -153,6 +220,8 @@ struct AttrEntry {
     crate_path: Option<syn::Path>,
     skip: Option<Vec<SkipPair>>,
     cluster: Option<Vec<(Ident, ClusterExtent)>>,
+    /// `T = [f32, bf16]`: the dtypes of a type parameter.
+    dtypes: Option<Vec<(DType, Span)>>,
 }
 
 /// `x = 2` or `y = SPLITS` inside `cluster(..)`.
@@ -209,6 +278,7 @@ impl Parse for AttrEntry {
                 crate_path: Some(path),
                 skip: None,
                 cluster: None,
+                dtypes: None,
             });
         }
         let name: Ident = input.parse()?;
@@ -223,6 +293,7 @@ impl Parse for AttrEntry {
                 crate_path: None,
                 skip: None,
                 cluster: Some(pairs.into_iter().map(|p| (p.axis, p.extent)).collect()),
+                dtypes: None,
             });
         }
         if name == "skip" && input.peek(syn::token::Paren) {
@@ -242,10 +313,22 @@ impl Parse for AttrEntry {
                 crate_path: None,
                 skip: Some(pairs.into_iter().collect()),
                 cluster: None,
+                dtypes: None,
             });
         }
         input.parse::<Token![=]>()?;
-        let values = int_list(input.parse()?)?;
+        let expr: Expr = input.parse()?;
+        if let Some(dtypes) = dtype_list(&expr)? {
+            return Ok(AttrEntry {
+                name,
+                values: Vec::new(),
+                crate_path: None,
+                skip: None,
+                cluster: None,
+                dtypes: Some(dtypes),
+            });
+        }
+        let values = int_list(expr)?;
         if values.is_empty() {
             return Err(syn::Error::new(
                 name.span(),
@@ -258,8 +341,38 @@ impl Parse for AttrEntry {
             crate_path: None,
             skip: None,
             cluster: None,
+            dtypes: None,
         })
     }
+}
+
+/// `f32` or `[f32, bf16, ..]`: the dtypes of a type parameter, or `None` when the
+/// entry is not a list of names (integers are then parsed by [`int_list`]).
+fn dtype_list(expr: &Expr) -> syn::Result<Option<Vec<(DType, Span)>>> {
+    let items: Vec<&Expr> = match expr {
+        Expr::Array(a) => a.elems.iter().collect(),
+        other => vec![other],
+    };
+    if items.is_empty() || !items.iter().all(|e| matches!(e, Expr::Path(_))) {
+        return Ok(None);
+    }
+    items
+        .iter()
+        .map(|e| {
+            let name = match e {
+                Expr::Path(p) => p.path.get_ident().map(|i| i.to_string()),
+                _ => None,
+            };
+            match name.as_deref().and_then(DType::from_name) {
+                Some(d) if d != DType::Bool => Ok((d, e.span())),
+                _ => Err(syn::Error::new(
+                    e.span(),
+                    "expected an element type: u8, i32, u32, i64, f16, bf16 or f32",
+                )),
+            }
+        })
+        .collect::<syn::Result<Vec<_>>>()
+        .map(Some)
 }
 
 /// `v` or `[v1, v2, ..]`: the integer literals with their spans (possibly none).
@@ -285,6 +398,26 @@ fn int_literal(e: &Expr) -> syn::Result<i64> {
     }
 }
 
+/// Parses `T = bf16, U = f32` (the `#[bind_types(..)]` of a dtype-generic kernel's
+/// embedded source) into `(name, dtype)` pairs.
+pub fn parse_type_binding(tokens: TokenStream) -> syn::Result<Vec<(String, DType)>> {
+    struct Pair(String, DType);
+    impl Parse for Pair {
+        fn parse(input: ParseStream) -> syn::Result<Self> {
+            let name: Ident = input.parse()?;
+            input.parse::<Token![=]>()?;
+            let ty: Ident = input.parse()?;
+            match DType::from_name(&ty.to_string()) {
+                Some(d) => Ok(Pair(name.to_string(), d)),
+                None => Err(syn::Error::new(ty.span(), "expected an element type")),
+            }
+        }
+    }
+    let pairs: Punctuated<Pair, Token![,]> =
+        syn::parse::Parser::parse2(Punctuated::parse_terminated, tokens)?;
+    Ok(pairs.into_iter().map(|Pair(n, d)| (n, d)).collect())
+}
+
 /// Parses the attribute arguments and the function into a [`KernelAst`].
 pub fn parse_kernel(attr: TokenStream, item: &ItemFn) -> syn::Result<KernelAst> {
     let entries: Punctuated<AttrEntry, Token![,]> =
@@ -301,8 +434,14 @@ pub fn parse_kernel(attr: TokenStream, item: &ItemFn) -> syn::Result<KernelAst> 
     }
 
     let mut consts = Vec::new();
+    let mut types: Vec<TypeDecl> = Vec::new();
     for g in &sig.generics.params {
         match g {
+            GenericParam::Type(t) => types.push(TypeDecl {
+                name: t.ident.to_string(),
+                values: Vec::new(),
+                span: t.ident.span(),
+            }),
             GenericParam::Const(c) => {
                 let ty = &c.ty;
                 let ty_name = quote::quote!(#ty).to_string();
@@ -318,12 +457,10 @@ pub fn parse_kernel(attr: TokenStream, item: &ItemFn) -> syn::Result<KernelAst> 
                     span: c.ident.span(),
                 });
             }
-            other => {
-                return Err(syn::Error::new(
-                    other.span(),
-                    "kernels take only const generics (`const BLOCK: usize`)",
-                ))
-            }
+            other => return Err(syn::Error::new(
+                other.span(),
+                "kernels take only const generics (`const BLOCK: usize`) and element types (`T`)",
+            )),
         }
     }
 
@@ -339,6 +476,28 @@ pub fn parse_kernel(attr: TokenStream, item: &ItemFn) -> syn::Result<KernelAst> 
     ];
     let mut cluster_seen = false;
     for entry in entries {
+        if let Some(dtypes) = entry.dtypes {
+            let name = entry.name.to_string();
+            let Some(decl) = types.iter_mut().find(|t| t.name == name) else {
+                return Err(syn::Error::new(
+                    entry.name.span(),
+                    format!("`{name}` is not a type parameter of this kernel (declare `fn k<{name}>(..)`)"),
+                ));
+            };
+            if !decl.values.is_empty() {
+                return Err(syn::Error::new(
+                    entry.name.span(),
+                    format!("values for `{name}` are listed twice"),
+                ));
+            }
+            for (d, span) in dtypes {
+                if decl.values.contains(&d) {
+                    return Err(syn::Error::new(span, format!("`{d}` is listed twice")));
+                }
+                decl.values.push(d);
+            }
+            continue;
+        }
         if entry.crate_path.is_some() {
             crate_path = entry.crate_path;
             continue;
@@ -447,6 +606,17 @@ pub fn parse_kernel(attr: TokenStream, item: &ItemFn) -> syn::Result<KernelAst> 
             ));
         }
     }
+    for t in &types {
+        if t.values.is_empty() {
+            return Err(syn::Error::new(
+                t.span,
+                format!(
+                    "type parameter `{}` has no listed dtypes: add `{} = [f32, bf16]` to `#[kernel(..)]`",
+                    t.name, t.name
+                ),
+            ));
+        }
+    }
     if num_warps.is_empty() {
         num_warps.push(DEFAULT_NUM_WARPS);
     }
@@ -508,6 +678,9 @@ pub fn parse_kernel(attr: TokenStream, item: &ItemFn) -> syn::Result<KernelAst> 
             num_warps: num_warps.clone(),
             num_stages: 1,
             skips: skips.iter().map(|(_, s)| s.clone()).collect(),
+            types: Vec::new(),
+            bound_types: Vec::new(),
+            helpers: Vec::new(),
             params: Vec::new(),
             body: (*item.block).clone(),
             crate_path: None,
@@ -535,7 +708,7 @@ pub fn parse_kernel(attr: TokenStream, item: &ItemFn) -> syn::Result<KernelAst> 
             ));
         };
         let name = pi.ident.to_string();
-        let mut kind = param_kind(&pt.ty)?;
+        let (mut kind, generic) = param_kind(&pt.ty, &types)?;
         for attr in &pt.attrs {
             if attr.path().is_ident("multiple_of") {
                 let lit: syn::LitInt = attr.parse_args()?;
@@ -570,12 +743,16 @@ pub fn parse_kernel(attr: TokenStream, item: &ItemFn) -> syn::Result<KernelAst> 
             name,
             kind,
             span: pi.ident.span(),
+            generic,
         });
     }
 
     Ok(KernelAst {
         name: sig.ident.clone(),
         consts,
+        types,
+        bound_types: Vec::new(),
+        helpers: Vec::new(),
         num_warps,
         num_stages: num_stages.unwrap_or(DEFAULT_NUM_STAGES),
         skips,
@@ -586,7 +763,10 @@ pub fn parse_kernel(attr: TokenStream, item: &ItemFn) -> syn::Result<KernelAst> 
     })
 }
 
-fn param_kind(ty: &Type) -> syn::Result<ParamKind> {
+/// The kind of a parameter, and the type parameter naming its dtype if any (its kind
+/// then holds `f32` until the kernel's types are bound).
+fn param_kind(ty: &Type, types: &[TypeDecl]) -> syn::Result<(ParamKind, Option<String>)> {
+    let generic = |name: &str| types.iter().any(|t| t.name == name);
     let err = || {
         syn::Error::new(
             ty.span(),
@@ -611,13 +791,21 @@ fn param_kind(ty: &Type) -> syn::Result<ParamKind> {
             .last()
             .map(|s| s.ident.to_string())
             .unwrap_or_default();
+        if generic(&inner_name) {
+            return Ok((ParamKind::Ptr(DType::F32), Some(inner_name)));
+        }
         return match DType::from_name(&inner_name) {
-            Some(d) if d != DType::Bool => Ok(ParamKind::Ptr(d)),
+            Some(d) if d != DType::Bool => Ok((ParamKind::Ptr(d), None)),
             _ => Err(err()),
         };
     }
+    if generic(&name) {
+        return Ok((ParamKind::Scalar(DType::F32), Some(name)));
+    }
     match DType::from_name(&name) {
-        Some(d @ (DType::I32 | DType::U32 | DType::I64 | DType::F32)) => Ok(ParamKind::Scalar(d)),
+        Some(d @ (DType::I32 | DType::U32 | DType::I64 | DType::F32)) => {
+            Ok((ParamKind::Scalar(d), None))
+        }
         _ => Err(err()),
     }
 }

@@ -54,19 +54,34 @@ pub fn find_kernels(src: &str) -> Result<Vec<FoundKernel>, CompileError> {
     let file = syn::parse_file(src).map_err(|e| located(e.span(), &e.to_string()))?;
     let mut finder = Finder::default();
     finder.visit_file(&file);
-    finder
-        .found
-        .into_iter()
-        .map(|(attr, item)| {
-            let ast = parse_kernel(attr, &item)
-                .map_err(|e| located(e.span(), &format!("kernel `{}`: {e}", item.sig.ident)))?;
-            Ok(FoundKernel {
-                name: item.sig.ident.to_string(),
-                line: item.sig.fn_token.span.start().line,
-                ast,
-            })
-        })
-        .collect()
+    // The file's helpers, for the kernels that call them (a helper from another file is
+    // not seen here: such a kernel is reported as calling an unknown op).
+    let helper_items: Vec<syn::Item> = finder.helpers.into_iter().map(syn::Item::Fn).collect();
+    let helpers = super::helpers::parse_tile_fns(&helper_items)
+        .map_err(|e| located(e.span(), &e.to_string()))?;
+    let mut out = Vec::new();
+    for (attr, item) in finder.found {
+        let mut ast = parse_kernel(attr, &item)
+            .map_err(|e| located(e.span(), &format!("kernel `{}`: {e}", item.sig.ident)))?;
+        ast.helpers = helpers.clone();
+        let line = item.sig.fn_token.span.start().line;
+        let combos = ast.type_combinations();
+        for combo in combos {
+            // A dtype-generic kernel is one kernel per dtype: `softmax<bf16>`.
+            let name = if combo.is_empty() {
+                item.sig.ident.to_string()
+            } else {
+                let dtypes: Vec<&str> = combo.iter().map(|(_, d)| d.name()).collect();
+                format!("{}<{}>", item.sig.ident, dtypes.join(", "))
+            };
+            out.push(FoundKernel {
+                name,
+                line,
+                ast: ast.bind_types(&combo),
+            });
+        }
+    }
+    Ok(out)
 }
 
 /// Whether an attribute is `#[kernel]` (also as a path, `#[tilefuse::kernel]`).
@@ -80,10 +95,16 @@ fn is_kernel_attr(a: &syn::Attribute) -> bool {
 #[derive(Default)]
 struct Finder {
     found: Vec<(TokenStream, syn::ItemFn)>,
+    helpers: Vec<syn::ItemFn>,
 }
 
 impl<'ast> Visit<'ast> for Finder {
     fn visit_item_fn(&mut self, f: &'ast syn::ItemFn) {
+        if f.attrs.iter().any(super::helpers::is_tile_fn_attr) {
+            let mut item = f.clone();
+            item.attrs.clear();
+            self.helpers.push(item);
+        }
         if let Some(a) = f.attrs.iter().find(|a| is_kernel_attr(a)) {
             let attr = match &a.meta {
                 syn::Meta::List(l) => l.tokens.clone(),
@@ -114,6 +135,16 @@ pub fn double<const BLOCK: usize>(x: Ptr<f32>, n: i32) {
 
 fn not_a_kernel() {}
 
+#[tile_fn]
+fn twice(v: Tile<f32>) -> Tile<f32> {
+    v * 2.0
+}
+
+#[kernel(T = [f32, bf16], num_warps = [1])]
+fn generic<T>(x: Ptr<T>) {
+    store(x, twice(load(x) as f32) as T);
+}
+
 mod inner {
     fn host() {
         #[tilefuse::kernel(num_warps = [4])]
@@ -128,7 +159,11 @@ mod inner {
     fn finds_kernels_in_modules_and_bodies() {
         let found = find_kernels(SRC).unwrap();
         let names: Vec<&str> = found.iter().map(|k| k.name.as_str()).collect();
-        assert_eq!(names, ["double", "nested"]);
+        assert_eq!(names, ["double", "generic<f32>", "generic<bf16>", "nested"]);
+        for k in &found[1..3] {
+            let (ir, _) = k.compile(&k.ast.specializations()[0]).unwrap();
+            assert_eq!(ir.name, "generic");
+        }
         assert_eq!(found[0].line, 6);
         assert_eq!(found[0].ast.specializations().len(), 4);
         let spec = &found[0].ast.specializations()[0];

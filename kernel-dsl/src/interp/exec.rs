@@ -232,6 +232,8 @@ pub(crate) struct Exec<'k, 'b, 'a> {
     grid: [u32; 3],
     pid: [u32; 3],
     env: Vec<Option<Data>>,
+    /// The statement being run, for errors.
+    loc: Option<crate::ir::Loc>,
 }
 
 fn get(env: &[Option<Data>], v: ValueId) -> OpResult<&Data> {
@@ -273,6 +275,7 @@ impl<'k, 'b, 'a> Exec<'k, 'b, 'a> {
             grid,
             pid: [0; 3],
             env: vec![None; kernel.values.len()],
+            loc: None,
         }
     }
 
@@ -283,6 +286,7 @@ impl<'k, 'b, 'a> Exec<'k, 'b, 'a> {
                 "program ({}, {}, {}): {message}",
                 self.pid[0], self.pid[1], self.pid[2]
             ),
+            loc: self.loc,
         }
     }
 
@@ -345,6 +349,18 @@ impl<'k, 'b, 'a> Exec<'k, 'b, 'a> {
     }
 
     fn stmt(&mut self, stmt: &'k Stmt) -> OpResult<()> {
+        // The statement an error is reported at (inner statements override it).
+        self.loc = match stmt {
+            Stmt::Let(v) => self.kernel.values.get(v.index()).map(|value| value.loc),
+            Stmt::Store { loc, .. }
+            | Stmt::Prefetch { loc, .. }
+            | Stmt::PrefetchRange { loc, .. }
+            | Stmt::For { loc, .. }
+            | Stmt::While { loc, .. }
+            | Stmt::If { loc, .. }
+            | Stmt::WaitPriorKernels { loc }
+            | Stmt::LaunchDependents { loc } => Some(*loc),
+        };
         match stmt {
             Stmt::Let(v) => {
                 let value = self
@@ -355,7 +371,7 @@ impl<'k, 'b, 'a> Exec<'k, 'b, 'a> {
                 let Def::Expr(e) = &value.def else {
                     return Err(format!("`let` of {v}, which is not an expression"));
                 };
-                let d = self.expr(*v, e).map_err(|m| format!("{v}: {m}"))?;
+                let d = self.expr(*v, e)?;
                 let n = self.kernel.ty(*v).numel();
                 if d.len() != n {
                     return Err(format!(
@@ -409,6 +425,41 @@ impl<'k, 'b, 'a> Exec<'k, 'b, 'a> {
                         Some(n) => n,
                         None => break,
                     };
+                }
+                for c in carried {
+                    let last = get(&self.env, c.param)?.clone();
+                    self.set(c.result, last)?;
+                }
+                Ok(())
+            }
+            Stmt::While {
+                cond_body,
+                cond,
+                carried,
+                body,
+                ..
+            } => {
+                for c in carried {
+                    let init = get(&self.env, c.init)?.clone();
+                    self.set(c.param, init)?;
+                }
+                loop {
+                    self.block(cond_body)?;
+                    let go = match get(&self.env, *cond)? {
+                        Data::B(b) if b.len() == 1 => b[0],
+                        _ => return Err(format!("`while` condition {cond} is not a scalar bool")),
+                    };
+                    if !go {
+                        break;
+                    }
+                    self.block(body)?;
+                    let nexts = carried
+                        .iter()
+                        .map(|c| get(&self.env, c.next).cloned())
+                        .collect::<OpResult<Vec<_>>>()?;
+                    for (c, n) in carried.iter().zip(nexts) {
+                        self.set(c.param, n)?;
+                    }
                 }
                 for c in carried {
                     let last = get(&self.env, c.param)?.clone();

@@ -88,6 +88,9 @@ pub struct InterpError {
     pub kernel: String,
     /// What went wrong (parameter, index, program id).
     pub message: String,
+    /// The statement that failed (its location in the kernel's span table), for the
+    /// caller to name the source it came from.
+    pub loc: Option<crate::ir::Loc>,
 }
 
 /// Runs every program of `grid` (x fastest, then y, then z) over `args`.
@@ -100,6 +103,7 @@ pub fn run(kernel: &Kernel, grid: [u32; 3], args: &mut [Arg<'_>]) -> Result<(), 
     exec::check_args(kernel, args).map_err(|message| InterpError {
         kernel: kernel.name.clone(),
         message,
+        loc: None,
     })?;
     let cluster = kernel.cluster;
     if let Some(axis) = (0..3).find(|&a| grid[a] % cluster[a] != 0) {
@@ -109,6 +113,7 @@ pub fn run(kernel: &Kernel, grid: [u32; 3], args: &mut [Arg<'_>]) -> Result<(), 
                 "grid {grid:?} is not a multiple of the cluster {cluster:?} along {}",
                 ["x", "y", "z"][axis]
             ),
+            loc: None,
         });
     }
     let mut ex = exec::Exec::new(kernel, grid, args);

@@ -164,7 +164,7 @@ impl Kernel {
         // names: the end of the loop body, the `else` side.
         let mut other: Vec<(ValueId, ValueId)> = Vec::new();
         self.body.visit(&mut |stmt| match stmt {
-            Stmt::For { carried, .. } => {
+            Stmt::For { carried, .. } | Stmt::While { carried, .. } => {
                 for c in carried {
                     other.push((c.param, c.next));
                     other.push((c.result, c.next));
@@ -647,6 +647,12 @@ impl Block {
             f(stmt);
             match stmt {
                 Stmt::For { body, .. } => body.visit(f),
+                Stmt::While {
+                    cond_body, body, ..
+                } => {
+                    cond_body.visit(f);
+                    body.visit(f);
+                }
                 Stmt::If {
                     then_body,
                     else_body,
@@ -661,7 +667,7 @@ impl Block {
     }
 }
 
-/// A loop-carried value of a [`Stmt::For`].
+/// A loop-carried value of a [`Stmt::For`] or [`Stmt::While`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct Carried {
     /// The value inside the body (defined as [`Def::Carried`]).
@@ -712,6 +718,20 @@ pub enum Stmt {
         end: ValueId,
         /// Step (must be positive at run time).
         step: ValueId,
+        /// Loop-carried values.
+        carried: Vec<Carried>,
+        /// The loop body.
+        body: Block,
+        /// The statement's location.
+        loc: Loc,
+    },
+    /// `while cond { .. }`: runs `cond_body`, then `body` while `cond` (a scalar `bool`
+    /// computed by `cond_body`) holds. Both see the loop-carried parameters.
+    While {
+        /// Statements computing the condition, run before every iteration.
+        cond_body: Block,
+        /// The condition (a scalar `bool` defined in `cond_body` or before the loop).
+        cond: ValueId,
         /// Loop-carried values.
         carried: Vec<Carried>,
         /// The loop body.

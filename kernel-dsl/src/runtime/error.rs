@@ -77,6 +77,21 @@ pub enum LaunchError {
         /// Every compiled combination.
         available: String,
     },
+    /// No compiled value of a constant is at least the value asked for
+    /// ([`KernelDef::pick_at_least`](super::KernelDef::pick_at_least)).
+    #[error(
+        "kernel `{kernel}`: no compiled {name} is at least {wanted}; compiled values: {compiled:?}"
+    )]
+    NoFit {
+        /// The kernel.
+        kernel: String,
+        /// The constant.
+        name: String,
+        /// The value asked for.
+        wanted: i64,
+        /// The compiled values, ascending.
+        compiled: Vec<i64>,
+    },
     /// The launch configuration is invalid (zero or oversized grid, wrong number of
     /// compile-time constants).
     #[error("kernel `{kernel}`: invalid launch configuration: {message}")]

@@ -260,6 +260,42 @@ impl KernelDef {
         describe(self.const_names, consts, num_warps)
     }
 
+    /// The smallest compiled value of the constant `name` that is at least `wanted`
+    /// (Triton's `BLOCK = triton.next_power_of_2(n)`, limited to what was compiled).
+    /// The error lists the compiled values. `#[kernel]` generates a typed
+    /// `pick_<name>(n)` on the kernel for each constant.
+    ///
+    /// ```
+    /// use tilefuse_dsl::runtime::{KernelDef, LaunchError};
+    /// fn block_for(def: &KernelDef, n: usize) -> Result<i64, LaunchError> {
+    ///     def.pick_at_least("BLOCK", n as i64)
+    /// }
+    /// ```
+    pub fn pick_at_least(&self, name: &str, wanted: i64) -> Result<i64, LaunchError> {
+        let Some(index) = self.const_names.iter().position(|n| *n == name) else {
+            return Err(LaunchError::Config {
+                kernel: self.name.into(),
+                message: format!(
+                    "`{name}` is not a constant of this kernel (its constants: {})",
+                    self.const_names.join(", ")
+                ),
+            });
+        };
+        let mut compiled: Vec<i64> = self.variants.iter().map(|v| v.consts[index]).collect();
+        compiled.sort_unstable();
+        compiled.dedup();
+        compiled
+            .iter()
+            .copied()
+            .find(|&v| v >= wanted)
+            .ok_or_else(|| LaunchError::NoFit {
+                kernel: self.name.into(),
+                name: name.into(),
+                wanted,
+                compiled,
+            })
+    }
+
     /// The variant for these constants and warp count (`None`: the first compiled for
     /// the constants). The error lists every compiled combination.
     pub fn variant(
@@ -522,8 +558,30 @@ impl KernelDef {
                 }
             });
         }
-        interp::run(&kernel, grid, &mut iargs)?;
+        interp::run(&kernel, grid, &mut iargs).map_err(|mut e| {
+            // Name the statement in the user's source, not an IR value.
+            if let Some(at) = e
+                .loc
+                .and_then(|loc| crate::source_snippet(self.source, &self.spec_of(variant), loc))
+            {
+                e.message = format!("{} (at `{at}`)", e.message);
+            }
+            e
+        })?;
         Ok(())
+    }
+
+    /// The specialization a variant was compiled for.
+    fn spec_of(&self, variant: &Variant) -> Specialization {
+        Specialization {
+            consts: self
+                .const_names
+                .iter()
+                .zip(variant.consts)
+                .map(|(n, v)| (n.to_string(), *v))
+                .collect(),
+            num_warps: variant.num_warps,
+        }
     }
 
     /// The typed IR of one variant for the interpreter, compiled from the source text on
@@ -536,15 +594,7 @@ impl KernelDef {
         if let Some(k) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
             return Ok(k.clone());
         }
-        let spec = Specialization {
-            consts: self
-                .const_names
-                .iter()
-                .zip(variant.consts)
-                .map(|(n, v)| (n.to_string(), *v))
-                .collect(),
-            num_warps: variant.num_warps,
-        };
+        let spec = self.spec_of(variant);
         // Compiled outside the lock: a slow compile does not block other kernels.
         let kernel =
             crate::compile_source(self.source, &spec).map_err(|e| LaunchError::Compile {

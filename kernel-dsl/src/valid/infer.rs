@@ -174,6 +174,13 @@ impl Infer<'_> {
                 body,
                 loc,
             } => self.for_stmt(*index, *start, *end, *step, carried, body, *loc),
+            Stmt::While {
+                cond_body,
+                cond,
+                carried,
+                body,
+                loc,
+            } => self.while_stmt(cond_body, *cond, carried, body, *loc),
             Stmt::If {
                 cond,
                 then_body,
@@ -249,6 +256,90 @@ impl Infer<'_> {
             body,
             loc,
         });
+        Ok(())
+    }
+
+    /// Types the carried parameters from their initial values (as `for` does), then the
+    /// condition (a scalar `bool`) and the body.
+    fn while_stmt(
+        &mut self,
+        cond_body: &Block,
+        cond: ValueId,
+        carried: &[Carried],
+        body: &Block,
+        loc: Loc,
+    ) -> R<()> {
+        let mut params = Vec::new();
+        for c in carried {
+            let mut init = self.get(c.init)?;
+            if let Some(lit) = self.weak.get(&init).copied() {
+                init = self.typed_literal(lit, None, self.out[init.index()].loc)?;
+            }
+            let ty = self.ty(init).clone();
+            let p = self.add(Def::Carried { init }, ty, self.src.value(c.param).loc);
+            self.map[c.param.index()] = Some(p);
+            params.push((init, p));
+        }
+        self.blocks.push(Vec::new());
+        if let Err(e) = self.block(cond_body) {
+            self.blocks.pop();
+            return Err(e);
+        }
+        let new_cond = match self.get(cond) {
+            Ok(c) => c,
+            Err(e) => {
+                self.blocks.pop();
+                return Err(e);
+            }
+        };
+        let cond_ty = self.ty(new_cond).clone();
+        if !(cond_ty.is_scalar() && cond_ty.dtype() == Some(DType::Bool)) {
+            self.blocks.pop();
+            return Err(CompileError::new(
+                self.src.value(cond).loc,
+                format!("a `while` condition is a scalar bool, got {cond_ty}"),
+            ));
+        }
+        let cond_block = Block {
+            stmts: self.blocks.pop().unwrap_or_default(),
+        };
+        self.blocks.push(Vec::new());
+        if let Err(e) = self.block(body) {
+            self.blocks.pop();
+            return Err(e);
+        }
+        let mut out = Vec::new();
+        for (c, (init, p)) in carried.iter().zip(params) {
+            let ty = self.ty(p).clone();
+            let next = self.get(c.next)?;
+            let next = self.conform(
+                next,
+                &ty,
+                self.src.value(c.next).loc,
+                "a loop-carried variable",
+            )?;
+            let result = self.add(Def::LoopResult { init }, ty, loc);
+            self.map[c.result.index()] = Some(result);
+            out.push(Carried {
+                param: p,
+                init,
+                next,
+                result,
+            });
+        }
+        let body = Block {
+            stmts: self.blocks.pop().unwrap_or_default(),
+        };
+        self.blocks
+            .last_mut()
+            .expect("open block")
+            .push(Stmt::While {
+                cond_body: cond_block,
+                cond: new_cond,
+                carried: out,
+                body,
+                loc,
+            });
         Ok(())
     }
 

@@ -135,6 +135,12 @@ fn block(k: &Kernel, b: &Block, info: &mut [AxisInfo]) {
                 block(k, then_body, info);
                 block(k, else_body, info);
             }
+            Stmt::While {
+                cond_body, body, ..
+            } => {
+                block(k, cond_body, info);
+                block(k, body, info);
+            }
         }
     }
 }

@@ -53,6 +53,13 @@ pub fn fused_products(k: &Kernel) -> HashSet<ValueId> {
                 other[c.next.index()] = true;
             }
         }
+        Stmt::While { cond, carried, .. } => {
+            other[cond.index()] = true;
+            for c in carried {
+                other[c.init.index()] = true;
+                other[c.next.index()] = true;
+            }
+        }
         Stmt::If { cond, merges, .. } => {
             other[cond.index()] = true;
             for m in merges {

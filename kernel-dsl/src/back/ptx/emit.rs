@@ -66,6 +66,9 @@ pub struct Emitter<'k> {
     pub loc: Loc,
     /// Global memory accesses emitted so far.
     pub accesses: Vec<super::Access>,
+    /// Why the last vector width computed was narrower than the layout allows (taken
+    /// by the access it was computed for).
+    pub narrowed: Option<String>,
     /// The target generated for.
     pub target: Target,
     /// Bytes of `tf_cluster`, the slots `cluster_gather` exchanges tiles through.
@@ -123,6 +126,10 @@ pub fn load_qualifiers(k: &Kernel, target: Target) -> Vec<&'static str> {
 /// Shorthand for results of this backend.
 pub type Res<T> = Result<T, CompileError>;
 
+/// A loop-carried value's registers: their kind, the registers, and the packed words
+/// that cross the back edge instead (tiles of 16-bit elements).
+type LoopParam = (Rk, Vec<String>, Option<Vec<String>>);
+
 impl<'k> Emitter<'k> {
     /// A fresh emitter.
     pub fn new(k: &'k Kernel, lay: Layouts, axis: Vec<AxisInfo>, target: Target) -> Self {
@@ -147,6 +154,7 @@ impl<'k> Emitter<'k> {
             tid0: String::new(),
             loc: Loc::default(),
             accesses: Vec::new(),
+            narrowed: None,
             target,
             cluster_smem: 0,
             cluster_base: None,
@@ -625,6 +633,80 @@ impl<'k> Emitter<'k> {
         }
     }
 
+    /// The registers of a loop's carried values, holding their initial values; results
+    /// alias them. Tiles of 16-bit elements are carried as packed words (half the
+    /// registers across the back edge), unpacked at the loop head.
+    fn loop_params(&mut self, carried: &[crate::ir::Carried]) -> Res<Vec<LoopParam>> {
+        let mut params = Vec::new();
+        for c in carried {
+            let kind = self.rk_of(c.param);
+            let (init, n) = if self.k.ty(c.param).is_scalar() {
+                (vec![self.scalar(c.init)], 1)
+            } else {
+                let l = self.layout_of(c.param);
+                (self.tile(c.init, &l)?, l.nregs())
+            };
+            let p = self.fresh_like(kind, n);
+            let words = (kind == Rk::H && n % 2 == 0 && n > 1).then(|| {
+                let w = self.fresh_like(Rk::R, n / 2);
+                let packed = self.pack_halves(&init);
+                self.moves(Rk::R, &w, &packed);
+                w
+            });
+            if words.is_none() {
+                self.moves(kind, &p, &init);
+            }
+            self.vals[c.param.index()] = Some(p.clone());
+            self.vals[c.result.index()] = Some(p.clone());
+            params.push((kind, p, words));
+        }
+        Ok(params)
+    }
+
+    /// At a loop's head: the packed carried words back into their halves.
+    fn loop_unpack(&mut self, params: &[LoopParam]) {
+        for (_, p, words) in params {
+            if let Some(w) = words {
+                self.unpack_halves(w, p);
+            }
+        }
+    }
+
+    /// At a loop's back edge: every `next` into its parameter.
+    fn loop_back_edge(&mut self, carried: &[crate::ir::Carried], params: &[LoopParam]) -> Res<()> {
+        // Parallel copy: read every `next` before overwriting any parameter.
+        let mut tmps = Vec::new();
+        for (c, (kind, p, words)) in carried.iter().zip(params) {
+            let next = if self.k.ty(c.param).is_scalar() {
+                vec![self.scalar(c.next)]
+            } else {
+                let l = self.layout_of(c.param);
+                self.tile(c.next, &l)?
+            };
+            let tmp = match words {
+                Some(w) => {
+                    let packed = self.pack_halves(&next);
+                    let tmp = self.fresh_like(Rk::R, w.len());
+                    self.moves(Rk::R, &tmp, &packed);
+                    tmp
+                }
+                None => {
+                    let tmp = self.fresh_like(*kind, p.len());
+                    self.moves(*kind, &tmp, &next);
+                    tmp
+                }
+            };
+            tmps.push(tmp);
+        }
+        for ((kind, p, words), tmp) in params.iter().zip(&tmps) {
+            match words {
+                Some(w) => self.moves(Rk::R, w, tmp),
+                None => self.moves(*kind, p, tmp),
+            }
+        }
+        Ok(())
+    }
+
     /// Emits the body.
     pub fn block(&mut self, b: &Block) -> Res<()> {
         let mut i = 0;
@@ -746,31 +828,7 @@ impl<'k> Emitter<'k> {
                 let idx = self.reg(rk(ity));
                 self.vals[index.index()] = Some(vec![idx.clone()]);
                 let plan = self.pipeline_plan(*index, carried, body);
-                let mut params = Vec::new();
-                for c in carried {
-                    let kind = self.rk_of(c.param);
-                    let (init, n) = if self.k.ty(c.param).is_scalar() {
-                        (vec![self.scalar(c.init)], 1)
-                    } else {
-                        let l = self.layout_of(c.param);
-                        (self.tile(c.init, &l)?, l.nregs())
-                    };
-                    let p = self.fresh_like(kind, n);
-                    // Tiles of 16-bit elements are carried as packed words (half the
-                    // registers across the back edge), unpacked at the loop head.
-                    let words = (kind == Rk::H && n % 2 == 0 && n > 1).then(|| {
-                        let w = self.fresh_like(Rk::R, n / 2);
-                        let packed = self.pack_halves(&init);
-                        self.moves(Rk::R, &w, &packed);
-                        w
-                    });
-                    if words.is_none() {
-                        self.moves(kind, &p, &init);
-                    }
-                    self.vals[c.param.index()] = Some(p.clone());
-                    self.vals[c.result.index()] = Some(p.clone());
-                    params.push((kind, p, words));
-                }
+                let params = self.loop_params(carried)?;
                 let (head, exit) = (self.new_label("loop"), self.new_label("end"));
                 let (s0, e0, st) = (self.scalar(*start), self.scalar(*end), self.scalar(*step));
                 let mut ring = match plan {
@@ -786,11 +844,7 @@ impl<'k> Emitter<'k> {
                 };
                 self.ins(format!("mov.{} {idx}, {s0}", rk(ity).bits()));
                 self.label(&head);
-                for (_, p, words) in &params {
-                    if let Some(w) = words {
-                        self.unpack_halves(w, p);
-                    }
-                }
+                self.loop_unpack(&params);
                 let p = self.reg(Rk::P);
                 self.ins(format!("setp.ge.{t} {p}, {idx}, {e0}"));
                 self.ins(format!("@{p} bra {exit}"));
@@ -804,36 +858,7 @@ impl<'k> Emitter<'k> {
                     self.rings.pop();
                     self.pipeline_advance(r);
                 }
-                // Parallel copy: read every `next` before overwriting any parameter.
-                let mut tmps = Vec::new();
-                for (c, (kind, p, words)) in carried.iter().zip(&params) {
-                    let next = if self.k.ty(c.param).is_scalar() {
-                        vec![self.scalar(c.next)]
-                    } else {
-                        let l = self.layout_of(c.param);
-                        self.tile(c.next, &l)?
-                    };
-                    let tmp = match words {
-                        Some(w) => {
-                            let packed = self.pack_halves(&next);
-                            let tmp = self.fresh_like(Rk::R, w.len());
-                            self.moves(Rk::R, &tmp, &packed);
-                            tmp
-                        }
-                        None => {
-                            let tmp = self.fresh_like(*kind, p.len());
-                            self.moves(*kind, &tmp, &next);
-                            tmp
-                        }
-                    };
-                    tmps.push(tmp);
-                }
-                for ((kind, p, words), tmp) in params.iter().zip(&tmps) {
-                    match words {
-                        Some(w) => self.moves(Rk::R, w, tmp),
-                        None => self.moves(*kind, p, tmp),
-                    }
-                }
+                self.loop_back_edge(carried, &params)?;
                 self.cache.pop();
                 self.ins(format!("add.{t} {idx}, {idx}, {st}"));
                 self.ins(format!("bra.uni {head}"));
@@ -841,6 +866,29 @@ impl<'k> Emitter<'k> {
                 if ring.is_some() {
                     self.pipeline_end();
                 }
+                Ok(())
+            }
+            Stmt::While {
+                cond_body,
+                cond,
+                carried,
+                body,
+                loc,
+            } => {
+                self.loc = *loc;
+                let params = self.loop_params(carried)?;
+                let (head, exit) = (self.new_label("while"), self.new_label("wend"));
+                self.label(&head);
+                self.loop_unpack(&params);
+                self.cache.push(HashMap::new());
+                self.block(cond_body)?;
+                let c = self.scalar(*cond);
+                self.ins(format!("@!{c} bra {exit}"));
+                self.block(body)?;
+                self.loop_back_edge(carried, &params)?;
+                self.cache.pop();
+                self.ins(format!("bra.uni {head}"));
+                self.label(&exit);
                 Ok(())
             }
             Stmt::If {

@@ -502,6 +502,33 @@ fn block(k: &Kernel, ax: &[AxisInfo], b: &Block, l: &mut Layouts) -> Result<(), 
                     l.strong[c.result.index()] = true;
                 }
             }
+            Stmt::While {
+                cond_body,
+                carried,
+                body,
+                ..
+            } => {
+                // As `for`, with the condition's statements in front of the body.
+                for c in carried {
+                    l.of[c.param.index()] = l.of[c.init.index()].clone().or(default_of(k, c.init));
+                    l.strong[c.param.index()] = l.strong[c.init.index()];
+                }
+                block(k, ax, cond_body, l)?;
+                block(k, ax, body, l)?;
+                for c in carried {
+                    let (p, n) = (c.param.index(), c.next.index());
+                    if !l.strong[c.init.index()] && l.of[n].is_some() {
+                        l.of[p] = l.of[n].clone();
+                    }
+                    l.strong[p] = true;
+                }
+                block(k, ax, cond_body, l)?;
+                block(k, ax, body, l)?;
+                for c in carried {
+                    l.of[c.result.index()] = l.of[c.param.index()].clone();
+                    l.strong[c.result.index()] = true;
+                }
+            }
             Stmt::If {
                 then_body,
                 else_body,

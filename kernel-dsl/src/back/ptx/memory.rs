@@ -9,13 +9,17 @@ use crate::ir::{AtomicOp, DType, ValueId};
 
 impl Emitter<'_> {
     /// Elements per vector access for pointers `ptr` in layout `l`.
+    ///
+    /// Also notes in `self.narrowed` which fact held it below what the layout allows:
+    /// contiguity, alignment (divisibility of the offsets) or the mask.
     pub(super) fn vec_width(
-        &self,
+        &mut self,
         ptr: ValueId,
         mask: Option<ValueId>,
         l: &Layout,
         dt: DType,
     ) -> usize {
+        self.narrowed = None;
         let es = dt.size_bytes();
         if es == 1 {
             return 1;
@@ -25,18 +29,43 @@ impl Emitter<'_> {
             return 1;
         };
         let info = &self.axis[ptr.index()];
-        let mut v = l.run(s0) as u64;
-        v = v
-            .min(info.contig[t])
-            .min(info.div[t] / es as u64)
-            .min(16 / es as u64);
-        if let Some(m) = mask {
-            v = v.min(self.axis[m.index()].cons[t]);
+        let run = (l.run(s0) as u64).min(16 / es as u64);
+        let (contig, aligned) = (info.contig[t], info.div[t] / es as u64);
+        let uniform = mask.map_or(u64::MAX, |m| self.axis[m.index()].cons[t]);
+        let v = run.min(contig).min(aligned).min(uniform).max(1);
+        if v < run {
+            self.narrowed = Some(if aligned <= v && aligned < contig.min(uniform) {
+                let ints: Vec<&str> = self
+                    .k
+                    .params
+                    .iter()
+                    .filter(|p| matches!(p.kind, crate::ir::ParamKind::Scalar(d) if d.is_int()))
+                    .map(|p| p.name.as_str())
+                    .collect();
+                format!(
+                    "the offsets are only known to be multiples of {} element(s) (alignment): mark the integer parameters in the address `#[multiple_of(16)]`{} so {run}-wide ({} byte) accesses are provably aligned",
+                    aligned.max(1),
+                    if ints.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" (candidates: {})", ints.join(", "))
+                    },
+                    run * es as u64
+                )
+            } else if contig <= v && contig < uniform {
+                format!("the addresses are contiguous in runs of only {contig} element(s)")
+            } else {
+                format!(
+                    "the mask is only known to be uniform over {} element(s): bound the mask by a multiple of {run} (e.g. `#[multiple_of(16)]` on the bound)",
+                    uniform.max(1)
+                )
+            });
         }
-        v.max(1) as usize
+        v as usize
     }
 
     fn record(&mut self, kind: AccessKind, ptr: ValueId, dtype: DType, width: usize, n: usize) {
+        let narrowed = self.narrowed.take();
         self.accesses.push(Access {
             kind,
             ptr,
@@ -44,6 +73,7 @@ impl Emitter<'_> {
             dtype,
             width,
             elements: n,
+            narrowed,
         });
     }
 
@@ -115,12 +145,15 @@ impl Emitter<'_> {
                 other.map(|o| self.tile(o, l)).transpose()?,
                 self.vec_width(ptr, mask, l, dt),
             ),
-            None => (
-                vec![self.scalar(ptr)],
-                mask.map(|m| vec![self.scalar(m)]),
-                other.map(|o| vec![self.scalar(o)]),
-                1,
-            ),
+            None => {
+                self.narrowed = None;
+                (
+                    vec![self.scalar(ptr)],
+                    mask.map(|m| vec![self.scalar(m)]),
+                    other.map(|o| vec![self.scalar(o)]),
+                    1,
+                )
+            }
         };
         self.record(AccessKind::Load, ptr, dt, vw, ptrs.len());
         let kind = rk(dt);
@@ -204,6 +237,8 @@ impl Emitter<'_> {
                 self.vec_width(ptr, None, &l, dt),
             )
         };
+        // A hint records no access.
+        self.narrowed = None;
         for g in (0..ptrs.len()).step_by(vw) {
             let m = masks.as_ref().map(|m| m[g].clone());
             let pred = self.and_pred(owner.as_deref(), m.as_deref());

@@ -145,6 +145,9 @@ pub struct Access {
     pub dtype: DType,
     /// Elements per instruction (1 = scalar, up to 16 bytes' worth).
     pub width: usize,
+    /// Why `width` is narrower than the elements a thread holds side by side (up to 16
+    /// bytes) allow, in words a user can act on; `None` when it is not.
+    pub narrowed: Option<String>,
     /// Elements per thread.
     pub elements: usize,
 }

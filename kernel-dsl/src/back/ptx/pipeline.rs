@@ -131,7 +131,7 @@ impl Emitter<'_> {
 
     /// Whether (and how) a loop's `dot` operand loads are pipelined.
     pub fn pipeline_plan(
-        &self,
+        &mut self,
         index: ValueId,
         carried: &[Carried],
         body: &crate::ir::Block,
@@ -409,6 +409,7 @@ impl Emitter<'_> {
                     dtype: dt,
                     width: ld.width,
                     elements: ptrs.len(),
+                    narrowed: None,
                 });
             }
             let c = self.coords(&l);

@@ -1,4 +1,4 @@
-//! Lowering of the ops in [`MORE_OPS`]: `argmin`, the scans, the layout changes
+//! Lowering of `argmin`, the scans, the layout changes
 //! (`trans`, `permute`, `reshape`), `histogram` and the Philox random numbers. Shapes,
 //! dtypes and axes are checked by inference; here only what must be a compile-time
 //! constant is folded.
@@ -11,11 +11,10 @@ use super::{strip_parens, Lower, R};
 use crate::ir::{Expr, RandOp, ReduceOp, ScanOp, ValueId};
 
 /// The ops lowered here, for the unknown-op error.
-pub(super) const MORE_OPS: &str = "argmin, cumsum, cumprod, trans, permute, reshape, \
-histogram, rand, randn, randint";
 
 impl Lower {
-    /// Lowers the calls of [`MORE_OPS`]; `None` when `name` is none of them.
+    /// Lowers the calls of the scan, argmin, shape and random ops; `None` when `name` is
+    /// none of them.
     pub(super) fn more_ops(
         &mut self,
         name: &str,

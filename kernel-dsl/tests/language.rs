@@ -1,0 +1,284 @@
+//! Language features from source text to PTX: `#[tile_fn]` helpers (inlining, the errors
+//! users see, the same PTX as the hand-inlined kernel), dtype-generic kernels, `while`,
+//! and the reason a load is narrower than its layout allows.
+
+use tilefuse_dsl::back::ptx::{self, Target};
+use tilefuse_dsl::{compile_source, Specialization};
+
+fn spec(consts: &[(&str, i64)]) -> Specialization {
+    Specialization {
+        consts: consts.iter().map(|(n, v)| (n.to_string(), *v)).collect(),
+        num_warps: 4,
+    }
+}
+
+fn error_of(src: &str, consts: &[(&str, i64)]) -> String {
+    compile_source(src, &spec(consts)).unwrap_err().message
+}
+
+fn ptx_of(src: &str, consts: &[(&str, i64)], target: Target) -> ptx::PtxKernel {
+    let k = compile_source(src, &spec(consts)).unwrap_or_else(|e| panic!("{e}\n{src}"));
+    ptx::compile(&k, target).unwrap()
+}
+
+const WITH_HELPERS: &str = r#"
+#[kernel(B = [256])]
+fn act<const B: usize>(x: Ptr<f32>, out: Ptr<f32>, n: i32) {
+    let offs = program_id(0) * B + arange(0, B);
+    let mask = offs < n;
+    let v = load(x + offs, mask, 0.0);
+    put(out, offs, mask, silu(v) + scaled_sum::<B>(v));
+}
+#[tile_fn]
+fn silu(x: Tile<f32>) -> Tile<f32> {
+    x * sigmoid(x)
+}
+#[tile_fn]
+fn scaled_sum<const N: usize>(x: Tile<f32>) -> f32 {
+    x.sum(0) / (N as f32)
+}
+#[tile_fn]
+fn put(p: Ptr<f32>, offs: Tile<i32>, mask: Tile<bool>, v: Tile<f32>) {
+    store(p + offs, v, mask);
+}
+"#;
+
+const INLINED: &str = r#"
+#[kernel(B = [256])]
+fn act<const B: usize>(x: Ptr<f32>, out: Ptr<f32>, n: i32) {
+    let offs = program_id(0) * B + arange(0, B);
+    let mask = offs < n;
+    let v = load(x + offs, mask, 0.0);
+    store(out + offs, v * sigmoid(v) + v.sum(0) / (B as f32), mask);
+}
+"#;
+
+#[test]
+fn a_helper_compiles_to_the_same_ptx_as_its_body_written_inline() {
+    for target in [Target::Sm80, Target::Sm90] {
+        let a = ptx_of(WITH_HELPERS, &[("B", 256)], target);
+        let b = ptx_of(INLINED, &[("B", 256)], target);
+        assert_eq!(a.ptx, b.ptx, "{target:?}");
+        if let Ok(ptxas) = ptx::ptxas::find() {
+            ptx::ptxas::assemble(&ptxas, &a, target).unwrap_or_else(|e| panic!("{e}"));
+        }
+    }
+}
+
+#[test]
+fn helper_errors_point_at_the_helper_or_the_call() {
+    // An unknown function names #[tile_fn], and the op list includes the statements.
+    let e = error_of(
+        "#[kernel] fn k(x: Ptr<f32>) { let a = gelu(load(x)); }",
+        &[],
+    );
+    assert!(
+        e.contains("unknown op `gelu`") && e.contains("#[tile_fn]"),
+        "{e}"
+    );
+    for op in [
+        "prefetch",
+        "prefetch_range",
+        "wait_for_prior_kernels",
+        "launch_dependents",
+    ] {
+        assert!(e.contains(op), "{op} missing from {e}");
+    }
+    // Recursion.
+    let e = error_of(
+        "#[kernel] fn k(x: Ptr<f32>) { store(x, f(load(x))); }\n#[tile_fn] fn f(v: Tile<f32>) -> Tile<f32> { g(v) }\n#[tile_fn] fn g(v: Tile<f32>) -> Tile<f32> { f(v) }",
+        &[],
+    );
+    assert!(e.contains("calls itself") && e.contains("f -> g"), "{e}");
+    // Arity, a missing constant, a missing tail value, a unit helper used as a value.
+    let src = |call: &str| {
+        format!("#[kernel] fn k(x: Ptr<f32>) {{ {call} }}\n#[tile_fn] fn h<const N: usize>(v: Tile<f32>) -> Tile<f32> {{ v * (N as f32) }}\n#[tile_fn] fn bad(v: Tile<f32>) -> Tile<f32> {{ let w = v; }}\n#[tile_fn] fn unit(p: Ptr<f32>) {{ store(p, 1.0); }}")
+    };
+    let e = error_of(&src("store(x, h::<2>(load(x), 1.0));"), &[]);
+    assert!(e.contains("takes 1 arguments, got 2"), "{e}");
+    let e = error_of(&src("store(x, h(load(x)));"), &[]);
+    assert!(e.contains("takes the constant `N`"), "{e}");
+    let e = error_of(&src("store(x, bad(load(x)));"), &[]);
+    assert!(
+        e.contains("end its body with the value") && e.starts_with("line 3"),
+        "{e}"
+    );
+    let e = error_of(&src("let a = unit(x);"), &[]);
+    assert!(e.contains("returns nothing"), "{e}");
+    // A type error inside a helper is located in the helper.
+    let e = error_of(
+        "#[kernel] fn k(x: Ptr<f32>, n: i32) { store(x, twice(load(x), n)); }\n#[tile_fn] fn twice(v: Tile<f32>, n: i32) -> Tile<f32> { v * n }",
+        &[],
+    );
+    assert!(
+        e.contains("mismatched types") && e.starts_with("line 2"),
+        "{e}"
+    );
+    // Helpers do not see the kernel's variables or constants.
+    let e = error_of(
+        "#[kernel(B = [4])] fn k<const B: usize>(x: Ptr<f32>) { store(x, leak()); }\n#[tile_fn] fn leak() -> f32 { B as f32 }",
+        &[("B", 4)],
+    );
+    assert!(e.contains("unknown name `B`"), "{e}");
+}
+
+#[test]
+fn a_bad_method_call_is_reported_at_the_method() {
+    let e = error_of(
+        "#[kernel] fn k(x: Ptr<f32>) {\n    let v = load(x);\n    let c = v.frobnicate(0);\n}",
+        &[],
+    );
+    // `v` is at column 13, `frobnicate` at column 15.
+    assert!(
+        e.starts_with("line 3, column 15") && e.contains("frobnicate"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_dtype_generic_kernel_binds_its_type_in_the_body() {
+    let generic = r#"
+#[kernel(T = [f32, bf16], B = [128])]
+#[bind_types(T = bf16)]
+fn scale<T, const B: usize>(x: Ptr<T>, out: Ptr<T>, n: i32) {
+    let offs = arange(0, B);
+    let v = load(x + offs, offs < n, 0.0 as T) as f32;
+    store(out + offs, (v * 3.0) as T, offs < n);
+}
+"#;
+    let concrete = r#"
+#[kernel(B = [128])]
+fn scale<const B: usize>(x: Ptr<bf16>, out: Ptr<bf16>, n: i32) {
+    let offs = arange(0, B);
+    let v = load(x + offs, offs < n, 0.0 as bf16) as f32;
+    store(out + offs, (v * 3.0) as bf16, offs < n);
+}
+"#;
+    let a = ptx_of(generic, &[("B", 128)], Target::Sm90);
+    let b = ptx_of(concrete, &[("B", 128)], Target::Sm90);
+    assert_eq!(a.ptx, b.ptx);
+    let e = error_of(
+        "#[kernel(B = [4])] fn k<T, const B: usize>(x: Ptr<T>) {}",
+        &[("B", 4)],
+    );
+    assert!(e.contains("type parameter `T` has no listed dtypes"), "{e}");
+    let e = error_of("#[kernel(T = [f32, f64])] fn k<T>(x: Ptr<T>) {}", &[]);
+    assert!(e.contains("expected an element type"), "{e}");
+}
+
+#[test]
+fn while_assembles_and_reports_bad_conditions() {
+    let src = r#"
+#[kernel(B = [128])]
+fn k<const B: usize>(x: Ptr<f32>, out: Ptr<f32>, n: i32) {
+    let offs = arange(0, B);
+    let mut acc = zeros::<f32>([B]);
+    let mut h = zeros::<f16>([B]);
+    let mut i = 0;
+    while i * 2 < n {
+        acc = acc + load(x + i * B + offs);
+        h = h + (1.0 as f16);
+        i += 1;
+    }
+    store(out + offs, acc + (h as f32));
+}
+"#;
+    for target in [Target::Sm80, Target::Sm90] {
+        let p = ptx_of(src, &[("B", 128)], target);
+        assert!(p.ptx.contains("$L_while"), "{}", p.ptx);
+        if let Ok(ptxas) = ptx::ptxas::find() {
+            ptx::ptxas::assemble(&ptxas, &p, target).unwrap_or_else(|e| panic!("{e}"));
+        }
+    }
+    let e = error_of(
+        "#[kernel] fn k(x: Ptr<f32>) { let mut v = load(x); while v { v = v + 1.0; } }",
+        &[],
+    );
+    assert!(e.contains("`while` condition is a scalar bool"), "{e}");
+    let e = error_of(
+        "#[kernel] fn k(x: Ptr<f32>) { while 1 < 2 { store(x, 1.0); } }",
+        &[],
+    );
+    assert!(e.contains("run-time values"), "{e}");
+}
+
+#[test]
+fn a_scalar_load_says_why_and_what_makes_it_wide() {
+    // A bf16 GEMV row tile: with `k` of unknown divisibility the row starts are not
+    // provably 16-byte aligned, so the loads are one element wide.
+    let gemv = |k_decl: &str| {
+        format!(
+            r#"
+#[kernel(N = [4], K = [256])]
+fn gemv<const N: usize, const K: usize>(w: Ptr<bf16>, x: Ptr<bf16>, y: Ptr<f32>, n: i32, {k_decl}) {{
+    let rows = program_id(0) * N + arange(0, N);
+    let cols = arange(0, K);
+    let mask = (rows.expand_dims(1) < n) & (cols.expand_dims(0) < k);
+    let t = load(w + rows.expand_dims(1) * k + cols.expand_dims(0), mask, 0.0) as f32;
+    let xv = load(x + cols, cols < k, 0.0) as f32;
+    store(y + rows, (t * xv.expand_dims(0)).sum(1), rows < n);
+}}
+"#
+        )
+    };
+    let consts = [("N", 4), ("K", 256)];
+    let plain = ptx_of(&gemv("k: i32"), &consts, Target::Sm90);
+    let w = &plain.accesses[0];
+    assert_eq!(w.width, 1);
+    let why = w.narrowed.as_deref().unwrap_or_default();
+    assert!(
+        why.contains("#[multiple_of(16)]") && why.contains("k"),
+        "{why}"
+    );
+    let marked = ptx_of(&gemv("#[multiple_of(16)] k: i32"), &consts, Target::Sm90);
+    let w = &marked.accesses[0];
+    assert_eq!(w.width, 8, "{w:?}");
+    assert_eq!(w.narrowed, None);
+}
+
+#[test]
+fn every_documented_free_function_op_is_in_the_tile_op_table() {
+    // `#[kernel]` treats a call of a name outside `TILE_OPS` as a helper call, so an op
+    // missing from the table would not compile as `op(x)`. Every free function the
+    // language documents (`src/lang.rs`: `pub fn name`, and the `math!` list) must be
+    // in it, and every entry must be an op the lowering knows.
+    let lang = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../src/lang.rs"))
+        .expect("src/lang.rs");
+    let mut names: Vec<String> = lang
+        .lines()
+        .filter_map(|l| l.strip_prefix("pub fn "))
+        .map(|rest| {
+            rest.chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect()
+        })
+        .collect();
+    let math = lang.split("math! {").nth(1).expect("the math! list");
+    let math = &math[..math.find("\n}").expect("end of math!")];
+    names.extend(
+        math.lines()
+            .filter_map(|l| {
+                l.trim()
+                    .split_once(": \"")
+                    .map(|(n, _)| n.trim().to_string())
+            })
+            .filter(|n| n.chars().all(|c| c.is_alphanumeric() || c == '_')),
+    );
+    assert!(names.len() > 30, "{names:?}");
+    for n in &names {
+        assert!(
+            tilefuse_dsl::front::is_tile_op(n),
+            "`{n}` is documented but not in TILE_OPS"
+        );
+    }
+    for op in tilefuse_dsl::front::TILE_OPS {
+        let src = format!("#[kernel] fn k(x: Ptr<f32>) {{ {op}(); }}");
+        if let Err(e) = compile_source(&src, &spec(&[])) {
+            let e = e.message;
+            assert!(
+                !e.contains("unknown op"),
+                "`{op}` is in TILE_OPS but not lowered: {e}"
+            );
+        }
+    }
+}
