@@ -21,8 +21,10 @@ use crate::prefill_kernels::{
     PREFILL_NORM_GATE_UP, PREFILL_NORM_QKV, PREFILL_QK_ROPE,
 };
 
-/// Prompt tokens per chunk unless set otherwise ([`Prefiller::new`]).
-pub const DEFAULT_CHUNK: usize = 512;
+/// Prompt tokens per chunk unless set otherwise ([`Prefiller::new`]): on an H200 an
+/// 8192-token prompt took 544 / 302 / 244 / 233 ms in chunks of 256 / 512 / 1024 / 2048
+/// (docs/perf.md, "Batched prefill").
+pub const DEFAULT_CHUNK: usize = 2048;
 
 /// Rows per program of [`crate::prefill_kernels::prefill_qk_rope`].
 const ROPE_ROWS: i64 = 16;

@@ -10,8 +10,6 @@ use syn::Expr as SynExpr;
 use super::{strip_parens, Lower, R};
 use crate::ir::{Expr, RandOp, ReduceOp, ScanOp, ValueId};
 
-/// The ops lowered here, for the unknown-op error.
-
 impl Lower {
     /// Lowers the calls of the scan, argmin, shape and random ops; `None` when `name` is
     /// none of them.
