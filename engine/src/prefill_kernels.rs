@@ -136,16 +136,17 @@ pub fn prefill_norm_qkv<const BLOCK_M: usize, const BLOCK_N: usize, const BLOCK_
 
     let mut acc = zeros::<f32>([BLOCK_M, BLOCK_N]);
     let mut a_ptrs = x + rows.expand_dims(1) * k + kk.expand_dims(0);
-    let mut b_ptrs = w + cols.expand_dims(0) * k + kk.expand_dims(1);
     for k0 in (0..k).step_by(BLOCK_K) {
         let k_ok = k0 + kk < k;
         let a = load(a_ptrs, row_ok.expand_dims(1) & k_ok.expand_dims(0), 0.0) as f32;
         let g = (load(norm_w + k0 + kk, k_ok, 0.0) as f32).expand_dims(0);
         let an = (g * ((a * inv_rms) as bf16 as f32)) as bf16;
+        // The weight tile's pointers are made in the loop, not carried, so its load is
+        // laid out along `k`, where `w` is contiguous (16-byte loads and copies).
+        let b_ptrs = w + cols.expand_dims(0) * k + (k0 + kk).expand_dims(1);
         let b = load(b_ptrs, k_ok.expand_dims(1) & col_ok.expand_dims(0), 0.0);
         acc = dot(an, b, acc);
         a_ptrs = a_ptrs + BLOCK_K;
-        b_ptrs = b_ptrs + BLOCK_K;
     }
     let b = (load(bias + cols, col_ok, 0.0) as f32).expand_dims(0);
     let mask = row_ok.expand_dims(1) & col_ok.expand_dims(0);
@@ -191,14 +192,14 @@ pub fn prefill_gemm_residual<const BLOCK_M: usize, const BLOCK_N: usize, const B
     let kk = arange(0, BLOCK_K);
     let mut acc = zeros::<f32>([BLOCK_M, BLOCK_N]);
     let mut a_ptrs = a + rows.expand_dims(1) * k + kk.expand_dims(0);
-    let mut b_ptrs = w + cols.expand_dims(0) * k + kk.expand_dims(1);
     for k0 in (0..k).step_by(BLOCK_K) {
         let k_ok = k0 + kk < k;
         let at = load(a_ptrs, row_ok.expand_dims(1) & k_ok.expand_dims(0), 0.0);
+        // Made in the loop, so the load is laid out along `k` (see `prefill_norm_qkv`).
+        let b_ptrs = w + cols.expand_dims(0) * k + (k0 + kk).expand_dims(1);
         let bt = load(b_ptrs, k_ok.expand_dims(1) & col_ok.expand_dims(0), 0.0);
         acc = dot(at, bt, acc);
         a_ptrs = a_ptrs + BLOCK_K;
-        b_ptrs = b_ptrs + BLOCK_K;
     }
     let b = (load(bias + cols, col_ok, 0.0) as f32).expand_dims(0);
     let mask = row_ok.expand_dims(1) & col_ok.expand_dims(0);
@@ -261,21 +262,20 @@ pub fn prefill_norm_gate_up<const BLOCK_M: usize, const BLOCK_N: usize, const BL
     let mut acc_g = zeros::<f32>([BLOCK_M, BLOCK_N]);
     let mut acc_u = zeros::<f32>([BLOCK_M, BLOCK_N]);
     let mut a_ptrs = x + rows.expand_dims(1) * k + kk.expand_dims(0);
-    let mut g_ptrs = w + cols.expand_dims(0) * k + kk.expand_dims(1);
-    let mut u_ptrs = w + (inter + cols).expand_dims(0) * k + kk.expand_dims(1);
     for k0 in (0..k).step_by(BLOCK_K) {
         let k_ok = k0 + kk < k;
         let a = load(a_ptrs, row_ok.expand_dims(1) & k_ok.expand_dims(0), 0.0) as f32;
         let g = (load(norm_w + k0 + kk, k_ok, 0.0) as f32).expand_dims(0);
         let an = (g * ((a * inv_rms) as bf16 as f32)) as bf16;
         let b_mask = k_ok.expand_dims(1) & col_ok.expand_dims(0);
+        // Made in the loop, so the loads are laid out along `k` (see `prefill_norm_qkv`).
+        let g_ptrs = w + cols.expand_dims(0) * k + (k0 + kk).expand_dims(1);
+        let u_ptrs = w + (inter + cols).expand_dims(0) * k + (k0 + kk).expand_dims(1);
         let gt = load(g_ptrs, b_mask, 0.0);
         let ut = load(u_ptrs, b_mask, 0.0);
         acc_g = dot(an, gt, acc_g);
         acc_u = dot(an, ut, acc_u);
         a_ptrs = a_ptrs + BLOCK_K;
-        g_ptrs = g_ptrs + BLOCK_K;
-        u_ptrs = u_ptrs + BLOCK_K;
     }
     let gate = acc_g as bf16 as f32;
     let up = acc_u as bf16 as f32;
@@ -416,13 +416,14 @@ pub fn prefill_attention<const D: usize, const BLOCK_M: usize, const BLOCK_N: us
     let mut m = full([BLOCK_M], f32::NEG_INFINITY);
     let mut l = zeros::<f32>([BLOCK_M]);
     let mut acc = zeros::<f32>([BLOCK_M, D]);
-    let mut k_ptrs = k_cache + base + s.expand_dims(0) * D + d.expand_dims(1);
     let mut v_ptrs = v_cache + base + s.expand_dims(1) * D + d.expand_dims(0);
     // Whole key tiles before the tile's first query position are visible to every row
     // and inside the cache: no causal or bounds masks.
     let unmasked = (start + program_id(0) * BLOCK_M) / BLOCK_N * BLOCK_N;
     for s0 in (0..unmasked).step_by(BLOCK_N) {
-        let kt = load(k_ptrs);
+        // K^T's pointers are made in the loop, not carried, so the load is laid out
+        // along `d`, where the cache is contiguous (16-byte loads).
+        let kt = load(k_cache + base + (s0 + s).expand_dims(0) * D + d.expand_dims(1));
         let dots = dot(qt, kt);
         let scores = ((dots as bf16 as f32) * scale) as bf16 as f32;
         let m_new = maximum(m, scores.max(1));
@@ -432,12 +433,12 @@ pub fn prefill_attention<const D: usize, const BLOCK_M: usize, const BLOCK_N: us
         let vt = load(v_ptrs);
         acc = dot(p as bf16, vt, acc * alpha.expand_dims(1));
         m = m_new;
-        k_ptrs = k_ptrs + BLOCK_N * D;
         v_ptrs = v_ptrs + BLOCK_N * D;
     }
     // The rest, up to the tile's last query position: masked.
     for s0 in (unmasked..end).step_by(BLOCK_N) {
         let s_ok = s0 + s < end;
+        let k_ptrs = k_cache + base + (s0 + s).expand_dims(0) * D + d.expand_dims(1);
         let kt = load(k_ptrs, s_ok.expand_dims(0), 0.0);
         let dots = dot(qt, kt);
         let scores = ((dots as bf16 as f32) * scale) as bf16 as f32;
@@ -450,7 +451,6 @@ pub fn prefill_attention<const D: usize, const BLOCK_M: usize, const BLOCK_N: us
         let vt = load(v_ptrs, s_ok.expand_dims(1), 0.0);
         acc = dot(p as bf16, vt, acc * alpha.expand_dims(1));
         m = m_new;
-        k_ptrs = k_ptrs + BLOCK_N * D;
         v_ptrs = v_ptrs + BLOCK_N * D;
     }
     let o = acc / l.expand_dims(1);
