@@ -26,16 +26,7 @@ pub mod valid;
 
 pub use error::CompileError;
 pub use half;
-
-/// One specialization of a kernel: a value for every compile-time constant, and the
-/// number of warps per program.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct Specialization {
-    /// `(name, value)` for every const generic, in declaration order.
-    pub consts: Vec<(String, i64)>,
-    /// Warps per program.
-    pub num_warps: u32,
-}
+pub use ir::Specialization;
 
 /// Runs IR construction and type inference for one specialization.
 ///

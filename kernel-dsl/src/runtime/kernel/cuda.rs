@@ -1,0 +1,228 @@
+//! Launches on a CUDA device: the module loaded once per context, the function cached
+//! (dynamic shared memory opted in), and the launch itself.
+
+use super::*;
+
+impl KernelDef {
+    /// The loaded function for a variant on a GPU (loaded on first use).
+    pub(super) fn cuda_function(
+        &self,
+        dev: &CudaDevice,
+        variant: &'static Variant,
+    ) -> Result<CudaFunction, LaunchError> {
+        let key = variant as *const Variant as usize;
+        let mut functions = dev.functions.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(f) = functions.get(&key) {
+            return Ok(f.clone());
+        }
+        let (major, _) = dev.compute_capability();
+        let target = if major >= 9 && !variant.ptx_sm90.is_empty() {
+            Target::Sm90
+        } else {
+            Target::Sm80
+        };
+        let ptx = variant.ptx(target);
+        let describe = variant.describe(self.const_names);
+        if variant.cluster != [1, 1, 1] && target != Target::Sm90 {
+            return Err(LaunchError::Config {
+                kernel: self.name.into(),
+                message: format!(
+                    "variant [{describe}] uses thread-block clusters of {:?}, which need compute capability 9.0 or newer (this device: {major}.x)",
+                    variant.cluster
+                ),
+            });
+        }
+        if ptx.is_empty() || ptx.contains('\0') {
+            return Err(LaunchError::Config {
+                kernel: self.name.into(),
+                message: format!("variant [{describe}] has no usable {} PTX", target.name()),
+            });
+        }
+        if variant.entry.is_empty() || variant.entry.contains('\0') {
+            return Err(LaunchError::Config {
+                kernel: self.name.into(),
+                message: format!(
+                    "variant [{describe}] has an invalid entry name {:?}",
+                    variant.entry
+                ),
+            });
+        }
+        let driver_err = |what: String| {
+            let kernel = self.name.to_string();
+            move |source| LaunchError::Driver {
+                kernel,
+                what,
+                source,
+            }
+        };
+        let module = dev
+            .context()
+            .load_module(CudaPtx::from_src(ptx))
+            .map_err(driver_err(format!(
+                "loading the {} PTX of [{describe}]",
+                target.name()
+            )))?;
+        let f = module
+            .load_function(variant.entry)
+            .map_err(driver_err(format!(
+                "finding entry `{}` of [{describe}]",
+                variant.entry
+            )))?;
+        let dynamic = variant.dynamic_shared_bytes();
+        if dynamic > 0 {
+            // Above 48 KiB the function must opt in to its dynamic shared memory.
+            use cudarc::driver::sys;
+            // SAFETY: a valid function handle and a documented attribute.
+            unsafe {
+                sys::cuFuncSetAttribute(
+                    f.cu_function(),
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    dynamic as i32,
+                )
+            }
+            .result()
+            .map_err(driver_err(format!(
+                "allowing {dynamic} bytes of dynamic shared memory for [{describe}] (more than this device allows per program?)"
+            )))?;
+        }
+        if variant.cluster.iter().product::<u32>() > 8 {
+            // Clusters above 8 programs are "non-portable": the function must opt in.
+            use cudarc::driver::sys;
+            // SAFETY: a valid function handle and a documented attribute.
+            unsafe {
+                sys::cuFuncSetAttribute(
+                    f.cu_function(),
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
+                    1,
+                )
+            }
+            .result()
+            .map_err(driver_err(format!(
+                "allowing clusters of {:?} for [{describe}]",
+                variant.cluster
+            )))?;
+        }
+        functions.insert(key, f.clone());
+        Ok(f)
+    }
+
+    /// Queues the kernel on the device's stream.
+    pub(super) fn run_cuda(
+        &self,
+        dev: &CudaDevice,
+        variant: &'static Variant,
+        grid: [u32; 3],
+        serialized: bool,
+        args: &mut [KernelArg<'_>],
+    ) -> Result<(), LaunchError> {
+        let f = self.cuda_function(dev, variant)?;
+        // Every argument is at most 8 bytes: device pointers and 32/64-bit scalars.
+        let mut slots = [[0u8; 8]; MAX_PARAMS];
+        let n = args.len();
+        for (slot, arg) in slots.iter_mut().zip(args.iter()) {
+            match &arg.0 {
+                ArgRepr::Read(b) => {
+                    slot.copy_from_slice(&b.device_addr().unwrap_or(0).to_ne_bytes())
+                }
+                ArgRepr::Write(b) => {
+                    slot.copy_from_slice(&b.device_addr().unwrap_or(0).to_ne_bytes())
+                }
+                ArgRepr::Scalar(s) => match *s {
+                    Scalar::I32(v) => slot[..4].copy_from_slice(&v.to_ne_bytes()),
+                    Scalar::U32(v) => slot[..4].copy_from_slice(&v.to_ne_bytes()),
+                    Scalar::F32(v) => slot[..4].copy_from_slice(&v.to_ne_bytes()),
+                    Scalar::I64(v) => slot.copy_from_slice(&v.to_ne_bytes()),
+                },
+            }
+        }
+        let mut params = [std::ptr::null_mut::<c_void>(); MAX_PARAMS];
+        for (p, slot) in params.iter_mut().zip(slots.iter_mut()) {
+            *p = slot.as_mut_ptr().cast();
+        }
+        let driver_err = |what: &str| {
+            let kernel = self.name.to_string();
+            let what = what.to_string();
+            move |source| LaunchError::Driver {
+                kernel,
+                what,
+                source,
+            }
+        };
+        dev.context()
+            .bind_to_thread()
+            .map_err(driver_err("binding the context"))?;
+        let block = 32 * variant.num_warps;
+        let pdl = dev.programmatic_launch() && !serialized && !variant.ptx_sm90.is_empty();
+        let clustered = variant.cluster != [1, 1, 1];
+        if pdl || clustered {
+            use cudarc::driver::sys;
+            let mut attrs: Vec<sys::CUlaunchAttribute> = Vec::with_capacity(2);
+            if pdl {
+                // The sm_90 PTX waits for the previous kernel (`griddepcontrol.wait`)
+                // before any global access, so the launch may overlap the previous
+                // kernel's tail.
+                let mut attr = sys::CUlaunchAttribute {
+                    id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+                    pad: [0; 4],
+                    // SAFETY: an all-zero value is valid for this plain-data union.
+                    value: unsafe { std::mem::zeroed() },
+                };
+                attr.value.programmaticStreamSerializationAllowed = 1;
+                attrs.push(attr);
+            }
+            if clustered {
+                let mut attr = sys::CUlaunchAttribute {
+                    id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
+                    pad: [0; 4],
+                    // SAFETY: as above.
+                    value: unsafe { std::mem::zeroed() },
+                };
+                attr.value.clusterDim.x = variant.cluster[0];
+                attr.value.clusterDim.y = variant.cluster[1];
+                attr.value.clusterDim.z = variant.cluster[2];
+                attrs.push(attr);
+            }
+            let config = sys::CUlaunchConfig {
+                gridDimX: grid[0],
+                gridDimY: grid[1],
+                gridDimZ: grid[2],
+                blockDimX: block,
+                blockDimY: 1,
+                blockDimZ: 1,
+                sharedMemBytes: variant.dynamic_shared_bytes(),
+                hStream: dev.stream().cu_stream(),
+                attrs: attrs.as_mut_ptr(),
+                numAttrs: attrs.len() as u32,
+            };
+            // SAFETY: as below; `config` and `attrs` outlive the call.
+            return unsafe {
+                sys::cuLaunchKernelEx(
+                    &config,
+                    f.cu_function(),
+                    params.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+            }
+            .result()
+            .map_err(driver_err(match (pdl, clustered) {
+                (true, true) => "launching (clusters, programmatic dependent launch)",
+                (true, false) => "launching (programmatic dependent launch)",
+                _ => "launching (clusters)",
+            }));
+        }
+        // SAFETY: the arguments were checked against the signature the PTX was generated
+        // from (count, pointer vs scalar, dtype, device); each slot holds the parameter's
+        // value in its native size and outlives the call, which copies them.
+        unsafe {
+            cudarc::driver::result::launch_kernel(
+                f.cu_function(),
+                (grid[0], grid[1], grid[2]),
+                (block, 1, 1),
+                variant.dynamic_shared_bytes(),
+                dev.stream().cu_stream(),
+                &mut params[..n],
+            )
+        }
+        .map_err(driver_err("launching"))
+    }
+}

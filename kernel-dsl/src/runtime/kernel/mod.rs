@@ -1,0 +1,475 @@
+//! Kernel descriptions, launch configurations, arguments and the launch itself.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::fmt::{self, Write as _};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::driver::CudaFunction;
+use cudarc::nvrtc::Ptx as CudaPtx;
+
+use super::device::{CudaDevice, Device, ErasedBuffer};
+use super::element::Element;
+use super::error::LaunchError;
+use super::Buffer;
+use crate::back::ptx::Target;
+use crate::interp::{self, Scalar};
+use crate::ir::{self, DType, ParamKind};
+use crate::Specialization;
+
+/// Most parameters a kernel may take (launch arguments live in a fixed-size array so a
+/// GPU launch allocates nothing).
+pub const MAX_PARAMS: usize = 64;
+
+/// Largest grid extents CUDA accepts in x, y and z.
+const MAX_GRID: [u32; 3] = [i32::MAX as u32, 65535, 65535];
+
+/// Grid size and warps per program for one launch.
+///
+/// Converts from `u32` (a 1-D grid), `(u32, u32)`, `(u32, u32, u32)` and `[u32; 3]`;
+/// `num_warps: None` picks the first compiled `num_warps` value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaunchConfig {
+    /// Programs along x, y and z.
+    pub grid: [u32; 3],
+    /// Warps per program; `None` for the kernel's first listed value.
+    pub num_warps: Option<u32>,
+    /// No programmatic overlap: the launch starts only after every earlier launch on
+    /// the stream has finished (see [`LaunchConfig::serialized`]).
+    pub serialized: bool,
+}
+
+impl LaunchConfig {
+    /// A configuration for this grid and the default warp count.
+    pub fn grid(grid: [u32; 3]) -> LaunchConfig {
+        LaunchConfig {
+            grid,
+            num_warps: None,
+            serialized: false,
+        }
+    }
+
+    /// Sets the warps per program.
+    pub fn num_warps(self, num_warps: u32) -> LaunchConfig {
+        LaunchConfig {
+            num_warps: Some(num_warps),
+            ..self
+        }
+    }
+
+    /// Starts the launch only after every earlier launch on the stream has finished.
+    ///
+    /// With programmatic dependent launch (Hopper), a kernel's programs may start while
+    /// earlier kernels still run, and what they load before `wait_for_prior_kernels()`
+    /// may be read before those kernels' stores land; since each kernel in a chain may
+    /// start early, that holds for every launch back to the last serialized one, not only
+    /// the one just before. Serialize the first launch of a unit of work (a decode step)
+    /// so that data the previous unit wrote may be read before the wait.
+    pub fn serialized(self) -> LaunchConfig {
+        LaunchConfig {
+            serialized: true,
+            ..self
+        }
+    }
+}
+
+impl From<u32> for LaunchConfig {
+    fn from(x: u32) -> LaunchConfig {
+        LaunchConfig::grid([x, 1, 1])
+    }
+}
+
+impl From<(u32, u32)> for LaunchConfig {
+    fn from((x, y): (u32, u32)) -> LaunchConfig {
+        LaunchConfig::grid([x, y, 1])
+    }
+}
+
+impl From<(u32, u32, u32)> for LaunchConfig {
+    fn from((x, y, z): (u32, u32, u32)) -> LaunchConfig {
+        LaunchConfig::grid([x, y, z])
+    }
+}
+
+impl From<[u32; 3]> for LaunchConfig {
+    fn from(grid: [u32; 3]) -> LaunchConfig {
+        LaunchConfig::grid(grid)
+    }
+}
+
+/// One run-time parameter of a [`KernelDef`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ParamDef {
+    /// The name, as written in the kernel.
+    pub name: &'static str,
+    /// Pointer or scalar, and its dtype.
+    pub kind: ParamKind,
+    /// Whether the kernel stores or atomically updates through this pointer.
+    pub written: bool,
+}
+
+/// PTX text as a binary embeds it: plain, or deflated, as `#[kernel]` emits it (PTX is
+/// most of a binary's size, and deflates about tenfold) and inflated on first use.
+#[derive(Clone, Copy)]
+pub struct Ptx(PtxRepr);
+
+#[derive(Clone, Copy)]
+enum PtxRepr {
+    Text(&'static str),
+    Deflated(&'static [u8], &'static OnceLock<String>),
+}
+
+impl Ptx {
+    /// Plain PTX text.
+    pub const fn text(text: &'static str) -> Ptx {
+        Ptx(PtxRepr::Text(text))
+    }
+
+    /// PTX deflated by [`deflate_ptx`]; `cache` holds the text once inflated (each
+    /// variant's own static).
+    pub const fn deflated(bytes: &'static [u8], cache: &'static OnceLock<String>) -> Ptx {
+        Ptx(PtxRepr::Deflated(bytes, cache))
+    }
+
+    /// The text, inflated on the first call. Bytes that do not inflate to UTF-8 (never
+    /// from `#[kernel]`, which checks the round trip) read as empty, which launching
+    /// reports as a missing PTX module.
+    pub fn as_str(&self) -> &'static str {
+        match self.0 {
+            PtxRepr::Text(text) => text,
+            PtxRepr::Deflated(bytes, cache) => cache
+                .get_or_init(|| inflate_ptx(bytes).unwrap_or_default())
+                .as_str(),
+        }
+    }
+
+    /// Whether there is no PTX (none generated for the target).
+    pub fn is_empty(&self) -> bool {
+        match self.0 {
+            PtxRepr::Text(text) => text.is_empty(),
+            PtxRepr::Deflated(bytes, _) => bytes.is_empty(),
+        }
+    }
+}
+
+impl fmt::Debug for Ptx {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            PtxRepr::Text(text) => write!(f, "Ptx({} bytes of text)", text.len()),
+            PtxRepr::Deflated(bytes, _) => write!(f, "Ptx({} bytes deflated)", bytes.len()),
+        }
+    }
+}
+
+impl PartialEq for Ptx {
+    fn eq(&self, other: &Ptx) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+
+impl Eq for Ptx {}
+
+/// Deflates PTX text for [`Ptx::deflated`] (what `#[kernel]` embeds).
+pub fn deflate_ptx(text: &str) -> Vec<u8> {
+    miniz_oxide::deflate::compress_to_vec(text.as_bytes(), 6)
+}
+
+/// The text [`deflate_ptx`] deflated, if `bytes` inflate to UTF-8.
+pub fn inflate_ptx(bytes: &[u8]) -> Option<String> {
+    let raw = miniz_oxide::inflate::decompress_to_vec(bytes).ok()?;
+    String::from_utf8(raw).ok()
+}
+
+/// One compiled specialization of a kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Variant {
+    /// A value for every compile-time constant, in declaration order.
+    pub consts: &'static [i64],
+    /// Warps per program.
+    pub num_warps: u32,
+    /// PTX for `sm_80` (runs on Ampere and newer through the driver's JIT).
+    pub ptx_sm80: Ptx,
+    /// PTX for `sm_90`; empty when not generated.
+    pub ptx_sm90: Ptx,
+    /// The `.entry` name in both modules.
+    pub entry: &'static str,
+    /// Shared memory the kernel uses, in bytes. Above 48 KiB it is dynamic: the
+    /// function is opted in to that much at load and the size is passed at launch.
+    pub shared_bytes: u32,
+    /// Programs per thread-block cluster along x, y and z (`[1, 1, 1]`: none). A
+    /// clustered variant launches only on sm_90 and newer, on grids that are a multiple
+    /// of it.
+    pub cluster: [u32; 3],
+}
+
+impl Variant {
+    /// The PTX text for a target (empty if none was generated for it).
+    pub fn ptx(&self, target: Target) -> &'static str {
+        match target {
+            Target::Sm80 => self.ptx_sm80.as_str(),
+            Target::Sm90 => self.ptx_sm90.as_str(),
+        }
+    }
+
+    fn describe(&self, const_names: &[&str]) -> String {
+        describe(const_names, self.consts, self.num_warps)
+    }
+
+    /// Dynamic shared memory to pass at launch: the whole use above the static limit
+    /// (where the PTX declares `.extern .shared`), else none.
+    fn dynamic_shared_bytes(&self) -> u32 {
+        if self.shared_bytes > crate::back::ptx::STATIC_SHARED_LIMIT {
+            self.shared_bytes
+        } else {
+            0
+        }
+    }
+}
+
+fn describe(const_names: &[&str], consts: &[i64], num_warps: u32) -> String {
+    let mut s = String::new();
+    for (i, v) in consts.iter().enumerate() {
+        let name = const_names.get(i).copied().unwrap_or("?");
+        let _ = write!(s, "{name}={v}, ");
+    }
+    let _ = write!(s, "num_warps={num_warps}");
+    s
+}
+
+/// The static description of a kernel that `#[kernel]` emits: its signature, source
+/// text (for the interpreter) and one [`Variant`] per compiled specialization.
+#[derive(Clone, Copy, Debug)]
+pub struct KernelDef {
+    /// The kernel's name.
+    pub name: &'static str,
+    /// The `fn` item's source text, as the front end parses it.
+    pub source: &'static str,
+    /// Compile-time constant names, in declaration order.
+    pub const_names: &'static [&'static str],
+    /// Run-time parameters, in launch order.
+    pub params: &'static [ParamDef],
+    /// Compiled specializations; for given constants, the first listed `num_warps` is the
+    /// default.
+    pub variants: &'static [Variant],
+}
+
+impl KernelDef {
+    /// Constants and warp count in words, as errors name variants
+    /// (`BLOCK=512, num_warps=4`).
+    pub fn describe_variant(&self, consts: &[i64], num_warps: u32) -> String {
+        describe(self.const_names, consts, num_warps)
+    }
+
+    /// The smallest compiled value of the constant `name` that is at least `wanted`
+    /// (Triton's `BLOCK = triton.next_power_of_2(n)`, limited to what was compiled).
+    /// The error lists the compiled values. `#[kernel]` generates a typed
+    /// `pick_<name>(n)` on the kernel for each constant.
+    ///
+    /// ```
+    /// use tilefuse_dsl::runtime::{KernelDef, LaunchError};
+    /// fn block_for(def: &KernelDef, n: usize) -> Result<i64, LaunchError> {
+    ///     def.pick_at_least("BLOCK", n as i64)
+    /// }
+    /// ```
+    pub fn pick_at_least(&self, name: &str, wanted: i64) -> Result<i64, LaunchError> {
+        let Some(index) = self.const_names.iter().position(|n| *n == name) else {
+            return Err(LaunchError::Config {
+                kernel: self.name.into(),
+                message: format!(
+                    "`{name}` is not a constant of this kernel (its constants: {})",
+                    self.const_names.join(", ")
+                ),
+            });
+        };
+        let mut compiled: Vec<i64> = self.variants.iter().map(|v| v.consts[index]).collect();
+        compiled.sort_unstable();
+        compiled.dedup();
+        compiled
+            .iter()
+            .copied()
+            .find(|&v| v >= wanted)
+            .ok_or_else(|| LaunchError::NoFit {
+                kernel: self.name.into(),
+                name: name.into(),
+                wanted,
+                compiled,
+            })
+    }
+
+    /// The variant for these constants and warp count (`None`: the first compiled for
+    /// the constants). The error lists every compiled combination.
+    pub fn variant(
+        &self,
+        consts: &[i64],
+        num_warps: Option<u32>,
+    ) -> Result<&'static Variant, LaunchError> {
+        let variants: &'static [Variant] = self.variants;
+        if consts.len() != self.const_names.len() {
+            return Err(LaunchError::Config {
+                kernel: self.name.into(),
+                message: format!(
+                    "expected {} compile-time constant(s) ({}), got {}",
+                    self.const_names.len(),
+                    self.const_names.join(", "),
+                    consts.len()
+                ),
+            });
+        }
+        variants
+            .iter()
+            .find(|v| v.consts == consts && num_warps.is_none_or(|w| w == v.num_warps))
+            .ok_or_else(|| {
+                let requested = match num_warps {
+                    Some(w) => describe(self.const_names, consts, w),
+                    None => {
+                        let mut s = describe(self.const_names, consts, 0);
+                        s.truncate(s.len() - "num_warps=0".len());
+                        s.push_str("any num_warps");
+                        s
+                    }
+                };
+                let available = if variants.is_empty() {
+                    "none".to_string()
+                } else {
+                    variants
+                        .iter()
+                        .map(|v| format!("[{}]", v.describe(self.const_names)))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                };
+                LaunchError::NoVariant {
+                    kernel: self.name.into(),
+                    requested,
+                    available,
+                }
+            })
+    }
+
+    /// The PTX text of one variant for one target, for introspection.
+    pub fn ptx(
+        &self,
+        consts: &[i64],
+        num_warps: Option<u32>,
+        target: Target,
+    ) -> Result<&'static str, LaunchError> {
+        Ok(self.variant(consts, num_warps)?.ptx(target))
+    }
+
+    /// Launches the kernel with these compile-time constants and type-erased arguments.
+    ///
+    /// Checks the configuration and every argument against the signature first. On a GPU
+    /// the launch is queued on the device's stream (no allocation, no synchronization once
+    /// the kernel is loaded); on the CPU the interpreter runs it to completion.
+    pub fn launch_dyn(
+        &self,
+        dev: &Device,
+        cfg: impl Into<LaunchConfig>,
+        consts: &[i64],
+        args: &mut [KernelArg<'_>],
+    ) -> Result<(), LaunchError> {
+        let cfg = cfg.into();
+        let variant = self.variant(consts, cfg.num_warps)?;
+        self.check(dev, &cfg, variant.cluster, args)?;
+        match dev {
+            Device::Cpu => self.run_cpu(variant, cfg.grid, args),
+            Device::Cuda(d) => self.run_cuda(d, variant, cfg.grid, cfg.serialized, args),
+        }
+    }
+}
+
+fn scalar_dtype(s: Scalar) -> DType {
+    match s {
+        Scalar::I32(_) => DType::I32,
+        Scalar::U32(_) => DType::U32,
+        Scalar::I64(_) => DType::I64,
+        Scalar::F32(_) => DType::F32,
+    }
+}
+
+fn scalar_text(s: Scalar) -> String {
+    match s {
+        Scalar::I32(v) => format!("{v}i32"),
+        Scalar::U32(v) => format!("{v}u32"),
+        Scalar::I64(v) => format!("{v}i64"),
+        Scalar::F32(v) => format!("{v:?}f32"),
+    }
+}
+
+enum ArgRepr<'a> {
+    Read(&'a dyn ErasedBuffer),
+    Write(&'a mut dyn ErasedBuffer),
+    Scalar(Scalar),
+}
+
+impl ArgRepr<'_> {
+    /// The buffer and whether it was passed for writing; `None` for scalars.
+    fn buffer(&self) -> Option<(&dyn ErasedBuffer, bool)> {
+        match self {
+            ArgRepr::Read(b) => Some((*b, false)),
+            ArgRepr::Write(b) => Some((&**b, true)),
+            ArgRepr::Scalar(_) => None,
+        }
+    }
+}
+
+/// One launch argument with its element type erased: a buffer the kernel reads, a
+/// buffer it may write, or a scalar. Checked against the kernel's signature at launch.
+pub struct KernelArg<'a>(ArgRepr<'a>);
+
+impl<'a> KernelArg<'a> {
+    /// A buffer the kernel only reads.
+    pub fn read<T: Element>(buf: &'a Buffer<T>) -> KernelArg<'a> {
+        KernelArg(ArgRepr::Read(buf))
+    }
+
+    /// A buffer the kernel may write.
+    pub fn write<T: Element>(buf: &'a mut Buffer<T>) -> KernelArg<'a> {
+        KernelArg(ArgRepr::Write(buf))
+    }
+
+    /// A scalar.
+    pub fn scalar(value: Scalar) -> KernelArg<'a> {
+        KernelArg(ArgRepr::Scalar(value))
+    }
+}
+
+impl std::fmt::Debug for KernelArg<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.0 {
+            ArgRepr::Read(b) => write!(f, "&Buffer<{}>[{}]", b.dtype(), b.len()),
+            ArgRepr::Write(b) => write!(f, "&mut Buffer<{}>[{}]", b.dtype(), b.len()),
+            ArgRepr::Scalar(s) => f.write_str(&scalar_text(*s)),
+        }
+    }
+}
+
+impl<'a, T: Element> From<&'a Buffer<T>> for KernelArg<'a> {
+    fn from(buf: &'a Buffer<T>) -> KernelArg<'a> {
+        KernelArg::read(buf)
+    }
+}
+
+impl<'a, T: Element> From<&'a mut Buffer<T>> for KernelArg<'a> {
+    fn from(buf: &'a mut Buffer<T>) -> KernelArg<'a> {
+        KernelArg::write(buf)
+    }
+}
+
+macro_rules! scalar_arg {
+    ($($t:ty => $v:ident),*) => {$(
+        impl From<$t> for KernelArg<'_> {
+            fn from(v: $t) -> Self {
+                KernelArg::scalar(Scalar::$v(v))
+            }
+        }
+    )*};
+}
+
+scalar_arg!(i32 => I32, u32 => U32, i64 => I64, f32 => F32);
+
+mod check;
+mod cpu;
+mod cuda;
+
+#[cfg(test)]
+mod tests;
