@@ -100,43 +100,14 @@ impl Infer<'_> {
         let dtype = self.unify_scalar_ints(&mut bounds, loc, "loop bounds and step")?;
         let new_index = self.add(Def::LoopIndex, Type::val(dtype, vec![]), loc);
         self.map[index.index()] = Some(new_index);
-        let mut params = Vec::new();
-        for c in carried {
-            let mut init = self.get(c.init)?;
-            if let Some(lit) = self.weak.get(&init).copied() {
-                // A weak literal carried by a loop takes its default type.
-                init = self.typed_literal(lit, None, self.out[init.index()].loc)?;
-            }
-            let ty = self.ty(init).clone();
-            let p = self.add(Def::Carried { init }, ty, self.src.value(c.param).loc);
-            self.map[c.param.index()] = Some(p);
-            params.push((init, p));
-        }
+        let params = self.open_carried(carried)?;
         self.blocks.push(Vec::new());
         let r = self.block(body);
         if let Err(e) = r {
             self.blocks.pop();
             return Err(e);
         }
-        let mut out = Vec::new();
-        for (c, (init, p)) in carried.iter().zip(params) {
-            let ty = self.ty(p).clone();
-            let next = self.get(c.next)?;
-            let next = self.conform(
-                next,
-                &ty,
-                self.src.value(c.next).loc,
-                "a loop-carried variable",
-            )?;
-            let result = self.add(Def::LoopResult { init }, ty, loc);
-            self.map[c.result.index()] = Some(result);
-            out.push(Carried {
-                param: p,
-                init,
-                next,
-                result,
-            });
-        }
+        let out = self.close_carried(carried, params, loc)?;
         let body = Block {
             stmts: self.blocks.pop().unwrap_or_default(),
         };
@@ -163,17 +134,7 @@ impl Infer<'_> {
         body: &Block,
         loc: Loc,
     ) -> R<()> {
-        let mut params = Vec::new();
-        for c in carried {
-            let mut init = self.get(c.init)?;
-            if let Some(lit) = self.weak.get(&init).copied() {
-                init = self.typed_literal(lit, None, self.out[init.index()].loc)?;
-            }
-            let ty = self.ty(init).clone();
-            let p = self.add(Def::Carried { init }, ty, self.src.value(c.param).loc);
-            self.map[c.param.index()] = Some(p);
-            params.push((init, p));
-        }
+        let params = self.open_carried(carried)?;
         self.blocks.push(Vec::new());
         if let Err(e) = self.block(cond_body) {
             self.blocks.pop();
@@ -202,25 +163,7 @@ impl Infer<'_> {
             self.blocks.pop();
             return Err(e);
         }
-        let mut out = Vec::new();
-        for (c, (init, p)) in carried.iter().zip(params) {
-            let ty = self.ty(p).clone();
-            let next = self.get(c.next)?;
-            let next = self.conform(
-                next,
-                &ty,
-                self.src.value(c.next).loc,
-                "a loop-carried variable",
-            )?;
-            let result = self.add(Def::LoopResult { init }, ty, loc);
-            self.map[c.result.index()] = Some(result);
-            out.push(Carried {
-                param: p,
-                init,
-                next,
-                result,
-            });
-        }
+        let out = self.close_carried(carried, params, loc)?;
         let body = Block {
             stmts: self.blocks.pop().unwrap_or_default(),
         };
@@ -302,5 +245,52 @@ impl Infer<'_> {
             loc,
         });
         Ok(())
+    }
+
+    /// A loop's carried values at its head (`for` and `while` alike): each parameter
+    /// typed like its initial value (a weak literal takes its default type).
+    fn open_carried(&mut self, carried: &[Carried]) -> R<Vec<(ValueId, ValueId)>> {
+        let mut params = Vec::new();
+        for c in carried {
+            let mut init = self.get(c.init)?;
+            if let Some(lit) = self.weak.get(&init).copied() {
+                init = self.typed_literal(lit, None, self.out[init.index()].loc)?;
+            }
+            let ty = self.ty(init).clone();
+            let p = self.add(Def::Carried { init }, ty, self.src.value(c.param).loc);
+            self.map[c.param.index()] = Some(p);
+            params.push((init, p));
+        }
+        Ok(params)
+    }
+
+    /// A loop's carried values after its body: each `next` conformed to its parameter's
+    /// type, and the loop's result values defined.
+    fn close_carried(
+        &mut self,
+        carried: &[Carried],
+        params: Vec<(ValueId, ValueId)>,
+        loc: Loc,
+    ) -> R<Vec<Carried>> {
+        let mut out = Vec::new();
+        for (c, (init, p)) in carried.iter().zip(params) {
+            let ty = self.ty(p).clone();
+            let next = self.get(c.next)?;
+            let next = self.conform(
+                next,
+                &ty,
+                self.src.value(c.next).loc,
+                "a loop-carried variable",
+            )?;
+            let result = self.add(Def::LoopResult { init }, ty, loc);
+            self.map[c.result.index()] = Some(result);
+            out.push(Carried {
+                param: p,
+                init,
+                next,
+                result,
+            });
+        }
+        Ok(out)
     }
 }
