@@ -49,8 +49,6 @@ mod ops;
 #[cfg(test)]
 mod source_tests;
 #[cfg(test)]
-pub(crate) mod testkit;
-#[cfg(test)]
 mod tests;
 
 use crate::ir::Kernel;

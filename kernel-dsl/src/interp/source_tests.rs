@@ -1,8 +1,8 @@
 //! Interpreter tests on kernels compiled from source text (front end + inference).
 
-use super::testkit::*;
 use super::{run, Arg, Scalar};
 use crate::ir::Kernel;
+use crate::testing::{bytes_f32, f32_bytes, Rng};
 use crate::{compile_source, Specialization};
 use half::bf16;
 

@@ -2,9 +2,10 @@
 #![allow(clippy::needless_range_loop)]
 
 use super::ops::{self, Data};
-use super::testkit::*;
 use super::{run, Arg, InterpError, Scalar};
+use crate::ir::builder::Builder;
 use crate::ir::{AtomicOp, BinaryOp, CmpOp, DType, Kernel, Literal, ReduceOp, UnaryOp, ValueId};
+use crate::testing::{bytes_f32, bytes_i32, f32_bytes, i32_bytes, Rng};
 use half::{bf16, f16};
 
 const BLOCK: usize = 256;
@@ -15,9 +16,9 @@ fn map_kernel(
     din: DType,
     dout: DType,
     block: usize,
-    f: impl FnOnce(&mut Kb, ValueId) -> ValueId,
+    f: impl FnOnce(&mut Builder, ValueId) -> ValueId,
 ) -> Kernel {
-    let mut b = Kb::new(name);
+    let mut b = Builder::new(name, 4);
     let x = b.ptr("x", din);
     let out = b.ptr("out", dout);
     let n = b.scalar("n", DType::I32);
@@ -52,7 +53,7 @@ fn run_map(k: &Kernel, input: &[u8], out_len: usize, n: usize, block: usize) -> 
 }
 
 fn vector_add() -> Kernel {
-    let mut b = Kb::new("add");
+    let mut b = Builder::new("add", 4);
     let x = b.ptr("x", DType::F32);
     let y = b.ptr("y", DType::F32);
     let out = b.ptr("out", DType::F32);
@@ -106,7 +107,7 @@ fn vector_add_masks() {
 #[test]
 fn out_of_bounds_load_names_param_index_and_program() {
     // No mask: the second program reads past the end of `x`.
-    let mut b = Kb::new("oob");
+    let mut b = Builder::new("oob", 4);
     let x = b.ptr("x", DType::F32);
     let out = b.ptr("out", DType::F32);
     let pid = b.pid(0);
@@ -210,7 +211,7 @@ fn broadcast_2d_outer_sum() {
     // out[i, j] = x[i] + y[j] for an [M, N] tile.
     const M: usize = 4;
     const N: usize = 8;
-    let mut b = Kb::new("outer");
+    let mut b = Builder::new("outer", 4);
     let x = b.ptr("x", DType::F32);
     let y = b.ptr("y", DType::F32);
     let out = b.ptr("out", DType::F32);
@@ -258,7 +259,7 @@ fn broadcast_2d_outer_sum() {
 /// Loads an `[R, C]` row-major tile from `x`, reduces along `axis` with `op`, stores the
 /// result contiguously into `out`.
 fn reduce_kernel(op: ReduceOp, r: usize, c: usize, axis: usize, dout: DType) -> Kernel {
-    let mut b = Kb::new("reduce");
+    let mut b = Builder::new("reduce", 4);
     let x = b.ptr("x", DType::F32);
     let out = b.ptr("out", dout);
     let rr = b.arange(0, r as i64);
@@ -589,7 +590,7 @@ fn integer_division_by_zero_in_a_kernel() {
 /// `out[0] = sum(x[0..n])` with a loop over blocks of `B` and a carried tile accumulator.
 fn loop_sum(step_override: Option<i64>) -> Kernel {
     const B: usize = 32;
-    let mut b = Kb::new("loop_sum");
+    let mut b = Builder::new("loop_sum", 4);
     let x = b.ptr("x", DType::F32);
     let out = b.ptr("out", DType::F32);
     let n = b.scalar("n", DType::I32);
@@ -651,7 +652,7 @@ fn for_loop_with_carried_accumulator() {
 #[test]
 fn loop_carried_values_swap() {
     // (a, b) = (b, a) three times, then store a: b's initial value.
-    let mut b = Kb::new("swap");
+    let mut b = Builder::new("swap", 4);
     let out = b.ptr("out", DType::I32);
     let a0 = b.i32(1);
     let b0 = b.i32(2);
@@ -668,7 +669,7 @@ fn loop_carried_values_swap() {
 fn if_with_merges_and_grid_order() {
     // Program (x, y) of a 3x2 grid: order = atomic_add(counter, 1); out[y*3+x] = order,
     // plus 100 if x == 0 (through an if/else merge).
-    let mut b = Kb::new("order");
+    let mut b = Builder::new("order", 4);
     let counter = b.ptr("counter", DType::I32);
     let out = b.ptr("out", DType::I32);
     let px = b.pid(0);
@@ -708,12 +709,12 @@ fn dot_matches_naive() {
     const M: usize = 16;
     const K: usize = 32;
     const N: usize = 8;
-    let mut b = Kb::new("dot");
+    let mut b = Builder::new("dot", 4);
     let a = b.ptr("a", DType::F16);
     let bp = b.ptr("b", DType::F16);
     let c = b.ptr("c", DType::F32);
     let out = b.ptr("out", DType::F32);
-    let tile = |b: &mut Kb, p: ValueId, r: usize, cols: usize| {
+    let tile = |b: &mut Builder, p: ValueId, r: usize, cols: usize| {
         let rr = b.arange(0, r as i64);
         let rc = b.arange(0, cols as i64);
         let rows = b.expand(rr, 1);
@@ -771,7 +772,7 @@ fn atomics_return_old_values() {
     // Every lane of 4 programs adds x[i] into out[0] and maxes x[i] into out[1]
     // (masked to the first 6 lanes of each program).
     const L: usize = 8;
-    let mut b = Kb::new("atomics");
+    let mut b = Builder::new("atomics", 4);
     let x = b.ptr("x", DType::F32);
     let xi = b.ptr("xi", DType::I32);
     let acc = b.ptr("acc", DType::F32);
@@ -835,7 +836,7 @@ fn atomics_return_old_values() {
 
 /// `out[idx[i]] = vals[i]` for the 16 lanes where `mask` holds, one program.
 fn scatter_kernel(mask_below: i64) -> Kernel {
-    let mut b = Kb::new("scatter");
+    let mut b = Builder::new("scatter", 4);
     let idx = b.ptr("idx", DType::I32);
     let vals = b.ptr("vals", DType::I32);
     let out = b.ptr("out", DType::I32);
@@ -889,7 +890,7 @@ fn duplicate_store_addresses_with_different_values_are_an_error() {
 #[test]
 fn duplicate_store_addresses_with_equal_values_are_fine() {
     // Every lane stores the same scalar to one address (a broadcast store).
-    let mut b = Kb::new("dup");
+    let mut b = Builder::new("dup", 4);
     let out = b.ptr("out", DType::I32);
     let p = b.splat(out, &[16]);
     let seven = b.i32(7);
@@ -920,7 +921,7 @@ fn load_other_and_select() {
     let out = bytes_f32(&run_map(&k, &f32_bytes(&xs), 20, 5, 16));
     assert_eq!(&out[..3], &[1.0, 0.0, 3.0]);
     assert_eq!(out[3], 0.0);
-    let mut b = Kb::new("other");
+    let mut b = Builder::new("other", 4);
     let x = b.ptr("x", DType::F32);
     let out = b.ptr("out", DType::F32);
     let ar = b.arange(0, 8);
@@ -986,7 +987,7 @@ fn f16_sigmoid_kernel() {
 
 #[test]
 fn untyped_kernels_and_literals() {
-    let mut b = Kb::new("lits");
+    let mut b = Builder::new("lits", 4);
     let out = b.ptr("out", DType::I32);
     let big = b.lit(Literal::Float(3e9, None), DType::I32);
     let neg = b.lit(Literal::Float(-2.7, None), DType::I32);

@@ -12,6 +12,8 @@
 //! broadcasts, splats and literal types have been made explicit. Consumers (the
 //! interpreter and the backends) only ever see typed kernels, through [`Kernel::ty`].
 
+#[cfg(test)]
+pub(crate) mod builder;
 mod dtype;
 
 pub use dtype::{DType, Elem, Type};

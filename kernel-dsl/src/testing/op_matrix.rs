@@ -29,8 +29,8 @@
 
 use half::{bf16, f16};
 
+use super::Rng;
 use super::{def_with, run_on, Data};
-use crate::interp::testkit::Rng;
 use crate::interp::Scalar;
 use crate::ir::DType;
 use crate::runtime::testing::gpu_or_skip;

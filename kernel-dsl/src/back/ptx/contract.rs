@@ -103,16 +103,16 @@ pub fn fused_products(k: &Kernel) -> HashSet<ValueId> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::build::B;
     use super::*;
+    use crate::ir::builder::Builder;
 
     /// `x[0] = (v * v).sum(0)` over `v = x[0..64]` of dtype `d`: the builder, the
     /// pointers, the loaded tile and the product, for a test to add to.
-    fn sum_of_squares(d: DType) -> (B, [ValueId; 4]) {
-        let mut b = B::new("k", 4);
+    fn sum_of_squares(d: DType) -> (Builder, [ValueId; 4]) {
+        let mut b = Builder::new("k", 4);
         let x = b.ptr("x", d);
-        let offs = b.arange(64);
-        let p = b.addptr(x, offs);
+        let offs = b.arange(0, 64);
+        let p = b.add_ptr(x, offs);
         let v = b.load(p, None, None);
         let sq = b.bin(BinaryOp::Mul, v, v);
         let s = b.reduce(ReduceOp::Sum, sq, 0);

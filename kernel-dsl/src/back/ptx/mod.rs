@@ -41,8 +41,6 @@ mod reduce;
 mod regs;
 
 #[cfg(test)]
-mod build;
-#[cfg(test)]
 mod gpu_tests;
 #[cfg(test)]
 pub(crate) mod tests;

@@ -1,8 +1,8 @@
 //! Backend tests: hand-built typed kernels, compiled for both targets and assembled with
 //! `ptxas` (no spills, no stack frame), plus checks on the instructions chosen.
 
-use super::build::B;
 use super::{compile, PtxKernel, Target};
+use crate::ir::builder::Builder;
 use crate::ir::{
     AtomicOp, BinaryOp, CmpOp, DType, Kernel, Literal, ParamKind, ReduceOp, UnaryOp, ValueId,
 };
@@ -54,7 +54,7 @@ fn mult(d: DType, m: u32) -> ParamKind {
 
 /// `out[i] = x[i] + y[i]` for `i < n`.
 fn vector_add(n_kind: ParamKind, block: i64) -> Kernel {
-    let mut b = B::new("add", 4);
+    let mut b = Builder::new("add", 4);
     let x = b.ptr("x", DType::F32);
     let y = b.ptr("y", DType::F32);
     let out = b.ptr("out", DType::F32);
@@ -62,15 +62,15 @@ fn vector_add(n_kind: ParamKind, block: i64) -> Kernel {
     let pid = b.pid(0);
     let bs = b.i32(block);
     let start = b.bin(BinaryOp::Mul, pid, bs);
-    let ar = b.arange(block);
+    let ar = b.arange(0, block);
     let offs = b.bin(BinaryOp::Add, ar, start);
     let mask = b.cmp(CmpOp::Lt, offs, n);
-    let px = b.addptr(x, offs);
-    let py = b.addptr(y, offs);
+    let px = b.add_ptr(x, offs);
+    let py = b.add_ptr(y, offs);
     let xv = b.load(px, Some(mask), None);
     let yv = b.load(py, Some(mask), None);
     let s = b.bin(BinaryOp::Add, xv, yv);
-    let po = b.addptr(out, offs);
+    let po = b.add_ptr(out, offs);
     b.store(po, s, Some(mask));
     b.finish()
 }
@@ -98,7 +98,7 @@ fn vector_add_masked_scalar_fallback() {
 
 /// Row softmax over a `[BM, N]` tile.
 fn softmax(bm: i64, bn: i64, warps: u32) -> Kernel {
-    let mut b = B::new("softmax", warps);
+    let mut b = Builder::new("softmax", warps);
     let x = b.ptr("x", DType::F32);
     let out = b.ptr("out", DType::F32);
     let stride = b.param("stride", mult(DType::I32, 16));
@@ -106,30 +106,30 @@ fn softmax(bm: i64, bn: i64, warps: u32) -> Kernel {
     let pid = b.pid(0);
     let bmv = b.i32(bm);
     let r0 = b.bin(BinaryOp::Mul, pid, bmv);
-    let ar = b.arange(bm);
+    let ar = b.arange(0, bm);
     let rows = b.bin(BinaryOp::Add, ar, r0);
-    let cols = b.arange(bn);
+    let cols = b.arange(0, bn);
     let re = b.expand(rows, 1);
     let rs = b.bin(BinaryOp::Mul, re, stride);
-    let rb = b.bcast(rs, &[bm as usize, bn as usize]);
+    let rb = b.broadcast(rs, &[bm as usize, bn as usize]);
     let ce = b.expand(cols, 0);
-    let cb = b.bcast(ce, &[bm as usize, bn as usize]);
+    let cb = b.broadcast(ce, &[bm as usize, bn as usize]);
     let offs = b.bin(BinaryOp::Add, rb, cb);
     let cm = b.cmp(CmpOp::Lt, cb, n);
-    let px = b.addptr(x, offs);
+    let px = b.add_ptr(x, offs);
     let ninf = b.f32(f64::NEG_INFINITY);
     let other = b.splat(ninf, &[bm as usize, bn as usize]);
     let xv = b.load(px, Some(cm), Some(other));
     let m = b.reduce(ReduceOp::Max, xv, 1);
     let me = b.expand(m, 1);
-    let mb = b.bcast(me, &[bm as usize, bn as usize]);
+    let mb = b.broadcast(me, &[bm as usize, bn as usize]);
     let d = b.bin(BinaryOp::Sub, xv, mb);
     let e = b.un(UnaryOp::Exp, d);
     let s = b.reduce(ReduceOp::Sum, e, 1);
     let se = b.expand(s, 1);
-    let sb = b.bcast(se, &[bm as usize, bn as usize]);
+    let sb = b.broadcast(se, &[bm as usize, bn as usize]);
     let y = b.bin(BinaryOp::Div, e, sb);
-    let po = b.addptr(out, offs);
+    let po = b.add_ptr(out, offs);
     b.store(po, y, Some(cm));
     b.finish()
 }
@@ -152,7 +152,7 @@ fn softmax_reduces_with_shuffles() {
 
 /// RMSNorm of one bf16 row: `y = x * rsqrt(mean(x^2) + eps) * w`.
 fn rmsnorm(block: i64) -> Kernel {
-    let mut b = B::new("rmsnorm", 4);
+    let mut b = Builder::new("rmsnorm", 4);
     let x = b.ptr("x", DType::BF16);
     let w = b.ptr("w", DType::BF16);
     let out = b.ptr("out", DType::BF16);
@@ -160,10 +160,10 @@ fn rmsnorm(block: i64) -> Kernel {
     let eps = b.param("eps", ParamKind::Scalar(DType::F32));
     let pid = b.pid(0);
     let row = b.bin(BinaryOp::Mul, pid, n);
-    let cols = b.arange(block);
+    let cols = b.arange(0, block);
     let mask = b.cmp(CmpOp::Lt, cols, n);
-    let xr = b.addptr(x, row);
-    let px = b.addptr(xr, cols);
+    let xr = b.add_ptr(x, row);
+    let px = b.add_ptr(xr, cols);
     let xv = b.load(px, Some(mask), None);
     let xf = b.cast(xv, DType::F32);
     let sq = b.bin(BinaryOp::Mul, xf, xf);
@@ -172,14 +172,14 @@ fn rmsnorm(block: i64) -> Kernel {
     let mean = b.bin(BinaryOp::Div, ss, nf);
     let me = b.bin(BinaryOp::Add, mean, eps);
     let r = b.un(UnaryOp::Rsqrt, me);
-    let pw = b.addptr(w, cols);
+    let pw = b.add_ptr(w, cols);
     let wv = b.load(pw, Some(mask), None);
     let wf = b.cast(wv, DType::F32);
     let y = b.bin(BinaryOp::Mul, xf, r);
     let y = b.bin(BinaryOp::Mul, y, wf);
     let yb = b.cast(y, DType::BF16);
-    let or = b.addptr(out, row);
-    let po = b.addptr(or, cols);
+    let or = b.add_ptr(out, row);
+    let po = b.add_ptr(or, cols);
     b.store(po, yb, Some(mask));
     b.finish()
 }
@@ -198,7 +198,7 @@ fn rmsnorm_bf16() {
 /// `sum_k W[rows, k] * x[cols]` for a `[rows, cols]` tile of a row-major `W` whose rows
 /// are `row_stride` apart: bf16 loads, f32 products, summed along the row.
 fn tile_row_sums(
-    b: &mut B,
+    b: &mut Builder,
     [w, x]: [ValueId; 2],
     rows: ValueId,
     cols: ValueId,
@@ -207,25 +207,25 @@ fn tile_row_sums(
 ) -> ValueId {
     let re = b.expand(rows, 1);
     let rk = b.bin(BinaryOp::Mul, re, row_stride);
-    let rb = b.bcast(rk, &shape);
+    let rb = b.broadcast(rk, &shape);
     let ce = b.expand(cols, 0);
-    let cb = b.bcast(ce, &shape);
+    let cb = b.broadcast(ce, &shape);
     let offs = b.bin(BinaryOp::Add, rb, cb);
-    let pw = b.addptr(w, offs);
+    let pw = b.add_ptr(w, offs);
     let wv = b.load(pw, None, None);
-    let px = b.addptr(x, cols);
+    let px = b.add_ptr(x, cols);
     let xv = b.load(px, None, None);
     let wf = b.cast(wv, DType::F32);
     let xf = b.cast(xv, DType::F32);
     let xe = b.expand(xf, 0);
-    let xb = b.bcast(xe, &shape);
+    let xb = b.broadcast(xe, &shape);
     let prod = b.bin(BinaryOp::Mul, wf, xb);
     b.reduce(ReduceOp::Sum, prod, 1)
 }
 
 /// `y[n] = sum_k W[n, k] * x[k]`, bf16 inputs, f32 accumulation in a loop over K.
 fn gemv(bn: i64, bk: i64, warps: u32) -> Kernel {
-    let mut b = B::new("gemv", warps);
+    let mut b = Builder::new("gemv", warps);
     let w = b.ptr("w", DType::BF16);
     let x = b.ptr("x", DType::BF16);
     let y = b.ptr("y", DType::F32);
@@ -233,7 +233,7 @@ fn gemv(bn: i64, bk: i64, warps: u32) -> Kernel {
     let pid = b.pid(0);
     let bnv = b.i32(bn);
     let r0 = b.bin(BinaryOp::Mul, pid, bnv);
-    let ar = b.arange(bn);
+    let ar = b.arange(0, bn);
     let rows = b.bin(BinaryOp::Add, ar, r0);
     let zero = b.f32(0.0);
     let acc0 = b.splat(zero, &[bn as usize]);
@@ -241,12 +241,12 @@ fn gemv(bn: i64, bk: i64, warps: u32) -> Kernel {
     let step = b.i32(bk);
     let shape = [bn as usize, bk as usize];
     let acc = b.for_(start, kdim, step, &[acc0], |b, k, carried| {
-        let ak = b.arange(bk);
+        let ak = b.arange(0, bk);
         let cols = b.bin(BinaryOp::Add, ak, k);
         let s = tile_row_sums(b, [w, x], rows, cols, kdim, shape);
         vec![b.bin(BinaryOp::Add, carried[0], s)]
     });
-    let py = b.addptr(y, rows);
+    let py = b.add_ptr(y, rows);
     b.store(py, acc[0], None);
     b.finish()
 }
@@ -277,7 +277,7 @@ fn gemv_bf16_loop() {
 /// `y[n] = sum_k W[n, k]` with the weight tiles double-buffered: the next `[bn, bk]`
 /// tile is loaded before the current one (carried from the last iteration) is summed.
 fn prefetching_row_sums(bn: i64, bk: i64, warps: u32) -> Kernel {
-    let mut b = B::new("prefetching_row_sums", warps);
+    let mut b = Builder::new("prefetching_row_sums", warps);
     let w = b.ptr("w", DType::BF16);
     let y = b.ptr("y", DType::F32);
     let kdim = b.param("k", mult(DType::I32, 64));
@@ -285,20 +285,20 @@ fn prefetching_row_sums(bn: i64, bk: i64, warps: u32) -> Kernel {
     let pid = b.pid(0);
     let bnv = b.i32(bn);
     let r0 = b.bin(BinaryOp::Mul, pid, bnv);
-    let ar = b.arange(bn);
+    let ar = b.arange(0, bn);
     let rows = b.bin(BinaryOp::Add, ar, r0);
     let re = b.expand(rows, 1);
     let rk = b.bin(BinaryOp::Mul, re, kdim);
-    let row_at = b.bcast(rk, &shape);
-    let tile_at = |b: &mut B, k: ValueId| {
-        let ak = b.arange(bk);
+    let row_at = b.broadcast(rk, &shape);
+    let tile_at = |b: &mut Builder, k: ValueId| {
+        let ak = b.arange(0, bk);
         let cols = b.bin(BinaryOp::Add, ak, k);
         let ce = b.expand(cols, 0);
-        let cb = b.bcast(ce, &shape);
+        let cb = b.broadcast(ce, &shape);
         let offs = b.bin(BinaryOp::Add, row_at, cb);
-        let pw = b.addptr(w, offs);
+        let pw = b.add_ptr(w, offs);
         // Past the last tile: a masked load (k is a multiple of bk here).
-        let kb = b.bcast(ce, &shape);
+        let kb = b.broadcast(ce, &shape);
         let inside = b.cmp(CmpOp::Lt, kb, kdim);
         b.load(pw, Some(inside), None)
     };
@@ -314,7 +314,7 @@ fn prefetching_row_sums(bn: i64, bk: i64, warps: u32) -> Kernel {
         let s = b.reduce(ReduceOp::Sum, wf, 1);
         vec![next, b.bin(BinaryOp::Add, carried[1], s)]
     });
-    let py = b.addptr(y, rows);
+    let py = b.add_ptr(y, rows);
     b.store(py, out[1], None);
     b.finish()
 }
@@ -337,19 +337,19 @@ fn bf16_tiles_stay_packed_across_loop_iterations() {
 /// `y[n] = y[n] + sum_k W[n, k] * x[k]` over one `[bn, bk]` tile, the loaded residual
 /// written first in the add (so the op's first layout is the residual's).
 fn gemv_residual_add(bn: i64, bk: i64, warps: u32) -> Kernel {
-    let mut b = B::new("gemv_residual_add", warps);
+    let mut b = Builder::new("gemv_residual_add", warps);
     let w = b.ptr("w", DType::BF16);
     let x = b.ptr("x", DType::BF16);
     let y = b.ptr("y", DType::F32);
     let pid = b.pid(0);
     let bnv = b.i32(bn);
     let r0 = b.bin(BinaryOp::Mul, pid, bnv);
-    let ar = b.arange(bn);
+    let ar = b.arange(0, bn);
     let rows = b.bin(BinaryOp::Add, ar, r0);
-    let cols = b.arange(bk);
+    let cols = b.arange(0, bk);
     let kv = b.i32(bk);
     let s = tile_row_sums(&mut b, [w, x], rows, cols, kv, [bn as usize, bk as usize]);
-    let py = b.addptr(y, rows);
+    let py = b.add_ptr(y, rows);
     let old = b.load(py, None, None);
     let sum = b.bin(BinaryOp::Add, old, s);
     b.store(py, sum, None);
@@ -370,7 +370,7 @@ fn residual_is_loaded_in_the_reductions_layout() {
 
 #[test]
 fn casts_between_all_dtypes() {
-    let mut b = B::new("casts", 4);
+    let mut b = Builder::new("casts", 4);
     let src = [
         DType::F32,
         DType::BF16,
@@ -384,13 +384,13 @@ fn casts_between_all_dtypes() {
         .iter()
         .map(|_| DType::ALL.iter().map(|&d| b.ptr("out", d)).collect())
         .collect();
-    let offs = b.arange(256);
+    let offs = b.arange(0, 256);
     for (i, &from) in src.iter().enumerate() {
-        let p = b.addptr(ins[i], offs);
+        let p = b.add_ptr(ins[i], offs);
         let v = b.load(p, None, None);
         for (j, &to) in DType::ALL.iter().enumerate() {
             let c = b.cast(v, to);
-            let po = b.addptr(outs[i][j], offs);
+            let po = b.add_ptr(outs[i][j], offs);
             b.store(po, c, None);
         }
         let _ = from;
@@ -400,9 +400,9 @@ fn casts_between_all_dtypes() {
 
 #[test]
 fn elementwise_ops_for_all_dtypes() {
-    let mut b = B::new("ops", 2);
+    let mut b = Builder::new("ops", 2);
     let n = 64;
-    let offs = b.arange(n);
+    let offs = b.arange(0, n);
     for d in [
         DType::F32,
         DType::F16,
@@ -416,9 +416,9 @@ fn elementwise_ops_for_all_dtypes() {
         let pb = b.ptr("b", d);
         let po = b.ptr("o", d);
         let pc = b.ptr("c", DType::Bool);
-        let a = b.addptr(pa, offs);
+        let a = b.add_ptr(pa, offs);
         let a = b.load(a, None, None);
-        let bb = b.addptr(pb, offs);
+        let bb = b.add_ptr(pb, offs);
         let bv = b.load(bb, None, None);
         let mut acc = a;
         let bins: &[BinaryOp] = if d.is_float() {
@@ -479,9 +479,9 @@ fn elementwise_ops_for_all_dtypes() {
         }
         let nm = b.un(UnaryOp::Not, m);
         let r = b.select(nm, acc, bv);
-        let o = b.addptr(po, offs);
+        let o = b.add_ptr(po, offs);
         b.store(o, r, Some(m));
-        let c = b.addptr(pc, offs);
+        let c = b.add_ptr(pc, offs);
         b.store(c, m, None);
     }
     check(&b.finish());
@@ -489,25 +489,25 @@ fn elementwise_ops_for_all_dtypes() {
 
 #[test]
 fn argmax_rows_and_scalar() {
-    let mut b = B::new("argmax", 4);
+    let mut b = Builder::new("argmax", 4);
     let x = b.ptr("x", DType::F32);
     let out = b.ptr("out", DType::I32);
     let one = b.ptr("one", DType::I32);
-    let r = b.arange(8);
-    let c = b.arange(512);
+    let r = b.arange(0, 8);
+    let c = b.arange(0, 512);
     let n = b.i32(512);
     let re = b.expand(r, 1);
     let rn = b.bin(BinaryOp::Mul, re, n);
-    let rb = b.bcast(rn, &[8, 512]);
+    let rb = b.broadcast(rn, &[8, 512]);
     let ce = b.expand(c, 0);
-    let cb = b.bcast(ce, &[8, 512]);
+    let cb = b.broadcast(ce, &[8, 512]);
     let offs = b.bin(BinaryOp::Add, rb, cb);
-    let px = b.addptr(x, offs);
+    let px = b.add_ptr(x, offs);
     let v = b.load(px, None, None);
     let am = b.reduce(ReduceOp::Argmax, v, 1);
-    let po = b.addptr(out, r);
+    let po = b.add_ptr(out, r);
     b.store(po, am, None);
-    let p1 = b.addptr(x, c);
+    let p1 = b.add_ptr(x, c);
     let v1 = b.load(p1, None, None);
     let a1 = b.reduce(ReduceOp::Argmax, v1, 0);
     b.store(one, a1, None);
@@ -518,7 +518,7 @@ fn argmax_rows_and_scalar() {
 
 #[test]
 fn atomics_are_issued_once() {
-    let mut b = B::new("atomics", 4);
+    let mut b = Builder::new("atomics", 4);
     let acc = b.ptr("acc", DType::F32);
     let cnt = b.ptr("cnt", DType::I32);
     let mx = b.ptr("mx", DType::F32);
@@ -526,15 +526,15 @@ fn atomics_are_issued_once() {
     let x = b.ptr("x", DType::F32);
     let n = b.param("n", ParamKind::Scalar(DType::I32));
     // A 16-element tile on 128 threads: replicated 8 times.
-    let offs = b.arange(16);
+    let offs = b.arange(0, 16);
     let mask = b.cmp(CmpOp::Lt, offs, n);
-    let px = b.addptr(x, offs);
+    let px = b.add_ptr(x, offs);
     let v = b.load(px, Some(mask), None);
-    let pa = b.addptr(acc, offs);
+    let pa = b.add_ptr(acc, offs);
     let o = b.atomic(AtomicOp::Add, pa, v, Some(mask));
-    let pm = b.addptr(mx, offs);
+    let pm = b.add_ptr(mx, offs);
     b.atomic(AtomicOp::Max, pm, v, Some(mask));
-    let po = b.addptr(old, offs);
+    let po = b.add_ptr(old, offs);
     b.store(po, o, Some(mask));
     let one = b.i32(1);
     b.atomic(AtomicOp::Add, cnt, one, None);
@@ -555,14 +555,14 @@ fn atomics_are_issued_once() {
 
 #[test]
 fn if_merges_tiles() {
-    let mut b = B::new("branch", 4);
+    let mut b = Builder::new("branch", 4);
     let x = b.ptr("x", DType::F32);
     let out = b.ptr("out", DType::F32);
     let pid = b.pid(0);
     let zero = b.i32(0);
     let c = b.cmp(CmpOp::Eq, pid, zero);
-    let offs = b.arange(256);
-    let px = b.addptr(x, offs);
+    let offs = b.arange(0, 256);
+    let px = b.add_ptr(x, offs);
     let v = b.load(px, None, None);
     let r = b.if_(
         c,
@@ -575,7 +575,7 @@ fn if_merges_tiles() {
             vec![b.splat(s, &[256])]
         },
     );
-    let po = b.addptr(out, offs);
+    let po = b.add_ptr(out, offs);
     b.store(po, r[0], None);
     let p = check(&b.finish());
     assert!(p.ptx.contains("$L_else"));
@@ -601,44 +601,44 @@ fn dot_tensor_cores() {
 }
 
 fn dot_kernel(dt: DType, m: usize, k: usize, n: usize, warps: u32) -> Kernel {
-    let mut b = B::new("mm", warps);
+    let mut b = Builder::new("mm", warps);
     let pa = b.ptr("a", dt);
     let pb = b.ptr("b", dt);
     let pc = b.ptr("c", DType::F32);
-    let rm = b.arange(m as i64);
-    let rk = b.arange(k as i64);
-    let rn = b.arange(n as i64);
+    let rm = b.arange(0, m as i64);
+    let rk = b.arange(0, k as i64);
+    let rn = b.arange(0, n as i64);
     let kk = b.i32(k as i64);
     let nn = b.i32(n as i64);
-    let grid = |b: &mut B, r, c, stride, shape: [usize; 2]| {
+    let grid = |b: &mut Builder, r, c, stride, shape: [usize; 2]| {
         let re = b.expand(r, 1);
         let rs = b.bin(BinaryOp::Mul, re, stride);
-        let rb = b.bcast(rs, &shape);
+        let rb = b.broadcast(rs, &shape);
         let ce = b.expand(c, 0);
-        let cb = b.bcast(ce, &shape);
+        let cb = b.broadcast(ce, &shape);
         b.bin(BinaryOp::Add, rb, cb)
     };
     let oa = grid(&mut b, rm, rk, kk, [m, k]);
     let ob = grid(&mut b, rk, rn, nn, [k, n]);
     let oc = grid(&mut b, rm, rn, nn, [m, n]);
-    let a = b.addptr(pa, oa);
+    let a = b.add_ptr(pa, oa);
     let a = b.load(a, None, None);
-    let bv = b.addptr(pb, ob);
+    let bv = b.add_ptr(pb, ob);
     let bv = b.load(bv, None, None);
     let z = b.f32(1.0);
     let acc = b.splat(z, &[m, n]);
     let d = b.dot(a, bv, Some(acc));
-    let c = b.addptr(pc, oc);
+    let c = b.add_ptr(pc, oc);
     b.store(c, d, None);
     b.finish()
 }
 
 #[test]
 fn unsupported_ops_are_errors() {
-    let mut b = B::new("bad", 1);
+    let mut b = Builder::new("bad", 1);
     let x = b.ptr("x", DType::F32);
-    let offs = b.arange(32);
-    let px = b.addptr(x, offs);
+    let offs = b.arange(0, 32);
+    let px = b.add_ptr(x, offs);
     let v = b.load(px, None, None);
     // Inference rejects float shifts; the backend must too (float `%` is supported).
     let r = b.bin(BinaryOp::Shl, v, v);
@@ -653,19 +653,19 @@ fn unsupported_ops_are_errors() {
 #[test]
 fn unaligned_rows_are_not_vectorized() {
     // offs[i, j] = i + j: rows are contiguous but start at unaligned offsets.
-    let mut b = B::new("skew", 1);
+    let mut b = Builder::new("skew", 1);
     let x = b.ptr("x", DType::F32);
     let out = b.ptr("out", DType::F32);
-    let r = b.arange(4);
-    let c = b.arange(64);
+    let r = b.arange(0, 4);
+    let c = b.arange(0, 64);
     let re = b.expand(r, 1);
-    let rb = b.bcast(re, &[4, 64]);
+    let rb = b.broadcast(re, &[4, 64]);
     let ce = b.expand(c, 0);
-    let cb = b.bcast(ce, &[4, 64]);
+    let cb = b.broadcast(ce, &[4, 64]);
     let offs = b.bin(BinaryOp::Add, rb, cb);
-    let px = b.addptr(x, offs);
+    let px = b.add_ptr(x, offs);
     let v = b.load(px, None, None);
-    let po = b.addptr(out, offs);
+    let po = b.add_ptr(out, offs);
     b.store(po, v, None);
     let p = check(&b.finish());
     assert!(
@@ -677,20 +677,20 @@ fn unaligned_rows_are_not_vectorized() {
 
 #[test]
 fn bool_reductions_and_integer_dot() {
-    let mut b = B::new("anyall", 4);
+    let mut b = Builder::new("anyall", 4);
     let x = b.ptr("x", DType::I32);
     let out = b.ptr("out", DType::Bool);
     let res = b.ptr("res", DType::F32);
-    let r = b.arange(16);
-    let c = b.arange(16);
+    let r = b.arange(0, 16);
+    let c = b.arange(0, 16);
     let n = b.i32(16);
     let re = b.expand(r, 1);
     let rn = b.bin(BinaryOp::Mul, re, n);
-    let rb = b.bcast(rn, &[16, 16]);
+    let rb = b.broadcast(rn, &[16, 16]);
     let ce = b.expand(c, 0);
-    let cb = b.bcast(ce, &[16, 16]);
+    let cb = b.broadcast(ce, &[16, 16]);
     let offs = b.bin(BinaryOp::Add, rb, cb);
-    let px = b.addptr(x, offs);
+    let px = b.add_ptr(x, offs);
     let v = b.load(px, None, None);
     let zero = b.i32(0);
     let pos = b.cmp(CmpOp::Gt, v, zero);
@@ -698,14 +698,14 @@ fn bool_reductions_and_integer_dot() {
     let all = b.reduce(ReduceOp::Min, any, 0);
     b.store(out, all, None);
     let d = b.dot(v, v, None);
-    let pr = b.addptr(res, offs);
+    let pr = b.add_ptr(res, offs);
     b.store(pr, d, None);
     check(&b.finish());
 }
 
 #[test]
 fn scalars_i64_offsets_and_u32_loops() {
-    let mut b = B::new("misc", 2);
+    let mut b = Builder::new("misc", 2);
     let x = b.ptr("x", DType::F32);
     let out = b.ptr("out", DType::F32);
     let flag = b.ptr("flag", DType::Bool);
@@ -713,12 +713,12 @@ fn scalars_i64_offsets_and_u32_loops() {
     let off = b.param("off", ParamKind::Scalar(DType::I64));
     let t = b.lit(Literal::Bool(true), DType::Bool);
     b.store(flag, t, None);
-    let xs = b.addptr(x, off);
+    let xs = b.add_ptr(x, off);
     let s0 = b.load(xs, None, None);
-    let r = b.arange(64);
+    let r = b.arange(0, 64);
     let r64 = b.cast(r, DType::I64);
     let o = b.bin(BinaryOp::Add, r64, off);
-    let px = b.addptr(x, o);
+    let px = b.add_ptr(x, o);
     let v = b.load(px, None, None);
     let start = b.lit(Literal::Int(0, Some(DType::U32)), DType::U32);
     let step = b.lit(Literal::Int(1, Some(DType::U32)), DType::U32);
@@ -728,7 +728,7 @@ fn scalars_i64_offsets_and_u32_loops() {
         let ns = b.bin(BinaryOp::Mul, c[1], fi);
         vec![nv, ns]
     });
-    let po = b.addptr(out, r);
+    let po = b.add_ptr(out, r);
     let y = b.bin(BinaryOp::Add, res[0], res[1]);
     b.store(po, y, None);
     b.atomic(AtomicOp::Add, out, res[1], Some(t));
@@ -738,29 +738,29 @@ fn scalars_i64_offsets_and_u32_loops() {
 #[test]
 fn reduce_along_a_register_only_dim() {
     // [2, 256] on one warp: dim 0 lives only in registers, so its slice drops the dim.
-    let mut b = B::new("colnorm", 1);
+    let mut b = Builder::new("colnorm", 1);
     let x = b.ptr("x", DType::F32);
     let out = b.ptr("out", DType::F32);
     let idx = b.ptr("idx", DType::I32);
-    let r = b.arange(2);
-    let c = b.arange(256);
+    let r = b.arange(0, 2);
+    let c = b.arange(0, 256);
     let n = b.i32(256);
     let re = b.expand(r, 1);
     let rn = b.bin(BinaryOp::Mul, re, n);
-    let rb = b.bcast(rn, &[2, 256]);
+    let rb = b.broadcast(rn, &[2, 256]);
     let ce = b.expand(c, 0);
-    let cb = b.bcast(ce, &[2, 256]);
+    let cb = b.broadcast(ce, &[2, 256]);
     let offs = b.bin(BinaryOp::Add, rb, cb);
-    let px = b.addptr(x, offs);
+    let px = b.add_ptr(x, offs);
     let v = b.load(px, None, None);
     let m = b.reduce(ReduceOp::Max, v, 0);
     let me = b.expand(m, 0);
-    let mb = b.bcast(me, &[2, 256]);
+    let mb = b.broadcast(me, &[2, 256]);
     let d = b.bin(BinaryOp::Sub, v, mb);
-    let po = b.addptr(out, offs);
+    let po = b.add_ptr(out, offs);
     b.store(po, d, None);
     let am = b.reduce(ReduceOp::Argmax, v, 0);
-    let pi = b.addptr(idx, c);
+    let pi = b.add_ptr(idx, c);
     b.store(pi, am, None);
     check(&b.finish());
 }

@@ -1,24 +1,32 @@
-//! Test-only helpers: a small builder of typed kernels, byte conversions and a seeded PRNG.
+//! A builder of typed kernels for tests: the interpreter's tests, the PTX backend's tests
+//! and the tests that run one kernel on every device (`crate::testing`) all write their
+//! hand-made IR with it, so a kernel is written once whichever backend runs it.
+//!
+//! Result types are inferred the simple way (a scalar operand of a binary op, compare or
+//! pointer offset is splat to the other operand's shape); nothing is validated, so a test
+//! can also build IR that the front end would refuse.
 
-use crate::ir::{
+use super::{
     AtomicOp, BinaryOp, Block, Carried, CmpOp, DType, Def, Elem, Expr, Kernel, Literal, Loc, Merge,
     Param, ParamKind, ReduceOp, Stmt, Type, UnaryOp, Value, ValueId,
 };
 
-/// Builds a typed kernel statement by statement, inferring result types the simple way.
-pub struct Kb {
+/// Builds a typed kernel statement by statement.
+pub struct Builder {
     k: Kernel,
+    /// The blocks under construction: the body, then one per open loop or branch.
     blocks: Vec<Vec<Stmt>>,
 }
 
-impl Kb {
-    pub fn new(name: &str) -> Kb {
-        Kb {
+impl Builder {
+    /// An empty kernel named `name` run by `num_warps` warps per program.
+    pub fn new(name: &str, num_warps: u32) -> Builder {
+        Builder {
             k: Kernel {
                 name: name.into(),
                 params: vec![],
                 consts: vec![],
-                num_warps: 4,
+                num_warps,
                 num_stages: 1,
                 cluster: [1, 1, 1],
                 values: vec![],
@@ -28,14 +36,16 @@ impl Kb {
         }
     }
 
+    /// The kernel built so far, with every loop and branch closed.
     pub fn finish(mut self) -> Kernel {
-        assert_eq!(self.blocks.len(), 1);
+        assert_eq!(self.blocks.len(), 1, "a loop or branch is still open");
         self.k.body = Block {
             stmts: self.blocks.pop().unwrap(),
         };
         self.k
     }
 
+    /// The type of `v`.
     pub fn ty(&self, v: ValueId) -> Type {
         self.k.ty(v).clone()
     }
@@ -60,7 +70,8 @@ impl Kb {
         v
     }
 
-    fn param(&mut self, name: &str, kind: ParamKind) -> ValueId {
+    /// A parameter of any kind, read where it is declared.
+    pub fn param(&mut self, name: &str, kind: ParamKind) -> ValueId {
         self.k.params.push(Param {
             name: name.into(),
             kind,
@@ -70,34 +81,42 @@ impl Kb {
         self.let_(Expr::Param(i), kind.ty())
     }
 
+    /// A pointer parameter to elements of `d`.
     pub fn ptr(&mut self, name: &str, d: DType) -> ValueId {
         self.param(name, ParamKind::Ptr(d))
     }
 
+    /// A scalar parameter of `d`.
     pub fn scalar(&mut self, name: &str, d: DType) -> ValueId {
         self.param(name, ParamKind::Scalar(d))
     }
 
+    /// A scalar literal of dtype `d`.
     pub fn lit(&mut self, l: Literal, d: DType) -> ValueId {
         self.let_(Expr::Literal(l), Type::val(d, vec![]))
     }
 
+    /// An integer literal of dtype `d`.
     pub fn int(&mut self, x: i64, d: DType) -> ValueId {
         self.lit(Literal::Int(x, None), d)
     }
 
+    /// An `i32` literal.
     pub fn i32(&mut self, x: i64) -> ValueId {
         self.int(x, DType::I32)
     }
 
+    /// An `f32` literal.
     pub fn f32(&mut self, x: f64) -> ValueId {
         self.lit(Literal::Float(x, None), DType::F32)
     }
 
+    /// `program_id(axis)`.
     pub fn pid(&mut self, axis: u32) -> ValueId {
         self.let_(Expr::ProgramId(axis), Type::val(DType::I32, vec![]))
     }
 
+    /// `arange(start, end)`.
     pub fn arange(&mut self, start: i64, end: i64) -> ValueId {
         self.let_(
             Expr::Arange { start, end },
@@ -105,6 +124,7 @@ impl Kb {
         )
     }
 
+    /// A scalar repeated over `shape`.
     pub fn splat(&mut self, value: ValueId, shape: &[usize]) -> ValueId {
         let elem = self.ty(value).elem;
         self.let_(
@@ -116,6 +136,7 @@ impl Kb {
         )
     }
 
+    /// A tile broadcast along its size-1 dimensions to `shape`.
     pub fn broadcast(&mut self, value: ValueId, shape: &[usize]) -> ValueId {
         let elem = self.ty(value).elem;
         self.let_(
@@ -127,24 +148,27 @@ impl Kb {
         )
     }
 
+    /// A size-1 dimension inserted at `axis`.
     pub fn expand(&mut self, value: ValueId, axis: usize) -> ValueId {
         let mut t = self.ty(value);
         t.shape.insert(axis, 1);
         self.let_(Expr::ExpandDims { value, axis }, t)
     }
 
+    /// A unary op.
     pub fn un(&mut self, op: UnaryOp, arg: ValueId) -> ValueId {
         let t = self.ty(arg);
         self.let_(Expr::Unary { op, arg }, t)
     }
 
-    /// Binary op; a scalar operand is splat to the other's shape first.
+    /// A binary op; a scalar operand is splat to the other's shape first.
     pub fn bin(&mut self, op: BinaryOp, lhs: ValueId, rhs: ValueId) -> ValueId {
         let (lhs, rhs) = self.unify(lhs, rhs);
         let t = self.ty(lhs);
         self.let_(Expr::Binary { op, lhs, rhs }, t)
     }
 
+    /// Splats whichever of `a` and `b` is a scalar to the other's shape.
     fn unify(&mut self, a: ValueId, b: ValueId) -> (ValueId, ValueId) {
         let (ta, tb) = (self.ty(a), self.ty(b));
         if ta.shape == tb.shape {
@@ -156,6 +180,7 @@ impl Kb {
         }
     }
 
+    /// A comparison; a scalar operand is splat to the other's shape first.
     pub fn cmp(&mut self, op: CmpOp, lhs: ValueId, rhs: ValueId) -> ValueId {
         let (lhs, rhs) = self.unify(lhs, rhs);
         let shape = self.ty(lhs).shape;
@@ -165,29 +190,33 @@ impl Kb {
         )
     }
 
+    /// `select(cond, then, other)`.
     pub fn select(&mut self, cond: ValueId, then: ValueId, other: ValueId) -> ValueId {
         let t = self.ty(then);
         self.let_(Expr::Select { cond, then, other }, t)
     }
 
+    /// A conversion to `to`.
     pub fn cast(&mut self, value: ValueId, to: DType) -> ValueId {
         let shape = self.ty(value).shape;
         self.let_(Expr::Cast { value, to }, Type::val(to, shape))
     }
 
-    /// `ptr + offset`; a scalar pointer is splat to the offset's shape.
+    /// `ptr + offset`; a scalar pointer or offset is splat to the other's shape.
     pub fn add_ptr(&mut self, ptr: ValueId, offset: ValueId) -> ValueId {
         let (ptr, offset) = self.unify(ptr, offset);
         let t = Type::tile(self.ty(ptr).elem, self.ty(offset).shape);
         self.let_(Expr::AddPtr { ptr, offset }, t)
     }
 
+    /// `load(ptr, mask, other)`.
     pub fn load(&mut self, ptr: ValueId, mask: Option<ValueId>, other: Option<ValueId>) -> ValueId {
         let t = self.ty(ptr);
         let d = t.pointee().unwrap();
         self.let_(Expr::Load { ptr, mask, other }, Type::val(d, t.shape))
     }
 
+    /// `store(ptr, value, mask)`.
     pub fn store(&mut self, ptr: ValueId, value: ValueId, mask: Option<ValueId>) {
         self.push(Stmt::Store {
             ptr,
@@ -197,6 +226,7 @@ impl Kb {
         });
     }
 
+    /// A reduction of `value` along `axis` (an `i32` index for `argmax`).
     pub fn reduce(&mut self, op: ReduceOp, value: ValueId, axis: usize) -> ValueId {
         let mut t = self.ty(value);
         t.shape.remove(axis);
@@ -206,11 +236,13 @@ impl Kb {
         self.let_(Expr::Reduce { op, value, axis }, t)
     }
 
+    /// `dot(a, b)` (plus `acc`), accumulated in `f32`.
     pub fn dot(&mut self, a: ValueId, b: ValueId, acc: Option<ValueId>) -> ValueId {
         let (m, n) = (self.ty(a).shape[0], self.ty(b).shape[1]);
         self.let_(Expr::Dot { a, b, acc }, Type::val(DType::F32, vec![m, n]))
     }
 
+    /// An atomic read-modify-write; its value is the old contents.
     pub fn atomic(
         &mut self,
         op: AtomicOp,
@@ -238,7 +270,7 @@ impl Kb {
         end: ValueId,
         step: ValueId,
         inits: &[ValueId],
-        body: impl FnOnce(&mut Kb, ValueId, &[ValueId]) -> Vec<ValueId>,
+        body: impl FnOnce(&mut Builder, ValueId, &[ValueId]) -> Vec<ValueId>,
     ) -> Vec<ValueId> {
         let index = self.value(Def::LoopIndex, self.ty(start));
         let params: Vec<ValueId> = inits
@@ -276,8 +308,8 @@ impl Kb {
     pub fn if_(
         &mut self,
         cond: ValueId,
-        then: impl FnOnce(&mut Kb) -> Vec<ValueId>,
-        other: impl FnOnce(&mut Kb) -> Vec<ValueId>,
+        then: impl FnOnce(&mut Builder) -> Vec<ValueId>,
+        other: impl FnOnce(&mut Builder) -> Vec<ValueId>,
     ) -> Vec<ValueId> {
         self.blocks.push(vec![]);
         let tv = then(self);
@@ -308,50 +340,4 @@ impl Kb {
         });
         results
     }
-}
-
-/// splitmix64: a tiny seeded generator for test inputs.
-pub struct Rng(pub u64);
-
-impl Rng {
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `[-1, 1)`.
-    pub fn f32(&mut self) -> f32 {
-        (self.next_u64() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-
-    pub fn f32s(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| self.f32()).collect()
-    }
-
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n
-    }
-}
-
-pub fn f32_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
-pub fn bytes_f32(b: &[u8]) -> Vec<f32> {
-    b.chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect()
-}
-
-pub fn i32_bytes(v: &[i32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
-pub fn bytes_i32(b: &[u8]) -> Vec<i32> {
-    b.chunks_exact(4)
-        .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
-        .collect()
 }
