@@ -1,15 +1,21 @@
 //! Shared test machinery: a kernel from source text as a [`KernelDef`] compiled by the PTX
-//! backend, typed host data for every buffer dtype, and one launch on any device.
+//! backend, typed host data for every buffer dtype, one launch on any device, a
+//! [`Backend`] that runs a hand-built kernel (`crate::ir::builder`) on the interpreter or
+//! a GPU, and seeded inputs ([`Rng`]).
 //!
-//! Used by the GPU-against-interpreter tests (`back::ptx::gpu_tests`) and by the op ×
-//! dtype matrix (`op_matrix`).
+//! Used by the GPU-against-interpreter tests (`back::ptx::gpu_tests`), the op × dtype
+//! matrix (`op_matrix`), the tests written once for every backend (`each_backend`) and
+//! the interpreter's tests.
 
+pub(crate) mod each_backend;
 mod op_matrix;
 
 use half::{bf16, f16};
 
 use crate::back::ptx::{compile, Target};
-use crate::interp::Scalar;
+use crate::interp::{self, Scalar};
+use crate::ir::Kernel;
+use crate::runtime::testing::{gpu_or_skip, gpu_turn};
 use crate::runtime::{Buffer, Device, KernelArg, KernelDef, ParamDef, Ptx, Variant};
 use crate::Specialization;
 
@@ -57,11 +63,23 @@ pub fn def_attr(
     }
     let src = leak_str(format!("#[kernel({})]\n{src}", attr.join(", ")));
     let k = crate::compile_source(src, &spec).unwrap_or_else(|e| panic!("front end: {e}\n{src}"));
-    let p90 = compile(&k, Target::Sm90).unwrap_or_else(|e| panic!("{}: {e}", k.name));
+    def_of(&k, src, consts, assemble)
+}
+
+/// A kernel description for a typed kernel: one variant compiled by the PTX backend (the
+/// sm_80 PTX assembled when `assemble`), with `src` as its source text and `consts` as its
+/// constants.
+fn def_of(
+    k: &Kernel,
+    src: &'static str,
+    consts: &[(&str, i64)],
+    assemble: bool,
+) -> &'static KernelDef {
+    let p90 = compile(k, Target::Sm90).unwrap_or_else(|e| panic!("{}: {e}", k.name));
     let p80 = if k.cluster_size() > 1 {
         None
     } else {
-        Some(compile(&k, Target::Sm80).unwrap_or_else(|e| panic!("{}: {e}", k.name)))
+        Some(compile(k, Target::Sm80).unwrap_or_else(|e| panic!("{}: {e}", k.name)))
     };
     if assemble {
         match &p80 {
@@ -82,7 +100,7 @@ pub fn def_attr(
         .collect();
     let variant = Variant {
         consts: leak(consts.iter().map(|c| c.1).collect()),
-        num_warps: warps,
+        num_warps: k.num_warps,
         ptx_sm80: Ptx::text(leak_str(p80.map(|p| p.ptx).unwrap_or_default())),
         ptx_sm90: Ptx::text(leak_str(p90.ptx)),
         entry: leak_str(p90.entry),
@@ -136,6 +154,28 @@ macro_rules! typed_data {
             }
         }
 
+        /// A buffer's little-endian bytes, as the interpreter reads them (nothing for a
+        /// scalar).
+        fn to_bytes(d: &Data) -> Vec<u8> {
+            match d {
+                $(Data::$var(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),)*
+                Data::S(_) => vec![],
+            }
+        }
+
+        /// `bytes` read back as a buffer of the same element type as `like`.
+        fn from_bytes(like: &Data, bytes: &[u8]) -> Data {
+            match like {
+                $(Data::$var(_) => Data::$var(
+                    bytes
+                        .chunks_exact(std::mem::size_of::<$t>())
+                        .map(|c| <$t>::from_le_bytes(c.try_into().unwrap()))
+                        .collect(),
+                ),)*
+                Data::S(s) => Data::S(*s),
+            }
+        }
+
         fn download(b: &Buf) -> Data {
             match b {
                 $(Buf::$var(b) => Data::$var(b.to_vec().unwrap()),)*
@@ -171,6 +211,70 @@ pub fn run_on(dev: &Device, d: &KernelDef, grid: [u32; 3], data: &[Data]) -> Vec
     }
     dev.synchronize().unwrap();
     bufs.iter().map(download).collect()
+}
+
+/// Where a hand-built kernel (`crate::ir::builder`) runs: the reference interpreter, or a
+/// CUDA device through the PTX backend. A test written once against a `Backend` runs on
+/// each ([`on_each_backend`]).
+pub enum Backend {
+    /// The CPU interpreter, the reference semantics.
+    Interp,
+    /// A CUDA device running the PTX backend's code.
+    Gpu(Device),
+}
+
+impl std::fmt::Display for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Backend::Interp => f.write_str("the interpreter"),
+            Backend::Gpu(d) => write!(f, "{d}"),
+        }
+    }
+}
+
+impl Backend {
+    /// Runs `k` over `grid` with `data` (one entry per parameter) and returns every
+    /// argument afterwards (written buffers hold the kernel's results).
+    ///
+    /// On the interpreter the kernel is also compiled for both PTX targets (not
+    /// assembled), so a kernel the backend cannot lower fails without a GPU too.
+    pub fn run(&self, k: &Kernel, grid: [u32; 3], data: &[Data]) -> Vec<Data> {
+        match self {
+            Backend::Interp => {
+                for t in [Target::Sm80, Target::Sm90] {
+                    compile(k, t).unwrap_or_else(|e| panic!("{} ({}): {e}", k.name, t.name()));
+                }
+                let written = k.written_params();
+                let mut bytes: Vec<Vec<u8>> = data.iter().map(to_bytes).collect();
+                let mut args: Vec<interp::Arg<'_>> = bytes
+                    .iter_mut()
+                    .zip(data)
+                    .enumerate()
+                    .map(|(i, (b, d))| match d {
+                        Data::S(s) => interp::Arg::Scalar(*s),
+                        _ if written.contains(&i) => interp::Arg::Write(b),
+                        _ => interp::Arg::Read(b),
+                    })
+                    .collect();
+                interp::run(k, grid, &mut args).unwrap_or_else(|e| panic!("{e}"));
+                data.iter()
+                    .zip(&bytes)
+                    .map(|(d, b)| from_bytes(d, b))
+                    .collect()
+            }
+            Backend::Gpu(dev) => run_on(dev, def_of(k, "", &[], false), grid, data),
+        }
+    }
+}
+
+/// Runs `test` on the interpreter, then on the GPU when there is one (skipped without a
+/// GPU; a failure with `TILEFUSE_REQUIRE_GPU=1`): one test, every backend.
+pub fn on_each_backend(name: &str, test: impl Fn(&Backend)) {
+    test(&Backend::Interp);
+    let _turn = gpu_turn();
+    if let Some(gpu) = gpu_or_skip(name) {
+        test(&Backend::Gpu(gpu));
+    }
 }
 
 /// splitmix64: a tiny seeded generator for test inputs.
