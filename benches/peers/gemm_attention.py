@@ -2,7 +2,7 @@
 """Compute-bound peers for `cargo bench --bench gemm`: the same GEMM shapes with
 torch.matmul (cuBLAS) and with Triton's tutorial matmul kernel (autotuned over the
 tutorial's configurations), and causal attention with torch SDPA restricted to the
-flash backend, on one device in one session.
+flash backend, on one device in one run.
 
 GEMM: C[M, N] = A[M, K] @ B[K, N], both operands bf16 and row-major (B is [K, N],
 the layout of Triton's tutorial and of the tilefuse GEMM), f32 accumulation, bf16

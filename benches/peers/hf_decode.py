@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Batch-1 greedy decode in PyTorch + Hugging Face transformers, for comparison
-with `tilefuse bench` on the same device in the same session.
+with `tilefuse bench` on the same device in the same run.
 
 The model is one of tilefuse's presets, built from a config with seeded random
 weights (no download). A random prompt of `--context` tokens is prefilled into

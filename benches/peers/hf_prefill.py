@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Prefill of one prompt in PyTorch + Hugging Face transformers: time to first token,
-for comparison with `tilefuse bench --prompt N` on the same device in the same session.
+for comparison with `tilefuse bench --prompt N` on the same device in the same run.
 
 The model is one of tilefuse's presets with seeded random weights, built as
 `hf_decode.py` builds it (no download). For each prompt length, one forward over a

@@ -1,6 +1,6 @@
 """Triton's tutorials 01, 02, 04 and 05 (vector add, fused softmax, low-memory dropout,
 layer norm forward), timed the way tilefuse's `examples/tutorial_*.rs` time theirs, so
-docs/perf.md ("Triton's tutorials") can list the ratios from one GPU session.
+docs/perf.md ("Triton's tutorials") can list the ratios from one GPU run.
 
 The kernels are written here from the tutorials' algorithms, at the same block sizes,
 warps and problem sizes as the tilefuse examples:

@@ -10,7 +10,8 @@
 //   next2  : next + self.
 // Every wait is pinned (see `pinned_wait`): ptxas otherwise hoists a lone
 // `griddepcontrol.wait` above the loads and prefetches placed before it, as it did in
-// this file's first runs (session 15, whose "changed nothing" was that artifact).
+// this file's first runs, whose "changed nothing" was that artifact (docs/gpu-results.md,
+// "block costs inside the step, and the paired sweep").
 // Build: nvcc -O3 -arch=sm_90a -o chain l2_prefetch_chain.cu
 #include <cuda_bf16.h>
 #include <cstdio>
