@@ -6,42 +6,16 @@
 //! plus Qwen3-0.6B's decode shapes. Inputs are fresh seeded random non-zero values;
 //! outputs are poisoned (NaN) before each launch so unwritten elements fail.
 
+mod common;
+
+use common::kernel_checks::*;
 use tilefuse_dsl::half::bf16;
 use tilefuse_dsl::runtime::testing::gpu_or_skip;
-use tilefuse_dsl::runtime::{Buffer, Device, KernelArg, KernelDef, LaunchConfig};
+use tilefuse_dsl::runtime::{Buffer, Device, KernelDef, LaunchConfig};
 use tilefuse_engine::bench::Rng;
 use tilefuse_engine::kernels::*;
 use tilefuse_engine::sampling::kernels::*;
 use tilefuse_engine::tuning::{self, GemvConfig};
-
-const EPS: f32 = 1e-6;
-
-/// Rounds to bf16 (nearest even) and back.
-fn bf(x: f32) -> f32 {
-    bf16::from_f32(x).to_f32()
-}
-
-fn f32s(v: &[bf16]) -> Vec<f32> {
-    v.iter().map(|x| x.to_f32()).collect()
-}
-
-/// The interpreter, and the GPU when one is usable.
-fn devices(test: &str) -> Vec<Device> {
-    let mut d = vec![Device::cpu()];
-    d.extend(gpu_or_skip(test));
-    d
-}
-
-fn launch(
-    def: &KernelDef,
-    dev: &Device,
-    cfg: LaunchConfig,
-    consts: &[i64],
-    args: &mut [KernelArg<'_>],
-) {
-    def.launch_dyn(dev, cfg, consts, args)
-        .unwrap_or_else(|e| panic!("{} {consts:?} on {dev}: {e}", def.name));
-}
 
 /// A poisoned timeline buffer for a launch of `programs` programs stamped at slot 1
 /// (slot 0 and the slot after the last program must stay unwritten).
@@ -67,31 +41,6 @@ fn check_stamps(what: &str, buf: &Buffer<i64>, programs: usize) {
     }
 }
 
-/// Checks `got[i]` against `want[i]` within `tol[i]`; NaN (unwritten) always fails.
-fn check(what: &str, got: &[f32], want: &[f64], tol: &[f64]) {
-    assert_eq!(got.len(), want.len(), "{what}: length");
-    let mut err2 = 0.0;
-    let mut ref2 = 0.0;
-    for i in 0..got.len() {
-        let g = got[i] as f64;
-        assert!(
-            g.is_finite() && (g - want[i]).abs() <= tol[i],
-            "{what}: element {i}: got {g}, want {} (tol {:.3e})",
-            want[i],
-            tol[i]
-        );
-        err2 += (g - want[i]).powi(2);
-        ref2 += want[i].powi(2);
-    }
-    // Over a few elements one cancellation dominates; the norm check needs many.
-    let rel = (err2 / ref2.max(1e-30)).sqrt();
-    assert!(
-        got.len() < 32 || rel < 1e-2,
-        "{what}: relative L2 error {rel:.2e}"
-    );
-}
-
-/// `bf16(g * bf16(x * inv_rms))`, inv_rms in f32 as the kernels compute it.
 /// RMSNorm as the fused GEMVs apply it: `norm_w * x * inv_rms` in f32, not rounded to
 /// bf16 (they scale the row sums by `inv_rms` at the end).
 fn host_rms_norm_unrounded(x: &[f32], g: &[f32]) -> Vec<f32> {
@@ -103,13 +52,9 @@ fn host_rms_norm_unrounded(x: &[f32], g: &[f32]) -> Vec<f32> {
         .collect()
 }
 
+/// `bf16(g * bf16(x * inv_rms))` over one row, inv_rms in f32 as the kernels compute it.
 fn host_rms_norm(x: &[f32], g: &[f32]) -> Vec<f32> {
-    let mean_sq = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
-    let inv_rms = 1.0 / (mean_sq + EPS).sqrt();
-    x.iter()
-        .zip(g)
-        .map(|(v, w)| bf(w * bf(v * inv_rms)))
-        .collect()
+    host_norm_rows(x, g, x.len())
 }
 
 /// Row dot products in f64: `(Σ w·a, Σ |w·a|)` per row.
@@ -123,11 +68,6 @@ fn host_matvec(w: &[f32], a: &[f32], n: usize, k: usize) -> Vec<(f64, f64)> {
             })
         })
         .collect()
-}
-
-/// One bf16 ulp at |v| (relative 2^-7) plus room for f32 accumulation order.
-fn tol_bf16(v: f64, abs_sum: f64) -> f64 {
-    v.abs() / 128.0 + abs_sum * 1e-4 + 1e-30
 }
 
 struct GemvCase {
@@ -657,23 +597,6 @@ fn argmax_finish_takes_first_of_ties_across_blocks() {
             );
         }
     }
-}
-
-/// Host cos/sin tables, `[max_seq, d / 2]`, bf16-rounded, as the reference builds them
-/// (`rope::inv_freq` without scaling).
-fn rope_tables(d: usize, max_seq: usize, theta: f32) -> (Vec<f32>, Vec<f32>) {
-    let inv: Vec<f32> = (0..d / 2)
-        .map(|i| 1.0 / theta.powf((2 * i) as f32 / d as f32))
-        .collect();
-    let mut cos = Vec::new();
-    let mut sin = Vec::new();
-    for p in 0..max_seq {
-        for fr in &inv {
-            cos.push(bf((fr * p as f32).cos()));
-            sin.push(bf((fr * p as f32).sin()));
-        }
-    }
-    (cos, sin)
 }
 
 /// QK-norm (optional) and RoPE of one head on the host, rounding like the kernel.

@@ -14,72 +14,16 @@
 
 mod common;
 
+use common::kernel_checks::*;
 use common::{fixtures_dir, read_reference, rel_err};
 use tilefuse_dsl::half::bf16;
 use tilefuse_dsl::runtime::testing::{gpu_or_skip, gpu_turn};
-use tilefuse_dsl::runtime::{Device, KernelArg, KernelDef, LaunchConfig};
+use tilefuse_dsl::runtime::{Device, KernelDef, LaunchConfig};
 use tilefuse_engine::bench::Rng;
 use tilefuse_engine::decode::Decoder;
 use tilefuse_engine::prefill_kernels::*;
 use tilefuse_engine::reference::argmax;
 use tilefuse_engine::{Checkpoint, EngineError};
-
-const EPS: f32 = 1e-6;
-
-/// Rounds to bf16 (nearest even) and back.
-fn bf(x: f32) -> f32 {
-    bf16::from_f32(x).to_f32()
-}
-
-fn f32s(v: &[bf16]) -> Vec<f32> {
-    v.iter().map(|x| x.to_f32()).collect()
-}
-
-/// The interpreter, and the GPU when one is usable.
-fn devices(test: &str) -> Vec<Device> {
-    let mut d = vec![Device::cpu()];
-    d.extend(gpu_or_skip(test));
-    d
-}
-
-fn launch(
-    def: &KernelDef,
-    dev: &Device,
-    cfg: LaunchConfig,
-    consts: &[i64],
-    args: &mut [KernelArg<'_>],
-) {
-    def.launch_dyn(dev, cfg, consts, args)
-        .unwrap_or_else(|e| panic!("{} {consts:?} on {dev}: {e}", def.name));
-}
-
-/// Checks `got[i]` against `want[i]` within `tol[i]`; NaN (unwritten) always fails.
-/// Over many elements the relative L2 error must also stay below 1e-2.
-fn check(what: &str, got: &[f32], want: &[f64], tol: &[f64]) {
-    assert_eq!(got.len(), want.len(), "{what}: length");
-    let (mut err2, mut ref2) = (0.0, 0.0);
-    for i in 0..got.len() {
-        let g = got[i] as f64;
-        assert!(
-            g.is_finite() && (g - want[i]).abs() <= tol[i],
-            "{what}: element {i}: got {g}, want {} (tol {:.3e})",
-            want[i],
-            tol[i]
-        );
-        err2 += (g - want[i]).powi(2);
-        ref2 += want[i].powi(2);
-    }
-    let rel = (err2 / ref2.max(1e-30)).sqrt();
-    assert!(
-        got.len() < 32 || rel < 1e-2,
-        "{what}: relative L2 error {rel:.2e}"
-    );
-}
-
-/// One bf16 ulp at |v| (relative 2^-7) plus room for f32 accumulation order.
-fn tol_bf16(v: f64, abs_sum: f64) -> f64 {
-    v.abs() / 128.0 + abs_sum * 1e-4 + 1e-30
-}
 
 /// The GEMM tiles to run: on the interpreter the small one and a 64-row one (the GPU
 /// default's shape class, with heavy masking); every compiled variant on a GPU.
@@ -105,18 +49,6 @@ fn gemm_grid(consts: &[i64], t: usize, n: usize) -> LaunchConfig {
 /// `(rows t, columns n, k)`: one row, rows past a tile, k not a multiple of 32 or 64.
 const GEMM_SHAPES: [(usize, usize, usize); 4] =
     [(1, 40, 72), (17, 40, 72), (70, 136, 96), (5, 8, 8)];
-
-/// RMSNorm rows as the reference rounds them: `bf16(g * bf16(x * inv_rms))`, the mean
-/// of squares in f32.
-fn host_norm_rows(x: &[f32], g: &[f32], k: usize) -> Vec<f32> {
-    let mut out = Vec::with_capacity(x.len());
-    for row in x.chunks(k) {
-        let mean_sq = row.iter().map(|v| v * v).sum::<f32>() / k as f32;
-        let inv = 1.0 / (mean_sq + EPS).sqrt();
-        out.extend(row.iter().zip(g).map(|(v, w)| bf(w * bf(v * inv))));
-    }
-    out
-}
 
 /// `(Σ a·w, Σ |a·w|)` in f64 for every `(row, column)` of `a[t, k] · w[n, k]^T`.
 fn host_nt(a: &[f32], w: &[f32], t: usize, n: usize, k: usize) -> Vec<(f64, f64)> {
@@ -289,20 +221,6 @@ fn norm_gate_up_gemm_matches_host() {
             }
         }
     }
-}
-
-/// RoPE tables as the decoder builds them: bf16-rounded cos/sin of `pos * inv_freq`.
-fn rope_tables(d: usize, max_seq: usize, theta: f32) -> (Vec<f32>, Vec<f32>) {
-    let (mut cos, mut sin) = (Vec::new(), Vec::new());
-    for pos in 0..max_seq {
-        for i in 0..d / 2 {
-            let inv = 1.0 / theta.powf((2 * i) as f32 / d as f32);
-            let angle = inv * pos as f32;
-            cos.push(bf(angle.cos()));
-            sin.push(bf(angle.sin()));
-        }
-    }
-    (cos, sin)
 }
 
 /// QK-norm (optional) and RoPE of one head slice, as the reference rounds them.

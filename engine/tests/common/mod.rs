@@ -1,6 +1,9 @@
-//! Fixture helpers shared by the engine's integration tests.
+//! Fixture helpers shared by the engine's integration tests, and the kernel tests'
+//! helpers (`kernel_checks`).
 
 #![allow(dead_code)]
+
+pub mod kernel_checks;
 
 use std::path::{Path, PathBuf};
 
