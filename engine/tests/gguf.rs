@@ -166,25 +166,10 @@ fn builds_the_tokenizer_from_metadata() {
     let f = GgufFile::open(fixture("tiny_qwen3.gguf")).unwrap();
     let tok = f.tokenizer_from_metadata().unwrap().unwrap();
     assert_eq!(tok.token_to_id("<|endoftext|>"), Some(0));
-    let path = common::fixtures_dir().join("tokenizer/expected.json");
-    let expected: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    let cases = expected["cases"].as_array().unwrap();
-    assert!(cases.len() >= 5);
-    for case in cases {
-        let text = case["text"].as_str().unwrap();
-        let ids: Vec<u32> = case["ids"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap() as u32)
-            .collect();
-        assert_eq!(tok.encode(text, true).unwrap(), ids, "encoding {text:?}");
-        assert_eq!(
-            tok.decode(&ids, false).unwrap(),
-            case["decoded"].as_str().unwrap()
-        );
-    }
+    common::check_tokenizer_cases(
+        &tok,
+        &common::fixtures_dir().join("tokenizer/expected.json"),
+    );
 }
 
 /// A GGUF file built by hand: metadata and tensors (name, ne, type, data).

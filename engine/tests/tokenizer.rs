@@ -1,20 +1,14 @@
 //! `tokenizer.json` encode/decode against the tokenizer library's Python
 //! build (`tests/fixtures/tokenizer/`, made by `scripts/make_fixtures.py`).
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::PathBuf;
 
 use tilefuse_engine::{EngineError, Tokenizer};
 
 fn fixture() -> PathBuf {
-    let from_manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tokenizer");
-    if from_manifest.is_dir() {
-        return from_manifest;
-    }
-    let cwd = std::env::current_dir().unwrap();
-    cwd.ancestors()
-        .map(|d| d.join("tests/fixtures/tokenizer"))
-        .find(|d| d.is_dir())
-        .unwrap_or_else(|| panic!("tests/fixtures/tokenizer not found above {}", cwd.display()))
+    common::fixtures_dir().join("tokenizer")
 }
 
 #[test]
@@ -22,23 +16,7 @@ fn encodes_and_decodes_like_python() {
     let dir = fixture();
     let tok = Tokenizer::from_dir(&dir).unwrap();
     assert_eq!(tok.token_to_id("<|endoftext|>"), Some(0));
-    let expected: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
-    let cases = expected["cases"].as_array().unwrap();
-    assert!(cases.len() >= 5);
-    for case in cases {
-        let text = case["text"].as_str().unwrap();
-        let ids: Vec<u32> = case["ids"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap() as u32)
-            .collect();
-        assert_eq!(tok.encode(text, true).unwrap(), ids, "encoding {text:?}");
-        assert_eq!(
-            tok.decode(&ids, false).unwrap(),
-            case["decoded"].as_str().unwrap()
-        );
+    for ids in common::check_tokenizer_cases(&tok, &dir.join("expected.json")) {
         assert!(ids.iter().all(|&i| (i as usize) < tok.vocab_size()));
     }
 }

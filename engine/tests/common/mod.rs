@@ -59,3 +59,31 @@ pub fn norm(v: impl Iterator<Item = f32>) -> f32 {
 pub fn rel_err(a: &[f32], b: &[f32]) -> f32 {
     norm(a.iter().zip(b).map(|(x, y)| x - y)) / norm(b.iter().copied())
 }
+
+/// Encodes and decodes every case of a `tokenizer/expected.json` fixture (made with the
+/// tokenizers library's Python build by `scripts/make_fixtures.py`) and compares: the
+/// ids for each text, and the text decoded back from them. Returns the ids of every case.
+pub fn check_tokenizer_cases(tok: &tilefuse_engine::Tokenizer, expected: &Path) -> Vec<Vec<u32>> {
+    let text =
+        std::fs::read_to_string(expected).unwrap_or_else(|e| panic!("{}: {e}", expected.display()));
+    let expected: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let cases = expected["cases"].as_array().unwrap();
+    assert!(cases.len() >= 5);
+    let mut all = Vec::new();
+    for case in cases {
+        let text = case["text"].as_str().unwrap();
+        let ids: Vec<u32> = case["ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect();
+        assert_eq!(tok.encode(text, true).unwrap(), ids, "encoding {text:?}");
+        assert_eq!(
+            tok.decode(&ids, false).unwrap(),
+            case["decoded"].as_str().unwrap()
+        );
+        all.push(ids);
+    }
+    all
+}
