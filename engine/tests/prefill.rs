@@ -15,7 +15,7 @@
 mod common;
 
 use common::kernel_checks::*;
-use common::{fixtures_dir, read_reference, rel_err};
+use common::{fixtures_dir, read_reference, rel_err, Json};
 use tilefuse_dsl::half::bf16;
 use tilefuse_dsl::runtime::testing::{gpu_or_skip, gpu_turn};
 use tilefuse_dsl::runtime::{Device, KernelDef, LaunchConfig};
@@ -620,36 +620,12 @@ struct LongReference {
 }
 
 fn read_long_reference(dir: &std::path::Path) -> LongReference {
-    let path = dir.join("reference.json");
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-    let field = |k: &str| -> &Vec<serde_json::Value> {
-        v[k].as_array()
-            .unwrap_or_else(|| panic!("{}: no `{k}`", path.display()))
-    };
-    let ids = |k: &str| {
-        field(k)
-            .iter()
-            .map(|x| x.as_u64().unwrap() as u32)
-            .collect()
-    };
+    let json = Json::read(&dir.join("reference.json"));
     LongReference {
-        prompt_ids: ids("prompt_ids"),
-        tokens: ids("tokens"),
-        logits_f32: field("logits_f32")
-            .iter()
-            .map(|row| {
-                row.as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|x| x.as_f64().unwrap() as f32)
-                    .collect()
-            })
-            .collect(),
-        hf_bf16_rel_err: field("hf_bf16_rel_err")
-            .iter()
-            .map(|x| x.as_f64().unwrap() as f32)
-            .collect(),
+        prompt_ids: json.u32s("prompt_ids"),
+        tokens: json.u32s("tokens"),
+        logits_f32: json.f32_rows("logits_f32"),
+        hf_bf16_rel_err: json.f32s("hf_bf16_rel_err"),
     }
 }
 

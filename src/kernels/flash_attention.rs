@@ -378,3 +378,35 @@ pub fn reference_row(
     }
     o
 }
+
+/// The largest absolute difference between the output `out` (`[seq, num_heads,
+/// head_dim]`) and [`reference_row`] over the `(t, h)` rows in `rows`; a NaN (an element
+/// left unwritten in a poisoned output) counts as infinite.
+///
+/// # Panics
+///
+/// As [`reference_row`], or if `out` is shorter than `shape` needs.
+pub fn max_error(
+    out: &[bf16],
+    q: &[bf16],
+    k: &[bf16],
+    v: &[bf16],
+    shape: AttentionShape,
+    rows: &[(usize, usize)],
+) -> f64 {
+    let d = shape.head_dim;
+    let mut worst = 0.0f64;
+    for &(t, h) in rows {
+        let want = reference_row(q, k, v, shape, t, h);
+        let row = &out[(t * shape.num_heads + h) * d..][..d];
+        for (g, w) in row.iter().zip(&want) {
+            let e = (g.to_f64() - w).abs();
+            worst = if e.is_nan() {
+                f64::INFINITY
+            } else {
+                worst.max(e)
+            };
+        }
+    }
+    worst
+}

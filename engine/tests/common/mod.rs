@@ -22,32 +22,69 @@ pub struct Reported {
 }
 
 pub fn read_reference(dir: &Path) -> Reported {
-    let path = dir.join("reference.json");
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-    let ids = |k: &str| -> Vec<u32> {
-        v[k].as_array()
-            .unwrap_or_else(|| panic!("{}: no `{k}`", path.display()))
-            .iter()
-            .map(|x| x.as_u64().unwrap() as u32)
-            .collect()
-    };
-    let logits = v["logits"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|row| {
-            row.as_array()
-                .unwrap()
-                .iter()
-                .map(|x| x.as_f64().unwrap() as f32)
-                .collect()
-        })
-        .collect();
+    let json = Json::read(&dir.join("reference.json"));
     Reported {
-        prompt_ids: ids("prompt_ids"),
-        tokens: ids("tokens"),
-        logits,
+        prompt_ids: json.u32s("prompt_ids"),
+        tokens: json.u32s("tokens"),
+        logits: json.f32_rows("logits"),
+    }
+}
+
+/// A fixture's JSON file, read for its typed fields; a missing or mistyped field panics
+/// naming the file and the key.
+pub struct Json {
+    path: PathBuf,
+    v: serde_json::Value,
+}
+
+impl Json {
+    pub fn read(path: &Path) -> Json {
+        let text =
+            std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let v = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        Json {
+            path: path.to_path_buf(),
+            v,
+        }
+    }
+
+    fn array<'a>(&self, v: &'a serde_json::Value, key: &str) -> &'a Vec<serde_json::Value> {
+        v.as_array()
+            .unwrap_or_else(|| panic!("{}: `{key}` is not an array", self.path.display()))
+    }
+
+    fn number(&self, v: &serde_json::Value, key: &str) -> f64 {
+        v.as_f64()
+            .unwrap_or_else(|| panic!("{}: `{key}` holds a non-number", self.path.display()))
+    }
+
+    /// `key` as token ids.
+    pub fn u32s(&self, key: &str) -> Vec<u32> {
+        self.array(&self.v[key], key)
+            .iter()
+            .map(|x| self.number(x, key) as u32)
+            .collect()
+    }
+
+    /// `key` as a list of numbers.
+    pub fn f32s(&self, key: &str) -> Vec<f32> {
+        self.array(&self.v[key], key)
+            .iter()
+            .map(|x| self.number(x, key) as f32)
+            .collect()
+    }
+
+    /// `key` as a list of rows of numbers.
+    pub fn f32_rows(&self, key: &str) -> Vec<Vec<f32>> {
+        self.array(&self.v[key], key)
+            .iter()
+            .map(|row| {
+                self.array(row, key)
+                    .iter()
+                    .map(|x| self.number(x, key) as f32)
+                    .collect()
+            })
+            .collect()
     }
 }
 
