@@ -41,6 +41,20 @@ pub(crate) fn vector_add() -> Kernel {
     b.finish()
 }
 
+/// The offsets `row * cols + col` of a row-major `[rows, cols]` tile, with the row and
+/// column index vectors.
+fn row_major(b: &mut Builder, rows: usize, cols: usize) -> (ValueId, [ValueId; 2]) {
+    let rr = b.arange(0, rows as i64);
+    let rc = b.arange(0, cols as i64);
+    let r = b.expand(rr, 1);
+    let w = b.i32(cols as i64);
+    let r = b.bin(BinaryOp::Mul, r, w);
+    let r = b.broadcast(r, &[rows, cols]);
+    let c = b.expand(rc, 0);
+    let c = b.broadcast(c, &[rows, cols]);
+    (b.bin(BinaryOp::Add, r, c), [rr, rc])
+}
+
 fn f32s(d: &Data) -> &[f32] {
     match d {
         Data::F32(v) => v,
@@ -101,15 +115,7 @@ fn broadcast_2d_outer_sum() {
     let xb2 = b.broadcast(xc, &[M, N]);
     let yb2 = b.broadcast(yr, &[M, N]);
     let s = b.bin(BinaryOp::Add, xb2, yb2);
-    let rows = b.expand(rm, 1);
-    let nn = b.i32(N as i64);
-    let rows = b.broadcast(rows, &[M, 1]);
-    let nn = b.splat(nn, &[M, 1]);
-    let rows = b.bin(BinaryOp::Mul, rows, nn);
-    let rows = b.broadcast(rows, &[M, N]);
-    let cols = b.expand(rn, 0);
-    let cols = b.broadcast(cols, &[M, N]);
-    let offs = b.bin(BinaryOp::Add, rows, cols);
+    let (offs, _) = row_major(&mut b, M, N);
     let op = b.add_ptr(out, offs);
     b.store(op, s, None);
     let k = b.finish();
@@ -137,15 +143,7 @@ fn reduce_kernel(op: ReduceOp, r: usize, c: usize, axis: usize, dout: DType) -> 
     let mut b = Builder::new("reduce", 4);
     let x = b.ptr("x", DType::F32);
     let out = b.ptr("out", dout);
-    let rr = b.arange(0, r as i64);
-    let rc = b.arange(0, c as i64);
-    let rows = b.expand(rr, 1);
-    let cc = b.i32(c as i64);
-    let rows = b.bin(BinaryOp::Mul, rows, cc);
-    let rows = b.broadcast(rows, &[r, c]);
-    let cols = b.expand(rc, 0);
-    let cols = b.broadcast(cols, &[r, c]);
-    let offs = b.bin(BinaryOp::Add, rows, cols);
+    let (offs, [rr, rc]) = row_major(&mut b, r, c);
     let xp = b.add_ptr(x, offs);
     let v = b.load(xp, None, None);
     let red = b.reduce(op, v, axis);
@@ -320,16 +318,8 @@ fn dot_matches_naive() {
     let bp = b.ptr("b", DType::F16);
     let c = b.ptr("c", DType::F32);
     let out = b.ptr("out", DType::F32);
-    let tile = |b: &mut Builder, p: ValueId, r: usize, cols: usize| {
-        let rr = b.arange(0, r as i64);
-        let rc = b.arange(0, cols as i64);
-        let rows = b.expand(rr, 1);
-        let w = b.i32(cols as i64);
-        let rows = b.bin(BinaryOp::Mul, rows, w);
-        let rows = b.broadcast(rows, &[r, cols]);
-        let cl = b.expand(rc, 0);
-        let cl = b.broadcast(cl, &[r, cols]);
-        let offs = b.bin(BinaryOp::Add, rows, cl);
+    let tile = |b: &mut Builder, p: ValueId, rows: usize, cols: usize| {
+        let (offs, _) = row_major(b, rows, cols);
         b.add_ptr(p, offs)
     };
     let ap = tile(&mut b, a, M, K);
