@@ -52,6 +52,26 @@ fn run_map(k: &Kernel, input: &[u8], out_len: usize, n: usize, block: usize) -> 
 }
 
 #[test]
+fn an_empty_grid_runs_no_program() {
+    // n = 0 gives a grid of 0 programs (the runtime refuses such a launch on a device; the
+    // interpreter runs nothing).
+    let k = vector_add();
+    let mut out = f32_bytes(&[7.0]);
+    run(
+        &k,
+        [0, 1, 1],
+        &mut [
+            Arg::Read(&[]),
+            Arg::Read(&[]),
+            Arg::Write(&mut out),
+            Arg::Scalar(Scalar::I32(0)),
+        ],
+    )
+    .unwrap();
+    assert_eq!(bytes_f32(&out), [7.0]);
+}
+
+#[test]
 fn out_of_bounds_load_names_param_index_and_program() {
     // No mask: the second program reads past the end of `x`.
     let mut b = Builder::new("oob", 4);
