@@ -58,6 +58,15 @@ pub fn def_attr(
     let src = leak_str(format!("#[kernel({})]\n{src}", attr.join(", ")));
     let k = crate::compile_source(src, &spec).unwrap_or_else(|e| panic!("front end: {e}\n{src}"));
     let p90 = compile(&k, Target::Sm90).unwrap_or_else(|e| panic!("{}: {e}", k.name));
+    let p90a = k
+        .has_dot()
+        .then(|| compile(&k, Target::Sm90a).unwrap_or_else(|e| panic!("{}: {e}", k.name)))
+        .filter(|p| p.uses_wgmma);
+    if assemble {
+        if let Some(p) = &p90a {
+            crate::back::ptx::tests::assemble(p, Target::Sm90a);
+        }
+    }
     let p80 = if k.cluster_size() > 1 {
         None
     } else {
@@ -85,6 +94,7 @@ pub fn def_attr(
         num_warps: warps,
         ptx_sm80: Ptx::text(leak_str(p80.map(|p| p.ptx).unwrap_or_default())),
         ptx_sm90: Ptx::text(leak_str(p90.ptx)),
+        ptx_sm90a: Ptx::text(leak_str(p90a.map(|p| p.ptx).unwrap_or_default())),
         entry: leak_str(p90.entry),
         shared_bytes: p90.shared_bytes,
         cluster: k.cluster,

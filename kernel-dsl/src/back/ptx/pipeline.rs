@@ -18,7 +18,7 @@
 use std::collections::{HashMap, HashSet};
 
 use super::emit::{Emitter, Res};
-use super::layout::{mma_dot, Layout};
+use super::dot::Operand;
 use super::regs::{int_ty, rk, Rk};
 use super::{Access, AccessKind};
 use crate::ir::{Carried, DType, Def, Expr, Literal, Stmt, ValueId};
@@ -34,6 +34,8 @@ pub struct RingLoad {
     pub at: u32,
     /// Elements per `cp.async`.
     width: usize,
+    /// How the `dot` reads it (and so how it is staged).
+    op: Operand,
 }
 
 /// How one loop is pipelined.
@@ -45,6 +47,8 @@ pub struct Plan {
     /// Carried values the pointers and masks depend on.
     carried: Vec<Carried>,
     stage_bytes: u32,
+    /// A `wgmma` reads the ring: the copies are fenced for the async proxy.
+    wgmma: bool,
 }
 
 /// Registers of a pipelined loop while its body is emitted.
@@ -152,20 +156,17 @@ impl Emitter<'_> {
         let uses = self.use_counts();
         let mut loads = Vec::new();
         let mut at = 0u32;
+        let mut wgmma = false;
         for s in &body.stmts {
             let Stmt::Let(d) = s else { continue };
             let Def::Expr(Expr::Dot { a, b, .. }) = &k.value(*d).def else {
                 continue;
             };
-            let shape = &k.ty(*d).shape;
-            if a == b
-                || !mma_dot(k, *a, *b)
-                || Layout::mma(shape, k.num_warps) != Some(self.layout_of(*d))
-            {
+            let Some(how) = self.dot_operands(*d).filter(|_| a != b) else {
                 continue;
-            }
+            };
             let mut ops = Vec::new();
-            for x in [*a, *b] {
+            for (x, op) in [(*a, how[0]), (*b, how[1])] {
                 let Def::Expr(Expr::Load { ptr, mask, other }) = &k.value(x).def else {
                     break;
                 };
@@ -182,16 +183,21 @@ impl Emitter<'_> {
                     break;
                 }
                 let bytes = (k.ty(x).shape.iter().product::<usize>() * 2) as u32;
-                ops.push((x, *ptr, *mask, bytes, width));
+                ops.push((x, *ptr, *mask, bytes, width, op));
             }
             if ops.len() == 2 {
-                for (value, ptr, mask, bytes, width) in ops {
+                for (value, ptr, mask, bytes, width, op) in ops {
+                    // `wgmma` reads swizzled tiles from 1024-byte aligned addresses.
+                    let align = if op == Operand::Mma { 128 } else { 1024 };
+                    wgmma |= op != Operand::Mma;
+                    at = at.next_multiple_of(align);
                     loads.push(RingLoad {
                         value,
                         ptr,
                         mask,
                         at,
                         width,
+                        op,
                     });
                     at += bytes.next_multiple_of(128);
                 }
@@ -256,7 +262,8 @@ impl Emitter<'_> {
             loads,
             slice,
             carried: used_params,
-            stage_bytes: at,
+            stage_bytes: if wgmma { at.next_multiple_of(1024) } else { at },
+            wgmma,
         })
     }
 
@@ -328,6 +335,11 @@ impl Emitter<'_> {
         step: &str,
     ) -> Res<()> {
         self.ins(format!("cp.async.wait_group {}", self.k.num_stages - 2));
+        if r.plan.wgmma {
+            // `wgmma` reads shared memory through the async proxy: make this thread's
+            // copies visible to it before the barrier.
+            self.ins("fence.proxy.async.shared::cta");
+        }
         self.ins("bar.sync 0");
         self.pipeline_issue(r, index, end, step, true)
     }
@@ -417,7 +429,7 @@ impl Emitter<'_> {
             let (sr, sc) = (l.keep[0], l.keep[1]);
             // Oriented as `dot` reads it (the thread's run, and so each copy, lies
             // along a stored row).
-            let st = super::dot::Staged::of(&l);
+            let st = super::dot::Staged::for_operand(&l, ld.op);
             let bytes = ld.width * 2;
             let cache = if bytes == 16 { "cg" } else { "ca" };
             for g in (0..ptrs.len()).step_by(ld.width) {
