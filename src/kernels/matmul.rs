@@ -25,7 +25,49 @@
 
 use crate::dsl::half::bf16;
 use crate::dsl::runtime::{Buffer, Device, KernelArg, KernelDef, LaunchConfig, LaunchError};
-use crate::kernel;
+use crate::{kernel, tile_fn};
+
+/// The body both kernels share: one `BM x BN` tile of `C = A B` stored as `T`.
+#[tile_fn(crate = crate::dsl)]
+#[allow(clippy::too_many_arguments)]
+fn matmul_tile<const BM: usize, const BN: usize, const BK: usize, const GROUP_M: usize, T>(
+    a: Ptr<bf16>,
+    b: Ptr<bf16>,
+    c: Ptr<T>,
+    m: i32,
+    n: i32,
+    k: i32,
+) {
+    let pid = program_id(0);
+    let num_pid_m = cdiv(m, BM);
+    let num_pid_n = cdiv(n, BN);
+    let num_pid_in_group = GROUP_M * num_pid_n;
+    let first_pid_m = (pid / num_pid_in_group) * GROUP_M;
+    let group_size_m = minimum(num_pid_m - first_pid_m, GROUP_M);
+    let pid_m = first_pid_m + (pid % num_pid_in_group) % group_size_m;
+    let pid_n = (pid % num_pid_in_group) / group_size_m;
+    let rm = pid_m * BM + arange(0, BM);
+    let rn = pid_n * BN + arange(0, BN);
+    let rk = arange(0, BK);
+    let row_ok = (rm < m).expand_dims(1);
+    let col_ok = (rn < n).expand_dims(0);
+    let mut pa = a + rm.expand_dims(1) * k + rk.expand_dims(0);
+    let mut pb = b + rk.expand_dims(1) * n + rn.expand_dims(0);
+    let mut acc = zeros::<f32>([BM, BN]);
+    for k0 in (0..k).step_by(BK) {
+        let k_ok = rk < k - k0;
+        let x = load(pa, row_ok & k_ok.expand_dims(0), 0.0);
+        let y = load(pb, k_ok.expand_dims(1) & col_ok, 0.0);
+        acc = dot(x, y, acc);
+        pa += BK;
+        pb += BK * n;
+    }
+    store(
+        c + rm.expand_dims(1) * n + rn.expand_dims(0),
+        acc as T,
+        row_ok & col_ok,
+    );
+}
 
 /// bf16 `C`. Compiled tile configurations `(BM, BN, BK, num_warps)`: (128, 256, 64, 8),
 /// (128, 128, 64, 8), (128, 128, 32, 4), (64, 128, 32, 4), (64, 64, 64, 4),
@@ -56,35 +98,7 @@ pub fn matmul<const BM: usize, const BN: usize, const BK: usize, const GROUP_M: 
     #[multiple_of(16)] n: i32,
     #[multiple_of(16)] k: i32,
 ) {
-    let pid = program_id(0);
-    let num_pid_m = cdiv(m, BM);
-    let num_pid_n = cdiv(n, BN);
-    let num_pid_in_group = GROUP_M * num_pid_n;
-    let first_pid_m = (pid / num_pid_in_group) * GROUP_M;
-    let group_size_m = minimum(num_pid_m - first_pid_m, GROUP_M);
-    let pid_m = first_pid_m + (pid % num_pid_in_group) % group_size_m;
-    let pid_n = (pid % num_pid_in_group) / group_size_m;
-    let rm = pid_m * BM + arange(0, BM);
-    let rn = pid_n * BN + arange(0, BN);
-    let rk = arange(0, BK);
-    let row_ok = (rm < m).expand_dims(1);
-    let col_ok = (rn < n).expand_dims(0);
-    let mut pa = a + rm.expand_dims(1) * k + rk.expand_dims(0);
-    let mut pb = b + rk.expand_dims(1) * n + rn.expand_dims(0);
-    let mut acc = zeros::<f32>([BM, BN]);
-    for k0 in (0..k).step_by(BK) {
-        let k_ok = rk < k - k0;
-        let x = load(pa, row_ok & k_ok.expand_dims(0), 0.0);
-        let y = load(pb, k_ok.expand_dims(1) & col_ok, 0.0);
-        acc = dot(x, y, acc);
-        pa += BK;
-        pb += BK * n;
-    }
-    store(
-        c + rm.expand_dims(1) * n + rn.expand_dims(0),
-        acc as bf16,
-        row_ok & col_ok,
-    );
+    matmul_tile::<BM, BN, BK, GROUP_M, bf16>(a, b, c, m, n, k);
 }
 
 /// f32 `C` (the same kernel, storing the accumulator as is). Compiled tile
@@ -112,35 +126,7 @@ pub fn matmul_f32<const BM: usize, const BN: usize, const BK: usize, const GROUP
     #[multiple_of(16)] n: i32,
     #[multiple_of(16)] k: i32,
 ) {
-    let pid = program_id(0);
-    let num_pid_m = cdiv(m, BM);
-    let num_pid_n = cdiv(n, BN);
-    let num_pid_in_group = GROUP_M * num_pid_n;
-    let first_pid_m = (pid / num_pid_in_group) * GROUP_M;
-    let group_size_m = minimum(num_pid_m - first_pid_m, GROUP_M);
-    let pid_m = first_pid_m + (pid % num_pid_in_group) % group_size_m;
-    let pid_n = (pid % num_pid_in_group) / group_size_m;
-    let rm = pid_m * BM + arange(0, BM);
-    let rn = pid_n * BN + arange(0, BN);
-    let rk = arange(0, BK);
-    let row_ok = (rm < m).expand_dims(1);
-    let col_ok = (rn < n).expand_dims(0);
-    let mut pa = a + rm.expand_dims(1) * k + rk.expand_dims(0);
-    let mut pb = b + rk.expand_dims(1) * n + rn.expand_dims(0);
-    let mut acc = zeros::<f32>([BM, BN]);
-    for k0 in (0..k).step_by(BK) {
-        let k_ok = rk < k - k0;
-        let x = load(pa, row_ok & k_ok.expand_dims(0), 0.0);
-        let y = load(pb, k_ok.expand_dims(1) & col_ok, 0.0);
-        acc = dot(x, y, acc);
-        pa += BK;
-        pb += BK * n;
-    }
-    store(
-        c + rm.expand_dims(1) * n + rn.expand_dims(0),
-        acc,
-        row_ok & col_ok,
-    );
+    matmul_tile::<BM, BN, BK, GROUP_M, f32>(a, b, c, m, n, k);
 }
 
 /// A tile configuration of [`matmul`] / [`matmul_f32`].

@@ -35,7 +35,9 @@ impl Emitter<'_> {
         let (m, kk, n) = (ta.shape[0], ta.shape[1], tb.shape[1]);
         let half = da == db && matches!(da, DType::F16 | DType::BF16);
         match self.dot_operands(_v) {
-            Some([Operand::WgmmaA(rows), _]) => return self.dot_wgmma(da, a, b, acc, l, rows),
+            Some([Operand::WgmmaA(rows), _]) => {
+                return self.dot_wgmma(_v, [a, b], acc, l, rows);
+            }
             Some(_) => return self.dot_mma_regs(da, a, b, acc, l),
             None => {}
         }
@@ -428,13 +430,14 @@ impl Emitter<'_> {
     /// copies, issued before the `dot`, are in flight meanwhile).
     fn dot_wgmma(
         &mut self,
-        dt: DType,
-        a: ValueId,
-        b: ValueId,
+        d: ValueId,
+        [a, b]: [ValueId; 2],
         acc: Option<ValueId>,
         l: &Layout,
         rows: WgmmaRows,
     ) -> Res<Vec<String>> {
+        let dt = self.k.ty(a).dtype().unwrap_or(DType::BF16);
+        let running = self.async_dot(d);
         let (m, kk) = (self.k.ty(a).shape[0], self.k.ty(a).shape[1]);
         let n = self.k.ty(b).shape[1];
         let init = match acc {
@@ -507,7 +510,12 @@ impl Emitter<'_> {
             e.ins(format!("mov.b64 {d}, {{{w}, {hi}}}"));
             d
         };
-        let out: Vec<String> = (0..l.nregs()).map(|_| self.reg(Rk::F)).collect();
+        let out: Vec<String> = match (&init, running) {
+            // In place: the carried registers, which the group still running from the
+            // previous iteration accumulates into (wgmma orders the two).
+            (Some(init), true) => init.clone(),
+            _ => (0..l.nregs()).map(|_| self.reg(Rk::F)).collect(),
+        };
         match &init {
             Some(init) => self.moves(Rk::F, &out, init),
             None => {
@@ -545,7 +553,10 @@ impl Emitter<'_> {
             }
         }
         self.ins("wgmma.commit_group.sync.aligned");
-        self.ins("wgmma.wait_group.sync.aligned 0");
+        // A running dot leaves its group in flight (the loop's exit waits for it); the
+        // previous iteration's group is done after this, so its stage may be refilled.
+        let pending = if running { 1 } else { 0 };
+        self.ins(format!("wgmma.wait_group.sync.aligned {pending}"));
         Ok(out)
     }
 

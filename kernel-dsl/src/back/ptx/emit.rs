@@ -687,6 +687,12 @@ impl<'k> Emitter<'k> {
                 let l = self.layout_of(c.param);
                 self.tile(c.next, &l)?
             };
+            if words.is_none() && next == *p {
+                // Updated in place (a `dot` accumulating into the carried registers,
+                // possibly still running): nothing to copy, nothing to touch.
+                tmps.push(p.clone());
+                continue;
+            }
             let tmp = match words {
                 Some(w) => {
                     let packed = self.pack_halves(&next);
@@ -867,8 +873,8 @@ impl<'k> Emitter<'k> {
                 self.ins(format!("add.{t} {idx}, {idx}, {st}"));
                 self.ins(format!("bra.uni {head}"));
                 self.label(&exit);
-                if ring.is_some() {
-                    self.pipeline_end();
+                if let Some(r) = &ring {
+                    self.pipeline_end(r);
                 }
                 Ok(())
             }
