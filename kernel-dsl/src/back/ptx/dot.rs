@@ -537,7 +537,12 @@ impl Emitter<'_> {
             };
             let db = desc(self, &b_lo, b_off, &b_hi);
             for mi in 0..per_group {
-                let da = desc(self, &a_lo, k_off(ks, a_row, a_panel) + mi * 64 * a_row, &a_hi);
+                let da = desc(
+                    self,
+                    &a_lo,
+                    k_off(ks, a_row, a_panel) + mi * 64 * a_row,
+                    &a_hi,
+                );
                 // Register `j` of the instruction: row half `(j % 4) / 2`, columns
                 // `8 (j / 4) + 2t + j % 2`; in `l`, row repetition `2 mi + half`.
                 let regs: Vec<&str> = (0..n / 2)

@@ -1141,7 +1141,12 @@ fn gpu_dot_wgmma_tiles() {
         assert!(d.variants[0].ptx_sm90a.as_str().contains("wgmma.mma_async"));
         let half = |r: &mut Rng, len: usize| {
             if f16 {
-                Data::F16(r.vec(len, 1.0).into_iter().map(half::f16::from_f32).collect())
+                Data::F16(
+                    r.vec(len, 1.0)
+                        .into_iter()
+                        .map(half::f16::from_f32)
+                        .collect(),
+                )
             } else {
                 Data::Bf16(r.bf(len))
             }
@@ -1154,7 +1159,11 @@ fn gpu_dot_wgmma_tiles() {
             Data::S(Scalar::I32(n as i32)),
             Data::S(Scalar::I32(k as i32)),
         ];
-        let grid = [m.div_ceil(bm as usize) as u32, n.div_ceil(bn as usize) as u32, 1];
+        let grid = [
+            m.div_ceil(bm as usize) as u32,
+            n.div_ceil(bn as usize) as u32,
+            1,
+        ];
         diff("dot_wgmma_tiles", d, grid, &data, 1e-4);
     }
     // NT (an `[N, K]` weight: B staged K-major) and plain, 16-byte aligned.
@@ -1178,7 +1187,11 @@ fn gpu_dot_wgmma_tiles() {
             Data::S(Scalar::I32(n as i32)),
             Data::S(Scalar::I32(k as i32)),
         ];
-        let grid = [m.div_ceil(bm as usize) as u32, n.div_ceil(bn as usize) as u32, 1];
+        let grid = [
+            m.div_ceil(bm as usize) as u32,
+            n.div_ceil(bn as usize) as u32,
+            1,
+        ];
         diff("dot_wgmma_nt", d, grid, &data, 1e-4);
     }
 }

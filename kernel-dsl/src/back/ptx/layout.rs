@@ -164,15 +164,13 @@ impl Layout {
     pub fn wgmma(shape: &[usize], num_warps: u32) -> Option<Layout> {
         let [m, n] = *shape else { return None };
         let w = num_warps as usize;
-        (w % 4 == 0 && m % (16 * w) == 0 && n % 8 == 0 && (8..=256).contains(&n)).then(|| {
-            Layout {
-                spt: vec![1, 2],
-                tpw: vec![8, 4],
-                wpc: vec![w, 1],
-                order: vec![1, 0],
-                ext: vec![m, n],
-                keep: vec![0, 1],
-            }
+        (w % 4 == 0 && m % (16 * w) == 0 && n % 8 == 0 && (8..=256).contains(&n)).then(|| Layout {
+            spt: vec![1, 2],
+            tpw: vec![8, 4],
+            wpc: vec![w, 1],
+            order: vec![1, 0],
+            ext: vec![m, n],
+            keep: vec![0, 1],
         })
     }
 

@@ -17,8 +17,8 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::emit::{Emitter, Res};
 use super::dot::Operand;
+use super::emit::{Emitter, Res};
 use super::regs::{int_ty, rk, Rk};
 use super::{Access, AccessKind};
 use crate::ir::{Carried, DType, Def, Expr, Literal, Stmt, ValueId};
@@ -265,12 +265,16 @@ impl Emitter<'_> {
         }
         // The `wgmma` dot that may run across iterations.
         let async_dot = loads.first().filter(|_| wgmma).and_then(|ld| {
-            let d = k.values.iter().enumerate().find_map(|(i, v)| match &v.def {
-                Def::Expr(Expr::Dot { a, acc: Some(acc), .. }) if *a == ld.value => {
-                    Some((ValueId(i as u32), *acc))
-                }
-                _ => None,
-            })?;
+            let d = k
+                .values
+                .iter()
+                .enumerate()
+                .find_map(|(i, v)| match &v.def {
+                    Def::Expr(Expr::Dot {
+                        a, acc: Some(acc), ..
+                    }) if *a == ld.value => Some((ValueId(i as u32), *acc)),
+                    _ => None,
+                })?;
             let (d, acc) = d;
             carried
                 .iter()
@@ -286,7 +290,11 @@ impl Emitter<'_> {
             Some(_) if (stages + 1) * stage_bytes <= limit => stages + 1,
             _ => stages,
         };
-        let lead = if async_dot.is_some() { buffers - 2 } else { buffers - 1 };
+        let lead = if async_dot.is_some() {
+            buffers - 2
+        } else {
+            buffers - 1
+        };
         let async_dot = async_dot.filter(|_| lead >= 1);
         let lead = lead.max(1);
         let mut slice: Vec<ValueId> = need

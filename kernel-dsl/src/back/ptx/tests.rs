@@ -1140,8 +1140,10 @@ fn dot_lowers_to_wgmma_on_sm90a() {
         // Per warpgroup: BM / (64 * groups) instructions per 16 of K.
         let per_k = bm as usize / (64 * (w as usize / 4));
         assert_eq!(
-            body.matches(&format!("wgmma.mma_async.sync.aligned.m64n{bn}k16.f32.bf16.bf16"))
-                .count(),
+            body.matches(&format!(
+                "wgmma.mma_async.sync.aligned.m64n{bn}k16.f32.bf16.bf16"
+            ))
+            .count(),
             per_k * bk as usize / 16,
             "{body}"
         );
@@ -1152,7 +1154,9 @@ fn dot_lowers_to_wgmma_on_sm90a() {
             // exit waits for it.
             assert!(body.contains("wgmma.wait_group.sync.aligned 1"), "{body}");
             assert!(
-                !body.lines().any(|l| l.contains("mov.f32") && l.matches("%f").count() == 2),
+                !body
+                    .lines()
+                    .any(|l| l.contains("mov.f32") && l.matches("%f").count() == 2),
                 "{body}"
             );
             let after = &p.ptx[p.ptx.find(body).unwrap() + body.len()..];
