@@ -89,6 +89,12 @@ pub fn def_attr(
             written: written.contains(&i),
         })
         .collect();
+    // The launch passes the largest module's need (an sm_90a ring may hold a buffer
+    // more), as `#[kernel]` does.
+    let shared_bytes = [&p80, &p90a]
+        .iter()
+        .filter_map(|p| p.as_ref().map(|p| p.shared_bytes))
+        .fold(p90.shared_bytes, u32::max);
     let variant = Variant {
         consts: leak(consts.iter().map(|c| c.1).collect()),
         num_warps: warps,
@@ -96,7 +102,7 @@ pub fn def_attr(
         ptx_sm90: Ptx::text(leak_str(p90.ptx)),
         ptx_sm90a: Ptx::text(leak_str(p90a.map(|p| p.ptx).unwrap_or_default())),
         entry: leak_str(p90.entry),
-        shared_bytes: p90.shared_bytes,
+        shared_bytes,
         cluster: k.cluster,
     };
     Box::leak(Box::new(KernelDef {

@@ -965,7 +965,10 @@ fn pipelined_dot_loops_copy_with_cp_async() {
                 ptx,
             );
         }
-        assert_eq!(d.variants[0].shared_bytes, stages * 16384);
+        // The sm_80 ring holds `stages` buffers; the variant reserves what its largest
+        // module needs, the sm_90a ring's one buffer more (a `wgmma` left running).
+        assert!(ptx.contains(&format!("tf_smem[{}]", stages * 16384)) || stages * 16384 > 49152);
+        assert_eq!(d.variants[0].shared_bytes, (stages + 1) * 16384);
         let body = loop_body(ptx);
         // 16-byte copies straight into shared memory, waited for one stage behind.
         assert!(body.contains("cp.async.cg.shared.global"), "{body}");
