@@ -3,8 +3,9 @@
 //! on awkward shapes (M, N, K not multiples of the tile, K below one tile) for every
 //! compiled tile configuration; on a GPU it then prints TFLOP/s next to cuBLAS.
 //!
-//! `cargo run --release --example matmul [-- --check-only] [--small]` (`--small`: two
-//! small shapes only, for compute-sanitizer).
+//! `cargo run --release --example matmul [-- --check-only] [--small] [--sweep]`
+//! (`--small`: two small shapes only, for compute-sanitizer; `--sweep`: time every
+//! configuration on more shapes, the data behind `MatmulConfig::for_shape`).
 //!
 //! On a GPU, large shapes are checked against cuBLAS (relative Frobenius error) and timed
 //! with CUDA events (median of 20 after 3 warm-ups; input sets rotated to exceed 4x L2).
@@ -114,13 +115,25 @@ fn main() -> anyhow::Result<()> {
         reps: 20,
     };
     let mut table = Vec::new();
-    for (m, n, k) in [
+    let mut shapes = vec![
         (4096, 4096, 4096),
         (512, 4096, 1024),
         (512, 6144, 1024),
         (512, 1024, 3072),
         (2048, 4096, 1024),
-    ] {
+    ];
+    if std::env::args().any(|a| a == "--sweep") {
+        // The rest of Qwen3-0.6B's prefill GEMMs (issue 24) and 8192^3: the data for
+        // `MatmulConfig::for_shape`.
+        shapes.extend([
+            (8192, 8192, 8192),
+            (512, 1024, 2048),
+            (2048, 1024, 2048),
+            (2048, 6144, 1024),
+            (2048, 1024, 3072),
+        ]);
+    }
+    for (m, n, k) in shapes {
         let set_bytes = 2 * (m * k + k * n + m * n);
         let sets = rotation_sets(set_bytes, info.l2_bytes).min(8);
         let a = replicate(&dev, &rng.bf16_vec(m * k, 1.0), sets)?;

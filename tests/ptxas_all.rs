@@ -91,12 +91,17 @@ fn every_kernel_assembles_without_spills() {
                         continue;
                     }
                 };
-                for target in [Target::Sm80, Target::Sm90] {
+                for target in [Target::Sm80, Target::Sm90, Target::Sm90a] {
                     // Clustered kernels need sm_90 (the macro embeds no sm_80 PTX).
                     if target == Target::Sm80 && ir.cluster_size() > 1 {
                         continue;
                     }
+                    // sm_90a modules exist for kernels whose `dot` takes `wgmma`.
+                    if target == Target::Sm90a && !ir.has_dot() {
+                        continue;
+                    }
                     match ptx::compile(&ir, target) {
+                        Ok(kernel) if target == Target::Sm90a && !kernel.uses_wgmma => {}
                         Ok(kernel) => jobs.push(Job {
                             what: what.clone(),
                             target,

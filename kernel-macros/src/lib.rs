@@ -475,10 +475,24 @@ fn expand_one(
                 }
             }
         }
+        // sm_90a PTX only where a `dot` takes the `wgmma` path (other kernels gain
+        // nothing from it); the runtime picks it on compute capability 9.0.
+        let mut sm90a_text = String::new();
+        if kernel.has_dot() {
+            match ptx::compile(&kernel, Target::Sm90a) {
+                Ok(p) if p.uses_wgmma => {
+                    shared = shared.max(p.shared_bytes);
+                    sm90a_text = p.ptx;
+                }
+                Ok(_) => {}
+                Err(e) => push_error(spans.span(e.loc), e.message),
+            }
+        }
         let consts: Vec<i64> = spec.consts.iter().map(|(_, v)| *v).collect();
-        let (sm80, sm90) = (
+        let (sm80, sm90, sm90a) = (
             embedded_ptx(krate, &ptx_text[0]),
             embedded_ptx(krate, &ptx_text[1]),
+            embedded_ptx(krate, &sm90a_text),
         );
         let num_warps = spec.num_warps;
         let [cx, cy, cz] = kernel.cluster;
@@ -488,6 +502,7 @@ fn expand_one(
                 num_warps: #num_warps,
                 ptx_sm80: #sm80,
                 ptx_sm90: #sm90,
+                ptx_sm90a: #sm90a,
                 entry: #entry,
                 shared_bytes: #shared,
                 cluster: [#cx, #cy, #cz],

@@ -39,7 +39,8 @@ pub struct InspectArgs {
     /// Print the layout of every tile value, rematerialized ones included.
     #[arg(long)]
     pub layouts: bool,
-    /// Print ptxas' full report for sm_80 and sm_90 (an error when ptxas is missing).
+    /// Print ptxas' full report for sm_80, sm_90 and (kernels whose `dot` takes `wgmma`)
+    /// sm_90a (an error when ptxas is missing).
     #[arg(long)]
     pub ptxas: bool,
 }
@@ -51,6 +52,8 @@ pub enum TargetArg {
     Sm80,
     /// `sm_90` (Hopper).
     Sm90,
+    /// `sm_90a` (Hopper, compute capability 9.0 only: `dot` on `wgmma`).
+    Sm90a,
 }
 
 impl From<TargetArg> for Target {
@@ -58,6 +61,7 @@ impl From<TargetArg> for Target {
         match t {
             TargetArg::Sm80 => Target::Sm80,
             TargetArg::Sm90 => Target::Sm90,
+            TargetArg::Sm90a => Target::Sm90a,
         }
     }
 }
@@ -490,12 +494,19 @@ fn write_ptxas(
         }
     };
     let _ = writeln!(out, "  ptxas ({}):", bin.display());
-    for t in [Target::Sm80, Target::Sm90] {
+    for t in [Target::Sm80, Target::Sm90, Target::Sm90a] {
+        if t == Target::Sm90a && !kernel.has_dot() {
+            continue;
+        }
         if t == Target::Sm80 && kernel.cluster_size() > 1 {
             let _ = writeln!(out, "    sm_80: none (thread-block clusters need sm_90)");
             continue;
         }
         let p = compile(t)?;
+        if t == Target::Sm90a && !p.uses_wgmma {
+            // No sm_90a module is made for it.
+            continue;
+        }
         let r =
             ptxas::assemble(&bin, &p, t).map_err(|e| anyhow!("kernel `{}`: {e}", kernel.name))?;
         let _ = writeln!(

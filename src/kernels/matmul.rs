@@ -25,36 +25,18 @@
 
 use crate::dsl::half::bf16;
 use crate::dsl::runtime::{Buffer, Device, KernelArg, KernelDef, LaunchConfig, LaunchError};
-use crate::kernel;
+use crate::{kernel, tile_fn};
 
-/// bf16 `C`. Compiled tile configurations `(BM, BN, BK, num_warps)`: (128, 256, 64, 8),
-/// (128, 128, 64, 8), (128, 128, 32, 4), (64, 128, 32, 4), (64, 64, 64, 4),
-/// (64, 64, 32, 4); `GROUP_M = 8`, 3 stages. (128 x 128 x 64 on 4 warps is left out:
-/// ptxas spills on sm_80.)
-#[kernel(
-    crate = crate::dsl,
-    BM = [128, 64],
-    BN = [256, 128, 64],
-    BK = [64, 32],
-    GROUP_M = [8],
-    num_warps = [8, 4],
-    num_stages = [3],
-    skip(BM = 64, BN = 128, BK = 64),
-    skip(BM = 64, BN = 256),
-    skip(BM = 64, num_warps = 8),
-    skip(BM = 128, BN = 64),
-    skip(BN = 256, BK = 32),
-    skip(BN = 256, num_warps = 4),
-    skip(BM = 128, BN = 128, BK = 64, num_warps = 4),
-    skip(BM = 128, BN = 128, BK = 32, num_warps = 8)
-)]
-pub fn matmul<const BM: usize, const BN: usize, const BK: usize, const GROUP_M: usize>(
+/// The body both kernels share: one `BM x BN` tile of `C = A B` stored as `T`.
+#[tile_fn(crate = crate::dsl)]
+#[allow(clippy::too_many_arguments)]
+fn matmul_tile<const BM: usize, const BN: usize, const BK: usize, const GROUP_M: usize, T>(
     a: Ptr<bf16>,
     b: Ptr<bf16>,
-    c: Ptr<bf16>,
+    c: Ptr<T>,
     m: i32,
-    #[multiple_of(16)] n: i32,
-    #[multiple_of(16)] k: i32,
+    n: i32,
+    k: i32,
 ) {
     let pid = program_id(0);
     let num_pid_m = cdiv(m, BM);
@@ -82,9 +64,42 @@ pub fn matmul<const BM: usize, const BN: usize, const BK: usize, const GROUP_M: 
     }
     store(
         c + rm.expand_dims(1) * n + rn.expand_dims(0),
-        acc as bf16,
+        acc as T,
         row_ok & col_ok,
     );
+}
+
+/// bf16 `C`. Compiled tile configurations `(BM, BN, BK, num_warps)`: (128, 256, 64, 8),
+/// (128, 128, 64, 8), (128, 128, 32, 4), (64, 128, 32, 4), (64, 64, 64, 4),
+/// (64, 64, 32, 4); `GROUP_M = 8`, 3 stages (on Hopper's `wgmma` path the ring holds
+/// 4: docs/language.md, "On Hopper: `wgmma`"). (128 x 128 x 64 on 4 warps is left out:
+/// ptxas spills on sm_80.)
+#[kernel(
+    crate = crate::dsl,
+    BM = [128, 64],
+    BN = [256, 128, 64],
+    BK = [64, 32],
+    GROUP_M = [8],
+    num_warps = [8, 4],
+    num_stages = [3],
+    skip(BM = 64, BN = 128, BK = 64),
+    skip(BM = 64, BN = 256),
+    skip(BM = 64, num_warps = 8),
+    skip(BM = 128, BN = 64),
+    skip(BN = 256, BK = 32),
+    skip(BN = 256, num_warps = 4),
+    skip(BM = 128, BN = 128, BK = 64, num_warps = 4),
+    skip(BM = 128, BN = 128, BK = 32, num_warps = 8)
+)]
+pub fn matmul<const BM: usize, const BN: usize, const BK: usize, const GROUP_M: usize>(
+    a: Ptr<bf16>,
+    b: Ptr<bf16>,
+    c: Ptr<bf16>,
+    m: i32,
+    #[multiple_of(16)] n: i32,
+    #[multiple_of(16)] k: i32,
+) {
+    matmul_tile::<BM, BN, BK, GROUP_M, bf16>(a, b, c, m, n, k);
 }
 
 /// f32 `C` (the same kernel, storing the accumulator as is). Compiled tile
@@ -112,35 +127,7 @@ pub fn matmul_f32<const BM: usize, const BN: usize, const BK: usize, const GROUP
     #[multiple_of(16)] n: i32,
     #[multiple_of(16)] k: i32,
 ) {
-    let pid = program_id(0);
-    let num_pid_m = cdiv(m, BM);
-    let num_pid_n = cdiv(n, BN);
-    let num_pid_in_group = GROUP_M * num_pid_n;
-    let first_pid_m = (pid / num_pid_in_group) * GROUP_M;
-    let group_size_m = minimum(num_pid_m - first_pid_m, GROUP_M);
-    let pid_m = first_pid_m + (pid % num_pid_in_group) % group_size_m;
-    let pid_n = (pid % num_pid_in_group) / group_size_m;
-    let rm = pid_m * BM + arange(0, BM);
-    let rn = pid_n * BN + arange(0, BN);
-    let rk = arange(0, BK);
-    let row_ok = (rm < m).expand_dims(1);
-    let col_ok = (rn < n).expand_dims(0);
-    let mut pa = a + rm.expand_dims(1) * k + rk.expand_dims(0);
-    let mut pb = b + rk.expand_dims(1) * n + rn.expand_dims(0);
-    let mut acc = zeros::<f32>([BM, BN]);
-    for k0 in (0..k).step_by(BK) {
-        let k_ok = rk < k - k0;
-        let x = load(pa, row_ok & k_ok.expand_dims(0), 0.0);
-        let y = load(pb, k_ok.expand_dims(1) & col_ok, 0.0);
-        acc = dot(x, y, acc);
-        pa += BK;
-        pb += BK * n;
-    }
-    store(
-        c + rm.expand_dims(1) * n + rn.expand_dims(0),
-        acc,
-        row_ok & col_ok,
-    );
+    matmul_tile::<BM, BN, BK, GROUP_M, f32>(a, b, c, m, n, k);
 }
 
 /// A tile configuration of [`matmul`] / [`matmul_f32`].
@@ -163,8 +150,8 @@ impl MatmulConfig {
     pub const LARGE: MatmulConfig = MatmulConfig::new(128, 256, 64, 8);
     /// 128 x 128 x 64, 8 warps (the default).
     pub const MEDIUM: MatmulConfig = MatmulConfig::new(128, 128, 64, 8);
-    /// 64 x 64 x 32, 4 warps (small problems: more programs).
-    pub const SMALL: MatmulConfig = MatmulConfig::new(64, 64, 32, 4);
+    /// 64 x 64 x 64, 4 warps (small problems: more programs).
+    pub const SMALL: MatmulConfig = MatmulConfig::new(64, 64, 64, 4);
 
     /// A configuration with `GROUP_M = 8`.
     pub const fn new(block_m: usize, block_n: usize, block_k: usize, num_warps: u32) -> Self {
@@ -177,13 +164,16 @@ impl MatmulConfig {
         }
     }
 
-    /// A configuration for an `m x n` output, from the per-shape winners in docs/perf.md
-    /// ("Tensor-core dot / GEMM"): the 128 x 256 tile once there are enough 128 x 128
-    /// tiles to fill the GPU twice over, 128 x 128 for about one wave, and 64 x 64 tiles
-    /// (more programs) below that.
+    /// A configuration for an `m x n` output, from the per-shape winners of the sweep in
+    /// docs/perf.md ("GEMM on wgmma"; `cargo run --release --example matmul -- --sweep`):
+    /// the 128 x 256 tile from 192 tiles of 128 x 128 up (about 1.5 waves of 132 SMs),
+    /// 128 x 128 x 64 on 8 warps from 96, and 64 x 64 x 64 tiles (four times the
+    /// programs) below that. Measured on Hopper's `wgmma` path; on `mma.sync` (sm_80,
+    /// or `TILEFUSE_SM90A=0`) the same picks are within 12% of the best there. These
+    /// are [`matmul`]'s (bf16 `C`) configurations; [`matmul_f32`] has fewer.
     pub fn for_shape(m: usize, n: usize) -> MatmulConfig {
         match m.div_ceil(128) * n.div_ceil(128) {
-            t if t >= 256 => MatmulConfig::LARGE,
+            t if t >= 192 => MatmulConfig::LARGE,
             t if t >= 96 => MatmulConfig::MEDIUM,
             _ => MatmulConfig::SMALL,
         }

@@ -113,6 +113,13 @@ impl Kernel {
         found
     }
 
+    /// Whether the kernel has a `dot` (for which an sm_90a module may be worth making).
+    pub fn has_dot(&self) -> bool {
+        self.values
+            .iter()
+            .any(|v| matches!(v.def, Def::Expr(Expr::Dot { .. })))
+    }
+
     /// Threads per program (`32 * num_warps`).
     pub fn threads_per_program(&self) -> u32 {
         32 * self.num_warps

@@ -76,6 +76,15 @@ fn def_of(
     assemble: bool,
 ) -> &'static KernelDef {
     let p90 = compile(k, Target::Sm90).unwrap_or_else(|e| panic!("{}: {e}", k.name));
+    let p90a = k
+        .has_dot()
+        .then(|| compile(k, Target::Sm90a).unwrap_or_else(|e| panic!("{}: {e}", k.name)))
+        .filter(|p| p.uses_wgmma);
+    if assemble {
+        if let Some(p) = &p90a {
+            crate::back::ptx::tests::assemble(p, Target::Sm90a);
+        }
+    }
     let p80 = if k.cluster_size() > 1 {
         None
     } else {
@@ -98,13 +107,20 @@ fn def_of(
             written: written.contains(&i),
         })
         .collect();
+    // The launch passes the largest module's need (an sm_90a ring may hold a buffer
+    // more), as `#[kernel]` does.
+    let shared_bytes = [&p80, &p90a]
+        .iter()
+        .filter_map(|p| p.as_ref().map(|p| p.shared_bytes))
+        .fold(p90.shared_bytes, u32::max);
     let variant = Variant {
         consts: leak(consts.iter().map(|c| c.1).collect()),
         num_warps: k.num_warps,
         ptx_sm80: Ptx::text(leak_str(p80.map(|p| p.ptx).unwrap_or_default())),
         ptx_sm90: Ptx::text(leak_str(p90.ptx)),
+        ptx_sm90a: Ptx::text(leak_str(p90a.map(|p| p.ptx).unwrap_or_default())),
         entry: leak_str(p90.entry),
-        shared_bytes: p90.shared_bytes,
+        shared_bytes,
         cluster: k.cluster,
     };
     Box::leak(Box::new(KernelDef {

@@ -20,7 +20,7 @@ impl Emitter<'_> {
     /// Writes this program's `value` to a fresh slot of `tf_cluster`; returns the slot's
     /// offset. (Replicated elements write equal values.)
     pub fn gather_write(&mut self, value: ValueId) -> Res<u32> {
-        if self.k.cluster_size() > 1 && self.target != super::Target::Sm90 {
+        if self.k.cluster_size() > 1 && !self.target.hopper() {
             return self.err("`cluster_gather` needs thread-block clusters, which need sm_90");
         }
         let kind = self.rk_of(value);

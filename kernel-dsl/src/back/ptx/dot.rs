@@ -13,7 +13,7 @@ use std::collections::btree_map::Entry;
 use super::emit::{Emitter, Res};
 use super::layout::Layout;
 use super::regs::{f32_imm, Rk};
-use crate::ir::{DType, ValueId};
+use crate::ir::{DType, Def, Expr, ValueId};
 
 impl Emitter<'_> {
     /// `a @ b (+ acc)` in the output layout `l` (f32).
@@ -34,10 +34,12 @@ impl Emitter<'_> {
         }
         let (m, kk, n) = (ta.shape[0], ta.shape[1], tb.shape[1]);
         let half = da == db && matches!(da, DType::F16 | DType::BF16);
-        if super::layout::mma_dot(self.k, a, b)
-            && Layout::mma(&[m, n], self.k.num_warps).as_ref() == Some(l)
-        {
-            return self.dot_mma_regs(da, a, b, acc, l);
+        match self.dot_operands(_v) {
+            Some([Operand::WgmmaA(rows), _]) => {
+                return self.dot_wgmma(_v, [a, b], acc, l, rows);
+            }
+            Some(_) => return self.dot_mma_regs(da, a, b, acc, l),
+            None => {}
         }
         if half && m % 16 == 0 && n % 8 == 0 && kk % 16 == 0 {
             let need = ((m * kk + kk * n) * 2).next_multiple_of(16) + m * n * 4;
@@ -122,12 +124,16 @@ impl Emitter<'_> {
 /// bank groups (rows of up to 128 bytes share a 128-byte line; `rows_per_line * chunks`
 /// is 8, so the swizzle of row `r` depends on `r % 8` only).
 pub(super) struct Swizzle {
-    /// Bytes per row.
+    /// Bytes per row (per panel row when `panel_bytes` is not 0).
     row_bytes: u32,
     /// log2 of the rows sharing one 128-byte line.
     line_shift: u32,
     /// Chunks the XOR spans, minus one (a mask).
     chunk_mask: u32,
+    /// For `wgmma`: rows wider than 128 bytes are split into panels of 64 columns
+    /// (128 bytes a row), each stored whole before the next, this many bytes apart;
+    /// 0 when the rows are stored whole.
+    panel_bytes: u32,
 }
 
 impl Swizzle {
@@ -138,8 +144,76 @@ impl Swizzle {
             row_bytes,
             line_shift: (128 / row_bytes).max(1).trailing_zeros(),
             chunk_mask: chunks - 1,
+            panel_bytes: 0,
         }
     }
+
+    /// The layout `wgmma` reads through a matrix descriptor: rows of up to 128 bytes
+    /// (wider ones in 64-column panels of `rows` rows), with the 128-, 64- or 32-byte
+    /// swizzle mode whose width is the row's. Those modes XOR 16-byte chunk bits
+    /// `[4, 4 + log2(width / 16))` of the shared address with bits `[7, ...)`, which for
+    /// such rows is exactly [`Swizzle::new`]'s pattern; the tile must start 1024-byte
+    /// aligned.
+    pub(super) fn wgmma(cols: usize, rows: usize) -> Swizzle {
+        let mut sw = Swizzle::new(cols.min(64));
+        if cols > 64 {
+            sw.panel_bytes = (rows * 128) as u32;
+        }
+        sw
+    }
+
+    /// The descriptor's swizzle-mode field for these rows (1: 128 B, 2: 64 B, 3: 32 B).
+    fn wgmma_mode(&self) -> u64 {
+        match self.row_bytes {
+            128 => 1,
+            64 => 2,
+            _ => 3,
+        }
+    }
+}
+
+/// Where A's rows go for `wgmma`: warpgroup `gi` issues `m64` instructions
+/// `mi = 0 .. 2^per_group_log2` over shared rows `64 * (gi * MI + mi) ..`, and warp `wl`
+/// of it gets rows `16 wl + 8 h + g` of each, while the accumulator layout
+/// ([`Layout::wgmma`]) names logical row `(4 gi + wl) * 8 + g + (2 mi + h) * 8 * W`
+/// for that register. So logical 8-row block `wl | gi << 2 | h << (2 + G) | mi << (3 + G)`
+/// is stored as block `h | wl << 1 | mi << 3 | gi << (3 + MI)` (bit fields, log2 sizes
+/// `G`, `MI`); rows inside a block keep their order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct WgmmaRows {
+    /// log2 of the warpgroups.
+    groups_log2: u32,
+    /// log2 of the `m64` instructions per warpgroup.
+    per_group_log2: u32,
+}
+
+impl WgmmaRows {
+    pub(super) fn new(m: usize, num_warps: u32) -> WgmmaRows {
+        let groups = num_warps as usize / 4;
+        WgmmaRows {
+            groups_log2: groups.trailing_zeros(),
+            per_group_log2: (m / (64 * groups)).trailing_zeros(),
+        }
+    }
+
+    fn groups(&self) -> usize {
+        1 << self.groups_log2
+    }
+
+    fn per_group(&self) -> usize {
+        1 << self.per_group_log2
+    }
+}
+
+/// How a tensor-core `dot` reads an operand from shared memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Operand {
+    /// `ldmatrix` fragments for `mma.sync`.
+    Mma,
+    /// A of `wgmma` (through a descriptor), rows permuted as [`WgmmaRows`] says.
+    WgmmaA(WgmmaRows),
+    /// B of `wgmma` (through a descriptor).
+    WgmmaB,
 }
 
 /// How a `dot` operand sits in shared memory: its logical `[rows, cols]` tile stored
@@ -154,6 +228,8 @@ pub(super) struct Staged {
     pub transposed: bool,
     /// The swizzle of the stored rows.
     pub sw: Swizzle,
+    /// For `wgmma`'s A: the row permutation.
+    rows: Option<WgmmaRows>,
 }
 
 impl Staged {
@@ -165,7 +241,26 @@ impl Staged {
         Staged {
             transposed,
             sw: Swizzle::new(stored_cols),
+            rows: None,
         }
+    }
+
+    /// The staging of an operand in layout `l` that a `dot` reads as `op`.
+    pub(super) fn for_operand(l: &Layout, op: Operand) -> Staged {
+        let mut st = Staged::of(l);
+        if op != Operand::Mma {
+            let shape = l.shape();
+            let (rows, cols) = if st.transposed {
+                (shape[1], shape[0])
+            } else {
+                (shape[0], shape[1])
+            };
+            st.sw = Swizzle::wgmma(cols, rows);
+        }
+        if let Operand::WgmmaA(r) = op {
+            st.rows = Some(r);
+        }
+        st
     }
 
     /// Elements each vector store writes: the thread's run along the stored row (at
@@ -188,6 +283,10 @@ impl Emitter<'_> {
     /// The shared address of logical element `(row, col)` of an operand staged as `st`
     /// at shared address `base` (the caller adds the operand's offset).
     pub(super) fn staged_addr(&mut self, base: &str, st: &Staged, row: &str, col: &str) -> String {
+        if let (Some(p), false) = (st.rows, st.transposed) {
+            let row = self.wgmma_row(p, row);
+            return self.swizzled_addr_from(base, &st.sw, &row, col);
+        }
         if st.transposed {
             self.swizzled_addr_from(base, &st.sw, col, row)
         } else {
@@ -205,6 +304,15 @@ impl Emitter<'_> {
         col: &str,
     ) -> String {
         self.swizzled = true;
+        let (col, panel) = if sw.panel_bytes > 0 {
+            let (c, p) = (self.reg(Rk::R), self.reg(Rk::R));
+            self.ins(format!("and.b32 {c}, {col}, 63"));
+            self.ins(format!("shr.u32 {p}, {col}, 6"));
+            (c, Some(p))
+        } else {
+            (col.to_string(), None)
+        };
+        let col = col.as_str();
         let (s, ch, wi, a) = (
             self.reg(Rk::R),
             self.reg(Rk::R),
@@ -221,8 +329,38 @@ impl Emitter<'_> {
         self.ins(format!("mul.lo.u32 {a}, {row}, {}", sw.row_bytes));
         self.ins(format!("mad.lo.u32 {a}, {ch}, 16, {a}"));
         self.ins(format!("mad.lo.u32 {a}, {wi}, 2, {a}"));
+        if let Some(p) = panel {
+            self.ins(format!("mad.lo.u32 {a}, {p}, {}, {a}", sw.panel_bytes));
+        }
         self.ins(format!("add.u32 {a}, {a}, {base}"));
         a
+    }
+
+    /// The shared row of A's logical row `row` for `wgmma` (see [`WgmmaRows`]).
+    fn wgmma_row(&mut self, p: WgmmaRows, row: &str) -> String {
+        let g = p.groups_log2;
+        let field = |e: &mut Self, pos: u32, len: u32| {
+            let r = e.reg(Rk::R);
+            e.ins(format!("bfe.u32 {r}, {row}, {pos}, {len}"));
+            r
+        };
+        // Bit fields of the logical row: g (3), wl (2), gi (G), h (1), mi (the rest).
+        let out = field(self, 0, 3);
+        let wl = field(self, 3, 2);
+        let h = field(self, 5 + g, 1);
+        let mi = self.reg(Rk::R);
+        self.ins(format!("shr.u32 {mi}, {row}, {}", 6 + g));
+        self.ins(format!("mad.lo.u32 {out}, {h}, 8, {out}"));
+        self.ins(format!("mad.lo.u32 {out}, {wl}, 16, {out}"));
+        self.ins(format!("mad.lo.u32 {out}, {mi}, 64, {out}"));
+        if g > 0 {
+            let gi = field(self, 5, g);
+            self.ins(format!(
+                "mad.lo.u32 {out}, {gi}, {}, {out}",
+                64 << p.per_group_log2
+            ));
+        }
+        out
     }
 
     /// `base + off` in a new register.
@@ -236,10 +374,10 @@ impl Emitter<'_> {
     /// offset `at`, oriented and swizzled as [`Staged::of`] its layout says, with up to
     /// 16-byte vector stores (a thread's contiguous run). Copies of replicated elements
     /// are stored by their owner only.
-    fn stage_swizzled(&mut self, v: ValueId, at: u32) -> Res<()> {
+    fn stage_swizzled(&mut self, v: ValueId, at: u32, op: Operand) -> Res<()> {
         let l = self.layout_of(v);
         let regs = self.tile(v, &l)?;
-        let st = Staged::of(&l);
+        let st = Staged::for_operand(&l, op);
         let (sr, sc) = (l.keep[0], l.keep[1]);
         let c = self.coords(&l);
         let at_pred = c.owner.as_ref().map_or(String::new(), |p| format!("@{p} "));
@@ -262,6 +400,169 @@ impl Emitter<'_> {
             }
         }
         Ok(())
+    }
+
+    /// How the tensor-core `dot` `d` reads its operands `[a, b]`, or `None` when it
+    /// does not run on tensor cores with the accumulator in registers: `wgmma` where the
+    /// target has it and [`super::layout::wgmma_dot`] gave `d` its layout, `mma.sync`
+    /// where `d` has the MMA layout.
+    pub(super) fn dot_operands(&self, d: ValueId) -> Option<[Operand; 2]> {
+        let Def::Expr(Expr::Dot { a, b, .. }) = &self.k.value(d).def else {
+            return None;
+        };
+        let (k, l) = (self.k, self.layout_of(d));
+        let shape = &k.ty(d).shape;
+        if self.target.wgmma()
+            && super::layout::wgmma_dot(k, &self.layout_of(*a), *a, *b).as_ref() == Some(&l)
+        {
+            let rows = WgmmaRows::new(shape[0], k.num_warps);
+            return Some([Operand::WgmmaA(rows), Operand::WgmmaB]);
+        }
+        (super::layout::mma_dot(k, *a, *b) && Layout::mma(shape, k.num_warps) == Some(l))
+            .then_some([Operand::Mma, Operand::Mma])
+    }
+
+    /// Tensor-core `dot` on Hopper: `wgmma.mma_async` with both operands read from
+    /// shared memory through matrix descriptors, the accumulator in registers in the
+    /// layout `l` ([`Layout::wgmma`]). Each warpgroup computes its `64 * MI` rows of the
+    /// result, all N columns, one `m64nNk16` instruction per 64 rows and 16 of K; the
+    /// group is committed and waited for before the result is used (the next stage's
+    /// copies, issued before the `dot`, are in flight meanwhile).
+    fn dot_wgmma(
+        &mut self,
+        d: ValueId,
+        [a, b]: [ValueId; 2],
+        acc: Option<ValueId>,
+        l: &Layout,
+        rows: WgmmaRows,
+    ) -> Res<Vec<String>> {
+        let dt = self.k.ty(a).dtype().unwrap_or(DType::BF16);
+        let running = self.async_dot(d);
+        let (m, kk) = (self.k.ty(a).shape[0], self.k.ty(a).shape[1]);
+        let n = self.k.ty(b).shape[1];
+        let init = match acc {
+            Some(c) => Some(self.tile(c, l)?),
+            None => None,
+        };
+        let (sa, sb) = (
+            Staged::for_operand(&self.layout_of(a), Operand::WgmmaA(rows)),
+            Staged::for_operand(&self.layout_of(b), Operand::WgmmaB),
+        );
+        self.wgmma_used = true;
+        let (base, a_at, b_at) = match (self.ring_operand(a), self.ring_operand(b)) {
+            (Some((base, a_at)), Some((_, b_at))) => (base, a_at as usize, b_at as usize),
+            _ => {
+                let b_at = (m * kk * 2).next_multiple_of(1024);
+                self.need_smem((b_at + kk * n * 2) as u32)?;
+                self.ins("bar.sync 0");
+                self.stage_swizzled(a, 0, Operand::WgmmaA(rows))?;
+                self.stage_swizzled(b, b_at as u32, Operand::WgmmaB)?;
+                // The tensor cores read through the async proxy: order the stores first.
+                self.ins("fence.proxy.async.shared::cta");
+                self.ins("bar.sync 0");
+                (self.smem_base.clone(), 0, b_at)
+            }
+        };
+        let per_group = rows.per_group();
+        debug_assert_eq!(m, 64 * per_group * rows.groups());
+        // Descriptor fields. A is stored `[m, kk]` (K contiguous); B `[n, kk]` (K-major)
+        // when staged transposed, else `[kk, n]` (N-major, `imm-trans-b` 1).
+        let a_row = sa.sw.row_bytes as usize;
+        let desc_hi = |sw: &Swizzle, sbo: usize| (sbo as u64 >> 4) | (sw.wgmma_mode() << 30);
+        let a_hi_bits = desc_hi(&sa.sw, 8 * a_row);
+        let a_lbo = 1u64;
+        let (b_row, b_hi_bits, b_lbo, trans_b) = if sb.transposed {
+            let r = sb.sw.row_bytes as usize;
+            (r, desc_hi(&sb.sw, 8 * r), 1u64, 0)
+        } else {
+            let r = sb.sw.row_bytes as usize;
+            let lbo = (sb.sw.panel_bytes as u64).max(16) >> 4;
+            (r, desc_hi(&sb.sw, 8 * r), lbo, 1)
+        };
+        // Byte offset of K step `ks` inside a K-contiguous tile of `row`-byte rows
+        // (panels of `panel` bytes when wider than 128 bytes).
+        let k_off = |ks: usize, row: usize, panel: usize| {
+            let per = row / 2;
+            (ks * 16 / per) * panel + (ks * 16 % per) * 2
+        };
+        // The warpgroup's first A row, and each descriptor's low word (the start address
+        // over 16, the leading byte offset over 16 at bit 16).
+        let r = |e: &mut Self| e.reg(Rk::R);
+        let (gi, a_lo, b_lo) = (r(self), r(self), r(self));
+        self.ins(format!("shr.u32 {gi}, {}, 2", self.warp_reg()));
+        self.ins(format!("add.u32 {a_lo}, {base}, {a_at}"));
+        self.ins(format!(
+            "mad.lo.u32 {a_lo}, {gi}, {}, {a_lo}",
+            64 * per_group * a_row
+        ));
+        self.ins(format!("add.u32 {b_lo}, {base}, {b_at}"));
+        for (lo, lbo) in [(&a_lo, a_lbo), (&b_lo, b_lbo)] {
+            self.ins(format!("shr.u32 {lo}, {lo}, 4"));
+            self.ins(format!("and.b32 {lo}, {lo}, 16383"));
+            self.ins(format!("or.b32 {lo}, {lo}, {}", lbo << 16));
+        }
+        let (a_hi, b_hi) = (r(self), r(self));
+        self.ins(format!("mov.b32 {a_hi}, {a_hi_bits}"));
+        self.ins(format!("mov.b32 {b_hi}, {b_hi_bits}"));
+        let desc = |e: &mut Self, lo: &str, off: usize, hi: &str| {
+            let (w, d) = (e.reg(Rk::R), e.reg(Rk::D));
+            e.ins(format!("add.u32 {w}, {lo}, {}", off >> 4));
+            e.ins(format!("mov.b64 {d}, {{{w}, {hi}}}"));
+            d
+        };
+        let out: Vec<String> = match (&init, running) {
+            // In place: the carried registers, which the group still running from the
+            // previous iteration accumulates into (wgmma orders the two).
+            (Some(init), true) => init.clone(),
+            _ => (0..l.nregs()).map(|_| self.reg(Rk::F)).collect(),
+        };
+        match &init {
+            Some(init) => self.moves(Rk::F, &out, init),
+            None => {
+                for d in &out {
+                    self.ins(format!("mov.f32 {d}, {}", f32_imm(0.0)));
+                }
+            }
+        }
+        let ty = if dt == DType::BF16 { "bf16" } else { "f16" };
+        let on = self.reg(Rk::P);
+        self.ins(format!("setp.eq.u32 {on}, 0, 0"));
+        self.ins("wgmma.fence.sync.aligned");
+        let a_panel = m * 128;
+        for ks in 0..kk / 16 {
+            let b_off = if sb.transposed {
+                k_off(ks, b_row, n * 128)
+            } else {
+                ks * 16 * b_row
+            };
+            let db = desc(self, &b_lo, b_off, &b_hi);
+            for mi in 0..per_group {
+                let da = desc(
+                    self,
+                    &a_lo,
+                    k_off(ks, a_row, a_panel) + mi * 64 * a_row,
+                    &a_hi,
+                );
+                // Register `j` of the instruction: row half `(j % 4) / 2`, columns
+                // `8 (j / 4) + 2t + j % 2`; in `l`, row repetition `2 mi + half`.
+                let regs: Vec<&str> = (0..n / 2)
+                    .map(|j| {
+                        let rep = 2 * mi + (j % 4) / 2;
+                        out[rep * (n / 4) + (j / 4) * 2 + j % 2].as_str()
+                    })
+                    .collect();
+                self.ins(format!(
+                    "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ty}.{ty} {{{}}}, {da}, {db}, {on}, 1, 1, 0, {trans_b}",
+                    regs.join(", ")
+                ));
+            }
+        }
+        self.ins("wgmma.commit_group.sync.aligned");
+        // A running dot leaves its group in flight (the loop's exit waits for it); the
+        // previous iteration's group is done after this, so its stage may be refilled.
+        let pending = if running { 1 } else { 0 };
+        self.ins(format!("wgmma.wait_group.sync.aligned {pending}"));
+        Ok(out)
     }
 
     /// Tensor-core `dot` with the accumulator in registers, in the MMA layout `l` (see
@@ -295,8 +596,8 @@ impl Emitter<'_> {
                 // One barrier pair per dot: the previous use of the buffer is over, then
                 // the operands are in place.
                 self.ins("bar.sync 0");
-                self.stage_swizzled(a, 0)?;
-                self.stage_swizzled(b, b_at as u32)?;
+                self.stage_swizzled(a, 0, Operand::Mma)?;
+                self.stage_swizzled(b, b_at as u32, Operand::Mma)?;
                 self.ins("bar.sync 0");
                 (self.smem_base.clone(), 0, b_at)
             }

@@ -87,6 +87,9 @@ pub struct Emitter<'k> {
     pub rings: Vec<super::pipeline::Ring>,
     /// Whether shared memory holds swizzled tiles (then aligned to 128 bytes).
     pub swizzled: bool,
+    /// Whether a `dot` was lowered to `wgmma`: its operand tiles then sit at 1024-byte
+    /// aligned shared addresses (the 128-byte swizzle repeats every 1024 bytes).
+    pub wgmma_used: bool,
     /// Products that `reduce` folds into a sum's additions (see `contract.rs`); they
     /// are never computed on their own.
     pub fused: std::collections::HashSet<ValueId>,
@@ -117,8 +120,8 @@ pub fn load_qualifiers(k: &Kernel, target: Target) -> Vec<&'static str> {
             // an atomic) comes from L2, never from a line cached in L1 before.
             _ if written.contains(&i) => ".cg",
             Target::Sm80 => ".nc",
-            Target::Sm90 if constant.contains(&i) => ".nc",
-            Target::Sm90 => "",
+            Target::Sm90 | Target::Sm90a if constant.contains(&i) => ".nc",
+            Target::Sm90 | Target::Sm90a => "",
         })
         .collect()
 }
@@ -164,6 +167,7 @@ impl<'k> Emitter<'k> {
             ring_reg: None,
             rings: Vec::new(),
             swizzled: false,
+            wgmma_used: false,
         };
         e.tid = e.reg(Rk::R);
         e.lane = e.reg(Rk::R);
@@ -683,6 +687,12 @@ impl<'k> Emitter<'k> {
                 let l = self.layout_of(c.param);
                 self.tile(c.next, &l)?
             };
+            if words.is_none() && next == *p {
+                // Updated in place (a `dot` accumulating into the carried registers,
+                // possibly still running): nothing to copy, nothing to touch.
+                tmps.push(p.clone());
+                continue;
+            }
             let tmp = match words {
                 Some(w) => {
                     let packed = self.pack_halves(&next);
@@ -863,8 +873,8 @@ impl<'k> Emitter<'k> {
                 self.ins(format!("add.{t} {idx}, {idx}, {st}"));
                 self.ins(format!("bra.uni {head}"));
                 self.label(&exit);
-                if ring.is_some() {
-                    self.pipeline_end();
+                if let Some(r) = &ring {
+                    self.pipeline_end(r);
                 }
                 Ok(())
             }

@@ -1109,6 +1109,93 @@ fn gpu_dot_pipelined() {
     }
 }
 
+/// The `wgmma` tiles (sm_90a, picked on compute capability 9.0; elsewhere the same
+/// variants run `mma.sync`): one and two warpgroups, one and two `m64` instructions per
+/// warpgroup, B in 64-column panels, 128- and 64-byte swizzles, pipelined and not, f16
+/// and bf16, A `[M, K]` with B `[K, N]` (N-major) or an `[N, K]` weight (K-major), on
+/// shapes off the tile with K below one tile.
+#[test]
+fn gpu_dot_wgmma_tiles() {
+    let mut r = Rng(61);
+    // (BM, BN, BK, warps, stages, M, N, K, f16)
+    let cases = [
+        (128, 256, 64, 8, 3, 200, 272, 208, false),
+        (128, 128, 64, 4, 3, 130, 144, 336, true),
+        (128, 128, 32, 8, 4, 257, 128, 48, false),
+        (64, 128, 32, 4, 1, 100, 144, 80, false),
+        (64, 64, 64, 4, 2, 65, 80, 16, true),
+    ];
+    for (bm, bn, bk, w, stages, m, n, k, f16) in cases {
+        let src = if f16 {
+            matmul_pipelined().replace("bf16", "f16")
+        } else {
+            matmul_pipelined()
+        };
+        let d = crate::testing::def_attr(
+            &src,
+            &[("BM", bm), ("BN", bn), ("BK", bk), ("ACC", 2)],
+            w,
+            false,
+            &format!("num_stages = [{stages}]"),
+        );
+        assert!(d.variants[0].ptx_sm90a.as_str().contains("wgmma.mma_async"));
+        let half = |r: &mut Rng, len: usize| {
+            if f16 {
+                Data::F16(
+                    r.vec(len, 1.0)
+                        .into_iter()
+                        .map(half::f16::from_f32)
+                        .collect(),
+                )
+            } else {
+                Data::Bf16(r.bf(len))
+            }
+        };
+        let data = [
+            half(&mut r, m * k),
+            half(&mut r, k * n),
+            Data::F32(r.vec(m * n, 1.0)),
+            Data::S(Scalar::I32(m as i32)),
+            Data::S(Scalar::I32(n as i32)),
+            Data::S(Scalar::I32(k as i32)),
+        ];
+        let grid = [
+            m.div_ceil(bm as usize) as u32,
+            n.div_ceil(bn as usize) as u32,
+            1,
+        ];
+        diff("dot_wgmma_tiles", d, grid, &data, 1e-4);
+    }
+    // NT (an `[N, K]` weight: B staged K-major) and plain, 16-byte aligned.
+    for (bm, bn, bk, w, m, n, k, b_t) in [
+        (128, 128, 64, 4, 136, 200, 88, true),
+        (128, 256, 64, 8, 136, 264, 72, true),
+        (64, 64, 32, 4, 72, 40, 24, true),
+        (128, 64, 64, 8, 200, 64, 200, false),
+    ] {
+        let d = def(
+            &matmul_oriented(false, b_t, true),
+            &[("BM", bm), ("BN", bn), ("BK", bk)],
+            w,
+        );
+        assert!(d.variants[0].ptx_sm90a.as_str().contains("wgmma.mma_async"));
+        let data = [
+            Data::Bf16(r.bf(m * k)),
+            Data::Bf16(r.bf(k * n)),
+            Data::F32(vec![f32::NAN; m * n]),
+            Data::S(Scalar::I32(m as i32)),
+            Data::S(Scalar::I32(n as i32)),
+            Data::S(Scalar::I32(k as i32)),
+        ];
+        let grid = [
+            m.div_ceil(bm as usize) as u32,
+            n.div_ceil(bn as usize) as u32,
+            1,
+        ];
+        diff("dot_wgmma_nt", d, grid, &data, 1e-4);
+    }
+}
+
 /// A K-loop GEMM whose operands come in either orientation: `A_OFFSETS` is
 /// `rm.expand_dims(1) * k + rk.expand_dims(0)` for A stored `[M, K]` row-major (K
 /// fastest) or `rk.expand_dims(0) * m + rm.expand_dims(1)` for A stored as `[K, M]`

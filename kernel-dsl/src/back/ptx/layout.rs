@@ -149,6 +149,31 @@ impl Layout {
         })
     }
 
+    /// The accumulator layout of `wgmma.mma_async.m64nNk16` for an `[M, N]` `dot`
+    /// result, or `None` when the tile does not fit its shape: `num_warps` a multiple of
+    /// 4 (whole warpgroups), M a multiple of `16 * num_warps` (each warpgroup issues
+    /// `m64` instructions over its own rows), N a multiple of 8 up to 256 (one `nN`
+    /// instruction covers the row).
+    ///
+    /// It is the blocked layout of [`Layout::mma`] with every warp along M
+    /// (`wpc = [num_warps, 1]`): warp `w` holds rows `w * 8 + g + rep * 8 * num_warps`,
+    /// lane `4g + t` columns `2t`, `2t + 1` of every 8. A `wgmma` gives warp `wl` of a
+    /// warpgroup rows `16 wl + g` and `16 wl + 8 + g` of its 64; `dot` stages A with its
+    /// 8-row blocks permuted so that these are the rows the layout names (see
+    /// `dot::WgmmaRows`), and no data moves.
+    pub fn wgmma(shape: &[usize], num_warps: u32) -> Option<Layout> {
+        let [m, n] = *shape else { return None };
+        let w = num_warps as usize;
+        (w % 4 == 0 && m % (16 * w) == 0 && n % 8 == 0 && (8..=256).contains(&n)).then(|| Layout {
+            spt: vec![1, 2],
+            tpw: vec![8, 4],
+            wpc: vec![w, 1],
+            order: vec![1, 0],
+            ext: vec![m, n],
+            keep: vec![0, 1],
+        })
+    }
+
     /// Rank of the space.
     pub fn space_rank(&self) -> usize {
         self.spt.len()
@@ -316,6 +341,8 @@ pub struct Layouts {
     pub strong: Vec<bool>,
     /// Layouts chosen for loads from their consumers.
     pub over: HashMap<ValueId, Layout>,
+    /// Whether `dot` may take the `wgmma` path (sm_90a).
+    pub wgmma: bool,
 }
 
 /// Assigns a layout to every tile value.
@@ -324,13 +351,14 @@ pub struct Layouts {
 /// broadcasts) an op laid out differently are re-laid out to match their consumer, so
 /// e.g. the `x` vector of a GEMV is loaded straight into the slice of the weight tile's
 /// layout instead of being moved through shared memory every iteration.
-pub fn assign(k: &Kernel, ax: &[AxisInfo]) -> Result<Layouts, CompileError> {
+pub fn assign(k: &Kernel, ax: &[AxisInfo], wgmma: bool) -> Result<Layouts, CompileError> {
     let mut over: HashMap<ValueId, Layout> = HashMap::new();
     for _ in 0..4 {
         let mut l = Layouts {
             of: vec![None; k.values.len()],
             strong: vec![false; k.values.len()],
             over: over.clone(),
+            wgmma,
         };
         block(k, ax, &k.body, &mut l)?;
         let mut found = false;
@@ -410,6 +438,7 @@ pub fn assign(k: &Kernel, ax: &[AxisInfo]) -> Result<Layouts, CompileError> {
         of: vec![None; k.values.len()],
         strong: vec![false; k.values.len()],
         over,
+        wgmma,
     };
     block(k, ax, &k.body, &mut l)?;
     Ok(l)
@@ -461,6 +490,17 @@ pub fn mma_dot(k: &Kernel, a: ValueId, b: ValueId) -> bool {
     let (ta, tb) = (k.ty(a), k.ty(b));
     let half = matches!(ta.dtype(), Some(DType::F16 | DType::BF16)) && ta.dtype() == tb.dtype();
     half && ta.shape.len() == 2 && tb.shape.len() == 2 && ta.shape[1] % 16 == 0
+}
+
+/// The `wgmma` accumulator layout of `dot(a, b)` when it can run as `wgmma` (sm_90a),
+/// with A in layout `la`: [`mma_dot`], A staged K-contiguous (an M-fastest A would need
+/// the transposed-A form, which this lowering leaves to `mma.sync`), and a result tile
+/// [`Layout::wgmma`] covers.
+pub fn wgmma_dot(k: &Kernel, la: &Layout, a: ValueId, b: ValueId) -> Option<Layout> {
+    if !mma_dot(k, a, b) || super::dot::Staged::of(la).transposed {
+        return None;
+    }
+    Layout::wgmma(&[k.ty(a).shape[0], k.ty(b).shape[1]], k.num_warps)
 }
 
 fn default_of(k: &Kernel, v: ValueId) -> Option<Layout> {
@@ -626,13 +666,21 @@ fn value(k: &Kernel, ax: &[AxisInfo], v: ValueId, l: &mut Layouts) {
                 (None, None) => (Layout::default_for(&shape, k.num_warps), forced),
             }
         }
-        Expr::Dot { a, b, .. } => (
-            mma_dot(k, *a, *b)
-                .then(|| Layout::mma(&shape, k.num_warps))
-                .flatten()
-                .unwrap_or_else(|| Layout::default_for(&shape, k.num_warps)),
-            true,
-        ),
+        Expr::Dot { a, b, .. } => {
+            let wgmma = match &l.of[a.index()] {
+                Some(la) if l.wgmma => wgmma_dot(k, la, *a, *b),
+                _ => None,
+            };
+            let lay = wgmma.or_else(|| {
+                mma_dot(k, *a, *b)
+                    .then(|| Layout::mma(&shape, k.num_warps))
+                    .flatten()
+            });
+            (
+                lay.unwrap_or_else(|| Layout::default_for(&shape, k.num_warps)),
+                true,
+            )
+        }
         Expr::ClusterGather { .. } => (Layout::default_for(&shape, k.num_warps), true),
         _ => (Layout::default_for(&shape, k.num_warps), false),
     };

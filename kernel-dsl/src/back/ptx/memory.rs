@@ -252,7 +252,7 @@ impl Emitter<'_> {
     /// range widened to 16-byte bounds (the copy engine's granule; allocations are
     /// aligned far beyond it, so no other allocation is touched); a no-op elsewhere.
     pub fn prefetch_range(&mut self, ptr: ValueId, count: ValueId) -> Res<()> {
-        if self.target != super::Target::Sm90 {
+        if !self.target.hopper() {
             return Ok(());
         }
         let size = self.ptr_dt(ptr)?.size_bytes() as u64;

@@ -59,6 +59,11 @@ pub enum Target {
     Sm80,
     /// `sm_90`, PTX ISA 7.8 (8.0 for a kernel with `prefetch_range`).
     Sm90,
+    /// `sm_90a`, PTX ISA 8.0: Hopper's architecture-specific features (`wgmma`). Such
+    /// PTX runs on compute capability 9.0 only, so it is generated beside the portable
+    /// modules, for kernels whose `dot` takes the `wgmma` path, and the runtime picks
+    /// it on 9.0 devices.
+    Sm90a,
 }
 
 /// Shared memory a program may use without opting in (static `.shared` arrays).
@@ -72,8 +77,19 @@ impl Target {
     pub fn max_shared_bytes(self) -> u32 {
         match self {
             Target::Sm80 => 163 * 1024,
-            Target::Sm90 => 227 * 1024,
+            Target::Sm90 | Target::Sm90a => 227 * 1024,
         }
+    }
+
+    /// Whether the target is Hopper (sm_90 or sm_90a): clusters, programmatic
+    /// dependent launch, bulk prefetches.
+    pub fn hopper(self) -> bool {
+        matches!(self, Target::Sm90 | Target::Sm90a)
+    }
+
+    /// Whether `dot` may lower to `wgmma` (sm_90a only).
+    pub fn wgmma(self) -> bool {
+        self == Target::Sm90a
     }
 
     /// The `.target` name.
@@ -81,6 +97,7 @@ impl Target {
         match self {
             Target::Sm80 => "sm_80",
             Target::Sm90 => "sm_90",
+            Target::Sm90a => "sm_90a",
         }
     }
 }
@@ -101,6 +118,8 @@ pub struct PtxKernel {
     pub value_layouts: Vec<ValueLayout>,
     /// Every global memory access, in program order, with its vector width.
     pub accesses: Vec<Access>,
+    /// Whether a `dot` was lowered to `wgmma` (only on [`Target::Sm90a`]).
+    pub uses_wgmma: bool,
 }
 
 /// The layout the backend chose for one tile value.
@@ -178,7 +197,7 @@ pub fn compile(kernel: &Kernel, target: Target) -> Result<PtxKernel, CompileErro
     // anyway, report it as an error rather than take the build down.
     let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let axis = axis::analyze(kernel);
-        let lay = layout::assign(kernel, &axis)?;
+        let lay = layout::assign(kernel, &axis, target.wgmma())?;
         let mut e = emit::Emitter::new(kernel, lay, axis, target);
         e.block(&kernel.body)?;
         Ok(e)
@@ -203,7 +222,7 @@ pub fn compile(kernel: &Kernel, target: Target) -> Result<PtxKernel, CompileErro
     kernel
         .body
         .visit(&mut |s| bulk |= matches!(s, crate::ir::Stmt::PrefetchRange { .. }));
-    let version = if bulk && target == Target::Sm90 {
+    let version = if (bulk && target.hopper()) || target == Target::Sm90a {
         "8.0"
     } else {
         "7.8"
@@ -241,8 +260,12 @@ pub fn compile(kernel: &Kernel, target: Target) -> Result<PtxKernel, CompileErro
         (65536 / threads.max(1)).min(255) / 8 * 8
     );
     ptx.push_str(&e.decls());
-    if target == Target::Sm90 && e.code.contains(emit::WAIT_MARKER) {
+    if target.hopper() && e.code.contains(emit::WAIT_MARKER) {
         ptx.push_str("\t.reg .pred %tfw_p;\n\t.reg .b32 %tfw_r;\n\t.reg .b64 %tfw_d;\n");
+    }
+    if e.wgmma_used {
+        // The scratch space after the ring starts 1024-byte aligned too.
+        e.ring_bytes = e.ring_bytes.next_multiple_of(1024);
     }
     let smem = e.ring_bytes + e.smem.next_multiple_of(16);
     if e.ring_bytes > 0 {
@@ -284,10 +307,18 @@ pub fn compile(kernel: &Kernel, target: Target) -> Result<PtxKernel, CompileErro
         // (`CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`) and passes the size at
         // launch, for every variant whose `shared_bytes` exceeds the static limit.
         let at = ptx.find(".visible .entry").expect("the entry was written");
-        ptx.insert_str(at, ".extern .shared .align 128 .b8 tf_smem[];\n\n");
+        let align = if e.wgmma_used { 1024 } else { 128 };
+        ptx.insert_str(
+            at,
+            &format!(".extern .shared .align {align} .b8 tf_smem[];\n\n"),
+        );
     } else if smem > 0 {
         // Swizzled tiles are laid out for 128-byte lines.
-        let align = if e.swizzled { 128 } else { 16 };
+        let align = match (e.wgmma_used, e.swizzled) {
+            (true, _) => 1024,
+            (false, true) => 128,
+            (false, false) => 16,
+        };
         let _ = writeln!(ptx, "\t.shared .align {align} .b8 tf_smem[{smem}];");
     } else {
         // No shared memory: drop the buffer's address from the prologue.
@@ -304,7 +335,7 @@ pub fn compile(kernel: &Kernel, target: Target) -> Result<PtxKernel, CompileErro
     ptx.push_str(&e.pro);
     let explicit_wait = e.code.contains(emit::WAIT_MARKER);
     let explicit_trigger = e.code.contains(emit::LAUNCH_MARKER);
-    if target == Target::Sm90 {
+    if target.hopper() {
         // Programmatic dependent launch (Hopper): let the next kernel of the stream be
         // scheduled now, and wait for the previous kernel's completion (and memory)
         // before touching global memory, at entry unless the kernel placed
@@ -342,6 +373,7 @@ pub fn compile(kernel: &Kernel, target: Target) -> Result<PtxKernel, CompileErro
         layouts: e.report(),
         value_layouts: e.value_layouts(),
         accesses: e.accesses,
+        uses_wgmma: e.wgmma_used,
     })
 }
 

@@ -17,8 +17,8 @@
 
 use std::collections::{HashMap, HashSet};
 
+use super::dot::Operand;
 use super::emit::{Emitter, Res};
-use super::layout::{mma_dot, Layout};
 use super::regs::{int_ty, rk, Rk};
 use super::{Access, AccessKind};
 use crate::ir::{Carried, DType, Def, Expr, Literal, Stmt, ValueId};
@@ -34,6 +34,8 @@ pub struct RingLoad {
     pub at: u32,
     /// Elements per `cp.async`.
     width: usize,
+    /// How the `dot` reads it (and so how it is staged).
+    op: Operand,
 }
 
 /// How one loop is pipelined.
@@ -45,6 +47,21 @@ pub struct Plan {
     /// Carried values the pointers and masks depend on.
     carried: Vec<Carried>,
     stage_bytes: u32,
+    /// A `wgmma` reads the ring: the copies are fenced for the async proxy.
+    wgmma: bool,
+    /// Buffers in the ring.
+    buffers: u32,
+    /// Iterations whose copies are in flight ahead of the one the body reads.
+    lead: u32,
+    /// The `dot` whose `wgmma` group is left in flight at the end of an iteration
+    /// (`wgmma.wait_group 1`: the next iteration's barrier, copies and address
+    /// arithmetic overlap it), if any: an `acc = dot(a, b, acc)` on the `wgmma` path
+    /// whose accumulator is a carried value used by nothing else in the loop. It
+    /// accumulates in place in the carried registers; the loop's exit waits for it.
+    /// The ring then has a buffer more than `num_stages` (where shared memory allows),
+    /// since the stage the running group reads is not overwritten until the group after
+    /// it has been issued: copies run `buffers - 2` iterations ahead.
+    async_dot: Option<ValueId>,
 }
 
 /// Registers of a pipelined loop while its body is emitted.
@@ -152,20 +169,17 @@ impl Emitter<'_> {
         let uses = self.use_counts();
         let mut loads = Vec::new();
         let mut at = 0u32;
+        let mut wgmma = false;
         for s in &body.stmts {
             let Stmt::Let(d) = s else { continue };
             let Def::Expr(Expr::Dot { a, b, .. }) = &k.value(*d).def else {
                 continue;
             };
-            let shape = &k.ty(*d).shape;
-            if a == b
-                || !mma_dot(k, *a, *b)
-                || Layout::mma(shape, k.num_warps) != Some(self.layout_of(*d))
-            {
+            let Some(how) = self.dot_operands(*d).filter(|_| a != b) else {
                 continue;
-            }
+            };
             let mut ops = Vec::new();
-            for x in [*a, *b] {
+            for (x, op) in [(*a, how[0]), (*b, how[1])] {
                 let Def::Expr(Expr::Load { ptr, mask, other }) = &k.value(x).def else {
                     break;
                 };
@@ -182,16 +196,21 @@ impl Emitter<'_> {
                     break;
                 }
                 let bytes = (k.ty(x).shape.iter().product::<usize>() * 2) as u32;
-                ops.push((x, *ptr, *mask, bytes, width));
+                ops.push((x, *ptr, *mask, bytes, width, op));
             }
             if ops.len() == 2 {
-                for (value, ptr, mask, bytes, width) in ops {
+                for (value, ptr, mask, bytes, width, op) in ops {
+                    // `wgmma` reads swizzled tiles from 1024-byte aligned addresses.
+                    let align = if op == Operand::Mma { 128 } else { 1024 };
+                    wgmma |= op != Operand::Mma;
+                    at = at.next_multiple_of(align);
                     loads.push(RingLoad {
                         value,
                         ptr,
                         mask,
                         at,
                         width,
+                        op,
                     });
                     at += bytes.next_multiple_of(128);
                 }
@@ -244,6 +263,40 @@ impl Emitter<'_> {
             }
             todo.extend(e.operands());
         }
+        // The `wgmma` dot that may run across iterations.
+        let async_dot = loads.first().filter(|_| wgmma).and_then(|ld| {
+            let d = k
+                .values
+                .iter()
+                .enumerate()
+                .find_map(|(i, v)| match &v.def {
+                    Def::Expr(Expr::Dot {
+                        a, acc: Some(acc), ..
+                    }) if *a == ld.value => Some((ValueId(i as u32), *acc)),
+                    _ => None,
+                })?;
+            let (d, acc) = d;
+            carried
+                .iter()
+                .any(|c| {
+                    c.param == acc && c.next == d && uses[d.index()] == 1 && uses[acc.index()] == 1
+                })
+                .then_some(d)
+        });
+        let stages = k.num_stages;
+        let limit = self.target.max_shared_bytes() - 16 * 1024;
+        let stage_bytes = if wgmma { at.next_multiple_of(1024) } else { at };
+        let buffers = match async_dot {
+            Some(_) if (stages + 1) * stage_bytes <= limit => stages + 1,
+            _ => stages,
+        };
+        let lead = if async_dot.is_some() {
+            buffers - 2
+        } else {
+            buffers - 1
+        };
+        let async_dot = async_dot.filter(|_| lead >= 1);
+        let lead = lead.max(1);
         let mut slice: Vec<ValueId> = need
             .iter()
             .copied()
@@ -256,7 +309,11 @@ impl Emitter<'_> {
             loads,
             slice,
             carried: used_params,
-            stage_bytes: at,
+            stage_bytes,
+            wgmma,
+            buffers,
+            lead,
+            async_dot,
         })
     }
 
@@ -286,9 +343,9 @@ impl Emitter<'_> {
         step: &str,
         params: &HashMap<ValueId, Vec<String>>,
     ) -> Res<Ring> {
-        let stages = self.k.num_stages;
         let ring = self.ring_base();
-        self.ring_bytes = self.ring_bytes.max(stages * plan.stage_bytes);
+        self.ring_bytes = self.ring_bytes.max(plan.buffers * plan.stage_bytes);
+        let lead = plan.lead;
         let ity = self.k.ty(index).dtype().unwrap_or(DType::I32);
         let ahead = self.reg(rk(ity));
         self.ins(format!("mov.{} {ahead}, {start}", rk(ity).bits()));
@@ -311,7 +368,7 @@ impl Emitter<'_> {
             write,
             ring,
         };
-        for _ in 0..stages - 1 {
+        for _ in 0..lead {
             self.pipeline_issue(&mut r, index, end, step, false)?;
         }
         Ok(r)
@@ -327,7 +384,12 @@ impl Emitter<'_> {
         end: &str,
         step: &str,
     ) -> Res<()> {
-        self.ins(format!("cp.async.wait_group {}", self.k.num_stages - 2));
+        self.ins(format!("cp.async.wait_group {}", r.plan.lead - 1));
+        if r.plan.wgmma {
+            // `wgmma` reads shared memory through the async proxy: make this thread's
+            // copies visible to it before the barrier.
+            self.ins("fence.proxy.async.shared::cta");
+        }
         self.ins("bar.sync 0");
         self.pipeline_issue(r, index, end, step, true)
     }
@@ -335,7 +397,7 @@ impl Emitter<'_> {
     /// At the end of the body: the next stage to read.
     pub fn pipeline_advance(&mut self, r: &Ring) {
         let bytes = r.plan.stage_bytes;
-        let end = bytes * self.k.num_stages;
+        let end = bytes * r.plan.buffers;
         let (t, p) = (self.reg(Rk::R), self.reg(Rk::P));
         self.ins(format!("add.u32 {}, {}, {bytes}", r.read, r.read));
         self.ins(format!("sub.u32 {t}, {}, {}", r.read, r.ring));
@@ -345,7 +407,10 @@ impl Emitter<'_> {
 
     /// After the loop: no copy is left in flight and every thread is done with the ring
     /// (a later pipelined loop reuses it).
-    pub fn pipeline_end(&mut self) {
+    pub fn pipeline_end(&mut self, r: &Ring) {
+        if r.plan.async_dot.is_some() {
+            self.ins("wgmma.wait_group.sync.aligned 0");
+        }
         self.ins("cp.async.wait_all");
         self.ins("bar.sync 0");
     }
@@ -359,6 +424,12 @@ impl Emitter<'_> {
                 .find(|l| l.value == v)
                 .map(|l| (r.read.clone(), l.at))
         })
+    }
+
+    /// Whether `d` is the `dot` of an enclosing ring that runs across iterations
+    /// (`Plan::async_dot`).
+    pub fn async_dot(&self, d: ValueId) -> bool {
+        self.rings.iter().any(|r| r.plan.async_dot == Some(d))
     }
 
     /// Whether `v` is a load the ring replaces (its `let` emits nothing).
@@ -417,7 +488,7 @@ impl Emitter<'_> {
             let (sr, sc) = (l.keep[0], l.keep[1]);
             // Oriented as `dot` reads it (the thread's run, and so each copy, lies
             // along a stored row).
-            let st = super::dot::Staged::of(&l);
+            let st = super::dot::Staged::for_operand(&l, ld.op);
             let bytes = ld.width * 2;
             let cache = if bytes == 16 { "cg" } else { "ca" };
             for g in (0..ptrs.len()).step_by(ld.width) {
@@ -466,7 +537,7 @@ impl Emitter<'_> {
         self.ins(format!("add.{t} {}, {}, {step}", r.ahead, r.ahead));
         // The stage written next.
         let bytes = r.plan.stage_bytes;
-        let end_off = bytes * self.k.num_stages;
+        let end_off = bytes * r.plan.buffers;
         let (tt, p) = (self.reg(Rk::R), self.reg(Rk::P));
         self.ins(format!("add.u32 {}, {}, {bytes}", r.write, r.write));
         self.ins(format!("sub.u32 {tt}, {}, {}", r.write, r.ring));

@@ -965,7 +965,10 @@ fn pipelined_dot_loops_copy_with_cp_async() {
                 ptx,
             );
         }
-        assert_eq!(d.variants[0].shared_bytes, stages * 16384);
+        // The sm_80 ring holds `stages` buffers; the variant reserves what its largest
+        // module needs, the sm_90a ring's one buffer more (a `wgmma` left running).
+        assert!(ptx.contains(&format!("tf_smem[{}]", stages * 16384)) || stages * 16384 > 49152);
+        assert_eq!(d.variants[0].shared_bytes, (stages + 1) * 16384);
         let body = loop_body(ptx);
         // 16-byte copies straight into shared memory, waited for one stage behind.
         assert!(body.contains("cp.async.cg.shared.global"), "{body}");
@@ -1103,4 +1106,83 @@ fn transposing_stores_are_coalesced() {
     assert!(ptx.contains("ld.global.nc.v4.f32"), "{ptx}");
     assert!(ptx.contains("st.global.v4.f32"), "{ptx}");
     assert!(!ptx.contains("st.global.f32"));
+}
+
+/// [`super::gpu_tests::matmul_pipelined`] compiled for `target` with `num_stages`.
+fn pipelined_for(bm: i64, bn: i64, bk: i64, warps: u32, stages: u32, target: Target) -> PtxKernel {
+    let consts = [("BM", bm), ("BN", bn), ("BK", bk), ("ACC", 0)];
+    let spec = crate::Specialization {
+        consts: consts.iter().map(|(n, v)| (n.to_string(), *v)).collect(),
+        num_warps: warps,
+    };
+    let src = format!(
+        "#[kernel(BM = [{bm}], BN = [{bn}], BK = [{bk}], ACC = [0], num_warps = [{warps}], num_stages = [{stages}])]\n{}",
+        super::gpu_tests::matmul_pipelined()
+    );
+    compile(&crate::compile_source(&src, &spec).unwrap(), target).unwrap()
+}
+
+#[test]
+fn dot_lowers_to_wgmma_on_sm90a() {
+    // (BM, BN, BK, warps, stages): one or two warpgroups, one or two m64 instructions
+    // per warpgroup, 128- and 64-byte swizzles, B panels (BN > 64), pipelined or not.
+    for (bm, bn, bk, w, stages) in [
+        (128, 128, 64, 4, 3),
+        (128, 256, 64, 8, 3),
+        (128, 128, 32, 8, 4),
+        (64, 64, 32, 4, 3),
+        (64, 64, 64, 4, 1),
+    ] {
+        let p = pipelined_for(bm, bn, bk, w, stages, Target::Sm90a);
+        if let Some(dir) = std::env::var_os("TILEFUSE_DUMP_DIR") {
+            let name = format!("wgmma_{bm}x{bn}x{bk}_{w}_{stages}.ptx");
+            let _ = std::fs::write(std::path::Path::new(&dir).join(name), &p.ptx);
+        }
+        assert!(p.uses_wgmma && p.ptx.contains(".target sm_90a"));
+        let body = loop_body(&p.ptx);
+        // Per warpgroup: BM / (64 * groups) instructions per 16 of K.
+        let per_k = bm as usize / (64 * (w as usize / 4));
+        assert_eq!(
+            body.matches(&format!(
+                "wgmma.mma_async.sync.aligned.m64n{bn}k16.f32.bf16.bf16"
+            ))
+            .count(),
+            per_k * bk as usize / 16,
+            "{body}"
+        );
+        assert!(body.contains("wgmma.fence.sync.aligned"));
+        if stages > 1 {
+            // The group runs on into the next iteration (one buffer more in the ring),
+            // accumulating in place: the carried registers are not copied; the loop's
+            // exit waits for it.
+            assert!(body.contains("wgmma.wait_group.sync.aligned 1"), "{body}");
+            assert!(
+                !body
+                    .lines()
+                    .any(|l| l.contains("mov.f32") && l.matches("%f").count() == 2),
+                "{body}"
+            );
+            let after = &p.ptx[p.ptx.find(body).unwrap() + body.len()..];
+            assert!(after.contains("wgmma.wait_group.sync.aligned 0"));
+            let stage = (bm + bn) as u32 * bk as u32 * 2;
+            assert_eq!(p.shared_bytes, (stages + 1) * stage);
+            assert!(body.contains(&format!("cp.async.wait_group {}", stages - 2)));
+        } else {
+            assert!(body.contains("wgmma.wait_group.sync.aligned 0"));
+        }
+        // Shared memory written by the generic proxy is fenced before the tensor cores
+        // read it; nothing goes through `ldmatrix` / `mma.sync`.
+        assert!(body.contains("fence.proxy.async.shared::cta"), "{body}");
+        assert!(!body.contains("ldmatrix") && !body.contains("mma.sync"));
+        assert_eq!(stages > 1, body.contains("cp.async.cg.shared.global"));
+        assemble(&p, Target::Sm90a);
+        // The portable targets keep `mma.sync`.
+        for t in [Target::Sm80, Target::Sm90] {
+            let q = pipelined_for(bm, bn, bk, w, stages, t);
+            assert!(!q.uses_wgmma && !q.ptx.contains("wgmma"));
+        }
+    }
+    // Tiles no warpgroup layout covers (fewer than 16 rows a warp) keep `mma.sync`.
+    let p = pipelined_for(64, 64, 32, 8, 3, Target::Sm90a);
+    assert!(!p.uses_wgmma && p.ptx.contains("mma.sync"));
 }

@@ -15,15 +15,14 @@ impl KernelDef {
         if let Some(f) = functions.get(&key) {
             return Ok(f.clone());
         }
-        let (major, _) = dev.compute_capability();
-        let target = if major >= 9 && !variant.ptx_sm90.is_empty() {
-            Target::Sm90
-        } else {
-            Target::Sm80
-        };
+        let (major, minor) = dev.compute_capability();
+        let mut target = variant.target_for(major, minor);
+        if target == Target::Sm90a && !sm90a_enabled() {
+            target = Target::Sm90;
+        }
         let ptx = variant.ptx(target);
         let describe = variant.describe(self.const_names);
-        if variant.cluster != [1, 1, 1] && target != Target::Sm90 {
+        if variant.cluster != [1, 1, 1] && !target.hopper() {
             return Err(LaunchError::Config {
                 kernel: self.name.into(),
                 message: format!(
@@ -225,4 +224,11 @@ impl KernelDef {
         }
         .map_err(driver_err("launching"))
     }
+}
+
+/// Whether sm_90a modules may be used (`TILEFUSE_SM90A=0` turns them off, so that the
+/// portable `mma.sync` variants can be measured against `wgmma` on one device).
+fn sm90a_enabled() -> bool {
+    static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ENABLED.get_or_init(|| std::env::var("TILEFUSE_SM90A").map_or(true, |v| v != "0"))
 }

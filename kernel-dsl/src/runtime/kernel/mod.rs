@@ -191,6 +191,9 @@ pub struct Variant {
     pub ptx_sm80: Ptx,
     /// PTX for `sm_90`; empty when not generated.
     pub ptx_sm90: Ptx,
+    /// PTX for `sm_90a` (`wgmma`; runs on compute capability 9.0 only); empty when the
+    /// kernel has no `dot` that takes the `wgmma` path.
+    pub ptx_sm90a: Ptx,
     /// The `.entry` name in both modules.
     pub entry: &'static str,
     /// Shared memory the kernel uses, in bytes. Above 48 KiB it is dynamic: the
@@ -208,6 +211,20 @@ impl Variant {
         match target {
             Target::Sm80 => self.ptx_sm80.as_str(),
             Target::Sm90 => self.ptx_sm90.as_str(),
+            Target::Sm90a => self.ptx_sm90a.as_str(),
+        }
+    }
+
+    /// The target whose PTX runs on a device of compute capability `(major, minor)`:
+    /// sm_90a on 9.0 where generated (arch-specific PTX runs on that exact version
+    /// only), sm_90 on 9.0 and newer, sm_80 otherwise.
+    pub fn target_for(&self, major: i32, minor: i32) -> Target {
+        if (major, minor) == (9, 0) && !self.ptx_sm90a.is_empty() {
+            Target::Sm90a
+        } else if major >= 9 && !self.ptx_sm90.is_empty() {
+            Target::Sm90
+        } else {
+            Target::Sm80
         }
     }
 

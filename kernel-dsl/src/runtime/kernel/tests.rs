@@ -48,6 +48,7 @@ static ADD: KernelDef = KernelDef {
             num_warps: 4,
             ptx_sm80: Ptx::text("// sm80"),
             ptx_sm90: Ptx::text(""),
+            ptx_sm90a: Ptx::text(""),
             entry: "add",
             shared_bytes: 0,
             cluster: [1, 1, 1],
@@ -57,6 +58,7 @@ static ADD: KernelDef = KernelDef {
             num_warps: 8,
             ptx_sm80: Ptx::text("// sm80 w8"),
             ptx_sm90: Ptx::text("// sm90 w8"),
+            ptx_sm90a: Ptx::text(""),
             entry: "add",
             shared_bytes: 0,
             cluster: [1, 1, 1],
@@ -66,6 +68,7 @@ static ADD: KernelDef = KernelDef {
             num_warps: 4,
             ptx_sm80: Ptx::text("// sm80 1024"),
             ptx_sm90: Ptx::text(""),
+            ptx_sm90a: Ptx::text(""),
             entry: "add",
             shared_bytes: 0,
             cluster: [1, 1, 1],
@@ -300,4 +303,28 @@ fn debug_of_args() {
         "&mut Buffer<f16>[2]"
     );
     assert_eq!(format!("{:?}", KernelArg::from(-3i64)), "-3i64");
+}
+
+#[test]
+fn sm90a_modules_run_on_compute_capability_9_0_only() {
+    let v = |sm90: &'static str, sm90a: &'static str| Variant {
+        consts: &[],
+        num_warps: 4,
+        ptx_sm80: Ptx::text("// sm80"),
+        ptx_sm90: Ptx::text(sm90),
+        ptx_sm90a: Ptx::text(sm90a),
+        entry: "k",
+        shared_bytes: 0,
+        cluster: [1, 1, 1],
+    };
+    let both = v("// sm90", "// sm90a");
+    assert_eq!(both.target_for(9, 0), Target::Sm90a);
+    // Arch-specific PTX does not run on later architectures, nor on earlier ones.
+    assert_eq!(both.target_for(10, 0), Target::Sm90);
+    assert_eq!(both.target_for(12, 0), Target::Sm90);
+    assert_eq!(both.target_for(8, 9), Target::Sm80);
+    assert_eq!(both.ptx(Target::Sm90a), "// sm90a");
+    // Without an sm_90a module, 9.0 takes the portable sm_90 one.
+    assert_eq!(v("// sm90", "").target_for(9, 0), Target::Sm90);
+    assert_eq!(v("", "").target_for(9, 0), Target::Sm80);
 }
