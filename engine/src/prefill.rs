@@ -22,9 +22,10 @@ use crate::prefill_kernels::{
 };
 
 /// Prompt tokens per chunk unless set otherwise ([`Prefiller::new`]): on an H200 an
-/// 8192-token prompt took 544 / 302 / 244 / 233 ms in chunks of 256 / 512 / 1024 / 2048
-/// (docs/perf.md, "Batched prefill").
-pub const DEFAULT_CHUNK: usize = 2048;
+/// 8192-token prompt took 86.0 / 81.8 / 79.0 ms in chunks of 2048 / 4096 / 8192
+/// (docs/perf.md, "Batched prefill: operands through the ring, tile sweep"); the
+/// chunk's activations take about 26 KB a token for Qwen3-0.6B.
+pub const DEFAULT_CHUNK: usize = 8192;
 
 /// Rows per program of [`crate::prefill_kernels::prefill_qk_rope`].
 const ROPE_ROWS: i64 = 16;
@@ -75,15 +76,23 @@ pub struct PrefillPlan {
     pub gate_up: TileChoice,
     /// `prefill_gemm` for the down projection.
     pub down: TileChoice,
-    /// `prefill_attention`: `[D, BLOCK_M, BLOCK_N]`.
+    /// `prefill_attention` for chunks of at least [`LONG_CHUNK`] tokens: `[D, BLOCK_M,
+    /// BLOCK_N]`.
     pub attention: TileChoice,
+    /// `prefill_attention` for shorter chunks (fewer query tiles: smaller ones keep
+    /// more of the GPU busy).
+    pub attention_short: TileChoice,
 }
+
+/// Chunks of at least this many tokens use [`PrefillPlan::attention`], shorter ones
+/// [`PrefillPlan::attention_short`].
+pub const LONG_CHUNK: usize = 2048;
 
 impl PrefillPlan {
     /// The default plan for `cfg` on `dev`: on the interpreter the smallest tiles (16
     /// rows, little masked work); on a GPU the tiles of the sweep in docs/perf.md
-    /// ("Batched prefill: tiles, pipelined operands, attention"), 128-query by 64-key
-    /// attention tiles over 8 warps.
+    /// ("Batched prefill: operands through the ring, tile sweep"): attention tiles of
+    /// 64 keys by 128 queries (64 for chunks shorter than [`LONG_CHUNK`]) over 8 warps.
     pub fn new(cfg: &ModelConfig, dev: &Device) -> Result<PrefillPlan> {
         let d = cfg.head_dim as i64;
         if ![32, 64, 128].contains(&d) {
@@ -93,12 +102,16 @@ impl PrefillPlan {
         }
         let plan = if dev.is_cuda() {
             PrefillPlan {
-                qkv: TileChoice::gemm(128, 64, 64, 8),
-                o_proj: TileChoice::gemm(64, 64, 64, 4),
-                gate_up: TileChoice::gemm(64, 128, 32, 4),
-                down: TileChoice::gemm(64, 64, 64, 4),
+                qkv: TileChoice::gemm(64, 64, 64, 4),
+                o_proj: TileChoice::gemm(128, 64, 64, 8),
+                gate_up: TileChoice::gemm(64, 64, 64, 4),
+                down: TileChoice::gemm(128, 64, 64, 8),
                 attention: TileChoice {
                     consts: vec![d, 128, 64],
+                    num_warps: 8,
+                },
+                attention_short: TileChoice {
+                    consts: vec![d, 64, 64],
                     num_warps: 8,
                 },
             }
@@ -109,8 +122,13 @@ impl PrefillPlan {
                 o_proj: gemm.clone(),
                 gate_up: gemm.clone(),
                 down: gemm,
+                // 64-key steps as on the GPU: the online softmax rounds alike.
                 attention: TileChoice {
-                    consts: vec![d, 16, 32],
+                    consts: vec![d, 16, 64],
+                    num_warps: 4,
+                },
+                attention_short: TileChoice {
+                    consts: vec![d, 16, 64],
                     num_warps: 4,
                 },
             }
@@ -122,8 +140,9 @@ impl PrefillPlan {
     /// This plan with the launches `spec` names replaced (to time other compiled
     /// variants): comma-separated `LAUNCH=TILE`, `LAUNCH` one of `qkv`, `o`, `gate_up`,
     /// `down` with `TILE` as `MxNxK/W` (`BLOCK_M x BLOCK_N x BLOCK_K`, warps), or
-    /// `attention` with `TILE` as `MxN/W` (query rows x keys, warps; the head dim
-    /// stays). For example `qkv=128x64x64/8,attention=64x32/8`. The result passes
+    /// `attention` or `attention_short` with `TILE` as `MxN/W` (query rows x keys,
+    /// warps; the head dim stays). For example `qkv=128x64x64/8,attention=64x32/8`.
+    /// The result passes
     /// [`PrefillPlan::check`].
     pub fn with_tiles(&self, spec: &str) -> Result<PrefillPlan> {
         let bad = |message: String| EngineError::Option { message };
@@ -154,11 +173,16 @@ impl PrefillPlan {
                 "o" => plan.o_proj = gemm(&dims)?,
                 "gate_up" => plan.gate_up = gemm(&dims)?,
                 "down" => plan.down = gemm(&dims)?,
-                "attention" => match dims[..] {
+                "attention" | "attention_short" => match dims[..] {
                     [m, n] => {
-                        plan.attention = TileChoice {
+                        let c = TileChoice {
                             consts: vec![self.attention.consts[0], m, n],
                             num_warps,
+                        };
+                        if name == "attention" {
+                            plan.attention = c;
+                        } else {
+                            plan.attention_short = c;
                         }
                     }
                     _ => {
@@ -169,7 +193,8 @@ impl PrefillPlan {
                 },
                 _ => {
                     return Err(bad(format!(
-                        "prefill tiles `{part}`: the launches are qkv, o, gate_up, down, attention"
+                        "prefill tiles `{part}`: the launches are qkv, o, gate_up, down, \
+                         attention, attention_short"
                     )))
                 }
             }
@@ -179,13 +204,14 @@ impl PrefillPlan {
     }
 
     /// Every launch of the plan with its kernel.
-    pub fn choices(&self) -> [(&'static KernelDef, &TileChoice); 5] {
+    pub fn choices(&self) -> [(&'static KernelDef, &TileChoice); 6] {
         [
             (&PREFILL_GEMM, &self.qkv),
             (&PREFILL_GEMM, &self.o_proj),
             (&PREFILL_GATE_UP, &self.gate_up),
             (&PREFILL_GEMM, &self.down),
             (&PREFILL_ATTENTION, &self.attention),
+            (&PREFILL_ATTENTION, &self.attention_short),
         ]
     }
 
@@ -212,11 +238,11 @@ impl std::fmt::Display for PrefillPlan {
             };
             write!(f, "{name}={m}x{n}x{k}/{},", c.num_warps)?;
         }
-        let a = &self.attention;
+        let (a, s) = (&self.attention, &self.attention_short);
         write!(
             f,
-            "attention={}x{}/{}",
-            a.consts[1], a.consts[2], a.num_warps
+            "attention={}x{}/{},attention_short={}x{}/{}",
+            a.consts[1], a.consts[2], a.num_warps, s.consts[1], s.consts[2], s.num_warps
         )
     }
 }
@@ -347,13 +373,15 @@ impl Prefiller {
     /// [`PrefillPlan::check`] and keep the model's head dim.
     pub fn set_plan(&mut self, plan: PrefillPlan) -> Result<()> {
         plan.check()?;
-        if plan.attention.consts[0] != self.cfg.head_dim as i64 {
-            return Err(EngineError::Option {
-                message: format!(
-                    "prefill attention compiled for D = {}, the model's head_dim is {}",
-                    plan.attention.consts[0], self.cfg.head_dim
-                ),
-            });
+        for a in [&plan.attention, &plan.attention_short] {
+            if a.consts[0] != self.cfg.head_dim as i64 {
+                return Err(EngineError::Option {
+                    message: format!(
+                        "prefill attention compiled for D = {}, the model's head_dim is {}",
+                        a.consts[0], self.cfg.head_dim
+                    ),
+                });
+            }
         }
         self.plan = plan;
         Ok(())
@@ -439,6 +467,11 @@ impl Prefiller {
             let p0 = (start + ci * self.chunk) as i32;
             let t = chunk.len();
             let ti = t as i32;
+            let attn = if t >= LONG_CHUNK {
+                &plan.attention
+            } else {
+                &plan.attention_short
+            };
             for (slot, &tok) in ids.iter_mut().zip(chunk) {
                 *slot = tok as i32;
             }
@@ -516,13 +549,9 @@ impl Prefiller {
                 launch(
                     dev,
                     &PREFILL_ATTENTION,
-                    [
-                        nh as u32,
-                        t.div_ceil(plan.attention.consts[1] as usize) as u32,
-                        1,
-                    ],
-                    &plan.attention.consts,
-                    plan.attention.num_warps,
+                    [nh as u32, t.div_ceil(attn.consts[1] as usize) as u32, 1],
+                    &attn.consts,
+                    attn.num_warps,
                     &mut [
                         (&self.q).into(),
                         (&*l.k_cache).into(),
