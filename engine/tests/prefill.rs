@@ -186,7 +186,7 @@ fn gemm_matches_host() {
                 dev.upload(&w).unwrap(),
                 dev.upload(&b).unwrap(),
             );
-            for accumulate in [0, 1] {
+            for accumulate in [0i32, 1] {
                 let mut want = Vec::with_capacity(t * n);
                 let mut tol = Vec::with_capacity(t * n);
                 for i in 0..t * n {
@@ -220,7 +220,7 @@ fn gemm_matches_host() {
                             (t as i32).into(),
                             (n as i32).into(),
                             (k as i32).into(),
-                            (accumulate as i32).into(),
+                            accumulate.into(),
                         ],
                     );
                     let what = format!(
