@@ -738,3 +738,38 @@ pub fn time_prefill(
         runs_ms,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tiles_round_trip_and_bad_specs_are_named() {
+        let cfg = crate::preset::config("qwen3-0.6b").unwrap();
+        let cpu = PrefillPlan::new(&cfg, &Device::cpu()).unwrap();
+        assert_eq!(cpu.with_tiles(&cpu.to_string()).unwrap(), cpu);
+        let spec = "qkv=64x64x64/4,o=128x64x64/8,gate_up=64x64x64/4,down=128x64x64/8,\
+                    attention=128x64/8,attention_short=64x64/8";
+        let gpu = cpu.with_tiles(spec).unwrap();
+        assert_eq!(gpu.to_string(), spec);
+        assert_eq!(gpu.o_proj, TileChoice::gemm(128, 64, 64, 8));
+        assert_eq!(gpu.attention.consts, vec![128, 128, 64]);
+        assert_eq!(gpu.attention_short.consts, vec![128, 64, 64]);
+        // Launches left out keep their tiles.
+        let one = cpu.with_tiles("down=64x64x64/8").unwrap();
+        assert_eq!(one.qkv, cpu.qkv);
+        assert_eq!(one.down, TileChoice::gemm(64, 64, 64, 8));
+        for (bad, says) in [
+            ("qkv=64x64/4", "MxNxK"),
+            ("attention=64x64x64/8", "MxN"),
+            ("attention=64x64", "/WARPS"),
+            ("lm_head=64x64x64/4", "qkv, o, gate_up, down"),
+            ("qkv", "LAUNCH=TILE"),
+            ("qkv=64xbx64/4", "sizes"),
+            ("qkv=64x64x64/3", "no compiled variant"),
+        ] {
+            let err = cpu.with_tiles(bad).unwrap_err().to_string();
+            assert!(err.contains(says), "{bad}: {err}");
+        }
+    }
+}
