@@ -17,17 +17,25 @@ use tilefuse_dsl::runtime::{Buffer, Device, KernelArg, KernelDef, LaunchConfig};
 use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};
 use crate::prefill_kernels::{
-    PREFILL_ATTENTION, PREFILL_EMBED, PREFILL_GEMM_RESIDUAL, PREFILL_LAST_ROW,
-    PREFILL_NORM_GATE_UP, PREFILL_NORM_QKV, PREFILL_QK_ROPE,
+    PREFILL_ATTENTION, PREFILL_EMBED, PREFILL_GATE_UP, PREFILL_GEMM, PREFILL_LAST_ROW,
+    PREFILL_QK_ROPE, PREFILL_RMSNORM,
 };
 
 /// Prompt tokens per chunk unless set otherwise ([`Prefiller::new`]): on an H200 an
-/// 8192-token prompt took 544 / 302 / 244 / 233 ms in chunks of 256 / 512 / 1024 / 2048
-/// (docs/perf.md, "Batched prefill").
-pub const DEFAULT_CHUNK: usize = 2048;
+/// 8192-token prompt took 86.0 / 81.8 / 79.0 ms in chunks of 2048 / 4096 / 8192
+/// (docs/perf.md, "Batched prefill: operands through the ring, tile sweep"); the
+/// chunk's activations take about 26 KB a token for Qwen3-0.6B.
+pub const DEFAULT_CHUNK: usize = 8192;
 
 /// Rows per program of [`crate::prefill_kernels::prefill_qk_rope`].
 const ROPE_ROWS: i64 = 16;
+
+/// Columns per step of [`crate::prefill_kernels::prefill_rmsnorm`].
+const NORM_BLOCK: i64 = 1024;
+
+/// Kernel launches per layer of a chunk: two norms, three GEMMs and the gate/up GEMM,
+/// QK-norm/RoPE, attention.
+const LAUNCHES_PER_LAYER: usize = 8;
 
 /// One launch's compiled variant: its compile-time constants in declaration order and
 /// its warps per program.
@@ -60,22 +68,31 @@ impl TileChoice {
 /// Which compiled variant each prefill launch uses.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PrefillPlan {
-    /// `prefill_norm_qkv`: `[BLOCK_M, BLOCK_N, BLOCK_K]`.
+    /// `prefill_gemm` for the QKV projection: `[BLOCK_M, BLOCK_N, BLOCK_K]`.
     pub qkv: TileChoice,
-    /// `prefill_gemm_residual` for the O projection.
+    /// `prefill_gemm` for the O projection.
     pub o_proj: TileChoice,
-    /// `prefill_norm_gate_up`.
+    /// `prefill_gate_up`.
     pub gate_up: TileChoice,
-    /// `prefill_gemm_residual` for the down projection.
+    /// `prefill_gemm` for the down projection.
     pub down: TileChoice,
-    /// `prefill_attention`: `[D, BLOCK_M, BLOCK_N]`.
+    /// `prefill_attention` for chunks of at least [`LONG_CHUNK`] tokens: `[D, BLOCK_M,
+    /// BLOCK_N]`.
     pub attention: TileChoice,
+    /// `prefill_attention` for shorter chunks (fewer query tiles: smaller ones keep
+    /// more of the GPU busy).
+    pub attention_short: TileChoice,
 }
+
+/// Chunks of at least this many tokens use [`PrefillPlan::attention`], shorter ones
+/// [`PrefillPlan::attention_short`].
+pub const LONG_CHUNK: usize = 2048;
 
 impl PrefillPlan {
     /// The default plan for `cfg` on `dev`: on the interpreter the smallest tiles (16
-    /// rows, little masked work), on a GPU 128 x 64 x 32 GEMM tiles and 64 x 32
-    /// attention tiles over 8 warps.
+    /// rows, little masked work); on a GPU the tiles of the sweep in docs/perf.md
+    /// ("Batched prefill: operands through the ring, tile sweep"): attention tiles of
+    /// 64 keys by 128 queries (64 for chunks shorter than [`LONG_CHUNK`]) over 8 warps.
     pub fn new(cfg: &ModelConfig, dev: &Device) -> Result<PrefillPlan> {
         let d = cfg.head_dim as i64;
         if ![32, 64, 128].contains(&d) {
@@ -84,16 +101,17 @@ impl PrefillPlan {
             });
         }
         let plan = if dev.is_cuda() {
-            // Not yet chosen by measurement; tiles that fit 48 KiB of shared memory and
-            // do not spill with today's `dot`.
-            let gemm = TileChoice::gemm(128, 64, 32, 8);
             PrefillPlan {
-                qkv: gemm.clone(),
-                o_proj: gemm.clone(),
-                gate_up: gemm.clone(),
-                down: gemm,
+                qkv: TileChoice::gemm(64, 64, 64, 4),
+                o_proj: TileChoice::gemm(128, 64, 64, 8),
+                gate_up: TileChoice::gemm(64, 64, 64, 4),
+                down: TileChoice::gemm(128, 64, 64, 8),
                 attention: TileChoice {
-                    consts: vec![d, 64, 32],
+                    consts: vec![d, 128, 64],
+                    num_warps: 8,
+                },
+                attention_short: TileChoice {
+                    consts: vec![d, 64, 64],
                     num_warps: 8,
                 },
             }
@@ -104,8 +122,13 @@ impl PrefillPlan {
                 o_proj: gemm.clone(),
                 gate_up: gemm.clone(),
                 down: gemm,
+                // 64-key steps as on the GPU: the online softmax rounds alike.
                 attention: TileChoice {
-                    consts: vec![d, 16, 32],
+                    consts: vec![d, 16, 64],
+                    num_warps: 4,
+                },
+                attention_short: TileChoice {
+                    consts: vec![d, 16, 64],
                     num_warps: 4,
                 },
             }
@@ -114,14 +137,81 @@ impl PrefillPlan {
         Ok(plan)
     }
 
+    /// This plan with the launches `spec` names replaced (to time other compiled
+    /// variants): comma-separated `LAUNCH=TILE`, `LAUNCH` one of `qkv`, `o`, `gate_up`,
+    /// `down` with `TILE` as `MxNxK/W` (`BLOCK_M x BLOCK_N x BLOCK_K`, warps), or
+    /// `attention` or `attention_short` with `TILE` as `MxN/W` (query rows x keys,
+    /// warps; the head dim stays). For example `qkv=128x64x64/8,attention=64x32/8`.
+    /// The result passes
+    /// [`PrefillPlan::check`].
+    pub fn with_tiles(&self, spec: &str) -> Result<PrefillPlan> {
+        let bad = |message: String| EngineError::Option { message };
+        let mut plan = self.clone();
+        for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (name, tile) = part
+                .split_once('=')
+                .ok_or_else(|| bad(format!("prefill tiles `{part}`: expected LAUNCH=TILE")))?;
+            let (dims, warps) = tile
+                .split_once('/')
+                .ok_or_else(|| bad(format!("prefill tiles `{part}`: expected a `/WARPS`")))?;
+            let num_warps: u32 = warps
+                .parse()
+                .map_err(|_| bad(format!("prefill tiles `{part}`: warps `{warps}`")))?;
+            let dims: Vec<i64> = dims
+                .split('x')
+                .map(|x| x.parse::<i64>())
+                .collect::<std::result::Result<_, _>>()
+                .map_err(|_| bad(format!("prefill tiles `{part}`: sizes `{dims}`")))?;
+            let gemm = |dims: &[i64]| -> Result<TileChoice> {
+                match dims {
+                    [m, n, k] => Ok(TileChoice::gemm(*m, *n, *k, num_warps)),
+                    _ => Err(bad(format!("prefill tiles `{part}`: a GEMM tile is MxNxK"))),
+                }
+            };
+            match name {
+                "qkv" => plan.qkv = gemm(&dims)?,
+                "o" => plan.o_proj = gemm(&dims)?,
+                "gate_up" => plan.gate_up = gemm(&dims)?,
+                "down" => plan.down = gemm(&dims)?,
+                "attention" | "attention_short" => match dims[..] {
+                    [m, n] => {
+                        let c = TileChoice {
+                            consts: vec![self.attention.consts[0], m, n],
+                            num_warps,
+                        };
+                        if name == "attention" {
+                            plan.attention = c;
+                        } else {
+                            plan.attention_short = c;
+                        }
+                    }
+                    _ => {
+                        return Err(bad(format!(
+                            "prefill tiles `{part}`: an attention tile is MxN"
+                        )))
+                    }
+                },
+                _ => {
+                    return Err(bad(format!(
+                        "prefill tiles `{part}`: the launches are qkv, o, gate_up, down, \
+                         attention, attention_short"
+                    )))
+                }
+            }
+        }
+        plan.check()?;
+        Ok(plan)
+    }
+
     /// Every launch of the plan with its kernel.
-    pub fn choices(&self) -> [(&'static KernelDef, &TileChoice); 5] {
+    pub fn choices(&self) -> [(&'static KernelDef, &TileChoice); 6] {
         [
-            (&PREFILL_NORM_QKV, &self.qkv),
-            (&PREFILL_GEMM_RESIDUAL, &self.o_proj),
-            (&PREFILL_NORM_GATE_UP, &self.gate_up),
-            (&PREFILL_GEMM_RESIDUAL, &self.down),
+            (&PREFILL_GEMM, &self.qkv),
+            (&PREFILL_GEMM, &self.o_proj),
+            (&PREFILL_GATE_UP, &self.gate_up),
+            (&PREFILL_GEMM, &self.down),
             (&PREFILL_ATTENTION, &self.attention),
+            (&PREFILL_ATTENTION, &self.attention_short),
         ]
     }
 
@@ -131,6 +221,29 @@ impl PrefillPlan {
             def.variant(&c.consts, Some(c.num_warps))?;
         }
         Ok(())
+    }
+}
+
+impl std::fmt::Display for PrefillPlan {
+    /// The plan in [`PrefillPlan::with_tiles`]'s notation.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (name, c) in [
+            ("qkv", &self.qkv),
+            ("o", &self.o_proj),
+            ("gate_up", &self.gate_up),
+            ("down", &self.down),
+        ] {
+            let [m, n, k] = c.consts[..] else {
+                return Err(std::fmt::Error);
+            };
+            write!(f, "{name}={m}x{n}x{k}/{},", c.num_warps)?;
+        }
+        let (a, s) = (&self.attention, &self.attention_short);
+        write!(
+            f,
+            "attention={}x{}/{},attention_short={}x{}/{}",
+            a.consts[1], a.consts[2], a.num_warps, s.consts[1], s.consts[2], s.num_warps
+        )
     }
 }
 
@@ -198,6 +311,8 @@ pub struct Prefiller {
     ids: Buffer<i32>,
     /// The residual stream, `[chunk, hidden]`.
     x: Buffer<bf16>,
+    /// The residual stream after an RMSNorm, `[chunk, hidden]`.
+    xn: Buffer<bf16>,
     /// Fused projection, `[chunk, q_dim + 2 kv_dim]`.
     qkv: Buffer<bf16>,
     /// Queries after QK-norm and RoPE, `[chunk, num_heads, head_dim]`.
@@ -236,6 +351,7 @@ impl Prefiller {
             plan,
             ids: dev.zeros(chunk)?,
             x: dev.zeros(chunk * cfg.hidden_size)?,
+            xn: dev.zeros(chunk * cfg.hidden_size)?,
             qkv: dev.zeros(chunk * qkv_dim)?,
             q: dev.zeros(chunk * cfg.q_dim())?,
             attn: dev.zeros(chunk * cfg.q_dim())?,
@@ -257,13 +373,15 @@ impl Prefiller {
     /// [`PrefillPlan::check`] and keep the model's head dim.
     pub fn set_plan(&mut self, plan: PrefillPlan) -> Result<()> {
         plan.check()?;
-        if plan.attention.consts[0] != self.cfg.head_dim as i64 {
-            return Err(EngineError::Option {
-                message: format!(
-                    "prefill attention compiled for D = {}, the model's head_dim is {}",
-                    plan.attention.consts[0], self.cfg.head_dim
-                ),
-            });
+        for a in [&plan.attention, &plan.attention_short] {
+            if a.consts[0] != self.cfg.head_dim as i64 {
+                return Err(EngineError::Option {
+                    message: format!(
+                        "prefill attention compiled for D = {}, the model's head_dim is {}",
+                        a.consts[0], self.cfg.head_dim
+                    ),
+                });
+            }
         }
         self.plan = plan;
         Ok(())
@@ -272,7 +390,7 @@ impl Prefiller {
     /// Kernel launches for a prompt of `len` tokens (chunks of embedding and layers,
     /// and the hand-over of the last row).
     pub fn launches_for(&self, len: usize) -> usize {
-        len.div_ceil(self.chunk) * (1 + 6 * self.cfg.num_layers) + 1
+        len.div_ceil(self.chunk) * (1 + LAUNCHES_PER_LAYER * self.cfg.num_layers) + 1
     }
 
     /// Checks a prompt of `tokens` at positions `start..` before any work: non-empty,
@@ -349,6 +467,11 @@ impl Prefiller {
             let p0 = (start + ci * self.chunk) as i32;
             let t = chunk.len();
             let ti = t as i32;
+            let attn = if t >= LONG_CHUNK {
+                &plan.attention
+            } else {
+                &plan.attention_short
+            };
             for (slot, &tok) in ids.iter_mut().zip(chunk) {
                 *slot = tok as i32;
             }
@@ -370,20 +493,33 @@ impl Prefiller {
             for l in layers.iter_mut() {
                 launch(
                     dev,
-                    &PREFILL_NORM_QKV,
+                    &PREFILL_RMSNORM,
+                    [t as u32, 1, 1],
+                    &[NORM_BLOCK],
+                    4,
+                    &mut [
+                        (&self.x).into(),
+                        l.input_norm.into(),
+                        (&mut self.xn).into(),
+                        h.into(),
+                        eps.into(),
+                    ],
+                )?;
+                launch(
+                    dev,
+                    &PREFILL_GEMM,
                     gemm_grid(&plan.qkv, t, qkv_dim),
                     &plan.qkv.consts,
                     plan.qkv.num_warps,
                     &mut [
-                        (&self.x).into(),
-                        l.input_norm.into(),
+                        (&self.xn).into(),
                         l.qkv_w.into(),
                         l.qkv_b.into(),
                         (&mut self.qkv).into(),
                         ti.into(),
                         qkv_dim.into(),
                         h.into(),
-                        eps.into(),
+                        0i32.into(),
                     ],
                 )?;
                 launch(
@@ -413,13 +549,9 @@ impl Prefiller {
                 launch(
                     dev,
                     &PREFILL_ATTENTION,
-                    [
-                        t.div_ceil(plan.attention.consts[1] as usize) as u32,
-                        nh as u32,
-                        1,
-                    ],
-                    &plan.attention.consts,
-                    plan.attention.num_warps,
+                    [nh as u32, t.div_ceil(attn.consts[1] as usize) as u32, 1],
+                    &attn.consts,
+                    attn.num_warps,
                     &mut [
                         (&self.q).into(),
                         (&*l.k_cache).into(),
@@ -434,7 +566,7 @@ impl Prefiller {
                 )?;
                 launch(
                     dev,
-                    &PREFILL_GEMM_RESIDUAL,
+                    &PREFILL_GEMM,
                     gemm_grid(&plan.o_proj, t, h),
                     &plan.o_proj.consts,
                     plan.o_proj.num_warps,
@@ -446,28 +578,41 @@ impl Prefiller {
                         ti.into(),
                         h.into(),
                         qd.into(),
+                        1i32.into(),
                     ],
                 )?;
                 launch(
                     dev,
-                    &PREFILL_NORM_GATE_UP,
-                    gemm_grid(&plan.gate_up, t, im),
-                    &plan.gate_up.consts,
-                    plan.gate_up.num_warps,
+                    &PREFILL_RMSNORM,
+                    [t as u32, 1, 1],
+                    &[NORM_BLOCK],
+                    4,
                     &mut [
                         (&self.x).into(),
                         l.post_norm.into(),
-                        l.gate_up_w.into(),
-                        (&mut self.act).into(),
-                        ti.into(),
-                        im.into(),
+                        (&mut self.xn).into(),
                         h.into(),
                         eps.into(),
                     ],
                 )?;
                 launch(
                     dev,
-                    &PREFILL_GEMM_RESIDUAL,
+                    &PREFILL_GATE_UP,
+                    gemm_grid(&plan.gate_up, t, im),
+                    &plan.gate_up.consts,
+                    plan.gate_up.num_warps,
+                    &mut [
+                        (&self.xn).into(),
+                        l.gate_up_w.into(),
+                        (&mut self.act).into(),
+                        ti.into(),
+                        im.into(),
+                        h.into(),
+                    ],
+                )?;
+                launch(
+                    dev,
+                    &PREFILL_GEMM,
                     gemm_grid(&plan.down, t, h),
                     &plan.down.consts,
                     plan.down.num_warps,
@@ -479,6 +624,7 @@ impl Prefiller {
                         ti.into(),
                         h.into(),
                         im.into(),
+                        1i32.into(),
                     ],
                 )?;
             }
@@ -591,4 +737,39 @@ pub fn time_prefill(
         launches: p.launches_for(prompt.len()) + 2,
         runs_ms,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tiles_round_trip_and_bad_specs_are_named() {
+        let cfg = crate::preset::config("qwen3-0.6b").unwrap();
+        let cpu = PrefillPlan::new(&cfg, &Device::cpu()).unwrap();
+        assert_eq!(cpu.with_tiles(&cpu.to_string()).unwrap(), cpu);
+        let spec = "qkv=64x64x64/4,o=128x64x64/8,gate_up=64x64x64/4,down=128x64x64/8,\
+                    attention=128x64/8,attention_short=64x64/8";
+        let gpu = cpu.with_tiles(spec).unwrap();
+        assert_eq!(gpu.to_string(), spec);
+        assert_eq!(gpu.o_proj, TileChoice::gemm(128, 64, 64, 8));
+        assert_eq!(gpu.attention.consts, vec![128, 128, 64]);
+        assert_eq!(gpu.attention_short.consts, vec![128, 64, 64]);
+        // Launches left out keep their tiles.
+        let one = cpu.with_tiles("down=64x64x64/8").unwrap();
+        assert_eq!(one.qkv, cpu.qkv);
+        assert_eq!(one.down, TileChoice::gemm(64, 64, 64, 8));
+        for (bad, says) in [
+            ("qkv=64x64/4", "MxNxK"),
+            ("attention=64x64x64/8", "MxN"),
+            ("attention=64x64", "/WARPS"),
+            ("lm_head=64x64x64/4", "qkv, o, gate_up, down"),
+            ("qkv", "LAUNCH=TILE"),
+            ("qkv=64xbx64/4", "sizes"),
+            ("qkv=64x64x64/3", "no compiled variant"),
+        ] {
+            let err = cpu.with_tiles(bad).unwrap_err().to_string();
+            assert!(err.contains(says), "{bad}: {err}");
+        }
+    }
 }

@@ -8,17 +8,18 @@
 //!
 //! and per layer:
 //!
-//! 2. [`prefill_norm_qkv`]: RMSNorm fused into the fused `[q; k; v]` projection's
-//!    prologue, plus bias;
-//! 3. [`prefill_qk_rope`]: QK-norm (Qwen3), RoPE at every position of the chunk, the
+//! 2. [`prefill_rmsnorm`]: the input RMSNorm of `x` into a bf16 buffer `xn`;
+//! 3. [`prefill_gemm`]: the fused `[q; k; v]` projection of `xn`, plus bias;
+//! 4. [`prefill_qk_rope`]: QK-norm (Qwen3), RoPE at every position of the chunk, the
 //!    queries to a `[T, num_heads, head_dim]` buffer and the keys and values appended to
 //!    the KV cache;
-//! 4. [`prefill_attention`]: causal attention of the chunk's queries over the cache
+//! 5. [`prefill_attention`]: causal attention of the chunk's queries over the cache
 //!    (earlier chunks and this one), FlashAttention-2 style;
-//! 5. [`prefill_gemm_residual`]: the O projection (+ bias) added into `x`;
-//! 6. [`prefill_norm_gate_up`]: RMSNorm fused into the `[gate; up]` projection, with
-//!    `silu(gate) * up` in the epilogue;
-//! 7. [`prefill_gemm_residual`]: the down projection added into `x`;
+//! 6. [`prefill_gemm`]: the O projection (+ bias) added into `x`;
+//! 7. [`prefill_rmsnorm`]: the post-attention RMSNorm of `x` into `xn`;
+//! 8. [`prefill_gate_up`]: the `[gate; up]` projection of `xn`, with `silu(gate) * up`
+//!    in the epilogue;
+//! 9. [`prefill_gemm`]: the down projection added into `x`;
 //!
 //! and after the last chunk [`prefill_last_row`], which hands the last position's
 //! hidden state and token to the decode step's LM head and argmax (so the device state
@@ -40,11 +41,11 @@
 //! from DRAM once.
 //!
 //! Tile variants: a 16-row tile for the interpreter (little masked work), and on the
-//! GPU 64- and 128-row GEMM tiles with 64 or 128 columns and 32- or 64-wide `k` steps,
-//! 64- and 128-query attention tiles over 32 or 64 keys. Those that spill registers or
-//! exceed 48 KiB of shared memory with today's `dot` are skipped (each `skip` says
-//! so; `tests/ptxas_all.rs` checks the rest); [`crate::prefill::PrefillPlan`] picks
-//! one per launch.
+//! GPU 64- and 128-row GEMM tiles with 64 or 128 columns and 32- or 64-wide `k` steps
+//! (operands through a three-stage `cp.async` ring), 64- and 128-query attention tiles
+//! over 32 or 64 keys (dynamic shared memory above 48 KiB). Those that spill registers
+//! are skipped (each `skip` says so; `tests/ptxas_all.rs` checks the rest);
+//! [`crate::prefill::PrefillPlan`] picks one per launch.
 
 use tilefuse_macros::kernel;
 
@@ -52,11 +53,11 @@ use tilefuse_macros::kernel;
 pub fn all() -> [&'static tilefuse_dsl::runtime::KernelDef; 7] {
     [
         &PREFILL_EMBED,
-        &PREFILL_NORM_QKV,
+        &PREFILL_RMSNORM,
+        &PREFILL_GEMM,
         &PREFILL_QK_ROPE,
         &PREFILL_ATTENTION,
-        &PREFILL_GEMM_RESIDUAL,
-        &PREFILL_NORM_GATE_UP,
+        &PREFILL_GATE_UP,
         &PREFILL_LAST_ROW,
     ]
 }
@@ -81,102 +82,65 @@ pub fn prefill_embed<const B: usize>(
     );
 }
 
-/// `y = bf16(rmsnorm(x) · W^T + bias)`: `x[t, k]`, `W[n, k]`, `y[t, n]`, the QKV
-/// projection of a chunk.
+/// `y[r] = bf16(norm_w * bf16(x[r] * inv_rms(x[r])))` for the rows `r < t` (grid
+/// `[t]`): RMSNorm of the chunk's residual stream into a bf16 buffer, rounded as the
+/// reference rounds it, so the GEMMs after it read plain bf16 tiles (which stream
+/// through the `cp.async` ring; a norm in the GEMM's prologue cannot).
+#[kernel(crate = tilefuse_dsl, B = [1024], num_warps = [4])]
+pub fn prefill_rmsnorm<const B: usize>(
+    x: Ptr<bf16>,
+    norm_w: Ptr<bf16>,
+    y: Ptr<bf16>,
+    #[multiple_of(8)] h: i32,
+    eps: f32,
+) {
+    let row = program_id(0) * h;
+    let mut sq = zeros::<f32>([B]);
+    for c0 in (0..h).step_by(B) {
+        let offs = c0 + arange(0, B);
+        let xv = load(x + row + offs, offs < h, 0.0) as f32;
+        sq += xv * xv;
+    }
+    let inv_rms = 1.0 / sqrt(sq.sum(0) / (h as f32) + eps);
+    for c0 in (0..h).step_by(B) {
+        let offs = c0 + arange(0, B);
+        let ok = offs < h;
+        let xv = load(x + row + offs, ok, 0.0) as f32;
+        let g = load(norm_w + offs, ok, 0.0) as f32;
+        store(
+            y + row + offs,
+            (g * ((xv * inv_rms) as bf16 as f32)) as bf16,
+            ok,
+        );
+    }
+}
+
+/// `x = bf16(x + bf16(a · W^T + bias))` when `accumulate != 0`, else
+/// `x = bf16(a · W^T + bias)`: `a[t, k]`, `W[n, k]`, `x[t, n]`. The QKV projection
+/// (of the normalized rows, with its bias, into the `qkv` buffer), the O projection
+/// (+ bias) added into the residual stream, and the down projection (zero bias) added
+/// into it.
 ///
-/// RMSNorm is the GEMM's prologue and rounds as the reference does: each program first
-/// computes its rows' `inv_rms` over all of `k`, then normalizes every `A` tile to
-/// `bf16(norm_w * bf16(x * inv_rms))` before the `dot`, so the product sees exactly the
-/// reference's bf16 operand (the rows are re-read; they are `k` bf16 each).
+/// Both operand tiles are plain loads in the `k` loop, so they stream through a
+/// three-stage `cp.async` ring.
 #[kernel(
     crate = tilefuse_dsl,
     BLOCK_M = [16, 64, 128],
     BLOCK_N = [32, 64, 128],
     BLOCK_K = [32, 64],
     num_warps = [4, 8],
+    num_stages = [3],
     // 16 x 32 x 32 over 4 warps: the interpreter's tile (little masked work).
     skip(BLOCK_M = 16, BLOCK_N = [64, 128]),
     skip(BLOCK_M = 16, BLOCK_K = 64),
     skip(BLOCK_M = 16, num_warps = 8),
     skip(BLOCK_N = 32, BLOCK_M = [64, 128]),
-    // With today's `dot` (operand tiles and the f32 product held across the
-    // program's threads) these spill registers (`tests/ptxas_all.rs`); 128 x 128 x 64
-    // also needs more than 48 KiB of shared memory.
+    // These spill registers (`tests/ptxas_all.rs`; `tilefuse inspect --ptxas`).
     skip(BLOCK_M = 128, BLOCK_N = 128),
     skip(num_warps = 4, BLOCK_M = 128),
-    skip(num_warps = 4, BLOCK_N = 128),
-    skip(num_warps = 4, BLOCK_K = 64)
+    skip(num_warps = 4, BLOCK_N = 128)
 )]
-pub fn prefill_norm_qkv<const BLOCK_M: usize, const BLOCK_N: usize, const BLOCK_K: usize>(
-    x: Ptr<bf16>,
-    norm_w: Ptr<bf16>,
-    w: Ptr<bf16>,
-    bias: Ptr<bf16>,
-    y: Ptr<bf16>,
-    t: i32,
-    n: i32,
-    #[multiple_of(8)] k: i32,
-    eps: f32,
-) {
-    let rows = program_id(0) * BLOCK_M + arange(0, BLOCK_M);
-    let cols = program_id(1) * BLOCK_N + arange(0, BLOCK_N);
-    let row_ok = rows < t;
-    let col_ok = cols < n;
-    let kk = arange(0, BLOCK_K);
-    // Prologue: each row's inverse RMS.
-    let mut sq = zeros::<f32>([BLOCK_M]);
-    let mut x_ptrs = x + rows.expand_dims(1) * k + kk.expand_dims(0);
-    for k0 in (0..k).step_by(BLOCK_K) {
-        let mask = row_ok.expand_dims(1) & (k0 + kk < k).expand_dims(0);
-        let xv = load(x_ptrs, mask, 0.0) as f32;
-        sq += (xv * xv).sum(1);
-        x_ptrs = x_ptrs + BLOCK_K;
-    }
-    let inv_rms = (1.0 / sqrt(sq / (k as f32) + eps)).expand_dims(1);
-
-    let mut acc = zeros::<f32>([BLOCK_M, BLOCK_N]);
-    let mut a_ptrs = x + rows.expand_dims(1) * k + kk.expand_dims(0);
-    for k0 in (0..k).step_by(BLOCK_K) {
-        let k_ok = k0 + kk < k;
-        let a = load(a_ptrs, row_ok.expand_dims(1) & k_ok.expand_dims(0), 0.0) as f32;
-        let g = (load(norm_w + k0 + kk, k_ok, 0.0) as f32).expand_dims(0);
-        let an = (g * ((a * inv_rms) as bf16 as f32)) as bf16;
-        // The weight tile's pointers are made in the loop, not carried, so its load is
-        // laid out along `k`, where `w` is contiguous (16-byte loads and copies).
-        let b_ptrs = w + cols.expand_dims(0) * k + (k0 + kk).expand_dims(1);
-        let b = load(b_ptrs, k_ok.expand_dims(1) & col_ok.expand_dims(0), 0.0);
-        acc = dot(an, b, acc);
-        a_ptrs = a_ptrs + BLOCK_K;
-    }
-    let b = (load(bias + cols, col_ok, 0.0) as f32).expand_dims(0);
-    let mask = row_ok.expand_dims(1) & col_ok.expand_dims(0);
-    store(
-        y + rows.expand_dims(1) * n + cols.expand_dims(0),
-        (acc + b) as bf16,
-        mask,
-    );
-}
-
-/// `x = bf16(x + bf16(a · W^T + bias))`: `a[t, k]`, `W[n, k]`, `x[t, n]`, a projection
-/// added into the residual stream (the O projection with its bias, the down projection
-/// with a zero one).
-#[kernel(
-    crate = tilefuse_dsl,
-    BLOCK_M = [16, 64, 128],
-    BLOCK_N = [32, 64, 128],
-    BLOCK_K = [32, 64],
-    num_warps = [4, 8],
-    // The tiles of `prefill_norm_qkv`.
-    skip(BLOCK_M = 16, BLOCK_N = [64, 128]),
-    skip(BLOCK_M = 16, BLOCK_K = 64),
-    skip(BLOCK_M = 16, num_warps = 8),
-    skip(BLOCK_N = 32, BLOCK_M = [64, 128]),
-    skip(BLOCK_M = 128, BLOCK_N = 128),
-    skip(num_warps = 4, BLOCK_M = 128),
-    skip(num_warps = 4, BLOCK_N = 128),
-    skip(num_warps = 4, BLOCK_K = 64)
-)]
-pub fn prefill_gemm_residual<const BLOCK_M: usize, const BLOCK_N: usize, const BLOCK_K: usize>(
+pub fn prefill_gemm<const BLOCK_M: usize, const BLOCK_N: usize, const BLOCK_K: usize>(
     a: Ptr<bf16>,
     w: Ptr<bf16>,
     bias: Ptr<bf16>,
@@ -184,6 +148,7 @@ pub fn prefill_gemm_residual<const BLOCK_M: usize, const BLOCK_N: usize, const B
     t: i32,
     n: i32,
     #[multiple_of(8)] k: i32,
+    accumulate: i32,
 ) {
     let rows = program_id(0) * BLOCK_M + arange(0, BLOCK_M);
     let cols = program_id(1) * BLOCK_N + arange(0, BLOCK_N);
@@ -195,7 +160,8 @@ pub fn prefill_gemm_residual<const BLOCK_M: usize, const BLOCK_N: usize, const B
     for k0 in (0..k).step_by(BLOCK_K) {
         let k_ok = k0 + kk < k;
         let at = load(a_ptrs, row_ok.expand_dims(1) & k_ok.expand_dims(0), 0.0);
-        // Made in the loop, so the load is laid out along `k` (see `prefill_norm_qkv`).
+        // The weight tile's pointers are made in the loop, not carried, so its load is
+        // laid out along `k`, where `w` is contiguous (16-byte copies).
         let b_ptrs = w + cols.expand_dims(0) * k + (k0 + kk).expand_dims(1);
         let bt = load(b_ptrs, k_ok.expand_dims(1) & col_ok.expand_dims(0), 0.0);
         acc = dot(at, bt, acc);
@@ -204,78 +170,61 @@ pub fn prefill_gemm_residual<const BLOCK_M: usize, const BLOCK_N: usize, const B
     let b = (load(bias + cols, col_ok, 0.0) as f32).expand_dims(0);
     let mask = row_ok.expand_dims(1) & col_ok.expand_dims(0);
     let at = x + rows.expand_dims(1) * n + cols.expand_dims(0);
-    let old = load(at, mask, 0.0) as f32;
+    let old = load(at, mask & (accumulate != 0), 0.0) as f32;
     let proj = (acc + b) as bf16 as f32;
     store(at, (old + proj) as bf16, mask);
 }
 
-/// `act = bf16(bf16(silu(g)) * u)` with `g = bf16(rmsnorm(x) · W[j]^T)` and
-/// `u = bf16(rmsnorm(x) · W[inter + j]^T)`: the MLP's first half over the fused
-/// `[gate; up]` weight `[2 * inter, k]`, `act[t, inter]`.
+/// `act = bf16(bf16(silu(g)) * u)` with `g = bf16(a · W[j]^T)` and
+/// `u = bf16(a · W[inter + j]^T)`: the MLP's first half over the normalized rows
+/// `a[t, k]` and the fused `[gate; up]` weight `[2 * inter, k]`, `act[t, inter]`.
 ///
 /// Each program holds two accumulators, for columns `j` of the gate rows and of the up
-/// rows, over one normalized `A` tile (the norm as in [`prefill_norm_qkv`]).
+/// rows. The `A` tile is loaded twice, once for each product: each `dot` then has two
+/// plain loads as operands and both stream through the `cp.async` ring (a tile shared
+/// by two products would go through registers); the second copy comes from L1/L2.
 #[kernel(
     crate = tilefuse_dsl,
     BLOCK_M = [16, 64, 128],
     BLOCK_N = [32, 64, 128],
     BLOCK_K = [32, 64],
     num_warps = [4, 8],
-    // The tiles of `prefill_norm_qkv` but for 64-wide `k` steps over 128 rows or
-    // columns: two accumulators spill there.
+    num_stages = [3],
+    // The interpreter's tile as in `prefill_gemm`; the rest spill registers or sit at
+    // the register limit (`tests/ptxas_all.rs`; `tilefuse inspect --ptxas`).
     skip(BLOCK_M = 16, BLOCK_N = [64, 128]),
     skip(BLOCK_M = 16, BLOCK_K = 64),
     skip(BLOCK_M = 16, num_warps = 8),
     skip(BLOCK_N = 32, BLOCK_M = [64, 128]),
-    skip(BLOCK_M = 128, BLOCK_N = 128),
-    skip(num_warps = 4, BLOCK_M = 128),
-    skip(num_warps = 4, BLOCK_N = 128),
-    skip(num_warps = 4, BLOCK_K = 64),
-    skip(BLOCK_K = 64, BLOCK_M = 128),
-    skip(BLOCK_K = 64, BLOCK_N = 128)
+    skip(BLOCK_M = 128, num_warps = 4),
+    skip(BLOCK_M = 64, BLOCK_N = 128, BLOCK_K = 64, num_warps = 4),
+    skip(BLOCK_M = 128, BLOCK_N = 128, BLOCK_K = 64)
 )]
-pub fn prefill_norm_gate_up<const BLOCK_M: usize, const BLOCK_N: usize, const BLOCK_K: usize>(
-    x: Ptr<bf16>,
-    norm_w: Ptr<bf16>,
+pub fn prefill_gate_up<const BLOCK_M: usize, const BLOCK_N: usize, const BLOCK_K: usize>(
+    a: Ptr<bf16>,
     w: Ptr<bf16>,
     act: Ptr<bf16>,
     t: i32,
     inter: i32,
     #[multiple_of(8)] k: i32,
-    eps: f32,
 ) {
     let rows = program_id(0) * BLOCK_M + arange(0, BLOCK_M);
     let cols = program_id(1) * BLOCK_N + arange(0, BLOCK_N);
     let row_ok = rows < t;
     let col_ok = cols < inter;
     let kk = arange(0, BLOCK_K);
-    let mut sq = zeros::<f32>([BLOCK_M]);
-    let mut x_ptrs = x + rows.expand_dims(1) * k + kk.expand_dims(0);
-    for k0 in (0..k).step_by(BLOCK_K) {
-        let mask = row_ok.expand_dims(1) & (k0 + kk < k).expand_dims(0);
-        let xv = load(x_ptrs, mask, 0.0) as f32;
-        sq += (xv * xv).sum(1);
-        x_ptrs = x_ptrs + BLOCK_K;
-    }
-    let inv_rms = (1.0 / sqrt(sq / (k as f32) + eps)).expand_dims(1);
-
     let mut acc_g = zeros::<f32>([BLOCK_M, BLOCK_N]);
     let mut acc_u = zeros::<f32>([BLOCK_M, BLOCK_N]);
-    let mut a_ptrs = x + rows.expand_dims(1) * k + kk.expand_dims(0);
     for k0 in (0..k).step_by(BLOCK_K) {
         let k_ok = k0 + kk < k;
-        let a = load(a_ptrs, row_ok.expand_dims(1) & k_ok.expand_dims(0), 0.0) as f32;
-        let g = (load(norm_w + k0 + kk, k_ok, 0.0) as f32).expand_dims(0);
-        let an = (g * ((a * inv_rms) as bf16 as f32)) as bf16;
+        let a_ptrs = a + rows.expand_dims(1) * k + (k0 + kk).expand_dims(0);
+        let a_mask = row_ok.expand_dims(1) & k_ok.expand_dims(0);
         let b_mask = k_ok.expand_dims(1) & col_ok.expand_dims(0);
-        // Made in the loop, so the loads are laid out along `k` (see `prefill_norm_qkv`).
+        // Made in the loop, so the loads are laid out along `k` (see `prefill_gemm`).
         let g_ptrs = w + cols.expand_dims(0) * k + (k0 + kk).expand_dims(1);
         let u_ptrs = w + (inter + cols).expand_dims(0) * k + (k0 + kk).expand_dims(1);
-        let gt = load(g_ptrs, b_mask, 0.0);
-        let ut = load(u_ptrs, b_mask, 0.0);
-        acc_g = dot(an, gt, acc_g);
-        acc_u = dot(an, ut, acc_u);
-        a_ptrs = a_ptrs + BLOCK_K;
+        acc_g = dot(load(a_ptrs, a_mask, 0.0), load(g_ptrs, b_mask, 0.0), acc_g);
+        acc_u = dot(load(a_ptrs, a_mask, 0.0), load(u_ptrs, b_mask, 0.0), acc_u);
     }
     let gate = acc_g as bf16 as f32;
     let up = acc_u as bf16 as f32;
@@ -360,12 +309,19 @@ pub fn prefill_qk_rope<const D: usize, const BT: usize>(
     }
 }
 
-/// Causal attention of a chunk, FlashAttention-2 style: program `(m, h)` keeps the
-/// queries of rows `m * BLOCK_M ..` of head `h` (`q[t, num_heads, D]`, positions
-/// `start + row`) and streams keys and values of KV head `h / group` from the cache
-/// (`[num_kv_heads, max_seq, D]`, positions `0 ..= start + row`: earlier chunks and
-/// this one, already appended) in `BLOCK_N`-position tiles with an online softmax.
-/// Output `out[t, num_heads * D]` bf16.
+/// Causal attention of a chunk, FlashAttention-2 style: program `(h, m)` keeps the
+/// queries of rows `m' * BLOCK_M ..` of head `h` (`q[t, num_heads, D]`, positions
+/// `start + row`; `m'` counts the query tiles from the last, so the tiles with the most
+/// keys start first and the short ones fill the tail of the grid) and streams keys and
+/// values of KV head `h / group` from the cache (`[num_kv_heads, max_seq, D]`,
+/// positions `0 ..= start + row`: earlier chunks and this one, already appended) in
+/// `BLOCK_N`-position tiles with an online softmax. Output `out[t, num_heads * D]` bf16.
+///
+/// The query tile is loaded inside the key loops, next to the key tile: both operands
+/// of `q · k^T` are then plain loads, so they stream through the `cp.async` ring
+/// (`num_stages`) straight into shared memory (from L2 after the first iteration)
+/// instead of being held in registers and stored to shared memory before every
+/// product; key tiles past the tile's last query position are never visited.
 ///
 /// Scores round as the reference's (`bf16(bf16(q·k) * scale)`); the unnormalized
 /// probabilities enter the value product as bf16 (see the module docs).
@@ -375,15 +331,12 @@ pub fn prefill_qk_rope<const D: usize, const BT: usize>(
     BLOCK_M = [16, 64, 128],
     BLOCK_N = [32, 64],
     num_warps = [4, 8],
-    // 16 x 32 over 4 warps: the interpreter's tile.
-    skip(BLOCK_M = 16, BLOCK_N = 64),
+    // 16 x 64 over 4 warps: the interpreter's tile (the GPU's 64-key steps, so its
+    // online softmax rounds as the GPU's does); 16 x 32 for tests.
     skip(BLOCK_M = 16, num_warps = 8),
-    // Queries, a key tile and the f32 scores need more than 48 KiB of shared memory.
-    skip(D = 128, BLOCK_M = 128),
-    // With today's `dot` these spill registers over 4 warps (`tests/ptxas_all.rs`).
+    // These spill registers (`tests/ptxas_all.rs`; `tilefuse inspect --ptxas`).
     skip(num_warps = 4, BLOCK_M = 128),
-    skip(num_warps = 4, BLOCK_M = 64, BLOCK_N = 64),
-    skip(num_warps = 4, BLOCK_M = 64, D = 128)
+    skip(num_warps = 4, BLOCK_M = 64, BLOCK_N = 64, D = 128)
 )]
 pub fn prefill_attention<const D: usize, const BLOCK_M: usize, const BLOCK_N: usize>(
     q: Ptr<bf16>,
@@ -396,22 +349,19 @@ pub fn prefill_attention<const D: usize, const BLOCK_M: usize, const BLOCK_N: us
     max_seq: i32,
     scale: f32,
 ) {
-    let head = program_id(1);
-    let num_heads = num_programs(1);
+    let head = program_id(0);
+    let num_heads = num_programs(0);
+    let tile = num_programs(1) - 1 - program_id(1);
     let base = (head / group) * max_seq * D;
-    let rows = program_id(0) * BLOCK_M + arange(0, BLOCK_M);
+    let rows = tile * BLOCK_M + arange(0, BLOCK_M);
     let row_ok = rows < t;
     let q_pos = (start + rows).expand_dims(1);
     let d = arange(0, D);
-    let qt = load(
-        q + (rows * num_heads + head).expand_dims(1) * D + d.expand_dims(0),
-        row_ok.expand_dims(1),
-        0.0,
-    );
+    let q_ptrs = q + (rows * num_heads + head).expand_dims(1) * D + d.expand_dims(0);
     // Keys up to this tile's last query position (padding rows past `t` see the same
     // keys as the last real one; position 0 keeps every row's softmax non-empty, and
     // the first tile processed always holds it).
-    let end = start + minimum((program_id(0) + 1) * BLOCK_M, t);
+    let end = start + minimum((tile + 1) * BLOCK_M, t);
     let s = arange(0, BLOCK_N);
     let mut m = full([BLOCK_M], f32::NEG_INFINITY);
     let mut l = zeros::<f32>([BLOCK_M]);
@@ -419,10 +369,11 @@ pub fn prefill_attention<const D: usize, const BLOCK_M: usize, const BLOCK_N: us
     let mut v_ptrs = v_cache + base + s.expand_dims(1) * D + d.expand_dims(0);
     // Whole key tiles before the tile's first query position are visible to every row
     // and inside the cache: no causal or bounds masks.
-    let unmasked = (start + program_id(0) * BLOCK_M) / BLOCK_N * BLOCK_N;
+    let unmasked = (start + tile * BLOCK_M) / BLOCK_N * BLOCK_N;
     for s0 in (0..unmasked).step_by(BLOCK_N) {
+        let qt = load(q_ptrs, row_ok.expand_dims(1), 0.0);
         // K^T's pointers are made in the loop, not carried, so the load is laid out
-        // along `d`, where the cache is contiguous (16-byte loads).
+        // along `d`, where the cache is contiguous (16-byte copies).
         let kt = load(k_cache + base + (s0 + s).expand_dims(0) * D + d.expand_dims(1));
         let dots = dot(qt, kt);
         let scores = ((dots as bf16 as f32) * scale) as bf16 as f32;
@@ -438,6 +389,7 @@ pub fn prefill_attention<const D: usize, const BLOCK_M: usize, const BLOCK_N: us
     // The rest, up to the tile's last query position: masked.
     for s0 in (unmasked..end).step_by(BLOCK_N) {
         let s_ok = s0 + s < end;
+        let qt = load(q_ptrs, row_ok.expand_dims(1), 0.0);
         let k_ptrs = k_cache + base + (s0 + s).expand_dims(0) * D + d.expand_dims(1);
         let kt = load(k_ptrs, s_ok.expand_dims(0), 0.0);
         let dots = dot(qt, kt);

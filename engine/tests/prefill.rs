@@ -68,109 +68,112 @@ fn host_nt(a: &[f32], w: &[f32], t: usize, n: usize, k: usize) -> Vec<(f64, f64)
 }
 
 #[test]
-fn norm_qkv_gemm_matches_host() {
+fn rmsnorm_matches_host() {
     let mut rng = Rng::new(2501);
-    for dev in devices("norm_qkv_gemm_matches_host") {
-        for (t, n, k) in GEMM_SHAPES {
-            let x = rng.bf16_vec(t * k, 2.0);
-            let g = rng.bf16_vec(k, 1.5);
-            let w = rng.bf16_vec(n * k, 0.1);
-            let b = rng.bf16_vec(n, 0.5);
-            let xn = host_norm_rows(&f32s(&x), &f32s(&g), k);
-            let dots = host_nt(&xn, &f32s(&w), t, n, k);
-            let want: Vec<f64> = (0..t * n).map(|i| dots[i].0 + b[i % n].to_f64()).collect();
-            let tol: Vec<f64> = (0..t * n).map(|i| tol_bf16(want[i], dots[i].1)).collect();
-            let (xd, gd, wd, bd) = (
-                dev.upload(&x).unwrap(),
-                dev.upload(&g).unwrap(),
-                dev.upload(&w).unwrap(),
-                dev.upload(&b).unwrap(),
+    for dev in devices("rmsnorm_matches_host") {
+        // One column block, a partial one, and several.
+        for (t, h) in [(1, 8), (3, 72), (5, 1040), (2, 2048)] {
+            let x = rng.bf16_vec(t * h, 2.0);
+            let g = rng.bf16_vec(h, 1.5);
+            let want: Vec<f64> = host_norm_rows(&f32s(&x), &f32s(&g), h)
+                .iter()
+                .map(|&v| v as f64)
+                .collect();
+            // One bf16 ulp of each of the two roundings (the f32 sum of squares may
+            // associate differently).
+            let tol: Vec<f64> = want.iter().map(|w| w.abs() / 64.0 + 1e-30).collect();
+            let (xd, gd) = (dev.upload(&x).unwrap(), dev.upload(&g).unwrap());
+            let mut y = dev.alloc_filled(t * h, bf16::NAN).unwrap();
+            launch(
+                &PREFILL_RMSNORM,
+                &dev,
+                LaunchConfig::from([t as u32, 1, 1]).num_warps(4),
+                &[1024],
+                &mut [
+                    (&xd).into(),
+                    (&gd).into(),
+                    (&mut y).into(),
+                    (h as i32).into(),
+                    EPS.into(),
+                ],
             );
-            for (consts, warps) in gemm_variants(&dev, &PREFILL_NORM_QKV) {
-                let mut y = dev.alloc_filled(t * n, bf16::NAN).unwrap();
-                launch(
-                    &PREFILL_NORM_QKV,
-                    &dev,
-                    gemm_grid(&consts, t, n).num_warps(warps),
-                    &consts,
-                    &mut [
-                        (&xd).into(),
-                        (&gd).into(),
-                        (&wd).into(),
-                        (&bd).into(),
-                        (&mut y).into(),
-                        (t as i32).into(),
-                        (n as i32).into(),
-                        (k as i32).into(),
-                        EPS.into(),
-                    ],
-                );
-                let what = format!("prefill_norm_qkv {t}x{n}x{k} {consts:?} w{warps} on {dev}");
-                check(&what, &f32s(&y.to_vec().unwrap()), &want, &tol);
-            }
+            let what = format!("prefill_rmsnorm {t}x{h} on {dev}");
+            check(&what, &f32s(&y.to_vec().unwrap()), &want, &tol);
         }
     }
 }
 
 #[test]
-fn gemm_residual_matches_host() {
+fn gemm_matches_host() {
     let mut rng = Rng::new(2502);
-    for dev in devices("gemm_residual_matches_host") {
+    for dev in devices("gemm_matches_host") {
         for (t, n, k) in GEMM_SHAPES {
             let a = rng.bf16_vec(t * k, 1.0);
             let w = rng.bf16_vec(n * k, 0.1);
             let b = rng.bf16_vec(n, 0.5);
             let x0 = rng.bf16_vec(t * n, 2.0);
             let dots = host_nt(&f32s(&a), &f32s(&w), t, n, k);
-            let mut want = Vec::with_capacity(t * n);
-            let mut tol = Vec::with_capacity(t * n);
-            for i in 0..t * n {
-                // The projection rounds to bf16 before the sum, as the reference's.
-                let proj = bf((dots[i].0 + b[i % n].to_f64()) as f32) as f64;
-                let sum = x0[i].to_f64() + proj;
-                want.push(sum);
-                tol.push(tol_bf16(sum, 0.0) + tol_bf16(proj, dots[i].1));
-            }
             let (ad, wd, bd) = (
                 dev.upload(&a).unwrap(),
                 dev.upload(&w).unwrap(),
                 dev.upload(&b).unwrap(),
             );
-            for (consts, warps) in gemm_variants(&dev, &PREFILL_GEMM_RESIDUAL) {
-                let mut x = dev.upload(&x0).unwrap();
-                launch(
-                    &PREFILL_GEMM_RESIDUAL,
-                    &dev,
-                    gemm_grid(&consts, t, n).num_warps(warps),
-                    &consts,
-                    &mut [
-                        (&ad).into(),
-                        (&wd).into(),
-                        (&bd).into(),
-                        (&mut x).into(),
-                        (t as i32).into(),
-                        (n as i32).into(),
-                        (k as i32).into(),
-                    ],
-                );
-                let what =
-                    format!("prefill_gemm_residual {t}x{n}x{k} {consts:?} w{warps} on {dev}");
-                check(&what, &f32s(&x.to_vec().unwrap()), &want, &tol);
+            for accumulate in [0i32, 1] {
+                let mut want = Vec::with_capacity(t * n);
+                let mut tol = Vec::with_capacity(t * n);
+                for i in 0..t * n {
+                    // The projection rounds to bf16 before the sum, as the reference's.
+                    let proj = bf((dots[i].0 + b[i % n].to_f64()) as f32) as f64;
+                    let sum = if accumulate != 0 {
+                        x0[i].to_f64() + proj
+                    } else {
+                        proj
+                    };
+                    want.push(sum);
+                    tol.push(tol_bf16(sum, 0.0) + tol_bf16(proj, dots[i].1));
+                }
+                for (consts, warps) in gemm_variants(&dev, &PREFILL_GEMM) {
+                    // Without accumulation the old values must not matter: NaN.
+                    let mut x = if accumulate != 0 {
+                        dev.upload(&x0).unwrap()
+                    } else {
+                        dev.alloc_filled(t * n, bf16::NAN).unwrap()
+                    };
+                    launch(
+                        &PREFILL_GEMM,
+                        &dev,
+                        gemm_grid(&consts, t, n).num_warps(warps),
+                        &consts,
+                        &mut [
+                            (&ad).into(),
+                            (&wd).into(),
+                            (&bd).into(),
+                            (&mut x).into(),
+                            (t as i32).into(),
+                            (n as i32).into(),
+                            (k as i32).into(),
+                            accumulate.into(),
+                        ],
+                    );
+                    let what = format!(
+                        "prefill_gemm {t}x{n}x{k} accumulate {accumulate} {consts:?} \
+                         w{warps} on {dev}"
+                    );
+                    check(&what, &f32s(&x.to_vec().unwrap()), &want, &tol);
+                }
             }
         }
     }
 }
 
 #[test]
-fn norm_gate_up_gemm_matches_host() {
+fn gate_up_gemm_matches_host() {
     let mut rng = Rng::new(2503);
-    for dev in devices("norm_gate_up_gemm_matches_host") {
+    for dev in devices("gate_up_gemm_matches_host") {
         for (t, inter, k) in GEMM_SHAPES {
-            let x = rng.bf16_vec(t * k, 2.0);
-            let g = rng.bf16_vec(k, 1.5);
+            let a = rng.bf16_vec(t * k, 1.0);
             let w = rng.bf16_vec(2 * inter * k, 0.2);
-            let xn = host_norm_rows(&f32s(&x), &f32s(&g), k);
-            let dots = host_nt(&xn, &f32s(&w), t, 2 * inter, k);
+            let dots = host_nt(&f32s(&a), &f32s(&w), t, 2 * inter, k);
             let mut want = Vec::with_capacity(t * inter);
             let mut tol = Vec::with_capacity(t * inter);
             for r in 0..t {
@@ -192,31 +195,24 @@ fn norm_gate_up_gemm_matches_host() {
                     );
                 }
             }
-            let (xd, gd, wd) = (
-                dev.upload(&x).unwrap(),
-                dev.upload(&g).unwrap(),
-                dev.upload(&w).unwrap(),
-            );
-            for (consts, warps) in gemm_variants(&dev, &PREFILL_NORM_GATE_UP) {
+            let (ad, wd) = (dev.upload(&a).unwrap(), dev.upload(&w).unwrap());
+            for (consts, warps) in gemm_variants(&dev, &PREFILL_GATE_UP) {
                 let mut act = dev.alloc_filled(t * inter, bf16::NAN).unwrap();
                 launch(
-                    &PREFILL_NORM_GATE_UP,
+                    &PREFILL_GATE_UP,
                     &dev,
                     gemm_grid(&consts, t, inter).num_warps(warps),
                     &consts,
                     &mut [
-                        (&xd).into(),
-                        (&gd).into(),
+                        (&ad).into(),
                         (&wd).into(),
                         (&mut act).into(),
                         (t as i32).into(),
                         (inter as i32).into(),
                         (k as i32).into(),
-                        EPS.into(),
                     ],
                 );
-                let what =
-                    format!("prefill_norm_gate_up {t}x{inter}x{k} {consts:?} w{warps} on {dev}");
+                let what = format!("prefill_gate_up {t}x{inter}x{k} {consts:?} w{warps} on {dev}");
                 check(&what, &f32s(&act.to_vec().unwrap()), &want, &tol);
             }
         }
@@ -387,8 +383,10 @@ fn attention_matches_host() {
             (64, 4, 1, 37, 0),
             (64, 2, 2, 21, 19),
             (128, 2, 1, 18, 33),
+            // Several 128-row query tiles, a prefix not a multiple of any key tile.
+            (128, 2, 1, 150, 70),
         ] {
-            let max_seq = 80;
+            let max_seq = 240;
             let q = rng.bf16_vec(t * nh * d, 1.0);
             // Positions past the chunk hold garbage the kernel must not read.
             let mut k = rng.bf16_vec(nkv * max_seq * d, 1.0);
@@ -428,14 +426,18 @@ fn attention_matches_host() {
                     .map(|v| (v.consts.to_vec(), v.num_warps))
                     .collect()
             } else {
-                vec![(vec![d as i64, 16, 32], 4), (vec![d as i64, 64, 32], 8)]
+                vec![
+                    (vec![d as i64, 16, 32], 4),
+                    (vec![d as i64, 64, 32], 8),
+                    (vec![d as i64, 128, 64], 8),
+                ]
             };
             for (consts, warps) in variants {
                 let mut out = dev.alloc_filled(t * nh * d, bf16::NAN).unwrap();
                 launch(
                     &PREFILL_ATTENTION,
                     &dev,
-                    LaunchConfig::from([t.div_ceil(consts[1] as usize) as u32, nh as u32, 1])
+                    LaunchConfig::from([nh as u32, t.div_ceil(consts[1] as usize) as u32, 1])
                         .num_warps(warps),
                     &consts,
                     &mut [

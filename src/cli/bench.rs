@@ -63,6 +63,14 @@ pub struct BenchArgs {
     /// Tokens per prefill chunk (default: the engine's).
     #[arg(long, requires = "prompt")]
     pub prefill_chunk: Option<usize>,
+    /// Also time the prefill with these tiles (repeatable; `qkv=128x64x64/8,o=..,
+    /// gate_up=..,down=..,attention=128x64/8`, launches left out keep the default:
+    /// `PrefillPlan::with_tiles`), each after the default plan.
+    #[arg(long, requires = "prompt")]
+    pub prefill_tiles: Vec<String>,
+    /// Time the prefill only (no decode modes).
+    #[arg(long, requires = "prompt")]
+    pub prefill_only: bool,
     /// Also write the report as JSON.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -102,8 +110,19 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
             .map(|_| rng.next_u32() % cfg.vocab_size as u32)
             .collect();
         let reps = if device.is_cuda() { 10 } else { 1 };
+        let default = dec.prefiller()?.plan().clone();
         let timing = crate::engine::prefill::time_prefill(&mut dec, &prompt, reps)?;
-        super::write_stdout(&format!("{timing}\n"))?;
+        super::write_stdout(&format!("{timing}\n  tiles {default}\n"))?;
+        for spec in &args.prefill_tiles {
+            let plan = default.with_tiles(spec)?;
+            dec.prefiller()?.set_plan(plan.clone())?;
+            let timing = crate::engine::prefill::time_prefill(&mut dec, &prompt, reps)?;
+            super::write_stdout(&format!("{timing}\n  tiles {plan}\n"))?;
+        }
+        dec.prefiller()?.set_plan(default)?;
+        if args.prefill_only {
+            return Ok(());
+        }
     }
     let report = bench::run(&DecodeBenchOptions {
         preset: args.preset.clone(),
