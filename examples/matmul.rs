@@ -16,19 +16,13 @@ use tilefuse::engine::bench::{Cublas, PerfError, Rng};
 use tilefuse::kernels::matmul::{launch, MatmulConfig, MatmulOut};
 use tilefuse::prelude::*;
 
-/// Every configuration the kernels are compiled with (bf16 out).
+/// Every configuration both kernels (bf16 and f32 out) are compiled with.
 const CONFIGS: [MatmulConfig; 6] = [
     MatmulConfig::new(128, 256, 64, 8),
     MatmulConfig::new(128, 128, 64, 8),
     MatmulConfig::new(128, 128, 32, 4),
     MatmulConfig::new(64, 128, 32, 4),
     MatmulConfig::new(64, 64, 64, 4),
-    MatmulConfig::new(64, 64, 32, 4),
-];
-
-/// The f32-out configurations.
-const CONFIGS_F32: [MatmulConfig; 2] = [
-    MatmulConfig::new(128, 128, 64, 8),
     MatmulConfig::new(64, 64, 32, 4),
 ];
 
@@ -99,7 +93,7 @@ fn main() -> anyhow::Result<()> {
             println!("check {shape:?} {cfg:?} bf16 out on {dev}: rel err {err:.2e}");
             anyhow::ensure!(err < 8e-3, "matmul disagrees with the host reference");
         }
-        for cfg in CONFIGS_F32 {
+        for cfg in CONFIGS {
             let err = check(&dev, cfg, shape, &mut rng, f32::NAN, |x| x)?;
             println!("check {shape:?} {cfg:?} f32 out on {dev}: rel err {err:.2e}");
             anyhow::ensure!(err < 1e-5, "matmul_f32 disagrees with the host reference");

@@ -102,22 +102,24 @@ pub fn matmul<const BM: usize, const BN: usize, const BK: usize, const GROUP_M: 
     matmul_tile::<BM, BN, BK, GROUP_M, bf16>(a, b, c, m, n, k);
 }
 
-/// f32 `C` (the same kernel, storing the accumulator as is). Compiled tile
-/// configurations: (128, 128, 64, 8), (64, 64, 32, 4); `GROUP_M = 8`.
+/// f32 `C` (the same kernel, storing the accumulator as is), compiled with [`matmul`]'s
+/// tile configurations so that every [`MatmulConfig::for_shape`] pick launches.
 #[kernel(
     crate = crate::dsl,
     BM = [128, 64],
-    BN = [128, 64],
+    BN = [256, 128, 64],
     BK = [64, 32],
     GROUP_M = [8],
     num_warps = [8, 4],
     num_stages = [3],
-    skip(BM = 64, BN = 128),
-    skip(BM = 128, BN = 64),
-    skip(BM = 64, BK = 64),
-    skip(BM = 128, BK = 32),
+    skip(BM = 64, BN = 128, BK = 64),
+    skip(BM = 64, BN = 256),
     skip(BM = 64, num_warps = 8),
-    skip(BM = 128, num_warps = 4)
+    skip(BM = 128, BN = 64),
+    skip(BN = 256, BK = 32),
+    skip(BN = 256, num_warps = 4),
+    skip(BM = 128, BN = 128, BK = 64, num_warps = 4),
+    skip(BM = 128, BN = 128, BK = 32, num_warps = 8)
 )]
 pub fn matmul_f32<const BM: usize, const BN: usize, const BK: usize, const GROUP_M: usize>(
     a: Ptr<bf16>,
@@ -169,8 +171,8 @@ impl MatmulConfig {
     /// the 128 x 256 tile from 192 tiles of 128 x 128 up (about 1.5 waves of 132 SMs),
     /// 128 x 128 x 64 on 8 warps from 96, and 64 x 64 x 64 tiles (four times the
     /// programs) below that. Measured on Hopper's `wgmma` path; on `mma.sync` (sm_80,
-    /// or `TILEFUSE_SM90A=0`) the same picks are within 12% of the best there. These
-    /// are [`matmul`]'s (bf16 `C`) configurations; [`matmul_f32`] has fewer.
+    /// or `TILEFUSE_SM90A=0`) the same picks are within 12% of the best there. Both
+    /// [`matmul`] and [`matmul_f32`] are compiled with every pick.
     pub fn for_shape(m: usize, n: usize) -> MatmulConfig {
         match m.div_ceil(128) * n.div_ceil(128) {
             t if t >= 192 => MatmulConfig::LARGE,
