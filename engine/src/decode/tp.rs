@@ -384,7 +384,7 @@ impl TpDecoder {
 /// Replays each rank's graph. NCCL warns that a graph launch may wait for its peers'
 /// (one thread driving several GPUs), so each rank's launch is issued from its own
 /// thread and none can hold the others back.
-fn launch_graphs(graphs: &[Graph]) -> Result<()> {
+pub(crate) fn launch_graphs(graphs: &[Graph]) -> Result<()> {
     /// A graph handed to the thread that launches it; each is launched by one thread
     /// only, and the call returns once every launch was issued.
     struct Launch<'a>(&'a Graph);
