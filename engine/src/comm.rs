@@ -304,6 +304,46 @@ pub fn capture_all(devices: &[Device], record: impl FnOnce() -> Result<()>) -> R
     Ok(graphs)
 }
 
+/// Replays one graph a device (as [`capture_all`] made them). NCCL warns that a graph launch may wait for its peers'
+/// (one thread driving several GPUs), so each rank's launch is issued from its own
+/// thread and none can hold the others back.
+pub fn launch_all(graphs: &[Graph]) -> Result<()> {
+    /// A graph handed to the thread that launches it; each is launched by one thread
+    /// only, and the call returns once every launch was issued.
+    struct Launch<'a>(&'a Graph);
+    // SAFETY: the graph is only launched (a driver call on its own stream) from the
+    // one thread it is handed to, while the caller waits for that thread.
+    unsafe impl Send for Launch<'_> {}
+    if graphs.len() == 1 {
+        return Ok(graphs[0].launch()?);
+    }
+    std::thread::scope(|s| {
+        let handles: Vec<_> = graphs[1..]
+            .iter()
+            .map(|g| {
+                let launch = Launch(g);
+                s.spawn(move || {
+                    let launch = launch;
+                    launch.0.launch()
+                })
+            })
+            .collect();
+        let first = graphs[0].launch();
+        let mut result = first.map_err(EngineError::from);
+        for h in handles {
+            let joined = h.join().map_err(|_| EngineError::Communication {
+                message: "a thread launching a rank's graph panicked".into(),
+            });
+            if let Err(e) = joined.and_then(|r| r.map_err(EngineError::from)) {
+                if result.is_ok() {
+                    result = Err(e);
+                }
+            }
+        }
+        result
+    })
+}
+
 /// The calling thread's stream-capture interaction mode set to relaxed while it
 /// lives (restored on drop).
 ///

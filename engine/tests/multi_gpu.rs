@@ -11,7 +11,7 @@ use safetensors::tensor::TensorView;
 use safetensors::SafeTensors;
 use tilefuse_dsl::runtime::testing::{gpu_or_skip, gpu_turn};
 use tilefuse_dsl::runtime::Device;
-use tilefuse_engine::comm::{capture_all, Communicator};
+use tilefuse_engine::comm::{capture_all, launch_all, Communicator};
 use tilefuse_engine::device_init::{random_buffer, random_fill_block};
 use tilefuse_engine::engine::check_placement;
 use tilefuse_engine::memory::device_memory;
@@ -446,9 +446,7 @@ fn captured_all_reduce_replays() {
             b.copy_from_host(v).unwrap();
         }
         comm.synchronize().unwrap();
-        for g in &graphs {
-            g.launch().unwrap();
-        }
+        launch_all(&graphs).unwrap();
         comm.synchronize().unwrap();
         let sum: Vec<f32> = (0..n).map(|i| inputs[0][i] + inputs[1][i]).collect();
         for (r, b) in bufs.iter().enumerate() {

@@ -15,8 +15,9 @@ use std::time::Instant;
 use tilefuse_dsl::runtime::timing::{self, TimingOptions};
 use tilefuse_dsl::runtime::Device;
 
+use crate::comm::launch_all;
 use crate::config::ModelConfig;
-use crate::decode::tp::{launch_graphs, random_rank_weights, TpDecoder};
+use crate::decode::tp::{random_rank_weights, TpDecoder};
 use crate::decode::{median, Decoder};
 use crate::error::{EngineError, Result};
 use crate::tp::TpPlan;
@@ -412,6 +413,14 @@ pub fn run(opts: &TpBenchOptions) -> Result<TpReport> {
         }
     }
 
+    for r in &runs {
+        // As soon as known (a later failure keeps it).
+        eprintln!(
+            "tp 1: {:.3} ms/token, {:.1}% of floor",
+            r.ms_per_token,
+            r.pct_of_floor().unwrap_or(0.0)
+        );
+    }
     let mut split = TpDecoder::from_preset(&cfg, opts.seed, &devices, max_seq)?;
     let agreement = match &one_trace {
         Some(one) => Some(compare(one, &greedy_trace(&mut split, opts.check_tokens)?)),
@@ -426,6 +435,10 @@ pub fn run(opts: &TpBenchOptions) -> Result<TpReport> {
     }
     let mode = if split.uses_graph() { "graph" } else { "eager" };
     let (ms, tps) = time_steps(&mut split, token, opts.context, opts.tokens)?;
+    eprintln!("tp {}: {mode} {ms:.3} ms/token", opts.tp);
+    if let Some(a) = &agreement {
+        eprintln!("agreement: {a:?}");
+    }
     let collectives_ms = if split.uses_graph() {
         collectives_cost(&mut split, token, mid, opts.tokens)?
     } else {
@@ -484,7 +497,7 @@ fn collectives_cost(
                 if collectives {
                     split.step()?;
                 } else {
-                    launch_graphs(&without)?;
+                    launch_all(&without)?;
                 }
             }
             split.synchronize()?;

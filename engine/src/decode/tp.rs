@@ -22,7 +22,7 @@ use super::tp_kernels::{
     MergePairsConsts, ResidualAddArgs, ResidualAddConsts,
 };
 use super::{Block, Decoder, DeviceWeights, LayerBuffers};
-use crate::comm::{capture_all, Communicator};
+use crate::comm::{capture_all, launch_all, Communicator};
 use crate::config::ModelConfig;
 use crate::device_init::random_fill_block;
 use crate::error::{EngineError, Result};
@@ -51,13 +51,22 @@ enum Collectives {
 
 /// A model split over several devices (tensor parallelism), decoding as one.
 pub struct TpDecoder {
+    /// One graph a rank, when captured (dropped first: see `Drop`).
+    graphs: Option<Vec<Graph>>,
     cfg: ModelConfig,
     plan: TpPlan,
     ranks: Vec<Decoder>,
     bufs: Vec<RankBuffers>,
     comm: Communicator,
-    /// One graph a rank, when captured.
-    graphs: Option<Vec<Graph>>,
+}
+
+impl Drop for TpDecoder {
+    /// Graphs holding captured collectives go before the communicators: destroying an
+    /// NCCL communicator while graphs of it live hung on two H200s (docs/gpu-results.md).
+    fn drop(&mut self) {
+        let _ = self.comm.synchronize();
+        self.graphs = None;
+    }
 }
 
 impl std::fmt::Debug for TpDecoder {
@@ -224,7 +233,7 @@ impl TpDecoder {
     /// Runs one step on every rank: the captured graphs if any, else launch by launch.
     pub fn step(&mut self) -> Result<()> {
         match &self.graphs {
-            Some(graphs) => launch_graphs(graphs),
+            Some(graphs) => launch_all(graphs),
             None => self.step_eager(),
         }
     }
@@ -379,46 +388,6 @@ impl TpDecoder {
             self.bufs.iter_mut().map(|b| &mut b.partial).collect();
         self.comm.all_reduce_sum(&mut parts)
     }
-}
-
-/// Replays each rank's graph. NCCL warns that a graph launch may wait for its peers'
-/// (one thread driving several GPUs), so each rank's launch is issued from its own
-/// thread and none can hold the others back.
-pub(crate) fn launch_graphs(graphs: &[Graph]) -> Result<()> {
-    /// A graph handed to the thread that launches it; each is launched by one thread
-    /// only, and the call returns once every launch was issued.
-    struct Launch<'a>(&'a Graph);
-    // SAFETY: the graph is only launched (a driver call on its own stream) from the
-    // one thread it is handed to, while the caller waits for that thread.
-    unsafe impl Send for Launch<'_> {}
-    if graphs.len() == 1 {
-        return Ok(graphs[0].launch()?);
-    }
-    std::thread::scope(|s| {
-        let handles: Vec<_> = graphs[1..]
-            .iter()
-            .map(|g| {
-                let launch = Launch(g);
-                s.spawn(move || {
-                    let launch = launch;
-                    launch.0.launch()
-                })
-            })
-            .collect();
-        let first = graphs[0].launch();
-        let mut result = first.map_err(EngineError::from);
-        for h in handles {
-            let joined = h.join().map_err(|_| EngineError::Communication {
-                message: "a thread launching a rank's graph panicked".into(),
-            });
-            if let Err(e) = joined.and_then(|r| r.map_err(EngineError::from)) {
-                if result.is_ok() {
-                    result = Err(e);
-                }
-            }
-        }
-        result
-    })
 }
 
 /// The O or down projection.
