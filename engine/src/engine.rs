@@ -183,6 +183,8 @@ pub fn split_devices(first: &Device, tp: usize) -> Result<Vec<Device>> {
 
 /// The decoder of an [`Engine`]: one device, or split over several.
 #[derive(Debug)]
+// One value an engine: the size difference of the variants costs nothing.
+#[allow(clippy::large_enum_variant)]
 enum Model {
     One(Decoder),
     Split(TpDecoder),

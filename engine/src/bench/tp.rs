@@ -305,8 +305,8 @@ fn greedy_trace(dec: &mut dyn Stepper, tokens: usize) -> Result<Vec<(Vec<f32>, u
     let mut out = Vec::with_capacity(tokens);
     let mut token = PROMPT[0];
     for pos in 0..PROMPT.len() + tokens {
-        if pos < PROMPT.len() {
-            token = PROMPT[pos];
+        if let Some(&t) = PROMPT.get(pos) {
+            token = t;
         }
         let logits = dec.forward(token, pos)?;
         token = dec.read_state()?.0;

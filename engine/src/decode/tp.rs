@@ -2,10 +2,10 @@
 //! ([`crate::tp`]), exchanging partial sums through a [`Communicator`].
 //!
 //! Rank `r` runs its layers as the one-GPU step does, except that the O and down
-//! projections write f32 partial sums ([`tp_kernels::gemv_partial`]) which an
+//! projections write f32 partial sums ([`super::tp_kernels::gemv_partial`]) which an
 //! all-reduce adds across the ranks before every rank applies the same residual update
-//! ([`tp_kernels::residual_add`]), and that the LM head's candidates are merged across
-//! the ranks ([`tp_kernels::argmax_pair`], an all-gather, [`tp_kernels::merge_pairs`])
+//! ([`super::tp_kernels::residual_add`]), and that the LM head's candidates are merged across
+//! the ranks ([`super::tp_kernels::argmax_pair`], an all-gather, [`super::tp_kernels::merge_pairs`])
 //! so every rank's `state` holds the same next token. One thread issues every rank's
 //! launches, part by part between the collectives; on GPUs the whole step of each rank
 //! can be captured as one graph ([`TpDecoder::capture`]). On CPU devices the ranks run
