@@ -5,6 +5,8 @@
 //!   `mlp()` (what [`crate::reference`] computes, as kernel launches);
 //! - [`plan`]: which compiled variant each launch uses ([`LaunchPlan`]);
 //! - [`profile`]: a step timed block by block, and per-program timelines;
+//! - [`tp`]: the model split over several devices (tensor parallelism), one decoder a
+//!   rank, with the kernels of [`tp_kernels`];
 //! - this file: the weights and buffers on the device, capture and readback.
 //!
 //! Everything a step reads that changes from token to token lives in device memory:

@@ -31,6 +31,10 @@ use crate::preset::RandomTensor;
 use crate::tp::{shard_weights, TpPlan};
 use crate::tuning::GemvConfig;
 
+/// The most ranks a split has: [`super::tp_kernels::merge_pairs`] reads the ranks'
+/// candidates as one tile of this many.
+pub const MAX_RANKS: usize = 16;
+
 /// A rank's buffers beyond its decoder's.
 struct RankBuffers {
     /// The split projection's partial sums, `[hidden]`, reduced in place.
@@ -145,8 +149,14 @@ impl TpDecoder {
         devices: &[Device],
         max_seq_len: usize,
     ) -> Result<TpDecoder> {
-        let comm = Communicator::new(devices)?;
         let n = devices.len();
+        if n > MAX_RANKS {
+            return Err(EngineError::TensorParallel {
+                size: n,
+                message: format!("at most {MAX_RANKS} ranks are supported (the token merge reads one tile of candidates)"),
+            });
+        }
+        let comm = Communicator::new(devices)?;
         let mut ranks = Vec::with_capacity(n);
         let mut bufs = Vec::with_capacity(n);
         for ((r, dev), w) in devices.iter().enumerate().zip(weights) {
@@ -373,7 +383,7 @@ impl TpDecoder {
             .launch(
                 &dev,
                 LaunchConfig::grid([1, 1, 1]).num_warps(1),
-                MergePairsConsts { b: 16 },
+                MergePairsConsts { b: MAX_RANKS },
             )?;
         }
         Ok(())
@@ -571,9 +581,15 @@ pub(crate) fn random_rank_weights(
         "lm_head.weight"
     };
     let v = cfg.vocab_size;
+    // One rank of a tied model reads its head from the embedding itself.
+    let lm_head = if cfg.tie_word_embeddings && plan.size() == 1 {
+        None
+    } else {
+        Some(fill(&[(head_name, h, s.vocab.clone(), 0..h)])?)
+    };
     Ok(DeviceWeights {
         embed: fill(&[(embed_name, h, 0..v, 0..h)])?,
-        lm_head: Some(fill(&[(head_name, h, s.vocab.clone(), 0..h)])?),
+        lm_head,
         final_norm: whole("model.norm.weight")?,
         layers,
     })
