@@ -15,8 +15,10 @@ use tilefuse_macros::kernel;
     num_warps = [4, 8],
     REDUCE_EACH = [0, 1],
     skip(REDUCE_EACH = 1, BLOCK_K = [256, 512, 1024]),
-    // 8 x 4096 weights for 128 threads spill.
-    skip(BLOCK_N = 8, BLOCK_K = 4096, num_warps = 4)
+    // 8 x 4096 weights for 128 threads spill; so do 4- and 8-row 4096-column f32
+    // tiles carried to the end (sm_80, tests/ptxas_all.rs).
+    skip(BLOCK_N = 8, BLOCK_K = 4096, num_warps = 4),
+    skip(REDUCE_EACH = 0, BLOCK_K = 4096, BLOCK_N = [4, 8])
 )]
 pub fn gemv_partial<const BLOCK_N: usize, const BLOCK_K: usize, const REDUCE_EACH: usize>(
     w: Ptr<bf16>,
