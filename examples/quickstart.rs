@@ -85,7 +85,9 @@ fn main() -> anyhow::Result<()> {
         "first tokens: {:?}",
         &out.tokens[..out.tokens.len().min(12)]
     );
-    let dec = engine.decoder();
+    let dec = engine
+        .decoder()
+        .expect("EngineOptions::default() runs on one device");
     let bytes = dec.weight_bytes_per_step() + dec.kv_bytes_per_step(prompt.len() + new_tokens / 2);
     println!(
         "{:.1} tokens/s, {:.3} ms/token, {} kernels per step, {}, {:.2} MB read per token",

@@ -168,3 +168,62 @@ fn generate_reports_the_prompt_path_and_time_to_first_token() {
         );
     }
 }
+
+/// `--tp 2` on interpreter ranks: `bench` reports both runs and their agreement,
+/// `generate` decodes the one-device tokens.
+#[test]
+fn split_bench_and_generate_run_on_the_interpreter() {
+    let out = tilefuse(&[
+        "bench",
+        "--tp",
+        "2",
+        "--preset",
+        "tiny-qwen3",
+        "--context",
+        "3",
+        "--tokens",
+        "2",
+        "--check-tokens",
+        "4",
+        "--device",
+        "cpu",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("tp 1: eager")
+            && text.contains("tp 2: eager")
+            && text.contains("speed-up over tp 1")
+            && text.contains("5 of 5 equal"),
+        "{text}"
+    );
+    let tokens = |tp: &str| {
+        let out = tilefuse(&[
+            "generate",
+            "--preset",
+            "tiny-qwen3",
+            "--device",
+            "cpu",
+            "--tp",
+            tp,
+            "--prompt-ids",
+            "1,2,3",
+            "--max-new-tokens",
+            "6",
+            "--ignore-eos",
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let one = tokens("1");
+    assert_eq!(one.split_whitespace().count(), 6, "{one}");
+    assert_eq!(tokens("2"), one);
+}

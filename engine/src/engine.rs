@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use tilefuse_dsl::runtime::Device;
 
 use crate::config::ModelConfig;
+use crate::decode::tp::TpDecoder;
 use crate::decode::Decoder;
 use crate::error::{EngineError, Result};
 use crate::model::{Checkpoint, ModelWeights};
@@ -37,10 +38,9 @@ pub struct EngineOptions {
     /// Replay each decode step as one CUDA graph (GPU only). Default: on, unless the
     /// environment sets `TILEFUSE_CUDA_GRAPH=0`.
     pub cuda_graph: bool,
-    /// GPUs to split the model over (tensor parallelism, [`crate::tp`]); default 1.
-    /// The split is validated, but decoding over several GPUs is not wired into the
-    /// decoder yet: more than 1 is an error after the validation (docs/design.md,
-    /// "Tensor parallelism").
+    /// Devices to split the model over (tensor parallelism, [`crate::decode::tp`]);
+    /// default 1. With `N > 1`, rank `r` runs on `cuda:(k + r)` for `device` `cuda:k`
+    /// (NCCL between them), or on the interpreter for a CPU `device`.
     pub tp: usize,
     /// Report checkpoint loading on stderr (a line rewritten in place) for checkpoints
     /// of 1 GiB or more; default off.
@@ -160,28 +160,40 @@ pub fn check_placement(label: &str, cfg: &ModelConfig, opts: &EngineOptions) -> 
     let positions = kv_positions(cfg, opts);
     if opts.tp != 1 {
         let plan = crate::tp::TpPlan::new(cfg, opts.tp)?;
-        let need = (0..plan.size())
-            .map(|r| crate::memory::MemoryNeed::for_rank(cfg, &plan, r, positions))
-            .max_by_key(|n| n.total())
-            .expect("a plan has at least one rank");
-        crate::memory::check_fits(&opts.device, label, cfg, &need)?;
-        return Err(crate::error::EngineError::TensorParallel {
-            size: opts.tp,
-            message: format!(
-                "{label} splits {} ways (each GPU: {}), but the decoder does not run split models yet; use --tp 1 (see docs/design.md, \"Tensor parallelism\")",
-                opts.tp,
-                need.breakdown()
-            ),
-        });
+        for (r, dev) in split_devices(&opts.device, opts.tp)?.iter().enumerate() {
+            let need = crate::memory::MemoryNeed::for_rank(cfg, &plan, r, positions);
+            crate::memory::check_fits(dev, label, cfg, &need)?;
+        }
+        return Ok(());
     }
     let need = crate::memory::MemoryNeed::for_decoder(cfg, positions);
     crate::memory::check_fits(&opts.device, label, cfg, &need)
 }
 
+/// The devices of a split over `tp` ranks starting at `first`: consecutive GPUs, or
+/// interpreter ranks.
+pub fn split_devices(first: &Device, tp: usize) -> Result<Vec<Device>> {
+    match first.as_cuda() {
+        Some(cuda) => (0..tp)
+            .map(|r| Ok(Device::cuda(cuda.ordinal() + r)?))
+            .collect(),
+        None => Ok(vec![first.clone(); tp]),
+    }
+}
+
+/// The decoder of an [`Engine`]: one device, or split over several.
+#[derive(Debug)]
+// One value an engine: the size difference of the variants costs nothing.
+#[allow(clippy::large_enum_variant)]
+enum Model {
+    One(Decoder),
+    Split(TpDecoder),
+}
+
 /// A model on a device, with its tokenizer when the checkpoint has one.
 #[derive(Debug)]
 pub struct Engine {
-    decoder: Decoder,
+    model: Model,
     tokenizer: Option<Tokenizer>,
     cuda_graph: bool,
 }
@@ -234,6 +246,16 @@ impl Engine {
     pub fn from_preset(name: &str, seed: u64, opts: EngineOptions) -> Result<Engine> {
         let cfg = crate::preset::config(name)?;
         check_placement(name, &cfg, &opts)?;
+        if opts.tp != 1 {
+            // Each rank draws its shard on its own device.
+            let devices = split_devices(&opts.device, opts.tp)?;
+            let split = TpDecoder::from_preset(&cfg, seed, &devices, kv_positions(&cfg, &opts))?;
+            return Ok(Engine {
+                model: Model::Split(split),
+                tokenizer: None,
+                cuda_graph: opts.cuda_graph && opts.device.is_cuda(),
+            });
+        }
         let weights = crate::preset::random_weights(&cfg, seed);
         Engine::place(&cfg, &weights, opts)
     }
@@ -250,9 +272,15 @@ impl Engine {
 
     /// Uploads checked weights.
     fn place(cfg: &ModelConfig, weights: &ModelWeights<'_>, opts: EngineOptions) -> Result<Engine> {
-        let decoder = Decoder::new(cfg, weights, &opts.device, kv_positions(cfg, &opts))?;
+        let positions = kv_positions(cfg, &opts);
+        let model = if opts.tp != 1 {
+            let devices = split_devices(&opts.device, opts.tp)?;
+            Model::Split(TpDecoder::new(cfg, weights, &devices, positions)?)
+        } else {
+            Model::One(Decoder::new(cfg, weights, &opts.device, positions)?)
+        };
         Ok(Engine {
-            decoder,
+            model,
             tokenizer: None,
             cuda_graph: opts.cuda_graph && opts.device.is_cuda(),
         })
@@ -260,7 +288,10 @@ impl Engine {
 
     /// The model's config.
     pub fn config(&self) -> &ModelConfig {
-        self.decoder.config()
+        match &self.model {
+            Model::One(d) => d.config(),
+            Model::Split(s) => s.config(),
+        }
     }
 
     /// The tokenizer, if the model directory had one.
@@ -268,9 +299,32 @@ impl Engine {
         self.tokenizer.as_ref()
     }
 
-    /// The decoder, for step-level control (benchmarks, tools).
-    pub fn decoder(&mut self) -> &mut Decoder {
-        &mut self.decoder
+    /// The decoder, for step-level control (benchmarks, tools); `None` when the model
+    /// is split over several devices ([`Engine::split_decoder`]).
+    pub fn decoder(&mut self) -> Option<&mut Decoder> {
+        match &mut self.model {
+            Model::One(d) => Some(d),
+            Model::Split(_) => None,
+        }
+    }
+
+    /// The split decoder, when [`EngineOptions::tp`] is more than 1.
+    pub fn split_decoder(&mut self) -> Option<&mut TpDecoder> {
+        match &mut self.model {
+            Model::One(_) => None,
+            Model::Split(s) => Some(s),
+        }
+    }
+
+    /// The device of the model (rank 0's when split), by name.
+    pub fn device_name(&self) -> String {
+        match &self.model {
+            Model::One(d) => d.device().name(),
+            Model::Split(s) => (0..s.size())
+                .map(|r| s.rank(r).device().name())
+                .collect::<Vec<_>>()
+                .join(" + "),
+        }
     }
 
     /// Encodes `text` with the model's tokenizer (special tokens added as the tokenizer
@@ -294,7 +348,12 @@ impl Engine {
         mut on_token: impl FnMut(u32) -> ControlFlow<()>,
     ) -> Result<Generation> {
         opts.sampling.validate()?;
-        let cfg = self.decoder.config();
+        let cuda_graph = self.cuda_graph;
+        let dec = match &mut self.model {
+            Model::One(d) => d,
+            Model::Split(s) => return generate_split(s, cuda_graph, prompt, opts, on_token),
+        };
+        let cfg = dec.config();
         let vocab = cfg.vocab_size;
         let eos = cfg.eos_token_ids.clone();
         if prompt.is_empty() {
@@ -303,7 +362,7 @@ impl Engine {
         if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= vocab) {
             return Err(EngineError::TokenOutOfRange { token: bad, vocab });
         }
-        let max = self.decoder.max_seq_len();
+        let max = dec.max_seq_len();
         // The last generated token is never fed back, so it needs no cache slot.
         if prompt.len() + opts.max_new_tokens.saturating_sub(1) > max {
             return Err(EngineError::TooLong {
@@ -331,21 +390,21 @@ impl Engine {
 
         // The graph is captured before the prompt: its warm-up step overwrites the
         // logits and a cache position, both rewritten by the prompt.
-        self.decoder.set_input(prompt[0], 0)?;
-        if self.cuda_graph && !self.decoder.uses_graph() {
-            self.decoder.capture()?;
+        dec.set_input(prompt[0], 0)?;
+        if cuda_graph && !dec.uses_graph() {
+            dec.capture()?;
         }
-        out.used_graph = self.decoder.uses_graph();
+        out.used_graph = dec.uses_graph();
         let t0 = Instant::now();
         if opts.batched_prefill {
-            self.decoder.prefill(prompt)?;
+            dec.prefill(prompt)?;
         } else {
             for (pos, &token) in prompt.iter().enumerate() {
-                self.decoder.set_input(token, pos)?;
-                self.decoder.step()?;
+                dec.set_input(token, pos)?;
+                dec.step()?;
             }
         }
-        self.decoder.synchronize()?;
+        dec.synchronize()?;
         out.prompt_time = t0.elapsed();
 
         let mut sampler = Sampler::new(opts.sampling.clone());
@@ -382,19 +441,13 @@ impl Engine {
             // Whether the next step is already queued, with the right input.
             let mut queued_next = false;
             if pipelined && device_sampling {
-                self.decoder.queue_device_sample(&opts.sampling)?;
+                dec.queue_device_sample(&opts.sampling)?;
                 let speculate = !last && !fell_back;
                 if speculate {
-                    self.decoder.step()?;
+                    dec.step()?;
                 }
-                let (t, on_host) = finish_device_sample(
-                    &mut self.decoder,
-                    &mut sampler,
-                    input,
-                    pos,
-                    speculate,
-                    !last,
-                )?;
+                let (t, on_host) =
+                    finish_device_sample(dec, &mut sampler, input, pos, speculate, !last)?;
                 token = t;
                 host_draw = false;
                 out.host_draws += usize::from(on_host);
@@ -402,26 +455,26 @@ impl Engine {
                 queued_next = true;
             } else if pipelined {
                 // The device has written the greedy token and the next position.
-                self.decoder.queue_state_read()?;
+                dec.queue_state_read()?;
                 if !last {
-                    self.decoder.step()?;
+                    dec.step()?;
                 }
-                let (t, next_pos) = self.decoder.take_state()?;
+                let (t, next_pos) = dec.take_state()?;
                 debug_assert_eq!(next_pos, pos);
                 token = t;
                 queued_next = true;
             } else if device_sampling {
-                if let Some(t) = self.decoder.sample_on_device(&opts.sampling)? {
+                if let Some(t) = dec.sample_on_device(&opts.sampling)? {
                     token = t;
                     host_draw = false;
                 }
             } else {
-                let (t, next_pos) = self.decoder.read_state()?;
+                let (t, next_pos) = dec.read_state()?;
                 debug_assert_eq!(next_pos, pos);
                 token = t;
             }
             if opts.keep_logits || host_draw {
-                let logits = self.decoder.logits()?;
+                let logits = dec.logits()?;
                 if host_draw {
                     token = sampler.sample(logits);
                     out.host_draws += 1;
@@ -446,9 +499,9 @@ impl Engine {
                 if host_draw {
                     // The state holds the greedy token; overwrite it with the sample
                     // (a draw accepted on the device is already there).
-                    self.decoder.set_input(token, pos)?;
+                    dec.set_input(token, pos)?;
                 }
-                self.decoder.step()?;
+                dec.step()?;
             }
             input = token;
             pos += 1;
@@ -458,6 +511,110 @@ impl Engine {
         out.decode_steps = out.tokens.len().saturating_sub(1);
         Ok(out)
     }
+}
+
+/// [`Engine::generate`] over a split model: the prompt one step per token (the
+/// batched prefill is one-device only), then greedy steps queued ahead of each
+/// token's read, or sampling on the host from the gathered logits.
+fn generate_split(
+    dec: &mut TpDecoder,
+    cuda_graph: bool,
+    prompt: &[u32],
+    opts: &GenerateOptions,
+    mut on_token: impl FnMut(u32) -> ControlFlow<()>,
+) -> Result<Generation> {
+    let vocab = dec.config().vocab_size;
+    let eos = dec.config().eos_token_ids.clone();
+    if prompt.is_empty() {
+        return Err(EngineError::EmptyPrompt);
+    }
+    if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= vocab) {
+        return Err(EngineError::TokenOutOfRange { token: bad, vocab });
+    }
+    let max = dec.max_seq_len();
+    if prompt.len() + opts.max_new_tokens.saturating_sub(1) > max {
+        return Err(EngineError::TooLong {
+            prompt: prompt.len(),
+            new: opts.max_new_tokens,
+            max,
+        });
+    }
+    let mut out = Generation {
+        prompt_ids: prompt.to_vec(),
+        tokens: Vec::new(),
+        logits: Vec::new(),
+        prompt_time: Duration::ZERO,
+        first_token_time: Duration::ZERO,
+        batched_prefill: false,
+        decode_time: Duration::ZERO,
+        decode_steps: 0,
+        used_graph: false,
+        hit_eos: false,
+        host_draws: 0,
+    };
+    if opts.max_new_tokens == 0 {
+        return Ok(out);
+    }
+    dec.set_input(prompt[0], 0)?;
+    if cuda_graph && !dec.uses_graph() {
+        dec.capture()?;
+    }
+    out.used_graph = dec.uses_graph();
+    let t0 = Instant::now();
+    for (pos, &token) in prompt.iter().enumerate() {
+        dec.set_input(token, pos)?;
+        dec.step()?;
+    }
+    dec.synchronize()?;
+    out.prompt_time = t0.elapsed();
+    let mut sampler = Sampler::new(opts.sampling.clone());
+    let greedy = opts.sampling.is_greedy();
+    let pipelined = greedy && !opts.keep_logits;
+    let t1 = Instant::now();
+    let mut pos = prompt.len();
+    loop {
+        let last = out.tokens.len() + 1 == opts.max_new_tokens;
+        let token = if pipelined {
+            dec.queue_state_read()?;
+            if !last {
+                dec.step()?;
+            }
+            dec.take_state()?.0
+        } else {
+            let (greedy_token, _) = dec.read_state()?;
+            let logits = dec.read_logits()?;
+            let token = if greedy {
+                greedy_token
+            } else {
+                out.host_draws += 1;
+                sampler.sample(&logits)
+            };
+            if opts.keep_logits {
+                out.logits.push(logits);
+            }
+            token
+        };
+        if out.tokens.is_empty() {
+            out.first_token_time = t0.elapsed();
+        }
+        out.tokens.push(token);
+        let stop = on_token(token).is_break();
+        if opts.stop_at_eos && eos.contains(&token) {
+            out.hit_eos = true;
+            break;
+        }
+        if stop || last {
+            break;
+        }
+        if !pipelined {
+            dec.set_input(token, pos)?;
+            dec.step()?;
+        }
+        pos += 1;
+    }
+    out.decode_time = t1.elapsed();
+    out.decode_steps = out.tokens.len().saturating_sub(1);
+    Ok(out)
 }
 
 /// Finishes a draw queued with [`Decoder::queue_device_sample`] behind the step that

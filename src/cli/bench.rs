@@ -12,11 +12,19 @@ pub struct BenchArgs {
     /// The preset (random weights at real shape), or the path of a config.json.
     #[arg(long, default_value = "qwen3-0.6b")]
     pub preset: String,
-    /// Split the model over this many GPUs (tensor parallelism). The split is checked
-    /// (heads, KV heads, intermediate width, memory per GPU); running it is not wired
-    /// into the decoder yet, so more than 1 ends with an error saying so.
+    /// Split the model over this many GPUs (tensor parallelism, GPUs 0..N, NCCL between
+    /// them; with `--device cpu`, interpreter ranks) and compare with one GPU in the
+    /// same run: tokens/s, % of the combined floor (the slowest GPU's bytes over its
+    /// copy bandwidth), time in the collectives, speed-up, and `--check-tokens`
+    /// greedy tokens against one GPU. Weights are drawn on the GPUs.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub tp: u16,
+    /// With `--tp`: greedy tokens compared between one GPU and the split (0: none).
+    #[arg(long, default_value_t = 64)]
+    pub check_tokens: usize,
+    /// With `--tp`: skip the one-GPU run (no speed-up, no agreement check).
+    #[arg(long)]
+    pub no_baseline: bool,
     /// Tokens of KV already in the cache.
     #[arg(long, default_value_t = 1024)]
     pub context: usize,
@@ -98,6 +106,28 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         None
     };
     let graph = !args.no_graph && std::env::var("TILEFUSE_CUDA_GRAPH").map_or(true, |v| v != "0");
+    if args.tp > 1 {
+        let report = bench::tp::run(&bench::tp::TpBenchOptions {
+            preset: args.preset.clone(),
+            tp: usize::from(args.tp),
+            cpu: !device.is_cuda(),
+            context: args.context,
+            tokens: args.tokens,
+            seed: args.seed,
+            graph,
+            baseline: !args.no_baseline,
+            check_tokens: if args.no_baseline {
+                0
+            } else {
+                args.check_tokens
+            },
+        })?;
+        super::write_stdout(&report.to_string())?;
+        if let Some(path) = &args.json {
+            std::fs::write(path, serde_json::to_string_pretty(&report.to_json())?)?;
+        }
+        return Ok(());
+    }
     if args.prompt > 0 {
         let (cfg, weights) = crate::engine::preset::load(&args.preset, args.seed)?;
         let mut dec = crate::engine::Decoder::new(&cfg, &weights, &device, args.prompt)?;

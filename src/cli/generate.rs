@@ -58,9 +58,8 @@ pub struct GenerateArgs {
     /// Keep going after an end-of-sequence token.
     #[arg(long)]
     pub ignore_eos: bool,
-    /// Split the model over this many GPUs (tensor parallelism). The split is checked
-    /// (heads, KV heads, intermediate width, memory per GPU); running it is not wired
-    /// into the decoder yet, so more than 1 ends with an error saying so.
+    /// Split the model over this many GPUs (tensor parallelism; `--device cuda:K`
+    /// starts at GPU K; with `--device cpu`, interpreter ranks). Needs NCCL for GPUs.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub tp: u16,
     /// Run the prompt through one decode step per token instead of the batched
@@ -184,7 +183,7 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         out.tokens.len(),
         out.tokens_per_s(),
         out.ms_per_token(),
-        engine.decoder().device().name(),
+        engine.device_name(),
         if out.used_graph {
             "CUDA graph per token"
         } else {

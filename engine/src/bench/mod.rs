@@ -15,6 +15,7 @@
 pub mod cublas;
 pub mod report;
 pub mod sweep;
+pub mod tp;
 pub mod workloads;
 
 use std::time::Instant;

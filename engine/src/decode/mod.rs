@@ -5,6 +5,8 @@
 //!   `mlp()` (what [`crate::reference`] computes, as kernel launches);
 //! - [`plan`]: which compiled variant each launch uses ([`LaunchPlan`]);
 //! - [`profile`]: a step timed block by block, and per-program timelines;
+//! - [`tp`]: the model split over several devices (tensor parallelism), one decoder a
+//!   rank, with the kernels of [`tp_kernels`];
 //! - this file: the weights and buffers on the device, capture and readback.
 //!
 //! Everything a step reads that changes from token to token lives in device memory:
@@ -22,6 +24,8 @@
 pub mod plan;
 pub mod profile;
 mod step;
+pub mod tp;
+pub mod tp_kernels;
 
 use half::bf16;
 use tilefuse_dsl::runtime::{Buffer, Device, Graph, Readback};
@@ -135,6 +139,77 @@ fn concat(parts: &[&[bf16]]) -> Vec<bf16> {
     parts.concat()
 }
 
+/// One layer's weights on the device, in the kernels' layout (see [`Layer`]).
+pub(crate) struct LayerBuffers {
+    pub(crate) input_norm: Buffer<bf16>,
+    pub(crate) qkv_w: Buffer<bf16>,
+    /// `None`: the model has no q/k/v biases (zeros are allocated).
+    pub(crate) qkv_b: Option<Buffer<bf16>>,
+    pub(crate) q_norm: Option<Buffer<bf16>>,
+    pub(crate) k_norm: Option<Buffer<bf16>>,
+    pub(crate) o_w: Buffer<bf16>,
+    pub(crate) o_b: Option<Buffer<bf16>>,
+    pub(crate) post_norm: Buffer<bf16>,
+    pub(crate) gate_up_w: Buffer<bf16>,
+    pub(crate) down_w: Buffer<bf16>,
+}
+
+/// A model's weights on the device, in the kernels' layout.
+pub(crate) struct DeviceWeights {
+    pub(crate) embed: Buffer<bf16>,
+    /// `None` when the LM head is the embedding.
+    pub(crate) lm_head: Option<Buffer<bf16>>,
+    pub(crate) final_norm: Buffer<bf16>,
+    pub(crate) layers: Vec<LayerBuffers>,
+}
+
+impl DeviceWeights {
+    /// Uploads `w` (checked against the shapes it is used with) in the kernels'
+    /// layout: fused `[q; k; v]` and `[gate; up]` rows.
+    pub(crate) fn upload(
+        dev: &Device,
+        embed: &[bf16],
+        lm_head: Option<&[bf16]>,
+        norm: &[bf16],
+        layers: &[crate::model::LayerWeights<'_>],
+    ) -> Result<DeviceWeights> {
+        let opt = |t: &Option<crate::model::Tensor<'_>>| -> Result<Option<Buffer<bf16>>> {
+            Ok(match t {
+                Some(t) => Some(dev.upload(t)?),
+                None => None,
+            })
+        };
+        let mut out = Vec::with_capacity(layers.len());
+        for lw in layers {
+            let qkv_b = match (&lw.q_bias, &lw.k_bias, &lw.v_bias) {
+                (Some(q), Some(k), Some(v)) => Some(dev.upload(&concat(&[q, k, v]))?),
+                _ => None,
+            };
+            out.push(LayerBuffers {
+                input_norm: dev.upload(&lw.input_norm)?,
+                qkv_w: dev.upload(&concat(&[&lw.q_proj, &lw.k_proj, &lw.v_proj]))?,
+                qkv_b,
+                q_norm: opt(&lw.q_norm)?,
+                k_norm: opt(&lw.k_norm)?,
+                o_w: dev.upload(&lw.o_proj)?,
+                o_b: opt(&lw.o_bias)?,
+                post_norm: dev.upload(&lw.post_attention_norm)?,
+                gate_up_w: dev.upload(&concat(&[&lw.gate_proj, &lw.up_proj]))?,
+                down_w: dev.upload(&lw.down_proj)?,
+            });
+        }
+        Ok(DeviceWeights {
+            embed: dev.upload(embed)?,
+            lm_head: match lm_head {
+                Some(t) => Some(dev.upload(t)?),
+                None => None,
+            },
+            final_norm: dev.upload(norm)?,
+            layers: out,
+        })
+    }
+}
+
 impl Decoder {
     /// Uploads `w` to `dev` in the kernels' layout (fused QKV and gate/up rows) and
     /// allocates a KV cache for `max_seq_len` positions and every step buffer.
@@ -145,6 +220,25 @@ impl Decoder {
         max_seq_len: usize,
     ) -> Result<Decoder> {
         w.validate(cfg)?;
+        let weights = DeviceWeights::upload(
+            dev,
+            &w.embed_tokens,
+            w.lm_head.as_deref(),
+            &w.norm,
+            &w.layers,
+        )?;
+        Decoder::from_device(cfg, weights, dev, max_seq_len)
+    }
+
+    /// A decoder over weights already on `dev` (shaped as `cfg` says; the embedding
+    /// may have more rows than `cfg.vocab_size` when `cfg` is a tensor-parallel
+    /// rank's, whose LM head is its vocabulary rows).
+    pub(crate) fn from_device(
+        cfg: &ModelConfig,
+        weights: DeviceWeights,
+        dev: &Device,
+        max_seq_len: usize,
+    ) -> Result<Decoder> {
         if max_seq_len == 0 {
             return Err(EngineError::Option {
                 message: "max_seq_len must be at least 1".into(),
@@ -163,25 +257,30 @@ impl Decoder {
         let ones = vec![bf16::ONE; hd];
 
         let mut layers = Vec::with_capacity(cfg.num_layers);
-        for lw in &w.layers {
-            let qkv_b = match (&lw.q_bias, &lw.k_bias, &lw.v_bias) {
-                (Some(q), Some(k), Some(v)) => dev.upload(&concat(&[q, k, v]))?,
-                _ => dev.zeros(qkv_dim)?,
+        for lw in weights.layers {
+            let ones_or = |b: Option<Buffer<bf16>>| -> Result<Buffer<bf16>> {
+                Ok(match b {
+                    Some(b) => b,
+                    None => dev.upload(&ones)?,
+                })
             };
             layers.push(Layer {
-                input_norm: dev.upload(&lw.input_norm)?,
-                qkv_w: dev.upload(&concat(&[&lw.q_proj, &lw.k_proj, &lw.v_proj]))?,
-                qkv_b,
-                q_norm: dev.upload(lw.q_norm.as_deref().unwrap_or(&ones))?,
-                k_norm: dev.upload(lw.k_norm.as_deref().unwrap_or(&ones))?,
-                o_w: dev.upload(&lw.o_proj)?,
-                o_b: match &lw.o_bias {
-                    Some(b) => dev.upload(b)?,
+                input_norm: lw.input_norm,
+                qkv_w: lw.qkv_w,
+                qkv_b: match lw.qkv_b {
+                    Some(b) => b,
+                    None => dev.zeros(qkv_dim)?,
+                },
+                q_norm: ones_or(lw.q_norm)?,
+                k_norm: ones_or(lw.k_norm)?,
+                o_w: lw.o_w,
+                o_b: match lw.o_b {
+                    Some(b) => b,
                     None => dev.zeros(h)?,
                 },
-                post_norm: dev.upload(&lw.post_attention_norm)?,
-                gate_up_w: dev.upload(&concat(&[&lw.gate_proj, &lw.up_proj]))?,
-                down_w: dev.upload(&lw.down_proj)?,
+                post_norm: lw.post_norm,
+                gate_up_w: lw.gate_up_w,
+                down_w: lw.down_w,
                 k_cache: dev.zeros(cfg.num_kv_heads * max_seq_len * hd)?,
                 v_cache: dev.zeros(cfg.num_kv_heads * max_seq_len * hd)?,
             });
@@ -223,12 +322,9 @@ impl Decoder {
             cfg: cfg.clone(),
             dev: dev.clone(),
             max_seq_len,
-            embed: dev.upload(&w.embed_tokens)?,
-            lm_head: match &w.lm_head {
-                Some(t) => Some(dev.upload(t)?),
-                None => None,
-            },
-            final_norm: dev.upload(&w.norm)?,
+            embed: weights.embed,
+            lm_head: weights.lm_head,
+            final_norm: weights.final_norm,
             rope_cos: dev.upload(&cos)?,
             rope_sin: dev.upload(&sin)?,
             layers,

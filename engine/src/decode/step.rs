@@ -28,6 +28,20 @@ impl Decoder {
     /// Launches only the blocks `want` selects, in step order (for timing a step part
     /// by part; a partial step leaves the model's state meaningless).
     pub fn step_blocks(&mut self, want: impl FnMut(Block) -> bool) -> Result<()> {
+        let layers = 0..self.cfg.num_layers;
+        self.step_part(want, layers, true)
+    }
+
+    /// Launches the blocks `want` selects of the layers `layer_range` (and the
+    /// embedding and LM-head blocks when selected), in step order; `first` says
+    /// whether its first launch starts a step (is serialized). A tensor-parallel rank
+    /// ([`super::tp`]) runs its step in such parts, between collectives.
+    pub(super) fn step_part(
+        &mut self,
+        want: impl FnMut(Block) -> bool,
+        layer_range: std::ops::Range<usize>,
+        first: bool,
+    ) -> Result<()> {
         let grids = self.layer_grids();
         let Decoder {
             cfg,
@@ -52,13 +66,18 @@ impl Decoder {
             rope: (rope_cos, rope_sin),
             s,
             want,
-            first: true,
+            first,
             grids,
             stamp_layer: *stamp_layer,
             layer: 0,
         };
         step.embed(embed)?;
-        for (li, l) in layers.iter_mut().enumerate() {
+        for (li, l) in layers
+            .iter_mut()
+            .enumerate()
+            .skip(layer_range.start)
+            .take(layer_range.len())
+        {
             step.layer = li;
             step.qkv(l)?;
             step.attention(l)?;

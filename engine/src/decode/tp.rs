@@ -1,0 +1,737 @@
+//! Tensor-parallel decoding: one [`Decoder`] a rank, each over its shard of the model
+//! ([`crate::tp`]), exchanging partial sums through a [`Communicator`].
+//!
+//! Rank `r` runs its layers as the one-GPU step does, except that the O and down
+//! projections write f32 partial sums ([`super::tp_kernels::gemv_partial`]) which an
+//! all-reduce adds across the ranks before every rank applies the same residual update
+//! ([`super::tp_kernels::residual_add`]), and that the LM head's candidates are merged across
+//! the ranks ([`super::tp_kernels::argmax_pair`], an all-gather, [`super::tp_kernels::merge_pairs`])
+//! so every rank's `state` holds the same next token. One thread issues every rank's
+//! launches, part by part between the collectives; on GPUs the whole step of each rank
+//! can be captured as one graph ([`TpDecoder::capture`]). On CPU devices the ranks run
+//! on the interpreter and the collectives go through host memory, which is how the
+//! split is tested without GPUs (the tests below).
+
+use std::ops::Range;
+
+use half::bf16;
+use tilefuse_dsl::runtime::{Buffer, Device, Graph, LaunchConfig};
+
+use super::tp_kernels::{
+    ArgmaxPairArgs, ArgmaxPairConsts, GemvPartialArgs, GemvPartialConsts, MergePairsArgs,
+    MergePairsConsts, ResidualAddArgs, ResidualAddConsts,
+};
+use super::{Block, Decoder, DeviceWeights, LayerBuffers};
+use crate::comm::{capture_all, launch_all, Communicator};
+use crate::config::ModelConfig;
+use crate::device_init::random_fill_block;
+use crate::error::{EngineError, Result};
+use crate::model::ModelWeights;
+use crate::preset::RandomTensor;
+use crate::tp::{shard_weights, TpPlan};
+use crate::tuning::GemvConfig;
+
+/// The most ranks a split has: [`super::tp_kernels::merge_pairs`] reads the ranks'
+/// candidates as one tile of this many.
+pub const MAX_RANKS: usize = 16;
+
+/// A rank's buffers beyond its decoder's.
+struct RankBuffers {
+    /// The split projection's partial sums, `[hidden]`, reduced in place.
+    partial: Buffer<f32>,
+    /// This rank's greedy candidate `[logit, token]`.
+    pair: Buffer<f32>,
+    /// Every rank's candidates, gathered.
+    pairs: Buffer<f32>,
+}
+
+/// Which collectives a step issues (timing a step without them measures what they
+/// cost: [`TpDecoder::step_without_collectives`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Collectives {
+    On,
+    Off,
+}
+
+/// A model split over several devices (tensor parallelism), decoding as one.
+pub struct TpDecoder {
+    /// One graph a rank, when captured (dropped first: see `Drop`).
+    graphs: Option<Vec<Graph>>,
+    cfg: ModelConfig,
+    plan: TpPlan,
+    ranks: Vec<Decoder>,
+    bufs: Vec<RankBuffers>,
+    comm: Communicator,
+}
+
+impl Drop for TpDecoder {
+    /// Graphs holding captured collectives go before the communicators: destroying an
+    /// NCCL communicator while graphs of it live hung on two H200s (docs/gpu-results.md).
+    fn drop(&mut self) {
+        let _ = self.comm.synchronize();
+        self.graphs = None;
+    }
+}
+
+impl std::fmt::Debug for TpDecoder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TpDecoder")
+            .field("ranks", &self.ranks)
+            .field("graphs", &self.graphs.is_some())
+            .finish()
+    }
+}
+
+/// The compiled [`tp_kernels::gemv_partial`] variant nearest `c` (the rank's plan for
+/// the O or down projection, chosen for `gemv_residual`, whose variants it mirrors
+/// but for the pipelined `STAGES = 2`).
+fn partial_config(c: GemvConfig) -> GemvConfig {
+    use tilefuse_dsl::runtime::KernelConsts;
+    let consts = |c: &GemvConfig| GemvPartialConsts {
+        block_n: c.block_n,
+        block_k: c.block_k,
+        reduce_each: c.reduce_each,
+    };
+    if consts(&c).check(c.num_warps).is_ok() {
+        return c;
+    }
+    GemvConfig::tile(8, 512, 4)
+}
+
+impl TpDecoder {
+    /// The model `w` (checked against `cfg`) split over `devices` (one rank each, in
+    /// order: distinct GPUs, or CPU devices for the interpreter), each with a KV cache
+    /// of `max_seq_len` positions for its KV heads.
+    pub fn new(
+        cfg: &ModelConfig,
+        w: &ModelWeights<'_>,
+        devices: &[Device],
+        max_seq_len: usize,
+    ) -> Result<TpDecoder> {
+        w.validate(cfg)?;
+        let plan = TpPlan::new(cfg, devices.len())?;
+        let mut weights = Vec::with_capacity(devices.len());
+        for (r, dev) in devices.iter().enumerate() {
+            let s = shard_weights(cfg, &plan, w, r);
+            weights.push(DeviceWeights::upload(
+                dev,
+                &s.embed_tokens,
+                Some(&s.lm_head),
+                &s.norm,
+                &s.layers,
+            )?);
+        }
+        TpDecoder::assemble(cfg, plan, weights, devices, max_seq_len)
+    }
+
+    /// A preset's seeded random weights (see [`crate::preset`]) split over `devices`,
+    /// each rank's shard drawn on its own device ([`random_fill_block`]), so the whole
+    /// model never exists in host memory. Equal to [`TpDecoder::new`] over
+    /// [`crate::preset::random_weights`] (the tests).
+    pub fn from_preset(
+        cfg: &ModelConfig,
+        seed: u64,
+        devices: &[Device],
+        max_seq_len: usize,
+    ) -> Result<TpDecoder> {
+        let plan = TpPlan::new(cfg, devices.len())?;
+        let mut weights = Vec::with_capacity(devices.len());
+        for (r, dev) in devices.iter().enumerate() {
+            weights.push(random_rank_weights(cfg, &plan, r, dev, seed)?);
+        }
+        TpDecoder::assemble(cfg, plan, weights, devices, max_seq_len)
+    }
+
+    fn assemble(
+        cfg: &ModelConfig,
+        plan: TpPlan,
+        weights: Vec<DeviceWeights>,
+        devices: &[Device],
+        max_seq_len: usize,
+    ) -> Result<TpDecoder> {
+        let n = devices.len();
+        if n > MAX_RANKS {
+            return Err(EngineError::TensorParallel {
+                size: n,
+                message: format!("at most {MAX_RANKS} ranks are supported (the token merge reads one tile of candidates)"),
+            });
+        }
+        let comm = Communicator::new(devices)?;
+        let mut ranks = Vec::with_capacity(n);
+        let mut bufs = Vec::with_capacity(n);
+        for ((r, dev), w) in devices.iter().enumerate().zip(weights) {
+            let rc = plan.rank_config(cfg, r);
+            ranks.push(Decoder::from_device(&rc, w, dev, max_seq_len)?);
+            bufs.push(RankBuffers {
+                partial: dev.zeros(cfg.hidden_size)?,
+                pair: dev.zeros(2)?,
+                pairs: dev.zeros(2 * n)?,
+            });
+        }
+        Ok(TpDecoder {
+            cfg: cfg.clone(),
+            plan,
+            ranks,
+            bufs,
+            comm,
+            graphs: None,
+        })
+    }
+
+    /// The whole model's config.
+    pub fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    /// The split.
+    pub fn plan(&self) -> &TpPlan {
+        &self.plan
+    }
+
+    /// The number of ranks.
+    pub fn size(&self) -> usize {
+        self.ranks.len()
+    }
+
+    /// Rank `r`'s decoder (its shard's config, plan and buffers).
+    pub fn rank(&self, r: usize) -> &Decoder {
+        &self.ranks[r]
+    }
+
+    /// The KV cache's capacity in positions.
+    pub fn max_seq_len(&self) -> usize {
+        self.ranks[0].max_seq_len()
+    }
+
+    /// Bytes of weights each rank reads a step, in rank order.
+    pub fn weight_bytes_per_step(&self) -> Vec<usize> {
+        self.ranks
+            .iter()
+            .map(|d| d.weight_bytes_per_step())
+            .collect()
+    }
+
+    /// Bytes of KV cache each rank reads a step at context `len`, in rank order.
+    pub fn kv_bytes_per_step(&self, len: usize) -> Vec<usize> {
+        self.ranks
+            .iter()
+            .map(|d| d.kv_bytes_per_step(len))
+            .collect()
+    }
+
+    /// Sets every rank's input: `token` at position `pos`.
+    pub fn set_input(&mut self, token: u32, pos: usize) -> Result<()> {
+        if token as usize >= self.cfg.vocab_size {
+            return Err(EngineError::TokenOutOfRange {
+                token,
+                vocab: self.cfg.vocab_size,
+            });
+        }
+        if pos >= self.max_seq_len() {
+            return Err(EngineError::TooLong {
+                prompt: pos + 1,
+                new: 0,
+                max: self.max_seq_len(),
+            });
+        }
+        for d in &mut self.ranks {
+            d.s.state.copy_from_host(&[token as i32, pos as i32])?;
+        }
+        Ok(())
+    }
+
+    /// Runs one step on every rank: the captured graphs if any, else launch by launch.
+    pub fn step(&mut self) -> Result<()> {
+        match &self.graphs {
+            Some(graphs) => launch_all(graphs),
+            None => self.step_eager(),
+        }
+    }
+
+    /// Runs one step launch by launch (asynchronous on GPUs).
+    pub fn step_eager(&mut self) -> Result<()> {
+        self.issue_step(Collectives::On)
+    }
+
+    /// A step with the collectives left out (each rank adds only its own partial
+    /// sums, so the result is meaningless): what a step costs without communication,
+    /// for measuring the all-reduces' share. Leaves the model's state meaningless.
+    pub fn step_without_collectives(&mut self) -> Result<()> {
+        self.issue_step(Collectives::Off)
+    }
+
+    /// Captures one step of every rank, one graph a rank (running a step eagerly first
+    /// so kernels are loaded and NCCL has connected; `state` is restored after it).
+    /// Afterwards [`TpDecoder::step`] replays them. Fails on CPU devices and when the
+    /// capture fails; nothing falls back silently.
+    pub fn capture(&mut self) -> Result<()> {
+        self.graphs = None;
+        let saved = self.ranks[0].s.state.to_vec()?;
+        self.issue_step(Collectives::On)?;
+        for d in &mut self.ranks {
+            d.s.state.copy_from_host(&saved)?;
+        }
+        self.comm.synchronize()?;
+        let devices = self.comm.devices().to_vec();
+        let graphs = capture_all(&devices, || self.issue_step(Collectives::On))?;
+        self.graphs = Some(graphs);
+        Ok(())
+    }
+
+    /// Captures the step without its collectives (see
+    /// [`TpDecoder::step_without_collectives`]) as graphs, for timing; they are
+    /// returned, not kept.
+    pub fn capture_without_collectives(&mut self) -> Result<Vec<Graph>> {
+        let devices = self.comm.devices().to_vec();
+        capture_all(&devices, || self.issue_step(Collectives::Off))
+    }
+
+    /// Drops captured graphs; steps launch kernels one by one again.
+    pub fn release_graph(&mut self) {
+        self.graphs = None;
+    }
+
+    /// Whether steps replay captured graphs.
+    pub fn uses_graph(&self) -> bool {
+        self.graphs.is_some()
+    }
+
+    /// Waits for every rank's queued work.
+    pub fn synchronize(&self) -> Result<()> {
+        self.comm.synchronize()
+    }
+
+    /// Queues a copy of rank 0's `state` (every rank's is the same) without waiting.
+    pub fn queue_state_read(&mut self) -> Result<()> {
+        self.ranks[0].queue_state_read()
+    }
+
+    /// Waits for the copy [`TpDecoder::queue_state_read`] queued: `(token, next
+    /// position)`.
+    pub fn take_state(&self) -> Result<(u32, usize)> {
+        self.ranks[0].take_state()
+    }
+
+    /// Waits for the step and reads rank 0's `state`: the greedy next token and the
+    /// next position.
+    pub fn read_state(&self) -> Result<(u32, usize)> {
+        self.synchronize()?;
+        self.ranks[0].read_state()
+    }
+
+    /// Waits for the step and returns the whole vocabulary's logits (the ranks'
+    /// shards in rank order).
+    pub fn read_logits(&self) -> Result<Vec<f32>> {
+        let mut out = Vec::with_capacity(self.cfg.vocab_size);
+        for d in &self.ranks {
+            out.extend(d.read_logits()?);
+        }
+        Ok(out)
+    }
+
+    /// Decodes `token` at `pos` and returns the logits for the next token.
+    pub fn forward(&mut self, token: u32, pos: usize) -> Result<Vec<f32>> {
+        self.set_input(token, pos)?;
+        self.step()?;
+        self.read_logits()
+    }
+
+    /// Every rank's launches of one step, part by part between the collectives.
+    fn issue_step(&mut self, collectives: Collectives) -> Result<()> {
+        let layers = self.cfg.num_layers;
+        for d in &mut self.ranks {
+            d.step_part(|b| b == Block::Embed, 0..0, true)?;
+        }
+        for l in 0..layers {
+            let attention = |b| matches!(b, Block::Qkv | Block::Attention | Block::Combine);
+            for (d, b) in self.ranks.iter_mut().zip(&mut self.bufs) {
+                d.step_part(attention, l..l + 1, false)?;
+                partial_gemv(d, b, l, Projection::O)?;
+            }
+            self.reduce(collectives)?;
+            for (d, b) in self.ranks.iter_mut().zip(&mut self.bufs) {
+                residual(d, b, Some(l))?;
+                d.step_part(|b| b == Block::GateUp, l..l + 1, false)?;
+                partial_gemv(d, b, l, Projection::Down)?;
+            }
+            self.reduce(collectives)?;
+            for (d, b) in self.ranks.iter_mut().zip(&mut self.bufs) {
+                residual(d, b, None)?;
+            }
+        }
+        for ((r, d), b) in self.ranks.iter_mut().enumerate().zip(&mut self.bufs) {
+            d.step_part(|b| b == Block::LmHead, 0..0, false)?;
+            let offset = self.plan.rank(r).vocab.start;
+            candidate(d, b, offset)?;
+        }
+        if collectives == Collectives::On {
+            let (sends, mut recvs): (Vec<&Buffer<f32>>, Vec<&mut Buffer<f32>>) = self
+                .bufs
+                .iter_mut()
+                .map(|b| (&b.pair, &mut b.pairs))
+                .unzip();
+            self.comm.all_gather(&sends, &mut recvs)?;
+        }
+        let n = self.size() as i32;
+        for (d, b) in self.ranks.iter_mut().zip(&mut self.bufs) {
+            let dev = d.dev.clone();
+            MergePairsArgs {
+                pairs: &b.pairs,
+                ranks: n,
+                state: &mut d.s.state,
+            }
+            .launch(
+                &dev,
+                LaunchConfig::grid([1, 1, 1]).num_warps(1),
+                MergePairsConsts { b: MAX_RANKS },
+            )?;
+        }
+        Ok(())
+    }
+
+    /// The all-reduce of every rank's partial sums (skipped when timing without it).
+    fn reduce(&mut self, collectives: Collectives) -> Result<()> {
+        if collectives == Collectives::Off {
+            return Ok(());
+        }
+        let mut parts: Vec<&mut Buffer<f32>> =
+            self.bufs.iter_mut().map(|b| &mut b.partial).collect();
+        self.comm.all_reduce_sum(&mut parts)
+    }
+}
+
+/// The O or down projection.
+#[derive(Clone, Copy)]
+enum Projection {
+    O,
+    Down,
+}
+
+/// `partial = W_r a_r` for layer `l`'s O or down projection, in f32.
+fn partial_gemv(d: &mut Decoder, b: &mut RankBuffers, l: usize, p: Projection) -> Result<()> {
+    let c = &d.cfg;
+    let layer = &d.layers[l];
+    let (w, a, k, chosen) = match p {
+        Projection::O => (&layer.o_w, &d.s.attn, c.q_dim(), d.plan.o_proj),
+        Projection::Down => (&layer.down_w, &d.s.act, c.intermediate_size, d.plan.down),
+    };
+    let g = partial_config(chosen);
+    let n = c.hidden_size;
+    GemvPartialArgs {
+        w,
+        a,
+        out: &mut b.partial,
+        n: n as i32,
+        k: k as i32,
+    }
+    .launch(
+        &d.dev,
+        LaunchConfig::grid([n.div_ceil(g.block_n) as u32, 1, 1]).num_warps(g.num_warps),
+        GemvPartialConsts {
+            block_n: g.block_n,
+            block_k: g.block_k,
+            reduce_each: g.reduce_each,
+        },
+    )?;
+    Ok(())
+}
+
+/// `x = bf16(x + bf16(sum + bias))` after a reduction: layer `l`'s O bias, or no
+/// bias (`None`, after the down projection).
+fn residual(d: &mut Decoder, b: &RankBuffers, o_bias_of: Option<usize>) -> Result<()> {
+    let h = d.cfg.hidden_size;
+    let bias = match o_bias_of {
+        Some(l) => &d.layers[l].o_b,
+        None => &d.s.zeros,
+    };
+    ResidualAddArgs {
+        sum: &b.partial,
+        bias,
+        x: &mut d.s.x,
+        n: h as i32,
+    }
+    .launch(
+        &d.dev,
+        LaunchConfig::grid([h.div_ceil(1024) as u32, 1, 1]).num_warps(4),
+        ResidualAddConsts { b: 1024 },
+    )?;
+    Ok(())
+}
+
+/// The rank's greedy candidate from its LM head's per-program candidates, with the
+/// token offset into the whole vocabulary.
+fn candidate(d: &mut Decoder, b: &mut RankBuffers, offset: usize) -> Result<()> {
+    let parts = d.plan.lm_programs(d.cfg.vocab_size);
+    let argmax = d.plan.argmax;
+    ArgmaxPairArgs {
+        part_val: &d.s.part_val,
+        part_idx: &d.s.part_idx,
+        pair: &mut b.pair,
+        parts: parts as i32,
+        offset: offset as i32,
+    }
+    .launch(
+        &d.dev,
+        LaunchConfig::grid([1, 1, 1]).num_warps(argmax.num_warps),
+        ArgmaxPairConsts { b: argmax.consts.b },
+    )?;
+    Ok(())
+}
+
+/// Rank `r`'s shard of a preset's random weights, drawn on `dev` in the kernels'
+/// layout (fused `[q; k; v]` and `[gate; up]` rows): the values of
+/// [`shard_weights`] over [`crate::preset::random_weights`].
+pub(crate) fn random_rank_weights(
+    cfg: &ModelConfig,
+    plan: &TpPlan,
+    r: usize,
+    dev: &Device,
+    seed: u64,
+) -> Result<DeviceWeights> {
+    let specs: std::collections::HashMap<String, RandomTensor> = crate::preset::random_tensors(cfg)
+        .into_iter()
+        .map(|t| (t.name.clone(), t))
+        .collect();
+    let spec = |name: &str| -> Result<&RandomTensor> {
+        specs.get(name).ok_or_else(|| EngineError::Option {
+            message: format!("preset has no tensor `{name}`"),
+        })
+    };
+    let s = plan.rank(r);
+    let (h, hd, im) = (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size);
+    let qd = cfg.q_dim();
+    let q_rows = s.heads.start * hd..s.heads.end * hd;
+    let kv_rows = s.kv_heads.start * hd..s.kv_heads.end * hd;
+    // Blocks `(tensor, row length, rows, columns)` written one after another.
+    let fill = |blocks: &[(&str, usize, Range<usize>, Range<usize>)]| -> Result<Buffer<bf16>> {
+        let len = blocks.iter().map(|b| b.2.len() * b.3.len()).sum();
+        let mut out = dev.zeros::<bf16>(len)?;
+        let mut offset = 0;
+        for (name, row_len, rows, cols) in blocks {
+            let t = spec(name)?;
+            random_fill_block(
+                dev,
+                &mut out,
+                offset,
+                t,
+                seed,
+                *row_len,
+                rows.clone(),
+                cols.clone(),
+            )?;
+            offset += rows.len() * cols.len();
+        }
+        Ok(out)
+    };
+    let whole = |name: &str| -> Result<Buffer<bf16>> {
+        let t = spec(name)?;
+        fill(&[(name, t.len, 0..1, 0..t.len)])
+    };
+    let mut layers = Vec::with_capacity(cfg.num_layers);
+    for i in 0..cfg.num_layers {
+        let n = |t: &str| format!("model.layers.{i}.{t}");
+        let (q, k, v) = (
+            n("self_attn.q_proj.weight"),
+            n("self_attn.k_proj.weight"),
+            n("self_attn.v_proj.weight"),
+        );
+        let qkv_b = if cfg.qkv_bias {
+            Some(fill(&[
+                (&n("self_attn.q_proj.bias"), 1, q_rows.clone(), 0..1),
+                (&n("self_attn.k_proj.bias"), 1, kv_rows.clone(), 0..1),
+                (&n("self_attn.v_proj.bias"), 1, kv_rows.clone(), 0..1),
+            ])?)
+        } else {
+            None
+        };
+        let (gate, up) = (n("mlp.gate_proj.weight"), n("mlp.up_proj.weight"));
+        layers.push(LayerBuffers {
+            input_norm: whole(&n("input_layernorm.weight"))?,
+            qkv_w: fill(&[
+                (&q, h, q_rows.clone(), 0..h),
+                (&k, h, kv_rows.clone(), 0..h),
+                (&v, h, kv_rows.clone(), 0..h),
+            ])?,
+            qkv_b,
+            q_norm: match cfg.qk_norm {
+                true => Some(whole(&n("self_attn.q_norm.weight"))?),
+                false => None,
+            },
+            k_norm: match cfg.qk_norm {
+                true => Some(whole(&n("self_attn.k_norm.weight"))?),
+                false => None,
+            },
+            o_w: fill(&[(&n("self_attn.o_proj.weight"), qd, 0..h, q_rows.clone())])?,
+            o_b: match cfg.o_bias {
+                true => Some(whole(&n("self_attn.o_proj.bias"))?),
+                false => None,
+            },
+            post_norm: whole(&n("post_attention_layernorm.weight"))?,
+            gate_up_w: fill(&[
+                (&gate, h, s.intermediate.clone(), 0..h),
+                (&up, h, s.intermediate.clone(), 0..h),
+            ])?,
+            down_w: fill(&[(&n("mlp.down_proj.weight"), im, 0..h, s.intermediate.clone())])?,
+        });
+    }
+    let embed_name = "model.embed_tokens.weight";
+    let head_name = if cfg.tie_word_embeddings {
+        embed_name
+    } else {
+        "lm_head.weight"
+    };
+    let v = cfg.vocab_size;
+    // One rank of a tied model reads its head from the embedding itself.
+    let lm_head = if cfg.tie_word_embeddings && plan.size() == 1 {
+        None
+    } else {
+        Some(fill(&[(head_name, h, s.vocab.clone(), 0..h)])?)
+    };
+    Ok(DeviceWeights {
+        embed: fill(&[(embed_name, h, 0..v, 0..h)])?,
+        lm_head,
+        final_norm: whole("model.norm.weight")?,
+        layers,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::preset;
+    use crate::tp::TpSimulation;
+
+    /// Greedy decoding over `size` interpreter ranks against the one-device decoder
+    /// and against [`TpSimulation`], over `steps` tokens after a 4-token prompt: the
+    /// same tokens at every step, logits within bf16 tolerance. Returns the largest
+    /// logit difference from the one-device decoder, relative to the largest logit.
+    fn agrees_with_one_device(cfg: &ModelConfig, seed: u64, size: usize, steps: usize) -> f32 {
+        let w = preset::random_weights(cfg, seed);
+        let max_seq = 8 + steps;
+        let mut one = Decoder::new(cfg, &w, &Device::cpu(), max_seq).unwrap();
+        let devs = vec![Device::cpu(); size];
+        let mut split = TpDecoder::new(cfg, &w, &devs, max_seq).unwrap();
+        let mut sim = TpSimulation::new(cfg, &w, size).unwrap();
+        let prompt = [1u32, 17, 42, 7];
+        let mut worst = 0.0f32;
+        let mut token = prompt[0];
+        for pos in 0..prompt.len() + steps {
+            if pos < prompt.len() {
+                token = prompt[pos];
+            }
+            let want = one.forward(token, pos).unwrap();
+            let got = split.forward(token, pos).unwrap();
+            let simulated = sim.forward(token, pos).unwrap();
+            assert_eq!(got.len(), cfg.vocab_size);
+            let scale = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            let diff = |a: &[f32], b: &[f32]| {
+                a.iter()
+                    .zip(b)
+                    .fold(0.0f32, |m, (x, y)| m.max((x - y).abs()))
+            };
+            // bf16 keeps 8 significant bits: a few ulps of the largest logit.
+            let d = diff(&want, &got);
+            assert!(
+                d <= scale * 2e-2,
+                "pos {pos}, tp {size}: logits differ from one device's by {d} (largest {scale})"
+            );
+            let ds = diff(&simulated.logits, &got);
+            assert!(
+                ds <= scale * 2e-2,
+                "pos {pos}, tp {size}: logits differ from the simulation's by {ds}"
+            );
+            worst = worst.max(d / scale);
+            let (next, next_pos) = split.read_state().unwrap();
+            let (one_next, _) = one.read_state().unwrap();
+            assert_eq!(next_pos, pos + 1);
+            assert_eq!(next, one_next, "pos {pos}, tp {size}: greedy token");
+            assert_eq!(
+                next, simulated.token,
+                "pos {pos}, tp {size}: simulated token"
+            );
+            // Every rank holds the merged token.
+            for r in 0..size {
+                assert_eq!(
+                    split.rank(r).read_state().unwrap(),
+                    (next, pos + 1),
+                    "rank {r}"
+                );
+            }
+            token = next;
+        }
+        worst
+    }
+
+    #[test]
+    fn two_ranks_agree_with_one_device_over_64_tokens() {
+        let cfg = preset::config("tiny-qwen3").unwrap();
+        let worst = agrees_with_one_device(&cfg, 3, 2, 64);
+        eprintln!("tiny-qwen3, tp 2: largest logit difference {worst:.2e} of the largest");
+    }
+
+    #[test]
+    fn four_ranks_with_biases_and_an_untied_odd_vocabulary_agree() {
+        // Q/K/V and O biases, an untied head of 1001 rows (uneven shards), no QK-norm.
+        let cfg = ModelConfig {
+            num_heads: 4,
+            num_kv_heads: 4,
+            intermediate_size: 256,
+            vocab_size: 1001,
+            tie_word_embeddings: false,
+            qkv_bias: true,
+            o_bias: true,
+            qk_norm: false,
+            ..preset::config("tiny-qwen3").unwrap()
+        };
+        agrees_with_one_device(&cfg, 5, 4, 16);
+    }
+
+    #[test]
+    fn device_filled_shards_equal_the_host_preset_split() {
+        let cfg = ModelConfig {
+            qkv_bias: true,
+            o_bias: true,
+            tie_word_embeddings: false,
+            ..preset::config("tiny-qwen3").unwrap()
+        };
+        let w = preset::random_weights(&cfg, 11);
+        let plan = TpPlan::new(&cfg, 2).unwrap();
+        let dev = Device::cpu();
+        for r in 0..2 {
+            let got = random_rank_weights(&cfg, &plan, r, &dev, 11).unwrap();
+            let s = shard_weights(&cfg, &plan, &w, r);
+            let want =
+                DeviceWeights::upload(&dev, &s.embed_tokens, Some(&s.lm_head), &s.norm, &s.layers)
+                    .unwrap();
+            let same = |a: &Buffer<bf16>, b: &Buffer<bf16>, what: &str| {
+                assert_eq!(a.to_vec().unwrap(), b.to_vec().unwrap(), "rank {r}: {what}")
+            };
+            same(&got.embed, &want.embed, "embedding");
+            same(
+                got.lm_head.as_ref().unwrap(),
+                want.lm_head.as_ref().unwrap(),
+                "LM head",
+            );
+            same(&got.final_norm, &want.final_norm, "final norm");
+            for (l, (g, e)) in got.layers.iter().zip(&want.layers).enumerate() {
+                same(&g.qkv_w, &e.qkv_w, &format!("layer {l} qkv"));
+                same(
+                    g.qkv_b.as_ref().unwrap(),
+                    e.qkv_b.as_ref().unwrap(),
+                    "qkv bias",
+                );
+                same(&g.o_w, &e.o_w, &format!("layer {l} o"));
+                same(g.o_b.as_ref().unwrap(), e.o_b.as_ref().unwrap(), "o bias");
+                same(&g.gate_up_w, &e.gate_up_w, &format!("layer {l} gate/up"));
+                same(&g.down_w, &e.down_w, &format!("layer {l} down"));
+                same(&g.input_norm, &e.input_norm, "input norm");
+                same(&g.post_norm, &e.post_norm, "post norm");
+                same(
+                    g.q_norm.as_ref().unwrap(),
+                    e.q_norm.as_ref().unwrap(),
+                    "q norm",
+                );
+            }
+        }
+    }
+}
