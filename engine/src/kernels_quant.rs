@@ -43,7 +43,42 @@
 //! `wait_for_prior_kernels()`, so with programmatic launch it overlaps the previous
 //! kernel's tail.
 
-use tilefuse_macros::kernel;
+use tilefuse_macros::{kernel, tile_fn};
+
+/// `1 / sqrt(mean(a²) + eps)` over `a[0..k]`, in tiles of `B`.
+#[tile_fn]
+fn inv_rms_of<const B: usize>(a: Ptr<bf16>, k: i32, eps: f32) -> f32 {
+    let mut sq = zeros::<f32>([B]);
+    for k0 in (0..k).step_by(B) {
+        let c = k0 + arange(0, B);
+        let v = load(a + c, c < k, 0.0) as f32;
+        sq += v * v;
+    }
+    1.0 / sqrt(sq.sum(0) / (k as f32) + eps)
+}
+
+/// The final norm as the LM head's reference rounds it: `bf16(g * bf16(x * inv_rms))`.
+#[tile_fn]
+fn head_norm(x: Tile<f32>, g: Tile<f32>, inv_rms: f32) -> Tile<f32> {
+    (g * ((x * inv_rms) as bf16 as f32)) as bf16 as f32
+}
+
+/// The LM head's outputs: the logits of `rows`, and the program's greedy candidate
+/// (its largest logit, the first on ties) for `argmax_finish`.
+#[tile_fn]
+fn store_head(
+    logits: Ptr<f32>,
+    part_val: Ptr<f32>,
+    part_idx: Ptr<i32>,
+    rows: Tile<i32>,
+    out: Tile<f32>,
+    row_ok: Tile<bool>,
+) {
+    store(logits + rows, out, row_ok);
+    let cand = select(row_ok, out, f32::NEG_INFINITY);
+    store(part_val + program_id(0), cand.max(0));
+    store(part_idx + program_id(0), rows.min(0) + cand.argmax(0));
+}
 
 /// Every kernel description in this module, for tooling (offline assembly, inspection).
 pub fn all() -> [&'static tilefuse_dsl::runtime::KernelDef; 3] {
@@ -62,9 +97,11 @@ pub fn all() -> [&'static tilefuse_dsl::runtime::KernelDef; 3] {
     RESIDUAL = [0, 1],
     NORM = [0, 1],
     SILU_MUL = [0, 1],
+    HEAD = [0, 1],
     skip(NORM = 1, RESIDUAL = 1),
     skip(SILU_MUL = 1, NORM = 1),
-    skip(SILU_MUL = 1, RESIDUAL = 0)
+    skip(SILU_MUL = 1, RESIDUAL = 0),
+    skip(HEAD = 1, NORM = 0)
 )]
 pub fn q8_0_gemv<
     const BLOCK_N: usize,
@@ -72,6 +109,7 @@ pub fn q8_0_gemv<
     const RESIDUAL: usize,
     const NORM: usize,
     const SILU_MUL: usize,
+    const HEAD: usize,
 >(
     q: Ptr<u32>,
     d: Ptr<f16>,
@@ -79,7 +117,11 @@ pub fn q8_0_gemv<
     norm_w: Ptr<bf16>,
     bias: Ptr<bf16>,
     y: Ptr<bf16>,
+    logits: Ptr<f32>,
+    part_val: Ptr<f32>,
+    part_idx: Ptr<i32>,
     n: i32,
+    row0: i32,
     #[multiple_of(8)] k_words: i32,
     eps: f32,
 ) {
@@ -110,11 +152,18 @@ pub fn q8_0_gemv<
         0,
     );
     let d_first = load(d + d_rows + grp.expand_dims(0), g_ok, 0.0);
-    let b = load(bias + rows, row_ok, 0.0) as f32;
+    let mut b = zeros::<f32>([BLOCK_N]);
+    if HEAD == 0 {
+        b = load(bias + row0 + rows, row_ok, 0.0) as f32;
+    }
     wait_for_prior_kernels();
     let mut old = zeros::<f32>([BLOCK_N]);
     if RESIDUAL == 1 {
-        old = load(y + rows, row_ok, 0.0) as f32;
+        old = load(y + row0 + rows, row_ok, 0.0) as f32;
+    }
+    let mut inv_rms = 1.0;
+    if HEAD == 1 {
+        inv_rms = inv_rms_of::<BLOCK_K>(a, groups * 32, eps);
     }
     let a_ok = (grp < groups).expand_dims(1).expand_dims(2);
     let mut xv = load(a + elems, a_ok, 0.0) as f32;
@@ -125,7 +174,10 @@ pub fn q8_0_gemv<
     }
     let mut sq = 0.0;
     let mut av = xv;
-    if NORM == 1 {
+    if HEAD == 1 {
+        // The final norm rounded as the LM head's reference does.
+        av = head_norm(xv, load(norm_w + elems, a_ok, 0.0) as f32, inv_rms);
+    } else if NORM == 1 {
         // RMSNorm folded in (as `rms_norm_gemv`): the squares are summed from the
         // activation tiles and `inv_rms` scales the row sums at the end.
         sq = (xv * xv).sum(2).sum(1).sum(0);
@@ -150,7 +202,9 @@ pub fn q8_0_gemv<
             xv = ((xv / (1.0 + exp(-xv))) as bf16 as f32 * up) as bf16 as f32;
         }
         let mut av = xv;
-        if NORM == 1 {
+        if HEAD == 1 {
+            av = head_norm(xv, load(norm_w + g0 * 32 + elems, a_ok, 0.0) as f32, inv_rms);
+        } else if NORM == 1 {
             sq += (xv * xv).sum(2).sum(1).sum(0);
             av = xv * (load(norm_w + g0 * 32 + elems, a_ok, 0.0) as f32);
         }
@@ -158,14 +212,23 @@ pub fn q8_0_gemv<
         let dots = (vals * av.expand_dims(0)).sum(3).sum(2);
         sums += (dots * (dt as f32)).sum(1);
     }
-    if NORM == 1 {
+    if NORM == 1 && HEAD == 0 {
         sums = sums * (1.0 / sqrt(sq / ((groups * 32) as f32) + eps));
     }
     let proj = (sums + b) as bf16;
-    if RESIDUAL == 1 {
-        store(y + rows, (old + proj as f32) as bf16, row_ok);
+    if HEAD == 1 {
+        store_head(
+            logits,
+            part_val,
+            part_idx,
+            row0 + rows,
+            proj as f32,
+            row_ok,
+        );
+    } else if RESIDUAL == 1 {
+        store(y + row0 + rows, (old + proj as f32) as bf16, row_ok);
     } else {
-        store(y + rows, proj, row_ok);
+        store(y + row0 + rows, proj, row_ok);
     }
 }
 
@@ -181,9 +244,11 @@ pub fn q8_0_gemv<
     RESIDUAL = [0, 1],
     NORM = [0, 1],
     SILU_MUL = [0, 1],
+    HEAD = [0, 1],
     skip(NORM = 1, RESIDUAL = 1),
     skip(SILU_MUL = 1, NORM = 1),
-    skip(SILU_MUL = 1, RESIDUAL = 0)
+    skip(SILU_MUL = 1, RESIDUAL = 0),
+    skip(HEAD = 1, NORM = 0)
 )]
 pub fn q4_k_gemv<
     const BLOCK_N: usize,
@@ -191,6 +256,7 @@ pub fn q4_k_gemv<
     const RESIDUAL: usize,
     const NORM: usize,
     const SILU_MUL: usize,
+    const HEAD: usize,
 >(
     q: Ptr<u32>,
     scales: Ptr<u8>,
@@ -201,7 +267,11 @@ pub fn q4_k_gemv<
     norm_w: Ptr<bf16>,
     bias: Ptr<bf16>,
     y: Ptr<bf16>,
+    logits: Ptr<f32>,
+    part_val: Ptr<f32>,
+    part_idx: Ptr<i32>,
     n: i32,
+    row0: i32,
     #[multiple_of(32)] k_words: i32,
     eps: f32,
 ) {
@@ -233,11 +303,18 @@ pub fn q4_k_gemv<
     let m_first = load(mins + s_rows + grp.expand_dims(0), g_ok, 0);
     let d_first = load(d + d_rows + (grp / 8).expand_dims(0), g_ok, 0.0);
     let dmin_first = load(dmin + d_rows + (grp / 8).expand_dims(0), g_ok, 0.0);
-    let b = load(bias + rows, row_ok, 0.0) as f32;
+    let mut b = zeros::<f32>([BLOCK_N]);
+    if HEAD == 0 {
+        b = load(bias + row0 + rows, row_ok, 0.0) as f32;
+    }
     wait_for_prior_kernels();
     let mut old = zeros::<f32>([BLOCK_N]);
     if RESIDUAL == 1 {
-        old = load(y + rows, row_ok, 0.0) as f32;
+        old = load(y + row0 + rows, row_ok, 0.0) as f32;
+    }
+    let mut inv_rms = 1.0;
+    if HEAD == 1 {
+        inv_rms = inv_rms_of::<BLOCK_K>(a, groups * 32, eps);
     }
     let a_ok = (grp < groups).expand_dims(1).expand_dims(2);
     let mut xv = load(a + elems, a_ok, 0.0) as f32;
@@ -248,7 +325,10 @@ pub fn q4_k_gemv<
     }
     let mut sq = 0.0;
     let mut av = xv;
-    if NORM == 1 {
+    if HEAD == 1 {
+        // The final norm rounded as the LM head's reference does.
+        av = head_norm(xv, load(norm_w + elems, a_ok, 0.0) as f32, inv_rms);
+    } else if NORM == 1 {
         // RMSNorm folded in (as `rms_norm_gemv`): the squares are summed from the
         // activation tiles and `inv_rms` scales the row sums at the end.
         sq = (xv * xv).sum(2).sum(1).sum(0);
@@ -281,7 +361,9 @@ pub fn q4_k_gemv<
             xv = ((xv / (1.0 + exp(-xv))) as bf16 as f32 * up) as bf16 as f32;
         }
         let mut av = xv;
-        if NORM == 1 {
+        if HEAD == 1 {
+            av = head_norm(xv, load(norm_w + g0 * 32 + elems, a_ok, 0.0) as f32, inv_rms);
+        } else if NORM == 1 {
             sq += (xv * xv).sum(2).sum(1).sum(0);
             av = xv * (load(norm_w + g0 * 32 + elems, a_ok, 0.0) as f32);
         }
@@ -293,14 +375,23 @@ pub fn q4_k_gemv<
         let min = (dmint as f32) * (mt as f32);
         sums += (scale * dots - min * a_sums).sum(1);
     }
-    if NORM == 1 {
+    if NORM == 1 && HEAD == 0 {
         sums = sums * (1.0 / sqrt(sq / ((groups * 32) as f32) + eps));
     }
     let proj = (sums + b) as bf16;
-    if RESIDUAL == 1 {
-        store(y + rows, (old + proj as f32) as bf16, row_ok);
+    if HEAD == 1 {
+        store_head(
+            logits,
+            part_val,
+            part_idx,
+            row0 + rows,
+            proj as f32,
+            row_ok,
+        );
+    } else if RESIDUAL == 1 {
+        store(y + row0 + rows, (old + proj as f32) as bf16, row_ok);
     } else {
-        store(y + rows, proj, row_ok);
+        store(y + row0 + rows, proj, row_ok);
     }
 }
 
@@ -317,9 +408,11 @@ pub fn q4_k_gemv<
     RESIDUAL = [0, 1],
     NORM = [0, 1],
     SILU_MUL = [0, 1],
+    HEAD = [0, 1],
     skip(NORM = 1, RESIDUAL = 1),
     skip(SILU_MUL = 1, NORM = 1),
-    skip(SILU_MUL = 1, RESIDUAL = 0)
+    skip(SILU_MUL = 1, RESIDUAL = 0),
+    skip(HEAD = 1, NORM = 0)
 )]
 pub fn q6_k_gemv<
     const BLOCK_N: usize,
@@ -327,6 +420,7 @@ pub fn q6_k_gemv<
     const RESIDUAL: usize,
     const NORM: usize,
     const SILU_MUL: usize,
+    const HEAD: usize,
 >(
     ql: Ptr<u32>,
     qh: Ptr<u32>,
@@ -336,7 +430,11 @@ pub fn q6_k_gemv<
     norm_w: Ptr<bf16>,
     bias: Ptr<bf16>,
     y: Ptr<bf16>,
+    logits: Ptr<f32>,
+    part_val: Ptr<f32>,
+    part_idx: Ptr<i32>,
     n: i32,
+    row0: i32,
     #[multiple_of(16)] k_words: i32,
     eps: f32,
 ) {
@@ -379,11 +477,18 @@ pub fn q6_k_gemv<
     );
     let sc_first = load(scales + g_rows + grp.expand_dims(0), g_ok, 128);
     let d_first = load(d + d_rows + (grp / 16).expand_dims(0), g_ok, 0.0);
-    let b = load(bias + rows, row_ok, 0.0) as f32;
+    let mut b = zeros::<f32>([BLOCK_N]);
+    if HEAD == 0 {
+        b = load(bias + row0 + rows, row_ok, 0.0) as f32;
+    }
     wait_for_prior_kernels();
     let mut old = zeros::<f32>([BLOCK_N]);
     if RESIDUAL == 1 {
-        old = load(y + rows, row_ok, 0.0) as f32;
+        old = load(y + row0 + rows, row_ok, 0.0) as f32;
+    }
+    let mut inv_rms = 1.0;
+    if HEAD == 1 {
+        inv_rms = inv_rms_of::<BLOCK_K>(a, groups * 16, eps);
     }
     let a_ok = (grp < groups).expand_dims(1).expand_dims(2);
     let mut xv = load(a + elems, a_ok, 0.0) as f32;
@@ -394,7 +499,10 @@ pub fn q6_k_gemv<
     }
     let mut sq = 0.0;
     let mut av = xv;
-    if NORM == 1 {
+    if HEAD == 1 {
+        // The final norm rounded as the LM head's reference does.
+        av = head_norm(xv, load(norm_w + elems, a_ok, 0.0) as f32, inv_rms);
+    } else if NORM == 1 {
         // RMSNorm folded in (as `rms_norm_gemv`): the squares are summed from the
         // activation tiles and `inv_rms` scales the row sums at the end.
         sq = (xv * xv).sum(2).sum(1).sum(0);
@@ -427,7 +535,9 @@ pub fn q6_k_gemv<
             xv = ((xv / (1.0 + exp(-xv))) as bf16 as f32 * up) as bf16 as f32;
         }
         let mut av = xv;
-        if NORM == 1 {
+        if HEAD == 1 {
+            av = head_norm(xv, load(norm_w + g0 * 16 + elems, a_ok, 0.0) as f32, inv_rms);
+        } else if NORM == 1 {
             sq += (xv * xv).sum(2).sum(1).sum(0);
             av = xv * (load(norm_w + g0 * 16 + elems, a_ok, 0.0) as f32);
         }
@@ -437,13 +547,22 @@ pub fn q6_k_gemv<
         let scale = (dt as f32) * (((sct as i32) - 128) as f32);
         sums += (scale * dots).sum(1);
     }
-    if NORM == 1 {
+    if NORM == 1 && HEAD == 0 {
         sums = sums * (1.0 / sqrt(sq / ((groups * 16) as f32) + eps));
     }
     let proj = (sums + b) as bf16;
-    if RESIDUAL == 1 {
-        store(y + rows, (old + proj as f32) as bf16, row_ok);
+    if HEAD == 1 {
+        store_head(
+            logits,
+            part_val,
+            part_idx,
+            row0 + rows,
+            proj as f32,
+            row_ok,
+        );
+    } else if RESIDUAL == 1 {
+        store(y + row0 + rows, (old + proj as f32) as bf16, row_ok);
     } else {
-        store(y + rows, proj, row_ok);
+        store(y + row0 + rows, proj, row_ok);
     }
 }
