@@ -203,7 +203,11 @@ pub fn q8_0_gemv<
         }
         let mut av = xv;
         if HEAD == 1 {
-            av = head_norm(xv, load(norm_w + g0 * 32 + elems, a_ok, 0.0) as f32, inv_rms);
+            av = head_norm(
+                xv,
+                load(norm_w + g0 * 32 + elems, a_ok, 0.0) as f32,
+                inv_rms,
+            );
         } else if NORM == 1 {
             sq += (xv * xv).sum(2).sum(1).sum(0);
             av = xv * (load(norm_w + g0 * 32 + elems, a_ok, 0.0) as f32);
@@ -217,14 +221,7 @@ pub fn q8_0_gemv<
     }
     let proj = (sums + b) as bf16;
     if HEAD == 1 {
-        store_head(
-            logits,
-            part_val,
-            part_idx,
-            row0 + rows,
-            proj as f32,
-            row_ok,
-        );
+        store_head(logits, part_val, part_idx, row0 + rows, proj as f32, row_ok);
     } else if RESIDUAL == 1 {
         store(y + row0 + rows, (old + proj as f32) as bf16, row_ok);
     } else {
@@ -362,7 +359,11 @@ pub fn q4_k_gemv<
         }
         let mut av = xv;
         if HEAD == 1 {
-            av = head_norm(xv, load(norm_w + g0 * 32 + elems, a_ok, 0.0) as f32, inv_rms);
+            av = head_norm(
+                xv,
+                load(norm_w + g0 * 32 + elems, a_ok, 0.0) as f32,
+                inv_rms,
+            );
         } else if NORM == 1 {
             sq += (xv * xv).sum(2).sum(1).sum(0);
             av = xv * (load(norm_w + g0 * 32 + elems, a_ok, 0.0) as f32);
@@ -380,14 +381,7 @@ pub fn q4_k_gemv<
     }
     let proj = (sums + b) as bf16;
     if HEAD == 1 {
-        store_head(
-            logits,
-            part_val,
-            part_idx,
-            row0 + rows,
-            proj as f32,
-            row_ok,
-        );
+        store_head(logits, part_val, part_idx, row0 + rows, proj as f32, row_ok);
     } else if RESIDUAL == 1 {
         store(y + row0 + rows, (old + proj as f32) as bf16, row_ok);
     } else {
@@ -536,7 +530,11 @@ pub fn q6_k_gemv<
         }
         let mut av = xv;
         if HEAD == 1 {
-            av = head_norm(xv, load(norm_w + g0 * 16 + elems, a_ok, 0.0) as f32, inv_rms);
+            av = head_norm(
+                xv,
+                load(norm_w + g0 * 16 + elems, a_ok, 0.0) as f32,
+                inv_rms,
+            );
         } else if NORM == 1 {
             sq += (xv * xv).sum(2).sum(1).sum(0);
             av = xv * (load(norm_w + g0 * 16 + elems, a_ok, 0.0) as f32);
@@ -552,14 +550,7 @@ pub fn q6_k_gemv<
     }
     let proj = (sums + b) as bf16;
     if HEAD == 1 {
-        store_head(
-            logits,
-            part_val,
-            part_idx,
-            row0 + rows,
-            proj as f32,
-            row_ok,
-        );
+        store_head(logits, part_val, part_idx, row0 + rows, proj as f32, row_ok);
     } else if RESIDUAL == 1 {
         store(y + row0 + rows, (old + proj as f32) as bf16, row_ok);
     } else {

@@ -300,9 +300,7 @@ fn check_head(
     }
     for p in 0..programs {
         let rows = p * cfg.block_n..((p + 1) * cfg.block_n).min(n);
-        let best = rows
-            .clone()
-            .fold(f32::NEG_INFINITY, |b, r| b.max(got[r]));
+        let best = rows.clone().fold(f32::NEG_INFINITY, |b, r| b.max(got[r]));
         let first = rows.clone().find(|&r| got[r] == best).unwrap();
         assert_eq!(
             (val[p], idx[p]),

@@ -684,8 +684,9 @@ fn check_quant(cfg: &ModelConfig, quant: &QuantWeights) -> Result<()> {
             ),
         });
     }
-    let check = |name: String, m: &Option<crate::gguf::quant::PackedMatrix>, shape: (usize, usize)| {
-        match m {
+    let check =
+        |name: String, m: &Option<crate::gguf::quant::PackedMatrix>, shape: (usize, usize)| match m
+        {
             Some(m) if m.shape() != shape => Err(EngineError::Option {
                 message: format!(
                     "quantized {name} is [{}, {}]; the config needs [{}, {}]",
@@ -696,8 +697,7 @@ fn check_quant(cfg: &ModelConfig, quant: &QuantWeights) -> Result<()> {
                 ),
             }),
             _ => Ok(()),
-        }
-    };
+        };
     for (i, l) in quant.layers.iter().enumerate() {
         let p = |n: &str| format!("layer {i} {n}");
         check(p("q_proj"), &l.q, (qd, h))?;

@@ -176,7 +176,15 @@ impl<W: FnMut(Block) -> bool> Step<'_, W> {
                     norm_w: &l.input_norm,
                     eps,
                 };
-                return q.gemv(self.dev, cfg, norm, &s.x, &mut s.qkv, &l.qkv_b, &mut s.spare);
+                return q.gemv(
+                    self.dev,
+                    cfg,
+                    norm,
+                    &s.x,
+                    &mut s.qkv,
+                    &l.qkv_b,
+                    &mut s.spare,
+                );
             }
         };
         RmsNormGemvArgs {
@@ -303,7 +311,15 @@ impl<W: FnMut(Block) -> bool> Step<'_, W> {
                         norm_w: &l.post_norm,
                         eps,
                     };
-                    q.gemv(self.dev, cfg, norm, &s.x, &mut s.act, &s.zeros, &mut s.spare)?;
+                    q.gemv(
+                        self.dev,
+                        cfg,
+                        norm,
+                        &s.x,
+                        &mut s.act,
+                        &s.zeros,
+                        &mut s.spare,
+                    )?;
                 }
                 Matrix::Dense(w) => RmsNormGateUpArgs {
                     x: &s.x,
@@ -381,18 +397,18 @@ impl<W: FnMut(Block) -> bool> Step<'_, W> {
                 let (logits, val, idx) = (&mut s.logits, &mut s.part_val, &mut s.part_idx);
                 q.lm_head(self.dev, cfg, x, final_norm, eps, logits, val, idx, sp)?;
             } else {
-            LmHeadArgmaxArgs {
-                x: &s.x,
-                norm_w: final_norm,
-                w: head,
-                logits: &mut s.logits,
-                part_val: &mut s.part_val,
-                part_idx: &mut s.part_idx,
-                n: c.vocab_size as i32,
-                k: c.hidden_size as i32,
-                eps,
-            }
-            .launch(self.dev, cfg, lm)?;
+                LmHeadArgmaxArgs {
+                    x: &s.x,
+                    norm_w: final_norm,
+                    w: head,
+                    logits: &mut s.logits,
+                    part_val: &mut s.part_val,
+                    part_idx: &mut s.part_idx,
+                    n: c.vocab_size as i32,
+                    k: c.hidden_size as i32,
+                    eps,
+                }
+                .launch(self.dev, cfg, lm)?;
             }
         }
         let Some(cfg) = self.config(Block::Argmax, [1, 1, 1], argmax.num_warps) else {

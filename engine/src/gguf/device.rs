@@ -229,7 +229,15 @@ impl DeviceQuantMatrix {
         spare: &mut QuantSpare,
     ) -> Result<()> {
         let out = QuantOut::Rows { y, row0: 0, bias };
-        self.launch(dev, cfg, QuantVariant::SiluMulResidual, act, out, spare, false)
+        self.launch(
+            dev,
+            cfg,
+            QuantVariant::SiluMulResidual,
+            act,
+            out,
+            spare,
+            false,
+        )
     }
 
     /// Launches the GEMV over `a` in `variant`, writing `out`; `spare` stands in for the

@@ -30,8 +30,8 @@ use half::bf16;
 use super::quant::{self, GgmlType, PackedMatrix};
 use super::{GgufFile, TensorInfo};
 use crate::config::{Arch, ModelConfig, RopeScaling};
-use crate::error::{EngineError, Result};
 use crate::decode::{QuantLayer, QuantWeights};
+use crate::error::{EngineError, Result};
 use crate::model::{LayerWeights, ModelWeights, Tensor};
 
 /// The GGUF name of a Hugging Face tensor name (`model.layers.3.mlp.up_proj.weight`
