@@ -684,20 +684,20 @@ fn check_quant(cfg: &ModelConfig, quant: &QuantWeights) -> Result<()> {
             ),
         });
     }
-    let check =
-        |name: String, m: &Option<crate::gguf::quant::PackedMatrix>, shape: (usize, usize)| match m
-        {
-            Some(m) if m.shape() != shape => Err(EngineError::Option {
-                message: format!(
-                    "quantized {name} is [{}, {}]; the config needs [{}, {}]",
-                    m.shape().0,
-                    m.shape().1,
-                    shape.0,
-                    shape.1
-                ),
-            }),
-            _ => Ok(()),
-        };
+    let check = |name: String,
+                 m: &Option<crate::gguf::quant::PackedMatrix>,
+                 shape: (usize, usize)| match m {
+        Some(m) if m.shape() != shape => Err(EngineError::Option {
+            message: format!(
+                "quantized {name} is [{}, {}]; the config needs [{}, {}]",
+                m.shape().0,
+                m.shape().1,
+                shape.0,
+                shape.1
+            ),
+        }),
+        _ => Ok(()),
+    };
     for (i, l) in quant.layers.iter().enumerate() {
         let p = |n: &str| format!("layer {i} {n}");
         check(p("q_proj"), &l.q, (qd, h))?;
