@@ -1,5 +1,5 @@
 //! The quantized GEMVs (Q8_0, Q4_K, Q6_K) against the device's copy ceiling, at
-//! Qwen3-0.6B's layer shapes.
+//! Qwen3-0.6B's and Qwen3-8B's layer shapes.
 //!
 //! `cargo run --release --example quant_bandwidth [-- --sweep]`
 //!
@@ -21,12 +21,16 @@ use tilefuse::engine::gguf::device::{DeviceQuantMatrix, QuantGemvConfig, QuantSp
 use tilefuse::engine::gguf::quant::{GgmlType, PackedMatrix};
 use tilefuse::prelude::*;
 
-/// Qwen3-0.6B's decode GEMV shapes: (rows, columns, what).
-const SHAPES: [(usize, usize, &str); 4] = [
+/// Qwen3-0.6B's and Qwen3-8B's decode GEMV shapes: (rows, columns, what).
+const SHAPES: [(usize, usize, &str); 8] = [
     (4096, 1024, "QKV"),
     (1024, 2048, "O"),
     (6144, 1024, "gate+up"),
     (1024, 3072, "down"),
+    (6144, 4096, "8B QKV"),
+    (4096, 4096, "8B O"),
+    (24576, 4096, "8B gate+up"),
+    (4096, 12288, "8B down"),
 ];
 
 fn main() {

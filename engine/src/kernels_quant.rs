@@ -21,7 +21,17 @@
 //!   reference's (`engine/src/reference.rs`): projections, `silu(g)` and the product
 //!   each to bf16.
 //!
-//! `norm_w` and `eps` are read only with `NORM = 1`.
+//! - `HEAD = 1` (with `NORM = 1`): the LM head. The final norm is computed first and
+//!   rounded as the reference's (`bf16(g * bf16(a * inv_rms))`, as
+//!   [`lm_head_argmax`](crate::kernels::lm_head_argmax)); the bf16 logits are stored
+//!   as f32 in `logits`, and each program's greedy candidate (its largest logit, the
+//!   first on ties) in `part_val`/`part_idx[program_id]`, for
+//!   [`argmax_finish`](crate::kernels::argmax_finish). `y` and `bias` are not read.
+//!
+//! `norm_w` and `eps` are read only with `NORM = 1`; `logits`, `part_val` and
+//! `part_idx` are written only with `HEAD = 1`. Rows `0..n` of the weights write rows
+//! `row0..row0 + n` of `y` (and read those of `bias`): a fused projection whose parts
+//! have different types is launched one run of rows at a time.
 //!
 //! Tiles are rank 4 so that the block structure is a tile axis and no reshape is
 //! needed: `[BLOCK_N, groups, fields, words]`, with the group, field and word of the
@@ -92,7 +102,7 @@ pub fn all() -> [&'static tilefuse_dsl::runtime::KernelDef; 3] {
 #[kernel(
     crate = tilefuse_dsl,
     BLOCK_N = [1, 2, 4, 8],
-    BLOCK_K = [256, 512, 1024],
+    BLOCK_K = [256, 512, 1024, 2048, 4096],
     num_warps = [4, 8],
     RESIDUAL = [0, 1],
     NORM = [0, 1],
@@ -101,7 +111,13 @@ pub fn all() -> [&'static tilefuse_dsl::runtime::KernelDef; 3] {
     skip(NORM = 1, RESIDUAL = 1),
     skip(SILU_MUL = 1, NORM = 1),
     skip(SILU_MUL = 1, RESIDUAL = 0),
-    skip(HEAD = 1, NORM = 0)
+    skip(HEAD = 1, NORM = 0),
+    // Long tiles are for wide matrices (O, down: few rows); more would spill.
+    skip(BLOCK_K = [2048, 4096], BLOCK_N = 8),
+    skip(BLOCK_K = 4096, BLOCK_N = 4),
+    skip(BLOCK_K = 2048, BLOCK_N = 4, num_warps = 4),
+    skip(BLOCK_K = 4096, BLOCK_N = 2, num_warps = 4),
+    skip(BLOCK_K = [2048, 4096], HEAD = 1)
 )]
 pub fn q8_0_gemv<
     const BLOCK_N: usize,
@@ -236,7 +252,7 @@ pub fn q8_0_gemv<
 #[kernel(
     crate = tilefuse_dsl,
     BLOCK_N = [1, 2, 4, 8],
-    BLOCK_K = [256, 512, 1024],
+    BLOCK_K = [256, 512, 1024, 2048, 4096],
     num_warps = [4, 8],
     RESIDUAL = [0, 1],
     NORM = [0, 1],
@@ -245,7 +261,13 @@ pub fn q8_0_gemv<
     skip(NORM = 1, RESIDUAL = 1),
     skip(SILU_MUL = 1, NORM = 1),
     skip(SILU_MUL = 1, RESIDUAL = 0),
-    skip(HEAD = 1, NORM = 0)
+    skip(HEAD = 1, NORM = 0),
+    // Long tiles are for wide matrices (O, down: few rows); more would spill.
+    skip(BLOCK_K = [2048, 4096], BLOCK_N = 8),
+    skip(BLOCK_K = 4096, BLOCK_N = 4),
+    skip(BLOCK_K = 2048, BLOCK_N = 4, num_warps = 4),
+    skip(BLOCK_K = 4096, BLOCK_N = 2, num_warps = 4),
+    skip(BLOCK_K = [2048, 4096], HEAD = 1)
 )]
 pub fn q4_k_gemv<
     const BLOCK_N: usize,
@@ -397,7 +419,7 @@ pub fn q4_k_gemv<
 #[kernel(
     crate = tilefuse_dsl,
     BLOCK_N = [1, 2, 4, 8],
-    BLOCK_K = [256, 512, 1024],
+    BLOCK_K = [256, 512, 1024, 2048, 4096],
     num_warps = [4, 8],
     RESIDUAL = [0, 1],
     NORM = [0, 1],
@@ -406,7 +428,13 @@ pub fn q4_k_gemv<
     skip(NORM = 1, RESIDUAL = 1),
     skip(SILU_MUL = 1, NORM = 1),
     skip(SILU_MUL = 1, RESIDUAL = 0),
-    skip(HEAD = 1, NORM = 0)
+    skip(HEAD = 1, NORM = 0),
+    // Long tiles are for wide matrices (O, down: few rows); more would spill.
+    skip(BLOCK_K = [2048, 4096], BLOCK_N = 8),
+    skip(BLOCK_K = 4096, BLOCK_N = 4),
+    skip(BLOCK_K = 2048, BLOCK_N = 4, num_warps = 4),
+    skip(BLOCK_K = 4096, BLOCK_N = 2, num_warps = 4),
+    skip(BLOCK_K = [2048, 4096], HEAD = 1)
 )]
 pub fn q6_k_gemv<
     const BLOCK_N: usize,

@@ -5,7 +5,7 @@
 //! scales with some extreme ones), on the interpreter at small shapes with a few launch
 //! configurations, for each variant (plain, residual, RMSNorm prologue, SiLU-and-multiply prologue), and on the GPU (when there is one; `TILEFUSE_REQUIRE_GPU=1` makes
 //! its absence a failure) at those shapes plus Qwen3-0.6B's layer shapes (QKV `4096 x
-//! 1024`, down `1024 x 3072`) with every compiled configuration. Outputs are poisoned
+//! 1024`, down `1024 x 3072`) with the decode step's configurations and the long tiles. Outputs are poisoned
 //! with NaN before each launch, so unwritten rows fail.
 
 use tilefuse_dsl::half::{bf16, f16};
@@ -172,7 +172,21 @@ fn check_type(ty: GgmlType, seed: u64) {
         ];
         if dev.is_cuda() {
             shapes.extend([(4096, 1024), (1024, 3072)]);
-            configs = QuantGemvConfig::all();
+            // The decode step's choices and the long tiles (the bandwidth example
+            // times every compiled configuration).
+            for (block_n, block_k, num_warps) in [
+                (8, 1024, 4),
+                (2, 2048, 4),
+                (2, 4096, 8),
+                (4, 2048, 8),
+                (1, 4096, 4),
+            ] {
+                configs.push(QuantGemvConfig {
+                    block_n,
+                    block_k,
+                    num_warps,
+                });
+            }
         }
         for &(n, k) in &shapes {
             let c = case(&mut rng, ty, n, k);
@@ -283,7 +297,7 @@ fn check_head(
         part_val.to_vec().unwrap(),
         part_idx.to_vec().unwrap(),
     );
-    for r in 0..n {
+    for (r, &g) in got.iter().enumerate() {
         let (mut sum, mut mag) = (0.0, 0.0);
         for (wj, xj) in c.w[r * k..(r + 1) * k].iter().zip(&x) {
             sum += *wj as f64 * xj;
@@ -291,7 +305,7 @@ fn check_head(
         }
         // The norm's roundings may flip one way or the other (f32 vs f64 inv_rms).
         let tol = mag * 1e-2 + sum.abs() / 128.0;
-        let g = got[r] as f64;
+        let g = g as f64;
         assert!(
             g.is_finite() && (g - sum).abs() <= tol,
             "{ty} head {n}x{k} {cfg:?} on {dev}: row {r}: got {g}, want {sum} (tol {tol:.3e})"

@@ -25,8 +25,12 @@ impl QuantGemvConfig {
     pub fn all() -> Vec<QuantGemvConfig> {
         let mut v = Vec::new();
         for block_n in [1, 2, 4, 8] {
-            for block_k in [256, 512, 1024] {
+            for block_k in [256, 512, 1024, 2048, 4096] {
                 for num_warps in [4, 8] {
+                    // Long tiles: few rows, and more warps for more (as compiled).
+                    if block_k > 1024 && block_n * block_k > num_warps as usize * 1024 {
+                        continue;
+                    }
                     v.push(QuantGemvConfig {
                         block_n,
                         block_k,
@@ -40,23 +44,24 @@ impl QuantGemvConfig {
 
     /// The decode step's configuration for a `[rows, cols]` matrix of type `ty`.
     ///
-    /// Whole 1024-column tiles: at the models' widths a row's weights are one or a few
-    /// tiles, requested before the kernel waits for its predecessor. Tall matrices (QKV,
-    /// gate/up, the LM head) take 8 rows a program; wide ones (O, down: few rows, long
-    /// rows) fewer, so that the grid still covers the SMs. The kernels alone at
+    /// Tall matrices (QKV, gate/up, the LM head) take 8 rows a program in 1024-column
+    /// tiles; wide ones (O, down: few rows, long rows) fewer rows, so that the grid
+    /// still covers the SMs, in tiles of up to 4096 columns, so that a row is requested
+    /// at once, before the kernel waits for its predecessor. The kernels alone at
     /// Qwen3-0.6B's shapes: docs/perf.md, "Quantized GEMVs".
-    pub fn for_shape(ty: GgmlType, rows: usize, cols: usize) -> QuantGemvConfig {
-        let block_n = if rows >= 2 * cols {
-            8
-        } else if ty == GgmlType::Q8_0 {
-            4
+    pub fn for_shape(_ty: GgmlType, rows: usize, cols: usize) -> QuantGemvConfig {
+        let block_n = if rows >= 2 * cols { 8 } else { 2 };
+        // A wide matrix's row in one tile (up to 4096 columns): its weights are all
+        // requested at once, before the wait.
+        let block_k = if block_n == 8 {
+            1024
         } else {
-            2
+            cols.next_power_of_two().clamp(1024, 4096)
         };
         QuantGemvConfig {
             block_n,
-            block_k: 1024,
-            num_warps: 4,
+            block_k,
+            num_warps: if block_k == 4096 { 8 } else { 4 },
         }
     }
 
