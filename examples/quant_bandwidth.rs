@@ -103,23 +103,31 @@ fn run(dev: &Device, sweep: bool) -> Result<(), Box<dyn std::error::Error>> {
             let bytes = (packed.device_bytes() + 2 * k + 2 * n + 2 * n) as u64;
             let mut spare = QuantSpare::new(dev)?;
             let chosen = QuantGemvConfig::for_shape(ty, n, k);
-            for residual in [false, true] {
+            let act = dev.upload(&vec![bf16::from_f32(0.5); 2 * k])?;
+            for variant in ["plain", "residual", "silu_mul"] {
+                // The SiLU-and-multiply prologue is the down projection's.
+                if variant == "silu_mul" && !what.ends_with("down") {
+                    continue;
+                }
+                let residual = variant != "plain";
                 let mut best: Option<(f64, QuantGemvConfig)> = None;
                 let mut chosen_us = f64::NAN;
                 for cfg in QuantGemvConfig::all() {
                     let (stats, _method) = perf::time_graph(dev, copies, opts, |i| {
-                        mats[i]
-                            .gemv(dev, cfg, &a, None, &bias, &mut ys[i], residual, &mut spare)
-                            .map_err(|e| PerfError(e.to_string()))
+                        let m = &mats[i];
+                        if variant == "silu_mul" {
+                            m.gemv_silu_mul_residual(dev, cfg, &act, &bias, &mut ys[i], &mut spare)
+                        } else {
+                            m.gemv(dev, cfg, &a, None, &bias, &mut ys[i], residual, &mut spare)
+                        }
+                        .map_err(|e| PerfError(e.to_string()))
                     })?;
                     let us = stats.median_us;
                     if cfg == chosen {
                         chosen_us = us;
                     }
                     if sweep {
-                        sweeps.push(format!(
-                            "{ty} {n}x{k} residual={residual} {cfg:?}: {us:.2} µs"
-                        ));
+                        sweeps.push(format!("{ty} {n}x{k} {variant} {cfg:?}: {us:.2} µs"));
                     }
                     if best.is_none_or(|(b, _)| us < b) {
                         best = Some((us, cfg));
@@ -129,7 +137,7 @@ fn run(dev: &Device, sweep: bool) -> Result<(), Box<dyn std::error::Error>> {
                 let gbs = bytes as f64 / (us * 1e-6) / 1e9;
                 println!(
                     "| {ty} | {n}x{k} | {what} | {} | {}, {}, {} | {us:.2} | {bytes} | {gbs:.0} | {:.0}% | {} | {chosen_us:.2} |",
-                    if residual { "residual" } else { "plain" },
+                    variant,
                     cfg.block_n,
                     cfg.block_k,
                     cfg.num_warps,

@@ -621,7 +621,8 @@ fn llama_q_and_k_rows_are_permuted_back() {
 fn quantized_step_matches_the_dense_step_on_dequantized_weights() {
     use tilefuse_dsl::runtime::testing::gpu_or_skip;
     use tilefuse_dsl::runtime::Device;
-    use tilefuse_engine::{Engine, EngineOptions};
+    use tilefuse_engine::gguf::quant::GgmlType;
+    use tilefuse_engine::{Decoder, Engine, EngineOptions};
 
     let path = fixture("tiny_qwen3.gguf");
     let mut devices = vec![Device::cpu()];
@@ -636,32 +637,42 @@ fn quantized_step_matches_the_dense_step_on_dequantized_weights() {
             ..EngineOptions::default()
         };
         let mut dense = Engine::load_gguf_as(&path, opts.clone(), false).unwrap();
-        let mut quant = Engine::load_gguf_as(&path, opts, true).unwrap();
         assert!(!dense.decoder().is_quantized());
-        assert!(quant.decoder().is_quantized());
-        let cfg = quant.config().clone();
+        // The file's quantized matrices, the Q6_K head included (which `Engine::load`
+        // reads as bf16: `quant::head_reads_quantized`).
+        let f = GgufFile::open(&path).unwrap();
+        let cfg = f.config().unwrap();
+        let mut qw = f.quant_weights(&cfg).unwrap();
+        qw.lm_head = f
+            .packed_matrix("lm_head.weight", cfg.vocab_size, cfg.hidden_size, &cfg)
+            .unwrap();
+        assert_eq!(
+            qw.lm_head.as_ref().map(|m| m.ggml_type()),
+            Some(GgmlType::Q6_K)
+        );
+        let mut quant =
+            Decoder::with_quant(&cfg, &f.model_weights(&cfg).unwrap(), &qw, &dev, 16).unwrap();
+        assert!(quant.is_quantized());
         // Two more QKV launches and one more gate/up launch a layer (runs of one type).
         assert_eq!(
-            quant.decoder().kernels_per_step(),
+            quant.kernels_per_step(),
             dense.decoder().kernels_per_step() + 3 * cfg.num_layers
         );
-        assert!(
-            quant.decoder().weight_bytes_per_step() < dense.decoder().weight_bytes_per_step() / 2
-        );
+        assert!(quant.weight_bytes_per_step() < dense.decoder().weight_bytes_per_step() / 2);
         if dev.is_cuda() {
-            quant.decoder().capture().unwrap();
+            quant.capture().unwrap();
         }
         let mut token = 17u32;
         for pos in 0..10 {
             let want = dense.decoder().forward(token, pos).unwrap();
-            let got = quant.decoder().forward(token, pos).unwrap();
+            let got = quant.forward(token, pos).unwrap();
             let rel = common::rel_err(&got, &want);
             // Each path rounds every projection to bf16 in its own summation order: the
             // two differ by 0.8-1.4% on the interpreter, as each differs from the host
             // reference (the bound of the test above).
             assert!(rel < 2e-2, "{dev} position {pos}: logits differ by {rel}");
             let (dense_next, _) = dense.decoder().read_state().unwrap();
-            let (quant_next, next_pos) = quant.decoder().read_state().unwrap();
+            let (quant_next, next_pos) = quant.read_state().unwrap();
             assert_eq!(next_pos, pos + 1);
             // The greedy token is the argmax of the step's own logits.
             let argmax = got

@@ -107,8 +107,10 @@ impl WeightFormat {
             });
         }
         let lm_head = match self.head_type() {
-            Some(ty) => Some(random_matrix(&mut rng, ty, cfg.vocab_size, h)?),
-            None => None,
+            Some(ty) if crate::gguf::quant::head_reads_quantized(ty) => {
+                Some(random_matrix(&mut rng, ty, cfg.vocab_size, h)?)
+            }
+            _ => None,
         };
         Ok(QuantWeights { layers, lm_head })
     }

@@ -44,24 +44,25 @@ impl QuantGemvConfig {
 
     /// The decode step's configuration for a `[rows, cols]` matrix of type `ty`.
     ///
-    /// Tall matrices (QKV, gate/up, the LM head) take 8 rows a program in 1024-column
-    /// tiles; wide ones (O, down: few rows, long rows) fewer rows, so that the grid
-    /// still covers the SMs, in tiles of up to 4096 columns, so that a row is requested
-    /// at once, before the kernel waits for its predecessor. The kernels alone at
-    /// Qwen3-0.6B's shapes: docs/perf.md, "Quantized GEMVs".
+    /// 8 rows of 1024-column tiles over 4 warps, the best or within 10% of the best of
+    /// every compiled configuration at Qwen3-0.6B's and Qwen3-8B's shapes (H200,
+    /// docs/perf.md "Quantized GEMVs"), except the small wide matrices (O and down of
+    /// 1024 rows), where 4 rows of 2048-column tiles over 8 warps keep the grid over the
+    /// SMs. Many rows a program also amortize the `SILU_MUL` prologue, which every
+    /// program computes for the whole activation.
     pub fn for_shape(_ty: GgmlType, rows: usize, cols: usize) -> QuantGemvConfig {
-        let block_n = if rows >= 2 * cols { 8 } else { 2 };
-        // A wide matrix's row in one tile (up to 4096 columns): its weights are all
-        // requested at once, before the wait.
-        let block_k = if block_n == 8 {
-            1024
+        if rows < 2048 && cols > 1024 {
+            QuantGemvConfig {
+                block_n: 4,
+                block_k: 2048,
+                num_warps: 8,
+            }
         } else {
-            cols.next_power_of_two().clamp(1024, 4096)
-        };
-        QuantGemvConfig {
-            block_n,
-            block_k,
-            num_warps: if block_k == 4096 { 8 } else { 4 },
+            QuantGemvConfig {
+                block_n: 8,
+                block_k: 1024,
+                num_warps: 4,
+            }
         }
     }
 

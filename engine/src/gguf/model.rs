@@ -354,7 +354,7 @@ impl GgufFile {
     /// The matrices the file stores quantized (Q8_0, Q4_K, Q6_K), in the device layout,
     /// for [`crate::Decoder::with_quant`]; F32/F16/BF16 ones are left out (`None`).
     /// A tied LM head is the embedding table's
-    /// matrix.
+    /// matrix; a head is left out where [`quant::head_reads_quantized`] says so.
     pub fn quant_weights(&self, cfg: &ModelConfig) -> Result<QuantWeights> {
         let h = cfg.hidden_size;
         let (qd, kvd, im, v) = (
@@ -383,10 +383,10 @@ impl GgufFile {
         } else {
             "lm_head.weight"
         };
-        Ok(QuantWeights {
-            layers,
-            lm_head: self.packed_matrix(head, v, h, cfg)?,
-        })
+        let lm_head = self
+            .packed_matrix(head, v, h, cfg)?
+            .filter(|m| quant::head_reads_quantized(m.ggml_type()));
+        Ok(QuantWeights { layers, lm_head })
     }
 
     /// Every weight of the model as bf16 (quantized tensors dequantized), checked
