@@ -91,8 +91,25 @@ fn store_head(
 }
 
 /// Every kernel description in this module, for tooling (offline assembly, inspection).
-pub fn all() -> [&'static tilefuse_dsl::runtime::KernelDef; 3] {
-    [&Q8_0_GEMV, &Q4_K_GEMV, &Q6_K_GEMV]
+pub fn all() -> [&'static tilefuse_dsl::runtime::KernelDef; 4] {
+    [&Q8_0_GEMV, &Q4_K_GEMV, &Q6_K_GEMV, &SILU_MUL_IN_PLACE]
+}
+
+/// `act[i] = bf16(bf16(silu(g[i])) * u[i])` for `i < inter`, over `act = [g; u]` in
+/// place (the reference's rounding): between a quantized gate/up GEMV and the down
+/// projection, computed once a step rather than by every program of the down
+/// projection (its `SILU_MUL = 1` prologue, which every program repeats for the whole
+/// activation: measured 19 µs a launch at Qwen3-0.6B's down projection in the step,
+/// docs/perf.md "Quantized GEMVs").
+#[kernel(crate = tilefuse_dsl, B = [1024], num_warps = [4])]
+pub fn silu_mul_in_place<const B: usize>(act: Ptr<bf16>, inter: i32) {
+    let offs = program_id(0) * B + arange(0, B);
+    let ok = offs < inter;
+    wait_for_prior_kernels();
+    let g = load(act + offs, ok, 0.0) as f32;
+    let u = load(act + inter + offs, ok, 0.0) as f32;
+    let silu = (g / (1.0 + exp(-g))) as bf16 as f32;
+    store(act + offs, (silu * u) as bf16, ok);
 }
 
 /// `y = bf16(W · a + bias)` for a Q8_0 matrix `W` of shape `[n, k]` with

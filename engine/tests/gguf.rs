@@ -653,10 +653,11 @@ fn quantized_step_matches_the_dense_step_on_dequantized_weights() {
         let mut quant =
             Decoder::with_quant(&cfg, &f.model_weights(&cfg).unwrap(), &qw, &dev, 16).unwrap();
         assert!(quant.is_quantized());
-        // Two more QKV launches and one more gate/up launch a layer (runs of one type).
+        // Two more QKV launches and one more gate/up launch a layer (runs of one type),
+        // and `silu_mul_in_place`.
         assert_eq!(
             quant.kernels_per_step(),
-            dense.decoder().kernels_per_step() + 3 * cfg.num_layers
+            dense.decoder().kernels_per_step() + 4 * cfg.num_layers
         );
         assert!(quant.weight_bytes_per_step() < dense.decoder().weight_bytes_per_step() / 2);
         if dev.is_cuda() {

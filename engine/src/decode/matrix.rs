@@ -222,3 +222,16 @@ pub(crate) fn fused(
     }
     Ok(Matrix::Dense(dev.upload(&dense.concat())?))
 }
+
+/// `act[..inter] = bf16(bf16(silu(g)) * u)` over `act = [g; u]` (what a quantized
+/// gate/up GEMV leaves), in place. Never a step's first launch.
+pub(crate) fn silu_mul_in_place(dev: &Device, act: &mut Buffer<bf16>, inter: usize) -> Result<()> {
+    use crate::kernels_quant::{SiluMulInPlaceArgs, SiluMulInPlaceConsts};
+    let cfg = LaunchConfig::grid([inter.div_ceil(1024) as u32, 1, 1]).num_warps(4);
+    SiluMulInPlaceArgs {
+        act,
+        inter: inter as i32,
+    }
+    .launch(dev, cfg, SiluMulInPlaceConsts { b: 1024 })?;
+    Ok(())
+}

@@ -76,9 +76,8 @@ struct Scratch {
     q: Buffer<bf16>,
     /// Attention output, `[q_dim]`.
     attn: Buffer<bf16>,
-    /// `silu(gate) * up`, `[intermediate]` (dense gate/up); `[gate; up]`,
-    /// `[2 * intermediate]`, after a quantized gate/up (the down projection applies
-    /// `silu(gate) * up` as it loads).
+    /// `silu(gate) * up`, `[intermediate]`; a quantized gate/up writes `[gate; up]`
+    /// (`2 * intermediate`) and `silu_mul_in_place` makes the first half the product.
     act: Buffer<bf16>,
     /// Split-attention partials: max, denominator, `[num_heads, splits]`; weighted sums
     /// `[num_heads, splits, head_dim]`.
@@ -209,14 +208,9 @@ impl Decoder {
                     None => dev.zeros(h)?,
                 },
                 post_norm: dev.upload(&lw.post_attention_norm)?,
-                // A quantized gate/up leaves `[gate; up]` for the quantized down
-                // projection to combine, so it is quantized only beside one.
                 gate_up_w: matrix::fused(
                     dev,
-                    &[
-                        ql.gate.as_ref().filter(|_| ql.down.is_some()),
-                        ql.up.as_ref().filter(|_| ql.down.is_some()),
-                    ],
+                    &[ql.gate.as_ref(), ql.up.as_ref()],
                     &[&lw.gate_proj, &lw.up_proj],
                 )?,
                 down_w: matrix::fused(dev, &[ql.down.as_ref()], &[&lw.down_proj])?,
@@ -345,7 +339,12 @@ impl Decoder {
             Block::Combine if self.plan.clustered() => 0,
             Block::Qkv => self.layers.iter().map(|l| l.qkv_w.launches()).sum(),
             Block::OProj => self.layers.iter().map(|l| l.o_w.launches()).sum(),
-            Block::GateUp => self.layers.iter().map(|l| l.gate_up_w.launches()).sum(),
+            // A quantized gate/up is followed by `silu_mul_in_place`.
+            Block::GateUp => self
+                .layers
+                .iter()
+                .map(|l| l.gate_up_w.launches() + usize::from(l.gate_up_w.dense().is_none()))
+                .sum(),
             Block::Down => self.layers.iter().map(|l| l.down_w.launches()).sum(),
             _ => self.cfg.num_layers,
         }

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use half::bf16;
 use tilefuse_dsl::runtime::{Buffer, Device, LaunchConfig};
 
-use super::matrix::{Matrix, QuantMatrix};
+use super::matrix::{silu_mul_in_place, Matrix, QuantMatrix};
 use super::{Block, Decoder, LaunchPlan, Layer, Scratch};
 use crate::config::ModelConfig;
 use crate::error::Result;
@@ -305,21 +305,12 @@ impl<W: FnMut(Block) -> bool> Step<'_, W> {
             let s = &mut *self.s;
             let eps = c.rms_norm_eps as f32;
             match &l.gate_up_w {
-                // `[gate; up]` into `act`; the down projection applies `silu(g) * u`.
+                // `[gate; up]` into `act`, then `silu(gate) * up` in place.
                 Matrix::Quant(q) => {
-                    let norm = QuantVariant::Norm {
-                        norm_w: &l.post_norm,
-                        eps,
-                    };
-                    q.gemv(
-                        self.dev,
-                        cfg,
-                        norm,
-                        &s.x,
-                        &mut s.act,
-                        &s.zeros,
-                        &mut s.spare,
-                    )?;
+                    let (norm_w, act) = (&l.post_norm, &mut s.act);
+                    let norm = QuantVariant::Norm { norm_w, eps };
+                    q.gemv(self.dev, cfg, norm, &s.x, act, &s.zeros, &mut s.spare)?;
+                    silu_mul_in_place(self.dev, act, c.intermediate_size)?;
                 }
                 Matrix::Dense(w) => RmsNormGateUpArgs {
                     x: &s.x,
@@ -343,12 +334,8 @@ impl<W: FnMut(Block) -> bool> Step<'_, W> {
         let w = match &l.down_w {
             Matrix::Dense(w) => w,
             Matrix::Quant(q) => {
-                // A quantized gate/up left `[gate; up]` in `act`; a dense one `silu(g) * u`.
-                let act = match l.gate_up_w {
-                    Matrix::Quant(_) => QuantVariant::SiluMulResidual,
-                    Matrix::Dense(_) => QuantVariant::Residual,
-                };
-                return q.gemv(self.dev, cfg, act, &s.act, &mut s.x, &s.zeros, &mut s.spare);
+                let res = QuantVariant::Residual;
+                return q.gemv(self.dev, cfg, res, &s.act, &mut s.x, &s.zeros, &mut s.spare);
             }
         };
         GemvResidualArgs {
