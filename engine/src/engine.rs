@@ -345,7 +345,8 @@ impl Engine {
             logits: Vec::new(),
             prompt_time: Duration::ZERO,
             first_token_time: Duration::ZERO,
-            batched_prefill: opts.batched_prefill,
+            // A quantized model's prompt goes through decode steps (`Decoder::prefill_at`).
+            batched_prefill: opts.batched_prefill && !self.decoder.is_quantized(),
             decode_time: Duration::ZERO,
             decode_steps: 0,
             used_graph: false,

@@ -516,6 +516,9 @@ fn engine_loads_a_gguf_file_and_decodes_like_the_reference() {
         logits.push(l);
     }
     assert_eq!(out.tokens.len(), 4);
+    // The file's matrices are read quantized; its prompt went through decode steps.
+    assert!(engine.decoder().is_quantized());
+    assert!(!out.batched_prefill);
 }
 
 #[test]
