@@ -1,5 +1,5 @@
 //! The quantized GEMVs (Q8_0, Q4_K, Q6_K) against the device's copy ceiling, at
-//! Qwen3-0.6B's layer shapes.
+//! Qwen3-0.6B's and Qwen3-8B's layer shapes.
 //!
 //! `cargo run --release --example quant_bandwidth [-- --sweep]`
 //!
@@ -7,7 +7,8 @@
 //! launch configuration's time, the bytes the kernel must read (the quantized arrays,
 //! the activations, bias and output), GB/s, and the share of the measured
 //! device-to-device copy ceiling (the target: 70% or more on the layer shapes),
-//! with the bf16 GEMV's bytes for the same shape beside them. `--sweep` adds every
+//! with the bf16 GEMV's bytes for the same shape beside them, and the time of the
+//! configuration the decode step uses (`QuantGemvConfig::for_shape`). `--sweep` adds every
 //! configuration's time. Without a GPU it says so and exits 0.
 //!
 //! Method (docs/perf.md, as `examples/bandwidth.rs`): CUDA events around CUDA-graph
@@ -16,16 +17,20 @@
 
 use tilefuse::dsl::runtime::timing::{self as perf, TimingOptions};
 use tilefuse::engine::bench::{PerfError, Rng};
-use tilefuse::engine::gguf::device::{DeviceQuantMatrix, QuantGemvConfig};
+use tilefuse::engine::gguf::device::{DeviceQuantMatrix, QuantGemvConfig, QuantSpare};
 use tilefuse::engine::gguf::quant::{GgmlType, PackedMatrix};
 use tilefuse::prelude::*;
 
-/// Qwen3-0.6B's decode GEMV shapes: (rows, columns, what).
-const SHAPES: [(usize, usize, &str); 4] = [
+/// Qwen3-0.6B's and Qwen3-8B's decode GEMV shapes: (rows, columns, what).
+const SHAPES: [(usize, usize, &str); 8] = [
     (4096, 1024, "QKV"),
     (1024, 2048, "O"),
     (6144, 1024, "gate+up"),
     (1024, 3072, "down"),
+    (6144, 4096, "8B QKV"),
+    (4096, 4096, "8B O"),
+    (24576, 4096, "8B gate+up"),
+    (4096, 12288, "8B down"),
 ];
 
 fn main() {
@@ -77,8 +82,8 @@ fn run(dev: &Device, sweep: bool) -> Result<(), Box<dyn std::error::Error>> {
         ceiling.gb_per_s()
     );
     println!();
-    println!("| type | shape | what | variant | config (n, k, warps) | µs | bytes | GB/s | % of copy | bf16 bytes |");
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("| type | shape | what | variant | config (n, k, warps) | µs | bytes | GB/s | % of copy | bf16 bytes | step's config µs |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     let mut rng = Rng::new(27);
     let mut sweeps = Vec::new();
     for ty in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0] {
@@ -96,19 +101,33 @@ fn run(dev: &Device, sweep: bool) -> Result<(), Box<dyn std::error::Error>> {
                 .map(|_| dev.upload(&vec![bf16::from_f32(1.0); n]))
                 .collect::<Result<_, _>>()?;
             let bytes = (packed.device_bytes() + 2 * k + 2 * n + 2 * n) as u64;
-            for residual in [false, true] {
+            let mut spare = QuantSpare::new(dev)?;
+            let chosen = QuantGemvConfig::for_shape(ty, n, k);
+            let act = dev.upload(&vec![bf16::from_f32(0.5); 2 * k])?;
+            for variant in ["plain", "residual", "silu_mul"] {
+                // The SiLU-and-multiply prologue is the down projection's.
+                if variant == "silu_mul" && !what.ends_with("down") {
+                    continue;
+                }
+                let residual = variant != "plain";
                 let mut best: Option<(f64, QuantGemvConfig)> = None;
+                let mut chosen_us = f64::NAN;
                 for cfg in QuantGemvConfig::all() {
                     let (stats, _method) = perf::time_graph(dev, copies, opts, |i| {
-                        mats[i]
-                            .gemv(dev, cfg, &a, None, &bias, &mut ys[i], residual)
-                            .map_err(|e| PerfError(e.to_string()))
+                        let m = &mats[i];
+                        if variant == "silu_mul" {
+                            m.gemv_silu_mul_residual(dev, cfg, &act, &bias, &mut ys[i], &mut spare)
+                        } else {
+                            m.gemv(dev, cfg, &a, None, &bias, &mut ys[i], residual, &mut spare)
+                        }
+                        .map_err(|e| PerfError(e.to_string()))
                     })?;
                     let us = stats.median_us;
+                    if cfg == chosen {
+                        chosen_us = us;
+                    }
                     if sweep {
-                        sweeps.push(format!(
-                            "{ty} {n}x{k} residual={residual} {cfg:?}: {us:.2} µs"
-                        ));
+                        sweeps.push(format!("{ty} {n}x{k} {variant} {cfg:?}: {us:.2} µs"));
                     }
                     if best.is_none_or(|(b, _)| us < b) {
                         best = Some((us, cfg));
@@ -117,8 +136,8 @@ fn run(dev: &Device, sweep: bool) -> Result<(), Box<dyn std::error::Error>> {
                 let (us, cfg) = best.expect("at least one configuration");
                 let gbs = bytes as f64 / (us * 1e-6) / 1e9;
                 println!(
-                    "| {ty} | {n}x{k} | {what} | {} | {}, {}, {} | {us:.2} | {bytes} | {gbs:.0} | {:.0}% | {} |",
-                    if residual { "residual" } else { "plain" },
+                    "| {ty} | {n}x{k} | {what} | {} | {}, {}, {} | {us:.2} | {bytes} | {gbs:.0} | {:.0}% | {} | {chosen_us:.2} |",
+                    variant,
                     cfg.block_n,
                     cfg.block_k,
                     cfg.num_warps,

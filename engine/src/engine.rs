@@ -228,16 +228,59 @@ impl Engine {
     }
 
     /// Loads a GGUF file (Qwen3, Qwen2 or Llama; F32/F16/BF16/Q8_0/Q4_K/Q6_K tensors):
-    /// config and tokenizer from its metadata (or a `tokenizer.json` beside it), weights
-    /// dequantized to bf16 for the dense decoder.
+    /// config and tokenizer from its metadata (or a `tokenizer.json` beside it). The
+    /// matrices stored quantized are read quantized by the decode step
+    /// ([`Decoder::with_quant`]); the rest, and the embedding table, are dequantized
+    /// to bf16.
     pub fn load_gguf(path: impl AsRef<Path>, opts: EngineOptions) -> Result<Engine> {
+        Engine::load_gguf_as(path, opts, true)
+    }
+
+    /// [`Engine::load_gguf`], with `quantized = false` dequantizing every matrix to
+    /// bf16 for the dense kernels (the same function, for comparisons).
+    pub fn load_gguf_as(
+        path: impl AsRef<Path>,
+        opts: EngineOptions,
+        quantized: bool,
+    ) -> Result<Engine> {
+        let path = path.as_ref();
         let file = crate::gguf::GgufFile::open(path)?;
         let cfg = file.config()?;
         let weights = file.model_weights(&cfg)?;
+        let quant = if quantized {
+            file.quant_weights(&cfg)?
+        } else {
+            crate::decode::QuantWeights::default()
+        };
         let tokenizer = file.tokenizer()?;
-        let mut engine = Engine::from_weights(&cfg, &weights, opts)?;
-        engine.tokenizer = tokenizer;
-        Ok(engine)
+        check_placement("the model", &cfg, &opts)?;
+        if opts.tp != 1 {
+            if quantized {
+                return Err(EngineError::Option {
+                    message: format!(
+                        "{}: a split model (tp {}) reads bf16 weights only; run a quantized \
+                         GGUF file on one device",
+                        path.display(),
+                        opts.tp
+                    ),
+                });
+            }
+            let mut engine = Engine::place(&cfg, &weights, opts)?;
+            engine.tokenizer = tokenizer;
+            return Ok(engine);
+        }
+        let decoder = Decoder::with_quant(
+            &cfg,
+            &weights,
+            &quant,
+            &opts.device,
+            kv_positions(&cfg, &opts),
+        )?;
+        Ok(Engine {
+            model: Model::One(decoder),
+            tokenizer,
+            cuda_graph: opts.cuda_graph && opts.device.is_cuda(),
+        })
     }
 
     /// A built-in preset (see [`crate::preset`]; a name or a `config.json` path) with
@@ -377,7 +420,8 @@ impl Engine {
             logits: Vec::new(),
             prompt_time: Duration::ZERO,
             first_token_time: Duration::ZERO,
-            batched_prefill: opts.batched_prefill,
+            // A quantized model's prompt goes through decode steps (`Decoder::prefill_at`).
+            batched_prefill: opts.batched_prefill && !dec.is_quantized(),
             decode_time: Duration::ZERO,
             decode_steps: 0,
             used_graph: false,

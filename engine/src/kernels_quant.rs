@@ -21,7 +21,17 @@
 //!   reference's (`engine/src/reference.rs`): projections, `silu(g)` and the product
 //!   each to bf16.
 //!
-//! `norm_w` and `eps` are read only with `NORM = 1`.
+//! - `HEAD = 1` (with `NORM = 1`): the LM head. The final norm is computed first and
+//!   rounded as the reference's (`bf16(g * bf16(a * inv_rms))`, as
+//!   [`lm_head_argmax`](crate::kernels::lm_head_argmax)); the bf16 logits are stored
+//!   as f32 in `logits`, and each program's greedy candidate (its largest logit, the
+//!   first on ties) in `part_val`/`part_idx[program_id]`, for
+//!   [`argmax_finish`](crate::kernels::argmax_finish). `y` and `bias` are not read.
+//!
+//! `norm_w` and `eps` are read only with `NORM = 1`; `logits`, `part_val` and
+//! `part_idx` are written only with `HEAD = 1`. Rows `0..n` of the weights write rows
+//! `row0..row0 + n` of `y` (and read those of `bias`): a fused projection whose parts
+//! have different types is launched one run of rows at a time.
 //!
 //! Tiles are rank 4 so that the block structure is a tile axis and no reshape is
 //! needed: `[BLOCK_N, groups, fields, words]`, with the group, field and word of the
@@ -43,11 +53,63 @@
 //! `wait_for_prior_kernels()`, so with programmatic launch it overlaps the previous
 //! kernel's tail.
 
-use tilefuse_macros::kernel;
+use tilefuse_macros::{kernel, tile_fn};
+
+/// `1 / sqrt(mean(a²) + eps)` over `a[0..k]`, in tiles of `B`.
+#[tile_fn]
+fn inv_rms_of<const B: usize>(a: Ptr<bf16>, k: i32, eps: f32) -> f32 {
+    let mut sq = zeros::<f32>([B]);
+    for k0 in (0..k).step_by(B) {
+        let c = k0 + arange(0, B);
+        let v = load(a + c, c < k, 0.0) as f32;
+        sq += v * v;
+    }
+    1.0 / sqrt(sq.sum(0) / (k as f32) + eps)
+}
+
+/// The final norm as the LM head's reference rounds it: `bf16(g * bf16(x * inv_rms))`.
+#[tile_fn]
+fn head_norm(x: Tile<f32>, g: Tile<f32>, inv_rms: f32) -> Tile<f32> {
+    (g * ((x * inv_rms) as bf16 as f32)) as bf16 as f32
+}
+
+/// The LM head's outputs: the logits of `rows`, and the program's greedy candidate
+/// (its largest logit, the first on ties) for `argmax_finish`.
+#[tile_fn]
+fn store_head(
+    logits: Ptr<f32>,
+    part_val: Ptr<f32>,
+    part_idx: Ptr<i32>,
+    rows: Tile<i32>,
+    out: Tile<f32>,
+    row_ok: Tile<bool>,
+) {
+    store(logits + rows, out, row_ok);
+    let cand = select(row_ok, out, f32::NEG_INFINITY);
+    store(part_val + program_id(0), cand.max(0));
+    store(part_idx + program_id(0), rows.min(0) + cand.argmax(0));
+}
 
 /// Every kernel description in this module, for tooling (offline assembly, inspection).
-pub fn all() -> [&'static tilefuse_dsl::runtime::KernelDef; 3] {
-    [&Q8_0_GEMV, &Q4_K_GEMV, &Q6_K_GEMV]
+pub fn all() -> [&'static tilefuse_dsl::runtime::KernelDef; 4] {
+    [&Q8_0_GEMV, &Q4_K_GEMV, &Q6_K_GEMV, &SILU_MUL_IN_PLACE]
+}
+
+/// `act[i] = bf16(bf16(silu(g[i])) * u[i])` for `i < inter`, over `act = [g; u]` in
+/// place (the reference's rounding): between a quantized gate/up GEMV and the down
+/// projection, computed once a step rather than by every program of the down
+/// projection (its `SILU_MUL = 1` prologue, which every program repeats for the whole
+/// activation: measured 19 µs a launch at Qwen3-0.6B's down projection in the step,
+/// docs/perf.md "Quantized GEMVs").
+#[kernel(crate = tilefuse_dsl, B = [1024], num_warps = [4])]
+pub fn silu_mul_in_place<const B: usize>(act: Ptr<bf16>, inter: i32) {
+    let offs = program_id(0) * B + arange(0, B);
+    let ok = offs < inter;
+    wait_for_prior_kernels();
+    let g = load(act + offs, ok, 0.0) as f32;
+    let u = load(act + inter + offs, ok, 0.0) as f32;
+    let silu = (g / (1.0 + exp(-g))) as bf16 as f32;
+    store(act + offs, (silu * u) as bf16, ok);
 }
 
 /// `y = bf16(W · a + bias)` for a Q8_0 matrix `W` of shape `[n, k]` with
@@ -57,14 +119,22 @@ pub fn all() -> [&'static tilefuse_dsl::runtime::KernelDef; 3] {
 #[kernel(
     crate = tilefuse_dsl,
     BLOCK_N = [1, 2, 4, 8],
-    BLOCK_K = [256, 512, 1024],
+    BLOCK_K = [256, 512, 1024, 2048, 4096],
     num_warps = [4, 8],
     RESIDUAL = [0, 1],
     NORM = [0, 1],
     SILU_MUL = [0, 1],
+    HEAD = [0, 1],
     skip(NORM = 1, RESIDUAL = 1),
     skip(SILU_MUL = 1, NORM = 1),
-    skip(SILU_MUL = 1, RESIDUAL = 0)
+    skip(SILU_MUL = 1, RESIDUAL = 0),
+    skip(HEAD = 1, NORM = 0),
+    // Long tiles are for wide matrices (O, down: few rows); more would spill.
+    skip(BLOCK_K = [2048, 4096], BLOCK_N = 8),
+    skip(BLOCK_K = 4096, BLOCK_N = 4),
+    skip(BLOCK_K = 2048, BLOCK_N = 4, num_warps = 4),
+    skip(BLOCK_K = 4096, BLOCK_N = 2, num_warps = 4),
+    skip(BLOCK_K = [2048, 4096], HEAD = 1)
 )]
 pub fn q8_0_gemv<
     const BLOCK_N: usize,
@@ -72,6 +142,7 @@ pub fn q8_0_gemv<
     const RESIDUAL: usize,
     const NORM: usize,
     const SILU_MUL: usize,
+    const HEAD: usize,
 >(
     q: Ptr<u32>,
     d: Ptr<f16>,
@@ -79,7 +150,11 @@ pub fn q8_0_gemv<
     norm_w: Ptr<bf16>,
     bias: Ptr<bf16>,
     y: Ptr<bf16>,
+    logits: Ptr<f32>,
+    part_val: Ptr<f32>,
+    part_idx: Ptr<i32>,
     n: i32,
+    row0: i32,
     #[multiple_of(8)] k_words: i32,
     eps: f32,
 ) {
@@ -110,11 +185,18 @@ pub fn q8_0_gemv<
         0,
     );
     let d_first = load(d + d_rows + grp.expand_dims(0), g_ok, 0.0);
-    let b = load(bias + rows, row_ok, 0.0) as f32;
+    let mut b = zeros::<f32>([BLOCK_N]);
+    if HEAD == 0 {
+        b = load(bias + row0 + rows, row_ok, 0.0) as f32;
+    }
     wait_for_prior_kernels();
     let mut old = zeros::<f32>([BLOCK_N]);
     if RESIDUAL == 1 {
-        old = load(y + rows, row_ok, 0.0) as f32;
+        old = load(y + row0 + rows, row_ok, 0.0) as f32;
+    }
+    let mut inv_rms = 1.0;
+    if HEAD == 1 {
+        inv_rms = inv_rms_of::<BLOCK_K>(a, groups * 32, eps);
     }
     let a_ok = (grp < groups).expand_dims(1).expand_dims(2);
     let mut xv = load(a + elems, a_ok, 0.0) as f32;
@@ -125,7 +207,10 @@ pub fn q8_0_gemv<
     }
     let mut sq = 0.0;
     let mut av = xv;
-    if NORM == 1 {
+    if HEAD == 1 {
+        // The final norm rounded as the LM head's reference does.
+        av = head_norm(xv, load(norm_w + elems, a_ok, 0.0) as f32, inv_rms);
+    } else if NORM == 1 {
         // RMSNorm folded in (as `rms_norm_gemv`): the squares are summed from the
         // activation tiles and `inv_rms` scales the row sums at the end.
         sq = (xv * xv).sum(2).sum(1).sum(0);
@@ -150,7 +235,13 @@ pub fn q8_0_gemv<
             xv = ((xv / (1.0 + exp(-xv))) as bf16 as f32 * up) as bf16 as f32;
         }
         let mut av = xv;
-        if NORM == 1 {
+        if HEAD == 1 {
+            av = head_norm(
+                xv,
+                load(norm_w + g0 * 32 + elems, a_ok, 0.0) as f32,
+                inv_rms,
+            );
+        } else if NORM == 1 {
             sq += (xv * xv).sum(2).sum(1).sum(0);
             av = xv * (load(norm_w + g0 * 32 + elems, a_ok, 0.0) as f32);
         }
@@ -158,14 +249,16 @@ pub fn q8_0_gemv<
         let dots = (vals * av.expand_dims(0)).sum(3).sum(2);
         sums += (dots * (dt as f32)).sum(1);
     }
-    if NORM == 1 {
+    if NORM == 1 && HEAD == 0 {
         sums = sums * (1.0 / sqrt(sq / ((groups * 32) as f32) + eps));
     }
     let proj = (sums + b) as bf16;
-    if RESIDUAL == 1 {
-        store(y + rows, (old + proj as f32) as bf16, row_ok);
+    if HEAD == 1 {
+        store_head(logits, part_val, part_idx, row0 + rows, proj as f32, row_ok);
+    } else if RESIDUAL == 1 {
+        store(y + row0 + rows, (old + proj as f32) as bf16, row_ok);
     } else {
-        store(y + rows, proj, row_ok);
+        store(y + row0 + rows, proj, row_ok);
     }
 }
 
@@ -176,14 +269,22 @@ pub fn q8_0_gemv<
 #[kernel(
     crate = tilefuse_dsl,
     BLOCK_N = [1, 2, 4, 8],
-    BLOCK_K = [256, 512, 1024],
+    BLOCK_K = [256, 512, 1024, 2048, 4096],
     num_warps = [4, 8],
     RESIDUAL = [0, 1],
     NORM = [0, 1],
     SILU_MUL = [0, 1],
+    HEAD = [0, 1],
     skip(NORM = 1, RESIDUAL = 1),
     skip(SILU_MUL = 1, NORM = 1),
-    skip(SILU_MUL = 1, RESIDUAL = 0)
+    skip(SILU_MUL = 1, RESIDUAL = 0),
+    skip(HEAD = 1, NORM = 0),
+    // Long tiles are for wide matrices (O, down: few rows); more would spill.
+    skip(BLOCK_K = [2048, 4096], BLOCK_N = 8),
+    skip(BLOCK_K = 4096, BLOCK_N = 4),
+    skip(BLOCK_K = 2048, BLOCK_N = 4, num_warps = 4),
+    skip(BLOCK_K = 4096, BLOCK_N = 2, num_warps = 4),
+    skip(BLOCK_K = [2048, 4096], HEAD = 1)
 )]
 pub fn q4_k_gemv<
     const BLOCK_N: usize,
@@ -191,6 +292,7 @@ pub fn q4_k_gemv<
     const RESIDUAL: usize,
     const NORM: usize,
     const SILU_MUL: usize,
+    const HEAD: usize,
 >(
     q: Ptr<u32>,
     scales: Ptr<u8>,
@@ -201,7 +303,11 @@ pub fn q4_k_gemv<
     norm_w: Ptr<bf16>,
     bias: Ptr<bf16>,
     y: Ptr<bf16>,
+    logits: Ptr<f32>,
+    part_val: Ptr<f32>,
+    part_idx: Ptr<i32>,
     n: i32,
+    row0: i32,
     #[multiple_of(32)] k_words: i32,
     eps: f32,
 ) {
@@ -233,11 +339,18 @@ pub fn q4_k_gemv<
     let m_first = load(mins + s_rows + grp.expand_dims(0), g_ok, 0);
     let d_first = load(d + d_rows + (grp / 8).expand_dims(0), g_ok, 0.0);
     let dmin_first = load(dmin + d_rows + (grp / 8).expand_dims(0), g_ok, 0.0);
-    let b = load(bias + rows, row_ok, 0.0) as f32;
+    let mut b = zeros::<f32>([BLOCK_N]);
+    if HEAD == 0 {
+        b = load(bias + row0 + rows, row_ok, 0.0) as f32;
+    }
     wait_for_prior_kernels();
     let mut old = zeros::<f32>([BLOCK_N]);
     if RESIDUAL == 1 {
-        old = load(y + rows, row_ok, 0.0) as f32;
+        old = load(y + row0 + rows, row_ok, 0.0) as f32;
+    }
+    let mut inv_rms = 1.0;
+    if HEAD == 1 {
+        inv_rms = inv_rms_of::<BLOCK_K>(a, groups * 32, eps);
     }
     let a_ok = (grp < groups).expand_dims(1).expand_dims(2);
     let mut xv = load(a + elems, a_ok, 0.0) as f32;
@@ -248,7 +361,10 @@ pub fn q4_k_gemv<
     }
     let mut sq = 0.0;
     let mut av = xv;
-    if NORM == 1 {
+    if HEAD == 1 {
+        // The final norm rounded as the LM head's reference does.
+        av = head_norm(xv, load(norm_w + elems, a_ok, 0.0) as f32, inv_rms);
+    } else if NORM == 1 {
         // RMSNorm folded in (as `rms_norm_gemv`): the squares are summed from the
         // activation tiles and `inv_rms` scales the row sums at the end.
         sq = (xv * xv).sum(2).sum(1).sum(0);
@@ -281,7 +397,13 @@ pub fn q4_k_gemv<
             xv = ((xv / (1.0 + exp(-xv))) as bf16 as f32 * up) as bf16 as f32;
         }
         let mut av = xv;
-        if NORM == 1 {
+        if HEAD == 1 {
+            av = head_norm(
+                xv,
+                load(norm_w + g0 * 32 + elems, a_ok, 0.0) as f32,
+                inv_rms,
+            );
+        } else if NORM == 1 {
             sq += (xv * xv).sum(2).sum(1).sum(0);
             av = xv * (load(norm_w + g0 * 32 + elems, a_ok, 0.0) as f32);
         }
@@ -293,14 +415,16 @@ pub fn q4_k_gemv<
         let min = (dmint as f32) * (mt as f32);
         sums += (scale * dots - min * a_sums).sum(1);
     }
-    if NORM == 1 {
+    if NORM == 1 && HEAD == 0 {
         sums = sums * (1.0 / sqrt(sq / ((groups * 32) as f32) + eps));
     }
     let proj = (sums + b) as bf16;
-    if RESIDUAL == 1 {
-        store(y + rows, (old + proj as f32) as bf16, row_ok);
+    if HEAD == 1 {
+        store_head(logits, part_val, part_idx, row0 + rows, proj as f32, row_ok);
+    } else if RESIDUAL == 1 {
+        store(y + row0 + rows, (old + proj as f32) as bf16, row_ok);
     } else {
-        store(y + rows, proj, row_ok);
+        store(y + row0 + rows, proj, row_ok);
     }
 }
 
@@ -312,14 +436,22 @@ pub fn q4_k_gemv<
 #[kernel(
     crate = tilefuse_dsl,
     BLOCK_N = [1, 2, 4, 8],
-    BLOCK_K = [256, 512, 1024],
+    BLOCK_K = [256, 512, 1024, 2048, 4096],
     num_warps = [4, 8],
     RESIDUAL = [0, 1],
     NORM = [0, 1],
     SILU_MUL = [0, 1],
+    HEAD = [0, 1],
     skip(NORM = 1, RESIDUAL = 1),
     skip(SILU_MUL = 1, NORM = 1),
-    skip(SILU_MUL = 1, RESIDUAL = 0)
+    skip(SILU_MUL = 1, RESIDUAL = 0),
+    skip(HEAD = 1, NORM = 0),
+    // Long tiles are for wide matrices (O, down: few rows); more would spill.
+    skip(BLOCK_K = [2048, 4096], BLOCK_N = 8),
+    skip(BLOCK_K = 4096, BLOCK_N = 4),
+    skip(BLOCK_K = 2048, BLOCK_N = 4, num_warps = 4),
+    skip(BLOCK_K = 4096, BLOCK_N = 2, num_warps = 4),
+    skip(BLOCK_K = [2048, 4096], HEAD = 1)
 )]
 pub fn q6_k_gemv<
     const BLOCK_N: usize,
@@ -327,6 +459,7 @@ pub fn q6_k_gemv<
     const RESIDUAL: usize,
     const NORM: usize,
     const SILU_MUL: usize,
+    const HEAD: usize,
 >(
     ql: Ptr<u32>,
     qh: Ptr<u32>,
@@ -336,7 +469,11 @@ pub fn q6_k_gemv<
     norm_w: Ptr<bf16>,
     bias: Ptr<bf16>,
     y: Ptr<bf16>,
+    logits: Ptr<f32>,
+    part_val: Ptr<f32>,
+    part_idx: Ptr<i32>,
     n: i32,
+    row0: i32,
     #[multiple_of(16)] k_words: i32,
     eps: f32,
 ) {
@@ -379,11 +516,18 @@ pub fn q6_k_gemv<
     );
     let sc_first = load(scales + g_rows + grp.expand_dims(0), g_ok, 128);
     let d_first = load(d + d_rows + (grp / 16).expand_dims(0), g_ok, 0.0);
-    let b = load(bias + rows, row_ok, 0.0) as f32;
+    let mut b = zeros::<f32>([BLOCK_N]);
+    if HEAD == 0 {
+        b = load(bias + row0 + rows, row_ok, 0.0) as f32;
+    }
     wait_for_prior_kernels();
     let mut old = zeros::<f32>([BLOCK_N]);
     if RESIDUAL == 1 {
-        old = load(y + rows, row_ok, 0.0) as f32;
+        old = load(y + row0 + rows, row_ok, 0.0) as f32;
+    }
+    let mut inv_rms = 1.0;
+    if HEAD == 1 {
+        inv_rms = inv_rms_of::<BLOCK_K>(a, groups * 16, eps);
     }
     let a_ok = (grp < groups).expand_dims(1).expand_dims(2);
     let mut xv = load(a + elems, a_ok, 0.0) as f32;
@@ -394,7 +538,10 @@ pub fn q6_k_gemv<
     }
     let mut sq = 0.0;
     let mut av = xv;
-    if NORM == 1 {
+    if HEAD == 1 {
+        // The final norm rounded as the LM head's reference does.
+        av = head_norm(xv, load(norm_w + elems, a_ok, 0.0) as f32, inv_rms);
+    } else if NORM == 1 {
         // RMSNorm folded in (as `rms_norm_gemv`): the squares are summed from the
         // activation tiles and `inv_rms` scales the row sums at the end.
         sq = (xv * xv).sum(2).sum(1).sum(0);
@@ -427,7 +574,13 @@ pub fn q6_k_gemv<
             xv = ((xv / (1.0 + exp(-xv))) as bf16 as f32 * up) as bf16 as f32;
         }
         let mut av = xv;
-        if NORM == 1 {
+        if HEAD == 1 {
+            av = head_norm(
+                xv,
+                load(norm_w + g0 * 16 + elems, a_ok, 0.0) as f32,
+                inv_rms,
+            );
+        } else if NORM == 1 {
             sq += (xv * xv).sum(2).sum(1).sum(0);
             av = xv * (load(norm_w + g0 * 16 + elems, a_ok, 0.0) as f32);
         }
@@ -437,13 +590,15 @@ pub fn q6_k_gemv<
         let scale = (dt as f32) * (((sct as i32) - 128) as f32);
         sums += (scale * dots).sum(1);
     }
-    if NORM == 1 {
+    if NORM == 1 && HEAD == 0 {
         sums = sums * (1.0 / sqrt(sq / ((groups * 16) as f32) + eps));
     }
     let proj = (sums + b) as bf16;
-    if RESIDUAL == 1 {
-        store(y + rows, (old + proj as f32) as bf16, row_ok);
+    if HEAD == 1 {
+        store_head(logits, part_val, part_idx, row0 + rows, proj as f32, row_ok);
+    } else if RESIDUAL == 1 {
+        store(y + row0 + rows, (old + proj as f32) as bf16, row_ok);
     } else {
-        store(y + rows, proj, row_ok);
+        store(y + row0 + rows, proj, row_ok);
     }
 }

@@ -501,6 +501,9 @@ fn engine_loads_a_gguf_file_and_decodes_like_the_reference() {
         logits.push(l);
     }
     assert_eq!(out.tokens.len(), 4);
+    // The file's matrices are read quantized; its prompt went through decode steps.
+    assert!(engine.decoder().expect("one device").is_quantized());
+    assert!(!out.batched_prefill);
 }
 
 #[test]
@@ -594,4 +597,98 @@ fn llama_q_and_k_rows_are_permuted_back() {
         .unwrap();
     assert_eq!(v, permute(&hf(k_rows), kv_heads));
     assert_ne!(v, hf(k_rows));
+}
+
+/// The decode step over the file's quantized matrices (the quantized GEMVs, the fused
+/// QKV and gate/up split into runs of one type: the fixture's q, k, v are Q4_K, Q8_0,
+/// Q6_K; gate, up Q4_K, Q8_0; the untied head Q6_K) against the dense step over the
+/// same weights dequantized to bf16, token by token: logits within the tolerance the
+/// dense path keeps to the host reference, and greedy tokens that are the argmax of the
+/// step's logits and the dense step's but for near-ties. On the interpreter, and on the GPU when there is one.
+#[test]
+fn quantized_step_matches_the_dense_step_on_dequantized_weights() {
+    use tilefuse_dsl::runtime::testing::gpu_or_skip;
+    use tilefuse_dsl::runtime::Device;
+    use tilefuse_engine::gguf::quant::GgmlType;
+    use tilefuse_engine::{Decoder, Engine, EngineOptions};
+
+    let path = fixture("tiny_qwen3.gguf");
+    let mut devices = vec![Device::cpu()];
+    devices.extend(gpu_or_skip(
+        "quantized_step_matches_the_dense_step_on_dequantized_weights",
+    ));
+    for dev in devices {
+        let opts = EngineOptions {
+            device: dev.clone(),
+            max_seq_len: Some(16),
+            cuda_graph: false,
+            ..EngineOptions::default()
+        };
+        let mut dense = Engine::load_gguf_as(&path, opts.clone(), false).unwrap();
+        assert!(!dense.decoder().expect("one device").is_quantized());
+        // The file's quantized matrices, the Q6_K head included (which `Engine::load`
+        // reads as bf16: `quant::head_reads_quantized`).
+        let f = GgufFile::open(&path).unwrap();
+        let cfg = f.config().unwrap();
+        let mut qw = f.quant_weights(&cfg).unwrap();
+        qw.lm_head = f
+            .packed_matrix("lm_head.weight", cfg.vocab_size, cfg.hidden_size, &cfg)
+            .unwrap();
+        assert_eq!(
+            qw.lm_head.as_ref().map(|m| m.ggml_type()),
+            Some(GgmlType::Q6_K)
+        );
+        let mut quant =
+            Decoder::with_quant(&cfg, &f.model_weights(&cfg).unwrap(), &qw, &dev, 16).unwrap();
+        assert!(quant.is_quantized());
+        // Two more QKV launches and one more gate/up launch a layer (runs of one type),
+        // and `silu_mul_in_place`.
+        assert_eq!(
+            quant.kernels_per_step(),
+            dense.decoder().expect("one device").kernels_per_step() + 4 * cfg.num_layers
+        );
+        assert!(
+            quant.weight_bytes_per_step()
+                < dense.decoder().expect("one device").weight_bytes_per_step() / 2
+        );
+        if dev.is_cuda() {
+            quant.capture().unwrap();
+        }
+        let mut token = 17u32;
+        for pos in 0..10 {
+            let want = dense
+                .decoder()
+                .expect("one device")
+                .forward(token, pos)
+                .unwrap();
+            let got = quant.forward(token, pos).unwrap();
+            let rel = common::rel_err(&got, &want);
+            // Each path rounds every projection to bf16 in its own summation order: the
+            // two differ by 0.8-1.4% on the interpreter, as each differs from the host
+            // reference (the bound of the test above).
+            assert!(rel < 2e-2, "{dev} position {pos}: logits differ by {rel}");
+            let (dense_next, _) = dense.decoder().expect("one device").read_state().unwrap();
+            let (quant_next, next_pos) = quant.read_state().unwrap();
+            assert_eq!(next_pos, pos + 1);
+            // The greedy token is the argmax of the step's own logits.
+            let argmax = got
+                .iter()
+                .enumerate()
+                .fold(
+                    (0, f32::NEG_INFINITY),
+                    |b, (i, &v)| if v > b.1 { (i, v) } else { b },
+                )
+                .0;
+            assert_eq!(quant_next as usize, argmax, "{dev} position {pos}");
+            if dense_next != quant_next {
+                // Only a near-tie may flip the greedy token.
+                let gap = (want[dense_next as usize] - want[quant_next as usize]).abs();
+                assert!(
+                    gap < 1e-2,
+                    "{dev} position {pos}: tokens {dense_next} vs {quant_next}"
+                );
+            }
+            token = quant_next;
+        }
+    }
 }

@@ -5,13 +5,15 @@
 //! scales with some extreme ones), on the interpreter at small shapes with a few launch
 //! configurations, for each variant (plain, residual, RMSNorm prologue, SiLU-and-multiply prologue), and on the GPU (when there is one; `TILEFUSE_REQUIRE_GPU=1` makes
 //! its absence a failure) at those shapes plus Qwen3-0.6B's layer shapes (QKV `4096 x
-//! 1024`, down `1024 x 3072`) with every compiled configuration. Outputs are poisoned
+//! 1024`, down `1024 x 3072`) with the decode step's configurations and the long tiles. Outputs are poisoned
 //! with NaN before each launch, so unwritten rows fail.
 
 use tilefuse_dsl::half::{bf16, f16};
 use tilefuse_dsl::runtime::testing::gpu_or_skip;
 use tilefuse_dsl::runtime::Device;
-use tilefuse_engine::gguf::device::{DeviceQuantMatrix, QuantGemvConfig};
+use tilefuse_engine::gguf::device::{
+    DeviceQuantMatrix, QuantGemvConfig, QuantOut, QuantSpare, QuantVariant,
+};
 use tilefuse_engine::gguf::quant::{self, GgmlType, PackedMatrix};
 
 /// xorshift64*: seeded, reproducible.
@@ -170,7 +172,21 @@ fn check_type(ty: GgmlType, seed: u64) {
         ];
         if dev.is_cuda() {
             shapes.extend([(4096, 1024), (1024, 3072)]);
-            configs = QuantGemvConfig::all();
+            // The decode step's choices and the long tiles (the bandwidth example
+            // times every compiled configuration).
+            for (block_n, block_k, num_warps) in [
+                (8, 1024, 4),
+                (2, 2048, 4),
+                (2, 4096, 8),
+                (4, 2048, 8),
+                (1, 4096, 4),
+            ] {
+                configs.push(QuantGemvConfig {
+                    block_n,
+                    block_k,
+                    num_warps,
+                });
+            }
         }
         for &(n, k) in &shapes {
             let c = case(&mut rng, ty, n, k);
@@ -182,7 +198,12 @@ fn check_type(ty: GgmlType, seed: u64) {
             let a = dev.upload(&c.a).unwrap();
             let bias = dev.upload(&c.bias).unwrap();
             let norm_w = dev.upload(&c.norm_w).unwrap();
+            let mut spare = QuantSpare::new(&dev).unwrap();
             for &cfg in &configs {
+                // The head's variant is compiled for tiles up to 1024 columns.
+                if cfg.block_k <= 1024 {
+                    check_head(&dev, &m, &c, n, k, cfg, &a, &norm_w, &mut spare);
+                }
                 for (residual, norm, silu) in [
                     (false, false, false),
                     (true, false, false),
@@ -201,9 +222,9 @@ fn check_type(ty: GgmlType, seed: u64) {
                         dev.alloc_filled(n, bf16::NAN).unwrap()
                     };
                     let launched = if silu {
-                        m.gemv_silu_mul_residual(&dev, cfg, &gate_up, &bias, &mut y)
+                        m.gemv_silu_mul_residual(&dev, cfg, &gate_up, &bias, &mut y, &mut spare)
                     } else {
-                        m.gemv(&dev, cfg, &a, norm_arg, &bias, &mut y, residual)
+                        m.gemv(&dev, cfg, &a, norm_arg, &bias, &mut y, residual, &mut spare)
                     };
                     launched.unwrap_or_else(|e| panic!("{ty} {cfg:?} on {dev}: {e}"));
                     let got = y.to_vec().unwrap();
@@ -229,6 +250,80 @@ fn check_type(ty: GgmlType, seed: u64) {
                 }
             }
         }
+    }
+}
+
+/// The LM-head variant (`HEAD = 1`): logits `bf16(W · x)` with the final norm rounded
+/// as the reference's (`x = bf16(g * bf16(a * inv_rms))`), stored as f32, and each
+/// program's greedy candidate: the largest of its rows' logits, the first on ties.
+#[allow(clippy::too_many_arguments)]
+fn check_head(
+    dev: &Device,
+    m: &DeviceQuantMatrix,
+    c: &Case,
+    n: usize,
+    k: usize,
+    cfg: QuantGemvConfig,
+    a: &tilefuse_dsl::runtime::Buffer<bf16>,
+    norm_w: &tilefuse_dsl::runtime::Buffer<bf16>,
+    spare: &mut QuantSpare,
+) {
+    let ty = m.ggml_type();
+    let ms = c.a.iter().map(|v| v.to_f64().powi(2)).sum::<f64>() / k as f64;
+    let inv_rms = (1.0 / (ms as f32 + EPS).sqrt()) as f64;
+    let x: Vec<f64> = (0..k)
+        .map(|j| {
+            let xn = bf16::from_f64(c.a[j].to_f64() * inv_rms).to_f64();
+            bf16::from_f64(c.norm_w[j].to_f64() * xn).to_f64()
+        })
+        .collect();
+    let programs = cfg.grid(n) as usize;
+    let mut logits = dev.alloc_filled(n, f32::NAN).unwrap();
+    let mut part_val = dev.alloc_filled(programs, f32::NAN).unwrap();
+    let mut part_idx = dev.alloc_filled(programs, -1i32).unwrap();
+    m.launch(
+        dev,
+        cfg,
+        QuantVariant::Norm { norm_w, eps: EPS },
+        a,
+        QuantOut::Head {
+            logits: &mut logits,
+            part_val: &mut part_val,
+            part_idx: &mut part_idx,
+        },
+        spare,
+        false,
+    )
+    .unwrap_or_else(|e| panic!("{ty} head {cfg:?} on {dev}: {e}"));
+    let (got, val, idx) = (
+        logits.to_vec().unwrap(),
+        part_val.to_vec().unwrap(),
+        part_idx.to_vec().unwrap(),
+    );
+    for (r, &g) in got.iter().enumerate() {
+        let (mut sum, mut mag) = (0.0, 0.0);
+        for (wj, xj) in c.w[r * k..(r + 1) * k].iter().zip(&x) {
+            sum += *wj as f64 * xj;
+            mag += (*wj as f64 * xj).abs();
+        }
+        // The norm's roundings may flip one way or the other (f32 vs f64 inv_rms).
+        let tol = mag * 1e-2 + sum.abs() / 128.0;
+        let g = g as f64;
+        assert!(
+            g.is_finite() && (g - sum).abs() <= tol,
+            "{ty} head {n}x{k} {cfg:?} on {dev}: row {r}: got {g}, want {sum} (tol {tol:.3e})"
+        );
+        assert_eq!(g, bf16::from_f64(g).to_f64(), "logits are bf16 values");
+    }
+    for p in 0..programs {
+        let rows = p * cfg.block_n..((p + 1) * cfg.block_n).min(n);
+        let best = rows.clone().fold(f32::NEG_INFINITY, |b, r| b.max(got[r]));
+        let first = rows.clone().find(|&r| got[r] == best).unwrap();
+        assert_eq!(
+            (val[p], idx[p]),
+            (best, first as i32),
+            "{ty} head {cfg:?} on {dev}: program {p}'s candidate"
+        );
     }
 }
 

@@ -12,6 +12,12 @@ pub struct BenchArgs {
     /// The preset (random weights at real shape), or the path of a config.json.
     #[arg(long, default_value = "qwen3-0.6b")]
     pub preset: String,
+    /// The weights' format: `bf16`, or random blocks in GGUF's formats at the preset's
+    /// shapes, read by the quantized GEMVs: `q8_0` (every matrix) or `q4_k_m`
+    /// (llama.cpp's mix of Q4_K and Q6_K). A quantized run first times bf16 in the same
+    /// process and prints the two side by side.
+    #[arg(long, default_value = "bf16")]
+    pub weights: String,
     /// Split the model over this many GPUs (tensor parallelism, GPUs 0..N, NCCL between
     /// them; with `--device cpu`, interpreter ranks) and compare with one GPU in the
     /// same run: tokens/s, % of the combined floor (the slowest GPU's bytes over its
@@ -87,6 +93,7 @@ pub struct BenchArgs {
 /// Runs `tilefuse bench`.
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let device = super::generate::parse_device(args.device.as_deref())?;
+    let weights: bench::WeightFormat = args.weights.parse()?;
     // Fail before generating weights when the model does not fit (or cannot be split).
     let cfg = crate::engine::preset::config(&args.preset)?;
     crate::engine::engine::check_placement(
@@ -107,6 +114,12 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     };
     let graph = !args.no_graph && std::env::var("TILEFUSE_CUDA_GRAPH").map_or(true, |v| v != "0");
     if args.tp > 1 {
+        anyhow::ensure!(
+            weights == bench::WeightFormat::Bf16,
+            "--weights {} with --tp {}: split models read bf16 weights only",
+            args.weights,
+            args.tp
+        );
         let report = bench::tp::run(&bench::tp::TpBenchOptions {
             preset: args.preset.clone(),
             tp: usize::from(args.tp),
@@ -154,8 +167,9 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
             return Ok(());
         }
     }
-    let report = bench::run(&DecodeBenchOptions {
+    let opts = DecodeBenchOptions {
         preset: args.preset.clone(),
+        weights,
         context: args.context,
         tokens: args.tokens,
         device,
@@ -166,8 +180,27 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         sweep: args.sweep,
         sampled: args.sampled,
         timeline,
-    })?;
+    };
+    // The bf16 baseline of a quantized run, timed first in the same process.
+    let baseline = if weights == bench::WeightFormat::Bf16 {
+        None
+    } else {
+        let report = bench::run(&DecodeBenchOptions {
+            weights: bench::WeightFormat::Bf16,
+            profile: false,
+            sweep: false,
+            sampled: false,
+            timeline: None,
+            ..opts.clone()
+        })?;
+        super::write_stdout(&format!("{report}\n"))?;
+        Some(report)
+    };
+    let report = bench::run(&opts)?;
     super::write_stdout(&report.to_string())?;
+    if let Some(base) = &baseline {
+        super::write_stdout(&format!("\n{}\n", bench::report::compare(base, &report)))?;
+    }
     if let Some(path) = &args.json {
         let modes: Vec<_> = report
             .modes
@@ -192,6 +225,16 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         let json = serde_json::json!({
             "device": report.device,
             "preset": report.preset,
+            "weights": report.weights.to_string(),
+            "bf16_baseline": baseline.as_ref().map(|b| serde_json::json!({
+                "weight_bytes": b.weight_bytes,
+                "floor_ms": b.floor_ms(),
+                "modes": b.modes.iter().map(|m| serde_json::json!({
+                    "mode": m.mode,
+                    "tokens_per_s": m.tokens_per_s,
+                    "ms_per_token": m.ms_per_token,
+                })).collect::<Vec<_>>(),
+            })),
             "context": report.context,
             "tokens": report.tokens,
             "weight_bytes": report.weight_bytes,

@@ -13,6 +13,7 @@
 //! Device facts and GPU timing are the runtime's ([`tilefuse_dsl::runtime::timing`]).
 
 pub mod cublas;
+pub mod quant;
 pub mod report;
 pub mod sweep;
 pub mod tp;
@@ -29,6 +30,7 @@ use crate::error::{EngineError, Result};
 use crate::sampling::{Sampler, Sampling};
 
 pub use cublas::Cublas;
+pub use quant::WeightFormat;
 pub use report::{TimelineReport, TimelineRow};
 pub use sweep::{Sweep, SweepRow, SWEEP_MARGIN, SWEEP_PAIRS};
 pub use workloads::{AttentionWorkload, GemvKind, GemvWorkload, PerfError, Rng};
@@ -38,6 +40,9 @@ pub use workloads::{AttentionWorkload, GemvKind, GemvWorkload, PerfError, Rng};
 pub struct DecodeBenchOptions {
     /// Preset name (see [`crate::preset::PRESETS`]).
     pub preset: String,
+    /// The weights' format: bf16, or random blocks of GGUF's quantized types read by
+    /// the quantized GEMVs ([`WeightFormat`]).
+    pub weights: WeightFormat,
     /// Tokens already in the KV cache when timing starts.
     pub context: usize,
     /// Decode steps timed per mode.
@@ -105,6 +110,8 @@ pub struct DecodeReport {
     pub device: String,
     /// Preset.
     pub preset: String,
+    /// The weights' format.
+    pub weights: WeightFormat,
     /// Context at the first timed step.
     pub context: usize,
     /// Steps timed.
@@ -242,8 +249,10 @@ pub fn run(opts: &DecodeBenchOptions) -> Result<DecodeReport> {
     }
     let (cfg, weights) = crate::preset::load(&opts.preset, opts.seed)?;
     let max_seq = opts.context + opts.tokens + 8;
-    let mut dec = Decoder::new(&cfg, &weights, &opts.device, max_seq)?;
+    let quant = opts.weights.random_weights(&cfg, opts.seed)?;
+    let mut dec = Decoder::with_quant(&cfg, &weights, &quant, &opts.device, max_seq)?;
     drop(weights);
+    drop(quant);
     let gpu = opts.device.is_cuda();
 
     let copy_bytes_per_s = if gpu {
@@ -321,6 +330,7 @@ pub fn run(opts: &DecodeBenchOptions) -> Result<DecodeReport> {
         timeline,
         device: opts.device.name(),
         preset: opts.preset.clone(),
+        weights: opts.weights,
         context: opts.context,
         tokens: opts.tokens,
         weight_bytes: dec.weight_bytes_per_step(),

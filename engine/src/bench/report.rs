@@ -132,8 +132,8 @@ impl fmt::Display for DecodeReport {
         writeln!(f, "device            {}", self.device)?;
         writeln!(
             f,
-            "model             {} (random weights), context {}, {} timed steps",
-            self.preset, self.context, self.tokens
+            "model             {} ({} random weights), context {}, {} timed steps",
+            self.preset, self.weights, self.context, self.tokens
         )?;
         writeln!(
             f,
@@ -279,6 +279,43 @@ impl fmt::Display for DecodeReport {
         }
         Ok(())
     }
+}
+
+/// Two runs of one preset side by side (a quantized one against its bf16 baseline):
+/// per mode both have, tokens/s, the speed-up, bytes per token, floors and the share of
+/// each run's own floor.
+pub fn compare(base: &DecodeReport, run: &DecodeReport) -> String {
+    let mb = |b: usize| b as f64 / 1e6;
+    let mut out = format!(
+        "{} against {} (same process)\nbytes per token   {:.1} MB vs {:.1} MB ({:.2}x fewer)",
+        run.weights,
+        base.weights,
+        mb(run.weight_bytes + run.kv_bytes),
+        mb(base.weight_bytes + base.kv_bytes),
+        (base.weight_bytes + base.kv_bytes) as f64 / (run.weight_bytes + run.kv_bytes) as f64
+    );
+    if let (Some(fr), Some(fb)) = (run.floor_ms(), base.floor_ms()) {
+        out += &format!("\nbandwidth floor   {fr:.3} ms vs {fb:.3} ms");
+    }
+    for m in &run.modes {
+        let Some(b) = base.modes.iter().find(|b| b.mode == m.mode) else {
+            continue;
+        };
+        let pct = |r: &DecodeReport, ms: f64| {
+            r.floor_ms()
+                .map_or("-".to_string(), |f| format!("{:.1}%", 100.0 * f / ms))
+        };
+        out += &format!(
+            "\n{:<7} {:.1} vs {:.1} tokens/s (median step): {:.2}x; {} vs {} of own floor",
+            m.mode,
+            m.median_tokens_per_s(),
+            b.median_tokens_per_s(),
+            m.median_tokens_per_s() / b.median_tokens_per_s(),
+            pct(run, m.ms_per_token),
+            pct(base, b.ms_per_token)
+        );
+    }
+    out
 }
 
 #[cfg(test)]

@@ -3,6 +3,8 @@
 //!
 //! - `step.rs`: one step, a layer as `qkv()`, `attention()`, `o_proj()`,
 //!   `mlp()` (what [`crate::reference`] computes, as kernel launches);
+//! - `matrix.rs`: a projection's weights, dense bf16 or quantized (GGUF), and the
+//!   quantized launches ([`QuantWeights`] gives a decoder its quantized matrices);
 //! - [`plan`]: which compiled variant each launch uses ([`LaunchPlan`]);
 //! - [`profile`]: a step timed block by block, and per-program timelines;
 //! - [`tp`]: the model split over several devices (tensor parallelism), one decoder a
@@ -21,6 +23,7 @@
 //! at a time. What to do between steps (sampling, speculation) is
 //! [`crate::Engine::generate`]'s.
 
+mod matrix;
 pub mod plan;
 pub mod profile;
 mod step;
@@ -39,6 +42,8 @@ use crate::sampling::device::DeviceSampler;
 use crate::sampling::Sampling;
 use crate::tuning;
 
+use matrix::{Matrix, QuantMatrix};
+pub use matrix::{QuantLayer, QuantWeights};
 pub use plan::{Block, KernelChoice, LaunchPlan};
 pub(crate) use profile::median;
 pub use profile::{BlockTime, LaunchStamps, ProgramStamps, Timeline};
@@ -47,18 +52,18 @@ pub use profile::{BlockTime, LaunchStamps, ProgramStamps, Timeline};
 struct Layer {
     input_norm: Buffer<bf16>,
     /// `[q; k; v]` projection rows, `[q_dim + 2 kv_dim, hidden]`.
-    qkv_w: Buffer<bf16>,
+    qkv_w: Matrix,
     /// Their biases (zeros when the model has none).
     qkv_b: Buffer<bf16>,
     /// QK-norm weights, `[head_dim]` (ones, unused, when the model has none).
     q_norm: Buffer<bf16>,
     k_norm: Buffer<bf16>,
-    o_w: Buffer<bf16>,
+    o_w: Matrix,
     o_b: Buffer<bf16>,
     post_norm: Buffer<bf16>,
     /// `[gate; up]` projection rows, `[2 * intermediate, hidden]`.
-    gate_up_w: Buffer<bf16>,
-    down_w: Buffer<bf16>,
+    gate_up_w: Matrix,
+    down_w: Matrix,
     /// `[num_kv_heads, max_seq_len, head_dim]`.
     k_cache: Buffer<bf16>,
     v_cache: Buffer<bf16>,
@@ -75,7 +80,8 @@ struct Scratch {
     q: Buffer<bf16>,
     /// Attention output, `[q_dim]`.
     attn: Buffer<bf16>,
-    /// `silu(gate) * up`, `[intermediate]`.
+    /// `silu(gate) * up`, `[intermediate]`; a quantized gate/up writes `[gate; up]`
+    /// (`2 * intermediate`) and `silu_mul_in_place` makes the first half the product.
     act: Buffer<bf16>,
     /// Split-attention partials: max, denominator, `[num_heads, splits]`; weighted sums
     /// `[num_heads, splits, head_dim]`.
@@ -92,6 +98,8 @@ struct Scratch {
     /// The layer kernels' timeline stamps (see [`Decoder::timeline`]); 4 values a
     /// program of the stamped layer, unwritten otherwise.
     stamps: Buffer<i64>,
+    /// Stand-ins for the outputs a quantized launch does not write.
+    spare: crate::gguf::device::QuantSpare,
 }
 
 /// A model resident on a device, ready to decode.
@@ -101,8 +109,10 @@ pub struct Decoder {
     plan: LaunchPlan,
     max_seq_len: usize,
     embed: Buffer<bf16>,
-    /// `None` when the LM head is tied to the embedding.
+    /// `None` when the LM head is tied to the embedding (or quantized).
     lm_head: Option<Buffer<bf16>>,
+    /// The LM head when the weights give it quantized (tied or not).
+    quant_head: Option<QuantMatrix>,
     final_norm: Buffer<bf16>,
     rope_cos: Buffer<f32>,
     rope_sin: Buffer<f32>,
@@ -142,36 +152,41 @@ fn concat(parts: &[&[bf16]]) -> Vec<bf16> {
 /// One layer's weights on the device, in the kernels' layout (see [`Layer`]).
 pub(crate) struct LayerBuffers {
     pub(crate) input_norm: Buffer<bf16>,
-    pub(crate) qkv_w: Buffer<bf16>,
+    pub(crate) qkv_w: Matrix,
     /// `None`: the model has no q/k/v biases (zeros are allocated).
     pub(crate) qkv_b: Option<Buffer<bf16>>,
     pub(crate) q_norm: Option<Buffer<bf16>>,
     pub(crate) k_norm: Option<Buffer<bf16>>,
-    pub(crate) o_w: Buffer<bf16>,
+    pub(crate) o_w: Matrix,
     pub(crate) o_b: Option<Buffer<bf16>>,
     pub(crate) post_norm: Buffer<bf16>,
-    pub(crate) gate_up_w: Buffer<bf16>,
-    pub(crate) down_w: Buffer<bf16>,
+    pub(crate) gate_up_w: Matrix,
+    pub(crate) down_w: Matrix,
 }
 
 /// A model's weights on the device, in the kernels' layout.
 pub(crate) struct DeviceWeights {
     pub(crate) embed: Buffer<bf16>,
-    /// `None` when the LM head is the embedding.
+    /// `None` when the LM head is the embedding or quantized.
     pub(crate) lm_head: Option<Buffer<bf16>>,
+    /// A quantized LM head (then `lm_head` is `None`).
+    pub(crate) quant_head: Option<QuantMatrix>,
     pub(crate) final_norm: Buffer<bf16>,
     pub(crate) layers: Vec<LayerBuffers>,
 }
 
 impl DeviceWeights {
     /// Uploads `w` (checked against the shapes it is used with) in the kernels'
-    /// layout: fused `[q; k; v]` and `[gate; up]` rows.
+    /// layout: fused `[q; k; v]` and `[gate; up]` rows; the matrices `quant` gives are
+    /// uploaded quantized in place of the dense ones (a fused projection only when all
+    /// its parts are).
     pub(crate) fn upload(
         dev: &Device,
         embed: &[bf16],
         lm_head: Option<&[bf16]>,
         norm: &[bf16],
         layers: &[crate::model::LayerWeights<'_>],
+        quant: &QuantWeights,
     ) -> Result<DeviceWeights> {
         let opt = |t: &Option<crate::model::Tensor<'_>>| -> Result<Option<Buffer<bf16>>> {
             Ok(match t {
@@ -180,30 +195,45 @@ impl DeviceWeights {
             })
         };
         let mut out = Vec::with_capacity(layers.len());
-        for lw in layers {
+        let dense_layer = QuantLayer::default();
+        for (li, lw) in layers.iter().enumerate() {
+            let ql = quant.layers.get(li).unwrap_or(&dense_layer);
             let qkv_b = match (&lw.q_bias, &lw.k_bias, &lw.v_bias) {
                 (Some(q), Some(k), Some(v)) => Some(dev.upload(&concat(&[q, k, v]))?),
                 _ => None,
             };
             out.push(LayerBuffers {
                 input_norm: dev.upload(&lw.input_norm)?,
-                qkv_w: dev.upload(&concat(&[&lw.q_proj, &lw.k_proj, &lw.v_proj]))?,
+                qkv_w: matrix::fused(
+                    dev,
+                    &[ql.q.as_ref(), ql.k.as_ref(), ql.v.as_ref()],
+                    &[&lw.q_proj, &lw.k_proj, &lw.v_proj],
+                )?,
                 qkv_b,
                 q_norm: opt(&lw.q_norm)?,
                 k_norm: opt(&lw.k_norm)?,
-                o_w: dev.upload(&lw.o_proj)?,
+                o_w: matrix::fused(dev, &[ql.o.as_ref()], &[&lw.o_proj])?,
                 o_b: opt(&lw.o_bias)?,
                 post_norm: dev.upload(&lw.post_attention_norm)?,
-                gate_up_w: dev.upload(&concat(&[&lw.gate_proj, &lw.up_proj]))?,
-                down_w: dev.upload(&lw.down_proj)?,
+                gate_up_w: matrix::fused(
+                    dev,
+                    &[ql.gate.as_ref(), ql.up.as_ref()],
+                    &[&lw.gate_proj, &lw.up_proj],
+                )?,
+                down_w: matrix::fused(dev, &[ql.down.as_ref()], &[&lw.down_proj])?,
             });
         }
+        let quant_head = match &quant.lm_head {
+            Some(m) => Some(QuantMatrix::upload(dev, &[m])?),
+            None => None,
+        };
         Ok(DeviceWeights {
             embed: dev.upload(embed)?,
-            lm_head: match lm_head {
-                Some(t) => Some(dev.upload(t)?),
-                None => None,
+            lm_head: match (lm_head, &quant_head) {
+                (Some(t), None) => Some(dev.upload(t)?),
+                _ => None,
             },
+            quant_head,
             final_norm: dev.upload(norm)?,
             layers: out,
         })
@@ -219,13 +249,29 @@ impl Decoder {
         dev: &Device,
         max_seq_len: usize,
     ) -> Result<Decoder> {
+        Decoder::with_quant(cfg, w, &QuantWeights::default(), dev, max_seq_len)
+    }
+
+    /// As [`Decoder::new`], with the matrices `quant` gives read quantized (in place of
+    /// `w`'s dense ones, which are then not uploaded): the step launches the quantized
+    /// GEMVs for them ([`crate::kernels_quant`]). Quantized matrices must match the
+    /// config's shapes; a fused projection is quantized only when all its parts are.
+    pub fn with_quant(
+        cfg: &ModelConfig,
+        w: &ModelWeights<'_>,
+        quant: &QuantWeights,
+        dev: &Device,
+        max_seq_len: usize,
+    ) -> Result<Decoder> {
         w.validate(cfg)?;
+        check_quant(cfg, quant)?;
         let weights = DeviceWeights::upload(
             dev,
             &w.embed_tokens,
             w.lm_head.as_deref(),
             &w.norm,
             &w.layers,
+            quant,
         )?;
         Decoder::from_device(cfg, weights, dev, max_seq_len)
     }
@@ -253,7 +299,8 @@ impl Decoder {
         );
         let (qd, kvd) = (cfg.q_dim(), cfg.kv_dim());
         let qkv_dim = qd + 2 * kvd;
-        let zeros_len = qkv_dim.max(h);
+        // Long enough for any projection's rows (a quantized gate/up writes `2 * im`).
+        let zeros_len = qkv_dim.max(h).max(2 * im);
         let ones = vec![bf16::ONE; hd];
 
         let mut layers = Vec::with_capacity(cfg.num_layers);
@@ -299,7 +346,7 @@ impl Decoder {
             qkv: dev.zeros(qkv_dim)?,
             q: dev.zeros(qd)?,
             attn: dev.zeros(qd)?,
-            act: dev.zeros(im)?,
+            act: dev.zeros(2 * im)?,
             part_m: dev.zeros(cfg.num_heads * splits)?,
             part_l: dev.zeros(cfg.num_heads * splits)?,
             part_acc: dev.zeros(cfg.num_heads * splits * hd)?,
@@ -317,6 +364,7 @@ impl Decoder {
                     + im),
                 -1i64,
             )?,
+            spare: crate::gguf::device::QuantSpare::new(dev)?,
         };
         Ok(Decoder {
             cfg: cfg.clone(),
@@ -324,6 +372,7 @@ impl Decoder {
             max_seq_len,
             embed: weights.embed,
             lm_head: weights.lm_head,
+            quant_head: weights.quant_head,
             final_norm: weights.final_norm,
             rope_cos: dev.upload(&cos)?,
             rope_sin: dev.upload(&sin)?,
@@ -395,8 +444,27 @@ impl Decoder {
         match block {
             Block::Embed | Block::LmHead | Block::Argmax => 1,
             Block::Combine if self.plan.clustered() => 0,
+            Block::Qkv => self.layers.iter().map(|l| l.qkv_w.launches()).sum(),
+            Block::OProj => self.layers.iter().map(|l| l.o_w.launches()).sum(),
+            // A quantized gate/up is followed by `silu_mul_in_place`.
+            Block::GateUp => self
+                .layers
+                .iter()
+                .map(|l| l.gate_up_w.launches() + usize::from(l.gate_up_w.dense().is_none()))
+                .sum(),
+            Block::Down => self.layers.iter().map(|l| l.down_w.launches()).sum(),
             _ => self.cfg.num_layers,
         }
+    }
+
+    /// Whether any projection or the LM head is read quantized.
+    pub fn is_quantized(&self) -> bool {
+        self.quant_head.is_some()
+            || self.layers.iter().any(|l| {
+                [&l.qkv_w, &l.o_w, &l.gate_up_w, &l.down_w]
+                    .iter()
+                    .any(|m| m.dense().is_none())
+            })
     }
 
     /// Bytes of weights one step reads (every matrix, norm and bias once; the embedding
@@ -406,23 +474,26 @@ impl Decoder {
             .layers
             .iter()
             .map(|l| {
-                l.input_norm.len()
-                    + l.qkv_w.len()
-                    + l.qkv_b.len()
-                    + l.o_w.len()
-                    + l.o_b.len()
-                    + l.post_norm.len()
-                    + l.gate_up_w.len()
-                    + l.down_w.len()
-                    + if self.cfg.qk_norm {
-                        2 * l.q_norm.len()
-                    } else {
-                        0
-                    }
+                l.qkv_w.bytes()
+                    + l.o_w.bytes()
+                    + l.gate_up_w.bytes()
+                    + l.down_w.bytes()
+                    + 2 * (l.input_norm.len()
+                        + l.qkv_b.len()
+                        + l.o_b.len()
+                        + l.post_norm.len()
+                        + if self.cfg.qk_norm {
+                            2 * l.q_norm.len()
+                        } else {
+                            0
+                        })
             })
             .sum();
-        let head = self.lm_head.as_ref().unwrap_or(&self.embed).len();
-        2 * (layer + head + self.final_norm.len() + self.cfg.hidden_size)
+        let head = match &self.quant_head {
+            Some(q) => q.bytes(),
+            None => 2 * self.lm_head.as_ref().unwrap_or(&self.embed).len(),
+        };
+        layer + head + 2 * (self.final_norm.len() + self.cfg.hidden_size)
     }
 
     /// Bytes of KV cache one step reads at context `len` (keys and values of every
@@ -574,9 +645,24 @@ impl Decoder {
     }
 
     /// The model's device buffers (weights per layer, KV cache, RoPE tables, the step's
-    /// hidden state and `state`), lent to the batched prefill.
-    pub fn prefill_view(&mut self) -> ModelView<'_> {
-        ModelView {
+    /// hidden state and `state`), lent to the batched prefill; an error for a quantized
+    /// model (the prefill's GEMMs read bf16 weights).
+    pub fn prefill_view(&mut self) -> Result<ModelView<'_>> {
+        let dense = |m: &Matrix| -> Result<()> {
+            match m.dense() {
+                Some(_) => Ok(()),
+                None => Err(EngineError::Option {
+                    message: "the batched prefill reads bf16 weights; this model has quantized ones (its prompts go through decode steps)".into(),
+                }),
+            }
+        };
+        for l in &self.layers {
+            for m in [&l.qkv_w, &l.o_w, &l.gate_up_w, &l.down_w] {
+                dense(m)?;
+            }
+        }
+        let empty = &self.s.zeros;
+        Ok(ModelView {
             embed: &self.embed,
             rope_cos: &self.rope_cos,
             rope_sin: &self.rope_sin,
@@ -586,15 +672,15 @@ impl Decoder {
                 .iter_mut()
                 .map(|l| LayerView {
                     input_norm: &l.input_norm,
-                    qkv_w: &l.qkv_w,
+                    qkv_w: l.qkv_w.dense().unwrap_or(empty),
                     qkv_b: &l.qkv_b,
                     q_norm: &l.q_norm,
                     k_norm: &l.k_norm,
-                    o_w: &l.o_w,
+                    o_w: l.o_w.dense().unwrap_or(empty),
                     o_b: &l.o_b,
                     post_norm: &l.post_norm,
-                    gate_up_w: &l.gate_up_w,
-                    down_w: &l.down_w,
+                    gate_up_w: l.gate_up_w.dense().unwrap_or(empty),
+                    down_w: l.down_w.dense().unwrap_or(empty),
                     k_cache: &mut l.k_cache,
                     v_cache: &mut l.v_cache,
                 })
@@ -602,7 +688,7 @@ impl Decoder {
             x: &mut self.s.x,
             state: &mut self.s.state,
             max_seq_len: self.max_seq_len,
-        }
+        })
     }
 
     /// Uses chunks of up to `chunk` tokens in [`Decoder::prefill`] (default
@@ -636,12 +722,46 @@ impl Decoder {
     /// prompt past the cache's capacity, an empty one or an id outside the vocabulary
     /// is an error before any work. Asynchronous on a GPU.
     pub fn prefill_at(&mut self, tokens: &[u32], start: usize) -> Result<()> {
+        if self.is_quantized() {
+            // No quantized GEMMs yet: the prompt goes through decode steps, which leave
+            // the same cache, logits and `state`.
+            return self.prefill_by_steps(tokens, start);
+        }
         self.prefiller()?;
         let mut p = self.prefiller.take().expect("made above");
-        let ran = p.run(self.prefill_view(), tokens, start);
+        let ran = match self.prefill_view() {
+            Ok(view) => p.run(view, tokens, start),
+            Err(e) => Err(e),
+        };
         self.prefiller = Some(p);
         ran?;
         self.step_blocks(|b| matches!(b, Block::LmHead | Block::Argmax))
+    }
+
+    /// [`Decoder::prefill_at`] as one decode step a token (what a quantized model's
+    /// prompt takes).
+    fn prefill_by_steps(&mut self, tokens: &[u32], start: usize) -> Result<()> {
+        if tokens.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        if start + tokens.len() > self.max_seq_len {
+            return Err(EngineError::TooLong {
+                prompt: start + tokens.len(),
+                new: 0,
+                max: self.max_seq_len,
+            });
+        }
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= self.cfg.vocab_size) {
+            return Err(EngineError::TokenOutOfRange {
+                token: bad,
+                vocab: self.cfg.vocab_size,
+            });
+        }
+        for (i, &t) in tokens.iter().enumerate() {
+            self.set_input(t, start + i)?;
+            self.step()?;
+        }
+        Ok(())
     }
 
     /// Decodes `token` at `pos` and returns the logits for the next token (a
@@ -651,4 +771,48 @@ impl Decoder {
         self.step()?;
         self.read_logits()
     }
+}
+
+/// Checks that every quantized matrix of `quant` has the shape `cfg` gives it.
+fn check_quant(cfg: &ModelConfig, quant: &QuantWeights) -> Result<()> {
+    let (h, qd, kvd, im) = (
+        cfg.hidden_size,
+        cfg.q_dim(),
+        cfg.kv_dim(),
+        cfg.intermediate_size,
+    );
+    if quant.layers.len() > cfg.num_layers {
+        return Err(EngineError::Option {
+            message: format!(
+                "quantized weights for {} layers; the model has {}",
+                quant.layers.len(),
+                cfg.num_layers
+            ),
+        });
+    }
+    let check = |name: String,
+                 m: &Option<crate::gguf::quant::PackedMatrix>,
+                 shape: (usize, usize)| match m {
+        Some(m) if m.shape() != shape => Err(EngineError::Option {
+            message: format!(
+                "quantized {name} is [{}, {}]; the config needs [{}, {}]",
+                m.shape().0,
+                m.shape().1,
+                shape.0,
+                shape.1
+            ),
+        }),
+        _ => Ok(()),
+    };
+    for (i, l) in quant.layers.iter().enumerate() {
+        let p = |n: &str| format!("layer {i} {n}");
+        check(p("q_proj"), &l.q, (qd, h))?;
+        check(p("k_proj"), &l.k, (kvd, h))?;
+        check(p("v_proj"), &l.v, (kvd, h))?;
+        check(p("o_proj"), &l.o, (h, qd))?;
+        check(p("gate_proj"), &l.gate, (im, h))?;
+        check(p("up_proj"), &l.up, (im, h))?;
+        check(p("down_proj"), &l.down, (h, im))?;
+    }
+    check("lm_head".into(), &quant.lm_head, (cfg.vocab_size, h))
 }

@@ -9,9 +9,11 @@ use std::collections::HashMap;
 use half::bf16;
 use tilefuse_dsl::runtime::{Buffer, Device, LaunchConfig};
 
+use super::matrix::{silu_mul_in_place, Matrix, QuantMatrix};
 use super::{Block, Decoder, LaunchPlan, Layer, Scratch};
 use crate::config::ModelConfig;
 use crate::error::Result;
+use crate::gguf::device::QuantVariant;
 use crate::kernels::{
     ArgmaxFinishArgs, AttentionCombineArgs, AttentionSplitArgs, EmbedArgs, EmbedConsts,
     GemvResidualArgs, LmHeadArgmaxArgs, RmsNormGateUpArgs, RmsNormGemvArgs,
@@ -50,6 +52,7 @@ impl Decoder {
             max_seq_len,
             embed,
             lm_head,
+            quant_head,
             final_norm,
             rope_cos,
             rope_sin,
@@ -84,7 +87,11 @@ impl Decoder {
             step.o_proj(l)?;
             step.mlp(l)?;
         }
-        step.lm_head(final_norm, lm_head.as_ref().unwrap_or(embed))
+        step.lm_head(
+            final_norm,
+            lm_head.as_ref().unwrap_or(embed),
+            quant_head.as_ref(),
+        )
     }
 }
 
@@ -180,15 +187,34 @@ impl<W: FnMut(Block) -> bool> Step<'_, W> {
         };
         let stamp_at = self.stamp_at(Block::Qkv);
         let (c, s) = (self.cfg, &mut *self.s);
+        let eps = c.rms_norm_eps as f32;
+        let w = match &l.qkv_w {
+            Matrix::Dense(w) => w,
+            Matrix::Quant(q) => {
+                let norm = QuantVariant::Norm {
+                    norm_w: &l.input_norm,
+                    eps,
+                };
+                return q.gemv(
+                    self.dev,
+                    cfg,
+                    norm,
+                    &s.x,
+                    &mut s.qkv,
+                    &l.qkv_b,
+                    &mut s.spare,
+                );
+            }
+        };
         RmsNormGemvArgs {
             x: &s.x,
             norm_w: &l.input_norm,
-            w: &l.qkv_w,
+            w,
             bias: &l.qkv_b,
             y: &mut s.qkv,
             n: (c.q_dim() + 2 * c.kv_dim()) as i32,
             k: c.hidden_size as i32,
-            eps: c.rms_norm_eps as f32,
+            eps,
             stamps: &mut s.stamps,
             stamp_at,
         }
@@ -205,9 +231,12 @@ impl<W: FnMut(Block) -> bool> Step<'_, W> {
         let c = self.cfg;
         if let Some(cfg) = self.layer_config(Block::Attention, plan.attention.num_warps) {
             let stamp_at = self.stamp_at(Block::Attention);
-            let prefetch_len =
-                (2 * c.intermediate_size * c.hidden_size).min(plan.prefetch_bytes / 2) as i32;
             let s = &mut *self.s;
+            // Quantized gate/up weights are not prefetched (their arrays are not bf16).
+            let (prefetch_w, prefetch_len) = match l.gate_up_w.dense() {
+                Some(w) => (w, w.len().min(plan.prefetch_bytes / 2) as i32),
+                None => (&s.zeros, 0),
+            };
             AttentionSplitArgs {
                 qkv: &s.qkv,
                 q_norm_w: &l.q_norm,
@@ -228,7 +257,7 @@ impl<W: FnMut(Block) -> bool> Step<'_, W> {
                 use_norm: i32::from(c.qk_norm),
                 eps: c.rms_norm_eps as f32,
                 scale: (c.head_dim as f32).powf(-0.5),
-                prefetch_w: &l.gate_up_w,
+                prefetch_w,
                 prefetch_len,
                 stamps: &mut s.stamps,
                 stamp_at,
@@ -264,8 +293,15 @@ impl<W: FnMut(Block) -> bool> Step<'_, W> {
         };
         let stamp_at = self.stamp_at(Block::OProj);
         let (c, s) = (self.cfg, &mut *self.s);
+        let w = match &l.o_w {
+            Matrix::Dense(w) => w,
+            Matrix::Quant(q) => {
+                let res = QuantVariant::Residual;
+                return q.gemv(self.dev, cfg, res, &s.attn, &mut s.x, &l.o_b, &mut s.spare);
+            }
+        };
         GemvResidualArgs {
-            w: &l.o_w,
+            w,
             a: &s.attn,
             bias: &l.o_b,
             x: &mut s.x,
@@ -286,26 +322,43 @@ impl<W: FnMut(Block) -> bool> Step<'_, W> {
         if let Some(cfg) = self.layer_config(Block::GateUp, gate_up.num_warps) {
             let stamp_at = self.stamp_at(Block::GateUp);
             let s = &mut *self.s;
-            RmsNormGateUpArgs {
-                x: &s.x,
-                norm_w: &l.post_norm,
-                w: &l.gate_up_w,
-                act: &mut s.act,
-                inter: c.intermediate_size as i32,
-                k: c.hidden_size as i32,
-                eps: c.rms_norm_eps as f32,
-                stamps: &mut s.stamps,
-                stamp_at,
+            let eps = c.rms_norm_eps as f32;
+            match &l.gate_up_w {
+                // `[gate; up]` into `act`, then `silu(gate) * up` in place.
+                Matrix::Quant(q) => {
+                    let (norm_w, act) = (&l.post_norm, &mut s.act);
+                    let norm = QuantVariant::Norm { norm_w, eps };
+                    q.gemv(self.dev, cfg, norm, &s.x, act, &s.zeros, &mut s.spare)?;
+                    silu_mul_in_place(self.dev, act, c.intermediate_size)?;
+                }
+                Matrix::Dense(w) => RmsNormGateUpArgs {
+                    x: &s.x,
+                    norm_w: &l.post_norm,
+                    w,
+                    act: &mut s.act,
+                    inter: c.intermediate_size as i32,
+                    k: c.hidden_size as i32,
+                    eps,
+                    stamps: &mut s.stamps,
+                    stamp_at,
+                }
+                .launch(self.dev, cfg, gate_up)?,
             }
-            .launch(self.dev, cfg, gate_up)?;
         }
         let Some(cfg) = self.layer_config(Block::Down, down.num_warps) else {
             return Ok(());
         };
         let stamp_at = self.stamp_at(Block::Down);
         let s = &mut *self.s;
+        let w = match &l.down_w {
+            Matrix::Dense(w) => w,
+            Matrix::Quant(q) => {
+                let res = QuantVariant::Residual;
+                return q.gemv(self.dev, cfg, res, &s.act, &mut s.x, &s.zeros, &mut s.spare);
+            }
+        };
         GemvResidualArgs {
-            w: &l.down_w,
+            w,
             a: &s.act,
             bias: &s.zeros,
             x: &mut s.x,
@@ -320,27 +373,50 @@ impl<W: FnMut(Block) -> bool> Step<'_, W> {
 
     /// The final norm and the LM head with per-program greedy candidates, then the
     /// greedy token and `pos + 1` into `state`.
-    fn lm_head(&mut self, final_norm: &Buffer<bf16>, head: &Buffer<bf16>) -> Result<()> {
+    fn lm_head(
+        &mut self,
+        final_norm: &Buffer<bf16>,
+        head: &Buffer<bf16>,
+        quant_head: Option<&QuantMatrix>,
+    ) -> Result<()> {
         let plan = self.plan;
         let c = self.cfg;
-        let parts = plan.lm_programs(c.vocab_size);
         let lm = plan.lm_head;
+        let mut argmax = plan.argmax;
+        let parts = match quant_head {
+            Some(q) => {
+                let parts = q.head_programs();
+                let (b, num_warps) = crate::tuning::argmax_finish_config(parts);
+                argmax = crate::decode::KernelChoice {
+                    consts: crate::kernels::ArgmaxFinishConsts { b },
+                    num_warps,
+                };
+                parts
+            }
+            None => plan.lm_programs(c.vocab_size),
+        };
         if let Some(cfg) = self.config(Block::LmHead, [parts as u32, 1, 1], lm.num_warps) {
             let s = &mut *self.s;
-            LmHeadArgmaxArgs {
-                x: &s.x,
-                norm_w: final_norm,
-                w: head,
-                logits: &mut s.logits,
-                part_val: &mut s.part_val,
-                part_idx: &mut s.part_idx,
-                n: c.vocab_size as i32,
-                k: c.hidden_size as i32,
-                eps: c.rms_norm_eps as f32,
+            let eps = c.rms_norm_eps as f32;
+            if let Some(q) = quant_head {
+                let (x, sp) = (&s.x, &mut s.spare);
+                let (logits, val, idx) = (&mut s.logits, &mut s.part_val, &mut s.part_idx);
+                q.lm_head(self.dev, cfg, x, final_norm, eps, logits, val, idx, sp)?;
+            } else {
+                LmHeadArgmaxArgs {
+                    x: &s.x,
+                    norm_w: final_norm,
+                    w: head,
+                    logits: &mut s.logits,
+                    part_val: &mut s.part_val,
+                    part_idx: &mut s.part_idx,
+                    n: c.vocab_size as i32,
+                    k: c.hidden_size as i32,
+                    eps,
+                }
+                .launch(self.dev, cfg, lm)?;
             }
-            .launch(self.dev, cfg, lm)?;
         }
-        let argmax = plan.argmax;
         let Some(cfg) = self.config(Block::Argmax, [1, 1, 1], argmax.num_warps) else {
             return Ok(());
         };

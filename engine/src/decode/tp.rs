@@ -17,11 +17,12 @@ use std::ops::Range;
 use half::bf16;
 use tilefuse_dsl::runtime::{Buffer, Device, Graph, LaunchConfig};
 
+use super::matrix::Matrix;
 use super::tp_kernels::{
     ArgmaxPairArgs, ArgmaxPairConsts, GemvPartialArgs, GemvPartialConsts, MergePairsArgs,
     MergePairsConsts, ResidualAddArgs, ResidualAddConsts,
 };
-use super::{Block, Decoder, DeviceWeights, LayerBuffers};
+use super::{Block, Decoder, DeviceWeights, LayerBuffers, QuantWeights};
 use crate::comm::{capture_all, launch_all, Communicator};
 use crate::config::ModelConfig;
 use crate::device_init::random_fill_block;
@@ -119,6 +120,7 @@ impl TpDecoder {
                 Some(&s.lm_head),
                 &s.norm,
                 &s.layers,
+                &QuantWeights::default(),
             )?);
         }
         TpDecoder::assemble(cfg, plan, weights, devices, max_seq_len)
@@ -415,6 +417,9 @@ fn partial_gemv(d: &mut Decoder, b: &mut RankBuffers, l: usize, p: Projection) -
         Projection::O => (&layer.o_w, &d.s.attn, c.q_dim(), d.plan.o_proj),
         Projection::Down => (&layer.down_w, &d.s.act, c.intermediate_size, d.plan.down),
     };
+    let w = w.dense().ok_or_else(|| EngineError::Option {
+        message: format!("layer {l}: a split model's projections must be bf16, not quantized"),
+    })?;
     let g = partial_config(chosen);
     let n = c.hidden_size;
     GemvPartialArgs {
@@ -547,11 +552,11 @@ pub(crate) fn random_rank_weights(
         let (gate, up) = (n("mlp.gate_proj.weight"), n("mlp.up_proj.weight"));
         layers.push(LayerBuffers {
             input_norm: whole(&n("input_layernorm.weight"))?,
-            qkv_w: fill(&[
+            qkv_w: Matrix::Dense(fill(&[
                 (&q, h, q_rows.clone(), 0..h),
                 (&k, h, kv_rows.clone(), 0..h),
                 (&v, h, kv_rows.clone(), 0..h),
-            ])?,
+            ])?),
             qkv_b,
             q_norm: match cfg.qk_norm {
                 true => Some(whole(&n("self_attn.q_norm.weight"))?),
@@ -561,17 +566,27 @@ pub(crate) fn random_rank_weights(
                 true => Some(whole(&n("self_attn.k_norm.weight"))?),
                 false => None,
             },
-            o_w: fill(&[(&n("self_attn.o_proj.weight"), qd, 0..h, q_rows.clone())])?,
+            o_w: Matrix::Dense(fill(&[(
+                &n("self_attn.o_proj.weight"),
+                qd,
+                0..h,
+                q_rows.clone(),
+            )])?),
             o_b: match cfg.o_bias {
                 true => Some(whole(&n("self_attn.o_proj.bias"))?),
                 false => None,
             },
             post_norm: whole(&n("post_attention_layernorm.weight"))?,
-            gate_up_w: fill(&[
+            gate_up_w: Matrix::Dense(fill(&[
                 (&gate, h, s.intermediate.clone(), 0..h),
                 (&up, h, s.intermediate.clone(), 0..h),
-            ])?,
-            down_w: fill(&[(&n("mlp.down_proj.weight"), im, 0..h, s.intermediate.clone())])?,
+            ])?),
+            down_w: Matrix::Dense(fill(&[(
+                &n("mlp.down_proj.weight"),
+                im,
+                0..h,
+                s.intermediate.clone(),
+            )])?),
         });
     }
     let embed_name = "model.embed_tokens.weight";
@@ -590,6 +605,7 @@ pub(crate) fn random_rank_weights(
     Ok(DeviceWeights {
         embed: fill(&[(embed_name, h, 0..v, 0..h)])?,
         lm_head,
+        quant_head: None,
         final_norm: whole("model.norm.weight")?,
         layers,
     })
@@ -700,12 +716,21 @@ mod tests {
         for r in 0..2 {
             let got = random_rank_weights(&cfg, &plan, r, &dev, 11).unwrap();
             let s = shard_weights(&cfg, &plan, &w, r);
-            let want =
-                DeviceWeights::upload(&dev, &s.embed_tokens, Some(&s.lm_head), &s.norm, &s.layers)
-                    .unwrap();
+            let want = DeviceWeights::upload(
+                &dev,
+                &s.embed_tokens,
+                Some(&s.lm_head),
+                &s.norm,
+                &s.layers,
+                &QuantWeights::default(),
+            )
+            .unwrap();
             let same = |a: &Buffer<bf16>, b: &Buffer<bf16>, what: &str| {
                 assert_eq!(a.to_vec().unwrap(), b.to_vec().unwrap(), "rank {r}: {what}")
             };
+            fn dense(m: &Matrix) -> &Buffer<bf16> {
+                m.dense().expect("a split model's matrices are dense")
+            }
             same(&got.embed, &want.embed, "embedding");
             same(
                 got.lm_head.as_ref().unwrap(),
@@ -714,16 +739,24 @@ mod tests {
             );
             same(&got.final_norm, &want.final_norm, "final norm");
             for (l, (g, e)) in got.layers.iter().zip(&want.layers).enumerate() {
-                same(&g.qkv_w, &e.qkv_w, &format!("layer {l} qkv"));
+                same(dense(&g.qkv_w), dense(&e.qkv_w), &format!("layer {l} qkv"));
                 same(
                     g.qkv_b.as_ref().unwrap(),
                     e.qkv_b.as_ref().unwrap(),
                     "qkv bias",
                 );
-                same(&g.o_w, &e.o_w, &format!("layer {l} o"));
+                same(dense(&g.o_w), dense(&e.o_w), &format!("layer {l} o"));
                 same(g.o_b.as_ref().unwrap(), e.o_b.as_ref().unwrap(), "o bias");
-                same(&g.gate_up_w, &e.gate_up_w, &format!("layer {l} gate/up"));
-                same(&g.down_w, &e.down_w, &format!("layer {l} down"));
+                same(
+                    dense(&g.gate_up_w),
+                    dense(&e.gate_up_w),
+                    &format!("layer {l} gate/up"),
+                );
+                same(
+                    dense(&g.down_w),
+                    dense(&e.down_w),
+                    &format!("layer {l} down"),
+                );
                 same(&g.input_norm, &e.input_norm, "input norm");
                 same(&g.post_norm, &e.post_norm, "post norm");
                 same(

@@ -25,8 +25,12 @@ impl QuantGemvConfig {
     pub fn all() -> Vec<QuantGemvConfig> {
         let mut v = Vec::new();
         for block_n in [1, 2, 4, 8] {
-            for block_k in [256, 512, 1024] {
+            for block_k in [256, 512, 1024, 2048, 4096] {
                 for num_warps in [4, 8] {
+                    // Long tiles: few rows, and more warps for more (as compiled).
+                    if block_k > 1024 && block_n * block_k > num_warps as usize * 1024 {
+                        continue;
+                    }
                     v.push(QuantGemvConfig {
                         block_n,
                         block_k,
@@ -36,6 +40,30 @@ impl QuantGemvConfig {
             }
         }
         v
+    }
+
+    /// The decode step's configuration for a `[rows, cols]` matrix of type `ty`.
+    ///
+    /// 8 rows of 1024-column tiles over 4 warps, the best or within 10% of the best of
+    /// every compiled configuration at Qwen3-0.6B's and Qwen3-8B's shapes (H200,
+    /// docs/perf.md "Quantized GEMVs"), except the small wide matrices (O and down of
+    /// 1024 rows), where 4 rows of 2048-column tiles over 8 warps keep the grid over the
+    /// SMs. Many rows a program also amortize the `SILU_MUL` prologue, which every
+    /// program computes for the whole activation.
+    pub fn for_shape(_ty: GgmlType, rows: usize, cols: usize) -> QuantGemvConfig {
+        if rows < 2048 && cols > 1024 {
+            QuantGemvConfig {
+                block_n: 4,
+                block_k: 2048,
+                num_warps: 8,
+            }
+        } else {
+            QuantGemvConfig {
+                block_n: 8,
+                block_k: 1024,
+                num_warps: 4,
+            }
+        }
     }
 
     /// Programs for `n` rows.
@@ -177,8 +205,21 @@ impl DeviceQuantMatrix {
         bias: &Buffer<bf16>,
         y: &mut Buffer<bf16>,
         residual: bool,
+        spare: &mut QuantSpare,
     ) -> Result<()> {
-        self.gemv_any(dev, cfg, a, norm, bias, y, residual, false)
+        let variant = match (norm, residual) {
+            (Some(_), true) => {
+                return Err(crate::error::EngineError::Option {
+                    message: "a quantized GEMV takes a norm prologue or a residual, not both"
+                        .into(),
+                })
+            }
+            (Some((norm_w, eps)), false) => QuantVariant::Norm { norm_w, eps },
+            (None, true) => QuantVariant::Residual,
+            (None, false) => QuantVariant::Plain,
+        };
+        let out = QuantOut::Rows { y, row0: 0, bias };
+        self.launch(dev, cfg, variant, a, out, spare, false)
     }
 
     /// The MLP's down projection over `act = [g; u]` (each `cols` long, the output of a
@@ -191,34 +232,59 @@ impl DeviceQuantMatrix {
         act: &Buffer<bf16>,
         bias: &Buffer<bf16>,
         y: &mut Buffer<bf16>,
+        spare: &mut QuantSpare,
     ) -> Result<()> {
-        self.gemv_any(dev, cfg, act, None, bias, y, true, true)
+        let out = QuantOut::Rows { y, row0: 0, bias };
+        self.launch(
+            dev,
+            cfg,
+            QuantVariant::SiluMulResidual,
+            act,
+            out,
+            spare,
+            false,
+        )
     }
 
+    /// Launches the GEMV over `a` in `variant`, writing `out`; `spare` stands in for the
+    /// outputs the launch does not write (the kernels take every output). An LM head
+    /// ([`QuantOut::Head`]) takes [`QuantVariant::Norm`] (the final norm).
+    /// `serialized`: the launch waits for all earlier work (the first of a decode step;
+    /// see `LaunchConfig::serialized`).
     #[allow(clippy::too_many_arguments)]
-    fn gemv_any(
+    pub fn launch(
         &self,
         dev: &Device,
         cfg: QuantGemvConfig,
+        variant: QuantVariant<'_>,
         a: &Buffer<bf16>,
-        norm: Option<(&Buffer<bf16>, f32)>,
-        bias: &Buffer<bf16>,
-        y: &mut Buffer<bf16>,
-        residual: bool,
-        silu_mul: bool,
+        out: QuantOut<'_>,
+        spare: &mut QuantSpare,
+        serialized: bool,
     ) -> Result<()> {
-        if norm.is_some() && residual {
+        let head = matches!(out, QuantOut::Head { .. });
+        let (residual, silu_mul, norm) = match variant {
+            QuantVariant::Plain => (false, false, None),
+            QuantVariant::Residual => (true, false, None),
+            QuantVariant::Norm { norm_w, eps } => (false, false, Some((norm_w, eps))),
+            QuantVariant::SiluMulResidual => (true, true, None),
+        };
+        if head && norm.is_none() {
             return Err(crate::error::EngineError::Option {
-                message: "a quantized GEMV takes a norm prologue or a residual, not both".into(),
+                message: "a quantized LM head takes the final norm (QuantVariant::Norm)".into(),
             });
         }
-        let launch = LaunchConfig::from(cfg.grid(self.rows)).num_warps(cfg.num_warps);
+        let mut launch = LaunchConfig::from(cfg.grid(self.rows)).num_warps(cfg.num_warps);
+        if serialized {
+            launch = launch.serialized();
+        }
         let consts = [
             cfg.block_n as i64,
             cfg.block_k as i64,
             i64::from(residual),
             i64::from(norm.is_some()),
             i64::from(silu_mul),
+            i64::from(head),
         ];
         let (norm_w, eps) = norm.unwrap_or((a, 0.0));
         let n = self.rows as i32;
@@ -241,16 +307,103 @@ impl DeviceQuantMatrix {
             QuantBuffers::Q4K { .. } => k / 8,
             QuantBuffers::Q6K { .. } => k / 16,
         };
-        args.extend([
-            a.into(),
-            norm_w.into(),
-            bias.into(),
-            y.into(),
-            n.into(),
-            k_words.into(),
-            eps.into(),
-        ]);
+        args.extend([a.into(), norm_w.into()]);
+        let row0 = match out {
+            QuantOut::Rows { y, row0, bias } => {
+                args.extend([
+                    bias.into(),
+                    y.into(),
+                    (&mut spare.logits).into(),
+                    (&mut spare.part_val).into(),
+                    (&mut spare.part_idx).into(),
+                ]);
+                row0 as i32
+            }
+            QuantOut::Head {
+                logits,
+                part_val,
+                part_idx,
+            } => {
+                args.extend([
+                    a.into(),
+                    (&mut spare.y).into(),
+                    logits.into(),
+                    part_val.into(),
+                    part_idx.into(),
+                ]);
+                0
+            }
+        };
+        args.extend([n.into(), row0.into(), k_words.into(), eps.into()]);
         self.kernel().launch_dyn(dev, launch, &consts, &mut args)?;
         Ok(())
+    }
+}
+
+/// What a quantized GEMV does to its input before the dot products, and to its
+/// output after.
+#[derive(Clone, Copy, Debug)]
+pub enum QuantVariant<'a> {
+    /// `W · a + bias`.
+    Plain,
+    /// `y + bf16(W · a + bias)`.
+    Residual,
+    /// RMSNorm of `a` with weights `norm_w` first (folded into the row sums; for an LM
+    /// head rounded as the reference's final norm).
+    Norm {
+        /// The norm's weights, `[cols]`.
+        norm_w: &'a Buffer<bf16>,
+        /// Its epsilon.
+        eps: f32,
+    },
+    /// `a = [g; u]` (`2 * cols` long) becomes `bf16(bf16(silu(g)) * u)` as it loads;
+    /// with the residual.
+    SiluMulResidual,
+}
+
+/// Where a quantized GEMV writes.
+#[derive(Debug)]
+pub enum QuantOut<'a> {
+    /// Rows `row0..row0 + rows` of `y` (and of `bias`): one part of a fused projection
+    /// whose parts have different types (Q4_K_M's `[q; k; v]` with a Q6_K `v`).
+    Rows {
+        /// The output (and with a residual, its input).
+        y: &'a mut Buffer<bf16>,
+        /// The first row written.
+        row0: usize,
+        /// The bias, indexed like `y`.
+        bias: &'a Buffer<bf16>,
+    },
+    /// An LM head: `bf16` logits stored as `f32`, and one greedy candidate (value and
+    /// row) per program, `QuantGemvConfig::grid(rows)` of them, for `argmax_finish`.
+    Head {
+        /// `[rows]`.
+        logits: &'a mut Buffer<f32>,
+        /// `[programs]`.
+        part_val: &'a mut Buffer<f32>,
+        /// `[programs]`.
+        part_idx: &'a mut Buffer<i32>,
+    },
+}
+
+/// Small buffers that stand in for the outputs a launch does not write (each kernel
+/// takes the LM head's outputs and the rows' output).
+#[derive(Debug)]
+pub struct QuantSpare {
+    logits: Buffer<f32>,
+    part_val: Buffer<f32>,
+    part_idx: Buffer<i32>,
+    y: Buffer<bf16>,
+}
+
+impl QuantSpare {
+    /// One element each on `dev`.
+    pub fn new(dev: &Device) -> Result<Self> {
+        Ok(QuantSpare {
+            logits: dev.zeros(1)?,
+            part_val: dev.zeros(1)?,
+            part_idx: dev.zeros(1)?,
+            y: dev.zeros(1)?,
+        })
     }
 }

@@ -30,6 +30,7 @@ use half::bf16;
 use super::quant::{self, GgmlType, PackedMatrix};
 use super::{GgufFile, TensorInfo};
 use crate::config::{Arch, ModelConfig, RopeScaling};
+use crate::decode::{QuantLayer, QuantWeights};
 use crate::error::{EngineError, Result};
 use crate::model::{LayerWeights, ModelWeights, Tensor};
 
@@ -348,6 +349,44 @@ impl GgufFile {
             .filter(|t| t.ne.len() == 2)
             .map(|t| (t.name.clone(), t.ggml_type))
             .collect()
+    }
+
+    /// The matrices the file stores quantized (Q8_0, Q4_K, Q6_K), in the device layout,
+    /// for [`crate::Decoder::with_quant`]; F32/F16/BF16 ones are left out (`None`).
+    /// A tied LM head is the embedding table's
+    /// matrix; a head is left out where [`quant::head_reads_quantized`] says so.
+    pub fn quant_weights(&self, cfg: &ModelConfig) -> Result<QuantWeights> {
+        let h = cfg.hidden_size;
+        let (qd, kvd, im, v) = (
+            cfg.q_dim(),
+            cfg.kv_dim(),
+            cfg.intermediate_size,
+            cfg.vocab_size,
+        );
+        let mut layers = Vec::with_capacity(cfg.num_layers);
+        for i in 0..cfg.num_layers {
+            let m = |suffix: &str, rows: usize, cols: usize| {
+                self.packed_matrix(&format!("model.layers.{i}.{suffix}"), rows, cols, cfg)
+            };
+            layers.push(QuantLayer {
+                q: m("self_attn.q_proj.weight", qd, h)?,
+                k: m("self_attn.k_proj.weight", kvd, h)?,
+                v: m("self_attn.v_proj.weight", kvd, h)?,
+                o: m("self_attn.o_proj.weight", h, qd)?,
+                gate: m("mlp.gate_proj.weight", im, h)?,
+                up: m("mlp.up_proj.weight", im, h)?,
+                down: m("mlp.down_proj.weight", h, im)?,
+            });
+        }
+        let head = if cfg.tie_word_embeddings {
+            "model.embed_tokens.weight"
+        } else {
+            "lm_head.weight"
+        };
+        let lm_head = self
+            .packed_matrix(head, v, h, cfg)?
+            .filter(|m| quant::head_reads_quantized(m.ggml_type()));
+        Ok(QuantWeights { layers, lm_head })
     }
 
     /// Every weight of the model as bf16 (quantized tensors dequantized), checked

@@ -243,6 +243,15 @@ pub fn dequantize(ty: GgmlType, bytes: &[u8], numel: usize, name: &str) -> Resul
     Ok(out)
 }
 
+/// Whether an LM head stored as `ty` is read quantized by the decode step (else it is
+/// dequantized to bf16 at load). Q8_0: yes, it streams faster than bf16. Q4_K and Q6_K:
+/// no, their GEMVs are bound by the dequantizing instructions, and at a vocabulary's
+/// rows the bf16 head is faster (docs/perf.md, "Quantized GEMVs"), unless the
+/// environment sets `TILEFUSE_QUANT_HEAD=1` (for measuring them in the step).
+pub fn head_reads_quantized(ty: GgmlType) -> bool {
+    ty == GgmlType::Q8_0 || std::env::var("TILEFUSE_QUANT_HEAD").is_ok_and(|v| v == "1")
+}
+
 /// A quantized `[rows, cols]` matrix in the device layout (see the module docs).
 #[derive(Clone, Debug, PartialEq)]
 pub enum PackedMatrix {
@@ -476,6 +485,92 @@ impl PackedMatrix {
             }
         }
         out
+    }
+
+    /// The row blocks `parts` (one type, equal columns) stacked into one matrix: every
+    /// array of the layout is row-major, so each is the concatenation of the parts'.
+    pub fn concat_rows(parts: &[&PackedMatrix]) -> Result<PackedMatrix> {
+        let Some(first) = parts.first() else {
+            return Err(EngineError::Unsupported {
+                message: "stacking no matrices".into(),
+            });
+        };
+        let (ty, cols) = (first.ggml_type(), first.shape().1);
+        if let Some(bad) = parts
+            .iter()
+            .find(|p| p.ggml_type() != ty || p.shape().1 != cols)
+        {
+            return Err(EngineError::Unsupported {
+                message: format!(
+                    "stacking a {} [{}, {}] matrix under {ty} [_, {cols}] ones",
+                    bad.ggml_type(),
+                    bad.shape().0,
+                    bad.shape().1
+                ),
+            });
+        }
+        let rows = parts.iter().map(|p| p.shape().0).sum();
+        fn cat<T: Clone>(parts: &[&PackedMatrix], f: impl Fn(&PackedMatrix) -> &[T]) -> Vec<T> {
+            parts.iter().flat_map(|p| f(p).iter().cloned()).collect()
+        }
+        Ok(match first {
+            PackedMatrix::Q8_0 { .. } => PackedMatrix::Q8_0 {
+                rows,
+                cols,
+                q: cat(parts, |p| match p {
+                    PackedMatrix::Q8_0 { q, .. } => q,
+                    _ => &[],
+                }),
+                d: cat(parts, |p| match p {
+                    PackedMatrix::Q8_0 { d, .. } => d,
+                    _ => &[],
+                }),
+            },
+            PackedMatrix::Q4K { .. } => PackedMatrix::Q4K {
+                rows,
+                cols,
+                q: cat(parts, |p| match p {
+                    PackedMatrix::Q4K { q, .. } => q,
+                    _ => &[],
+                }),
+                scales: cat(parts, |p| match p {
+                    PackedMatrix::Q4K { scales, .. } => scales,
+                    _ => &[],
+                }),
+                mins: cat(parts, |p| match p {
+                    PackedMatrix::Q4K { mins, .. } => mins,
+                    _ => &[],
+                }),
+                d: cat(parts, |p| match p {
+                    PackedMatrix::Q4K { d, .. } => d,
+                    _ => &[],
+                }),
+                dmin: cat(parts, |p| match p {
+                    PackedMatrix::Q4K { dmin, .. } => dmin,
+                    _ => &[],
+                }),
+            },
+            PackedMatrix::Q6K { .. } => PackedMatrix::Q6K {
+                rows,
+                cols,
+                ql: cat(parts, |p| match p {
+                    PackedMatrix::Q6K { ql, .. } => ql,
+                    _ => &[],
+                }),
+                qh: cat(parts, |p| match p {
+                    PackedMatrix::Q6K { qh, .. } => qh,
+                    _ => &[],
+                }),
+                scales: cat(parts, |p| match p {
+                    PackedMatrix::Q6K { scales, .. } => scales,
+                    _ => &[],
+                }),
+                d: cat(parts, |p| match p {
+                    PackedMatrix::Q6K { d, .. } => d,
+                    _ => &[],
+                }),
+            },
+        })
     }
 
     /// Bytes a GEMV reads from this matrix's arrays (the bandwidth floor's numerator).

@@ -1,0 +1,188 @@
+//! Quantized weights for the decode benchmark (`tilefuse bench --weights q4_k_m`):
+//! random blocks in GGUF's formats at a preset's real shapes, mixed per matrix as
+//! llama.cpp's quantizer mixes them.
+
+use std::fmt;
+use std::str::FromStr;
+
+use half::f16;
+
+use super::Rng;
+use crate::config::ModelConfig;
+use crate::decode::{QuantLayer, QuantWeights};
+use crate::error::{EngineError, Result};
+use crate::gguf::quant::{GgmlType, PackedMatrix};
+
+/// The weight format a benchmark decodes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum WeightFormat {
+    /// Every matrix bf16 (the dense kernels).
+    #[default]
+    Bf16,
+    /// Every matrix Q8_0, the LM head too.
+    Q8_0,
+    /// llama.cpp's Q4_K_M mix (see [`WeightFormat::layer_types`]).
+    Q4KM,
+}
+
+impl FromStr for WeightFormat {
+    type Err = EngineError;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "bf16" => Ok(WeightFormat::Bf16),
+            "q8_0" => Ok(WeightFormat::Q8_0),
+            "q4_k_m" => Ok(WeightFormat::Q4KM),
+            _ => Err(EngineError::Option {
+                message: format!("unknown weight format `{s}` (bf16, q8_0, q4_k_m)"),
+            }),
+        }
+    }
+}
+
+impl fmt::Display for WeightFormat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            WeightFormat::Bf16 => "bf16",
+            WeightFormat::Q8_0 => "q8_0",
+            WeightFormat::Q4KM => "q4_k_m",
+        })
+    }
+}
+
+/// The types of one layer's matrices: `(q, k, v, o, gate, up, down)`.
+pub type LayerTypes = [GgmlType; 7];
+
+impl WeightFormat {
+    /// The types of layer `layer` of `layers` (`None` for bf16).
+    ///
+    /// Q4_K_M follows llama.cpp's rule (`llama_tensor_get_type`): Q4_K everywhere
+    /// except `attn_v` and `ffn_down` of the layers that get more bits, Q6_K: the first
+    /// and last eighth of the layers, and every third layer between them
+    /// (`i < n/8 || i >= 7n/8 || (i - n/8) % 3 == 2`). The LM head (the embedding
+    /// table when tied) is Q6_K.
+    pub fn layer_types(self, layer: usize, layers: usize) -> Option<LayerTypes> {
+        let q4 = GgmlType::Q4_K;
+        match self {
+            WeightFormat::Bf16 => None,
+            WeightFormat::Q8_0 => Some([GgmlType::Q8_0; 7]),
+            WeightFormat::Q4KM => {
+                let (first, last) = (layers / 8, 7 * layers / 8);
+                let more = layer < first || layer >= last || (layer - first) % 3 == 2;
+                let vd = if more { GgmlType::Q6_K } else { q4 };
+                Some([q4, q4, vd, q4, q4, q4, vd])
+            }
+        }
+    }
+
+    /// The LM head's type (`None` for bf16).
+    pub fn head_type(self) -> Option<GgmlType> {
+        match self {
+            WeightFormat::Bf16 => None,
+            WeightFormat::Q8_0 => Some(GgmlType::Q8_0),
+            WeightFormat::Q4KM => Some(GgmlType::Q6_K),
+        }
+    }
+
+    /// Random quantized matrices of `cfg`'s shapes in this format (empty for bf16),
+    /// seeded by `seed`.
+    pub fn random_weights(self, cfg: &ModelConfig, seed: u64) -> Result<QuantWeights> {
+        let mut rng = Rng::new(seed ^ 0x6767_7566);
+        let h = cfg.hidden_size;
+        let (qd, kvd, im) = (cfg.q_dim(), cfg.kv_dim(), cfg.intermediate_size);
+        let mut layers = Vec::new();
+        for i in 0..cfg.num_layers {
+            let Some(t) = self.layer_types(i, cfg.num_layers) else {
+                break;
+            };
+            let mut m = |ty, rows, cols| random_matrix(&mut rng, ty, rows, cols).map(Some);
+            layers.push(QuantLayer {
+                q: m(t[0], qd, h)?,
+                k: m(t[1], kvd, h)?,
+                v: m(t[2], kvd, h)?,
+                o: m(t[3], h, qd)?,
+                gate: m(t[4], im, h)?,
+                up: m(t[5], im, h)?,
+                down: m(t[6], h, im)?,
+            });
+        }
+        let lm_head = match self.head_type() {
+            Some(ty) if crate::gguf::quant::head_reads_quantized(ty) => {
+                Some(random_matrix(&mut rng, ty, cfg.vocab_size, h)?)
+            }
+            _ => None,
+        };
+        Ok(QuantWeights { layers, lm_head })
+    }
+}
+
+/// A `[rows, cols]` matrix of random blocks of `ty`: random quant and sub-block scale
+/// bytes, super-block scales drawn so that the weights are of the size of a trained
+/// model's (a few hundredths).
+pub fn random_matrix(
+    rng: &mut Rng,
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+) -> Result<PackedMatrix> {
+    let (block, size) = ty.block().ok_or_else(|| EngineError::Unsupported {
+        message: format!("no blocks for type {ty}"),
+    })?;
+    let (block, size) = (block as usize, size as usize);
+    let mut bytes = vec![0u8; rows * cols / block * size];
+    for chunk in bytes.chunks_mut(8) {
+        let r = rng.next_u64().to_le_bytes();
+        chunk.copy_from_slice(&r[..chunk.len()]);
+    }
+    // Largest |q| times scale: Q8_0 128 d, Q4_K 15 * 63 d, Q6_K 32 * 128 d.
+    let d_max = match ty {
+        GgmlType::Q8_0 => 0.05 / 128.0,
+        GgmlType::Q4_K => 0.05 / 945.0,
+        _ => 0.05 / 4096.0,
+    };
+    for blk in bytes.chunks_exact_mut(size) {
+        let d = f16::from_f32(d_max * (0.5 + (rng.next_u32() % 1024) as f32 / 2048.0));
+        match ty {
+            GgmlType::Q8_0 => blk[0..2].copy_from_slice(&d.to_le_bytes()),
+            GgmlType::Q4_K => {
+                blk[0..2].copy_from_slice(&d.to_le_bytes());
+                blk[2..4].copy_from_slice(&d.to_le_bytes());
+            }
+            _ => blk[size - 2..].copy_from_slice(&d.to_le_bytes()),
+        }
+    }
+    PackedMatrix::pack(ty, &bytes, rows, cols, "random")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn q4_k_m_gives_more_bits_to_the_edges_and_every_third_layer() {
+        // 28 layers (Qwen3-0.6B): first = 3, last = 24.
+        let six: Vec<usize> = (0..28)
+            .filter(|&i| WeightFormat::Q4KM.layer_types(i, 28).unwrap()[2] == GgmlType::Q6_K)
+            .collect();
+        assert_eq!(six, [0, 1, 2, 5, 8, 11, 14, 17, 20, 23, 24, 25, 26, 27]);
+        let t = WeightFormat::Q4KM.layer_types(3, 28).unwrap();
+        assert!(t.iter().all(|&t| t == GgmlType::Q4_K));
+        assert_eq!(
+            "Q4_K_M".parse::<WeightFormat>().unwrap(),
+            WeightFormat::Q4KM
+        );
+        assert!("q5_k".parse::<WeightFormat>().is_err());
+    }
+
+    #[test]
+    fn random_matrices_have_trained_sizes() {
+        let mut rng = Rng::new(1);
+        for ty in [GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K] {
+            let w = random_matrix(&mut rng, ty, 4, 512).unwrap().dequantize();
+            let max = w.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let rms = (w.iter().map(|v| v * v).sum::<f32>() / w.len() as f32).sqrt();
+            assert!(w.iter().all(|v| v.is_finite()), "{ty}");
+            assert!(max <= 0.06 && rms > 1e-3, "{ty}: max {max}, rms {rms}");
+        }
+    }
+}

@@ -1,0 +1,237 @@
+//! A projection's weights on the device: dense bf16 rows read by the kernels of
+//! [`crate::kernels`], or quantized rows (GGUF's Q8_0, Q4_K, Q6_K) read by those of
+//! [`crate::kernels_quant`], chosen per weight from the file's type. The step
+//! (`step.rs`) launches the dense kernel for [`Matrix::Dense`] and hands a
+//! [`Matrix::Quant`] to [`QuantMatrix::gemv`] / [`QuantMatrix::lm_head`], which launch
+//! the same variant of the quantized GEMV for each run of rows of one type.
+
+use half::bf16;
+use tilefuse_dsl::runtime::{Buffer, Device, LaunchConfig};
+
+use crate::error::{EngineError, Result};
+use crate::gguf::device::{DeviceQuantMatrix, QuantGemvConfig, QuantOut, QuantSpare, QuantVariant};
+use crate::gguf::quant::PackedMatrix;
+
+/// A projection's weights, `[rows, cols]` row-major.
+#[derive(Debug)]
+pub(crate) enum Matrix {
+    /// bf16 rows.
+    Dense(Buffer<bf16>),
+    /// Quantized rows, in runs of one type.
+    Quant(QuantMatrix),
+}
+
+impl Matrix {
+    /// Bytes one GEMV over the matrix reads.
+    pub(crate) fn bytes(&self) -> usize {
+        match self {
+            Matrix::Dense(w) => 2 * w.len(),
+            Matrix::Quant(q) => q.bytes(),
+        }
+    }
+
+    /// The dense rows, or `None` for a quantized matrix.
+    pub(crate) fn dense(&self) -> Option<&Buffer<bf16>> {
+        match self {
+            Matrix::Dense(w) => Some(w),
+            Matrix::Quant(_) => None,
+        }
+    }
+
+    /// Kernel launches one GEMV over the matrix takes (one per run of rows of one type).
+    pub(crate) fn launches(&self) -> usize {
+        match self {
+            Matrix::Dense(_) => 1,
+            Matrix::Quant(q) => q.parts.len(),
+        }
+    }
+}
+
+/// One run of rows of one type, and its launch configuration.
+#[derive(Debug)]
+struct Part {
+    /// The first row of the run in the whole matrix (and in the output).
+    row0: usize,
+    m: DeviceQuantMatrix,
+    cfg: QuantGemvConfig,
+}
+
+/// A quantized matrix on the device: consecutive runs of rows, each of one type.
+#[derive(Debug)]
+pub(crate) struct QuantMatrix {
+    parts: Vec<Part>,
+}
+
+impl QuantMatrix {
+    /// Uploads the row blocks `blocks` (stacked in order, equal columns), merging
+    /// neighbours of one type into one run.
+    pub(crate) fn upload(dev: &Device, blocks: &[&PackedMatrix]) -> Result<QuantMatrix> {
+        let mut parts = Vec::new();
+        let mut row0 = 0;
+        let mut i = 0;
+        while i < blocks.len() {
+            let ty = blocks[i].ggml_type();
+            let run = blocks[i..]
+                .iter()
+                .take_while(|b| b.ggml_type() == ty)
+                .count();
+            let merged = PackedMatrix::concat_rows(&blocks[i..i + run])?;
+            let (rows, cols) = merged.shape();
+            parts.push(Part {
+                row0,
+                m: DeviceQuantMatrix::upload(dev, &merged)?,
+                cfg: QuantGemvConfig::for_shape(ty, rows, cols),
+            });
+            row0 += rows;
+            i += run;
+        }
+        if parts.is_empty() {
+            return Err(EngineError::Option {
+                message: "a quantized matrix needs at least one block of rows".into(),
+            });
+        }
+        Ok(QuantMatrix { parts })
+    }
+
+    /// Bytes one GEMV reads from the quantized arrays.
+    pub(crate) fn bytes(&self) -> usize {
+        self.parts.iter().map(|p| p.m.bytes).sum()
+    }
+
+    /// The GEMV of the decode step's projections: `y = variant(W · a) + bias` over
+    /// every run (`launch` gives whether the first launch is serialized; the runs
+    /// follow on their own grids).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn gemv(
+        &self,
+        dev: &Device,
+        launch: LaunchConfig,
+        variant: QuantVariant<'_>,
+        a: &Buffer<bf16>,
+        y: &mut Buffer<bf16>,
+        bias: &Buffer<bf16>,
+        spare: &mut QuantSpare,
+    ) -> Result<()> {
+        for (i, p) in self.parts.iter().enumerate() {
+            let out = QuantOut::Rows {
+                y: &mut *y,
+                row0: p.row0,
+                bias,
+            };
+            let serialized = launch.serialized && i == 0;
+            p.m.launch(dev, p.cfg, variant, a, out, spare, serialized)?;
+        }
+        Ok(())
+    }
+
+    /// Programs of the LM head launch ([`QuantMatrix::lm_head`]), i.e. the greedy
+    /// candidates it writes.
+    pub(crate) fn head_programs(&self) -> usize {
+        match self.parts.as_slice() {
+            [p] => p.cfg.grid(p.m.rows) as usize,
+            _ => 0,
+        }
+    }
+
+    /// The final norm, the LM head and each program's greedy candidate (see
+    /// [`QuantOut::Head`]). The head is one run (one type).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn lm_head(
+        &self,
+        dev: &Device,
+        launch: LaunchConfig,
+        x: &Buffer<bf16>,
+        norm_w: &Buffer<bf16>,
+        eps: f32,
+        logits: &mut Buffer<f32>,
+        part_val: &mut Buffer<f32>,
+        part_idx: &mut Buffer<i32>,
+        spare: &mut QuantSpare,
+    ) -> Result<()> {
+        let [p] = self.parts.as_slice() else {
+            return Err(EngineError::Option {
+                message: "a quantized LM head must be of one type".into(),
+            });
+        };
+        let out = QuantOut::Head {
+            logits,
+            part_val,
+            part_idx,
+        };
+        let variant = QuantVariant::Norm { norm_w, eps };
+        p.m.launch(dev, p.cfg, variant, x, out, spare, launch.serialized)
+    }
+}
+
+/// The quantized matrices of a model, beside its [`crate::model::ModelWeights`]:
+/// [`crate::Decoder::with_quant`] reads these instead of the dense ones wherever
+/// they are given.
+#[derive(Clone, Debug, Default)]
+pub struct QuantWeights {
+    /// Per layer, in order (empty: every layer dense).
+    pub layers: Vec<QuantLayer>,
+    /// The LM head (for a tied head, the embedding table in the file's type; the
+    /// embedding row is still read from the dense table).
+    pub lm_head: Option<PackedMatrix>,
+}
+
+/// One layer's quantized matrices; `None` where the layer's matrix is dense. A fused
+/// projection (`[q; k; v]`, `[gate; up]`) is quantized only when all its parts are.
+#[derive(Clone, Debug, Default)]
+pub struct QuantLayer {
+    /// `q_proj`, `[q_dim, hidden]`.
+    pub q: Option<PackedMatrix>,
+    /// `k_proj`, `[kv_dim, hidden]`.
+    pub k: Option<PackedMatrix>,
+    /// `v_proj`, `[kv_dim, hidden]`.
+    pub v: Option<PackedMatrix>,
+    /// `o_proj`, `[hidden, q_dim]`.
+    pub o: Option<PackedMatrix>,
+    /// `gate_proj`, `[intermediate, hidden]`.
+    pub gate: Option<PackedMatrix>,
+    /// `up_proj`, `[intermediate, hidden]`.
+    pub up: Option<PackedMatrix>,
+    /// `down_proj`, `[hidden, intermediate]`.
+    pub down: Option<PackedMatrix>,
+}
+
+impl QuantWeights {
+    /// Bytes the quantized matrices hold in the device layout.
+    pub fn device_bytes(&self) -> usize {
+        let layer = |l: &QuantLayer| -> usize {
+            [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down]
+                .iter()
+                .filter_map(|m| m.as_ref().map(PackedMatrix::device_bytes))
+                .sum()
+        };
+        self.layers.iter().map(layer).sum::<usize>()
+            + self.lm_head.as_ref().map_or(0, PackedMatrix::device_bytes)
+    }
+}
+
+/// The device matrix of the fused rows `parts` (stacked): quantized when every part
+/// is given in `quant`, else dense from `dense`.
+pub(crate) fn fused(
+    dev: &Device,
+    quant: &[Option<&PackedMatrix>],
+    dense: &[&[bf16]],
+) -> Result<Matrix> {
+    if !quant.is_empty() && quant.iter().all(Option::is_some) {
+        let blocks: Vec<&PackedMatrix> = quant.iter().map(|m| m.expect("checked")).collect();
+        return Ok(Matrix::Quant(QuantMatrix::upload(dev, &blocks)?));
+    }
+    Ok(Matrix::Dense(dev.upload(&dense.concat())?))
+}
+
+/// `act[..inter] = bf16(bf16(silu(g)) * u)` over `act = [g; u]` (what a quantized
+/// gate/up GEMV leaves), in place. Never a step's first launch.
+pub(crate) fn silu_mul_in_place(dev: &Device, act: &mut Buffer<bf16>, inter: usize) -> Result<()> {
+    use crate::kernels_quant::{SiluMulInPlaceArgs, SiluMulInPlaceConsts};
+    let cfg = LaunchConfig::grid([inter.div_ceil(1024) as u32, 1, 1]).num_warps(4);
+    SiluMulInPlaceArgs {
+        act,
+        inter: inter as i32,
+    }
+    .launch(dev, cfg, SiluMulInPlaceConsts { b: 1024 })?;
+    Ok(())
+}
