@@ -1,0 +1,254 @@
+//! Which compiled variant each prefill launch uses ([`PrefillPlan`]): tiles chosen per
+//! launch from the sweep in docs/perf.md ("Batched prefill: operands through the ring,
+//! tile sweep"), editable from `tilefuse bench --prefill-tiles`.
+
+use tilefuse_dsl::runtime::{Device, KernelDef};
+
+use crate::config::ModelConfig;
+use crate::error::{EngineError, Result};
+use crate::prefill_kernels::{PREFILL_ATTENTION, PREFILL_GATE_UP, PREFILL_GEMM};
+
+/// One launch's compiled variant: its compile-time constants in declaration order and
+/// its warps per program.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TileChoice {
+    /// Compile-time constants, in the kernel's declaration order.
+    pub consts: Vec<i64>,
+    /// Warps per program.
+    pub num_warps: u32,
+}
+
+impl TileChoice {
+    /// A GEMM's tile: `[BLOCK_M, BLOCK_N, BLOCK_K]` over `num_warps` warps.
+    pub fn gemm(block_m: i64, block_n: i64, block_k: i64, num_warps: u32) -> TileChoice {
+        TileChoice {
+            consts: vec![block_m, block_n, block_k],
+            num_warps,
+        }
+    }
+
+    pub(super) fn rows(&self) -> i64 {
+        self.consts[0]
+    }
+
+    pub(super) fn cols(&self) -> i64 {
+        self.consts[1]
+    }
+}
+
+/// Which compiled variant each prefill launch uses.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PrefillPlan {
+    /// `prefill_gemm` for the QKV projection: `[BLOCK_M, BLOCK_N, BLOCK_K]`.
+    pub qkv: TileChoice,
+    /// `prefill_gemm` for the O projection.
+    pub o_proj: TileChoice,
+    /// `prefill_gate_up`.
+    pub gate_up: TileChoice,
+    /// `prefill_gemm` for the down projection.
+    pub down: TileChoice,
+    /// `prefill_attention` for chunks of at least [`LONG_CHUNK`] tokens: `[D, BLOCK_M,
+    /// BLOCK_N]`.
+    pub attention: TileChoice,
+    /// `prefill_attention` for shorter chunks (fewer query tiles: smaller ones keep
+    /// more of the GPU busy).
+    pub attention_short: TileChoice,
+}
+
+/// Chunks of at least this many tokens use [`PrefillPlan::attention`], shorter ones
+/// [`PrefillPlan::attention_short`].
+pub const LONG_CHUNK: usize = 2048;
+
+impl PrefillPlan {
+    /// The default plan for `cfg` on `dev`: on the interpreter the smallest tiles (16
+    /// rows, little masked work); on a GPU the tiles of the sweep in docs/perf.md
+    /// ("Batched prefill: operands through the ring, tile sweep"): attention tiles of
+    /// 64 keys by 128 queries (64 for chunks shorter than [`LONG_CHUNK`]) over 8 warps.
+    pub fn new(cfg: &ModelConfig, dev: &Device) -> Result<PrefillPlan> {
+        let d = cfg.head_dim as i64;
+        if ![32, 64, 128].contains(&d) {
+            return Err(EngineError::Unsupported {
+                message: format!("head_dim = {d} (prefill supports 32, 64, 128)"),
+            });
+        }
+        let plan = if dev.is_cuda() {
+            PrefillPlan {
+                qkv: TileChoice::gemm(64, 64, 64, 4),
+                o_proj: TileChoice::gemm(128, 64, 64, 8),
+                gate_up: TileChoice::gemm(64, 64, 64, 4),
+                down: TileChoice::gemm(128, 64, 64, 8),
+                attention: TileChoice {
+                    consts: vec![d, 128, 64],
+                    num_warps: 8,
+                },
+                attention_short: TileChoice {
+                    consts: vec![d, 64, 64],
+                    num_warps: 8,
+                },
+            }
+        } else {
+            let gemm = TileChoice::gemm(16, 32, 32, 4);
+            PrefillPlan {
+                qkv: gemm.clone(),
+                o_proj: gemm.clone(),
+                gate_up: gemm.clone(),
+                down: gemm,
+                // 64-key steps as on the GPU: the online softmax rounds alike.
+                attention: TileChoice {
+                    consts: vec![d, 16, 64],
+                    num_warps: 4,
+                },
+                attention_short: TileChoice {
+                    consts: vec![d, 16, 64],
+                    num_warps: 4,
+                },
+            }
+        };
+        plan.check()?;
+        Ok(plan)
+    }
+
+    /// This plan with the launches `spec` names replaced (to time other compiled
+    /// variants): comma-separated `LAUNCH=TILE`, `LAUNCH` one of `qkv`, `o`, `gate_up`,
+    /// `down` with `TILE` as `MxNxK/W` (`BLOCK_M x BLOCK_N x BLOCK_K`, warps), or
+    /// `attention` or `attention_short` with `TILE` as `MxN/W` (query rows x keys,
+    /// warps; the head dim stays). For example `qkv=128x64x64/8,attention=64x32/8`.
+    /// The result passes
+    /// [`PrefillPlan::check`].
+    pub fn with_tiles(&self, spec: &str) -> Result<PrefillPlan> {
+        let bad = |message: String| EngineError::Option { message };
+        let mut plan = self.clone();
+        for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (name, tile) = part
+                .split_once('=')
+                .ok_or_else(|| bad(format!("prefill tiles `{part}`: expected LAUNCH=TILE")))?;
+            let (dims, warps) = tile
+                .split_once('/')
+                .ok_or_else(|| bad(format!("prefill tiles `{part}`: expected a `/WARPS`")))?;
+            let num_warps: u32 = warps
+                .parse()
+                .map_err(|_| bad(format!("prefill tiles `{part}`: warps `{warps}`")))?;
+            let dims: Vec<i64> = dims
+                .split('x')
+                .map(|x| x.parse::<i64>())
+                .collect::<std::result::Result<_, _>>()
+                .map_err(|_| bad(format!("prefill tiles `{part}`: sizes `{dims}`")))?;
+            let gemm = |dims: &[i64]| -> Result<TileChoice> {
+                match dims {
+                    [m, n, k] => Ok(TileChoice::gemm(*m, *n, *k, num_warps)),
+                    _ => Err(bad(format!("prefill tiles `{part}`: a GEMM tile is MxNxK"))),
+                }
+            };
+            match name {
+                "qkv" => plan.qkv = gemm(&dims)?,
+                "o" => plan.o_proj = gemm(&dims)?,
+                "gate_up" => plan.gate_up = gemm(&dims)?,
+                "down" => plan.down = gemm(&dims)?,
+                "attention" | "attention_short" => match dims[..] {
+                    [m, n] => {
+                        let c = TileChoice {
+                            consts: vec![self.attention.consts[0], m, n],
+                            num_warps,
+                        };
+                        if name == "attention" {
+                            plan.attention = c;
+                        } else {
+                            plan.attention_short = c;
+                        }
+                    }
+                    _ => {
+                        return Err(bad(format!(
+                            "prefill tiles `{part}`: an attention tile is MxN"
+                        )))
+                    }
+                },
+                _ => {
+                    return Err(bad(format!(
+                        "prefill tiles `{part}`: the launches are qkv, o, gate_up, down, \
+                         attention, attention_short"
+                    )))
+                }
+            }
+        }
+        plan.check()?;
+        Ok(plan)
+    }
+
+    /// Every launch of the plan with its kernel.
+    pub fn choices(&self) -> [(&'static KernelDef, &TileChoice); 6] {
+        [
+            (&PREFILL_GEMM, &self.qkv),
+            (&PREFILL_GEMM, &self.o_proj),
+            (&PREFILL_GATE_UP, &self.gate_up),
+            (&PREFILL_GEMM, &self.down),
+            (&PREFILL_ATTENTION, &self.attention),
+            (&PREFILL_ATTENTION, &self.attention_short),
+        ]
+    }
+
+    /// Fails unless every launch names a compiled variant (the error lists them).
+    pub fn check(&self) -> Result<()> {
+        for (def, c) in self.choices() {
+            def.variant(&c.consts, Some(c.num_warps))?;
+        }
+        Ok(())
+    }
+}
+
+impl std::fmt::Display for PrefillPlan {
+    /// The plan in [`PrefillPlan::with_tiles`]'s notation.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (name, c) in [
+            ("qkv", &self.qkv),
+            ("o", &self.o_proj),
+            ("gate_up", &self.gate_up),
+            ("down", &self.down),
+        ] {
+            let [m, n, k] = c.consts[..] else {
+                return Err(std::fmt::Error);
+            };
+            write!(f, "{name}={m}x{n}x{k}/{},", c.num_warps)?;
+        }
+        let (a, s) = (&self.attention, &self.attention_short);
+        write!(
+            f,
+            "attention={}x{}/{},attention_short={}x{}/{}",
+            a.consts[1], a.consts[2], a.num_warps, s.consts[1], s.consts[2], s.num_warps
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tiles_round_trip_and_bad_specs_are_named() {
+        let cfg = crate::preset::config("qwen3-0.6b").unwrap();
+        let cpu = PrefillPlan::new(&cfg, &Device::cpu()).unwrap();
+        assert_eq!(cpu.with_tiles(&cpu.to_string()).unwrap(), cpu);
+        let spec = "qkv=64x64x64/4,o=128x64x64/8,gate_up=64x64x64/4,down=128x64x64/8,\
+                    attention=128x64/8,attention_short=64x64/8";
+        let gpu = cpu.with_tiles(spec).unwrap();
+        assert_eq!(gpu.to_string(), spec);
+        assert_eq!(gpu.o_proj, TileChoice::gemm(128, 64, 64, 8));
+        assert_eq!(gpu.attention.consts, vec![128, 128, 64]);
+        assert_eq!(gpu.attention_short.consts, vec![128, 64, 64]);
+        // Launches left out keep their tiles.
+        let one = cpu.with_tiles("down=64x64x64/8").unwrap();
+        assert_eq!(one.qkv, cpu.qkv);
+        assert_eq!(one.down, TileChoice::gemm(64, 64, 64, 8));
+        for (bad, says) in [
+            ("qkv=64x64/4", "MxNxK"),
+            ("attention=64x64x64/8", "MxN"),
+            ("attention=64x64", "/WARPS"),
+            ("lm_head=64x64x64/4", "qkv, o, gate_up, down"),
+            ("qkv", "LAUNCH=TILE"),
+            ("qkv=64xbx64/4", "sizes"),
+            ("qkv=64x64x64/3", "no compiled variant"),
+        ] {
+            let err = cpu.with_tiles(bad).unwrap_err().to_string();
+            assert!(err.contains(says), "{bad}: {err}");
+        }
+    }
+}
