@@ -28,6 +28,7 @@
 //! | `tl.exp` .. `tl.math.tanh` | `exp(x)` or `x.exp()`, .. | [`exp`], [`exp2`], [`log`], [`log2`], [`sqrt`], [`rsqrt`], [`sin`], [`cos`], [`abs`], [`sigmoid`], [`tanh`], [`floor`], [`ceil`] |
 //! | `tl.maximum`, `tl.minimum` | `maximum(a, b)`, `minimum(a, b)` | [`maximum`], [`minimum`] |
 //! | `x.to(tl.float32)` | `x as f32` | [`Tile`] ("Casts") |
+//! | `x.to(tl.float32, bitcast=True)` | `x.bitcast::<f32>()` | [`Tile::bitcast`] |
 //! | `tl.sum`, `tl.max`, `tl.min`, `tl.argmax` | `x.sum(1)`, `x.max(1)`, `x.min(1)`, `x.argmax(1)` | [`Tile::sum`], [`Tile::max`], [`Tile::min`], [`Tile::argmax`] |
 //! | `tl.dot` | `dot(a, b)`, `dot(a, b, acc)` | [`dot`] |
 //! | `tl.atomic_add`, `tl.atomic_max` | `atomic_add(p, v, mask)`, `atomic_max(p, v, mask)` | [`atomic_add`], [`atomic_max`] |
@@ -801,6 +802,19 @@ impl<T> Tile<T> {
     /// ```
     pub fn reshape(self, shape: &[usize]) -> Tile<T> {
         let _ = shape;
+        match self.never {}
+    }
+
+    /// The same bits read as another element type of the same width (Triton's
+    /// `x.to(U, bitcast=True)`, Rust's `f32::from_bits`/`to_bits`): `i32`, `u32` and
+    /// `f32` among themselves, `f16` and `bf16` between each other. Other widths are a
+    /// compile error. On the GPU it costs at most a `mov`.
+    ///
+    /// ```rust,ignore
+    /// // An integer 0 <= q < 2^23 as f32 with one `or` and one add, no conversion:
+    /// let qf = (q | 0x4B00_0000).bitcast::<f32>() - 8388608.0;
+    /// ```
+    pub fn bitcast<U>(self) -> Tile<U> {
         match self.never {}
     }
 }

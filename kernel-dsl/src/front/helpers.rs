@@ -49,6 +49,7 @@ pub const TILE_OPS: &[&str] = &[
     "argmax",
     "dot",
     "expand_dims",
+    "bitcast",
     "broadcast_to",
     "cdiv",
     "cluster_gather",

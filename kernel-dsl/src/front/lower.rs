@@ -980,6 +980,15 @@ impl Lower {
                 }
                 Ok(self.emit_at(Expr::Splat { value, shape }, span))
             }
+            "bitcast" => {
+                self.arity(name, args, 1, 1, span)?;
+                let Some(t) = &turbofish else {
+                    return self.err(span, "write `x.bitcast::<T>()` with the target type");
+                };
+                let to = self.dtype(t)?;
+                let value = self.expr(args[0])?;
+                Ok(self.emit_at(Expr::Bitcast { value, to }, span))
+            }
             "broadcast_to" => {
                 self.arity(name, args, 2, 2, span)?;
                 let value = self.expr(args[0])?;

@@ -194,16 +194,16 @@ fn le<const N: usize>(b: &[u8]) -> [u8; N] {
 /// Decodes one float element of `d` to f32.
 fn dec_f(d: DType) -> fn(&[u8]) -> f32 {
     match d {
-        DType::F16 => |b| half::f16::from_le_bytes(le(b)).to_f32(),
-        DType::BF16 => |b| half::bf16::from_le_bytes(le(b)).to_f32(),
+        DType::F16 => |b| ops::half_to_f32(DType::F16, u16::from_le_bytes(le(b))),
+        DType::BF16 => |b| ops::half_to_f32(DType::BF16, u16::from_le_bytes(le(b))),
         _ => |b| f32::from_le_bytes(le(b)),
     }
 }
 
 fn enc_f(d: DType) -> fn(f32, &mut [u8]) {
     match d {
-        DType::F16 => |x, b| b.copy_from_slice(&half::f16::from_f32(x).to_le_bytes()),
-        DType::BF16 => |x, b| b.copy_from_slice(&half::bf16::from_f32(x).to_le_bytes()),
+        DType::F16 => |x, b| b.copy_from_slice(&ops::f32_to_half(DType::F16, x).to_le_bytes()),
+        DType::BF16 => |x, b| b.copy_from_slice(&ops::f32_to_half(DType::BF16, x).to_le_bytes()),
         _ => |x, b| b.copy_from_slice(&x.to_le_bytes()),
     }
 }
@@ -691,6 +691,10 @@ impl<'k, 'b, 'a> Exec<'k, 'b, 'a> {
             Expr::Cast { value, to } => {
                 let from = self.dtype(*value)?;
                 ops::cast(get(env, *value)?, from, *to)?
+            }
+            Expr::Bitcast { value, to } => {
+                let from = self.dtype(*value)?;
+                ops::bitcast(get(env, *value)?, from, *to)?
             }
             Expr::AddPtr { ptr, offset } => {
                 let (Data::P(p), Data::I(o)) = (get(env, *ptr)?, get(env, *offset)?) else {

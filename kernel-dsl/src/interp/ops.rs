@@ -410,6 +410,81 @@ pub(crate) fn cast(a: &Data, from: DType, to: DType) -> OpResult<Data> {
     })
 }
 
+/// The `f32` holding the `f16` or `bf16` (`d`) with bits `b`, exactly: NaNs keep their
+/// payload and stay signaling (the `half` conversions quiet them; a GPU register does
+/// not), so a bitcast, load or store moves every bit as the GPU does.
+pub(crate) fn half_to_f32(d: DType, b: u16) -> f32 {
+    let sign = ((b & 0x8000) as u32) << 16;
+    match d {
+        DType::F16 if b & 0x7C00 == 0x7C00 && b & 0x03FF != 0 => {
+            f32::from_bits(sign | 0x7F80_0000 | (((b & 0x03FF) as u32) << 13))
+        }
+        DType::F16 => f16::from_bits(b).to_f32(),
+        _ => f32::from_bits((b as u32) << 16),
+    }
+}
+
+/// The bits of `x` rounded to `f16` or `bf16` (`d`); a NaN keeps the top of its payload
+/// and its quiet bit, the inverse of [`half_to_f32`].
+pub(crate) fn f32_to_half(d: DType, x: f32) -> u16 {
+    if !x.is_nan() {
+        return match d {
+            DType::F16 => f16::from_f32(x).to_bits(),
+            _ => bf16::from_f32(x).to_bits(),
+        };
+    }
+    let b = x.to_bits();
+    let sign = ((b >> 16) & 0x8000) as u16;
+    let (exp, man) = match d {
+        DType::F16 => (0x7C00, ((b >> 13) & 0x03FF) as u16),
+        _ => (0x7F80, ((b >> 16) & 0x007F) as u16),
+    };
+    // A payload only in the dropped bits would read as an infinity.
+    sign | exp | man.max(1)
+}
+
+/// The bits of one element of dtype `d` (`f16`/`bf16` as their 16-bit patterns).
+fn bits_of_f(d: DType, x: f32) -> u32 {
+    match d {
+        DType::F16 | DType::BF16 => f32_to_half(d, x) as u32,
+        _ => x.to_bits(),
+    }
+}
+
+/// The float of dtype `d` with the bits `b`.
+fn f_of_bits(d: DType, b: u32) -> f32 {
+    match d {
+        DType::F16 | DType::BF16 => half_to_f32(d, b as u16),
+        _ => f32::from_bits(b),
+    }
+}
+
+/// Reinterprets a tile of dtype `from` as dtype `to` of the same width (`i32`, `u32`
+/// and `f32` among themselves; `f16` and `bf16`): the bits are kept, NaN payloads
+/// included.
+pub(crate) fn bitcast(a: &Data, from: DType, to: DType) -> OpResult<Data> {
+    if from.size_bytes() != to.size_bytes() || from == DType::Bool || to == DType::Bool {
+        return Err(format!("bitcast from {from} to {to}"));
+    }
+    let bits: Vec<u32> = match a {
+        Data::F(x) => x.iter().map(|&p| bits_of_f(from, p)).collect(),
+        Data::I(x) if from.size_bytes() == 4 => x.iter().map(|&p| p as u32).collect(),
+        Data::I(x) if from == to => return Ok(Data::I(x.clone())),
+        _ => {
+            return Err(format!(
+                "bitcast of {} values from {from} to {to}",
+                a.kind()
+            ))
+        }
+    };
+    Ok(match to {
+        t if t.is_float() => Data::F(bits.into_iter().map(|b| f_of_bits(t, b)).collect()),
+        DType::I32 => Data::I(bits.into_iter().map(|b| b as i32 as i64).collect()),
+        DType::U32 => Data::I(bits.into_iter().map(|b| b as i64).collect()),
+        _ => return Err(format!("bitcast from {from} to {to}")),
+    })
+}
+
 /// Reduces a tile of `shape` and dtype `d` along `axis`; the result drops the axis.
 pub(crate) fn reduce(
     op: ReduceOp,

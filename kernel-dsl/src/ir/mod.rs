@@ -494,6 +494,15 @@ pub enum Expr {
         /// Target dtype.
         to: DType,
     },
+    /// Reinterpret the bits as `to`, a dtype of the same width (`x.bitcast::<T>()`,
+    /// Triton's `x.to(T, bitcast=True)`): `i32`/`u32`/`f32` among themselves, `f16`
+    /// and `bf16` between each other.
+    Bitcast {
+        /// The value.
+        value: ValueId,
+        /// Target dtype.
+        to: DType,
+    },
     /// Pointer arithmetic: `ptr + offset` in elements; `ptr` and `offset` have one shape.
     AddPtr {
         /// Pointer (tile or scalar).
@@ -610,6 +619,7 @@ impl Expr {
             | Expr::Broadcast { value, .. }
             | Expr::ExpandDims { value, .. }
             | Expr::Cast { value, .. }
+            | Expr::Bitcast { value, .. }
             | Expr::Reduce { value, .. }
             | Expr::Scan { value, .. }
             | Expr::Permute { value, .. }

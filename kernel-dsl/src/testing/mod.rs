@@ -7,6 +7,7 @@
 //! matrix (`op_matrix`), the tests written once for every backend (`each_backend`) and
 //! the interpreter's tests.
 
+mod bitcast;
 pub(crate) mod each_backend;
 mod op_matrix;
 

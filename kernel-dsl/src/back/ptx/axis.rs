@@ -260,7 +260,7 @@ fn expr(k: &Kernel, v: ValueId, e: &Expr, info: &[AxisInfo]) -> AxisInfo {
                 out.cons[t] = a.cons[t].min(b.cons[t]).min(ct);
             }
         }
-        Expr::Cast { value, .. } => {
+        Expr::Cast { value, .. } | Expr::Bitcast { value, .. } => {
             let a = get(value);
             out.cons = a.cons;
         }

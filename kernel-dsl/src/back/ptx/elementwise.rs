@@ -93,6 +93,20 @@ impl Emitter<'_> {
                 let from = self.val_dt(*value)?;
                 self.cast(from, *to, &a[0])
             }
+            Expr::Bitcast { value, to } => {
+                let from = self.val_dt(*value)?;
+                if rk(from) == rk(*to) {
+                    // Same register class (i32/u32, f16/bf16): the register is the value.
+                    return Ok(a[0].clone());
+                }
+                let d = self.reg(rk(*to));
+                match to.size_bytes() {
+                    4 => self.ins(format!("mov.b32 {d}, {}", a[0])),
+                    2 => self.ins(format!("mov.b16 {d}, {}", a[0])),
+                    _ => return self.err(format!("cannot bitcast {from} to {to}")),
+                }
+                Ok(d)
+            }
             Expr::AddPtr { ptr, offset } => {
                 let es = self.ptr_dt(*ptr)?.size_bytes();
                 let odt = self.val_dt(*offset)?;

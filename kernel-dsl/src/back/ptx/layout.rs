@@ -461,7 +461,7 @@ fn prefer(k: &Kernel, l: &Layouts, v: ValueId, want: Layout) -> Option<Vec<(Valu
             s.keep.remove(*axis);
             prefer(k, l, *value, s.canon())
         }
-        Expr::Cast { value, .. } => prefer(k, l, *value, want),
+        Expr::Cast { value, .. } | Expr::Bitcast { value, .. } => prefer(k, l, *value, want),
         Expr::Unary { arg, .. } => prefer(k, l, *arg, want),
         Expr::Load { .. } => Some(vec![(v, want)]),
         Expr::Binary { .. } | Expr::Compare { .. } | Expr::Select { .. } => {
@@ -644,6 +644,7 @@ fn value(k: &Kernel, ax: &[AxisInfo], v: ValueId, l: &mut Layouts) {
         | Expr::Compare { .. }
         | Expr::Select { .. }
         | Expr::Cast { .. }
+        | Expr::Bitcast { .. }
         | Expr::AddPtr { .. }
         | Expr::Load { .. }
         | Expr::Atomic { .. } => {

@@ -81,7 +81,9 @@ pub struct Ring {
 
 fn is_zero(k: &crate::ir::Kernel, v: ValueId) -> bool {
     match &k.value(v).def {
-        Def::Expr(Expr::Splat { value, .. } | Expr::Cast { value, .. }) => is_zero(k, *value),
+        Def::Expr(
+            Expr::Splat { value, .. } | Expr::Cast { value, .. } | Expr::Bitcast { value, .. },
+        ) => is_zero(k, *value),
         Def::Expr(Expr::Literal(Literal::Float(x, _))) => x.to_bits() == 0,
         Def::Expr(Expr::Literal(Literal::Int(0, _))) => true,
         _ => false,

@@ -206,6 +206,38 @@ impl Infer<'_> {
                     loc,
                 ))
             }
+            Expr::Bitcast { value, to } => {
+                let v = self.get(*value)?;
+                let v = match self.weak.get(&v).copied() {
+                    Some(lit) => self.typed_literal(lit, None, loc)?,
+                    None => v,
+                };
+                let ty = self.ty(v).clone();
+                let Some(from) = ty.dtype().filter(|_| ty.pointee().is_none()) else {
+                    return Err(CompileError::new(loc, "pointers cannot be bitcast"));
+                };
+                let same_width = from.size_bytes() == to.size_bytes()
+                    && from != DType::Bool
+                    && *to != DType::Bool;
+                if !same_width {
+                    return Err(CompileError::new(
+                        loc,
+                        format!(
+                            "`bitcast` from {from} ({} bits) to {to} ({} bits): a bitcast keeps the bits, so the widths must match (i32/u32/f32 among themselves, f16/bf16); use `as` to convert the value",
+                            bits_of(from),
+                            bits_of(*to)
+                        ),
+                    ));
+                }
+                if from == *to {
+                    return Ok(v);
+                }
+                Ok(self.emit(
+                    Expr::Bitcast { value: v, to: *to },
+                    Type::val(*to, ty.shape.clone()),
+                    loc,
+                ))
+            }
             Expr::AddPtr { ptr, offset } => self.add_ptr(*ptr, *offset, loc),
             Expr::Load { ptr, mask, other } => {
                 let p = self.get(*ptr)?;
@@ -597,5 +629,14 @@ impl Infer<'_> {
             Type::val(d, shape),
             loc,
         ))
+    }
+}
+
+/// The width of a dtype in bits, as a bitcast sees it (`bool` as one bit).
+fn bits_of(d: DType) -> usize {
+    if d == DType::Bool {
+        1
+    } else {
+        d.size_bytes() * 8
     }
 }
