@@ -41,6 +41,7 @@
 //! | `tl.extra.cuda.globaltimer` | `global_timer()` | [`global_timer`] |
 //! | `tl.extra.cuda.smid` | `sm_id()` | [`sm_id`] |
 //! | `gdc_wait`, `gdc_launch_dependents` | `wait_for_prior_kernels()`, `launch_dependents()` | [`wait_for_prior_kernels`], [`launch_dependents`] |
+//! | `tl.atomic_xchg(p, v, sem="release", scope="sys")`, a spin on `tl.atomic_*(.., sem="acquire", scope="sys")` | `signal_flag(p, v)`, `wait_flag_at_least(p, v)` | [`signal_flag`], [`wait_flag_at_least`] |
 //! | Gluon's distributed shared memory | `cluster_gather(t)` | [`cluster_gather`] |
 //! | a `@triton.jit` helper | a `#[tile_fn]` function | [`tile_fn`](crate::tile_fn) (example below) |
 //! | `while cond:` | `while cond { .. }` (run-time scalar `bool`, carried variables as in `for`) | example below |
@@ -556,6 +557,52 @@ pub fn wait_for_prior_kernels() {}
 /// launch_dependents();
 /// ```
 pub fn launch_dependents() {}
+
+/// Publishes `value` in the `i32` flag at `flag` for programs of other launches, on
+/// this GPU or another one (a peer GPU's memory, or this GPU's memory that a peer
+/// polls): once every thread of the program has made its earlier memory accesses, one
+/// thread stores `value` with release semantics at system scope (`st.release.sys`).
+/// What the program and the kernels before it on the stream wrote is visible to a
+/// program that sees the value through [`wait_flag_at_least`]. A statement, only at the
+/// top level of the kernel body; the interpreter stores the value.
+///
+/// Typical use is a handshake between GPUs that exchange data through peer memory
+/// without a second launch: each side signals, then waits for the other's signal, then
+/// reads what the other wrote (the engine's tensor-parallel all-reduce,
+/// `peer_residual_add`). Counting up (a new value each exchange) means flags never
+/// need resetting, so the exchange replays from a CUDA graph as is.
+///
+/// ```rust,ignore
+/// let epoch = load(count + program_id(0)) + 1;
+/// store(count + program_id(0), epoch);
+/// signal_flag(peer_flags + program_id(0), epoch);
+/// wait_flag_at_least(my_flags + program_id(0), epoch);
+/// let theirs = load(peer_data + offs, ok, 0.0);
+/// ```
+pub fn signal_flag(flag: Ptr<i32>, value: i32) {
+    let _ = value;
+    match flag.never {}
+}
+
+/// Waits until the `i32` flag at `flag` is at least `value` (modulo 2^32: `flag -
+/// value`, wrapping, is not negative), as set by [`signal_flag`] in another launch,
+/// possibly on another GPU. Afterwards every thread of the program sees what the
+/// signaler wrote before signaling (one thread polls with `ld.acquire.sys`, then the
+/// program synchronizes). A statement, only at the top level of the kernel body.
+///
+/// Bounded: a GPU program still waiting after 10 s executes `trap`, so the launch (and
+/// the stream's later work) fails with an error instead of hanging the device. The
+/// interpreter runs programs and launches one after another, so nothing can raise the
+/// flag while a program waits: a flag below `value` there is an error, and a flag
+/// already at it passes.
+///
+/// ```rust,ignore
+/// wait_flag_at_least(my_flags + program_id(0), epoch);
+/// ```
+pub fn wait_flag_at_least(flag: Ptr<i32>, value: i32) {
+    let _ = value;
+    match flag.never {}
+}
 
 /// Triton's `tl.where` (`where` is a Rust keyword): `cond ? a : b` elementwise, with
 /// broadcasting of all three.

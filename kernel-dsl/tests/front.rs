@@ -689,6 +689,103 @@ fn prefetch_range_is_one_bulk_request_on_sm90_and_nothing_on_sm80() {
     assemble_if_ptxas(&p80, tilefuse_dsl::back::ptx::Target::Sm80);
 }
 
+/// A one-shot exchange between two GPUs: count up, signal the peer, wait for its
+/// signal, read its data (the engine's `peer_residual_add` in small).
+const FLAG_EXCHANGE: &str = r#"
+#[kernel(B = [256])]
+fn exchange<const B: usize>(count: Ptr<i32>, outbox: Ptr<i32>, inbox: Ptr<i32>, mine: Ptr<f32>, theirs: Ptr<f32>, out: Ptr<f32>, n: i32) {
+    let epoch = load(count + program_id(0)) + 1;
+    store(count + program_id(0), epoch);
+    signal_flag(outbox + program_id(0), epoch);
+    wait_flag_at_least(inbox + program_id(0), epoch);
+    let offs = program_id(0) * B + arange(0, B);
+    let ok = offs < n;
+    store(out + offs, load(mine + offs, ok, 0.0) + load(theirs + offs, ok, 0.0), ok);
+}
+"#;
+
+#[test]
+fn flag_ops_check_their_operands_and_placement() {
+    let k = |body: &str| {
+        format!("#[kernel(B = [64])] fn k<const B: usize>(f: Ptr<i32>, x: Ptr<f32>, v: i32) {{ {body} }}")
+    };
+    let e = error_of(&k("signal_flag(f + arange(0, B), 1);"), &[("B", 64)]);
+    assert!(
+        e.contains("`signal_flag` needs a single pointer to an i32 flag"),
+        "{e}"
+    );
+    let e = error_of(&k("wait_flag_at_least(x, 1);"), &[("B", 64)]);
+    assert!(
+        e.contains("`wait_flag_at_least` needs a single pointer to an i32 flag")
+            && e.contains("Ptr<f32>"),
+        "{e}"
+    );
+    let e = error_of(&k("signal_flag(f, 1.5);"), &[("B", 64)]);
+    assert!(e.contains("i32"), "{e}");
+    let e = error_of(&k("signal_flag(f, arange(0, B));"), &[("B", 64)]);
+    assert!(e.contains("`signal_flag` takes an i32 scalar value"), "{e}");
+    let e = error_of(&k("wait_flag_at_least(f);"), &[("B", 64)]);
+    assert!(e.contains("`wait_flag_at_least` takes 2 arguments"), "{e}");
+    let e = error_of(&k("if v > 0 { wait_flag_at_least(f, v); }"), &[("B", 64)]);
+    assert!(
+        e.contains("`wait_flag_at_least` must be at the top level"),
+        "{e}"
+    );
+    let e = error_of(&k("for i in 0..v { signal_flag(f, i); }"), &[("B", 64)]);
+    assert!(e.contains("`signal_flag` must be at the top level"), "{e}");
+    let e = error_of(&k("let a = signal_flag(f, v);"), &[("B", 64)]);
+    assert!(e.contains("`signal_flag` is a statement"), "{e}");
+}
+
+#[test]
+fn flag_ops_are_release_and_acquire_at_system_scope_with_a_bounded_poll() {
+    use tilefuse_dsl::back::ptx::{compile, Target};
+    let k = compile_source(FLAG_EXCHANGE, &spec(&[("B", 256)], 4)).unwrap();
+    // The signal writes `outbox`; nothing else is written but `count` and `out`.
+    assert_eq!(k.written_params(), vec![0, 1, 5]);
+    assert!(k.waits_on_flags());
+    for target in [Target::Sm80, Target::Sm90] {
+        let p = compile(&k, target).unwrap();
+        let lines: Vec<&str> = p.ptx.lines().map(str::trim).collect();
+        let find = |pat: &str| lines.iter().position(|l| l.contains(pat));
+        let signal: Vec<&&str> = lines
+            .iter()
+            .filter(|l| l.contains("st.release.sys.global.b32"))
+            .collect();
+        assert_eq!(signal.len(), 1, "{}", p.ptx);
+        assert!(
+            signal[0].starts_with("@%p"),
+            "one thread signals: {}",
+            signal[0]
+        );
+        let poll = find("ld.acquire.sys.global.b32").expect("an acquiring poll");
+        let release = find("st.release.sys").unwrap();
+        // A barrier before the signal, the poll after it, then a trap past the time
+        // limit and a barrier before the data is read.
+        assert_eq!(lines[release - 1], "bar.sync 0;", "{}", p.ptx);
+        assert!(poll > release, "{}", p.ptx);
+        let trap = find("trap;").expect("a bounded poll traps");
+        assert!(trap > poll, "{}", p.ptx);
+        assert!(p.ptx.contains("%globaltimer"), "{}", p.ptx);
+        assert!(
+            p.ptx
+                .contains(&format!("{}", tilefuse_dsl::back::ptx::FLAG_WAIT_LIMIT_NS)),
+            "{}",
+            p.ptx
+        );
+        let data = lines
+            .iter()
+            .position(|l| l.contains("ld.global") && l.contains(".f32"))
+            .unwrap_or_else(|| panic!("data loads: {}", p.ptx));
+        assert!(data > trap, "the data is read after the wait: {}", p.ptx);
+        assert!(lines[trap + 2..data].contains(&"bar.sync 0;"), "{}", p.ptx);
+        // What the peer wrote during the kernel never goes through the
+        // non-coherent path, on sm_80 either.
+        assert!(!p.ptx.contains("ld.global.nc"), "{target:?}: {}", p.ptx);
+        assemble_if_ptxas(&p, target);
+    }
+}
+
 #[test]
 fn sm_id_is_an_i32_scalar_that_reads_the_processor_index() {
     let e = error_of("#[kernel] fn k(t: Ptr<i32>) { store(t, sm_id(0)); }", &[]);

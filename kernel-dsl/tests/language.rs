@@ -81,6 +81,8 @@ fn helper_errors_point_at_the_helper_or_the_call() {
         "prefetch_range",
         "wait_for_prior_kernels",
         "launch_dependents",
+        "signal_flag",
+        "wait_flag_at_least",
     ] {
         assert!(e.contains(op), "{op} missing from {e}");
     }

@@ -57,6 +57,8 @@ pub const TILE_OPS: &[&str] = &[
     "sm_id",
     "wait_for_prior_kernels",
     "launch_dependents",
+    "signal_flag",
+    "wait_flag_at_least",
     "argmin",
     "cumsum",
     "cumprod",

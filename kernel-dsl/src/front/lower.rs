@@ -17,8 +17,8 @@ use super::helpers::{is_tile_op, TileFn, TILE_OPS};
 use super::parse::KernelAst;
 use crate::error::CompileError;
 use crate::ir::{
-    AtomicOp, BinaryOp, Block, Carried, CmpOp, DType, Def, Expr, Kernel, Literal, Loc, Merge,
-    Param, ReduceOp, Stmt, UnaryOp, Value, ValueId,
+    AtomicOp, BinaryOp, Block, Carried, CmpOp, DType, Def, Expr, FlagOp, Kernel, Literal, Loc,
+    Merge, Param, ReduceOp, Stmt, UnaryOp, Value, ValueId,
 };
 use crate::Specialization;
 
@@ -328,6 +328,14 @@ impl Lower {
                     Stmt::LaunchDependents { loc }
                 });
                 Ok(())
+            }
+            SynExpr::Call(c)
+                if matches!(
+                    call_name(&c.func).as_deref(),
+                    Some("signal_flag" | "wait_flag_at_least")
+                ) =>
+            {
+                self.flag(c)
             }
             SynExpr::Call(c) if call_name(&c.func).is_some_and(|n| self.helper(&n).is_some()) => {
                 let name = call_name(&c.func).unwrap_or_default();
@@ -1023,7 +1031,9 @@ impl Lower {
                 };
                 Ok(self.emit_at(Expr::Load { ptr, mask, other }, span))
             }
-            "store" => self.err(span, "`store` is a statement and returns nothing"),
+            "store" | "signal_flag" | "wait_flag_at_least" => {
+                self.err(span, format!("`{name}` is a statement and returns nothing"))
+            }
             "atomic_add" | "atomic_max" => {
                 self.arity(name, args, 2, 3, span)?;
                 let ptr = self.expr(args[0])?;
@@ -1278,6 +1288,36 @@ impl Lower {
         };
         let loc = self.loc(c.span());
         self.push_stmt(Stmt::Prefetch { ptr, mask, loc });
+        Ok(())
+    }
+
+    /// `signal_flag(ptr, value)` / `wait_flag_at_least(ptr, value)`.
+    fn flag(&mut self, c: &syn::ExprCall) -> R<()> {
+        let name = call_name(&c.func).unwrap_or_default();
+        let args: Vec<&SynExpr> = c.args.iter().collect();
+        self.arity(&name, &args, 2, 2, c.span())?;
+        // Every thread of every program takes part (a barrier orders the program's
+        // accesses around the flag): inside a branch or loop some could skip it.
+        if self.blocks.len() > 1 {
+            return self.err(
+                c.span(),
+                format!("`{name}` must be at the top level of the kernel body"),
+            );
+        }
+        let ptr = self.expr(args[0])?;
+        let value = self.expr(args[1])?;
+        let loc = self.loc(c.span());
+        let op = if name == "signal_flag" {
+            FlagOp::Signal
+        } else {
+            FlagOp::WaitAtLeast
+        };
+        self.push_stmt(Stmt::Flag {
+            op,
+            ptr,
+            value,
+            loc,
+        });
         Ok(())
     }
 

@@ -3,7 +3,9 @@
 use super::more_ops;
 use super::ops::{self, Data, OpResult};
 use super::{Arg, InterpError, Scalar};
-use crate::ir::{AtomicOp, Block, DType, Def, Expr, Kernel, Literal, ParamKind, Stmt, ValueId};
+use crate::ir::{
+    AtomicOp, Block, DType, Def, Expr, FlagOp, Kernel, Literal, ParamKind, Stmt, ValueId,
+};
 
 /// The launch arguments, seen as memory.
 struct Mem<'k, 'b, 'a> {
@@ -355,6 +357,7 @@ impl<'k, 'b, 'a> Exec<'k, 'b, 'a> {
             Stmt::Store { loc, .. }
             | Stmt::Prefetch { loc, .. }
             | Stmt::PrefetchRange { loc, .. }
+            | Stmt::Flag { loc, .. }
             | Stmt::For { loc, .. }
             | Stmt::While { loc, .. }
             | Stmt::If { loc, .. }
@@ -387,6 +390,18 @@ impl<'k, 'b, 'a> Exec<'k, 'b, 'a> {
             } => self.store(*ptr, *value, *mask),
             Stmt::Prefetch { ptr, mask, .. } => self.prefetch(*ptr, *mask),
             Stmt::PrefetchRange { ptr, count, .. } => self.prefetch_range(*ptr, *count),
+            Stmt::Flag {
+                op: FlagOp::Signal,
+                ptr,
+                value,
+                ..
+            } => self.store(*ptr, *value, None),
+            Stmt::Flag {
+                op: FlagOp::WaitAtLeast,
+                ptr,
+                value,
+                ..
+            } => self.wait_flag(*ptr, *value),
             // Launches run one after another here: prior kernels are long finished.
             Stmt::WaitPriorKernels { .. } | Stmt::LaunchDependents { .. } => Ok(()),
             Stmt::For {
@@ -534,6 +549,31 @@ impl<'k, 'b, 'a> Exec<'k, 'b, 'a> {
             let ends = [p[0], (p[0].0, p[0].1 + n - 1)];
             self.mem
                 .gather(&ends, None, d.size_bytes(), |_| (), |_| ())?;
+        }
+        Ok(())
+    }
+
+    /// `wait_flag_at_least`: programs and launches run one after another here, so no
+    /// other program can raise the flag while this one waits. A flag already at the
+    /// value passes; one below it is an error (on the GPU the program would wait for a
+    /// signal that, in this order, comes later or never).
+    fn wait_flag(&mut self, ptr: ValueId, value: ValueId) -> OpResult<()> {
+        let env = &self.env;
+        let Data::P(p) = get(env, ptr)? else {
+            return Err(format!("flag wait through {ptr}, which holds no pointers"));
+        };
+        let Data::I(want) = get(env, value)? else {
+            return Err(format!("flag wait for {value}, which is not an integer"));
+        };
+        let want = want.first().copied().unwrap_or(0) as i32;
+        let got = self.mem.gather(p, None, 4, dec_i(DType::I32), |_| 0)?;
+        let flag = got.first().copied().unwrap_or(0) as i32;
+        if flag.wrapping_sub(want) < 0 {
+            return Err(format!(
+                "`wait_flag_at_least` waits for the flag to reach {want}, but it holds {flag}: \
+                 the interpreter runs programs and launches one after another, so nothing can \
+                 raise it while this program waits (signal it from an earlier launch)"
+            ));
         }
         Ok(())
     }

@@ -95,6 +95,72 @@ fn k<const B: usize>(x: Ptr<f32>, out: Ptr<f32>, n: i32, ahead: i32) {
 }
 
 #[test]
+fn flag_waits_pass_when_signaled_before_and_fail_otherwise() {
+    // One side of a two-GPU exchange: count up, signal, wait, add the peer's data.
+    let k = compile(
+        r#"
+#[kernel(B = [64])]
+fn exchange<const B: usize>(count: Ptr<i32>, outbox: Ptr<i32>, inbox: Ptr<i32>, mine: Ptr<f32>, theirs: Ptr<f32>, out: Ptr<f32>, n: i32) {
+    let epoch = load(count + program_id(0)) + 1;
+    store(count + program_id(0), epoch);
+    signal_flag(outbox + program_id(0), epoch);
+    wait_flag_at_least(inbox + program_id(0), epoch);
+    let offs = program_id(0) * B + arange(0, B);
+    let ok = offs < n;
+    store(out + offs, load(mine + offs, ok, 0.0) + load(theirs + offs, ok, 0.0), ok);
+}
+"#,
+        &[("B", 64)],
+    );
+    let mut rng = Rng(7);
+    let n = 100;
+    let (a, b) = (rng.f32s(n), rng.f32s(n));
+    let (ab, bb) = (f32_bytes(&a), f32_bytes(&b));
+    let i32_bytes = |v: &[i32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
+    let i32s = |b: &[u8]| -> Vec<i32> {
+        b.chunks(4)
+            .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    };
+    // `count` before the launch and `inbox` as the peer left it, per program.
+    let exchange = |count: [i32; 2], inbox: [i32; 2]| {
+        let (mut cb, mut ob, ib) = (i32_bytes(&count), i32_bytes(&[0, 0]), i32_bytes(&inbox));
+        let mut out = f32_bytes(&vec![f32::NAN; n]);
+        let r = run(
+            &k,
+            [2, 1, 1],
+            &mut [
+                Arg::Write(&mut cb),
+                Arg::Write(&mut ob),
+                Arg::Read(&ib),
+                Arg::Read(&ab),
+                Arg::Read(&bb),
+                Arg::Write(&mut out),
+                Arg::Scalar(Scalar::I32(n as i32)),
+            ],
+        );
+        r.map(|_| (i32s(&cb), i32s(&ob), bytes_f32(&out)))
+    };
+    let want: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
+    // The peer signaled this epoch (or a later one: "at least").
+    let (count, outbox, sum) = exchange([4, 9], [5, 11]).unwrap();
+    assert_eq!((count, outbox), (vec![5, 10], vec![5, 10]));
+    assert_eq!(sum, want);
+    // Across the wrap of i32: i32::MIN is one past i32::MAX.
+    let (count, _, sum) = exchange([i32::MAX, 0], [i32::MIN, 1]).unwrap();
+    assert_eq!(count, vec![i32::MIN, 1]);
+    assert_eq!(sum, want);
+    // Program 1's peer has not signaled: in launch order nothing else can, an error.
+    let e = exchange([4, 9], [5, 9]).unwrap_err().to_string();
+    assert!(
+        e.contains("waits for the flag to reach 10, but it holds 9")
+            && e.contains("one after another"),
+        "{e}"
+    );
+    assert!(e.contains("program (1, 0, 0)"), "{e}");
+}
+
+#[test]
 fn softmax_from_source() {
     let k = compile(
         r#"

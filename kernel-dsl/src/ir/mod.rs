@@ -131,6 +131,11 @@ impl Kernel {
         self.body.visit(&mut |stmt| {
             let ptr = match stmt {
                 Stmt::Store { ptr, .. } => Some(*ptr),
+                Stmt::Flag {
+                    op: FlagOp::Signal,
+                    ptr,
+                    ..
+                } => Some(*ptr),
                 Stmt::Let(v) => match &self.value(*v).def {
                     Def::Expr(Expr::Atomic { ptr, .. }) => Some(*ptr),
                     _ => None,
@@ -144,6 +149,22 @@ impl Kernel {
         written.sort_unstable();
         written.dedup();
         written
+    }
+
+    /// Whether the kernel waits on a flag (`wait_flag_at_least`): its loads after the
+    /// wait may read memory another program or GPU wrote during the kernel's lifetime.
+    pub fn waits_on_flags(&self) -> bool {
+        let mut waits = false;
+        self.body.visit(&mut |s| {
+            waits |= matches!(
+                s,
+                Stmt::Flag {
+                    op: FlagOp::WaitAtLeast,
+                    ..
+                }
+            )
+        });
+        waits
     }
 
     /// Pointer parameters loaded before the kernel's `wait_for_prior_kernels()`. Loading
@@ -709,6 +730,20 @@ pub struct Carried {
     pub result: ValueId,
 }
 
+/// The two sides of a flag handshake ([`Stmt::Flag`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FlagOp {
+    /// `signal_flag(ptr, value)`: once every thread of the program has made its earlier
+    /// memory accesses, one thread stores `value` at `ptr` with release semantics at
+    /// system scope (visible to other GPUs and the host).
+    Signal,
+    /// `wait_flag_at_least(ptr, value)`: the program waits until the flag, read with
+    /// acquire semantics at system scope, is at least `value` (compared modulo 2^32:
+    /// `flag - value`, wrapping, as `i32` is not negative); what the signaler wrote
+    /// before its signal is visible to every thread afterwards.
+    WaitAtLeast,
+}
+
 /// A value merged at the end of a [`Stmt::If`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct Merge {
@@ -799,6 +834,19 @@ pub enum Stmt {
     /// program has passed this point (Hopper's programmatic dependent launch; without the
     /// statement, at entry); a no-op elsewhere. Only at the top level of the kernel body.
     LaunchDependents {
+        /// The statement's location.
+        loc: Loc,
+    },
+    /// `signal_flag(ptr, value)` or `wait_flag_at_least(ptr, value)`: synchronization
+    /// with programs of other launches, possibly on other GPUs, through an `i32` flag
+    /// word (see [`FlagOp`]). Only at the top level of the kernel body.
+    Flag {
+        /// Which side of the handshake.
+        op: FlagOp,
+        /// The flag (a scalar `i32` pointer).
+        ptr: ValueId,
+        /// The value written, or the value waited for (a scalar `i32`).
+        value: ValueId,
         /// The statement's location.
         loc: Loc,
     },

@@ -81,6 +81,7 @@ fn block(k: &Kernel, b: &Block, info: &mut [AxisInfo]) {
             Stmt::Store { .. }
             | Stmt::Prefetch { .. }
             | Stmt::PrefetchRange { .. }
+            | Stmt::Flag { .. }
             | Stmt::WaitPriorKernels { .. }
             | Stmt::LaunchDependents { .. } => {}
             // The index of a loop is a multiple of what divides both its start and step.

@@ -33,6 +33,10 @@ pub fn fused_products(k: &Kernel) -> HashSet<ValueId> {
             other[ptr.index()] = true;
             other[count.index()] = true;
         }
+        Stmt::Flag { ptr, value, .. } => {
+            other[ptr.index()] = true;
+            other[value.index()] = true;
+        }
         Stmt::Prefetch { ptr, mask, .. } => {
             for u in [Some(*ptr), *mask].into_iter().flatten() {
                 other[u.index()] = true;

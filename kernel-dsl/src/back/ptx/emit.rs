@@ -119,7 +119,10 @@ pub fn load_qualifiers(k: &Kernel, target: Target) -> Vec<&'static str> {
             // What the program reads back (its own or another program's writes, after
             // an atomic) comes from L2, never from a line cached in L1 before.
             _ if written.contains(&i) => ".cg",
-            Target::Sm80 => ".nc",
+            // After a flag wait a buffer may hold what another GPU wrote while this
+            // kernel ran, which `.nc` may not see.
+            Target::Sm80 if !k.waits_on_flags() => ".nc",
+            Target::Sm80 => "",
             Target::Sm90 | Target::Sm90a if constant.contains(&i) => ".nc",
             Target::Sm90 | Target::Sm90a => "",
         })
@@ -819,6 +822,15 @@ impl<'k> Emitter<'k> {
             Stmt::PrefetchRange { ptr, count, loc } => {
                 self.loc = *loc;
                 self.prefetch_range(*ptr, *count)
+            }
+            Stmt::Flag {
+                op,
+                ptr,
+                value,
+                loc,
+            } => {
+                self.loc = *loc;
+                self.flag(*op, *ptr, *value)
             }
             Stmt::For {
                 index,

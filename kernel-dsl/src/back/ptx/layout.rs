@@ -515,6 +515,7 @@ fn block(k: &Kernel, ax: &[AxisInfo], b: &Block, l: &mut Layouts) -> Result<(), 
             Stmt::Store { .. }
             | Stmt::Prefetch { .. }
             | Stmt::PrefetchRange { .. }
+            | Stmt::Flag { .. }
             | Stmt::WaitPriorKernels { .. }
             | Stmt::LaunchDependents { .. } => {}
             Stmt::For { carried, body, .. } => {

@@ -5,7 +5,13 @@ use super::emit::{Emitter, Res};
 use super::layout::Layout;
 use super::regs::{mem_ty, rk, Rk};
 use super::{Access, AccessKind};
-use crate::ir::{AtomicOp, DType, ValueId};
+use crate::ir::{AtomicOp, DType, FlagOp, ValueId};
+
+/// How long `wait_flag_at_least` polls on the GPU before the program traps (10 s of
+/// `%globaltimer`): far beyond any wait for a peer that is running, so a signal that
+/// never comes (a bug, a peer that failed) ends the launch with an error instead of
+/// hanging the device.
+pub const FLAG_WAIT_LIMIT_NS: u64 = 10_000_000_000;
 
 impl Emitter<'_> {
     /// Elements per vector access for pointers `ptr` in layout `l`.
@@ -272,6 +278,48 @@ impl Emitter<'_> {
         self.ins(format!(
             "@{go} cp.async.bulk.prefetch.L2.global [{start}], {b32}"
         ));
+        Ok(())
+    }
+
+    /// `signal_flag` / `wait_flag_at_least` on a scalar `i32` flag, by thread 0 of the
+    /// program, with a barrier ordering the other threads' accesses around it.
+    ///
+    /// Signal: `bar.sync` (every thread's earlier accesses precede thread 0's in
+    /// causality order), then `st.release.sys`, which is cumulative over them. Wait:
+    /// thread 0 polls with `ld.acquire.sys` until `flag - value` (wrapping) is not
+    /// negative, then `bar.sync` orders every thread's later accesses after the
+    /// acquire. The poll is bounded: after [`FLAG_WAIT_LIMIT_NS`] of `%globaltimer`
+    /// the program executes `trap`, so the launch fails with an error instead of
+    /// spinning forever on a signal that never comes.
+    pub fn flag(&mut self, op: FlagOp, ptr: ValueId, value: ValueId) -> Res<()> {
+        let (p, v) = (self.scalar(ptr), self.scalar(value));
+        let tid0 = self.tid0.clone();
+        match op {
+            FlagOp::Signal => {
+                self.ins("bar.sync 0");
+                self.ins(format!("@{tid0} st.release.sys.global.b32 [{p}], {v}"));
+            }
+            FlagOp::WaitAtLeast => {
+                let (poll, done) = (self.new_label("flag_poll"), self.new_label("flag_done"));
+                let (flag, diff) = (self.reg(Rk::R), self.reg(Rk::R));
+                let (start, now) = (self.reg(Rk::D), self.reg(Rk::D));
+                let (ok, late) = (self.reg(Rk::P), self.reg(Rk::P));
+                self.ins(format!("@!{tid0} bra {done}"));
+                self.ins(format!("mov.u64 {start}, %globaltimer"));
+                self.label(&poll);
+                self.ins(format!("ld.acquire.sys.global.b32 {flag}, [{p}]"));
+                self.ins(format!("sub.s32 {diff}, {flag}, {v}"));
+                self.ins(format!("setp.ge.s32 {ok}, {diff}, 0"));
+                self.ins(format!("@{ok} bra {done}"));
+                self.ins(format!("mov.u64 {now}, %globaltimer"));
+                self.ins(format!("sub.s64 {now}, {now}, {start}"));
+                self.ins(format!("setp.gt.s64 {late}, {now}, {FLAG_WAIT_LIMIT_NS}"));
+                self.ins(format!("@!{late} bra {poll}"));
+                self.ins("trap");
+                self.label(&done);
+                self.ins("bar.sync 0");
+            }
+        }
         Ok(())
     }
 

@@ -51,6 +51,7 @@ use crate::error::CompileError;
 use crate::ir::{DType, Kernel, Loc, ParamKind, Type, ValueId};
 
 pub use layout::Layout;
+pub use memory::FLAG_WAIT_LIMIT_NS;
 
 /// The GPU architecture to generate for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -120,6 +120,10 @@ impl Emitter<'_> {
                     add(ptr);
                     add(count);
                 }
+                Stmt::Flag { ptr, value, .. } => {
+                    add(ptr);
+                    add(value);
+                }
                 Stmt::For {
                     start,
                     end,

@@ -5,7 +5,8 @@
 use super::{shape_str, Infer, R};
 use crate::error::CompileError;
 use crate::ir::{
-    AtomicOp, BinaryOp, DType, Def, Elem, Expr, Literal, Loc, ReduceOp, Type, UnaryOp, ValueId,
+    AtomicOp, BinaryOp, DType, Def, Elem, Expr, FlagOp, Literal, Loc, ReduceOp, Type, UnaryOp,
+    ValueId,
 };
 
 impl Infer<'_> {
@@ -517,6 +518,39 @@ impl Infer<'_> {
         let p = self.broadcast(p, &shape, loc)?;
         let m = self.broadcast(m, &shape, loc)?;
         Ok((p, Some(m)))
+    }
+
+    /// The single `i32` pointer and the `i32` value of `signal_flag` /
+    /// `wait_flag_at_least`.
+    pub(super) fn flag(
+        &mut self,
+        op: FlagOp,
+        ptr: ValueId,
+        value: ValueId,
+        loc: Loc,
+    ) -> R<(ValueId, ValueId)> {
+        let name = match op {
+            FlagOp::Signal => "signal_flag",
+            FlagOp::WaitAtLeast => "wait_flag_at_least",
+        };
+        let p = self.get(ptr)?;
+        let pty = self.ty(p).clone();
+        if pty.elem != Elem::Ptr(DType::I32) || !pty.is_scalar() {
+            return Err(CompileError::new(
+                loc,
+                format!("`{name}` needs a single pointer to an i32 flag, found {pty}"),
+            ));
+        }
+        let v = self.get(value)?;
+        let v = self.with_dtype(v, DType::I32, loc)?;
+        let vty = self.ty(v).clone();
+        if !vty.is_scalar() || vty.elem != Elem::Val(DType::I32) {
+            return Err(CompileError::new(
+                loc,
+                format!("`{name}` takes an i32 scalar value, found {vty}"),
+            ));
+        }
+        Ok((p, v))
     }
 
     /// The single pointer and the `i32` count of a `prefetch_range`.

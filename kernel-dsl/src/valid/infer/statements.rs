@@ -29,6 +29,24 @@ impl Infer<'_> {
                     });
                 Ok(())
             }
+            Stmt::Flag {
+                op,
+                ptr,
+                value,
+                loc,
+            } => {
+                let (ptr, value) = self.flag(*op, *ptr, *value, *loc)?;
+                self.blocks
+                    .last_mut()
+                    .expect("open block")
+                    .push(Stmt::Flag {
+                        op: *op,
+                        ptr,
+                        value,
+                        loc: *loc,
+                    });
+                Ok(())
+            }
             Stmt::Prefetch { ptr, mask, loc } => {
                 let (ptr, mask) = self.prefetch(*ptr, *mask, *loc)?;
                 self.blocks
