@@ -6,7 +6,12 @@
 //! all-reduce adds across the ranks before every rank applies the same residual update
 //! ([`super::tp_kernels::residual_add`]), and that the LM head's candidates are merged across
 //! the ranks ([`super::tp_kernels::argmax_pair`], an all-gather, [`super::tp_kernels::merge_pairs`])
-//! so every rank's `state` holds the same next token. One thread issues every rank's
+//! so every rank's `state` holds the same next token. On two GPUs with peer access the
+//! all-reduce and the residual update are one kernel a rank that reads the other
+//! rank's partial sums straight from its memory ([`super::tp_kernels::peer_residual_add`],
+//! [`AllReduce::Peer`], the default there), and the token merge likewise
+//! ([`super::tp_kernels::peer_merge_pairs`]); NCCL stays selectable
+//! (`TILEFUSE_ALLREDUCE=nccl`, [`TpDecoder::set_all_reduce`]). One thread issues every rank's
 //! launches, part by part between the collectives; on GPUs the whole step of each rank
 //! can be captured as one graph ([`TpDecoder::capture`]). On CPU devices the ranks run
 //! on the interpreter and the collectives go through host memory, which is how the
@@ -20,7 +25,8 @@ use tilefuse_dsl::runtime::{Buffer, Device, Graph, LaunchConfig};
 use super::matrix::Matrix;
 use super::tp_kernels::{
     ArgmaxPairArgs, ArgmaxPairConsts, GemvPartialArgs, GemvPartialConsts, MergePairsArgs,
-    MergePairsConsts, ResidualAddArgs, ResidualAddConsts,
+    MergePairsConsts, PeerMergePairsArgs, PeerMergePairsConsts, PeerResidualAddArgs,
+    PeerResidualAddConsts, ResidualAddArgs, ResidualAddConsts,
 };
 use super::{Block, Decoder, DeviceWeights, LayerBuffers, QuantWeights};
 use crate::comm::{capture_all, launch_all, Communicator};
@@ -36,10 +42,97 @@ use crate::tuning::GemvConfig;
 /// candidates as one tile of this many.
 pub const MAX_RANKS: usize = 16;
 
+/// How a split's all-reduces (and its token merge) run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AllReduce {
+    /// Through the [`Communicator`]: NCCL collectives on GPUs (captured into each
+    /// rank's graph), copies through host memory on interpreter ranks.
+    Nccl,
+    /// Two GPU ranks with peer access: one kernel a rank reads the other's partial
+    /// sums over NVLink, adds, and updates the residual
+    /// ([`super::tp_kernels::peer_residual_add`]); no NCCL.
+    Peer,
+}
+
+impl AllReduce {
+    /// `"nccl"` or `"peer"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            AllReduce::Nccl => "nccl",
+            AllReduce::Peer => "peer",
+        }
+    }
+
+    /// Parses `"nccl"` or `"peer"`.
+    pub fn parse(s: &str) -> Result<AllReduce> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "nccl" => Ok(AllReduce::Nccl),
+            "peer" => Ok(AllReduce::Peer),
+            other => Err(EngineError::Option {
+                message: format!("unknown all-reduce `{other}`: expected `nccl` or `peer`"),
+            }),
+        }
+    }
+
+    /// The choice in `TILEFUSE_ALLREDUCE`, if set.
+    pub fn from_env() -> Result<Option<AllReduce>> {
+        match std::env::var("TILEFUSE_ALLREDUCE") {
+            Ok(v) if !v.trim().is_empty() => AllReduce::parse(&v).map(Some),
+            _ => Ok(None),
+        }
+    }
+}
+
+/// Elements of `hidden` each program of [`super::tp_kernels::peer_residual_add`]
+/// reduces: `TILEFUSE_PEER_BLOCK` (256, 512, 1024 or 2048), else 512.
+fn peer_block() -> usize {
+    std::env::var("TILEFUSE_PEER_BLOCK")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|b| [256, 512, 1024, 2048].contains(b))
+        .unwrap_or(512)
+}
+
+/// A rank's flags for the peer exchanges ([`AllReduce::Peer`]): one a program of
+/// [`super::tp_kernels::peer_residual_add`] at its smallest block, and the last for
+/// the token merge.
+struct PeerFlags {
+    /// Exchanges each program has started (only this rank writes them).
+    count: Buffer<i32>,
+    /// Written by the other rank: the exchange its program has started.
+    inbox: Buffer<i32>,
+}
+
+/// Flags on every rank when the split is two GPUs that can reach each other's memory
+/// (peer access enabled both ways), else `None`.
+fn peer_flags(devices: &[Device], hidden: usize) -> Result<Option<Vec<PeerFlags>>> {
+    if devices.len() != 2 || !devices.iter().all(|d| d.is_cuda()) {
+        return Ok(None);
+    }
+    if !(devices[0].enable_peer_access(&devices[1])?
+        && devices[1].enable_peer_access(&devices[0])?)
+    {
+        return Ok(None);
+    }
+    let slots = hidden.div_ceil(256) + 1;
+    devices
+        .iter()
+        .map(|d| {
+            Ok(PeerFlags {
+                count: d.zeros(slots)?,
+                inbox: d.zeros(slots)?,
+            })
+        })
+        .collect::<Result<Vec<_>>>()
+        .map(Some)
+}
+
 /// A rank's buffers beyond its decoder's.
 struct RankBuffers {
-    /// The split projection's partial sums, `[hidden]`, reduced in place.
-    partial: Buffer<f32>,
+    /// The split projections' partial sums, `[hidden]` each: the O projection's in the
+    /// first, the down projection's in the second, so consecutive all-reduces
+    /// alternate (a peer may still read the previous one's while this rank writes).
+    partial: [Buffer<f32>; 2],
     /// This rank's greedy candidate `[logit, token]`.
     pair: Buffer<f32>,
     /// Every rank's candidates, gathered.
@@ -62,14 +155,21 @@ pub struct TpDecoder {
     plan: TpPlan,
     ranks: Vec<Decoder>,
     bufs: Vec<RankBuffers>,
-    comm: Communicator,
+    devices: Vec<Device>,
+    /// NCCL or host collectives; `None` when NCCL is missing and the peer exchange
+    /// does everything (`comm_error` says why).
+    comm: Option<Communicator>,
+    comm_error: Option<String>,
+    all_reduce: AllReduce,
+    peer: Option<Vec<PeerFlags>>,
+    peer_block: usize,
 }
 
 impl Drop for TpDecoder {
     /// Graphs holding captured collectives go before the communicators: destroying an
     /// NCCL communicator while graphs of it live hung on two H200s (docs/gpu-results.md).
     fn drop(&mut self) {
-        let _ = self.comm.synchronize();
+        let _ = self.synchronize();
         self.graphs = None;
     }
 }
@@ -78,6 +178,7 @@ impl std::fmt::Debug for TpDecoder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TpDecoder")
             .field("ranks", &self.ranks)
+            .field("all_reduce", &self.all_reduce)
             .field("graphs", &self.graphs.is_some())
             .finish()
     }
@@ -158,14 +259,31 @@ impl TpDecoder {
                 message: format!("at most {MAX_RANKS} ranks are supported (the token merge reads one tile of candidates)"),
             });
         }
-        let comm = Communicator::new(devices)?;
+        let peer = peer_flags(devices, cfg.hidden_size)?;
+        let (comm, comm_error) = match Communicator::new(devices) {
+            Ok(c) => (Some(c), None),
+            // Two GPUs that reach each other need no NCCL.
+            Err(e) if peer.is_some() => (None, Some(e.to_string())),
+            Err(e) => return Err(e),
+        };
+        let all_reduce = match AllReduce::from_env()? {
+            Some(AllReduce::Peer) if peer.is_none() => return Err(EngineError::TensorParallel {
+                size: n,
+                message:
+                    "TILEFUSE_ALLREDUCE=peer needs two GPUs with peer access to each other's memory"
+                        .into(),
+            }),
+            Some(mode) => mode,
+            None if peer.is_some() => AllReduce::Peer,
+            None => AllReduce::Nccl,
+        };
         let mut ranks = Vec::with_capacity(n);
         let mut bufs = Vec::with_capacity(n);
         for ((r, dev), w) in devices.iter().enumerate().zip(weights) {
             let rc = plan.rank_config(cfg, r);
             ranks.push(Decoder::from_device(&rc, w, dev, max_seq_len)?);
             bufs.push(RankBuffers {
-                partial: dev.zeros(cfg.hidden_size)?,
+                partial: [dev.zeros(cfg.hidden_size)?, dev.zeros(cfg.hidden_size)?],
                 pair: dev.zeros(2)?,
                 pairs: dev.zeros(2 * n)?,
             });
@@ -175,9 +293,49 @@ impl TpDecoder {
             plan,
             ranks,
             bufs,
+            devices: devices.to_vec(),
             comm,
+            comm_error,
+            all_reduce,
+            peer,
+            peer_block: peer_block(),
             graphs: None,
         })
+    }
+
+    /// How the all-reduces run now.
+    pub fn all_reduce(&self) -> AllReduce {
+        self.all_reduce
+    }
+
+    /// Whether [`AllReduce::Peer`] can be chosen (two GPUs with peer access).
+    pub fn peer_available(&self) -> bool {
+        self.peer.is_some()
+    }
+
+    /// Chooses how the all-reduces run; drops captured graphs (capture again).
+    /// Errors: `Peer` without peer access, `Nccl` without the NCCL library.
+    pub fn set_all_reduce(&mut self, mode: AllReduce) -> Result<()> {
+        match mode {
+            AllReduce::Peer if self.peer.is_none() => {
+                return Err(EngineError::TensorParallel {
+                    size: self.size(),
+                    message:
+                        "the peer all-reduce needs two GPUs with peer access to each other's memory"
+                            .into(),
+                })
+            }
+            AllReduce::Nccl if self.comm.is_none() => {
+                return Err(EngineError::Communication {
+                    message: self.comm_error.clone().unwrap_or_default(),
+                })
+            }
+            _ => {}
+        }
+        self.synchronize()?;
+        self.graphs = None;
+        self.all_reduce = mode;
+        Ok(())
     }
 
     /// The whole model's config.
@@ -269,12 +427,21 @@ impl TpDecoder {
     pub fn capture(&mut self) -> Result<()> {
         self.graphs = None;
         let saved = self.ranks[0].s.state.to_vec()?;
+        if self.all_reduce == AllReduce::Peer {
+            // Loads every kernel but the exchange's first, so neither rank waits on
+            // its peer while the other loads modules.
+            self.issue_step(Collectives::Off)?;
+            self.synchronize()?;
+            for d in &mut self.ranks {
+                d.s.state.copy_from_host(&saved)?;
+            }
+        }
         self.issue_step(Collectives::On)?;
         for d in &mut self.ranks {
             d.s.state.copy_from_host(&saved)?;
         }
-        self.comm.synchronize()?;
-        let devices = self.comm.devices().to_vec();
+        self.synchronize()?;
+        let devices = self.devices.clone();
         let graphs = capture_all(&devices, || self.issue_step(Collectives::On))?;
         self.graphs = Some(graphs);
         Ok(())
@@ -284,7 +451,7 @@ impl TpDecoder {
     /// [`TpDecoder::step_without_collectives`]) as graphs, for timing; they are
     /// returned, not kept.
     pub fn capture_without_collectives(&mut self) -> Result<Vec<Graph>> {
-        let devices = self.comm.devices().to_vec();
+        let devices = self.devices.clone();
         capture_all(&devices, || self.issue_step(Collectives::Off))
     }
 
@@ -300,7 +467,10 @@ impl TpDecoder {
 
     /// Waits for every rank's queued work.
     pub fn synchronize(&self) -> Result<()> {
-        self.comm.synchronize()
+        for d in &self.devices {
+            d.synchronize()?;
+        }
+        Ok(())
     }
 
     /// Queues a copy of rank 0's `state` (every rank's is the same) without waiting.
@@ -350,21 +520,20 @@ impl TpDecoder {
                 d.step_part(attention, l..l + 1, false)?;
                 partial_gemv(d, b, l, Projection::O)?;
             }
-            self.reduce(collectives)?;
+            self.reduce_and_update(collectives, Some(l), Projection::O)?;
             for (d, b) in self.ranks.iter_mut().zip(&mut self.bufs) {
-                residual(d, b, Some(l))?;
                 d.step_part(|b| b == Block::GateUp, l..l + 1, false)?;
                 partial_gemv(d, b, l, Projection::Down)?;
             }
-            self.reduce(collectives)?;
-            for (d, b) in self.ranks.iter_mut().zip(&mut self.bufs) {
-                residual(d, b, None)?;
-            }
+            self.reduce_and_update(collectives, None, Projection::Down)?;
         }
         for ((r, d), b) in self.ranks.iter_mut().enumerate().zip(&mut self.bufs) {
             d.step_part(|b| b == Block::LmHead, 0..0, false)?;
             let offset = self.plan.rank(r).vocab.start;
             candidate(d, b, offset)?;
+        }
+        if collectives == Collectives::On && self.all_reduce == AllReduce::Peer {
+            return self.peer_merge();
         }
         if collectives == Collectives::On {
             let (sends, mut recvs): (Vec<&Buffer<f32>>, Vec<&mut Buffer<f32>>) = self
@@ -372,7 +541,13 @@ impl TpDecoder {
                 .iter_mut()
                 .map(|b| (&b.pair, &mut b.pairs))
                 .unzip();
-            self.comm.all_gather(&sends, &mut recvs)?;
+            let comm = self
+                .comm
+                .as_ref()
+                .ok_or_else(|| EngineError::Communication {
+                    message: self.comm_error.clone().unwrap_or_default(),
+                })?;
+            comm.all_gather(&sends, &mut recvs)?;
         }
         let n = self.size() as i32;
         for (d, b) in self.ranks.iter_mut().zip(&mut self.bufs) {
@@ -391,14 +566,116 @@ impl TpDecoder {
         Ok(())
     }
 
-    /// The all-reduce of every rank's partial sums (skipped when timing without it).
-    fn reduce(&mut self, collectives: Collectives) -> Result<()> {
-        if collectives == Collectives::Off {
-            return Ok(());
+    /// The all-reduce of every rank's partial sums of `p` (skipped when timing
+    /// without it), then each rank's residual update with layer `o_bias_of`'s O bias
+    /// (`None`: no bias): one peer kernel a rank, or a collective and a kernel a rank.
+    fn reduce_and_update(
+        &mut self,
+        collectives: Collectives,
+        o_bias_of: Option<usize>,
+        p: Projection,
+    ) -> Result<()> {
+        let slot = p.slot();
+        if collectives == Collectives::On && self.all_reduce == AllReduce::Peer {
+            return self.peer_reduce(o_bias_of, slot);
         }
-        let mut parts: Vec<&mut Buffer<f32>> =
-            self.bufs.iter_mut().map(|b| &mut b.partial).collect();
-        self.comm.all_reduce_sum(&mut parts)
+        if collectives == Collectives::On {
+            let comm = self
+                .comm
+                .as_ref()
+                .ok_or_else(|| EngineError::Communication {
+                    message: self.comm_error.clone().unwrap_or_default(),
+                })?;
+            let mut parts: Vec<&mut Buffer<f32>> =
+                self.bufs.iter_mut().map(|b| &mut b.partial[slot]).collect();
+            comm.all_reduce_sum(&mut parts)?;
+        }
+        for (d, b) in self.ranks.iter_mut().zip(&self.bufs) {
+            residual(d, &b.partial[slot], o_bias_of)?;
+        }
+        Ok(())
+    }
+
+    /// Rank `r`'s flags, and the other rank's (whose inbox `r` signals).
+    fn flags_of(flags: &mut [PeerFlags], r: usize) -> (&mut PeerFlags, &mut PeerFlags) {
+        let (lo, hi) = flags.split_at_mut(1);
+        if r == 0 {
+            (&mut lo[0], &mut hi[0])
+        } else {
+            (&mut hi[0], &mut lo[0])
+        }
+    }
+
+    /// [`super::tp_kernels::peer_residual_add`] on both ranks over partial buffer `slot`.
+    fn peer_reduce(&mut self, o_bias_of: Option<usize>, slot: usize) -> Result<()> {
+        let n = self.size();
+        let flags = self
+            .peer
+            .as_mut()
+            .ok_or_else(|| EngineError::TensorParallel {
+                size: n,
+                message: "no peer access between the ranks".into(),
+            })?;
+        let block = self.peer_block;
+        for r in 0..2 {
+            let (me, other) = TpDecoder::flags_of(flags, r);
+            let d = &mut self.ranks[r];
+            let dev = d.dev.clone();
+            let h = d.cfg.hidden_size;
+            let bias = match o_bias_of {
+                Some(l) => &d.layers[l].o_b,
+                None => &d.s.zeros,
+            };
+            PeerResidualAddArgs {
+                mine: &self.bufs[r].partial[slot],
+                theirs: &self.bufs[1 - r].partial[slot],
+                count: &mut me.count,
+                outbox: &mut other.inbox,
+                inbox: &me.inbox,
+                bias,
+                x: &mut d.s.x,
+                n: h as i32,
+            }
+            .launch(
+                &dev,
+                LaunchConfig::grid([h.div_ceil(block) as u32, 1, 1]).num_warps(4),
+                PeerResidualAddConsts { b: block },
+            )?;
+        }
+        Ok(())
+    }
+
+    /// [`super::tp_kernels::peer_merge_pairs`] on both ranks (the last flag slot).
+    fn peer_merge(&mut self) -> Result<()> {
+        let n = self.size();
+        let flags = self
+            .peer
+            .as_mut()
+            .ok_or_else(|| EngineError::TensorParallel {
+                size: n,
+                message: "no peer access between the ranks".into(),
+            })?;
+        for r in 0..2 {
+            let (me, other) = TpDecoder::flags_of(flags, r);
+            let slot = me.count.len() - 1;
+            let d = &mut self.ranks[r];
+            let dev = d.dev.clone();
+            PeerMergePairsArgs {
+                first: &self.bufs[0].pair,
+                second: &self.bufs[1].pair,
+                count: &mut me.count,
+                outbox: &mut other.inbox,
+                inbox: &me.inbox,
+                slot: slot as i32,
+                state: &mut d.s.state,
+            }
+            .launch(
+                &dev,
+                LaunchConfig::grid([1, 1, 1]).num_warps(1),
+                PeerMergePairsConsts {},
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -407,6 +684,16 @@ impl TpDecoder {
 enum Projection {
     O,
     Down,
+}
+
+impl Projection {
+    /// The partial-sum buffer its GEMV writes (the two alternate).
+    fn slot(self) -> usize {
+        match self {
+            Projection::O => 0,
+            Projection::Down => 1,
+        }
+    }
 }
 
 /// `partial = W_r a_r` for layer `l`'s O or down projection, in f32.
@@ -425,7 +712,7 @@ fn partial_gemv(d: &mut Decoder, b: &mut RankBuffers, l: usize, p: Projection) -
     GemvPartialArgs {
         w,
         a,
-        out: &mut b.partial,
+        out: &mut b.partial[p.slot()],
         n: n as i32,
         k: k as i32,
     }
@@ -443,14 +730,14 @@ fn partial_gemv(d: &mut Decoder, b: &mut RankBuffers, l: usize, p: Projection) -
 
 /// `x = bf16(x + bf16(sum + bias))` after a reduction: layer `l`'s O bias, or no
 /// bias (`None`, after the down projection).
-fn residual(d: &mut Decoder, b: &RankBuffers, o_bias_of: Option<usize>) -> Result<()> {
+fn residual(d: &mut Decoder, sum: &Buffer<f32>, o_bias_of: Option<usize>) -> Result<()> {
     let h = d.cfg.hidden_size;
     let bias = match o_bias_of {
         Some(l) => &d.layers[l].o_b,
         None => &d.s.zeros,
     };
     ResidualAddArgs {
-        sum: &b.partial,
+        sum,
         bias,
         x: &mut d.s.x,
         n: h as i32,
@@ -700,6 +987,128 @@ mod tests {
             ..preset::config("tiny-qwen3").unwrap()
         };
         agrees_with_one_device(&cfg, 5, 4, 16);
+    }
+
+    /// One peer exchange on interpreter "ranks", in launch order: rank 1's signal is
+    /// already in rank 0's inbox (as if it had run first), so rank 0 passes, and its
+    /// own signal lets rank 1 pass; both get the host's residual update to the bit.
+    #[test]
+    fn peer_residual_add_adds_both_partials_and_signals_the_peer() {
+        use super::super::tp_kernels::{
+            PeerMergePairsArgs, PeerMergePairsConsts, PeerResidualAddArgs, PeerResidualAddConsts,
+        };
+        use crate::bench::workloads::Rng;
+        let dev = Device::cpu();
+        let (n, block) = (1000usize, 256usize);
+        let programs = n.div_ceil(block);
+        let mut rng = Rng::new(21);
+        let mut f32s =
+            |scale: f32| -> Vec<f32> { (0..n).map(|_| rng.uniform(-scale, scale)).collect() };
+        let parts = [f32s(1.0), f32s(1.0)];
+        let bias: Vec<bf16> = f32s(1.0).iter().map(|&v| bf16::from_f32(v)).collect();
+        let x: Vec<bf16> = f32s(4.0).iter().map(|&v| bf16::from_f32(v)).collect();
+        let want: Vec<bf16> = (0..n)
+            .map(|i| {
+                let proj = bf16::from_f32(parts[0][i] + parts[1][i] + bias[i].to_f32());
+                bf16::from_f32(x[i].to_f32() + proj.to_f32())
+            })
+            .collect();
+        let partial: Vec<Buffer<f32>> = parts.iter().map(|p| dev.upload(p).unwrap()).collect();
+        let bias = dev.upload(&bias).unwrap();
+        let mut xs: Vec<Buffer<bf16>> = (0..2).map(|_| dev.upload(&x).unwrap()).collect();
+        let slots = programs + 1;
+        let mut flags: Vec<PeerFlags> = (0..2)
+            .map(|_| PeerFlags {
+                count: dev.zeros(slots).unwrap(),
+                inbox: dev.zeros(slots).unwrap(),
+            })
+            .collect();
+        flags[0].inbox.copy_from_host(&vec![1; slots]).unwrap();
+        let exchange = |r: usize, flags: &mut [PeerFlags], x: &mut Buffer<bf16>| {
+            let (me, other) = TpDecoder::flags_of(flags, r);
+            PeerResidualAddArgs {
+                mine: &partial[r],
+                theirs: &partial[1 - r],
+                count: &mut me.count,
+                outbox: &mut other.inbox,
+                inbox: &me.inbox,
+                bias: &bias,
+                x,
+                n: n as i32,
+            }
+            .launch(
+                &dev,
+                LaunchConfig::grid([programs as u32, 1, 1]).num_warps(4),
+                PeerResidualAddConsts { b: block },
+            )
+        };
+        exchange(0, &mut flags, &mut xs[0]).unwrap();
+        let mut signaled = vec![1; programs];
+        signaled.push(0);
+        assert_eq!(flags[0].count.to_vec().unwrap(), signaled);
+        assert_eq!(flags[1].inbox.to_vec().unwrap(), signaled);
+        assert_eq!(xs[0].to_vec().unwrap(), want);
+        let (x0, x1) = xs.split_at_mut(1);
+        exchange(1, &mut flags, &mut x1[0]).unwrap();
+        assert_eq!(
+            x1[0].to_vec().unwrap(),
+            want,
+            "both ranks hold the same sum"
+        );
+        // Rank 0's next exchange: rank 1 has not signaled it, and in launch order
+        // nothing can: an error, not a hang.
+        let e = exchange(0, &mut flags, &mut x0[0]).unwrap_err().to_string();
+        assert!(e.contains("to reach 2, but it holds 1"), "{e}");
+
+        // The token merge: rank 1's logit is larger, so its token wins on both.
+        let pairs = [
+            dev.upload(&[2.5f32, 7.0]).unwrap(),
+            dev.upload(&[3.0f32, 70.0]).unwrap(),
+        ];
+        let mut fresh: Vec<PeerFlags> = (0..2)
+            .map(|_| PeerFlags {
+                count: dev.zeros(slots).unwrap(),
+                inbox: dev.zeros(slots).unwrap(),
+            })
+            .collect();
+        fresh[0].inbox.copy_from_host(&vec![1; slots]).unwrap();
+        for r in 0..2 {
+            let mut state = dev.upload(&[0i32, 9]).unwrap();
+            let (me, other) = TpDecoder::flags_of(&mut fresh, r);
+            PeerMergePairsArgs {
+                first: &pairs[0],
+                second: &pairs[1],
+                count: &mut me.count,
+                outbox: &mut other.inbox,
+                inbox: &me.inbox,
+                slot: (slots - 1) as i32,
+                state: &mut state,
+            }
+            .launch(
+                &dev,
+                LaunchConfig::grid([1, 1, 1]).num_warps(1),
+                PeerMergePairsConsts {},
+            )
+            .unwrap();
+            assert_eq!(state.to_vec().unwrap(), [70, 10], "rank {r}");
+        }
+    }
+
+    #[test]
+    fn interpreter_ranks_reduce_through_the_host_and_refuse_peer() {
+        let cfg = preset::config("tiny-qwen3").unwrap();
+        let w = preset::random_weights(&cfg, 2);
+        let mut split = TpDecoder::new(&cfg, &w, &[Device::cpu(), Device::cpu()], 8).unwrap();
+        assert_eq!(split.all_reduce(), AllReduce::Nccl);
+        assert!(!split.peer_available());
+        let e = split
+            .set_all_reduce(AllReduce::Peer)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("peer access"), "{e}");
+        assert_eq!(AllReduce::parse(" Peer").unwrap(), AllReduce::Peer);
+        let e = AllReduce::parse("mpi").unwrap_err().to_string();
+        assert!(e.contains("`mpi`") && e.contains("`nccl` or `peer`"), "{e}");
     }
 
     #[test]

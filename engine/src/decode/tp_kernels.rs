@@ -118,3 +118,74 @@ pub fn merge_pairs<const B: usize>(pairs: Ptr<f32>, ranks: i32, state: Ptr<i32>)
     store(state, token);
     store(state + 1, load(state + 1) + 1);
 }
+
+/// One side of the one-shot all-reduce of two ranks over peer memory, with the
+/// residual update that follows it: `x = bf16(x + bf16((mine + theirs) + bias))`,
+/// which is [`residual_add`] over NCCL's sum (one addition of two values, equal on
+/// both ranks and to NCCL's), in one launch and without NCCL.
+///
+/// `theirs` is the other rank's partial sums, read straight from its memory (peer
+/// access, [`tilefuse_dsl::runtime::Device::enable_peer_access`]). Program `p` counts
+/// its exchanges in `count[p]` (each rank's counts stay equal: both run the same
+/// exchanges), publishes the new count in the other rank's `inbox[p]` (`outbox`),
+/// loads its own operands, and waits until its own `inbox[p]` holds the count, that
+/// is until the other rank's program `p` has started this exchange, after the kernel
+/// before it (which wrote `theirs`) finished. The counts live in device memory, so a
+/// captured graph replays the exchange with no input from the host. The partial sums
+/// alternate between two buffers a rank from one all-reduce to the next, so a rank
+/// that runs ahead never overwrites what its peer still reads (`decode::tp`).
+#[kernel(crate = tilefuse_dsl, B = [256, 512, 1024, 2048], num_warps = [4, 8])]
+#[allow(clippy::too_many_arguments)]
+pub fn peer_residual_add<const B: usize>(
+    mine: Ptr<f32>,
+    theirs: Ptr<f32>,
+    count: Ptr<i32>,
+    outbox: Ptr<i32>,
+    inbox: Ptr<i32>,
+    bias: Ptr<bf16>,
+    x: Ptr<bf16>,
+    n: i32,
+) {
+    let p = program_id(0);
+    let epoch = load(count + p) + 1;
+    store(count + p, epoch);
+    signal_flag(outbox + p, epoch);
+    let offs = p * B + arange(0, B);
+    let ok = offs < n;
+    // The rank's own operands load while the peer catches up.
+    let a = load(mine + offs, ok, 0.0);
+    let b = load(bias + offs, ok, 0.0) as f32;
+    let old = load(x + offs, ok, 0.0) as f32;
+    wait_flag_at_least(inbox + p, epoch);
+    let s = a + load(theirs + offs, ok, 0.0);
+    let proj = (s + b) as bf16 as f32;
+    store(x + offs, (old + proj) as bf16, ok);
+}
+
+/// The greedy token of two ranks from their candidates `[logit, token]` (`first` is
+/// rank 0's, `second` rank 1's; one of them lives on the other GPU), after the same
+/// handshake as [`peer_residual_add`] on flag `slot`: `state[0]` becomes rank 1's token
+/// if its logit is larger, else rank 0's (the first maximum, as [`merge_pairs`]), and
+/// `state[1]` advances by one. Replaces the all-gather and [`merge_pairs`].
+#[kernel(crate = tilefuse_dsl, num_warps = [1])]
+#[allow(clippy::too_many_arguments)]
+pub fn peer_merge_pairs(
+    first: Ptr<f32>,
+    second: Ptr<f32>,
+    count: Ptr<i32>,
+    outbox: Ptr<i32>,
+    inbox: Ptr<i32>,
+    slot: i32,
+    state: Ptr<i32>,
+) {
+    let epoch = load(count + slot) + 1;
+    store(count + slot, epoch);
+    signal_flag(outbox + slot, epoch);
+    wait_flag_at_least(inbox + slot, epoch);
+    let v0 = load(first);
+    let v1 = load(second);
+    let t0 = load(first + 1);
+    let t1 = load(second + 1);
+    store(state, select(v1 > v0, t1, t0) as i32);
+    store(state + 1, load(state + 1) + 1);
+}

@@ -77,6 +77,9 @@ pub struct CudaDevice {
     /// Loaded functions, keyed by the address of their `'static` [`super::Variant`], so
     /// a cached launch looks up without allocating.
     pub(crate) functions: Mutex<HashMap<usize, CudaFunction>>,
+    /// Ordinals of the devices whose memory kernels of this one may access
+    /// ([`Device::enable_peer_access`]).
+    peers: Mutex<Vec<usize>>,
 }
 
 impl CudaDevice {
@@ -208,6 +211,7 @@ impl Device {
                 name,
                 compute_capability,
                 functions: Mutex::new(HashMap::new()),
+                peers: Mutex::new(Vec::new()),
             })
         })?;
         let dev = Arc::new(dev);
@@ -248,6 +252,64 @@ impl Device {
         match self {
             Device::Cpu => "cpu (interpreter)".into(),
             Device::Cuda(d) => d.name.clone(),
+        }
+    }
+
+    /// Lets kernels launched on this device read and write `peer`'s memory directly
+    /// (over NVLink or PCIe): afterwards a buffer of `peer` may be passed to a launch
+    /// on this device ([`Device::reaches`]), as the plain device address it has in
+    /// the process's unified address space. Returns `false`, changing nothing, when the
+    /// hardware cannot (`cuDeviceCanAccessPeer`), or when either device is the CPU or
+    /// both are the same device. One direction only: call it on both sides for an
+    /// exchange.
+    pub fn enable_peer_access(&self, peer: &Device) -> Result<bool, RuntimeError> {
+        use cudarc::driver::sys;
+        let (Device::Cuda(me), Device::Cuda(other)) = (self, peer) else {
+            return Ok(false);
+        };
+        if Arc::ptr_eq(me, other) {
+            return Ok(false);
+        }
+        let mut peers = me.peers.lock().unwrap_or_else(|e| e.into_inner());
+        if peers.contains(&other.ordinal) {
+            return Ok(true);
+        }
+        let mut can = 0;
+        // SAFETY: valid device handles and an out-pointer to a local.
+        unsafe { sys::cuDeviceCanAccessPeer(&mut can, me.ctx.cu_device(), other.ctx.cu_device()) }
+            .result()
+            .map_err(RuntimeError::driver(
+                "asking whether peer access is possible",
+            ))?;
+        if can == 0 {
+            return Ok(false);
+        }
+        me.ctx
+            .bind_to_thread()
+            .map_err(RuntimeError::driver("binding the context"))?;
+        // SAFETY: the current context is this device's; the peer's is valid.
+        let r = unsafe { sys::cuCtxEnablePeerAccess(other.ctx.cu_ctx(), 0) };
+        if r != sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED {
+            r.result().map_err(RuntimeError::driver(format!(
+                "enabling access from cuda:{} to cuda:{}",
+                me.ordinal, other.ordinal
+            )))?;
+        }
+        peers.push(other.ordinal);
+        Ok(true)
+    }
+
+    /// Whether kernels launched on this device may use buffers of `other`: the same
+    /// device, or a GPU whose memory this one was given access to
+    /// ([`Device::enable_peer_access`]).
+    pub fn reaches(&self, other: &Device) -> bool {
+        match (self, other) {
+            (Device::Cuda(me), Device::Cuda(o)) if !Arc::ptr_eq(me, o) => me
+                .peers
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .contains(&o.ordinal),
+            _ => self == other,
         }
     }
 

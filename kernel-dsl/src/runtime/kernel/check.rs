@@ -97,11 +97,11 @@ impl KernelDef {
                         "the kernel writes this buffer; pass it as `&mut Buffer` (KernelArg::write)".into(),
                     ));
                 }
-                if buf.device() != dev {
+                if !dev.reaches(buf.device()) {
                     return Err(self.arg_error(
                         param,
                         format!(
-                            "the buffer lives on {} but the launch is on {}",
+                            "the buffer lives on {} but the launch is on {} (a peer GPU's buffer needs Device::enable_peer_access first)",
                             buf.device(),
                             dev
                         ),
