@@ -206,6 +206,137 @@ fn split_decoder_on_two_gpus_matches_one_gpu_and_captures() {
     }
 }
 
+/// On two GPUs with peer access: the peer all-reduce (the default there) decodes
+/// what NCCL decodes, both the one-GPU model's greedy tokens, and its captured graphs
+/// (flags counted in device memory) replay hundreds of steps with the same tokens.
+#[test]
+fn peer_all_reduce_matches_nccl_and_one_gpu_and_replays() {
+    use tilefuse_engine::decode::tp::{AllReduce, TpDecoder};
+    let test = "peer_all_reduce_matches_nccl_and_one_gpu_and_replays";
+    let Some(devs) = two_gpus(test) else {
+        return;
+    };
+    let _turn = gpu_turn();
+    let cfg = preset::config("qwen3-0.6b").unwrap();
+    let w = preset::random_weights(&cfg, 11);
+    let max_seq = 128;
+    let mut split = TpDecoder::new(&cfg, &w, &devs, max_seq).unwrap();
+    if !split.peer_available() {
+        assert!(
+            !std::env::var("TILEFUSE_REQUIRE_GPUS").is_ok_and(|v| v.parse().unwrap_or(0) >= 2),
+            "{test}: TILEFUSE_REQUIRE_GPUS=2 but the GPUs cannot reach each other's memory"
+        );
+        println!("{test}: skipped: no peer access between the GPUs");
+        return;
+    }
+    if std::env::var("TILEFUSE_ALLREDUCE").is_err() {
+        assert_eq!(
+            split.all_reduce(),
+            AllReduce::Peer,
+            "the default with peer access"
+        );
+    }
+    // The one-GPU model's greedy tokens, fed to both split runs (teacher forcing).
+    let prompt = [1u32, 17, 42, 7];
+    let steps = prompt.len() + 64;
+    let mut one = tilefuse_engine::Decoder::new(&cfg, &w, &devs[0], max_seq).unwrap();
+    let mut inputs = Vec::new();
+    let mut one_logits = Vec::new();
+    let mut token = prompt[0];
+    for pos in 0..steps {
+        if pos < prompt.len() {
+            token = prompt[pos];
+        }
+        inputs.push(token);
+        one_logits.push(one.forward(token, pos).unwrap());
+        token = one.read_state().unwrap().0;
+    }
+    drop(one);
+    let trace = |split: &mut TpDecoder| -> Vec<(Vec<f32>, u32)> {
+        (0..steps)
+            .map(|pos| {
+                let logits = split.forward(inputs[pos], pos).unwrap();
+                (logits, split.read_state().unwrap().0)
+            })
+            .collect()
+    };
+    split.set_all_reduce(AllReduce::Nccl).unwrap();
+    let nccl = trace(&mut split);
+    split.set_all_reduce(AllReduce::Peer).unwrap();
+    let peer = trace(&mut split);
+    let (mut worst_nccl, mut worst_one, mut near_ties) = (0.0f32, 0.0f32, 0);
+    let diff = |a: &[f32], b: &[f32]| {
+        a.iter()
+            .zip(b)
+            .fold(0.0f32, |m, (x, y)| m.max((x - y).abs()))
+    };
+    for pos in 0..steps {
+        let want = &one_logits[pos];
+        let scale = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        // Both sum two partials with one f32 addition: the same values.
+        let dn = diff(&peer[pos].0, &nccl[pos].0);
+        worst_nccl = worst_nccl.max(dn / scale);
+        assert_eq!(
+            peer[pos].1, nccl[pos].1,
+            "position {pos}: peer and NCCL tokens"
+        );
+        assert!(
+            dn <= 1e-3 * scale,
+            "position {pos}: peer and NCCL logits differ by {dn}"
+        );
+        let d = diff(&peer[pos].0, want);
+        worst_one = worst_one.max(d / scale);
+        assert!(
+            d <= 2e-2 * scale,
+            "position {pos}: logits differ from one GPU's by {d}"
+        );
+        let want_next = inputs.get(pos + 1).copied().unwrap_or(peer[pos].1);
+        if pos + 1 >= prompt.len() && pos + 1 < steps && peer[pos].1 != want_next {
+            let gap = want[want_next as usize] - want[peer[pos].1 as usize];
+            assert!(
+                gap <= 2.0 * d,
+                "position {pos}: token {} for {want_next}",
+                peer[pos].1
+            );
+            near_ties += 1;
+        }
+    }
+    assert!(near_ties <= 2, "{near_ties} near-ties");
+    println!(
+        "qwen3-0.6b, tp 2, peer all-reduce: tokens equal NCCL's at all {steps} steps (logits within {worst_nccl:.1e} of the largest), one GPU's at {} (largest difference {worst_one:.2e})",
+        steps - near_ties
+    );
+    // Graph replays: the same tokens, then 400 more steps at one position, each
+    // exchange counting on from the last.
+    split.set_input(prompt[0], 0).unwrap();
+    split.capture().unwrap();
+    for pos in 0..steps {
+        split.set_input(inputs[pos], pos).unwrap();
+        split.step().unwrap();
+        assert_eq!(
+            split.read_state().unwrap().0,
+            peer[pos].1,
+            "graph, position {pos}"
+        );
+    }
+    let t = std::time::Instant::now();
+    for _ in 0..400 {
+        split.set_input(inputs[10], 10).unwrap();
+        split.step().unwrap();
+    }
+    assert_eq!(split.read_state().unwrap(), (peer[10].1, 11));
+    println!(
+        "peer graphs: 400 replays, {:.3} ms each with the host's input copies",
+        t.elapsed().as_secs_f64() * 1e3 / 400.0
+    );
+    // And back to NCCL on the same decoder.
+    split.set_all_reduce(AllReduce::Nccl).unwrap();
+    split.capture().unwrap();
+    split.set_input(inputs[10], 10).unwrap();
+    split.step().unwrap();
+    assert_eq!(split.read_state().unwrap(), (peer[10].1, 11));
+}
+
 /// The fill kernel on the GPU writes the host preset's values to the bit: several
 /// tensors packed in one buffer, a large one, and a whole tiny preset.
 #[test]

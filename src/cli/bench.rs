@@ -28,6 +28,11 @@ pub struct BenchArgs {
     /// With `--tp`: greedy tokens compared between one GPU and the split (0: none).
     #[arg(long, default_value_t = 64)]
     pub check_tokens: usize,
+    /// With `--tp`: the all-reduces to time, each a split run of its own: `nccl`,
+    /// `peer` (two GPUs over peer memory, no NCCL), or `all` (every one the GPUs
+    /// support, compared in the same run).
+    #[arg(long, default_value = "all")]
+    pub all_reduce: String,
     /// With `--tp`: skip the one-GPU run (no speed-up, no agreement check).
     #[arg(long)]
     pub no_baseline: bool,
@@ -133,6 +138,13 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
                 0
             } else {
                 args.check_tokens
+            },
+            all_reduce: if args.all_reduce.trim() == "all" {
+                Vec::new()
+            } else {
+                vec![crate::engine::decode::tp::AllReduce::parse(
+                    &args.all_reduce,
+                )?]
             },
         })?;
         super::write_stdout(&report.to_string())?;

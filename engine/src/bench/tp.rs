@@ -17,7 +17,7 @@ use tilefuse_dsl::runtime::Device;
 
 use crate::comm::launch_all;
 use crate::config::ModelConfig;
-use crate::decode::tp::{random_rank_weights, TpDecoder};
+use crate::decode::tp::{random_rank_weights, AllReduce, TpDecoder};
 use crate::decode::{median, Decoder};
 use crate::error::{EngineError, Result};
 use crate::tp::TpPlan;
@@ -43,6 +43,9 @@ pub struct TpBenchOptions {
     pub baseline: bool,
     /// Greedy tokens compared between the one-device and the split run (0: none).
     pub check_tokens: usize,
+    /// The split's all-reduces to time, one split run each, in order; empty: every one
+    /// the split supports ([`TpDecoder::available_all_reduces`]).
+    pub all_reduce: Vec<AllReduce>,
 }
 
 /// One configuration's figures.
@@ -67,6 +70,10 @@ pub struct TpRun {
     pub collectives_ms: Option<f64>,
     /// Why the step is not replayed from graphs, when capture failed.
     pub capture_error: Option<String>,
+    /// How the split's all-reduces ran (`None` for one device).
+    pub all_reduce: Option<AllReduce>,
+    /// Greedy tokens against the one-device run, when checked.
+    pub agreement: Option<Agreement>,
 }
 
 impl TpRun {
@@ -114,16 +121,23 @@ pub struct TpReport {
     pub runs: Vec<TpRun>,
     /// Why the one-device run was skipped.
     pub baseline_note: Option<String>,
-    /// Greedy agreement, when checked.
+    /// Greedy agreement of the first split run, when checked.
     pub agreement: Option<Agreement>,
+    /// The last split run's greedy trace against the first's (different
+    /// all-reduces), when both were checked.
+    pub all_reduces_agree: Option<Agreement>,
 }
 
 impl TpReport {
-    /// The split run's tokens/s over the one-device run's, when both ran.
+    /// The first split run's tokens/s over the one-device run's, when both ran.
     pub fn speedup(&self) -> Option<f64> {
+        self.speedup_of(self.runs.iter().find(|r| r.size > 1)?)
+    }
+
+    /// `run`'s tokens/s over the one-device run's, when that ran.
+    pub fn speedup_of(&self, run: &TpRun) -> Option<f64> {
         let one = self.runs.iter().find(|r| r.size == 1)?;
-        let split = self.runs.iter().find(|r| r.size > 1)?;
-        Some(one.ms_per_token / split.ms_per_token)
+        Some(one.ms_per_token / run.ms_per_token)
     }
 }
 
@@ -147,15 +161,40 @@ impl TpReport {
                 "pct_of_floor": r.pct_of_floor(),
                 "collectives_ms": r.collectives_ms,
                 "capture_error": r.capture_error,
+                "all_reduce": r.all_reduce.map(AllReduce::name),
+                "speedup": self.speedup_of(r).filter(|_| r.size > 1),
+                "agreement": r.agreement.as_ref().map(agreement_json),
             })).collect::<Vec<_>>(),
             "baseline_note": self.baseline_note,
             "speedup": self.speedup(),
-            "agreement": self.agreement.as_ref().map(|a| serde_json::json!({
-                "tokens": a.tokens,
-                "first_difference": a.first_difference,
-                "max_rel_logit_diff": a.max_rel_logit_diff,
-            })),
+            "agreement": self.agreement.as_ref().map(agreement_json),
+            "all_reduces_agree": self.all_reduces_agree.as_ref().map(agreement_json),
         })
+    }
+}
+
+fn agreement_json(a: &Agreement) -> serde_json::Value {
+    serde_json::json!({
+        "tokens": a.tokens,
+        "first_difference": a.first_difference,
+        "max_rel_logit_diff": a.max_rel_logit_diff,
+    })
+}
+
+impl fmt::Display for Agreement {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.first_difference {
+            None => write!(
+                f,
+                "{} of {} equal; largest logit difference {:.2e} of the largest",
+                self.tokens, self.tokens, self.max_rel_logit_diff
+            ),
+            Some(s) => write!(
+                f,
+                "first difference at step {s} of {}; largest logit difference before it {:.2e} of the largest",
+                self.tokens, self.max_rel_logit_diff
+            ),
+        }
     }
 }
 
@@ -174,9 +213,13 @@ impl fmt::Display for TpReport {
                     .map(|&x| x as f64 / (1u64 << 30) as f64)
                     .fold(0.0, f64::max)
             };
+            let via = r
+                .all_reduce
+                .map(|a| format!(" {}", a.name()))
+                .unwrap_or_default();
             write!(
                 f,
-                "  tp {}: {} {:.1} tok/s ({:.3} ms/token, run {:.1} tok/s), largest rank reads {:.2} GiB",
+                "  tp {}{via}: {} {:.1} tok/s ({:.3} ms/token, run {:.1} tok/s), largest rank reads {:.2} GiB",
                 r.size,
                 r.mode,
                 1e3 / r.ms_per_token,
@@ -195,7 +238,13 @@ impl fmt::Display for TpReport {
                     100.0 * c / r.ms_per_token
                 )?;
             }
+            if let Some(s) = self.speedup_of(r).filter(|_| r.size > 1) {
+                write!(f, ", {s:.2}x tp 1")?;
+            }
             writeln!(f)?;
+            if let Some(a) = &r.agreement {
+                writeln!(f, "    greedy tokens against tp 1: {a}")?;
+            }
             if let Some(e) = &r.capture_error {
                 writeln!(f, "    capture failed, eager launches instead: {e}")?;
             }
@@ -207,18 +256,10 @@ impl fmt::Display for TpReport {
             writeln!(f, "  speed-up over tp 1: {s:.2}x")?;
         }
         if let Some(a) = &self.agreement {
-            match a.first_difference {
-                None => writeln!(
-                    f,
-                    "  greedy tokens: {} of {} equal to tp 1; largest logit difference {:.2e} of the largest",
-                    a.tokens, a.tokens, a.max_rel_logit_diff
-                )?,
-                Some(s) => writeln!(
-                    f,
-                    "  greedy tokens: first difference at step {s} of {}; largest logit difference before it {:.2e} of the largest",
-                    a.tokens, a.max_rel_logit_diff
-                )?,
-            }
+            writeln!(f, "  greedy tokens: {a} (tp 1)")?;
+        }
+        if let Some(a) = &self.all_reduces_agree {
+            writeln!(f, "  greedy tokens, one all-reduce against the other: {a}")?;
         }
         Ok(())
     }
@@ -408,6 +449,8 @@ pub fn run(opts: &TpBenchOptions) -> Result<TpReport> {
                     copy_bytes_per_s: bws.iter().take(1).copied().collect(),
                     collectives_ms: None,
                     capture_error: None,
+                    all_reduce: None,
+                    agreement: None,
                 });
             }
         }
@@ -422,46 +465,72 @@ pub fn run(opts: &TpBenchOptions) -> Result<TpReport> {
         );
     }
     let mut split = TpDecoder::from_preset(&cfg, opts.seed, &devices, max_seq)?;
-    let agreement = match &one_trace {
-        Some(one) => Some(compare(one, &greedy_trace(&mut split, opts.check_tokens)?)),
-        None => None,
-    };
-    split.set_input(token, opts.context)?;
-    let mut capture_error = None;
-    if graph {
-        if let Err(e) = split.capture() {
-            capture_error = Some(e.to_string());
-        }
-    }
-    let mode = if split.uses_graph() { "graph" } else { "eager" };
-    let (ms, tps) = time_steps(&mut split, token, opts.context, opts.tokens)?;
-    eprintln!("tp {}: {mode} {ms:.3} ms/token", opts.tp);
-    if let Some(a) = &agreement {
-        eprintln!("agreement: {a:?}");
-    }
-    let collectives_ms = if split.uses_graph() {
-        collectives_cost(&mut split, token, mid, opts.tokens)?
+    let modes = if opts.all_reduce.is_empty() {
+        split.available_all_reduces()
     } else {
-        None
+        opts.all_reduce.clone()
     };
-    runs.push(TpRun {
-        size: opts.tp,
-        mode,
-        ms_per_token: ms,
-        tokens_per_s: tps,
-        weight_bytes: split.weight_bytes_per_step(),
-        kv_bytes: split.kv_bytes_per_step(mid),
-        copy_bytes_per_s: bws,
-        collectives_ms,
-        capture_error,
-    });
+    let mut traces = Vec::new();
+    for all_reduce in modes {
+        split.set_all_reduce(all_reduce)?;
+        let agreement = match &one_trace {
+            Some(one) => {
+                let trace = greedy_trace(&mut split, opts.check_tokens)?;
+                let a = compare(one, &trace);
+                traces.push(trace);
+                Some(a)
+            }
+            None => None,
+        };
+        split.set_input(token, opts.context)?;
+        let mut capture_error = None;
+        if graph {
+            if let Err(e) = split.capture() {
+                capture_error = Some(e.to_string());
+            }
+        }
+        let mode = if split.uses_graph() { "graph" } else { "eager" };
+        let (ms, tps) = time_steps(&mut split, token, opts.context, opts.tokens)?;
+        eprintln!(
+            "tp {} {}: {mode} {ms:.3} ms/token",
+            opts.tp,
+            all_reduce.name()
+        );
+        if let Some(a) = &agreement {
+            eprintln!("agreement: {a}");
+        }
+        let collectives_ms = if split.uses_graph() {
+            collectives_cost(&mut split, token, mid, opts.tokens)?
+        } else {
+            None
+        };
+        split.release_graph();
+        runs.push(TpRun {
+            size: opts.tp,
+            mode,
+            ms_per_token: ms,
+            tokens_per_s: tps,
+            weight_bytes: split.weight_bytes_per_step(),
+            kv_bytes: split.kv_bytes_per_step(mid),
+            copy_bytes_per_s: bws.clone(),
+            collectives_ms,
+            capture_error,
+            all_reduce: Some(all_reduce),
+            agreement,
+        });
+    }
+    let all_reduces_agree = match traces.as_slice() {
+        [first, .., last] => Some(compare(first, last)),
+        _ => None,
+    };
     Ok(TpReport {
         devices: devices.iter().map(|d| d.name()).collect(),
         preset: opts.preset.clone(),
         context: opts.context,
+        agreement: runs.iter().find_map(|r| r.agreement.clone()),
         runs,
         baseline_note,
-        agreement,
+        all_reduces_agree,
     })
 }
 
@@ -528,6 +597,7 @@ mod tests {
             graph: false,
             baseline: true,
             check_tokens: 8,
+            all_reduce: Vec::new(),
         })
         .unwrap();
         assert_eq!(report.runs.len(), 2);
@@ -540,7 +610,7 @@ mod tests {
         assert!(report.speedup().is_some());
         let text = report.to_string();
         assert!(
-            text.contains("tp 2: eager") && text.contains("9 of 9 equal"),
+            text.contains("tp 2 nccl: eager") && text.contains("9 of 9 equal"),
             "{text}"
         );
     }

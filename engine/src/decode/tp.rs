@@ -308,6 +308,19 @@ impl TpDecoder {
         self.all_reduce
     }
 
+    /// The all-reduces this split can run: NCCL (or host collectives) when the
+    /// library loaded, the peer exchange when the ranks reach each other.
+    pub fn available_all_reduces(&self) -> Vec<AllReduce> {
+        let mut modes = Vec::new();
+        if self.comm.is_some() {
+            modes.push(AllReduce::Nccl);
+        }
+        if self.peer.is_some() {
+            modes.push(AllReduce::Peer);
+        }
+        modes
+    }
+
     /// Whether [`AllReduce::Peer`] can be chosen (two GPUs with peer access).
     pub fn peer_available(&self) -> bool {
         self.peer.is_some()

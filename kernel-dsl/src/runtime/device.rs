@@ -295,6 +295,28 @@ impl Device {
                 me.ordinal, other.ordinal
             )))?;
         }
+        // Buffers come from the peer's stream-ordered memory pool (`cuMemAllocAsync`),
+        // which peer access alone does not open: without this, a kernel reading one
+        // faulted with an illegal address (docs/gpu-results.md).
+        let mut pool = std::ptr::null_mut();
+        // SAFETY: a valid device handle and an out-pointer to a local.
+        unsafe { sys::cuDeviceGetMemPool(&mut pool, other.ctx.cu_device()) }
+            .result()
+            .map_err(RuntimeError::driver("finding the peer's memory pool"))?;
+        let access = sys::CUmemAccessDesc {
+            location: sys::CUmemLocation {
+                type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                id: me.ordinal as i32,
+            },
+            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        // SAFETY: a valid pool and one access descriptor.
+        unsafe { sys::cuMemPoolSetAccess(pool, &access, 1) }
+            .result()
+            .map_err(RuntimeError::driver(format!(
+                "opening cuda:{}'s memory pool to cuda:{}",
+                other.ordinal, me.ordinal
+            )))?;
         peers.push(other.ordinal);
         Ok(true)
     }
