@@ -1,5 +1,7 @@
 //! Collective communication between the GPUs of one host, for tensor parallelism
-//! ([`crate::tp`]): one process drives every GPU, through NCCL.
+//! ([`crate::tp`]): one process drives every GPU, through NCCL. (Two GPUs with peer
+//! access exchange partial sums through each other's memory instead, by default:
+//! [`crate::decode::tp::AllReduce`].)
 //!
 //! NCCL is loaded at run time (cudarc's `nccl` bindings with `dynamic-loading`):
 //! building needs no NCCL, and nothing loads it unless a [`Communicator`] is made, so

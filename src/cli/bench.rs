@@ -18,8 +18,8 @@ pub struct BenchArgs {
     /// process and prints the two side by side.
     #[arg(long, default_value = "bf16")]
     pub weights: String,
-    /// Split the model over this many GPUs (tensor parallelism, GPUs 0..N, NCCL between
-    /// them; with `--device cpu`, interpreter ranks) and compare with one GPU in the
+    /// Split the model over this many GPUs (tensor parallelism, GPUs 0..N, NCCL or, for
+    /// two GPUs with peer access, their memory between them; with `--device cpu`, interpreter ranks) and compare with one GPU in the
     /// same run: tokens/s, % of the combined floor (the slowest GPU's bytes over its
     /// copy bandwidth), time in the collectives, speed-up, and `--check-tokens`
     /// greedy tokens against one GPU. Weights are drawn on the GPUs.

@@ -59,7 +59,9 @@ pub struct GenerateArgs {
     #[arg(long)]
     pub ignore_eos: bool,
     /// Split the model over this many GPUs (tensor parallelism; `--device cuda:K`
-    /// starts at GPU K; with `--device cpu`, interpreter ranks). Needs NCCL for GPUs.
+    /// starts at GPU K; with `--device cpu`, interpreter ranks). Needs NCCL for GPUs,
+    /// except two that reach each other's memory (then the all-reduces read it
+    /// directly; `TILEFUSE_ALLREDUCE=nccl` picks NCCL).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub tp: u16,
     /// Run the prompt through one decode step per token instead of the batched
