@@ -173,8 +173,10 @@ fn matmul_split_tile<const BM: usize, const BN: usize, const BK: usize, const GR
     let mut pa = a + rm.expand_dims(1) * k + (k_lo + rk).expand_dims(0);
     let mut pb = b + (k_lo + rk).expand_dims(1) * n + rn.expand_dims(0);
     let mut acc = zeros::<f32>([BM, BN]);
+    // Every slice but the last spans whole BK steps, so K's end is the only bound a
+    // step can cross (and `k - k0` keeps K's divisibility: 16-byte loads).
     for k0 in (k_lo..k_hi).step_by(BK) {
-        let k_ok = rk < k_hi - k0;
+        let k_ok = rk < k - k0;
         let x = load(pa, row_ok & k_ok.expand_dims(0), 0.0);
         let y = load(pb, k_ok.expand_dims(1) & col_ok, 0.0);
         acc = dot(x, y, acc);
@@ -224,7 +226,7 @@ pub fn matmul_split<const BM: usize, const BN: usize, const BK: usize, const GRO
     m: i32,
     #[multiple_of(16)] n: i32,
     #[multiple_of(16)] k: i32,
-    k_slice: i32,
+    #[multiple_of(16)] k_slice: i32,
 ) {
     matmul_split_tile::<BM, BN, BK, GROUP_M, bf16>(
         a, b, c, partials, counters, m, n, k, k_slice,
@@ -261,7 +263,7 @@ pub fn matmul_split_f32<
     m: i32,
     #[multiple_of(16)] n: i32,
     #[multiple_of(16)] k: i32,
-    k_slice: i32,
+    #[multiple_of(16)] k_slice: i32,
 ) {
     matmul_split_tile::<BM, BN, BK, GROUP_M, f32>(
         a, b, c, partials, counters, m, n, k, k_slice,
