@@ -10,7 +10,10 @@
 //! the unsplit tiles.
 //!
 //! On a GPU, large shapes are checked against cuBLAS (relative Frobenius error) and timed
-//! with CUDA events (median of 20 after 3 warm-ups; input sets rotated to exceed 4x L2).
+//! by replaying a captured CUDA graph of one launch per input set between CUDA events
+//! (median of 20 after 3 warm-ups; input sets rotated to exceed 4x L2), so the host's
+//! launch cost stays out of short kernels' times; `--events` times plain launches
+//! between events instead (cuBLAS is timed the same way either way).
 
 use tilefuse::dsl::runtime::timing::{self as perf, TimingOptions};
 use tilefuse::engine::bench::workloads::{replicate, rotation_sets};
@@ -21,10 +24,12 @@ use tilefuse::kernels::matmul::{
 use tilefuse::prelude::*;
 
 /// Every configuration both kernels (bf16 and f32 out) are compiled with.
-const CONFIGS: [MatmulConfig; 6] = [
+const CONFIGS: [MatmulConfig; 8] = [
     MatmulConfig::new(128, 256, 64, 8),
     MatmulConfig::new(128, 128, 64, 8),
     MatmulConfig::new(128, 128, 32, 4),
+    MatmulConfig::new(128, 64, 64, 8),
+    MatmulConfig::new(64, 128, 64, 4),
     MatmulConfig::new(64, 128, 32, 4),
     MatmulConfig::new(64, 64, 64, 4),
     MatmulConfig::new(64, 64, 32, 4),
@@ -82,6 +87,26 @@ fn check<T: MatmulOut + Copy>(
     Ok(rel_err(&got, &host_matmul(&ha, &hb, m, n, k)))
 }
 
+/// Microseconds per call of `f` over `sets` input sets: graph replays, or plain launches
+/// between events when `events` is set or capture fails.
+fn time<E: From<tilefuse::dsl::runtime::RuntimeError>>(
+    dev: &Device,
+    sets: usize,
+    opts: TimingOptions,
+    events: bool,
+    f: impl FnMut(usize) -> Result<(), E>,
+) -> Result<perf::Stats, E> {
+    if events {
+        perf::time_events(dev, sets, opts, f)
+    } else {
+        let (stats, method) = perf::time_graph(dev, sets, opts, f)?;
+        if method != perf::Method::Graph {
+            println!("(graph capture failed: timed with {method})");
+        }
+        Ok(stats)
+    }
+}
+
 fn main() -> anyhow::Result<()> {
     let dev = Device::auto();
     let check_only = std::env::args().any(|a| a == "--check-only");
@@ -118,6 +143,7 @@ fn main() -> anyhow::Result<()> {
     }
     let blas = Cublas::new(&dev)?;
     let info = dev.info()?;
+    let events = std::env::args().any(|a| a == "--events");
     let opts = TimingOptions {
         warmup: 3,
         reps: 20,
@@ -153,7 +179,7 @@ fn main() -> anyhow::Result<()> {
         blas.gemm_bf16(&a[0], &b[0], &mut want, m, n, k)?;
         let want: Vec<f32> = want.to_vec()?.iter().map(|x| x.to_f32()).collect();
         let flop = 2.0 * (m * n * k) as f64;
-        let t_blas = perf::time_events(&dev, sets, opts, |i| {
+        let t_blas = time(&dev, sets, opts, events, |i| {
             blas.gemm_bf16(&a[i], &b[i], &mut c[i], m, n, k)
         })?;
         let tf_blas = flop / (t_blas.median_us * 1e-6) / 1e12;
@@ -166,7 +192,7 @@ fn main() -> anyhow::Result<()> {
                 err < 1e-2,
                 "{m}x{n}x{k} {cfg:?}: rel err {err:.2e} vs cuBLAS"
             );
-            let t = perf::time_events(&dev, sets, opts, |i| {
+            let t = time(&dev, sets, opts, events, |i| {
                 launch(&dev, &a[i], &b[i], &mut c[i], m, n, k, cfg)?;
                 Ok::<(), PerfError>(())
             })?;
@@ -185,7 +211,8 @@ fn main() -> anyhow::Result<()> {
         for config in SPLIT_CONFIGS {
             for splits in 2..=8 {
                 let plan = MatmulPlan { config, splits }.normalized(k);
-                if plan.splits == splits && plan.programs(m, n) <= 2 * info.sm_count {
+                let per_sm = if config.num_warps == 4 { 4 } else { 2 };
+                if plan.splits == splits && plan.programs(m, n) <= per_sm * info.sm_count {
                     split_plans.push(plan);
                 }
             }
@@ -202,7 +229,7 @@ fn main() -> anyhow::Result<()> {
             let got: Vec<f32> = c[0].to_vec()?.iter().map(|x| x.to_f32()).collect();
             let err = rel_err(&got, &want);
             anyhow::ensure!(err < 1e-2, "{m}x{n}x{k} {plan:?}: rel err {err:.2e} vs cuBLAS");
-            let t = perf::time_events(&dev, sets, opts, |i| {
+            let t = time(&dev, sets, opts, events, |i| {
                 launch_plan(&dev, &a[i], &b[i], &mut c[i], m, n, k, plan, Some(&mut ws))?;
                 Ok::<(), PerfError>(())
             })?;

@@ -192,7 +192,7 @@ fn gpu_matches_host_and_interpreter() {
     for plan in [
         MatmulPlan::for_shape(1000, 528, 3000, 132),
         MatmulPlan {
-            config: MatmulConfig::LARGE,
+            config: MatmulConfig::new(128, 64, 64, 8),
             splits: 3,
         },
     ] {

@@ -72,8 +72,8 @@ fn matmul_tile<const BM: usize, const BN: usize, const BK: usize, const GROUP_M:
 }
 
 /// bf16 `C`. Compiled tile configurations `(BM, BN, BK, num_warps)`: (128, 256, 64, 8),
-/// (128, 128, 64, 8), (128, 128, 32, 4), (64, 128, 32, 4), (64, 64, 64, 4),
-/// (64, 64, 32, 4); `GROUP_M = 8`, 3 stages (on Hopper's `wgmma` path the ring holds
+/// (128, 128, 64, 8), (128, 128, 32, 4), (128, 64, 64, 8), (64, 128, 64, 4),
+/// (64, 128, 32, 4), (64, 64, 64, 4), (64, 64, 32, 4); `GROUP_M = 8`, 3 stages (on Hopper's `wgmma` path the ring holds
 /// 4: docs/language.md, "On Hopper: `wgmma`"). (128 x 128 x 64 on 4 warps is left out:
 /// ptxas spills on sm_80.)
 #[kernel(
@@ -84,10 +84,10 @@ fn matmul_tile<const BM: usize, const BN: usize, const BK: usize, const GROUP_M:
     GROUP_M = [8],
     num_warps = [8, 4],
     num_stages = [3],
-    skip(BM = 64, BN = 128, BK = 64),
     skip(BM = 64, BN = 256),
     skip(BM = 64, num_warps = 8),
-    skip(BM = 128, BN = 64),
+    skip(BM = 128, BN = 64, BK = 32),
+    skip(BM = 128, BN = 64, num_warps = 4),
     skip(BN = 256, BK = 32),
     skip(BN = 256, num_warps = 4),
     skip(BM = 128, BN = 128, BK = 64, num_warps = 4),
@@ -114,10 +114,10 @@ pub fn matmul<const BM: usize, const BN: usize, const BK: usize, const GROUP_M: 
     GROUP_M = [8],
     num_warps = [8, 4],
     num_stages = [3],
-    skip(BM = 64, BN = 128, BK = 64),
     skip(BM = 64, BN = 256),
     skip(BM = 64, num_warps = 8),
-    skip(BM = 128, BN = 64),
+    skip(BM = 128, BN = 64, BK = 32),
+    skip(BM = 128, BN = 64, num_warps = 4),
     skip(BN = 256, BK = 32),
     skip(BN = 256, num_warps = 4),
     skip(BM = 128, BN = 128, BK = 64, num_warps = 4),
@@ -188,9 +188,13 @@ fn matmul_split_tile<const BM: usize, const BN: usize, const BK: usize, const GR
     store(partials + slice * m * n + offs, acc, out_ok);
     let arrived = atomic_add(counters + pid, 1);
     if arrived == splits - 1 {
+        // Two partials a step: each step waits for its loads (L2 latency), so this
+        // halves the waits of a reduction that is latency-bound, not bandwidth-bound.
         let mut sum = zeros::<f32>([BM, BN]);
-        for s in (0..splits).step_by(1) {
-            sum += load(partials + s * m * n + offs, out_ok, 0.0);
+        for s in (0..splits).step_by(2) {
+            let p0 = load(partials + s * m * n + offs, out_ok, 0.0);
+            let p1 = load(partials + (s + 1) * m * n + offs, out_ok & (s + 1 < splits), 0.0);
+            sum = sum + p0 + p1;
         }
         store(c + offs, sum as T, out_ok);
         store(counters + pid, 0);
@@ -201,19 +205,16 @@ fn matmul_split_tile<const BM: usize, const BN: usize, const BK: usize, const GR
 /// slice of one tile, the last to finish a tile reducing its f32 partials (see
 /// [`launch_split`]). For outputs with fewer tiles than the GPU has multiprocessors
 /// (the O and down projections at 512 tokens: 32 tiles of 128 x 128). Compiled tile
-/// configurations: (128, 256, 64, 8), (128, 128, 64, 8), (64, 64, 64, 4).
+/// configurations: [`SPLIT_CONFIGS`].
 #[kernel(
     crate = crate::dsl,
     BM = [128, 64],
-    BN = [256, 128, 64],
+    BN = [128, 64],
     BK = [64],
     GROUP_M = [8],
     num_warps = [8, 4],
-    num_stages = [3],
-    skip(BM = 64, BN = 256),
-    skip(BM = 64, BN = 128),
+    num_stages = [5],
     skip(BM = 64, num_warps = 8),
-    skip(BM = 128, BN = 64),
     skip(BM = 128, num_warps = 4)
 )]
 #[allow(clippy::too_many_arguments)]
@@ -237,15 +238,12 @@ pub fn matmul_split<const BM: usize, const BN: usize, const BK: usize, const GRO
 #[kernel(
     crate = crate::dsl,
     BM = [128, 64],
-    BN = [256, 128, 64],
+    BN = [128, 64],
     BK = [64],
     GROUP_M = [8],
     num_warps = [8, 4],
-    num_stages = [3],
-    skip(BM = 64, BN = 256),
-    skip(BM = 64, BN = 128),
+    num_stages = [5],
     skip(BM = 64, num_warps = 8),
-    skip(BM = 128, BN = 64),
     skip(BM = 128, num_warps = 4)
 )]
 #[allow(clippy::too_many_arguments)]
@@ -351,10 +349,15 @@ pub struct MatmulPlan {
     pub splits: usize,
 }
 
-/// The split-K kernels' tile configurations (a subset of [`matmul`]'s).
-pub const SPLIT_CONFIGS: [MatmulConfig; 3] = [
-    MatmulConfig::LARGE,
+/// The split-K kernels' tile configurations `(BM, BN, 64, num_warps)`: 128 x 128 and 128
+/// x 64 on 8 warps, 64 x 128 and 64 x 64 on 4 (all among [`matmul`]'s, so a plan
+/// normalized to one slice launches too). The split kernels pipeline 5 stages deep
+/// (`num_stages = [5]`: a slice's few iterations are bound by the latency of their
+/// loads, not by bandwidth; 128 x 256 tiles would not fit that ring).
+pub const SPLIT_CONFIGS: [MatmulConfig; 4] = [
     MatmulConfig::MEDIUM,
+    MatmulConfig::new(128, 64, 64, 8),
+    MatmulConfig::new(64, 128, 64, 4),
     MatmulConfig::SMALL,
 ];
 
