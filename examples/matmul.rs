@@ -228,7 +228,10 @@ fn main() -> anyhow::Result<()> {
             launch_plan(&dev, &a[0], &b[0], &mut c[0], m, n, k, plan, Some(&mut ws))?;
             let got: Vec<f32> = c[0].to_vec()?.iter().map(|x| x.to_f32()).collect();
             let err = rel_err(&got, &want);
-            anyhow::ensure!(err < 1e-2, "{m}x{n}x{k} {plan:?}: rel err {err:.2e} vs cuBLAS");
+            anyhow::ensure!(
+                err < 1e-2,
+                "{m}x{n}x{k} {plan:?}: rel err {err:.2e} vs cuBLAS"
+            );
             let t = time(&dev, sets, opts, events, |i| {
                 launch_plan(&dev, &a[i], &b[i], &mut c[i], m, n, k, plan, Some(&mut ws))?;
                 Ok::<(), PerfError>(())

@@ -17,12 +17,12 @@ const SMS: usize = 132;
 
 #[test]
 fn plan_splits_small_outputs_only() {
-    // Qwen3-0.6B's O and down projections at 512 tokens: 32 tiles of 128 x 128, cut
-    // into 4 slices (128 programs on 132 SMs).
+    // Qwen3-0.6B's O and down projections at 512 tokens: 64 tiles of 64 x 128, cut
+    // into 2 slices (128 programs on 132 SMs).
     for (m, n, k) in [(512, 1024, 2048), (512, 1024, 3072)] {
         let p = MatmulPlan::for_shape(m, n, k, SMS);
-        assert_eq!(p.config, MatmulConfig::MEDIUM, "{m}x{n}x{k}");
-        assert_eq!(p.splits, 4, "{m}x{n}x{k}");
+        assert_eq!(p.config, MatmulConfig::SPLIT, "{m}x{n}x{k}");
+        assert_eq!(p.splits, 2, "{m}x{n}x{k}");
         assert_eq!(p.programs(m, n), 128);
     }
     // Enough tiles: no split, the tile `MatmulConfig::for_shape` picks.
@@ -39,12 +39,14 @@ fn plan_splits_small_outputs_only() {
     // K too short for two slices of MIN_SLICE_ITERS iterations: small tiles, unsplit.
     let p = MatmulPlan::for_shape(512, 1024, 64 * (2 * MIN_SLICE_ITERS - 1), SMS);
     assert_eq!(p, MatmulPlan::tiles(MatmulConfig::SMALL));
-    // One tile and a long K: as many slices as K allows, within one wave.
+    // Two tiles and a long K: as many slices as K allows, within one wave.
     let p = MatmulPlan::for_shape(100, 100, 64 * 40, SMS);
-    assert_eq!((p.config, p.splits), (MatmulConfig::MEDIUM, 10));
-    // Fewer SMs, fewer slices; never more programs than SMs.
-    let p = MatmulPlan::for_shape(512, 1024, 3072, 66);
-    assert_eq!(p.splits, 2);
+    assert_eq!((p.config, p.splits), (MatmulConfig::SPLIT, 10));
+    // More SMs, more slices; fewer than two slices' worth: small tiles, unsplit.
+    assert_eq!(MatmulPlan::for_shape(512, 1024, 3072, 264).splits, 4);
+    let p = MatmulPlan::for_shape(512, 1024, 3072, 108);
+    assert_eq!(p, MatmulPlan::tiles(MatmulConfig::SMALL));
+    // Never more programs than SMs.
     for sms in [1, 8, 78, 108, 132] {
         for (m, n, k) in [(64, 64, 8192), (512, 1024, 3072), (300, 700, 5000)] {
             let p = MatmulPlan::for_shape(m, n, k, sms);
@@ -125,7 +127,10 @@ fn run_plan(dev: &Device, plan: MatmulPlan, (m, n, k): (usize, usize, usize)) ->
     let mut c = dev.alloc_filled(m * n, f32::NAN).unwrap();
     launch_plan(dev, &a, &b, &mut c, m, n, k, plan, Some(&mut ws)).expect(&what);
     let second = c.to_vec().unwrap();
-    let same = first.iter().zip(&second).all(|(x, y)| x.to_bits() == y.to_bits());
+    let same = first
+        .iter()
+        .zip(&second)
+        .all(|(x, y)| x.to_bits() == y.to_bits());
     assert!(same, "{what}: a second launch on the workspace differs");
     let mut c = dev.alloc_filled(m * n, bf16::NAN).unwrap();
     launch_plan(dev, &a, &b, &mut c, m, n, k, plan, Some(&mut ws)).expect(&what);
@@ -154,15 +159,14 @@ fn interpreter_matches_host() {
             );
         }
     }
-    // The 128 x 128 tile the planner splits, on one shape.
-    run_plan(
-        &Device::cpu(),
-        MatmulPlan {
-            config: MatmulConfig::MEDIUM,
-            splits: 3,
-        },
-        (130, 144, 208),
-    );
+    // The 64 x 128 tile the planner splits, and 128 x 128, on one shape.
+    for config in [MatmulConfig::SPLIT, MatmulConfig::MEDIUM] {
+        run_plan(
+            &Device::cpu(),
+            MatmulPlan { config, splits: 3 },
+            (130, 144, 208),
+        );
+    }
 }
 
 #[test]
@@ -183,7 +187,10 @@ fn gpu_matches_host_and_interpreter() {
                         .iter()
                         .zip(&want)
                         .fold(0.0f32, |d, (g, w)| d.max((g - w).abs()));
-                    assert!(diff <= 1e-5 * max, "{shape:?} {plan:?}: GPU vs interpreter {diff}");
+                    assert!(
+                        diff <= 1e-5 * max,
+                        "{shape:?} {plan:?}: GPU vs interpreter {diff}"
+                    );
                 }
             }
         }
@@ -218,5 +225,16 @@ fn split_without_a_fitting_workspace_is_an_error() {
     let err = launch_plan(&dev, &a, &b, &mut c, m, n, k, plan, Some(&mut ws)).unwrap_err();
     assert!(err.to_string().contains("the workspace has"), "{err}");
     // An unsplit plan needs none.
-    launch_plan(&dev, &a, &b, &mut c, m, n, k, MatmulPlan::tiles(plan.config), None).unwrap();
+    launch_plan(
+        &dev,
+        &a,
+        &b,
+        &mut c,
+        m,
+        n,
+        k,
+        MatmulPlan::tiles(plan.config),
+        None,
+    )
+    .unwrap();
 }

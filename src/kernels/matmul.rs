@@ -193,7 +193,11 @@ fn matmul_split_tile<const BM: usize, const BN: usize, const BK: usize, const GR
         let mut sum = zeros::<f32>([BM, BN]);
         for s in (0..splits).step_by(2) {
             let p0 = load(partials + s * m * n + offs, out_ok, 0.0);
-            let p1 = load(partials + (s + 1) * m * n + offs, out_ok & (s + 1 < splits), 0.0);
+            let p1 = load(
+                partials + (s + 1) * m * n + offs,
+                out_ok & (s + 1 < splits),
+                0.0,
+            );
             sum = sum + p0 + p1;
         }
         store(c + offs, sum as T, out_ok);
@@ -229,9 +233,7 @@ pub fn matmul_split<const BM: usize, const BN: usize, const BK: usize, const GRO
     #[multiple_of(16)] k: i32,
     #[multiple_of(16)] k_slice: i32,
 ) {
-    matmul_split_tile::<BM, BN, BK, GROUP_M, bf16>(
-        a, b, c, partials, counters, m, n, k, k_slice,
-    );
+    matmul_split_tile::<BM, BN, BK, GROUP_M, bf16>(a, b, c, partials, counters, m, n, k, k_slice);
 }
 
 /// Split-K [`matmul_f32`] (f32 `C`), compiled with [`matmul_split`]'s configurations.
@@ -247,12 +249,7 @@ pub fn matmul_split<const BM: usize, const BN: usize, const BK: usize, const GRO
     skip(BM = 128, num_warps = 4)
 )]
 #[allow(clippy::too_many_arguments)]
-pub fn matmul_split_f32<
-    const BM: usize,
-    const BN: usize,
-    const BK: usize,
-    const GROUP_M: usize,
->(
+pub fn matmul_split_f32<const BM: usize, const BN: usize, const BK: usize, const GROUP_M: usize>(
     a: Ptr<bf16>,
     b: Ptr<bf16>,
     c: Ptr<f32>,
@@ -263,9 +260,7 @@ pub fn matmul_split_f32<
     #[multiple_of(16)] k: i32,
     #[multiple_of(16)] k_slice: i32,
 ) {
-    matmul_split_tile::<BM, BN, BK, GROUP_M, f32>(
-        a, b, c, partials, counters, m, n, k, k_slice,
-    );
+    matmul_split_tile::<BM, BN, BK, GROUP_M, f32>(a, b, c, partials, counters, m, n, k, k_slice);
 }
 
 /// A tile configuration of [`matmul`] / [`matmul_f32`].
@@ -290,6 +285,8 @@ impl MatmulConfig {
     pub const MEDIUM: MatmulConfig = MatmulConfig::new(128, 128, 64, 8);
     /// 64 x 64 x 64, 4 warps (small problems: more programs).
     pub const SMALL: MatmulConfig = MatmulConfig::new(64, 64, 64, 4);
+    /// 64 x 128 x 64, 4 warps: the tile [`MatmulPlan::for_shape`] splits K over.
+    pub const SPLIT: MatmulConfig = MatmulConfig::new(64, 128, 64, 4);
 
     /// A configuration with `GROUP_M = 8`.
     pub const fn new(block_m: usize, block_n: usize, block_k: usize, num_warps: u32) -> Self {
@@ -357,7 +354,7 @@ pub struct MatmulPlan {
 pub const SPLIT_CONFIGS: [MatmulConfig; 4] = [
     MatmulConfig::MEDIUM,
     MatmulConfig::new(128, 64, 64, 8),
-    MatmulConfig::new(64, 128, 64, 4),
+    MatmulConfig::SPLIT,
     MatmulConfig::SMALL,
 ];
 
@@ -373,17 +370,19 @@ impl MatmulPlan {
 
     /// The plan for an `m x n x k` GEMM on a GPU of `sms` multiprocessors. Outputs with
     /// at least 96 tiles of 128 x 128 take [`MatmulConfig::for_shape`]'s tile unsplit.
-    /// Smaller ones (fewer 128 x 128 tiles than about 3/4 of the SMs: the wave is mostly
-    /// empty) split K over 128 x 128 tiles into as many slices as fill the SMs without a
-    /// second wave, each of at least [`MIN_SLICE_ITERS`] iterations; where K is too short
-    /// for two such slices, 64 x 64 tiles unsplit. Measured in docs/perf.md ("GEMM on
-    /// `wgmma`: split-K for small outputs").
+    /// Smaller ones (the wave is mostly empty) split K over 64 x 128 tiles on 4 warps
+    /// (one program per SM: its 5-stage ring is 144 KiB) into as many slices as fit the
+    /// SMs in one wave, each of at least [`MIN_SLICE_ITERS`] iterations; where that is
+    /// under two slices, 64 x 64 tiles unsplit. From the sweep in docs/perf.md ("GEMM on
+    /// `wgmma`: split-K for small outputs"): at 512 x 1024 x 3072 on an H200, 64 x 128 in
+    /// 2 slices ran at 258 TFLOP/s against 166 for the best unsplit tile; more slices
+    /// (a second wave) and 128 x 128 tiles in 4 slices were slower.
     pub fn for_shape(m: usize, n: usize, k: usize, sms: usize) -> MatmulPlan {
         let base = MatmulConfig::for_shape(m, n);
         if base != MatmulConfig::SMALL {
             return MatmulPlan::tiles(base);
         }
-        let cfg = MatmulConfig::MEDIUM;
+        let cfg = MatmulConfig::SPLIT;
         let tiles = m.div_ceil(cfg.block_m) * n.div_ceil(cfg.block_n);
         let by_sms = sms.max(1) / tiles.max(1);
         let by_k = k.div_ceil(cfg.block_k) / MIN_SLICE_ITERS;
