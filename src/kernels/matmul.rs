@@ -374,7 +374,8 @@ impl MatmulPlan {
     /// (one program per SM: its 5-stage ring is 144 KiB) into as many slices as fit the
     /// SMs in one wave, each of at least [`MIN_SLICE_ITERS`] iterations; where that is
     /// under two slices, 64 x 64 tiles unsplit. From the sweep in docs/perf.md ("GEMM on
-    /// `wgmma`: split-K for small outputs"): at 512 x 1024 x 3072 on an H200, 64 x 128 in
+    /// `wgmma` (Hopper)", "Split-K for small outputs"): at 512 x 1024 x 3072 on an H200,
+    /// 64 x 128 in
     /// 2 slices ran at 258 TFLOP/s against 166 for the best unsplit tile; more slices
     /// (a second wave) and 128 x 128 tiles in 4 slices were slower.
     pub fn for_shape(m: usize, n: usize, k: usize, sms: usize) -> MatmulPlan {
