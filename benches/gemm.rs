@@ -44,12 +44,39 @@ type MatmulFn = fn(
 ) -> std::result::Result<(), String>;
 
 /// The language's GEMM under test (`None` would time cuBLAS alone): Triton's tutorial
-/// matmul with the tile configuration [`MatmulConfig::for_shape`] picks.
+/// matmul with the plan `MatmulPlan::for_shape` picks (split-K for small outputs, on a
+/// workspace kept per shape).
 fn language_matmul() -> Option<MatmulFn> {
     Some(|dev, a, b, c, m, n, k| {
-        use tilefuse::kernels::matmul::{self, MatmulConfig};
-        matmul::launch(dev, a, b, c, m, n, k, MatmulConfig::for_shape(m, n))
-            .map_err(|e| e.to_string())
+        use std::cell::RefCell;
+        use std::collections::HashMap;
+        use tilefuse::kernels::matmul::{self, MatmulPlan, SplitWorkspace};
+        thread_local! {
+            static WORKSPACES: RefCell<HashMap<(usize, usize, usize), SplitWorkspace>> =
+                RefCell::new(HashMap::new());
+            static SMS: RefCell<Option<usize>> = const { RefCell::new(None) };
+        }
+        let sms = SMS.with(|s| {
+            if s.borrow().is_none() {
+                *s.borrow_mut() = Some(dev.info().map_err(|e| e.to_string())?.sm_count);
+            }
+            Ok::<usize, String>(s.borrow().unwrap_or(1))
+        })?;
+        let plan = MatmulPlan::for_shape(m, n, k, sms);
+        if plan.splits <= 1 {
+            return matmul::launch_plan(dev, a, b, c, m, n, k, plan, None)
+                .map_err(|e| e.to_string());
+        }
+        WORKSPACES.with(|w| {
+            let mut w = w.borrow_mut();
+            let ws = match w.entry((m, n, k)) {
+                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    e.insert(SplitWorkspace::new(dev, plan, m, n).map_err(|e| e.to_string())?)
+                }
+            };
+            matmul::launch_plan(dev, a, b, c, m, n, k, plan, Some(ws)).map_err(|e| e.to_string())
+        })
     })
 }
 
@@ -429,7 +456,7 @@ fn attention_benches(c: &mut Criterion, dev: &Device, info: &DeviceInfo, rows: &
         let mut w = AttentionWorkload::new(dev, info, shape)
             .unwrap_or_else(|e| panic!("attention {seq}: {e}"));
         // The GPU candidates (the last configuration is for short sequences).
-        for &cfg in &FlashConfig::ALL[..3] {
+        for &cfg in &FlashConfig::ALL[..FlashConfig::ALL.len() - 1] {
             let tiles = format!("bm{}_bn{}_w{}", cfg.block_m, cfg.block_n, cfg.num_warps);
             let mut row = Row {
                 what: format!("attention {seq} (16q/8kv, d128)"),

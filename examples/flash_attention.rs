@@ -100,7 +100,7 @@ fn main() -> anyhow::Result<()> {
         };
         let rows = sample_rows(shape, &mut rng);
         // Every configuration but the small-tile one (meant for short sequences).
-        for cfg in &FlashConfig::ALL[..3] {
+        for cfg in &FlashConfig::ALL[..FlashConfig::ALL.len() - 1] {
             let cfg = *cfg;
             let err = max_error(&dev, shape, cfg, seq as u64, &rows)?;
             anyhow::ensure!(

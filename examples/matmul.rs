@@ -5,22 +5,31 @@
 //!
 //! `cargo run --release --example matmul [-- --check-only] [--small] [--sweep]`
 //! (`--small`: two small shapes only, for compute-sanitizer; `--sweep`: time every
-//! configuration on more shapes, the data behind `MatmulConfig::for_shape`).
+//! configuration on more shapes, the data behind `MatmulConfig::for_shape` and
+//! `MatmulPlan::for_shape`). Split-K plans (`matmul_split`) are checked and timed beside
+//! the unsplit tiles.
 //!
 //! On a GPU, large shapes are checked against cuBLAS (relative Frobenius error) and timed
-//! with CUDA events (median of 20 after 3 warm-ups; input sets rotated to exceed 4x L2).
+//! by replaying a captured CUDA graph of one launch per input set between CUDA events
+//! (median of 20 after 3 warm-ups; input sets rotated to exceed 4x L2), so the host's
+//! launch cost stays out of short kernels' times; `--events` times plain launches
+//! between events instead (cuBLAS is timed the same way either way).
 
 use tilefuse::dsl::runtime::timing::{self as perf, TimingOptions};
 use tilefuse::engine::bench::workloads::{replicate, rotation_sets};
 use tilefuse::engine::bench::{Cublas, PerfError, Rng};
-use tilefuse::kernels::matmul::{launch, MatmulConfig, MatmulOut};
+use tilefuse::kernels::matmul::{
+    launch, launch_plan, MatmulConfig, MatmulOut, MatmulPlan, SplitWorkspace, SPLIT_CONFIGS,
+};
 use tilefuse::prelude::*;
 
 /// Every configuration both kernels (bf16 and f32 out) are compiled with.
-const CONFIGS: [MatmulConfig; 6] = [
+const CONFIGS: [MatmulConfig; 8] = [
     MatmulConfig::new(128, 256, 64, 8),
     MatmulConfig::new(128, 128, 64, 8),
     MatmulConfig::new(128, 128, 32, 4),
+    MatmulConfig::new(128, 64, 64, 8),
+    MatmulConfig::new(64, 128, 64, 4),
     MatmulConfig::new(64, 128, 32, 4),
     MatmulConfig::new(64, 64, 64, 4),
     MatmulConfig::new(64, 64, 32, 4),
@@ -58,7 +67,7 @@ fn host_matmul(a: &[bf16], b: &[bf16], m: usize, n: usize, k: usize) -> Vec<f32>
 /// Runs one configuration on `m x n x k` and returns the error against the host.
 fn check<T: MatmulOut + Copy>(
     dev: &Device,
-    cfg: MatmulConfig,
+    plan: MatmulPlan,
     (m, n, k): (usize, usize, usize),
     rng: &mut Rng,
     poison: T,
@@ -69,9 +78,33 @@ fn check<T: MatmulOut + Copy>(
     let a = dev.upload(&ha)?;
     let b = dev.upload(&hb)?;
     let mut c = dev.alloc_filled(m * n, poison)?;
-    launch(dev, &a, &b, &mut c, m, n, k, cfg)?;
+    let mut ws = SplitWorkspace::new(dev, plan, m, n)?;
+    // Twice: the second launch finds the counters the first one reset.
+    for _ in 0..2 {
+        launch_plan(dev, &a, &b, &mut c, m, n, k, plan, Some(&mut ws))?;
+    }
     let got: Vec<f32> = c.to_vec()?.into_iter().map(to_f32).collect();
     Ok(rel_err(&got, &host_matmul(&ha, &hb, m, n, k)))
+}
+
+/// Microseconds per call of `f` over `sets` input sets: graph replays, or plain launches
+/// between events when `events` is set or capture fails.
+fn time<E: From<tilefuse::dsl::runtime::RuntimeError>>(
+    dev: &Device,
+    sets: usize,
+    opts: TimingOptions,
+    events: bool,
+    f: impl FnMut(usize) -> Result<(), E>,
+) -> Result<perf::Stats, E> {
+    if events {
+        perf::time_events(dev, sets, opts, f)
+    } else {
+        let (stats, method) = perf::time_graph(dev, sets, opts, f)?;
+        if method != perf::Method::Graph {
+            println!("(graph capture failed: timed with {method})");
+        }
+        Ok(stats)
+    }
 }
 
 fn main() -> anyhow::Result<()> {
@@ -87,15 +120,21 @@ fn main() -> anyhow::Result<()> {
     } else {
         &[(70, 48, 48), (33, 80, 16)]
     };
+    // Every unsplit tile, and every split-K tile cut 2, 3 and 5 ways (slices of unequal
+    // length; a split past K's iterations is normalized to fewer slices).
+    let mut plans: Vec<MatmulPlan> = CONFIGS.iter().map(|&c| MatmulPlan::tiles(c)).collect();
+    for config in SPLIT_CONFIGS {
+        plans.extend([2, 3, 5].map(|splits| MatmulPlan { config, splits }));
+    }
     for &shape in shapes {
-        for cfg in CONFIGS {
-            let err = check(&dev, cfg, shape, &mut rng, bf16::NAN, |x| x.to_f32())?;
-            println!("check {shape:?} {cfg:?} bf16 out on {dev}: rel err {err:.2e}");
+        for &plan in &plans {
+            let err = check(&dev, plan, shape, &mut rng, bf16::NAN, |x| x.to_f32())?;
+            println!("check {shape:?} {plan:?} bf16 out on {dev}: rel err {err:.2e}");
             anyhow::ensure!(err < 8e-3, "matmul disagrees with the host reference");
         }
-        for cfg in CONFIGS {
-            let err = check(&dev, cfg, shape, &mut rng, f32::NAN, |x| x)?;
-            println!("check {shape:?} {cfg:?} f32 out on {dev}: rel err {err:.2e}");
+        for &plan in &plans {
+            let err = check(&dev, plan, shape, &mut rng, f32::NAN, |x| x)?;
+            println!("check {shape:?} {plan:?} f32 out on {dev}: rel err {err:.2e}");
             anyhow::ensure!(err < 1e-5, "matmul_f32 disagrees with the host reference");
         }
     }
@@ -104,6 +143,7 @@ fn main() -> anyhow::Result<()> {
     }
     let blas = Cublas::new(&dev)?;
     let info = dev.info()?;
+    let events = std::env::args().any(|a| a == "--events");
     let opts = TimingOptions {
         warmup: 3,
         reps: 20,
@@ -139,7 +179,7 @@ fn main() -> anyhow::Result<()> {
         blas.gemm_bf16(&a[0], &b[0], &mut want, m, n, k)?;
         let want: Vec<f32> = want.to_vec()?.iter().map(|x| x.to_f32()).collect();
         let flop = 2.0 * (m * n * k) as f64;
-        let t_blas = perf::time_events(&dev, sets, opts, |i| {
+        let t_blas = time(&dev, sets, opts, events, |i| {
             blas.gemm_bf16(&a[i], &b[i], &mut c[i], m, n, k)
         })?;
         let tf_blas = flop / (t_blas.median_us * 1e-6) / 1e12;
@@ -152,7 +192,7 @@ fn main() -> anyhow::Result<()> {
                 err < 1e-2,
                 "{m}x{n}x{k} {cfg:?}: rel err {err:.2e} vs cuBLAS"
             );
-            let t = perf::time_events(&dev, sets, opts, |i| {
+            let t = time(&dev, sets, opts, events, |i| {
                 launch(&dev, &a[i], &b[i], &mut c[i], m, n, k, cfg)?;
                 Ok::<(), PerfError>(())
             })?;
@@ -166,18 +206,78 @@ fn main() -> anyhow::Result<()> {
             }
         }
         let (cfg, tf) = best.expect("configs");
+        // Split-K: every split tile cut 2 to 8 ways, where that stays within two waves.
+        let mut split_plans = Vec::new();
+        for config in SPLIT_CONFIGS {
+            for splits in 2..=8 {
+                let plan = MatmulPlan { config, splits }.normalized(k);
+                let per_sm = if config.num_warps == 4 { 4 } else { 2 };
+                if plan.splits == splits && plan.programs(m, n) <= per_sm * info.sm_count {
+                    split_plans.push(plan);
+                }
+            }
+        }
+        let picked = MatmulPlan::for_shape(m, n, k, info.sm_count);
+        if !split_plans.contains(&picked) {
+            split_plans.push(picked);
+        }
+        let mut best_split: Option<(MatmulPlan, f64)> = None;
+        let mut tf_picked = None;
+        for plan in split_plans {
+            let mut ws = SplitWorkspace::new(&dev, plan, m, n)?;
+            launch_plan(&dev, &a[0], &b[0], &mut c[0], m, n, k, plan, Some(&mut ws))?;
+            let got: Vec<f32> = c[0].to_vec()?.iter().map(|x| x.to_f32()).collect();
+            let err = rel_err(&got, &want);
+            anyhow::ensure!(
+                err < 1e-2,
+                "{m}x{n}x{k} {plan:?}: rel err {err:.2e} vs cuBLAS"
+            );
+            let t = time(&dev, sets, opts, events, |i| {
+                launch_plan(&dev, &a[i], &b[i], &mut c[i], m, n, k, plan, Some(&mut ws))?;
+                Ok::<(), PerfError>(())
+            })?;
+            let tf = flop / (t.median_us * 1e-6) / 1e12;
+            let c = plan.config;
+            println!(
+                "{m}x{n}x{k} {}x{}x{} w{} split {}: {:.1} us, {tf:.1} TFLOP/s (rel err {err:.1e})",
+                c.block_m, c.block_n, c.block_k, c.num_warps, plan.splits, t.median_us
+            );
+            if plan == picked {
+                tf_picked = Some(tf);
+            }
+            if plan.splits > 1 && best_split.is_none_or(|(_, b)| tf > b) {
+                best_split = Some((plan, tf));
+            }
+        }
+        let tf_picked = tf_picked.expect("the pick is timed");
+        let split_cell = best_split.map_or("-".to_string(), |(p, tf)| {
+            format!(
+                "{tf:.0} ({}x{}x{} / {} w, {} slices)",
+                p.config.block_m, p.config.block_n, p.config.block_k, p.config.num_warps, p.splits
+            )
+        });
+        let pc = picked.config;
         table.push(format!(
-            "| {m} x {n} x {k} | {tf:.0} ({}x{}x{}, {} warps) | {tf_blas:.0} | {:.0}% |",
+            "| {m} x {n} x {k} | {tf:.0} ({}x{}x{}, {} warps) | {split_cell} | {tf_picked:.0} \
+             ({}x{}x{} / {} w, {} slices) | {tf_blas:.0} | {:.0}% |",
             cfg.block_m,
             cfg.block_n,
             cfg.block_k,
             cfg.num_warps,
-            100.0 * tf / tf_blas
+            pc.block_m,
+            pc.block_n,
+            pc.block_k,
+            pc.num_warps,
+            picked.splits,
+            100.0 * tf_picked / tf_blas
         ));
     }
     println!("\n{} (sm {:?})", info.name, info.compute_capability);
-    println!("| GEMM (M x N x K) | tilefuse, best config (TFLOP/s) | cuBLAS | ratio |");
-    println!("|---|---|---|---|");
+    println!(
+        "| GEMM (M x N x K) | best unsplit tile (TFLOP/s) | best split-K | `MatmulPlan::for_shape` \
+         | cuBLAS | pick / cuBLAS |"
+    );
+    println!("|---|---|---|---|---|---|");
     for row in table {
         println!("{row}");
     }

@@ -21,6 +21,9 @@
 //!    in the epilogue;
 //! 9. [`prefill_gemm`]: the down projection added into `x`;
 //!
+//! ([`prefill_gemm_split`] does what [`prefill_gemm`] does with K cut into slices, for
+//! chunks whose output has fewer tiles than the GPU has SMs, when the plan asks for it.)
+//!
 //! and after the last chunk [`prefill_last_row`], which hands the last position's
 //! hidden state and token to the decode step's LM head and argmax (so the device state
 //! ends as after a decode step at that position).
@@ -50,11 +53,12 @@
 use tilefuse_macros::kernel;
 
 /// Every kernel description in this module, for tooling (offline assembly, inspection).
-pub fn all() -> [&'static tilefuse_dsl::runtime::KernelDef; 7] {
+pub fn all() -> [&'static tilefuse_dsl::runtime::KernelDef; 8] {
     [
         &PREFILL_EMBED,
         &PREFILL_RMSNORM,
         &PREFILL_GEMM,
+        &PREFILL_GEMM_SPLIT,
         &PREFILL_QK_ROPE,
         &PREFILL_ATTENTION,
         &PREFILL_GATE_UP,
@@ -173,6 +177,89 @@ pub fn prefill_gemm<const BLOCK_M: usize, const BLOCK_N: usize, const BLOCK_K: u
     let old = load(at, mask & (accumulate != 0), 0.0) as f32;
     let proj = (acc + b) as bf16 as f32;
     store(at, (old + proj) as bf16, mask);
+}
+
+/// [`prefill_gemm`] with K split: program `(m, n, s)` accumulates `a · W^T` over
+/// `k_slice` columns of `k` from `s * k_slice` and stores the f32 partial to
+/// `partials[s, t, n]`; the last program of a tile to bump its counter sums the
+/// partials in slice order (the same bits whichever arrives last), applies the same
+/// epilogue (`x = bf16(x + bf16(sum + bias))` when `accumulate != 0`, else
+/// `bf16(sum + bias)`) and resets the counter to zero for the next launch. For outputs
+/// with fewer tiles than SMs (the O and down projections of short chunks);
+/// `tilefuse::kernels::matmul::matmul_split` is the same scheme, measured in
+/// docs/perf.md ("Split-K for small outputs"). Slices pipeline five stages deep.
+#[kernel(
+    crate = tilefuse_dsl,
+    BLOCK_M = [16, 128],
+    BLOCK_N = [32, 64],
+    BLOCK_K = [32, 64],
+    num_warps = [4, 8],
+    num_stages = [5],
+    // 16 x 32 x 32 on 4 warps: the interpreter's tile; 128 x 64 x 64 on 8: the GPU's
+    // (64 x 128 on 4 warps spills here, with the epilogue's bias and residual).
+    skip(BLOCK_M = 16, BLOCK_N = 64),
+    skip(BLOCK_M = 16, BLOCK_K = 64),
+    skip(BLOCK_M = 16, num_warps = 8),
+    skip(BLOCK_M = 128, BLOCK_N = 32),
+    skip(BLOCK_M = 128, BLOCK_K = 32),
+    skip(BLOCK_M = 128, num_warps = 4)
+)]
+#[allow(clippy::too_many_arguments)]
+pub fn prefill_gemm_split<const BLOCK_M: usize, const BLOCK_N: usize, const BLOCK_K: usize>(
+    a: Ptr<bf16>,
+    w: Ptr<bf16>,
+    bias: Ptr<bf16>,
+    x: Ptr<bf16>,
+    partials: Ptr<f32>,
+    counters: Ptr<i32>,
+    t: i32,
+    #[multiple_of(8)] n: i32,
+    #[multiple_of(8)] k: i32,
+    #[multiple_of(8)] k_slice: i32,
+    accumulate: i32,
+) {
+    let slice = program_id(2);
+    let splits = num_programs(2);
+    let tile = program_id(0) * num_programs(1) + program_id(1);
+    let rows = program_id(0) * BLOCK_M + arange(0, BLOCK_M);
+    let cols = program_id(1) * BLOCK_N + arange(0, BLOCK_N);
+    let row_ok = rows < t;
+    let col_ok = cols < n;
+    let kk = arange(0, BLOCK_K);
+    let k_lo = slice * k_slice;
+    let mut acc = zeros::<f32>([BLOCK_M, BLOCK_N]);
+    let mut a_ptrs = a + rows.expand_dims(1) * k + (k_lo + kk).expand_dims(0);
+    // Every slice but the last spans whole BLOCK_K steps, so `k` is the only bound a
+    // step can cross (and `k - k0` keeps its divisibility: 16-byte copies).
+    for k0 in (k_lo..minimum(k, k_lo + k_slice)).step_by(BLOCK_K) {
+        let k_ok = kk < k - k0;
+        let at = load(a_ptrs, row_ok.expand_dims(1) & k_ok.expand_dims(0), 0.0);
+        let b_ptrs = w + cols.expand_dims(0) * k + (k0 + kk).expand_dims(1);
+        let bt = load(b_ptrs, k_ok.expand_dims(1) & col_ok.expand_dims(0), 0.0);
+        acc = dot(at, bt, acc);
+        a_ptrs = a_ptrs + BLOCK_K;
+    }
+    let mask = row_ok.expand_dims(1) & col_ok.expand_dims(0);
+    let offs = rows.expand_dims(1) * n + cols.expand_dims(0);
+    store(partials + slice * t * n + offs, acc, mask);
+    let arrived = atomic_add(counters + tile, 1);
+    if arrived == splits - 1 {
+        let mut sum = zeros::<f32>([BLOCK_M, BLOCK_N]);
+        for s in (0..splits).step_by(2) {
+            let p0 = load(partials + s * t * n + offs, mask, 0.0);
+            let p1 = load(
+                partials + (s + 1) * t * n + offs,
+                mask & (s + 1 < splits),
+                0.0,
+            );
+            sum = sum + p0 + p1;
+        }
+        let b = (load(bias + cols, col_ok, 0.0) as f32).expand_dims(0);
+        let old = load(x + offs, mask & (accumulate != 0), 0.0) as f32;
+        let proj = (sum + b) as bf16 as f32;
+        store(x + offs, (old + proj) as bf16, mask);
+        store(counters + tile, 0);
+    }
 }
 
 /// `act = bf16(bf16(silu(g)) * u)` with `g = bf16(a · W[j]^T)` and

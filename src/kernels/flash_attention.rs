@@ -2,7 +2,9 @@
 //! kernel language.
 //!
 //! One program computes one tile of `BLOCK_M` query rows of one query head. Its Q tile
-//! stays resident; the keys and values of its KV head stream through in tiles of
+//! is re-read from L2 next to every key tile (both operands of the first `dot` then
+//! stream through the `cp.async` ring); the keys and values of its KV head stream
+//! through in tiles of
 //! `BLOCK_N` rows. For each key tile the program computes the scores with `dot`
 //! (bf16 operands, f32 accumulation), keeps a running row maximum `m` and a running sum
 //! `l` of the exponentials (the *online softmax*), rescales its f32 accumulator by
@@ -66,13 +68,18 @@ use tilefuse_macros::kernel;
 /// program's first query row. `num_heads` is a multiple of `num_kv_heads`.
 #[kernel(
     crate = tilefuse_dsl,
-    BLOCK_M = [64, 16],
-    BLOCK_N = [32, 16],
+    BLOCK_M = [128, 64, 16],
+    BLOCK_N = [64, 32, 16],
     D = [128],
     num_warps = [4, 8],
+    skip(BLOCK_M = 16, BLOCK_N = 64),
     skip(BLOCK_M = 16, BLOCK_N = 32),
     skip(BLOCK_M = 16, num_warps = 8),
-    skip(BLOCK_N = 16, num_warps = 8)
+    skip(BLOCK_N = 16, num_warps = 8),
+    skip(BLOCK_M = 128, BLOCK_N = 32),
+    skip(BLOCK_M = 128, BLOCK_N = 16),
+    skip(BLOCK_M = 128, num_warps = 4),
+    skip(BLOCK_N = 64, num_warps = 4)
 )]
 #[allow(clippy::too_many_arguments)]
 pub fn flash_attention_fwd<const BLOCK_M: usize, const BLOCK_N: usize, const D: usize>(
@@ -96,11 +103,11 @@ pub fn flash_attention_fwd<const BLOCK_M: usize, const BLOCK_N: usize, const D: 
     let rows = start_m * BLOCK_M + arange(0, BLOCK_M);
     let row_ok = rows < seq;
     let dims = arange(0, D);
-    let q_tile = load(
-        q + head * D + rows.expand_dims(1) * q_stride + dims.expand_dims(0),
-        row_ok.expand_dims(1),
-        0.0,
-    );
+    // The Q tile is loaded inside the key loops, next to the key tile: both operands of
+    // `q k^T` are then plain loads and stream through the `cp.async` ring into shared
+    // memory (from L2 after the first step), where the tensor cores read them, instead
+    // of sitting in registers and being stored to shared memory before every product.
+    let q_ptrs = q + head * D + rows.expand_dims(1) * q_stride + dims.expand_dims(0);
     // Scores in base 2: exp(x * sm_scale) = exp2(x * sm_scale * log2(e)).
     let qk_scale = sm_scale * 1.442_695_f32;
     let k_head = k + kv_head * D;
@@ -114,6 +121,7 @@ pub fn flash_attention_fwd<const BLOCK_M: usize, const BLOCK_N: usize, const D: 
     for start_n in (0..lo).step_by(BLOCK_N) {
         let keys = start_n + arange(0, BLOCK_N);
         // K^T as a [D, BLOCK_N] tile: column j is key row `keys[j]`.
+        let q_tile = load(q_ptrs, row_ok.expand_dims(1), 0.0);
         let k_t = load(k_head + keys.expand_dims(0) * kv_stride + dims.expand_dims(1));
         let s = dot(q_tile, k_t) * qk_scale;
         let m_new = maximum(m_i, s.max(1));
@@ -132,6 +140,7 @@ pub fn flash_attention_fwd<const BLOCK_M: usize, const BLOCK_N: usize, const D: 
     for start_n in (lo..hi).step_by(BLOCK_N) {
         let keys = start_n + arange(0, BLOCK_N);
         let key_ok = keys < seq;
+        let q_tile = load(q_ptrs, row_ok.expand_dims(1), 0.0);
         let k_t = load(
             k_head + keys.expand_dims(0) * kv_stride + dims.expand_dims(1),
             key_ok.expand_dims(0),
@@ -224,8 +233,24 @@ impl FlashConfig {
         num_warps: 4,
     };
 
+    /// 128 query rows, 64 keys per step, 8 warps (dynamic shared memory; on Hopper both
+    /// products run on `wgmma`): long sequences. The fastest measured at 4k and 16k
+    /// tokens on an H200, within 1% of the best at 1k (docs/perf.md, "Flash attention on
+    /// `wgmma`").
+    pub const LARGE: FlashConfig = FlashConfig {
+        block_m: 128,
+        block_n: 64,
+        num_warps: 8,
+    };
+
     /// Every compiled variant: the GPU candidates first, [`FlashConfig::SMALL`] last.
-    pub const ALL: [FlashConfig; 4] = [
+    pub const ALL: [FlashConfig; 6] = [
+        FlashConfig::LARGE,
+        FlashConfig {
+            block_m: 64,
+            block_n: 64,
+            num_warps: 8,
+        },
         FlashConfig::DEFAULT,
         FlashConfig {
             block_m: 64,

@@ -24,7 +24,9 @@
 //! ```
 
 use crate::dsl::half::bf16;
-use crate::dsl::runtime::{Buffer, Device, KernelArg, KernelDef, LaunchConfig, LaunchError};
+use crate::dsl::runtime::{
+    Buffer, Device, KernelArg, KernelDef, LaunchConfig, LaunchError, RuntimeError,
+};
 use crate::{kernel, tile_fn};
 
 /// The body both kernels share: one `BM x BN` tile of `C = A B` stored as `T`.
@@ -70,8 +72,8 @@ fn matmul_tile<const BM: usize, const BN: usize, const BK: usize, const GROUP_M:
 }
 
 /// bf16 `C`. Compiled tile configurations `(BM, BN, BK, num_warps)`: (128, 256, 64, 8),
-/// (128, 128, 64, 8), (128, 128, 32, 4), (64, 128, 32, 4), (64, 64, 64, 4),
-/// (64, 64, 32, 4); `GROUP_M = 8`, 3 stages (on Hopper's `wgmma` path the ring holds
+/// (128, 128, 64, 8), (128, 128, 32, 4), (128, 64, 64, 8), (64, 128, 64, 4),
+/// (64, 128, 32, 4), (64, 64, 64, 4), (64, 64, 32, 4); `GROUP_M = 8`, 3 stages (on Hopper's `wgmma` path the ring holds
 /// 4: docs/language.md, "On Hopper: `wgmma`"). (128 x 128 x 64 on 4 warps is left out:
 /// ptxas spills on sm_80.)
 #[kernel(
@@ -82,10 +84,10 @@ fn matmul_tile<const BM: usize, const BN: usize, const BK: usize, const GROUP_M:
     GROUP_M = [8],
     num_warps = [8, 4],
     num_stages = [3],
-    skip(BM = 64, BN = 128, BK = 64),
     skip(BM = 64, BN = 256),
     skip(BM = 64, num_warps = 8),
-    skip(BM = 128, BN = 64),
+    skip(BM = 128, BN = 64, BK = 32),
+    skip(BM = 128, BN = 64, num_warps = 4),
     skip(BN = 256, BK = 32),
     skip(BN = 256, num_warps = 4),
     skip(BM = 128, BN = 128, BK = 64, num_warps = 4),
@@ -112,10 +114,10 @@ pub fn matmul<const BM: usize, const BN: usize, const BK: usize, const GROUP_M: 
     GROUP_M = [8],
     num_warps = [8, 4],
     num_stages = [3],
-    skip(BM = 64, BN = 128, BK = 64),
     skip(BM = 64, BN = 256),
     skip(BM = 64, num_warps = 8),
-    skip(BM = 128, BN = 64),
+    skip(BM = 128, BN = 64, BK = 32),
+    skip(BM = 128, BN = 64, num_warps = 4),
     skip(BN = 256, BK = 32),
     skip(BN = 256, num_warps = 4),
     skip(BM = 128, BN = 128, BK = 64, num_warps = 4),
@@ -130,6 +132,135 @@ pub fn matmul_f32<const BM: usize, const BN: usize, const BK: usize, const GROUP
     #[multiple_of(16)] k: i32,
 ) {
     matmul_tile::<BM, BN, BK, GROUP_M, f32>(a, b, c, m, n, k);
+}
+
+/// One K slice of one `BM x BN` tile of `C = A B` (split-K): program `(tile, slice)`
+/// accumulates `A[:, k_lo..k_hi] B[k_lo..k_hi, :]` with `k_lo = slice * k_slice`,
+/// stores the f32 partial to `partials [splits, m, n]`, and bumps the tile's counter;
+/// the last program to arrive sums the `splits` partials in slice order (the same bits
+/// whichever program arrives last), stores `C` as `T` and resets the counter for the
+/// next launch. Slices may be shorter (the last) or empty; every partial is written.
+#[tile_fn(crate = crate::dsl)]
+#[allow(clippy::too_many_arguments)]
+fn matmul_split_tile<const BM: usize, const BN: usize, const BK: usize, const GROUP_M: usize, T>(
+    a: Ptr<bf16>,
+    b: Ptr<bf16>,
+    c: Ptr<T>,
+    partials: Ptr<f32>,
+    counters: Ptr<i32>,
+    m: i32,
+    n: i32,
+    k: i32,
+    k_slice: i32,
+) {
+    let pid = program_id(0);
+    let slice = program_id(1);
+    let splits = num_programs(1);
+    let num_pid_m = cdiv(m, BM);
+    let num_pid_n = cdiv(n, BN);
+    let num_pid_in_group = GROUP_M * num_pid_n;
+    let first_pid_m = (pid / num_pid_in_group) * GROUP_M;
+    let group_size_m = minimum(num_pid_m - first_pid_m, GROUP_M);
+    let pid_m = first_pid_m + (pid % num_pid_in_group) % group_size_m;
+    let pid_n = (pid % num_pid_in_group) / group_size_m;
+    let rm = pid_m * BM + arange(0, BM);
+    let rn = pid_n * BN + arange(0, BN);
+    let rk = arange(0, BK);
+    let row_ok = (rm < m).expand_dims(1);
+    let col_ok = (rn < n).expand_dims(0);
+    let k_lo = slice * k_slice;
+    let k_hi = minimum(k, k_lo + k_slice);
+    let mut pa = a + rm.expand_dims(1) * k + (k_lo + rk).expand_dims(0);
+    let mut pb = b + (k_lo + rk).expand_dims(1) * n + rn.expand_dims(0);
+    let mut acc = zeros::<f32>([BM, BN]);
+    // Every slice but the last spans whole BK steps, so K's end is the only bound a
+    // step can cross (and `k - k0` keeps K's divisibility: 16-byte loads).
+    for k0 in (k_lo..k_hi).step_by(BK) {
+        let k_ok = rk < k - k0;
+        let x = load(pa, row_ok & k_ok.expand_dims(0), 0.0);
+        let y = load(pb, k_ok.expand_dims(1) & col_ok, 0.0);
+        acc = dot(x, y, acc);
+        pa += BK;
+        pb += BK * n;
+    }
+    let out_ok = row_ok & col_ok;
+    let offs = rm.expand_dims(1) * n + rn.expand_dims(0);
+    store(partials + slice * m * n + offs, acc, out_ok);
+    let arrived = atomic_add(counters + pid, 1);
+    if arrived == splits - 1 {
+        // Two partials a step: each step waits for its loads (L2 latency), so this
+        // halves the waits of a reduction that is latency-bound, not bandwidth-bound.
+        let mut sum = zeros::<f32>([BM, BN]);
+        for s in (0..splits).step_by(2) {
+            let p0 = load(partials + s * m * n + offs, out_ok, 0.0);
+            let p1 = load(
+                partials + (s + 1) * m * n + offs,
+                out_ok & (s + 1 < splits),
+                0.0,
+            );
+            sum = sum + p0 + p1;
+        }
+        store(c + offs, sum as T, out_ok);
+        store(counters + pid, 0);
+    }
+}
+
+/// Split-K [`matmul`] (bf16 `C`): a grid of `(tiles, splits)` programs, each one K
+/// slice of one tile, the last to finish a tile reducing its f32 partials (see
+/// [`launch_split`]). For outputs with fewer tiles than the GPU has multiprocessors
+/// (the O and down projections at 512 tokens: 32 tiles of 128 x 128). Compiled tile
+/// configurations: [`SPLIT_CONFIGS`].
+#[kernel(
+    crate = crate::dsl,
+    BM = [128, 64],
+    BN = [128, 64],
+    BK = [64],
+    GROUP_M = [8],
+    num_warps = [8, 4],
+    num_stages = [5],
+    skip(BM = 64, num_warps = 8),
+    skip(BM = 128, num_warps = 4)
+)]
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_split<const BM: usize, const BN: usize, const BK: usize, const GROUP_M: usize>(
+    a: Ptr<bf16>,
+    b: Ptr<bf16>,
+    c: Ptr<bf16>,
+    partials: Ptr<f32>,
+    counters: Ptr<i32>,
+    m: i32,
+    #[multiple_of(16)] n: i32,
+    #[multiple_of(16)] k: i32,
+    #[multiple_of(16)] k_slice: i32,
+) {
+    matmul_split_tile::<BM, BN, BK, GROUP_M, bf16>(a, b, c, partials, counters, m, n, k, k_slice);
+}
+
+/// Split-K [`matmul_f32`] (f32 `C`), compiled with [`matmul_split`]'s configurations.
+#[kernel(
+    crate = crate::dsl,
+    BM = [128, 64],
+    BN = [128, 64],
+    BK = [64],
+    GROUP_M = [8],
+    num_warps = [8, 4],
+    num_stages = [5],
+    skip(BM = 64, num_warps = 8),
+    skip(BM = 128, num_warps = 4)
+)]
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_split_f32<const BM: usize, const BN: usize, const BK: usize, const GROUP_M: usize>(
+    a: Ptr<bf16>,
+    b: Ptr<bf16>,
+    c: Ptr<f32>,
+    partials: Ptr<f32>,
+    counters: Ptr<i32>,
+    m: i32,
+    #[multiple_of(16)] n: i32,
+    #[multiple_of(16)] k: i32,
+    #[multiple_of(16)] k_slice: i32,
+) {
+    matmul_split_tile::<BM, BN, BK, GROUP_M, f32>(a, b, c, partials, counters, m, n, k, k_slice);
 }
 
 /// A tile configuration of [`matmul`] / [`matmul_f32`].
@@ -154,6 +285,8 @@ impl MatmulConfig {
     pub const MEDIUM: MatmulConfig = MatmulConfig::new(128, 128, 64, 8);
     /// 64 x 64 x 64, 4 warps (small problems: more programs).
     pub const SMALL: MatmulConfig = MatmulConfig::new(64, 64, 64, 4);
+    /// 64 x 128 x 64, 4 warps: the tile [`MatmulPlan::for_shape`] splits K over.
+    pub const SPLIT: MatmulConfig = MatmulConfig::new(64, 128, 64, 4);
 
     /// A configuration with `GROUP_M = 8`.
     pub const fn new(block_m: usize, block_n: usize, block_k: usize, num_warps: u32) -> Self {
@@ -203,21 +336,136 @@ impl Default for MatmulConfig {
     }
 }
 
+/// How one GEMM is launched: a tile configuration and how many slices K is split into
+/// ([`matmul_split`] when `splits > 1`, [`matmul`] otherwise).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MatmulPlan {
+    /// The tile configuration.
+    pub config: MatmulConfig,
+    /// K slices per output tile (1: no split).
+    pub splits: usize,
+}
+
+/// The split-K kernels' tile configurations `(BM, BN, 64, num_warps)`: 128 x 128 and 128
+/// x 64 on 8 warps, 64 x 128 and 64 x 64 on 4 (all among [`matmul`]'s, so a plan
+/// normalized to one slice launches too). The split kernels pipeline 5 stages deep
+/// (`num_stages = [5]`: a slice's few iterations are bound by the latency of their
+/// loads, not by bandwidth; 128 x 256 tiles would not fit that ring).
+pub const SPLIT_CONFIGS: [MatmulConfig; 4] = [
+    MatmulConfig::MEDIUM,
+    MatmulConfig::new(128, 64, 64, 8),
+    MatmulConfig::SPLIT,
+    MatmulConfig::SMALL,
+];
+
+/// The fewest K iterations a split-K slice is given (fewer leave the pipeline mostly
+/// filling and draining).
+pub const MIN_SLICE_ITERS: usize = 4;
+
+impl MatmulPlan {
+    /// No split: one program per tile of `config`.
+    pub const fn tiles(config: MatmulConfig) -> MatmulPlan {
+        MatmulPlan { config, splits: 1 }
+    }
+
+    /// The plan for an `m x n x k` GEMM on a GPU of `sms` multiprocessors. Outputs with
+    /// at least 96 tiles of 128 x 128 take [`MatmulConfig::for_shape`]'s tile unsplit.
+    /// Smaller ones (the wave is mostly empty) split K over 64 x 128 tiles on 4 warps
+    /// (one program per SM: its 5-stage ring is 144 KiB) into as many slices as fit the
+    /// SMs in one wave, each of at least [`MIN_SLICE_ITERS`] iterations; where that is
+    /// under two slices, 64 x 64 tiles unsplit. From the sweep in docs/perf.md ("GEMM on
+    /// `wgmma` (Hopper)", "Split-K for small outputs"): at 512 x 1024 x 3072 on an H200,
+    /// 64 x 128 in
+    /// 2 slices ran at 258 TFLOP/s against 166 for the best unsplit tile; more slices
+    /// (a second wave) and 128 x 128 tiles in 4 slices were slower.
+    pub fn for_shape(m: usize, n: usize, k: usize, sms: usize) -> MatmulPlan {
+        let base = MatmulConfig::for_shape(m, n);
+        if base != MatmulConfig::SMALL {
+            return MatmulPlan::tiles(base);
+        }
+        let cfg = MatmulConfig::SPLIT;
+        let tiles = m.div_ceil(cfg.block_m) * n.div_ceil(cfg.block_n);
+        let by_sms = sms.max(1) / tiles.max(1);
+        let by_k = k.div_ceil(cfg.block_k) / MIN_SLICE_ITERS;
+        let splits = by_sms.min(by_k);
+        if splits < 2 {
+            return MatmulPlan::tiles(MatmulConfig::SMALL);
+        }
+        MatmulPlan {
+            config: cfg,
+            splits,
+        }
+        .normalized(k)
+    }
+
+    /// K per slice: `k / splits` rounded up to a multiple of `block_k`.
+    pub fn k_slice(&self, k: usize) -> usize {
+        let bk = self.config.block_k;
+        k.div_ceil(self.splits.max(1)).div_ceil(bk).max(1) * bk
+    }
+
+    /// This plan with `splits` lowered to the number of non-empty slices of `k` (a
+    /// split of 4 over 5 iterations of `block_k` is 3 slices of 2, 2 and 1).
+    pub fn normalized(self, k: usize) -> MatmulPlan {
+        let splits = k.div_ceil(self.k_slice(k)).max(1);
+        MatmulPlan { splits, ..self }
+    }
+
+    /// Programs launched: tiles times slices.
+    pub fn programs(&self, m: usize, n: usize) -> usize {
+        self.config.grid(m, n)[0] as usize * self.splits
+    }
+}
+
+/// Scratch for split-K launches: the f32 partials (`splits x m x n`) and one arrival
+/// counter per output tile. The counters start at zero and every completed launch
+/// leaves them at zero (the last program of each tile resets its counter), so one
+/// workspace serves any number of launches on one stream whose plans fit it. A launch
+/// interrupted part-way (a device error) leaves it unusable: make a new one.
+pub struct SplitWorkspace {
+    partials: Buffer<f32>,
+    counters: Buffer<i32>,
+}
+
+impl SplitWorkspace {
+    /// Room for `plan` on an `m x n` output.
+    pub fn new(dev: &Device, plan: MatmulPlan, m: usize, n: usize) -> Result<Self, RuntimeError> {
+        Ok(SplitWorkspace {
+            partials: dev.zeros(plan.splits * m * n)?,
+            counters: dev.zeros(plan.config.grid(m, n)[0] as usize)?,
+        })
+    }
+
+    /// Whether `plan` on an `m x n` output fits this workspace.
+    pub fn fits(&self, plan: MatmulPlan, m: usize, n: usize) -> bool {
+        self.partials.len() >= plan.splits * m * n
+            && self.counters.len() >= plan.config.grid(m, n)[0] as usize
+    }
+}
+
 /// The `C` element types [`launch`] accepts: bf16 ([`matmul`]) and f32 ([`matmul_f32`]).
 pub trait MatmulOut: crate::dsl::runtime::Element {
     /// The kernel that stores this type.
     fn def() -> &'static KernelDef;
+    /// Its split-K form.
+    fn split_def() -> &'static KernelDef;
 }
 
 impl MatmulOut for bf16 {
     fn def() -> &'static KernelDef {
         &MATMUL
     }
+    fn split_def() -> &'static KernelDef {
+        &MATMUL_SPLIT
+    }
 }
 
 impl MatmulOut for f32 {
     fn def() -> &'static KernelDef {
         &MATMUL_F32
+    }
+    fn split_def() -> &'static KernelDef {
+        &MATMUL_SPLIT_F32
     }
 }
 
@@ -261,6 +509,80 @@ pub fn launch<T: MatmulOut>(
             KernelArg::from(m as i32),
             KernelArg::from(n as i32),
             KernelArg::from(k as i32),
+        ],
+    )
+}
+
+/// `c = a @ b` as [`launch`] does, following `plan`: with `plan.splits > 1` through
+/// [`matmul_split`] (K cut into slices of [`MatmulPlan::k_slice`]; the last program of
+/// each tile reduces the partials in slice order, so results do not depend on timing),
+/// using `workspace`, which must fit the plan ([`SplitWorkspace::new`] with the same
+/// plan and output shape, or a larger one); otherwise [`launch`] (no workspace needed).
+#[allow(clippy::too_many_arguments)]
+pub fn launch_plan<T: MatmulOut>(
+    dev: &Device,
+    a: &Buffer<bf16>,
+    b: &Buffer<bf16>,
+    c: &mut Buffer<T>,
+    m: usize,
+    n: usize,
+    k: usize,
+    plan: MatmulPlan,
+    workspace: Option<&mut SplitWorkspace>,
+) -> Result<(), LaunchError> {
+    let plan = plan.normalized(k);
+    if plan.splits <= 1 {
+        return launch(dev, a, b, c, m, n, k, plan.config);
+    }
+    let def = T::split_def();
+    let bad = |message: String| LaunchError::Config {
+        kernel: def.name.into(),
+        message,
+    };
+    let Some(ws) = workspace else {
+        return Err(bad(format!(
+            "{m}x{n}x{k} split {} ways needs a SplitWorkspace",
+            plan.splits
+        )));
+    };
+    if !ws.fits(plan, m, n) {
+        return Err(bad(format!(
+            "{m}x{n}x{k} split {} ways needs {} partials and {} counters; the workspace \
+             has {} and {}",
+            plan.splits,
+            plan.splits * m * n,
+            plan.config.grid(m, n)[0],
+            ws.partials.len(),
+            ws.counters.len()
+        )));
+    }
+    let too_big = [m * k, k * n, plan.splits * m * n]
+        .iter()
+        .any(|&x| x > i32::MAX as usize);
+    if too_big || a.len() < m * k || b.len() < k * n || c.len() < m * n {
+        return Err(bad(format!(
+            "{m}x{n}x{k}: buffers of {} (a), {} (b), {} (c) elements, or offsets past i32",
+            a.len(),
+            b.len(),
+            c.len()
+        )));
+    }
+    let [tiles, _, _] = plan.config.grid(m, n);
+    let cfg = LaunchConfig::grid([tiles, plan.splits as u32, 1]).num_warps(plan.config.num_warps);
+    def.launch_dyn(
+        dev,
+        cfg,
+        &plan.config.consts(),
+        &mut [
+            KernelArg::read(a),
+            KernelArg::read(b),
+            KernelArg::write(c),
+            KernelArg::write(&mut ws.partials),
+            KernelArg::write(&mut ws.counters),
+            KernelArg::from(m as i32),
+            KernelArg::from(n as i32),
+            KernelArg::from(k as i32),
+            KernelArg::from(plan.k_slice(k) as i32),
         ],
     )
 }

@@ -19,8 +19,8 @@ use crate::error::{EngineError, Result};
 
 mod plan;
 use crate::prefill_kernels::{
-    PREFILL_ATTENTION, PREFILL_EMBED, PREFILL_GATE_UP, PREFILL_GEMM, PREFILL_LAST_ROW,
-    PREFILL_QK_ROPE, PREFILL_RMSNORM,
+    PREFILL_ATTENTION, PREFILL_EMBED, PREFILL_GATE_UP, PREFILL_GEMM, PREFILL_GEMM_SPLIT,
+    PREFILL_LAST_ROW, PREFILL_QK_ROPE, PREFILL_RMSNORM,
 };
 pub use plan::{PrefillPlan, TileChoice, LONG_CHUNK};
 
@@ -114,6 +114,13 @@ pub struct Prefiller {
     attn: Buffer<bf16>,
     /// `silu(gate) * up`, `[chunk, intermediate]`.
     act: Buffer<bf16>,
+    /// SMs a split-K launch may fill (`usize::MAX` on the interpreter: plans split
+    /// as far as they ask).
+    sms: usize,
+    /// Split-K f32 partials, sized for the plan ([`TileChoice::splits`]).
+    partials: Buffer<f32>,
+    /// Split-K arrival counters, one a tile; zero between launches.
+    counters: Buffer<i32>,
 }
 
 impl Prefiller {
@@ -137,6 +144,11 @@ impl Prefiller {
         }
         let plan = PrefillPlan::new(cfg, dev)?;
         let qkv_dim = cfg.q_dim() + 2 * cfg.kv_dim();
+        let sms = if dev.is_cuda() {
+            dev.info()?.sm_count
+        } else {
+            usize::MAX
+        };
         Ok(Prefiller {
             cfg: cfg.clone(),
             dev: dev.clone(),
@@ -149,7 +161,24 @@ impl Prefiller {
             q: dev.zeros(chunk * cfg.q_dim())?,
             attn: dev.zeros(chunk * cfg.q_dim())?,
             act: dev.zeros(chunk * cfg.intermediate_size)?,
+            sms,
+            partials: dev.zeros(1)?,
+            counters: dev.zeros(1)?,
         })
+    }
+
+    /// Split-K scratch for `plan`: `(f32 partials, counters)` elements.
+    fn split_room(&self, plan: &PrefillPlan) -> (usize, usize) {
+        let cfg = &self.cfg;
+        let qkv_dim = cfg.q_dim() + 2 * cfg.kv_dim();
+        [
+            (&plan.qkv, qkv_dim),
+            (&plan.o_proj, cfg.hidden_size),
+            (&plan.down, cfg.hidden_size),
+        ]
+        .iter()
+        .map(|(c, n)| c.split_room(self.chunk, *n, self.sms))
+        .fold((1, 1), |(p, c), (q, d)| (p.max(q), c.max(d)))
     }
 
     /// Tokens per chunk.
@@ -175,6 +204,13 @@ impl Prefiller {
                     ),
                 });
             }
+        }
+        let (partials, counters) = self.split_room(&plan);
+        if partials > self.partials.len() {
+            self.partials = self.dev.zeros(partials)?;
+        }
+        if counters > self.counters.len() {
+            self.counters = self.dev.zeros(counters)?;
         }
         self.plan = plan;
         Ok(())
@@ -298,22 +334,18 @@ impl Prefiller {
                         eps.into(),
                     ],
                 )?;
-                launch(
+                gemm(
                     dev,
-                    &PREFILL_GEMM,
-                    gemm_grid(&plan.qkv, t, qkv_dim),
-                    &plan.qkv.consts,
-                    plan.qkv.num_warps,
-                    &mut [
+                    &plan.qkv,
+                    (self.sms, &mut self.partials, &mut self.counters),
+                    [
                         (&self.xn).into(),
                         l.qkv_w.into(),
                         l.qkv_b.into(),
                         (&mut self.qkv).into(),
-                        ti.into(),
-                        qkv_dim.into(),
-                        h.into(),
-                        0i32.into(),
                     ],
+                    (ti, qkv_dim, h),
+                    0,
                 )?;
                 launch(
                     dev,
@@ -357,22 +389,18 @@ impl Prefiller {
                         scale.into(),
                     ],
                 )?;
-                launch(
+                gemm(
                     dev,
-                    &PREFILL_GEMM,
-                    gemm_grid(&plan.o_proj, t, h),
-                    &plan.o_proj.consts,
-                    plan.o_proj.num_warps,
-                    &mut [
+                    &plan.o_proj,
+                    (self.sms, &mut self.partials, &mut self.counters),
+                    [
                         (&self.attn).into(),
                         l.o_w.into(),
                         l.o_b.into(),
                         (&mut self.x).into(),
-                        ti.into(),
-                        h.into(),
-                        qd.into(),
-                        1i32.into(),
                     ],
+                    (ti, h, qd),
+                    1,
                 )?;
                 launch(
                     dev,
@@ -403,22 +431,18 @@ impl Prefiller {
                         h.into(),
                     ],
                 )?;
-                launch(
+                gemm(
                     dev,
-                    &PREFILL_GEMM,
-                    gemm_grid(&plan.down, t, h),
-                    &plan.down.consts,
-                    plan.down.num_warps,
-                    &mut [
+                    &plan.down,
+                    (self.sms, &mut self.partials, &mut self.counters),
+                    [
                         (&self.act).into(),
                         l.down_w.into(),
                         zeros.into(),
                         (&mut self.x).into(),
-                        ti.into(),
-                        h.into(),
-                        im.into(),
-                        1i32.into(),
                     ],
+                    (ti, h, im),
+                    1,
                 )?;
             }
             last = (ti - 1, p0 + ti - 1);
@@ -442,6 +466,79 @@ impl Prefiller {
         )?;
         Ok(())
     }
+}
+
+/// One `prefill_gemm` launch of choice `c`: `x = [x +] bf16(a · w^T + bias)` with
+/// `[a, w, bias, x]` and `(t, n, k)`, through `prefill_gemm_split` when the choice
+/// splits K and the chunk's tiles leave SMs for the slices (`split`: the SM count and
+/// the workspace, sized by [`Prefiller::set_plan`]).
+fn gemm<'a>(
+    dev: &Device,
+    c: &TileChoice,
+    split: (usize, &'a mut Buffer<f32>, &'a mut Buffer<i32>),
+    [a, w, bias, x]: [KernelArg<'a>; 4],
+    (t, n, k): (i32, i32, i32),
+    accumulate: i32,
+) -> Result<()> {
+    let (sms, partials, counters) = split;
+    let grid = [
+        (t as usize).div_ceil(c.rows() as usize) as u32,
+        (n as usize).div_ceil(c.cols() as usize) as u32,
+    ];
+    let (slices, k_slice) = c.slices(t as usize, n as usize, k as usize, sms);
+    if slices <= 1 {
+        let mut args = [
+            a,
+            w,
+            bias,
+            x,
+            t.into(),
+            n.into(),
+            k.into(),
+            accumulate.into(),
+        ];
+        return launch(
+            dev,
+            &PREFILL_GEMM,
+            [grid[0], grid[1], 1],
+            &c.consts,
+            c.num_warps,
+            &mut args,
+        );
+    }
+    let tiles = (grid[0] * grid[1]) as usize;
+    if slices * (t * n) as usize > partials.len() || tiles > counters.len() {
+        return Err(EngineError::Option {
+            message: format!(
+                "prefill split-K {t}x{n}x{k} in {slices} slices: the workspace holds {} \
+                 partials and {} counters (set the plan with Prefiller::set_plan)",
+                partials.len(),
+                counters.len()
+            ),
+        });
+    }
+    let mut args = [
+        a,
+        w,
+        bias,
+        x,
+        partials.into(),
+        counters.into(),
+        t.into(),
+        n.into(),
+        k.into(),
+        (k_slice as i32).into(),
+        accumulate.into(),
+    ];
+    let grid = [grid[0], grid[1], slices as u32];
+    launch(
+        dev,
+        &PREFILL_GEMM_SPLIT,
+        grid,
+        &c.consts,
+        c.num_warps,
+        &mut args,
+    )
 }
 
 /// Launches `def`'s compiled variant for `consts` / `num_warps` over `grid`.

@@ -6,7 +6,9 @@ use tilefuse_dsl::runtime::{Device, KernelDef};
 
 use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};
-use crate::prefill_kernels::{PREFILL_ATTENTION, PREFILL_GATE_UP, PREFILL_GEMM};
+use crate::prefill_kernels::{
+    PREFILL_ATTENTION, PREFILL_GATE_UP, PREFILL_GEMM, PREFILL_GEMM_SPLIT,
+};
 
 /// One launch's compiled variant: its compile-time constants in declaration order and
 /// its warps per program.
@@ -16,15 +18,71 @@ pub struct TileChoice {
     pub consts: Vec<i64>,
     /// Warps per program.
     pub num_warps: u32,
+    /// At most this many K slices (split-K through `prefill_gemm_split`; 1: none). Only
+    /// the `prefill_gemm` launches (QKV, O, down) split, and a chunk splits only as far
+    /// as its tiles times the slices fit the GPU's SMs (long chunks do not split).
+    pub splits: u32,
 }
 
 impl TileChoice {
-    /// A GEMM's tile: `[BLOCK_M, BLOCK_N, BLOCK_K]` over `num_warps` warps.
+    /// A GEMM's tile: `[BLOCK_M, BLOCK_N, BLOCK_K]` over `num_warps` warps, unsplit.
     pub fn gemm(block_m: i64, block_n: i64, block_k: i64, num_warps: u32) -> TileChoice {
         TileChoice {
             consts: vec![block_m, block_n, block_k],
             num_warps,
+            splits: 1,
         }
+    }
+
+    /// An attention tile: `[D, BLOCK_M, BLOCK_N]` over `num_warps` warps.
+    pub fn attention(d: i64, block_m: i64, block_n: i64, num_warps: u32) -> TileChoice {
+        TileChoice {
+            consts: vec![d, block_m, block_n],
+            num_warps,
+            splits: 1,
+        }
+    }
+
+    /// This choice with K split into at most `splits` slices.
+    pub fn split(self, splits: u32) -> TileChoice {
+        TileChoice { splits, ..self }
+    }
+
+    pub(super) fn depth(&self) -> i64 {
+        self.consts[2]
+    }
+
+    /// The K split of this GEMM choice for a `t x n x k` launch on `sms` SMs:
+    /// `(slices, k_slice)`, at most [`TileChoice::splits`] slices and no more than fit
+    /// the SMs beside the output's tiles in one wave, each a multiple of `BLOCK_K`
+    /// (the last may be shorter), none empty; `(1, k)` when that is under two.
+    pub fn slices(&self, t: usize, n: usize, k: usize, sms: usize) -> (usize, usize) {
+        let tiles = t.div_ceil(self.rows() as usize) * n.div_ceil(self.cols() as usize);
+        let s = (self.splits as usize).min(sms / tiles.max(1));
+        if s < 2 {
+            return (1, k);
+        }
+        let bk = self.depth() as usize;
+        let k_slice = k.div_ceil(s).div_ceil(bk).max(1) * bk;
+        let s = k.div_ceil(k_slice);
+        if s < 2 {
+            (1, k)
+        } else {
+            (s, k_slice)
+        }
+    }
+
+    /// Split-K scratch this choice may need for chunks of up to `chunk` rows and `n`
+    /// columns on `sms` SMs: `(f32 partials, tile counters)`, both 0 when unsplit.
+    pub(super) fn split_room(&self, chunk: usize, n: usize, sms: usize) -> (usize, usize) {
+        if self.splits <= 1 {
+            return (0, 0);
+        }
+        let (bm, bn) = (self.rows() as usize, self.cols() as usize);
+        let tiles = chunk.div_ceil(bm) * n.div_ceil(bn);
+        // A split launch has slices x tiles <= sms, and t x n <= tiles x bm x bn.
+        let partials = (self.splits as usize * chunk * n).min(sms.saturating_mul(bm * bn));
+        (partials, tiles.min(sms))
     }
 
     pub(super) fn rows(&self) -> i64 {
@@ -77,14 +135,8 @@ impl PrefillPlan {
                 o_proj: TileChoice::gemm(128, 64, 64, 8),
                 gate_up: TileChoice::gemm(64, 64, 64, 4),
                 down: TileChoice::gemm(128, 64, 64, 8),
-                attention: TileChoice {
-                    consts: vec![d, 128, 64],
-                    num_warps: 8,
-                },
-                attention_short: TileChoice {
-                    consts: vec![d, 64, 64],
-                    num_warps: 8,
-                },
+                attention: TileChoice::attention(d, 128, 64, 8),
+                attention_short: TileChoice::attention(d, 64, 64, 8),
             }
         } else {
             let gemm = TileChoice::gemm(16, 32, 32, 4);
@@ -94,14 +146,8 @@ impl PrefillPlan {
                 gate_up: gemm.clone(),
                 down: gemm,
                 // 64-key steps as on the GPU: the online softmax rounds alike.
-                attention: TileChoice {
-                    consts: vec![d, 16, 64],
-                    num_warps: 4,
-                },
-                attention_short: TileChoice {
-                    consts: vec![d, 16, 64],
-                    num_warps: 4,
-                },
+                attention: TileChoice::attention(d, 16, 64, 4),
+                attention_short: TileChoice::attention(d, 16, 64, 4),
             }
         };
         plan.check()?;
@@ -110,9 +156,11 @@ impl PrefillPlan {
 
     /// This plan with the launches `spec` names replaced (to time other compiled
     /// variants): comma-separated `LAUNCH=TILE`, `LAUNCH` one of `qkv`, `o`, `gate_up`,
-    /// `down` with `TILE` as `MxNxK/W` (`BLOCK_M x BLOCK_N x BLOCK_K`, warps), or
-    /// `attention` or `attention_short` with `TILE` as `MxN/W` (query rows x keys,
-    /// warps; the head dim stays). For example `qkv=128x64x64/8,attention=64x32/8`.
+    /// `down` with `TILE` as `MxNxK/W` (`BLOCK_M x BLOCK_N x BLOCK_K`, warps; `qkv`,
+    /// `o` and `down` may add `:S` for split-K into at most `S` slices, e.g.
+    /// `o=128x64x64/8:2`), or `attention` or `attention_short` with `TILE` as `MxN/W`
+    /// (query rows x keys, warps; the head dim stays). For example
+    /// `qkv=128x64x64/8,attention=64x32/8`.
     /// The result passes
     /// [`PrefillPlan::check`].
     pub fn with_tiles(&self, spec: &str) -> Result<PrefillPlan> {
@@ -125,6 +173,22 @@ impl PrefillPlan {
             let (dims, warps) = tile
                 .split_once('/')
                 .ok_or_else(|| bad(format!("prefill tiles `{part}`: expected a `/WARPS`")))?;
+            let (warps, splits) = match warps.split_once(':') {
+                Some((w, s)) => {
+                    if !matches!(name, "qkv" | "o" | "down") {
+                        return Err(bad(format!(
+                            "prefill tiles `{part}`: only qkv, o and down split K (`:S`)"
+                        )));
+                    }
+                    let s: u32 = s
+                        .parse()
+                        .ok()
+                        .filter(|&s| s >= 1)
+                        .ok_or_else(|| bad(format!("prefill tiles `{part}`: slices `{s}`")))?;
+                    (w, s)
+                }
+                None => (warps, 1),
+            };
             let num_warps: u32 = warps
                 .parse()
                 .map_err(|_| bad(format!("prefill tiles `{part}`: warps `{warps}`")))?;
@@ -135,7 +199,7 @@ impl PrefillPlan {
                 .map_err(|_| bad(format!("prefill tiles `{part}`: sizes `{dims}`")))?;
             let gemm = |dims: &[i64]| -> Result<TileChoice> {
                 match dims {
-                    [m, n, k] => Ok(TileChoice::gemm(*m, *n, *k, num_warps)),
+                    [m, n, k] => Ok(TileChoice::gemm(*m, *n, *k, num_warps).split(splits)),
                     _ => Err(bad(format!("prefill tiles `{part}`: a GEMM tile is MxNxK"))),
                 }
             };
@@ -146,10 +210,7 @@ impl PrefillPlan {
                 "down" => plan.down = gemm(&dims)?,
                 "attention" | "attention_short" => match dims[..] {
                     [m, n] => {
-                        let c = TileChoice {
-                            consts: vec![self.attention.consts[0], m, n],
-                            num_warps,
-                        };
+                        let c = TileChoice::attention(self.attention.consts[0], m, n, num_warps);
                         if name == "attention" {
                             plan.attention = c;
                         } else {
@@ -186,10 +247,20 @@ impl PrefillPlan {
         ]
     }
 
-    /// Fails unless every launch names a compiled variant (the error lists them).
+    /// Fails unless every launch names a compiled variant (the error lists them); a
+    /// split launch needs its tile in `prefill_gemm_split` too (a chunk too long to
+    /// split runs it through `prefill_gemm`), and only `prefill_gemm` launches split.
     pub fn check(&self) -> Result<()> {
         for (def, c) in self.choices() {
             def.variant(&c.consts, Some(c.num_warps))?;
+            if c.splits > 1 {
+                if !std::ptr::eq(def, &PREFILL_GEMM) {
+                    return Err(EngineError::Option {
+                        message: format!("{} does not split K", def.name),
+                    });
+                }
+                PREFILL_GEMM_SPLIT.variant(&c.consts, Some(c.num_warps))?;
+            }
         }
         Ok(())
     }
@@ -207,7 +278,11 @@ impl std::fmt::Display for PrefillPlan {
             let [m, n, k] = c.consts[..] else {
                 return Err(std::fmt::Error);
             };
-            write!(f, "{name}={m}x{n}x{k}/{},", c.num_warps)?;
+            write!(f, "{name}={m}x{n}x{k}/{}", c.num_warps)?;
+            if c.splits > 1 {
+                write!(f, ":{}", c.splits)?;
+            }
+            write!(f, ",")?;
         }
         let (a, s) = (&self.attention, &self.attention_short);
         write!(
@@ -234,10 +309,43 @@ mod tests {
         assert_eq!(gpu.o_proj, TileChoice::gemm(128, 64, 64, 8));
         assert_eq!(gpu.attention.consts, vec![128, 128, 64]);
         assert_eq!(gpu.attention_short.consts, vec![128, 64, 64]);
+        // Split-K for the prefill_gemm launches, with a tile both kernels compile.
+        let split = cpu.with_tiles("o=16x32x32/4:3,down=16x32x32/4:2").unwrap();
+        assert_eq!(split.o_proj, TileChoice::gemm(16, 32, 32, 4).split(3));
+        assert_eq!(split.with_tiles(&split.to_string()).unwrap(), split);
+        assert!(split.to_string().contains("o=16x32x32/4:3,"));
         // Launches left out keep their tiles.
         let one = cpu.with_tiles("down=64x64x64/8").unwrap();
         assert_eq!(one.qkv, cpu.qkv);
         assert_eq!(one.down, TileChoice::gemm(64, 64, 64, 8));
+        // Slices: within one wave of SMs, whole BLOCK_K steps, none empty.
+        let c = TileChoice::gemm(128, 64, 64, 8).split(4);
+        assert_eq!(c.slices(512, 1024, 3072, 132), (2, 1536));
+        assert_eq!(c.slices(512, 1024, 3072, 264), (4, 768));
+        assert_eq!(c.slices(2048, 1024, 3072, 132), (1, 3072));
+        assert_eq!(c.slices(100, 64, 320, 132), (3, 128));
+        assert_eq!(c.slices(100, 64, 64, 132), (1, 64));
+        assert_eq!(
+            TileChoice::gemm(128, 64, 64, 8).slices(8, 64, 4096, 132),
+            (1, 4096)
+        );
+        for (t, n, k) in [
+            (512, 1024, 3072),
+            (1, 8, 200),
+            (300, 136, 1000),
+            (64, 64, 72),
+        ] {
+            for sms in [1, 132, usize::MAX] {
+                let (s, ks) = c.slices(t, n, k, sms);
+                assert!(s == 1 || ((s - 1) * ks < k && k <= s * ks && ks % 64 == 0));
+                let (room, counters) = c.split_room(t, n, sms);
+                let tiles = t.div_ceil(128) * n.div_ceil(64);
+                assert!(
+                    s == 1 || (s * t * n <= room && tiles <= counters),
+                    "{t} {n} {k}"
+                );
+            }
+        }
         for (bad, says) in [
             ("qkv=64x64/4", "MxNxK"),
             ("attention=64x64x64/8", "MxN"),
@@ -246,6 +354,9 @@ mod tests {
             ("qkv", "LAUNCH=TILE"),
             ("qkv=64xbx64/4", "sizes"),
             ("qkv=64x64x64/3", "no compiled variant"),
+            ("gate_up=16x32x32/4:2", "only qkv, o and down"),
+            ("o=16x32x32/4:0", "slices"),
+            ("o=64x64x64/4:2", "no compiled variant"),
         ] {
             let err = cpu.with_tiles(bad).unwrap_err().to_string();
             assert!(err.contains(says), "{bad}: {err}");

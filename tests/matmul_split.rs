@@ -1,0 +1,240 @@
+//! Split-K GEMM (`tilefuse::kernels::matmul::{matmul_split, launch_plan}`): the planner
+//! on the CPU (which tile and how many K slices for the shapes, slices covering
+//! K), the kernel on the interpreter against a host f64 product on shapes off the tile
+//! with K slices of unequal length, and, when there is a GPU, the same against the host
+//! and the interpreter, launched twice on one workspace (its counters must come back to
+//! zero) with results identical bit for bit across launches.
+
+use tilefuse::dsl::runtime::testing::{gpu_or_skip, gpu_turn};
+use tilefuse::engine::bench::Rng;
+use tilefuse::kernels::matmul::{
+    launch_plan, MatmulConfig, MatmulPlan, SplitWorkspace, MIN_SLICE_ITERS, SPLIT_CONFIGS,
+};
+use tilefuse::prelude::*;
+
+/// H100 and H200.
+const SMS: usize = 132;
+
+#[test]
+fn plan_splits_small_outputs_only() {
+    // Qwen3-0.6B's O and down projections at 512 tokens: 64 tiles of 64 x 128, cut
+    // into 2 slices (128 programs on 132 SMs).
+    for (m, n, k) in [(512, 1024, 2048), (512, 1024, 3072)] {
+        let p = MatmulPlan::for_shape(m, n, k, SMS);
+        assert_eq!(p.config, MatmulConfig::SPLIT, "{m}x{n}x{k}");
+        assert_eq!(p.splits, 2, "{m}x{n}x{k}");
+        assert_eq!(p.programs(m, n), 128);
+    }
+    // Enough tiles: no split, the tile `MatmulConfig::for_shape` picks.
+    for (m, n, k) in [
+        (4096, 4096, 4096),
+        (512, 6144, 1024),
+        (512, 4096, 1024),
+        (2048, 1024, 3072),
+        (2048, 6144, 1024),
+    ] {
+        let p = MatmulPlan::for_shape(m, n, k, SMS);
+        assert_eq!(p, MatmulPlan::tiles(MatmulConfig::for_shape(m, n)));
+    }
+    // K too short for two slices of MIN_SLICE_ITERS iterations: small tiles, unsplit.
+    let p = MatmulPlan::for_shape(512, 1024, 64 * (2 * MIN_SLICE_ITERS - 1), SMS);
+    assert_eq!(p, MatmulPlan::tiles(MatmulConfig::SMALL));
+    // Two tiles and a long K: as many slices as K allows, within one wave.
+    let p = MatmulPlan::for_shape(100, 100, 64 * 40, SMS);
+    assert_eq!((p.config, p.splits), (MatmulConfig::SPLIT, 10));
+    // More SMs, more slices; fewer than two slices' worth: small tiles, unsplit.
+    assert_eq!(MatmulPlan::for_shape(512, 1024, 3072, 264).splits, 4);
+    let p = MatmulPlan::for_shape(512, 1024, 3072, 108);
+    assert_eq!(p, MatmulPlan::tiles(MatmulConfig::SMALL));
+    // Never more programs than SMs.
+    for sms in [1, 8, 78, 108, 132] {
+        for (m, n, k) in [(64, 64, 8192), (512, 1024, 3072), (300, 700, 5000)] {
+            let p = MatmulPlan::for_shape(m, n, k, sms);
+            if p.splits > 1 {
+                assert!(p.programs(m, n) <= sms, "{m}x{n}x{k} on {sms}: {p:?}");
+                let iters = p.k_slice(k) / p.config.block_k;
+                assert!(iters >= MIN_SLICE_ITERS, "{m}x{n}x{k} on {sms}: {p:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn slices_cover_k_and_none_is_empty() {
+    for config in SPLIT_CONFIGS {
+        for k in (16..2000).step_by(16) {
+            for splits in 1..=9 {
+                let p = MatmulPlan { config, splits }.normalized(k);
+                let ks = p.k_slice(k);
+                assert_eq!(ks % config.block_k, 0);
+                assert!(p.splits >= 1 && p.splits <= splits, "{k} {splits}: {p:?}");
+                // Every slice but the last is whole; the last is non-empty.
+                assert!((p.splits - 1) * ks < k && k <= p.splits * ks, "{k} {p:?}");
+                assert_eq!(p.normalized(k), p);
+            }
+        }
+    }
+    // 5 iterations of 64 cut 4 ways: slices of 2, 2 and 1 iterations.
+    let p = MatmulPlan {
+        config: MatmulConfig::SMALL,
+        splits: 4,
+    }
+    .normalized(320);
+    assert_eq!((p.splits, p.k_slice(320)), (3, 128));
+}
+
+/// Row-major `a [m, k] @ b [k, n]` in f64.
+fn host_matmul(a: &[bf16], b: &[bf16], m: usize, n: usize, k: usize) -> Vec<f64> {
+    let mut c = vec![0.0f64; m * n];
+    for i in 0..m {
+        for p in 0..k {
+            let x = f64::from(a[i * k + p].to_f32());
+            for j in 0..n {
+                c[i * n + j] += x * f64::from(b[p * n + j].to_f32());
+            }
+        }
+    }
+    c
+}
+
+/// The largest `|got - want|` over `max |want|`; NaN (an unwritten element) is infinite.
+fn max_rel_err(got: &[f32], want: &[f64]) -> f64 {
+    let scale = want.iter().fold(0.0f64, |s, w| s.max(w.abs())).max(1e-30);
+    got.iter().zip(want).fold(0.0, |e, (g, w)| {
+        if g.is_nan() {
+            f64::INFINITY
+        } else {
+            e.max((f64::from(*g) - w).abs() / scale)
+        }
+    })
+}
+
+/// Runs `plan` on `m x n x k` twice on one workspace, f32 and bf16 out; returns the f32
+/// result, and checks both against the host and the two launches against each other.
+fn run_plan(dev: &Device, plan: MatmulPlan, (m, n, k): (usize, usize, usize)) -> Vec<f32> {
+    let mut rng = Rng::new((m * 31 + n * 7 + k) as u64);
+    let ha = rng.bf16_vec(m * k, 1.0);
+    let hb = rng.bf16_vec(k * n, 1.0);
+    let want = host_matmul(&ha, &hb, m, n, k);
+    let (a, b) = (dev.upload(&ha).unwrap(), dev.upload(&hb).unwrap());
+    let mut ws = SplitWorkspace::new(dev, plan, m, n).unwrap();
+    let what = format!("{dev}: {m}x{n}x{k} {plan:?}");
+    let mut c = dev.alloc_filled(m * n, f32::NAN).unwrap();
+    launch_plan(dev, &a, &b, &mut c, m, n, k, plan, Some(&mut ws)).expect(&what);
+    let first = c.to_vec().unwrap();
+    let err = max_rel_err(&first, &want);
+    assert!(err < 1e-5, "{what}: f32 out, max rel err {err:.2e}");
+    let mut c = dev.alloc_filled(m * n, f32::NAN).unwrap();
+    launch_plan(dev, &a, &b, &mut c, m, n, k, plan, Some(&mut ws)).expect(&what);
+    let second = c.to_vec().unwrap();
+    let same = first
+        .iter()
+        .zip(&second)
+        .all(|(x, y)| x.to_bits() == y.to_bits());
+    assert!(same, "{what}: a second launch on the workspace differs");
+    let mut c = dev.alloc_filled(m * n, bf16::NAN).unwrap();
+    launch_plan(dev, &a, &b, &mut c, m, n, k, plan, Some(&mut ws)).expect(&what);
+    let got: Vec<f32> = c.to_vec().unwrap().iter().map(|x| x.to_f32()).collect();
+    let err = max_rel_err(&got, &want);
+    assert!(err < 8e-3, "{what}: bf16 out, max rel err {err:.2e}");
+    first
+}
+
+/// Shapes off every tile, with K slices of unequal length: K = 208 cut 3 ways at BK 64
+/// is 128 + 64 + 16; 1040 cut 5 ways is 256 x 4 + 16; K = 16 is below one BK.
+const SHAPES: [(usize, usize, usize); 3] = [(70, 48, 208), (33, 80, 16), (130, 144, 1040)];
+
+#[test]
+fn interpreter_matches_host() {
+    let dev = Device::cpu();
+    for shape in SHAPES {
+        for splits in [2, 3, 5] {
+            run_plan(
+                &dev,
+                MatmulPlan {
+                    config: MatmulConfig::SMALL,
+                    splits,
+                },
+                shape,
+            );
+        }
+    }
+    // The 64 x 128 tile the planner splits, and 128 x 128, on one shape.
+    for config in [MatmulConfig::SPLIT, MatmulConfig::MEDIUM] {
+        run_plan(
+            &Device::cpu(),
+            MatmulPlan { config, splits: 3 },
+            (130, 144, 208),
+        );
+    }
+}
+
+#[test]
+fn gpu_matches_host_and_interpreter() {
+    let Some(gpu) = gpu_or_skip("gpu_matches_host_and_interpreter") else {
+        return;
+    };
+    let _turn = gpu_turn();
+    for config in SPLIT_CONFIGS {
+        for splits in [2, 3, 5, 8] {
+            let plan = MatmulPlan { config, splits };
+            for shape in SHAPES {
+                let got = run_plan(&gpu, plan, shape);
+                if config == MatmulConfig::SMALL && shape != (130, 144, 1040) {
+                    let want = run_plan(&Device::cpu(), plan, shape);
+                    let max = want.iter().fold(0.0f32, |s, w| s.max(w.abs()));
+                    let diff = got
+                        .iter()
+                        .zip(&want)
+                        .fold(0.0f32, |d, (g, w)| d.max((g - w).abs()));
+                    assert!(
+                        diff <= 1e-5 * max,
+                        "{shape:?} {plan:?}: GPU vs interpreter {diff}"
+                    );
+                }
+            }
+        }
+    }
+    // Larger: many tiles, a long K in unequal slices, an M off the tile.
+    for plan in [
+        MatmulPlan::for_shape(1000, 528, 3000, 132),
+        MatmulPlan {
+            config: MatmulConfig::new(128, 64, 64, 8),
+            splits: 3,
+        },
+    ] {
+        run_plan(&gpu, plan, (1000, 528, 3008));
+    }
+}
+
+#[test]
+fn split_without_a_fitting_workspace_is_an_error() {
+    let dev = Device::cpu();
+    let (m, n, k) = (64, 64, 512);
+    let a = dev.zeros::<bf16>(m * k).unwrap();
+    let b = dev.zeros::<bf16>(k * n).unwrap();
+    let mut c = dev.zeros::<bf16>(m * n).unwrap();
+    let plan = MatmulPlan {
+        config: MatmulConfig::SMALL,
+        splits: 4,
+    };
+    let err = launch_plan(&dev, &a, &b, &mut c, m, n, k, plan, None).unwrap_err();
+    assert!(err.to_string().contains("SplitWorkspace"), "{err}");
+    let small = MatmulPlan { splits: 2, ..plan };
+    let mut ws = SplitWorkspace::new(&dev, small, m, n).unwrap();
+    let err = launch_plan(&dev, &a, &b, &mut c, m, n, k, plan, Some(&mut ws)).unwrap_err();
+    assert!(err.to_string().contains("the workspace has"), "{err}");
+    // An unsplit plan needs none.
+    launch_plan(
+        &dev,
+        &a,
+        &b,
+        &mut c,
+        m,
+        n,
+        k,
+        MatmulPlan::tiles(plan.config),
+        None,
+    )
+    .unwrap();
+}
