@@ -4,9 +4,8 @@
 use tilefuse_dsl::{compile_source, Specialization};
 
 fn error_of(body: &str) -> String {
-    let src = format!(
-        "#[kernel] fn k(x: Ptr<f32>, i: Ptr<i32>, u: Ptr<u32>, b: Ptr<u8>) {{\n{body}\n}}"
-    );
+    let src =
+        format!("#[kernel] fn k(x: Ptr<f32>, i: Ptr<i32>, u: Ptr<u32>, b: Ptr<u8>) {{\n{body}\n}}");
     let spec = Specialization {
         consts: vec![],
         num_warps: 4,

@@ -153,8 +153,9 @@ fn dot4_multiplies_bytes_by_signedness() {
             }
             let rows = ints(&got[10]);
             for (p, &r) in rows.iter().enumerate() {
-                let want = (p * BLOCK..((p + 1) * BLOCK).min(n))
-                    .fold(0i32, |s, j| s.wrapping_add(host_dot4(x[j], false, y[j], true, 0)));
+                let want = (p * BLOCK..((p + 1) * BLOCK).min(n)).fold(0i32, |s, j| {
+                    s.wrapping_add(host_dot4(x[j], false, y[j], true, 0))
+                });
                 assert_eq!(r, want, "{be}: program {p}'s sum, n={n}");
             }
         }
@@ -167,7 +168,12 @@ fn dot4_is_a_dp4a_in_ptx() {
     for t in [Target::Sm80, Target::Sm90] {
         let p = compile(&k, t).unwrap_or_else(|e| panic!("{}: {e}", t.name()));
         crate::back::ptx::tests::assemble(&p, t);
-        for form in ["dp4a.s32.s32", "dp4a.s32.u32", "dp4a.u32.s32", "dp4a.u32.u32"] {
+        for form in [
+            "dp4a.s32.s32",
+            "dp4a.s32.u32",
+            "dp4a.u32.s32",
+            "dp4a.u32.u32",
+        ] {
             assert!(p.ptx.contains(form), "{}: no {form}:\n{}", t.name(), p.ptx);
         }
     }
