@@ -24,11 +24,13 @@ impl QuantGemvConfig {
     /// Every compiled configuration (the kernels share one list).
     pub fn all() -> Vec<QuantGemvConfig> {
         let mut v = Vec::new();
-        for block_n in [1, 2, 4, 8] {
+        for block_n in [1, 2, 4, 8, 16] {
             for block_k in [256, 512, 1024, 2048] {
                 for num_warps in [4, 8] {
                     // Long tiles: few rows (as compiled).
-                    if block_k == 2048 && block_n == 8 {
+                    if (block_k == 2048 && block_n >= 8)
+                        || (block_k == 1024 && block_n == 16 && num_warps == 4)
+                    {
                         continue;
                     }
                     v.push(QuantGemvConfig {
