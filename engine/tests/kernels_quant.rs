@@ -344,12 +344,14 @@ fn check_type(ty: GgmlType, seed: u64) {
                         let (proj, mag) = want[r];
                         // f32 scaling of exact integer sums (in another order than the
                         // host's), then bf16 rounding of the projection and, with a
-                        // residual, of the sum.
+                        // residual, of the sum. Under a residual the projection's rounding
+                        // may land on the other bf16 neighbour than the host's (a whole
+                        // step, `|proj| / 128`: seen on an H200 at Q6_K 4096 x 1024).
                         let acc = mag * 4e-6;
                         let (expect, tol) = if residual {
                             let old = c.old[r].to_f64();
                             let e = old + bf(proj);
-                            (e, acc + bf(proj).abs() / 256.0 + e.abs() / 256.0)
+                            (e, acc + bf(proj).abs() / 128.0 + e.abs() / 256.0)
                         } else {
                             (proj, acc + proj.abs() / 256.0)
                         };
