@@ -224,15 +224,15 @@ fn q8_0_tile(
 /// [`quantize_act`]; the residual and LM-head variants as in the module docs.
 #[kernel(
     crate = tilefuse_dsl,
-    BLOCK_N = [1, 2, 4, 8, 16],
+    BLOCK_N = [1, 2, 4, 8, 16, 32],
     BLOCK_K = [256, 512, 1024, 2048],
     num_warps = [4, 8],
     RESIDUAL = [0, 1],
     HEAD = [0, 1],
     skip(HEAD = 1, RESIDUAL = 1),
-    // Long tiles are for wide matrices (few rows); more would spill.
-    skip(BLOCK_K = 2048, BLOCK_N = [8, 16]),
-    skip(BLOCK_K = 1024, BLOCK_N = 16, num_warps = 4),
+    // Long tiles are for wide matrices (few rows), many rows for tall ones.
+    skip(BLOCK_K = 2048, BLOCK_N = [8, 16, 32]),
+    skip(BLOCK_K = 1024, BLOCK_N = 32),
     skip(BLOCK_K = 2048, HEAD = 1)
 )]
 pub fn q8_0_gemv<
@@ -343,15 +343,15 @@ fn q4_k_tile(
 /// LM-head variants as in the module docs.
 #[kernel(
     crate = tilefuse_dsl,
-    BLOCK_N = [1, 2, 4, 8, 16],
+    BLOCK_N = [1, 2, 4, 8, 16, 32],
     BLOCK_K = [256, 512, 1024, 2048],
     num_warps = [4, 8],
     RESIDUAL = [0, 1],
     HEAD = [0, 1],
     skip(HEAD = 1, RESIDUAL = 1),
-    // Long tiles are for wide matrices (few rows); more would spill.
-    skip(BLOCK_K = 2048, BLOCK_N = [8, 16]),
-    skip(BLOCK_K = 1024, BLOCK_N = 16, num_warps = 4),
+    // Long tiles are for wide matrices (few rows), many rows for tall ones.
+    skip(BLOCK_K = 2048, BLOCK_N = [8, 16, 32]),
+    skip(BLOCK_K = 1024, BLOCK_N = 32),
     skip(BLOCK_K = 2048, HEAD = 1)
 )]
 pub fn q4_k_gemv<
@@ -490,15 +490,15 @@ fn q6_k_tile(
 /// [`quantize_act`]; the residual and LM-head variants as in the module docs.
 #[kernel(
     crate = tilefuse_dsl,
-    BLOCK_N = [1, 2, 4, 8, 16],
+    BLOCK_N = [1, 2, 4, 8, 16, 32],
     BLOCK_K = [256, 512, 1024, 2048],
     num_warps = [4, 8],
     RESIDUAL = [0, 1],
     HEAD = [0, 1],
     skip(HEAD = 1, RESIDUAL = 1),
-    // Long tiles are for wide matrices (few rows); more would spill.
-    skip(BLOCK_K = 2048, BLOCK_N = [8, 16]),
-    skip(BLOCK_K = 1024, BLOCK_N = 16, num_warps = 4),
+    // Long tiles are for wide matrices (few rows), many rows for tall ones.
+    skip(BLOCK_K = 2048, BLOCK_N = [8, 16, 32]),
+    skip(BLOCK_K = 1024, BLOCK_N = 32),
     skip(BLOCK_K = 2048, HEAD = 1)
 )]
 pub fn q6_k_gemv<

@@ -273,9 +273,13 @@ fn check_type(ty: GgmlType, seed: u64) {
             shapes.extend([(4096, 1024), (1024, 3072)]);
             // The decode step's choices and the long tiles (the bandwidth example
             // times every compiled configuration).
-            for (block_n, block_k, num_warps) in
-                [(8, 1024, 4), (2, 2048, 4), (4, 2048, 8), (16, 512, 4)]
-            {
+            for (block_n, block_k, num_warps) in [
+                (8, 1024, 4),
+                (2, 2048, 4),
+                (4, 2048, 8),
+                (16, 512, 4),
+                (32, 256, 4),
+            ] {
                 configs.push(QuantGemvConfig {
                     block_n,
                     block_k,

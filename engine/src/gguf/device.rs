@@ -24,13 +24,11 @@ impl QuantGemvConfig {
     /// Every compiled configuration (the kernels share one list).
     pub fn all() -> Vec<QuantGemvConfig> {
         let mut v = Vec::new();
-        for block_n in [1, 2, 4, 8, 16] {
+        for block_n in [1, 2, 4, 8, 16, 32] {
             for block_k in [256, 512, 1024, 2048] {
                 for num_warps in [4, 8] {
-                    // Long tiles: few rows (as compiled).
-                    if (block_k == 2048 && block_n >= 8)
-                        || (block_k == 1024 && block_n == 16 && num_warps == 4)
-                    {
+                    // Long tiles for few rows, many rows for short tiles (as compiled).
+                    if (block_k == 2048 && block_n >= 8) || (block_k == 1024 && block_n == 32) {
                         continue;
                     }
                     v.push(QuantGemvConfig {
@@ -52,7 +50,19 @@ impl QuantGemvConfig {
     /// 1024 rows), where 4 rows of 2048-column tiles over 8 warps keep the grid over the
     /// SMs. Many rows a program also amortize the `SILU_MUL` prologue, which every
     /// program computes for the whole activation.
+    ///
+    /// `TILEFUSE_QUANT_TILE=n,k,warps` replaces the choice for matrices of 2048 rows or
+    /// more (for measuring a configuration inside the decode step; a configuration that
+    /// is not compiled is an error at launch).
     pub fn for_shape(_ty: GgmlType, rows: usize, cols: usize) -> QuantGemvConfig {
+        if rows >= 2048 {
+            if let Some(cfg) = std::env::var("TILEFUSE_QUANT_TILE")
+                .ok()
+                .and_then(|v| Self::parse(&v))
+            {
+                return cfg;
+            }
+        }
         if rows < 2048 && cols > 1024 {
             QuantGemvConfig {
                 block_n: 4,
@@ -65,6 +75,22 @@ impl QuantGemvConfig {
                 block_k: 1024,
                 num_warps: 4,
             }
+        }
+    }
+
+    /// `n,k,warps` as a configuration.
+    fn parse(v: &str) -> Option<QuantGemvConfig> {
+        let p: Vec<usize> = v
+            .split(',')
+            .map(|x| x.trim().parse().ok())
+            .collect::<Option<_>>()?;
+        match p.as_slice() {
+            &[block_n, block_k, num_warps] => Some(QuantGemvConfig {
+                block_n,
+                block_k,
+                num_warps: num_warps as u32,
+            }),
+            _ => None,
         }
     }
 
