@@ -44,12 +44,12 @@ impl QuantGemvConfig {
 
     /// The decode step's configuration for a `[rows, cols]` matrix of type `ty`.
     ///
-    /// 8 rows of 1024-column tiles over 4 warps, the best or within 10% of the best of
-    /// every compiled configuration at Qwen3-0.6B's and Qwen3-8B's shapes (H200,
-    /// docs/perf.md "Quantized GEMVs"), except the small wide matrices (O and down of
-    /// 1024 rows), where 4 rows of 2048-column tiles over 8 warps keep the grid over the
-    /// SMs. Many rows a program also amortize the `SILU_MUL` prologue, which every
-    /// program computes for the whole activation.
+    /// 8 rows of 1024-column tiles over 4 warps: the best or within 6% of the best of
+    /// every compiled configuration alone at Qwen3-8B's shapes, and inside the step
+    /// better than 16 rows of 512 columns, the best for 8B's gate/up alone (H200,
+    /// docs/perf.md "Int8 activations and `dot4`"); the small wide matrices (O and down
+    /// of 1024 rows) take 4 rows of 2048-column tiles over 8 warps, which keep the grid
+    /// over the SMs.
     ///
     /// `TILEFUSE_QUANT_TILE=n,k,warps` replaces the choice for matrices of 2048 rows or
     /// more (for measuring a configuration inside the decode step; a configuration that
