@@ -4,11 +4,13 @@
 //! `cargo run --release --example quant_bandwidth [-- --sweep]`
 //!
 //! Prints one table: per type, shape and variant (plain, residual), the best compiled
-//! launch configuration's time, the bytes the kernel must read (the quantized arrays,
-//! the activations, bias and output), GB/s, and the share of the measured
-//! device-to-device copy ceiling (the target: 70% or more on the layer shapes),
-//! with the bf16 GEMV's bytes for the same shape beside them, and the time of the
-//! configuration the decode step uses (`QuantGemvConfig::for_shape`). `--sweep` adds every
+//! launch configuration's time for the GEMV alone (over an activation quantized
+//! before the timing), the bytes the kernel must read (the quantized arrays, the int8
+//! activation with its scales and sums, bias and output), GB/s, and the share of the
+//! measured device-to-device copy ceiling (the target: 70% or more on the layer
+//! shapes), with the bf16 GEMV's bytes for the same shape beside them, the time of the
+//! configuration the decode step uses (`QuantGemvConfig::for_shape`), and that of the
+//! step's pair: the activation quantizer and the GEMV. `--sweep` adds every
 //! configuration's time. Without a GPU it says so and exits 0.
 //!
 //! Method (docs/perf.md, as `examples/bandwidth.rs`): CUDA events around CUDA-graph
@@ -17,7 +19,9 @@
 
 use tilefuse::dsl::runtime::timing::{self as perf, TimingOptions};
 use tilefuse::engine::bench::{PerfError, Rng};
-use tilefuse::engine::gguf::device::{DeviceQuantMatrix, QuantGemvConfig, QuantSpare};
+use tilefuse::engine::gguf::device::{
+    DeviceQuantMatrix, QuantGemvConfig, QuantOut, QuantSpare, QuantVariant,
+};
 use tilefuse::engine::gguf::quant::{GgmlType, PackedMatrix};
 use tilefuse::prelude::*;
 
@@ -82,8 +86,8 @@ fn run(dev: &Device, sweep: bool) -> Result<(), Box<dyn std::error::Error>> {
         ceiling.gb_per_s()
     );
     println!();
-    println!("| type | shape | what | variant | config (n, k, warps) | µs | bytes | GB/s | % of copy | bf16 bytes | step's config µs |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("| type | shape | what | variant | config (n, k, warps) | µs | bytes | GB/s | % of copy | bf16 bytes | step's config µs | quantizer + GEMV µs |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut rng = Rng::new(27);
     let mut sweeps = Vec::new();
     for ty in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0] {
@@ -100,27 +104,26 @@ fn run(dev: &Device, sweep: bool) -> Result<(), Box<dyn std::error::Error>> {
             let mut ys: Vec<Buffer<bf16>> = (0..copies)
                 .map(|_| dev.upload(&vec![bf16::from_f32(1.0); n]))
                 .collect::<Result<_, _>>()?;
-            let bytes = (packed.device_bytes() + 2 * k + 2 * n + 2 * n) as u64;
-            let mut spare = QuantSpare::new(dev)?;
+            // int8 activations, their block scales and half-block sums.
+            let act_bytes = k + k / 32 * 4 + k / 16 * 4;
+            let bytes = (packed.device_bytes() + act_bytes + 2 * n + 2 * n) as u64;
+            let mut spare = QuantSpare::new(dev, k)?;
+            spare.quantize(dev, QuantVariant::Plain, &a, k, false, false)?;
             let chosen = QuantGemvConfig::for_shape(ty, n, k);
-            let act = dev.upload(&vec![bf16::from_f32(0.5); 2 * k])?;
-            for variant in ["plain", "residual", "silu_mul"] {
-                // The SiLU-and-multiply prologue is the down projection's.
-                if variant == "silu_mul" && !what.ends_with("down") {
-                    continue;
-                }
+            for variant in ["plain", "residual"] {
                 let residual = variant != "plain";
                 let mut best: Option<(f64, QuantGemvConfig)> = None;
                 let mut chosen_us = f64::NAN;
                 for cfg in QuantGemvConfig::all() {
                     let (stats, _method) = perf::time_graph(dev, copies, opts, |i| {
-                        let m = &mats[i];
-                        if variant == "silu_mul" {
-                            m.gemv_silu_mul_residual(dev, cfg, &act, &bias, &mut ys[i], &mut spare)
-                        } else {
-                            m.gemv(dev, cfg, &a, None, &bias, &mut ys[i], residual, &mut spare)
-                        }
-                        .map_err(|e| PerfError(e.to_string()))
+                        let out = QuantOut::Rows {
+                            y: &mut ys[i],
+                            row0: 0,
+                            bias: &bias,
+                        };
+                        mats[i]
+                            .launch_quantized(dev, cfg, residual, out, &mut spare, false)
+                            .map_err(|e| PerfError(e.to_string()))
                     })?;
                     let us = stats.median_us;
                     if cfg == chosen {
@@ -135,14 +138,23 @@ fn run(dev: &Device, sweep: bool) -> Result<(), Box<dyn std::error::Error>> {
                 }
                 let (us, cfg) = best.expect("at least one configuration");
                 let gbs = bytes as f64 / (us * 1e-6) / 1e9;
+                // The step's pair at the step's configuration.
+                let (pair, _method) = perf::time_graph(dev, copies, opts, |i| {
+                    mats[i]
+                        .gemv(
+                            dev, chosen, &a, None, &bias, &mut ys[i], residual, &mut spare,
+                        )
+                        .map_err(|e| PerfError(e.to_string()))
+                })?;
                 println!(
-                    "| {ty} | {n}x{k} | {what} | {} | {}, {}, {} | {us:.2} | {bytes} | {gbs:.0} | {:.0}% | {} | {chosen_us:.2} |",
+                    "| {ty} | {n}x{k} | {what} | {} | {}, {}, {} | {us:.2} | {bytes} | {gbs:.0} | {:.0}% | {} | {chosen_us:.2} | {:.2} |",
                     variant,
                     cfg.block_n,
                     cfg.block_k,
                     cfg.num_warps,
                     100.0 * gbs / ceiling.gb_per_s(),
-                    2 * n * k
+                    2 * n * k,
+                    pair.median_us
                 );
             }
         }

@@ -31,6 +31,7 @@
 //! | `x.to(tl.float32, bitcast=True)` | `x.bitcast::<f32>()` | [`Tile::bitcast`] |
 //! | `tl.sum`, `tl.max`, `tl.min`, `tl.argmax` | `x.sum(1)`, `x.max(1)`, `x.min(1)`, `x.argmax(1)` | [`Tile::sum`], [`Tile::max`], [`Tile::min`], [`Tile::argmax`] |
 //! | `tl.dot` | `dot(a, b)`, `dot(a, b, acc)` | [`dot`] |
+//! | (CUDA's `__dp4a`) | `dot4(a, b, acc)` | [`dot4`] |
 //! | `tl.atomic_add`, `tl.atomic_max` | `atomic_add(p, v, mask)`, `atomic_max(p, v, mask)` | [`atomic_add`], [`atomic_max`] |
 //! | `tl.cdiv` | `cdiv(a, b)` | [`cdiv`] |
 //! | `tl.argmin` | `x.argmin(1)` | [`Tile::argmin`] |
@@ -681,6 +682,20 @@ pub fn minimum<T>(a: Tile<T>, b: Tile<T>) -> Tile<T> {
 /// acc = dot(a_tile, b_tile, acc);
 /// ```
 pub fn dot<T>(a: Tile<T>, b: Tile<T>, acc: Tile<f32>) -> Tile<f32> {
+    let _ = (b, acc);
+    match a.never {}
+}
+
+/// The byte dot product of each pair of 32-bit elements, plus `acc` (PTX `dp4a`):
+/// `acc + a[0] * b[0] + a[1] * b[1] + a[2] * b[2] + a[3] * b[3]` over the four bytes
+/// of each element, read as signed for `i32` operands and unsigned for `u32` ones (any
+/// pairing); `acc` and the result are `i32` (wrapping). Elementwise, with broadcasting.
+///
+/// ```rust,ignore
+/// // Four int8 activations against four 4-bit weights (the low nibbles of `w`).
+/// acc = dot4((w & 0x0F0F_0F0F).bitcast::<i32>(), a_i8x4, acc);
+/// ```
+pub fn dot4<A, B>(a: Tile<A>, b: Tile<B>, acc: Tile<i32>) -> Tile<i32> {
     let _ = (b, acc);
     match a.never {}
 }

@@ -1,62 +1,62 @@
 //! GEMVs over quantized weights (Q8_0, Q4_K, Q6_K), written in tilefuse's kernel
 //! language: the weights stream in the device layout of
-//! [`PackedMatrix`](crate::gguf::quant::PackedMatrix) and are dequantized in registers,
-//! with f32 accumulation.
+//! [`PackedMatrix`](crate::gguf::quant::PackedMatrix) and meet int8 activations in
+//! byte dot products (`dot4`, PTX `dp4a`), llama.cpp's approach (its `q8_1`
+//! activations): integer sums a block, scaled once in f32.
 //!
-//! Each type has one kernel with three variants, the projections of the decode step
-//! (see [`crate::kernels`]) apart from the gate/up pair and the LM head:
+//! **Activations.** [`quantize_act`] runs once per GEMV input and writes, for each
+//! 32-element block `j` of the activation `x`: `xd[j] = max|x| / 127` (f32), the int8
+//! values `q = floor(x * 127 / max|x| + 0.5)` four to a word in element order
+//! (`xq[8 j + w]` holds elements `32 j + 4 w .. + 4`, byte `b` element `32 j + 4 w + b`),
+//! and each 16-element half's sum of `q` (`xs[2 j + h]`, i32). It computes the GEMV's
+//! input first, so the step needs no other kernel for it:
 //!
-//! - `RESIDUAL = 0, NORM = 0`: `y = bf16(W · a + bias)`;
-//! - `NORM = 1`: `y = bf16(inv_rms * (W · (norm_w * a)) + bias)` with
-//!   `inv_rms = 1 / sqrt(mean(a²) + eps)`, the RMSNorm folded in as in
-//!   [`rms_norm_gemv`](crate::kernels::rms_norm_gemv) (the squares summed from the
-//!   activation tiles the dot products load anyway);
-//! - `RESIDUAL = 1`: `y = bf16(y + bf16(W · a + bias))`, as
-//!   [`gemv_residual`](crate::kernels::gemv_residual).
+//! - `MODE = 0`: `x = a`;
+//! - `MODE = 1`: `x = (a * inv_rms) * norm_w` with `inv_rms = 1 / sqrt(mean(a²) + eps)`
+//!   (RMSNorm before the QKV and gate/up projections);
+//! - `MODE = 2`: `x = bf16(bf16(silu(g)) * u)` of `a = [g; u]` (each `k` long; the
+//!   MLP's down projection after a gate/up GEMV), the reference's rounding
+//!   (`engine/src/reference.rs`);
+//! - `MODE = 3`: the LM head's final norm, `x = bf16(g * bf16(a * inv_rms))` as
+//!   [`lm_head_argmax`](crate::kernels::lm_head_argmax) rounds it.
 //!
-//! - `SILU_MUL = 1` (with `RESIDUAL = 1`): the activation is `bf16(bf16(silu(g)) * u)`
-//!   of `a = [g; u]` (each `k` long), computed as it loads: the MLP's down projection
-//!   reading the output of a `NORM = 1` GEMV over the `[gate; up]` rows, so the gate/up
-//!   pair needs no kernel of its own and the step no extra launch. The rounding is the
-//!   reference's (`engine/src/reference.rs`): projections, `silu(g)` and the product
-//!   each to bf16.
+//! **GEMVs.** Each type has one kernel with three variants:
 //!
-//! - `HEAD = 1` (with `NORM = 1`): the LM head. The final norm is computed first and
-//!   rounded as the reference's (`bf16(g * bf16(a * inv_rms))`, as
-//!   [`lm_head_argmax`](crate::kernels::lm_head_argmax)); the bf16 logits are stored
-//!   as f32 in `logits`, and each program's greedy candidate (its largest logit, the
-//!   first on ties) in `part_val`/`part_idx[program_id]`, for
+//! - `RESIDUAL = 0, HEAD = 0`: `y = bf16(W · x + bias)`;
+//! - `RESIDUAL = 1`: `y = bf16(y + bf16(W · x + bias))`, as
+//!   [`gemv_residual`](crate::kernels::gemv_residual);
+//! - `HEAD = 1`: the LM head: the bf16 logits `bf16(W · x)` stored as f32 in `logits`,
+//!   and each program's greedy candidate (its largest logit, the first on ties) in
+//!   `part_val`/`part_idx[program_id]`, for
 //!   [`argmax_finish`](crate::kernels::argmax_finish). `y` and `bias` are not read.
 //!
-//! `norm_w` and `eps` are read only with `NORM = 1`; `logits`, `part_val` and
-//! `part_idx` are written only with `HEAD = 1`. Rows `0..n` of the weights write rows
-//! `row0..row0 + n` of `y` (and read those of `bias`): a fused projection whose parts
-//! have different types is launched one run of rows at a time.
+//! Rows `0..n` of the weights write rows `row0..row0 + n` of `y` (and read those of
+//! `bias`): a fused projection whose parts have different types is launched one run
+//! of rows at a time over the same quantized activation.
 //!
-//! Tiles are rank 4 so that the block structure is a tile axis and no reshape is
-//! needed: `[BLOCK_N, groups, fields, words]`, with the group, field and word of the
-//! device layout (see [`crate::gguf::quant`]): a group's words load as `[.., 1, W]`, a
-//! shift by `[F, 1]` spreads their fields, and the activations load as `[groups, F, W]`
-//! in element order. Q8_0 groups are its 32-element blocks (4 bytes x 8 words), Q4_K's
-//! its 32-element sub-blocks (8 nibbles x 4 words), Q6_K's 16 elements, one scale each
-//! (8 nibbles x 2 words, and one word of high bits). Each group's dot product is summed
-//! first and scaled once: `d * Σ q·a` (Q8_0), `d·sc * Σ q·a − dmin·m * Σ a` (Q4_K),
-//! `d·sc * Σ q·a` (Q6_K). The columns `k` must be a multiple of 256 (of 32 for Q8_0),
-//! as the formats require; `BLOCK_K` may exceed `k`.
+//! Tiles are `[BLOCK_N, blocks, words]` (Q6_K: words as `[2, 2]`), one 32-element
+//! block a tile row, so that each thread's 16-byte vector of weight words meets the
+//! activation words of the same elements (the layout in [`crate::gguf::quant`]):
+//! - Q8_0: `d · xd · Σ dot4(q, x)`;
+//! - Q4_K: `xd · (d·sc · Σ (dot4(q & 0x0F0F0F0F, x_lo) + dot4((q >> 4) & 0x0F0F0F0F,
+//!   x_hi)) − dmin·m · Σ q_x)`;
+//! - Q6_K: the 6-bit values are the low nibbles with the high bits at bit 4 of each
+//!   byte; `d · xd · Σ_halves sc_h · (dot4(q6, x) − 32 Σ q_x)`.
 //!
-//! Each kernel takes the row length in words of its quant array (`k_words`) rather than
-//! in elements: the compiler proves alignment through sums and products, not quotients,
-//! so offsets are built from `k_words` and the group index by multiplication alone, and
-//! the word loads become 8- and 16-byte vectors.
+//! The integer sums are exact; the f32 scaling is the only rounding before the output's.
+//! The columns `k` must be a multiple of 256 (of 32 for Q8_0), as the formats require;
+//! `BLOCK_K` may exceed `k`. Each kernel takes the row length in words of its quant
+//! array (`k_words`) rather than in elements: the compiler proves alignment through
+//! sums and products, not quotients, so the word loads become 16-byte vectors.
 //!
 //! As in the bf16 kernels, the first weight tile is requested before
 //! `wait_for_prior_kernels()`, so with programmatic launch it overlaps the previous
-//! kernel's tail.
+//! kernel's tail (the activation quantizer's).
 
 use tilefuse_macros::{kernel, tile_fn};
 
 /// `1 / sqrt(mean(a²) + eps)` over `a[0..k]`, in tiles of `B`.
-#[tile_fn]
+#[tile_fn(crate = tilefuse_dsl)]
 fn inv_rms_of<const B: usize>(a: Ptr<bf16>, k: i32, eps: f32) -> f32 {
     let mut sq = zeros::<f32>([B]);
     for k0 in (0..k).step_by(B) {
@@ -68,14 +68,14 @@ fn inv_rms_of<const B: usize>(a: Ptr<bf16>, k: i32, eps: f32) -> f32 {
 }
 
 /// The final norm as the LM head's reference rounds it: `bf16(g * bf16(x * inv_rms))`.
-#[tile_fn]
+#[tile_fn(crate = tilefuse_dsl)]
 fn head_norm(x: Tile<f32>, g: Tile<f32>, inv_rms: f32) -> Tile<f32> {
     (g * ((x * inv_rms) as bf16 as f32)) as bf16 as f32
 }
 
 /// The LM head's outputs: the logits of `rows`, and the program's greedy candidate
 /// (its largest logit, the first on ties) for `argmax_finish`.
-#[tile_fn]
+#[tile_fn(crate = tilefuse_dsl)]
 fn store_head(
     logits: Ptr<f32>,
     part_val: Ptr<f32>,
@@ -91,16 +91,20 @@ fn store_head(
 }
 
 /// Every kernel description in this module, for tooling (offline assembly, inspection).
-pub fn all() -> [&'static tilefuse_dsl::runtime::KernelDef; 4] {
-    [&Q8_0_GEMV, &Q4_K_GEMV, &Q6_K_GEMV, &SILU_MUL_IN_PLACE]
+pub fn all() -> [&'static tilefuse_dsl::runtime::KernelDef; 5] {
+    [
+        &QUANTIZE_ACT,
+        &Q8_0_GEMV,
+        &Q4_K_GEMV,
+        &Q6_K_GEMV,
+        &SILU_MUL_IN_PLACE,
+    ]
 }
 
 /// `act[i] = bf16(bf16(silu(g[i])) * u[i])` for `i < inter`, over `act = [g; u]` in
-/// place (the reference's rounding): between a quantized gate/up GEMV and the down
-/// projection, computed once a step rather than by every program of the down
-/// projection (its `SILU_MUL = 1` prologue, which every program repeats for the whole
-/// activation: measured 19 µs a launch at Qwen3-0.6B's down projection in the step,
-/// docs/perf.md "Quantized GEMVs").
+/// place (the reference's rounding): between a quantized gate/up GEMV and a dense down
+/// projection (a quantized one takes the product in its activation quantizer,
+/// [`quantize_act`] `MODE = 2`).
 #[kernel(crate = tilefuse_dsl, B = [1024], num_warps = [4])]
 pub fn silu_mul_in_place<const B: usize>(act: Ptr<bf16>, inter: i32) {
     let offs = program_id(0) * B + arange(0, B);
@@ -112,42 +116,135 @@ pub fn silu_mul_in_place<const B: usize>(act: Ptr<bf16>, inter: i32) {
     store(act + offs, (silu * u) as bf16, ok);
 }
 
-/// `y = bf16(W · a + bias)` for a Q8_0 matrix `W` of shape `[n, k]` with
-/// `k = 4 * k_words` (`q: u32[n, k_words]`, `d: f16[n, k / 32]`); with `RESIDUAL = 1`,
-/// `y = bf16(y + bf16(W · a + bias))`; with `NORM = 1`, RMSNorm of `a` first (see the
-/// module docs).
+/// Quantizes a GEMV's input to int8 blocks of 32 (see the module docs): `xq` (four
+/// values a word), `xd` (each block's scale), `xs` (each 16-element half's sum), for
+/// `x` of length `k` computed from `a` by `MODE`. One program a `B` elements.
+#[kernel(crate = tilefuse_dsl, B = [256], num_warps = [4], MODE = [0, 1, 2, 3])]
+pub fn quantize_act<const B: usize, const MODE: usize>(
+    a: Ptr<bf16>,
+    norm_w: Ptr<bf16>,
+    xq: Ptr<i32>,
+    xd: Ptr<f32>,
+    xs: Ptr<i32>,
+    #[multiple_of(32)] k: i32,
+    eps: f32,
+) {
+    // [blocks, halves, words, bytes] in element order.
+    let blk = program_id(0) * (B / 32) + arange(0, B / 32);
+    let h = arange(0, 2);
+    let w = arange(0, 4);
+    let b = arange(0, 4);
+    let e = (blk * 32).expand_dims(1).expand_dims(2).expand_dims(3)
+        + (h * 16).expand_dims(1).expand_dims(2)
+        + (w * 4).expand_dims(1)
+        + b;
+    let ok = e < k;
+    wait_for_prior_kernels();
+    let mut x = load(a + e, ok, 0.0) as f32;
+    if MODE == 2 {
+        let u = load(a + k + e, ok, 0.0) as f32;
+        x = ((x / (1.0 + exp(-x))) as bf16 as f32 * u) as bf16 as f32;
+    }
+    if MODE == 1 {
+        let inv_rms = inv_rms_of::<1024>(a, k, eps);
+        x = x * inv_rms * (load(norm_w + e, ok, 0.0) as f32);
+    }
+    if MODE == 3 {
+        let inv_rms = inv_rms_of::<1024>(a, k, eps);
+        x = head_norm(x, load(norm_w + e, ok, 0.0) as f32, inv_rms);
+    }
+    let amax = abs(x).max(3).max(2).max(1);
+    let inv = select(amax > 0.0, 127.0 / amax, 0.0);
+    let q = floor(x * inv.expand_dims(1).expand_dims(2).expand_dims(3) + 0.5) as i32;
+    let words = (((q as u32) & 255) << (b * 8) as u32).sum(3);
+    let blk_ok = blk * 32 < k;
+    let w_offs = (blk * 8).expand_dims(1).expand_dims(2) + (h * 4).expand_dims(1) + w;
+    store(
+        xq + w_offs,
+        words.bitcast::<i32>(),
+        blk_ok.expand_dims(1).expand_dims(2),
+    );
+    store(xd + blk, amax / 127.0, blk_ok);
+    store(
+        xs + (blk * 2).expand_dims(1) + h,
+        q.sum(3).sum(2),
+        blk_ok.expand_dims(1),
+    );
+}
+
+/// The output of a quantized GEMV's row sums `sums` (bias `b` added): the LM head's
+/// logits and candidates, `y` plus the projection, or the projection.
+#[tile_fn(crate = tilefuse_dsl)]
+#[allow(clippy::too_many_arguments)]
+fn store_rows<const RESIDUAL: usize, const HEAD: usize>(
+    y: Ptr<bf16>,
+    logits: Ptr<f32>,
+    part_val: Ptr<f32>,
+    part_idx: Ptr<i32>,
+    rows: Tile<i32>,
+    row_ok: Tile<bool>,
+    sums: Tile<f32>,
+    b: Tile<f32>,
+    old: Tile<f32>,
+) {
+    let proj = (sums + b) as bf16;
+    if HEAD == 1 {
+        store_head(logits, part_val, part_idx, rows, proj as f32, row_ok);
+    } else if RESIDUAL == 1 {
+        store(y + rows, (old + proj as f32) as bf16, row_ok);
+    } else {
+        store(y + rows, proj, row_ok);
+    }
+}
+
+/// One tile's Q8_0 row sums: `qt: [n, blocks, 8]` words, `dd: [n, blocks]` scales,
+/// against activation blocks `blk` (valid where `blk_ok`).
+#[tile_fn(crate = tilefuse_dsl)]
+fn q8_0_tile(
+    qt: Tile<u32>,
+    dd: Tile<f16>,
+    xq: Ptr<i32>,
+    xd: Ptr<f32>,
+    blk: Tile<i32>,
+    blk_ok: Tile<bool>,
+    w: Tile<i32>,
+) -> Tile<f32> {
+    let x = load(
+        xq + (blk * 8).expand_dims(1) + w.expand_dims(0),
+        blk_ok.expand_dims(1),
+        0,
+    );
+    let dots = dot4(qt.bitcast::<i32>(), x.expand_dims(0), 0).sum(2);
+    let x_d = load(xd + blk, blk_ok, 0.0);
+    ((dd as f32) * x_d.expand_dims(0) * (dots as f32)).sum(1)
+}
+
+/// `y = bf16(W · x + bias)` for a Q8_0 matrix `W` of shape `[n, k]` with
+/// `k = 4 * k_words` (`q: u32[n, k_words]`, `d: f16[n, k / 32]`) and `x` quantized by
+/// [`quantize_act`]; the residual and LM-head variants as in the module docs.
 #[kernel(
     crate = tilefuse_dsl,
-    BLOCK_N = [1, 2, 4, 8],
-    BLOCK_K = [256, 512, 1024, 2048, 4096],
+    BLOCK_N = [1, 2, 4, 8, 16, 32],
+    BLOCK_K = [256, 512, 1024, 2048],
     num_warps = [4, 8],
     RESIDUAL = [0, 1],
-    NORM = [0, 1],
-    SILU_MUL = [0, 1],
     HEAD = [0, 1],
-    skip(NORM = 1, RESIDUAL = 1),
-    skip(SILU_MUL = 1, NORM = 1),
-    skip(SILU_MUL = 1, RESIDUAL = 0),
-    skip(HEAD = 1, NORM = 0),
-    // Long tiles are for wide matrices (O, down: few rows); more would spill.
-    skip(BLOCK_K = [2048, 4096], BLOCK_N = 8),
-    skip(BLOCK_K = 4096, BLOCK_N = 4),
-    skip(BLOCK_K = 2048, BLOCK_N = 4, num_warps = 4),
-    skip(BLOCK_K = 4096, BLOCK_N = 2, num_warps = 4),
-    skip(BLOCK_K = [2048, 4096], HEAD = 1)
+    skip(HEAD = 1, RESIDUAL = 1),
+    // Long tiles are for wide matrices (few rows), many rows for tall ones.
+    skip(BLOCK_K = 2048, BLOCK_N = [8, 16, 32]),
+    skip(BLOCK_K = 1024, BLOCK_N = 32),
+    skip(BLOCK_K = 2048, HEAD = 1)
 )]
 pub fn q8_0_gemv<
     const BLOCK_N: usize,
     const BLOCK_K: usize,
     const RESIDUAL: usize,
-    const NORM: usize,
-    const SILU_MUL: usize,
     const HEAD: usize,
 >(
     q: Ptr<u32>,
     d: Ptr<f16>,
-    a: Ptr<bf16>,
-    norm_w: Ptr<bf16>,
+    xq: Ptr<i32>,
+    xd: Ptr<f32>,
     bias: Ptr<bf16>,
     y: Ptr<bf16>,
     logits: Ptr<f32>,
@@ -156,35 +253,22 @@ pub fn q8_0_gemv<
     n: i32,
     row0: i32,
     #[multiple_of(8)] k_words: i32,
-    eps: f32,
 ) {
-    let groups = k_words / 8;
+    let blocks = k_words / 8;
     let rows = program_id(0) * BLOCK_N + arange(0, BLOCK_N);
     let row_ok = rows < n;
     let grp = arange(0, BLOCK_K / 32);
-    let t = arange(0, 4);
     let w = arange(0, 8);
-    let shift = (t * 8).expand_dims(1) as u32;
-    let q_rows = (rows * k_words)
-        .expand_dims(1)
-        .expand_dims(2)
-        .expand_dims(3);
-    let d_rows = (rows * groups).expand_dims(1);
+    let q_rows = (rows * k_words).expand_dims(1).expand_dims(2);
+    let d_rows = (rows * blocks).expand_dims(1);
+    let words = (grp * 8).expand_dims(1) + w.expand_dims(0);
     let ok2 = row_ok.expand_dims(1);
-    // Word and element offsets of the tile's groups from its first group.
-    let words = (grp * 8).expand_dims(1).expand_dims(2) + w.expand_dims(0).expand_dims(0);
-    let elems =
-        (grp * 32).expand_dims(1).expand_dims(2) + (t * 8).expand_dims(1) + w.expand_dims(0);
 
     // The first tile's weights are requested before waiting for the kernels that
-    // produce `a` and `y`.
-    let g_ok = ok2 & (grp < groups).expand_dims(0);
-    let q_first = load(
-        q + q_rows + words.expand_dims(0),
-        g_ok.expand_dims(2).expand_dims(3),
-        0,
-    );
-    let d_first = load(d + d_rows + grp.expand_dims(0), g_ok, 0.0);
+    // produce `x` and `y`.
+    let ok = ok2 & (grp < blocks).expand_dims(0);
+    let q_first = load(q + q_rows + words.expand_dims(0), ok.expand_dims(2), 0);
+    let d_first = load(d + d_rows + grp.expand_dims(0), ok, 0.0);
     let mut b = zeros::<f32>([BLOCK_N]);
     if HEAD == 0 {
         b = load(bias + row0 + rows, row_ok, 0.0) as f32;
@@ -194,104 +278,86 @@ pub fn q8_0_gemv<
     if RESIDUAL == 1 {
         old = load(y + row0 + rows, row_ok, 0.0) as f32;
     }
-    let mut inv_rms = 1.0;
-    if HEAD == 1 {
-        inv_rms = inv_rms_of::<BLOCK_K>(a, groups * 32, eps);
-    }
-    let a_ok = (grp < groups).expand_dims(1).expand_dims(2);
-    let mut xv = load(a + elems, a_ok, 0.0) as f32;
-    if SILU_MUL == 1 {
-        // `a` is `[gate; up]`, each `k` long (a fused gate/up projection's output).
-        let up = load(a + groups * 32 + elems, a_ok, 0.0) as f32;
-        xv = ((xv / (1.0 + exp(-xv))) as bf16 as f32 * up) as bf16 as f32;
-    }
-    let mut sq = 0.0;
-    let mut av = xv;
-    if HEAD == 1 {
-        // The final norm rounded as the LM head's reference does.
-        av = head_norm(xv, load(norm_w + elems, a_ok, 0.0) as f32, inv_rms);
-    } else if NORM == 1 {
-        // RMSNorm folded in (as `rms_norm_gemv`): the squares are summed from the
-        // activation tiles and `inv_rms` scales the row sums at the end.
-        sq = (xv * xv).sum(2).sum(1).sum(0);
-        av = xv * (load(norm_w + elems, a_ok, 0.0) as f32);
-    }
-    let vals = (((q_first >> shift) & 255) as i32 - 128) as f32;
-    let dots = (vals * av.expand_dims(0)).sum(3).sum(2);
-    let mut sums = (dots * (d_first as f32)).sum(1);
-    for g0 in (BLOCK_K / 32..groups).step_by(BLOCK_K / 32) {
-        let g_in = (g0 + grp < groups).expand_dims(0);
-        let g_ok = ok2 & g_in;
+    let mut sums = q8_0_tile(q_first, d_first, xq, xd, grp, grp < blocks, w);
+    for g0 in (BLOCK_K / 32..blocks).step_by(BLOCK_K / 32) {
+        let blk = g0 + grp;
+        let blk_ok = blk < blocks;
+        let ok = ok2 & blk_ok.expand_dims(0);
         let qt = load(
             q + q_rows + (g0 * 8 + words).expand_dims(0),
-            g_ok.expand_dims(2).expand_dims(3),
+            ok.expand_dims(2),
             0,
         );
-        let dt = load(d + d_rows + (g0 + grp).expand_dims(0), g_ok, 0.0);
-        let a_ok = (g0 + grp < groups).expand_dims(1).expand_dims(2);
-        let mut xv = load(a + g0 * 32 + elems, a_ok, 0.0) as f32;
-        if SILU_MUL == 1 {
-            let up = load(a + (groups + g0) * 32 + elems, a_ok, 0.0) as f32;
-            xv = ((xv / (1.0 + exp(-xv))) as bf16 as f32 * up) as bf16 as f32;
-        }
-        let mut av = xv;
-        if HEAD == 1 {
-            av = head_norm(
-                xv,
-                load(norm_w + g0 * 32 + elems, a_ok, 0.0) as f32,
-                inv_rms,
-            );
-        } else if NORM == 1 {
-            sq += (xv * xv).sum(2).sum(1).sum(0);
-            av = xv * (load(norm_w + g0 * 32 + elems, a_ok, 0.0) as f32);
-        }
-        let vals = (((qt >> shift) & 255) as i32 - 128) as f32;
-        let dots = (vals * av.expand_dims(0)).sum(3).sum(2);
-        sums += (dots * (dt as f32)).sum(1);
+        let dt = load(d + d_rows + blk.expand_dims(0), ok, 0.0);
+        sums += q8_0_tile(qt, dt, xq, xd, blk, blk_ok, w);
     }
-    if NORM == 1 && HEAD == 0 {
-        sums = sums * (1.0 / sqrt(sq / ((groups * 32) as f32) + eps));
-    }
-    let proj = (sums + b) as bf16;
-    if HEAD == 1 {
-        store_head(logits, part_val, part_idx, row0 + rows, proj as f32, row_ok);
-    } else if RESIDUAL == 1 {
-        store(y + row0 + rows, (old + proj as f32) as bf16, row_ok);
-    } else {
-        store(y + row0 + rows, proj, row_ok);
-    }
+    store_rows::<RESIDUAL, HEAD>(
+        y,
+        logits,
+        part_val,
+        part_idx,
+        row0 + rows,
+        row_ok,
+        sums,
+        b,
+        old,
+    );
 }
 
-/// `y = bf16(W · a + bias)` for a Q4_K matrix `W` of shape `[n, k]` with
+/// One tile's Q4_K row sums: `qt: [n, blocks, 4]` nibble words, `sc`, `m: [n, blocks]`
+/// sub-block scales and mins, `dd`, `dm: [n, blocks]` their super-blocks' scales,
+/// against activation blocks `blk` (valid where `blk_ok`).
+#[tile_fn(crate = tilefuse_dsl)]
+#[allow(clippy::too_many_arguments)]
+fn q4_k_tile(
+    qt: Tile<u32>,
+    sc: Tile<u8>,
+    m: Tile<u8>,
+    dd: Tile<f16>,
+    dm: Tile<f16>,
+    xq: Ptr<i32>,
+    xd: Ptr<f32>,
+    xs: Ptr<i32>,
+    blk: Tile<i32>,
+    blk_ok: Tile<bool>,
+    w: Tile<i32>,
+) -> Tile<f32> {
+    let x_offs = (blk * 8).expand_dims(1) + w.expand_dims(0);
+    let x_ok = blk_ok.expand_dims(1);
+    // Low nibbles of word w: elements 4w..4w+4 (activation word w); high: 16 + 4w...
+    let x_lo = load(xq + x_offs, x_ok, 0);
+    let x_hi = load(xq + x_offs + 4, x_ok, 0);
+    let lo = qt & 0x0F0F_0F0F;
+    let hi = (qt >> 4) & 0x0F0F_0F0F;
+    let dots = dot4(hi, x_hi.expand_dims(0), dot4(lo, x_lo.expand_dims(0), 0)).sum(2);
+    let x_sum = load(xs + blk * 2, blk_ok, 0) + load(xs + blk * 2 + 1, blk_ok, 0);
+    let x_d = load(xd + blk, blk_ok, 0.0);
+    let scaled = (dd as f32) * ((sc as i32 * dots) as f32)
+        - (dm as f32) * ((m as i32 * x_sum.expand_dims(0)) as f32);
+    (scaled * x_d.expand_dims(0)).sum(1)
+}
+
+/// `y = bf16(W · x + bias)` for a Q4_K matrix `W` of shape `[n, k]` with
 /// `k = 8 * k_words` (`q: u32[n, k_words]`, `scales`, `mins: u8[n, k / 32]`, `d`,
-/// `dmin: f16[n, k / 256]`); with `RESIDUAL = 1`, `y = bf16(y + bf16(W · a + bias))`;
-/// with `NORM = 1`, RMSNorm of `a` first (see the module docs).
+/// `dmin: f16[n, k / 256]`) and `x` quantized by [`quantize_act`]; the residual and
+/// LM-head variants as in the module docs.
 #[kernel(
     crate = tilefuse_dsl,
-    BLOCK_N = [1, 2, 4, 8],
-    BLOCK_K = [256, 512, 1024, 2048, 4096],
+    BLOCK_N = [1, 2, 4, 8, 16, 32],
+    BLOCK_K = [256, 512, 1024, 2048],
     num_warps = [4, 8],
     RESIDUAL = [0, 1],
-    NORM = [0, 1],
-    SILU_MUL = [0, 1],
     HEAD = [0, 1],
-    skip(NORM = 1, RESIDUAL = 1),
-    skip(SILU_MUL = 1, NORM = 1),
-    skip(SILU_MUL = 1, RESIDUAL = 0),
-    skip(HEAD = 1, NORM = 0),
-    // Long tiles are for wide matrices (O, down: few rows); more would spill.
-    skip(BLOCK_K = [2048, 4096], BLOCK_N = 8),
-    skip(BLOCK_K = 4096, BLOCK_N = 4),
-    skip(BLOCK_K = 2048, BLOCK_N = 4, num_warps = 4),
-    skip(BLOCK_K = 4096, BLOCK_N = 2, num_warps = 4),
-    skip(BLOCK_K = [2048, 4096], HEAD = 1)
+    skip(HEAD = 1, RESIDUAL = 1),
+    // Long tiles are for wide matrices (few rows), many rows for tall ones.
+    skip(BLOCK_K = 2048, BLOCK_N = [8, 16, 32]),
+    skip(BLOCK_K = 1024, BLOCK_N = 32),
+    skip(BLOCK_K = 2048, HEAD = 1)
 )]
 pub fn q4_k_gemv<
     const BLOCK_N: usize,
     const BLOCK_K: usize,
     const RESIDUAL: usize,
-    const NORM: usize,
-    const SILU_MUL: usize,
     const HEAD: usize,
 >(
     q: Ptr<u32>,
@@ -299,8 +365,9 @@ pub fn q4_k_gemv<
     mins: Ptr<u8>,
     d: Ptr<f16>,
     dmin: Ptr<f16>,
-    a: Ptr<bf16>,
-    norm_w: Ptr<bf16>,
+    xq: Ptr<i32>,
+    xd: Ptr<f32>,
+    xs: Ptr<i32>,
     bias: Ptr<bf16>,
     y: Ptr<bf16>,
     logits: Ptr<f32>,
@@ -309,36 +376,24 @@ pub fn q4_k_gemv<
     n: i32,
     row0: i32,
     #[multiple_of(32)] k_words: i32,
-    eps: f32,
 ) {
-    let groups = k_words / 4;
+    let blocks = k_words / 4;
     let rows = program_id(0) * BLOCK_N + arange(0, BLOCK_N);
     let row_ok = rows < n;
     let grp = arange(0, BLOCK_K / 32);
-    let t = arange(0, 8);
     let w = arange(0, 4);
-    let shift = (t * 4).expand_dims(1) as u32;
-    let q_rows = (rows * k_words)
-        .expand_dims(1)
-        .expand_dims(2)
-        .expand_dims(3);
-    let s_rows = (rows * groups).expand_dims(1);
-    let d_rows = (rows * (groups / 8)).expand_dims(1);
+    let q_rows = (rows * k_words).expand_dims(1).expand_dims(2);
+    let s_rows = (rows * blocks).expand_dims(1);
+    let d_rows = (rows * (blocks / 8)).expand_dims(1);
+    let words = (grp * 4).expand_dims(1) + w.expand_dims(0);
     let ok2 = row_ok.expand_dims(1);
-    let words = (grp * 4).expand_dims(1).expand_dims(2) + w.expand_dims(0).expand_dims(0);
-    let elems =
-        (grp * 32).expand_dims(1).expand_dims(2) + (t * 4).expand_dims(1) + w.expand_dims(0);
 
-    let g_ok = ok2 & (grp < groups).expand_dims(0);
-    let q_first = load(
-        q + q_rows + words.expand_dims(0),
-        g_ok.expand_dims(2).expand_dims(3),
-        0,
-    );
-    let sc_first = load(scales + s_rows + grp.expand_dims(0), g_ok, 0);
-    let m_first = load(mins + s_rows + grp.expand_dims(0), g_ok, 0);
-    let d_first = load(d + d_rows + (grp / 8).expand_dims(0), g_ok, 0.0);
-    let dmin_first = load(dmin + d_rows + (grp / 8).expand_dims(0), g_ok, 0.0);
+    let ok = ok2 & (grp < blocks).expand_dims(0);
+    let q_first = load(q + q_rows + words.expand_dims(0), ok.expand_dims(2), 0);
+    let sc_first = load(scales + s_rows + grp.expand_dims(0), ok, 0);
+    let m_first = load(mins + s_rows + grp.expand_dims(0), ok, 0);
+    let d_first = load(d + d_rows + (grp / 8).expand_dims(0), ok, 0.0);
+    let dmin_first = load(dmin + d_rows + (grp / 8).expand_dims(0), ok, 0.0);
     let mut b = zeros::<f32>([BLOCK_N]);
     if HEAD == 0 {
         b = load(bias + row0 + rows, row_ok, 0.0) as f32;
@@ -348,125 +403,117 @@ pub fn q4_k_gemv<
     if RESIDUAL == 1 {
         old = load(y + row0 + rows, row_ok, 0.0) as f32;
     }
-    let mut inv_rms = 1.0;
-    if HEAD == 1 {
-        inv_rms = inv_rms_of::<BLOCK_K>(a, groups * 32, eps);
-    }
-    let a_ok = (grp < groups).expand_dims(1).expand_dims(2);
-    let mut xv = load(a + elems, a_ok, 0.0) as f32;
-    if SILU_MUL == 1 {
-        // `a` is `[gate; up]`, each `k` long (a fused gate/up projection's output).
-        let up = load(a + groups * 32 + elems, a_ok, 0.0) as f32;
-        xv = ((xv / (1.0 + exp(-xv))) as bf16 as f32 * up) as bf16 as f32;
-    }
-    let mut sq = 0.0;
-    let mut av = xv;
-    if HEAD == 1 {
-        // The final norm rounded as the LM head's reference does.
-        av = head_norm(xv, load(norm_w + elems, a_ok, 0.0) as f32, inv_rms);
-    } else if NORM == 1 {
-        // RMSNorm folded in (as `rms_norm_gemv`): the squares are summed from the
-        // activation tiles and `inv_rms` scales the row sums at the end.
-        sq = (xv * xv).sum(2).sum(1).sum(0);
-        av = xv * (load(norm_w + elems, a_ok, 0.0) as f32);
-    }
-    let dots = (((q_first >> shift) & 15) as f32 * av.expand_dims(0))
-        .sum(3)
-        .sum(2);
-    let a_sums = av.sum(2).sum(1).expand_dims(0);
-    let scale = (d_first as f32) * (sc_first as f32);
-    let min = (dmin_first as f32) * (m_first as f32);
-    let mut sums = (scale * dots - min * a_sums).sum(1);
-    for g0 in (BLOCK_K / 32..groups).step_by(BLOCK_K / 32) {
-        let g_in = (g0 + grp < groups).expand_dims(0);
-        let g_ok = ok2 & g_in;
+    let mut sums = q4_k_tile(
+        q_first,
+        sc_first,
+        m_first,
+        d_first,
+        dmin_first,
+        xq,
+        xd,
+        xs,
+        grp,
+        grp < blocks,
+        w,
+    );
+    for g0 in (BLOCK_K / 32..blocks).step_by(BLOCK_K / 32) {
+        let blk = g0 + grp;
+        let blk_ok = blk < blocks;
+        let ok = ok2 & blk_ok.expand_dims(0);
         let qt = load(
             q + q_rows + (g0 * 4 + words).expand_dims(0),
-            g_ok.expand_dims(2).expand_dims(3),
+            ok.expand_dims(2),
             0,
         );
-        let sct = load(scales + s_rows + (g0 + grp).expand_dims(0), g_ok, 0);
-        let mt = load(mins + s_rows + (g0 + grp).expand_dims(0), g_ok, 0);
-        let sb = ((g0 + grp) / 8).expand_dims(0);
-        let dt = load(d + d_rows + sb, g_ok, 0.0);
-        let dmint = load(dmin + d_rows + sb, g_ok, 0.0);
-        let a_ok = (g0 + grp < groups).expand_dims(1).expand_dims(2);
-        let mut xv = load(a + g0 * 32 + elems, a_ok, 0.0) as f32;
-        if SILU_MUL == 1 {
-            let up = load(a + (groups + g0) * 32 + elems, a_ok, 0.0) as f32;
-            xv = ((xv / (1.0 + exp(-xv))) as bf16 as f32 * up) as bf16 as f32;
-        }
-        let mut av = xv;
-        if HEAD == 1 {
-            av = head_norm(
-                xv,
-                load(norm_w + g0 * 32 + elems, a_ok, 0.0) as f32,
-                inv_rms,
-            );
-        } else if NORM == 1 {
-            sq += (xv * xv).sum(2).sum(1).sum(0);
-            av = xv * (load(norm_w + g0 * 32 + elems, a_ok, 0.0) as f32);
-        }
-        let dots = (((qt >> shift) & 15) as f32 * av.expand_dims(0))
-            .sum(3)
-            .sum(2);
-        let a_sums = av.sum(2).sum(1).expand_dims(0);
-        let scale = (dt as f32) * (sct as f32);
-        let min = (dmint as f32) * (mt as f32);
-        sums += (scale * dots - min * a_sums).sum(1);
+        let sct = load(scales + s_rows + blk.expand_dims(0), ok, 0);
+        let mt = load(mins + s_rows + blk.expand_dims(0), ok, 0);
+        let sb = (blk / 8).expand_dims(0);
+        let dt = load(d + d_rows + sb, ok, 0.0);
+        let dmint = load(dmin + d_rows + sb, ok, 0.0);
+        sums += q4_k_tile(qt, sct, mt, dt, dmint, xq, xd, xs, blk, blk_ok, w);
     }
-    if NORM == 1 && HEAD == 0 {
-        sums = sums * (1.0 / sqrt(sq / ((groups * 32) as f32) + eps));
-    }
-    let proj = (sums + b) as bf16;
-    if HEAD == 1 {
-        store_head(logits, part_val, part_idx, row0 + rows, proj as f32, row_ok);
-    } else if RESIDUAL == 1 {
-        store(y + row0 + rows, (old + proj as f32) as bf16, row_ok);
-    } else {
-        store(y + row0 + rows, proj, row_ok);
-    }
+    store_rows::<RESIDUAL, HEAD>(
+        y,
+        logits,
+        part_val,
+        part_idx,
+        row0 + rows,
+        row_ok,
+        sums,
+        b,
+        old,
+    );
 }
 
-/// `y = bf16(W · a + bias)` for a Q6_K matrix `W` of shape `[n, k]` with
-/// `k = 16 * k_words` (`ql: u32[n, 2 * k_words]`, `qh: u32[n, k_words]`,
-/// `scales: u8[n, k_words]`, `d: f16[n, k / 256]`); with `RESIDUAL = 1`,
-/// `y = bf16(y + bf16(W · a + bias))`; with `NORM = 1`, RMSNorm of `a` first (see the
-/// module docs).
+/// One tile's Q6_K row sums: `lt: [n, blocks, 2, 2]` low-nibble words, `ht: [n,
+/// blocks, 2]` high-bit words, `sc0`, `sc1: [n, blocks]` the halves' scales (sign bit
+/// flipped), `dd: [n, blocks]` their super-blocks' scales, against activation blocks
+/// `blk` (valid where `blk_ok`); `p`, `i`: the word pair and the word in it.
+#[tile_fn(crate = tilefuse_dsl)]
+#[allow(clippy::too_many_arguments)]
+fn q6_k_tile(
+    lt: Tile<u32>,
+    ht: Tile<u32>,
+    sc0: Tile<u8>,
+    sc1: Tile<u8>,
+    dd: Tile<f16>,
+    xq: Ptr<i32>,
+    xd: Ptr<f32>,
+    xs: Ptr<i32>,
+    blk: Tile<i32>,
+    blk_ok: Tile<bool>,
+    p: Tile<i32>,
+    i: Tile<i32>,
+) -> Tile<f32> {
+    let x_offs = (blk * 8).expand_dims(1).expand_dims(2) + (p * 2).expand_dims(1) + i;
+    let x_ok = blk_ok.expand_dims(1).expand_dims(2);
+    let x_lo = load(xq + x_offs, x_ok, 0);
+    let x_hi = load(xq + x_offs + 4, x_ok, 0);
+    // Word 2p + i's high bits: at bit 4i (low nibbles) and 4i + 2 (high) of each byte
+    // of `qh` word p, moved to bit 4.
+    let t = ht.expand_dims(3) << (4 - i * 4) as u32;
+    let lo = (lt & 0x0F0F_0F0F) | (t & 0x3030_3030);
+    let hi = ((lt >> 4) & 0x0F0F_0F0F) | ((t >> 2) & 0x3030_3030);
+    let dot_lo = dot4(lo, x_lo.expand_dims(0), 0).sum(3).sum(2);
+    let dot_hi = dot4(hi, x_hi.expand_dims(0), 0).sum(3).sum(2);
+    let s_lo = load(xs + blk * 2, blk_ok, 0).expand_dims(0);
+    let s_hi = load(xs + blk * 2 + 1, blk_ok, 0).expand_dims(0);
+    let isum =
+        (sc0 as i32 - 128) * (dot_lo - s_lo * 32) + (sc1 as i32 - 128) * (dot_hi - s_hi * 32);
+    let x_d = load(xd + blk, blk_ok, 0.0);
+    ((dd as f32) * x_d.expand_dims(0) * (isum as f32)).sum(1)
+}
+
+/// `y = bf16(W · x + bias)` for a Q6_K matrix `W` of shape `[n, k]` with
+/// `k = 8 * k_words` (`ql: u32[n, k_words]`, `qh: u32[n, k_words / 2]`,
+/// `scales: u8[n, k / 16]`, `d: f16[n, k / 256]`) and `x` quantized by
+/// [`quantize_act`]; the residual and LM-head variants as in the module docs.
 #[kernel(
     crate = tilefuse_dsl,
-    BLOCK_N = [1, 2, 4, 8],
-    BLOCK_K = [256, 512, 1024, 2048, 4096],
+    BLOCK_N = [1, 2, 4, 8, 16, 32],
+    BLOCK_K = [256, 512, 1024, 2048],
     num_warps = [4, 8],
     RESIDUAL = [0, 1],
-    NORM = [0, 1],
-    SILU_MUL = [0, 1],
     HEAD = [0, 1],
-    skip(NORM = 1, RESIDUAL = 1),
-    skip(SILU_MUL = 1, NORM = 1),
-    skip(SILU_MUL = 1, RESIDUAL = 0),
-    skip(HEAD = 1, NORM = 0),
-    // Long tiles are for wide matrices (O, down: few rows); more would spill.
-    skip(BLOCK_K = [2048, 4096], BLOCK_N = 8),
-    skip(BLOCK_K = 4096, BLOCK_N = 4),
-    skip(BLOCK_K = 2048, BLOCK_N = 4, num_warps = 4),
-    skip(BLOCK_K = 4096, BLOCK_N = 2, num_warps = 4),
-    skip(BLOCK_K = [2048, 4096], HEAD = 1)
+    skip(HEAD = 1, RESIDUAL = 1),
+    // Long tiles are for wide matrices (few rows), many rows for tall ones.
+    skip(BLOCK_K = 2048, BLOCK_N = [8, 16, 32]),
+    skip(BLOCK_K = 1024, BLOCK_N = 32),
+    skip(BLOCK_K = 2048, HEAD = 1)
 )]
 pub fn q6_k_gemv<
     const BLOCK_N: usize,
     const BLOCK_K: usize,
     const RESIDUAL: usize,
-    const NORM: usize,
-    const SILU_MUL: usize,
     const HEAD: usize,
 >(
     ql: Ptr<u32>,
     qh: Ptr<u32>,
     scales: Ptr<u8>,
     d: Ptr<f16>,
-    a: Ptr<bf16>,
-    norm_w: Ptr<bf16>,
+    xq: Ptr<i32>,
+    xd: Ptr<f32>,
+    xs: Ptr<i32>,
     bias: Ptr<bf16>,
     y: Ptr<bf16>,
     logits: Ptr<f32>,
@@ -474,48 +521,35 @@ pub fn q6_k_gemv<
     part_idx: Ptr<i32>,
     n: i32,
     row0: i32,
-    #[multiple_of(16)] k_words: i32,
-    eps: f32,
+    #[multiple_of(32)] k_words: i32,
 ) {
-    // One group (16 elements) a high-bits word and a scale; two low-nibble words.
-    let groups = k_words;
+    let blocks = k_words / 4;
     let rows = program_id(0) * BLOCK_N + arange(0, BLOCK_N);
     let row_ok = rows < n;
-    let grp = arange(0, BLOCK_K / 16);
-    let t = arange(0, 8);
-    let w = arange(0, 2);
-    let lo_shift = (t * 4).expand_dims(1) as u32;
-    // Field t * 2 + w of the group's high-bits word.
-    let hi_shift = ((t * 2).expand_dims(1) + w.expand_dims(0)) as u32 * 2;
-    let l_rows = (rows * (2 * k_words))
+    let grp = arange(0, BLOCK_K / 32);
+    let p = arange(0, 2);
+    let i = arange(0, 2);
+    let l_rows = (rows * k_words)
         .expand_dims(1)
         .expand_dims(2)
         .expand_dims(3);
-    let g_rows = (rows * groups).expand_dims(1);
-    let d_rows = (rows * (groups / 16)).expand_dims(1);
+    let h_rows = (rows * (2 * blocks)).expand_dims(1).expand_dims(2);
+    let s_rows = (rows * (2 * blocks)).expand_dims(1);
+    let d_rows = (rows * (blocks / 8)).expand_dims(1);
+    let l_words = (grp * 4).expand_dims(1).expand_dims(2) + (p * 2).expand_dims(1) + i;
+    let h_words = (grp * 2).expand_dims(1) + p.expand_dims(0);
     let ok2 = row_ok.expand_dims(1);
-    let words = (grp * 2).expand_dims(1).expand_dims(2) + w.expand_dims(0).expand_dims(0);
-    let elems =
-        (grp * 16).expand_dims(1).expand_dims(2) + (t * 2).expand_dims(1) + w.expand_dims(0);
 
-    let g_ok = ok2 & (grp < groups).expand_dims(0);
-    let ql_first = load(
-        ql + l_rows + words.expand_dims(0),
-        g_ok.expand_dims(2).expand_dims(3),
+    let ok = ok2 & (grp < blocks).expand_dims(0);
+    let l_first = load(
+        ql + l_rows + l_words.expand_dims(0),
+        ok.expand_dims(2).expand_dims(3),
         0,
     );
-    // Each group's high-bits word is loaded once per low-nibble word lane (`w * 0`), so
-    // that it lands in the layout of the `ql` words and needs no exchange through shared
-    // memory before the shift spreads it.
-    let h_offs =
-        (grp.expand_dims(1).expand_dims(2) + w.expand_dims(0).expand_dims(0) * 0).expand_dims(0);
-    let qh_first = load(
-        qh + g_rows.expand_dims(2).expand_dims(3) + h_offs,
-        g_ok.expand_dims(2).expand_dims(3),
-        0,
-    );
-    let sc_first = load(scales + g_rows + grp.expand_dims(0), g_ok, 128);
-    let d_first = load(d + d_rows + (grp / 16).expand_dims(0), g_ok, 0.0);
+    let h_first = load(qh + h_rows + h_words.expand_dims(0), ok.expand_dims(2), 0);
+    let sc0_first = load(scales + s_rows + (grp * 2).expand_dims(0), ok, 128);
+    let sc1_first = load(scales + s_rows + (grp * 2 + 1).expand_dims(0), ok, 128);
+    let d_first = load(d + d_rows + (grp / 8).expand_dims(0), ok, 0.0);
     let mut b = zeros::<f32>([BLOCK_N]);
     if HEAD == 0 {
         b = load(bias + row0 + rows, row_ok, 0.0) as f32;
@@ -525,80 +559,48 @@ pub fn q6_k_gemv<
     if RESIDUAL == 1 {
         old = load(y + row0 + rows, row_ok, 0.0) as f32;
     }
-    let mut inv_rms = 1.0;
-    if HEAD == 1 {
-        inv_rms = inv_rms_of::<BLOCK_K>(a, groups * 16, eps);
-    }
-    let a_ok = (grp < groups).expand_dims(1).expand_dims(2);
-    let mut xv = load(a + elems, a_ok, 0.0) as f32;
-    if SILU_MUL == 1 {
-        // `a` is `[gate; up]`, each `k` long (a fused gate/up projection's output).
-        let up = load(a + groups * 16 + elems, a_ok, 0.0) as f32;
-        xv = ((xv / (1.0 + exp(-xv))) as bf16 as f32 * up) as bf16 as f32;
-    }
-    let mut sq = 0.0;
-    let mut av = xv;
-    if HEAD == 1 {
-        // The final norm rounded as the LM head's reference does.
-        av = head_norm(xv, load(norm_w + elems, a_ok, 0.0) as f32, inv_rms);
-    } else if NORM == 1 {
-        // RMSNorm folded in (as `rms_norm_gemv`): the squares are summed from the
-        // activation tiles and `inv_rms` scales the row sums at the end.
-        sq = (xv * xv).sum(2).sum(1).sum(0);
-        av = xv * (load(norm_w + elems, a_ok, 0.0) as f32);
-    }
-    let hi = (qh_first >> hi_shift) & 3;
-    let qv = ((((ql_first >> lo_shift) & 15) | (hi << 4)) as i32 - 32) as f32;
-    let dots = (qv * av.expand_dims(0)).sum(3).sum(2);
-    let scale = (d_first as f32) * (((sc_first as i32) - 128) as f32);
-    let mut sums = (scale * dots).sum(1);
-    for g0 in (BLOCK_K / 16..groups).step_by(BLOCK_K / 16) {
-        let g_in = (g0 + grp < groups).expand_dims(0);
-        let g_ok = ok2 & g_in;
+    let mut sums = q6_k_tile(
+        l_first,
+        h_first,
+        sc0_first,
+        sc1_first,
+        d_first,
+        xq,
+        xd,
+        xs,
+        grp,
+        grp < blocks,
+        p,
+        i,
+    );
+    for g0 in (BLOCK_K / 32..blocks).step_by(BLOCK_K / 32) {
+        let blk = g0 + grp;
+        let blk_ok = blk < blocks;
+        let ok = ok2 & blk_ok.expand_dims(0);
         let lt = load(
-            ql + l_rows + (g0 * 2 + words).expand_dims(0),
-            g_ok.expand_dims(2).expand_dims(3),
+            ql + l_rows + (g0 * 4 + l_words).expand_dims(0),
+            ok.expand_dims(2).expand_dims(3),
             0,
         );
         let ht = load(
-            qh + g_rows.expand_dims(2).expand_dims(3) + g0 + h_offs,
-            g_ok.expand_dims(2).expand_dims(3),
+            qh + h_rows + (g0 * 2 + h_words).expand_dims(0),
+            ok.expand_dims(2),
             0,
         );
-        let sct = load(scales + g_rows + (g0 + grp).expand_dims(0), g_ok, 128);
-        let dt = load(d + d_rows + ((g0 + grp) / 16).expand_dims(0), g_ok, 0.0);
-        let a_ok = (g0 + grp < groups).expand_dims(1).expand_dims(2);
-        let mut xv = load(a + g0 * 16 + elems, a_ok, 0.0) as f32;
-        if SILU_MUL == 1 {
-            let up = load(a + (groups + g0) * 16 + elems, a_ok, 0.0) as f32;
-            xv = ((xv / (1.0 + exp(-xv))) as bf16 as f32 * up) as bf16 as f32;
-        }
-        let mut av = xv;
-        if HEAD == 1 {
-            av = head_norm(
-                xv,
-                load(norm_w + g0 * 16 + elems, a_ok, 0.0) as f32,
-                inv_rms,
-            );
-        } else if NORM == 1 {
-            sq += (xv * xv).sum(2).sum(1).sum(0);
-            av = xv * (load(norm_w + g0 * 16 + elems, a_ok, 0.0) as f32);
-        }
-        let hi = (ht >> hi_shift) & 3;
-        let qv = ((((lt >> lo_shift) & 15) | (hi << 4)) as i32 - 32) as f32;
-        let dots = (qv * av.expand_dims(0)).sum(3).sum(2);
-        let scale = (dt as f32) * (((sct as i32) - 128) as f32);
-        sums += (scale * dots).sum(1);
+        let sc0 = load(scales + s_rows + (blk * 2).expand_dims(0), ok, 128);
+        let sc1 = load(scales + s_rows + (blk * 2 + 1).expand_dims(0), ok, 128);
+        let dt = load(d + d_rows + (blk / 8).expand_dims(0), ok, 0.0);
+        sums += q6_k_tile(lt, ht, sc0, sc1, dt, xq, xd, xs, blk, blk_ok, p, i);
     }
-    if NORM == 1 && HEAD == 0 {
-        sums = sums * (1.0 / sqrt(sq / ((groups * 16) as f32) + eps));
-    }
-    let proj = (sums + b) as bf16;
-    if HEAD == 1 {
-        store_head(logits, part_val, part_idx, row0 + rows, proj as f32, row_ok);
-    } else if RESIDUAL == 1 {
-        store(y + row0 + rows, (old + proj as f32) as bf16, row_ok);
-    } else {
-        store(y + row0 + rows, proj, row_ok);
-    }
+    store_rows::<RESIDUAL, HEAD>(
+        y,
+        logits,
+        part_val,
+        part_idx,
+        row0 + rows,
+        row_ok,
+        sums,
+        b,
+        old,
+    );
 }

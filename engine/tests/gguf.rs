@@ -496,7 +496,10 @@ fn engine_loads_a_gguf_file_and_decodes_like_the_reference() {
         let l = reference.forward(token, pos).unwrap();
         pos += 1;
         let rel = common::rel_err(&out.logits[step], &l);
-        assert!(rel < 2e-2, "step {step}: logits differ by {rel}");
+        // The quantized GEMVs multiply int8 activations (llama.cpp's q8_1 scheme,
+        // `kernels_quant`): measured 2.0-2.7% from the f32 reference on this file's
+        // steps (0.8-1.4% with bf16 activations).
+        assert!(rel < 4e-2, "step {step}: logits differ by {rel}");
         token = out.tokens[step];
         logits.push(l);
     }
@@ -641,11 +644,11 @@ fn quantized_step_matches_the_dense_step_on_dequantized_weights() {
         let mut quant =
             Decoder::with_quant(&cfg, &f.model_weights(&cfg).unwrap(), &qw, &dev, 16).unwrap();
         assert!(quant.is_quantized());
-        // Two more QKV launches and one more gate/up launch a layer (runs of one type),
-        // and `silu_mul_in_place`.
+        // A layer's four quantized GEMV inputs are quantized by a launch each, and
+        // QKV takes two more launches and gate/up one more (runs of one type).
         assert_eq!(
             quant.kernels_per_step(),
-            dense.decoder().expect("one device").kernels_per_step() + 4 * cfg.num_layers
+            dense.decoder().expect("one device").kernels_per_step() + 7 * cfg.num_layers
         );
         assert!(
             quant.weight_bytes_per_step()
@@ -663,10 +666,12 @@ fn quantized_step_matches_the_dense_step_on_dequantized_weights() {
                 .unwrap();
             let got = quant.forward(token, pos).unwrap();
             let rel = common::rel_err(&got, &want);
-            // Each path rounds every projection to bf16 in its own summation order: the
-            // two differ by 0.8-1.4% on the interpreter, as each differs from the host
-            // reference (the bound of the test above).
-            assert!(rel < 2e-2, "{dev} position {pos}: logits differ by {rel}");
+            // Each path rounds every projection to bf16 in its own summation order, and
+            // the quantized one multiplies int8 activations (llama.cpp's q8_1 scheme,
+            // `kernels_quant`): measured 1.4-5.4% on the interpreter over these ten
+            // positions (0.8-1.4% with bf16 activations); logits of rms 2.2 move by up
+            // to 0.72.
+            assert!(rel < 8e-2, "{dev} position {pos}: logits differ by {rel}");
             let (dense_next, _) = dense.decoder().expect("one device").read_state().unwrap();
             let (quant_next, next_pos) = quant.read_state().unwrap();
             assert_eq!(next_pos, pos + 1);
@@ -681,11 +686,16 @@ fn quantized_step_matches_the_dense_step_on_dequantized_weights() {
                 .0;
             assert_eq!(quant_next as usize, argmax, "{dev} position {pos}");
             if dense_next != quant_next {
-                // Only a near-tie may flip the greedy token.
+                // Only a near-tie may flip the greedy token: closer in the dense logits
+                // than the two paths' largest logit difference at this step.
                 let gap = (want[dense_next as usize] - want[quant_next as usize]).abs();
+                let moved = got
+                    .iter()
+                    .zip(&want)
+                    .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
                 assert!(
-                    gap < 1e-2,
-                    "{dev} position {pos}: tokens {dense_next} vs {quant_next}"
+                    gap <= moved,
+                    "{dev} position {pos}: tokens {dense_next} vs {quant_next} (gap {gap}, logits moved up to {moved})"
                 );
             }
             token = quant_next;

@@ -38,11 +38,12 @@ impl Matrix {
         }
     }
 
-    /// Kernel launches one GEMV over the matrix takes (one per run of rows of one type).
+    /// Kernel launches one GEMV over the matrix takes (quantized: the activation's
+    /// quantization, then one per run of rows of one type).
     pub(crate) fn launches(&self) -> usize {
         match self {
             Matrix::Dense(_) => 1,
-            Matrix::Quant(q) => q.parts.len(),
+            Matrix::Quant(q) => 1 + q.parts.len(),
         }
     }
 }
@@ -99,8 +100,8 @@ impl QuantMatrix {
     }
 
     /// The GEMV of the decode step's projections: `y = variant(W · a) + bias` over
-    /// every run (`launch` gives whether the first launch is serialized; the runs
-    /// follow on their own grids).
+    /// every run: the activation quantized once (`launch` gives whether that launch is
+    /// serialized), then each run's GEMV on its own grid.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn gemv(
         &self,
@@ -112,14 +113,15 @@ impl QuantMatrix {
         bias: &Buffer<bf16>,
         spare: &mut QuantSpare,
     ) -> Result<()> {
-        for (i, p) in self.parts.iter().enumerate() {
+        let cols = self.parts[0].m.cols;
+        spare.quantize(dev, variant, a, cols, false, launch.serialized)?;
+        for p in &self.parts {
             let out = QuantOut::Rows {
                 y: &mut *y,
                 row0: p.row0,
                 bias,
             };
-            let serialized = launch.serialized && i == 0;
-            p.m.launch(dev, p.cfg, variant, a, out, spare, serialized)?;
+            p.m.launch_quantized(dev, p.cfg, variant.residual(), out, spare, false)?;
         }
         Ok(())
     }
@@ -224,7 +226,8 @@ pub(crate) fn fused(
 }
 
 /// `act[..inter] = bf16(bf16(silu(g)) * u)` over `act = [g; u]` (what a quantized
-/// gate/up GEMV leaves), in place. Never a step's first launch.
+/// gate/up GEMV leaves), in place, for a dense down projection. Never a step's first
+/// launch.
 pub(crate) fn silu_mul_in_place(dev: &Device, act: &mut Buffer<bf16>, inter: usize) -> Result<()> {
     use crate::kernels_quant::{SiluMulInPlaceArgs, SiluMulInPlaceConsts};
     let cfg = LaunchConfig::grid([inter.div_ceil(1024) as u32, 1, 1]).num_warps(4);

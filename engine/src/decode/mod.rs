@@ -85,7 +85,8 @@ struct Scratch {
     /// Attention output, `[q_dim]`.
     attn: Buffer<bf16>,
     /// `silu(gate) * up`, `[intermediate]`; a quantized gate/up writes `[gate; up]`
-    /// (`2 * intermediate`) and `silu_mul_in_place` makes the first half the product.
+    /// (`2 * intermediate`), whose product a quantized down projection's activation
+    /// quantizer computes (else `silu_mul_in_place` makes the first half the product).
     act: Buffer<bf16>,
     /// Split-attention partials: max, denominator, `[num_heads, splits]`; weighted sums
     /// `[num_heads, splits, head_dim]`.
@@ -273,7 +274,8 @@ impl Decoder {
                     + im),
                 -1i64,
             )?,
-            spare: crate::gguf::device::QuantSpare::new(dev)?,
+            // A quantized GEMV's input: up to the widest of `h`, `q_dim`, `im`.
+            spare: crate::gguf::device::QuantSpare::new(dev, h.max(qd).max(im))?,
         };
         Ok(Decoder {
             cfg: cfg.clone(),
@@ -355,11 +357,14 @@ impl Decoder {
             Block::Combine if self.plan.clustered() => 0,
             Block::Qkv => self.layers.iter().map(|l| l.qkv_w.launches()).sum(),
             Block::OProj => self.layers.iter().map(|l| l.o_w.launches()).sum(),
-            // A quantized gate/up is followed by `silu_mul_in_place`.
+            // A quantized gate/up before a dense down is followed by `silu_mul_in_place`.
             Block::GateUp => self
                 .layers
                 .iter()
-                .map(|l| l.gate_up_w.launches() + usize::from(l.gate_up_w.dense().is_none()))
+                .map(|l| {
+                    let silu = l.gate_up_w.dense().is_none() && l.down_w.dense().is_some();
+                    l.gate_up_w.launches() + usize::from(silu)
+                })
                 .sum(),
             Block::Down => self.layers.iter().map(|l| l.down_w.launches()).sum(),
             _ => self.cfg.num_layers,

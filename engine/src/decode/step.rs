@@ -324,12 +324,15 @@ impl<W: FnMut(Block) -> bool> Step<'_, W> {
             let s = &mut *self.s;
             let eps = c.rms_norm_eps as f32;
             match &l.gate_up_w {
-                // `[gate; up]` into `act`, then `silu(gate) * up` in place.
+                // `[gate; up]` into `act`; the down projection's activation quantizer
+                // takes `silu(gate) * up`.
                 Matrix::Quant(q) => {
                     let (norm_w, act) = (&l.post_norm, &mut s.act);
                     let norm = QuantVariant::Norm { norm_w, eps };
                     q.gemv(self.dev, cfg, norm, &s.x, act, &s.zeros, &mut s.spare)?;
-                    silu_mul_in_place(self.dev, act, c.intermediate_size)?;
+                    if l.down_w.dense().is_some() {
+                        silu_mul_in_place(self.dev, act, c.intermediate_size)?;
+                    }
                 }
                 Matrix::Dense(w) => RmsNormGateUpArgs {
                     x: &s.x,
@@ -353,7 +356,12 @@ impl<W: FnMut(Block) -> bool> Step<'_, W> {
         let w = match &l.down_w {
             Matrix::Dense(w) => w,
             Matrix::Quant(q) => {
-                let res = QuantVariant::Residual;
+                // After a quantized gate/up, `act` is `[gate; up]`: the quantizer takes
+                // `silu(gate) * up`.
+                let res = match l.gate_up_w {
+                    Matrix::Quant(_) => QuantVariant::SiluMulResidual,
+                    Matrix::Dense(_) => QuantVariant::Residual,
+                };
                 return q.gemv(self.dev, cfg, res, &s.act, &mut s.x, &s.zeros, &mut s.spare);
             }
         };

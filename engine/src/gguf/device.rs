@@ -7,7 +7,7 @@ use tilefuse_dsl::runtime::{Buffer, Device, KernelArg, KernelDef, LaunchConfig};
 
 use super::quant::{GgmlType, PackedMatrix};
 use crate::error::Result;
-use crate::kernels_quant::{Q4_K_GEMV, Q6_K_GEMV, Q8_0_GEMV};
+use crate::kernels_quant::{Q4_K_GEMV, Q6_K_GEMV, Q8_0_GEMV, QUANTIZE_ACT};
 
 /// A launch configuration of a quantized GEMV: rows and columns per tile, warps.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -24,11 +24,11 @@ impl QuantGemvConfig {
     /// Every compiled configuration (the kernels share one list).
     pub fn all() -> Vec<QuantGemvConfig> {
         let mut v = Vec::new();
-        for block_n in [1, 2, 4, 8] {
-            for block_k in [256, 512, 1024, 2048, 4096] {
+        for block_n in [1, 2, 4, 8, 16, 32] {
+            for block_k in [256, 512, 1024, 2048] {
                 for num_warps in [4, 8] {
-                    // Long tiles: few rows, and more warps for more (as compiled).
-                    if block_k > 1024 && block_n * block_k > num_warps as usize * 1024 {
+                    // Long tiles for few rows, many rows for short tiles (as compiled).
+                    if (block_k == 2048 && block_n >= 8) || (block_k == 1024 && block_n == 32) {
                         continue;
                     }
                     v.push(QuantGemvConfig {
@@ -44,13 +44,25 @@ impl QuantGemvConfig {
 
     /// The decode step's configuration for a `[rows, cols]` matrix of type `ty`.
     ///
-    /// 8 rows of 1024-column tiles over 4 warps, the best or within 10% of the best of
-    /// every compiled configuration at Qwen3-0.6B's and Qwen3-8B's shapes (H200,
-    /// docs/perf.md "Quantized GEMVs"), except the small wide matrices (O and down of
-    /// 1024 rows), where 4 rows of 2048-column tiles over 8 warps keep the grid over the
-    /// SMs. Many rows a program also amortize the `SILU_MUL` prologue, which every
-    /// program computes for the whole activation.
+    /// 8 rows of 1024-column tiles over 4 warps: the best or within 6% of the best of
+    /// every compiled configuration alone at Qwen3-8B's shapes, and inside the step
+    /// better than 16 rows of 512 columns, the best for 8B's gate/up alone (H200,
+    /// docs/perf.md "Int8 activations and `dot4`"); the small wide matrices (O and down
+    /// of 1024 rows) take 4 rows of 2048-column tiles over 8 warps, which keep the grid
+    /// over the SMs.
+    ///
+    /// `TILEFUSE_QUANT_TILE=n,k,warps` replaces the choice for matrices of 2048 rows or
+    /// more (for measuring a configuration inside the decode step; a configuration that
+    /// is not compiled is an error at launch).
     pub fn for_shape(_ty: GgmlType, rows: usize, cols: usize) -> QuantGemvConfig {
+        if rows >= 2048 {
+            if let Some(cfg) = std::env::var("TILEFUSE_QUANT_TILE")
+                .ok()
+                .and_then(|v| Self::parse(&v))
+            {
+                return cfg;
+            }
+        }
         if rows < 2048 && cols > 1024 {
             QuantGemvConfig {
                 block_n: 4,
@@ -63,6 +75,22 @@ impl QuantGemvConfig {
                 block_k: 1024,
                 num_warps: 4,
             }
+        }
+    }
+
+    /// `n,k,warps` as a configuration.
+    fn parse(v: &str) -> Option<QuantGemvConfig> {
+        let p: Vec<usize> = v
+            .split(',')
+            .map(|x| x.trim().parse().ok())
+            .collect::<Option<_>>()?;
+        match p.as_slice() {
+            &[block_n, block_k, num_warps] => Some(QuantGemvConfig {
+                block_n,
+                block_k,
+                num_warps: num_warps as u32,
+            }),
+            _ => None,
         }
     }
 
@@ -224,7 +252,7 @@ impl DeviceQuantMatrix {
 
     /// The MLP's down projection over `act = [g; u]` (each `cols` long, the output of a
     /// normed GEMV over the `[gate; up]` rows): `y = bf16(y + bf16(W · a + bias))` with
-    /// `a = bf16(bf16(silu(g)) * u)` computed as it loads.
+    /// `a = bf16(bf16(silu(g)) * u)` computed as the activation is quantized.
     pub fn gemv_silu_mul_residual(
         &self,
         dev: &Device,
@@ -246,11 +274,11 @@ impl DeviceQuantMatrix {
         )
     }
 
-    /// Launches the GEMV over `a` in `variant`, writing `out`; `spare` stands in for the
-    /// outputs the launch does not write (the kernels take every output). An LM head
+    /// Quantizes `a` in `variant` into `spare` ([`QuantSpare::quantize`]), then
+    /// launches the GEMV over it ([`DeviceQuantMatrix::launch_quantized`]). An LM head
     /// ([`QuantOut::Head`]) takes [`QuantVariant::Norm`] (the final norm).
-    /// `serialized`: the launch waits for all earlier work (the first of a decode step;
-    /// see `LaunchConfig::serialized`).
+    /// `serialized`: the first launch waits for all earlier work (the first of a decode
+    /// step; see `LaunchConfig::serialized`).
     #[allow(clippy::too_many_arguments)]
     pub fn launch(
         &self,
@@ -263,15 +291,28 @@ impl DeviceQuantMatrix {
         serialized: bool,
     ) -> Result<()> {
         let head = matches!(out, QuantOut::Head { .. });
-        let (residual, silu_mul, norm) = match variant {
-            QuantVariant::Plain => (false, false, None),
-            QuantVariant::Residual => (true, false, None),
-            QuantVariant::Norm { norm_w, eps } => (false, false, Some((norm_w, eps))),
-            QuantVariant::SiluMulResidual => (true, true, None),
-        };
-        if head && norm.is_none() {
+        spare.quantize(dev, variant, a, self.cols, head, serialized)?;
+        self.launch_quantized(dev, cfg, variant.residual(), out, spare, false)
+    }
+
+    /// The GEMV over the activation [`QuantSpare::quantize`] left in `spare` (of this
+    /// matrix's `cols`), writing `out`; with `residual`, added into `y`.
+    pub fn launch_quantized(
+        &self,
+        dev: &Device,
+        cfg: QuantGemvConfig,
+        residual: bool,
+        out: QuantOut<'_>,
+        spare: &mut QuantSpare,
+        serialized: bool,
+    ) -> Result<()> {
+        let head = matches!(out, QuantOut::Head { .. });
+        if self.cols > spare.cols {
             return Err(crate::error::EngineError::Option {
-                message: "a quantized LM head takes the final norm (QuantVariant::Norm)".into(),
+                message: format!(
+                    "a quantized GEMV over {} columns with activation buffers for {}",
+                    self.cols, spare.cols
+                ),
             });
         }
         let mut launch = LaunchConfig::from(cfg.grid(self.rows)).num_warps(cfg.num_warps);
@@ -281,12 +322,9 @@ impl DeviceQuantMatrix {
         let consts = [
             cfg.block_n as i64,
             cfg.block_k as i64,
-            i64::from(residual),
-            i64::from(norm.is_some()),
-            i64::from(silu_mul),
+            i64::from(residual && !head),
             i64::from(head),
         ];
-        let (norm_w, eps) = norm.unwrap_or((a, 0.0));
         let n = self.rows as i32;
         let k = self.cols as i32;
         let mut args: Vec<KernelArg<'_>> = match &self.buffers {
@@ -304,10 +342,12 @@ impl DeviceQuantMatrix {
         };
         let k_words = match self.buffers {
             QuantBuffers::Q8_0 { .. } => k / 4,
-            QuantBuffers::Q4K { .. } => k / 8,
-            QuantBuffers::Q6K { .. } => k / 16,
+            QuantBuffers::Q4K { .. } | QuantBuffers::Q6K { .. } => k / 8,
         };
-        args.extend([a.into(), norm_w.into()]);
+        args.extend([(&spare.xq).into(), (&spare.xd).into()]);
+        if !matches!(self.buffers, QuantBuffers::Q8_0 { .. }) {
+            args.push((&spare.xs).into());
+        }
         let row0 = match out {
             QuantOut::Rows { y, row0, bias } => {
                 args.extend([
@@ -325,7 +365,7 @@ impl DeviceQuantMatrix {
                 part_idx,
             } => {
                 args.extend([
-                    a.into(),
+                    (&spare.bias).into(),
                     (&mut spare.y).into(),
                     logits.into(),
                     part_val.into(),
@@ -334,7 +374,7 @@ impl DeviceQuantMatrix {
                 0
             }
         };
-        args.extend([n.into(), row0.into(), k_words.into(), eps.into()]);
+        args.extend([n.into(), row0.into(), k_words.into()]);
         self.kernel().launch_dyn(dev, launch, &consts, &mut args)?;
         Ok(())
     }
@@ -356,9 +396,16 @@ pub enum QuantVariant<'a> {
         /// Its epsilon.
         eps: f32,
     },
-    /// `a = [g; u]` (`2 * cols` long) becomes `bf16(bf16(silu(g)) * u)` as it loads;
-    /// with the residual.
+    /// `a = [g; u]` (`2 * cols` long) becomes `bf16(bf16(silu(g)) * u)` as it is
+    /// quantized; with the residual.
     SiluMulResidual,
+}
+
+impl QuantVariant<'_> {
+    /// Whether the GEMV adds its projection into `y`.
+    pub fn residual(&self) -> bool {
+        matches!(self, QuantVariant::Residual | QuantVariant::SiluMulResidual)
+    }
 }
 
 /// Where a quantized GEMV writes.
@@ -386,24 +433,96 @@ pub enum QuantOut<'a> {
     },
 }
 
-/// Small buffers that stand in for the outputs a launch does not write (each kernel
-/// takes the LM head's outputs and the rows' output).
+/// A quantized GEMV's activation buffers (the int8 input that
+/// [`QuantSpare::quantize`] writes, see [`crate::kernels_quant`]), and small buffers
+/// that stand in for the outputs a launch does not write (each kernel takes the LM
+/// head's outputs and the rows' output).
 #[derive(Debug)]
 pub struct QuantSpare {
+    /// Columns the activation buffers hold.
+    cols: usize,
+    /// `[cols / 4]` int8 values, four a word.
+    xq: Buffer<i32>,
+    /// `[cols / 32]` block scales.
+    xd: Buffer<f32>,
+    /// `[cols / 16]` sums of each 16 values.
+    xs: Buffer<i32>,
     logits: Buffer<f32>,
     part_val: Buffer<f32>,
     part_idx: Buffer<i32>,
     y: Buffer<bf16>,
+    bias: Buffer<bf16>,
 }
 
 impl QuantSpare {
-    /// One element each on `dev`.
-    pub fn new(dev: &Device) -> Result<Self> {
+    /// Activation buffers for GEMVs of up to `max_cols` columns (a multiple of 32), and
+    /// one element each of the stand-ins, on `dev`.
+    pub fn new(dev: &Device, max_cols: usize) -> Result<Self> {
+        let cols = max_cols.div_ceil(32) * 32;
         Ok(QuantSpare {
+            cols,
+            xq: dev.zeros(cols / 4)?,
+            xd: dev.zeros(cols / 32)?,
+            xs: dev.zeros(cols / 16)?,
             logits: dev.zeros(1)?,
             part_val: dev.zeros(1)?,
             part_idx: dev.zeros(1)?,
             y: dev.zeros(1)?,
+            bias: dev.zeros(1)?,
         })
+    }
+
+    /// Quantizes the GEMV input of `cols` columns computed from `a` by `variant` (with
+    /// `head`, the LM head's final norm) into the activation buffers
+    /// ([`crate::kernels_quant::quantize_act`]). `serialized`: the launch waits for all
+    /// earlier work.
+    pub fn quantize(
+        &mut self,
+        dev: &Device,
+        variant: QuantVariant<'_>,
+        a: &Buffer<bf16>,
+        cols: usize,
+        head: bool,
+        serialized: bool,
+    ) -> Result<()> {
+        let (mode, norm_w, eps) = match variant {
+            QuantVariant::Plain | QuantVariant::Residual => (0, a, 0.0),
+            QuantVariant::Norm { norm_w, eps } => (if head { 3 } else { 1 }, norm_w, eps),
+            QuantVariant::SiluMulResidual => (2, a, 0.0),
+        };
+        if head && mode != 3 {
+            return Err(crate::error::EngineError::Option {
+                message: "a quantized LM head takes the final norm (QuantVariant::Norm)".into(),
+            });
+        }
+        if cols > self.cols || cols % 32 != 0 {
+            return Err(crate::error::EngineError::Option {
+                message: format!(
+                    "quantizing an activation of {cols} columns into buffers for {} (a multiple of 32 is needed)",
+                    self.cols
+                ),
+            });
+        }
+        const B: usize = 256;
+        let mut launch = LaunchConfig::from(cols.div_ceil(B) as u32).num_warps(4);
+        if serialized {
+            launch = launch.serialized();
+        }
+        let mut args: Vec<KernelArg<'_>> = vec![
+            a.into(),
+            norm_w.into(),
+            (&mut self.xq).into(),
+            (&mut self.xd).into(),
+            (&mut self.xs).into(),
+            (cols as i32).into(),
+            eps.into(),
+        ];
+        QUANTIZE_ACT.launch_dyn(dev, launch, &[B as i64, mode], &mut args)?;
+        Ok(())
+    }
+
+    /// The activation buffers (`xq`, `xd`, `xs`), for reading back in tests.
+    pub fn activation(&self) -> (&Buffer<i32>, &Buffer<f32>, &Buffer<i32>) {
+        (&self.xq, &self.xd, &self.xs)
     }
 }

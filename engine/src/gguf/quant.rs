@@ -18,18 +18,25 @@
 //! # Device layout ([`PackedMatrix`])
 //!
 //! At load the blocks of a `[rows, cols]` matrix are split into separate row-major
-//! arrays: the quants as `u32` words (the kernel language loads bytes one at a time,
-//! words as 16-byte vectors), the scales as small arrays of their own. Within a group of
-//! `W` words covering `G = W * F` elements (`F` fields a word: 4 bytes or 8 nibbles),
-//! field `t` of word `w` holds element `t * W + w` of the group, so that a kernel tile
-//! `[.., F, W]` (fields, words) is in element order and both the words (`[.., 1, W]`)
-//! and the activations (`[.., F, W]`) are contiguous loads:
+//! arrays: the quants as `u32` words (the kernels load them as 16-byte vectors), the
+//! scales as small arrays of their own. The quants are laid out for the kernels' byte
+//! dot products (`dot4`, docs/language.md) against int8 activations packed four to a
+//! word in element order (word `j` holds elements `4 j .. 4 j + 4`, byte `b` element
+//! `4 j + b`; see [`crate::kernels_quant`]): every byte lane of a weight word, once
+//! its field is masked out, lines up with the activation word of the same four
+//! elements, so no weight or activation is moved between lanes.
 //!
-//! | type | arrays (per row) | group | bytes per 256 elements (file) |
+//! | type | arrays (per row) | per 32-element block | bytes per 256 elements (file) |
 //! |---|---|---|---|
-//! | Q8_0 | `q: u32[cols / 4]` (bytes: `i8` with the sign bit flipped, `x = d * (q - 128)`), `d: f16[cols / 32]` | 32 elements, 8 words | 272 (272) |
-//! | Q4_K | `q: u32[cols / 8]` (nibbles), `scales: u8[cols / 32]`, `mins: u8[cols / 32]` (6-bit values unpacked), `d: f16[cols / 256]`, `dmin: f16[cols / 256]` | 32 elements, 4 words | 148 (144) |
-//! | Q6_K | `ql: u32[cols / 8]` (low nibbles), `qh: u32[cols / 16]` (high 2 bits, element `i` of a 16-group at bit `2 i`), `scales: u8[cols / 16]` (`i8` with the sign bit flipped), `d: f16[cols / 256]` | 16 elements, 2 words | 210 (210) |
+//! | Q8_0 | `q: u32[cols / 4]` (`i8` bytes in element order), `d: f16[cols / 32]` | 8 words: word `w` byte `b` is element `4 w + b` | 272 (272) |
+//! | Q4_K | `q: u32[cols / 8]` (nibbles), `scales: u8[cols / 32]`, `mins: u8[cols / 32]` (6-bit values unpacked), `d: f16[cols / 256]`, `dmin: f16[cols / 256]` | 4 words: word `w` byte `b` holds element `4 w + b` in its low nibble and `16 + 4 w + b` in its high one | 148 (144) |
+//! | Q6_K | `ql: u32[cols / 8]` (low nibbles, as Q4_K's), `qh: u32[cols / 16]` (high 2 bits), `scales: u8[cols / 16]` (`i8` with the sign bit flipped), `d: f16[cols / 256]` | 4 `ql` words as Q4_K's; 2 `qh` words: word `p` byte `b` holds, at bit `2 (2 i + h)`, the high bits of element `16 h + 4 (2 p + i) + b` | 210 (210) |
+//!
+//! So a Q4_K word's low nibbles (`w & 0x0F0F0F0F`) are activation word `w` of the
+//! block and its high nibbles activation word `4 + w`; a Q6_K `ql` word `2 p + i` gets
+//! its high bits from `qh` word `p` shifted left by `4 - 4 i` (low nibbles, masked with
+//! `0x30303030`) or that shifted right by 2 (high nibbles). A Q6_K block's low nibbles
+//! are its first 16 elements and its high nibbles the second 16, one scale each.
 //!
 //! Q4_K's unpacked scales cost 4 bytes a super-block (2.8%) and spare each thread the
 //! 6-bit unpacking (three gathers and a dozen bit operations per sub-block).
@@ -245,9 +252,10 @@ pub fn dequantize(ty: GgmlType, bytes: &[u8], numel: usize, name: &str) -> Resul
 
 /// Whether an LM head stored as `ty` is read quantized by the decode step (else it is
 /// dequantized to bf16 at load). Q8_0: yes, it streams faster than bf16. Q4_K and Q6_K:
-/// no, their GEMVs are bound by the dequantizing instructions, and at a vocabulary's
-/// rows the bf16 head is faster (docs/perf.md, "Quantized GEMVs"), unless the
-/// environment sets `TILEFUSE_QUANT_HEAD=1` (for measuring them in the step).
+/// no: with the GEMVs that dequantized to f32 the Q6_K head took twice the bf16 head's
+/// time (docs/perf.md, "Quantized weights in the decode step"; not measured since the
+/// GEMVs take int8 activations), unless the environment sets `TILEFUSE_QUANT_HEAD=1`
+/// (for measuring them in the step).
 pub fn head_reads_quantized(ty: GgmlType) -> bool {
     ty == GgmlType::Q8_0 || std::env::var("TILEFUSE_QUANT_HEAD").is_ok_and(|v| v == "1")
 }
@@ -261,7 +269,7 @@ pub enum PackedMatrix {
         rows: usize,
         /// Columns (input features), a multiple of 32.
         cols: usize,
-        /// `[rows, cols / 4]` words of four biased `i8` quants.
+        /// `[rows, cols / 4]` words of four `i8` quants, in element order.
         q: Vec<u32>,
         /// `[rows, cols / 32]` block scales.
         d: Vec<f16>,
@@ -300,27 +308,41 @@ pub enum PackedMatrix {
     },
 }
 
-/// Packs `fields[i]` (each below `1 << bits`) into words: in each group of `words`
-/// words, field `t` of word `w` is element `t * words + w` of the group.
-fn interleave(fields: &[u32], bits: u32, words: usize) -> Vec<u32> {
-    let per_word = (32 / bits) as usize;
-    let group = per_word * words;
-    let mut out = vec![0u32; fields.len() / per_word];
-    for (g, chunk) in fields.chunks_exact(group).enumerate() {
-        for (e, &v) in chunk.iter().enumerate() {
-            let (t, w) = (e / words, e % words);
-            out[g * words + w] |= v << (bits as usize * t);
-        }
+/// Where element `e` of a row sits among a Q4_K row's nibble words (also Q6_K's low
+/// nibbles): `(word, bit)`; see the module docs.
+fn nibble_at(e: usize) -> (usize, u32) {
+    let (block, i) = (e / 32, e % 32);
+    let (h, w, b) = (i / 16, (i % 16) / 4, i % 4);
+    (block * 4 + w, (8 * b + 4 * h) as u32)
+}
+
+/// Where element `e` of a row sits among a Q6_K row's high-bit words: `(word, bit)`.
+fn high_bits_at(e: usize) -> (usize, u32) {
+    let (block, i) = (e / 32, e % 32);
+    let (h, w, b) = (i / 16, (i % 16) / 4, i % 4);
+    let (p, lane) = (w / 2, w % 2);
+    (block * 2 + p, (8 * b + 2 * (2 * lane + h)) as u32)
+}
+
+/// Packs `fields[e]` (each below `1 << bits`) into words at the places `at(e)` gives.
+fn pack_fields(fields: &[u32], bits: u32, at: fn(usize) -> (usize, u32)) -> Vec<u32> {
+    let mut out = vec![0u32; fields.len() * bits as usize / 32];
+    for (e, &v) in fields.iter().enumerate() {
+        let (w, shift) = at(e);
+        out[w] |= v << shift;
     }
     out
 }
 
-/// Field `e` of the group laid out by [`interleave`].
-fn field(words_arr: &[u32], e: usize, bits: u32, words: usize) -> u32 {
-    let group = (32 / bits) as usize * words;
-    let (g, i) = (e / group, e % group);
-    let (t, w) = (i / words, i % words);
-    (words_arr[g * words + w] >> (bits as usize * t)) & ((1u32 << bits) - 1)
+/// Field `e` (of `bits` bits) of the words packed by [`pack_fields`] with `at`.
+fn field(words: &[u32], e: usize, bits: u32, at: fn(usize) -> (usize, u32)) -> u32 {
+    let (w, shift) = at(e);
+    (words[w] >> shift) & ((1u32 << bits) - 1)
+}
+
+/// Element `e`'s byte in little-endian words.
+fn byte_at(e: usize) -> (usize, u32) {
+    (e / 4, (8 * (e % 4)) as u32)
 }
 
 impl PackedMatrix {
@@ -354,12 +376,12 @@ impl PackedMatrix {
                 let mut d = Vec::with_capacity(n / 32);
                 for b in blocks {
                     d.push(f16::from_le_bytes([b[0], b[1]]));
-                    q.extend(b[2..34].iter().map(|&v| u32::from(v ^ 0x80)));
+                    q.extend(b[2..34].iter().map(|&v| u32::from(v)));
                 }
                 PackedMatrix::Q8_0 {
                     rows,
                     cols,
-                    q: interleave(&q, 8, 8),
+                    q: pack_fields(&q, 8, byte_at),
                     d,
                 }
             }
@@ -391,7 +413,7 @@ impl PackedMatrix {
                 PackedMatrix::Q4K {
                     rows,
                     cols,
-                    q: interleave(&q, 4, 4),
+                    q: pack_fields(&q, 4, nibble_at),
                     scales,
                     mins,
                     d,
@@ -420,9 +442,8 @@ impl PackedMatrix {
                 PackedMatrix::Q6K {
                     rows,
                     cols,
-                    ql: interleave(&lo, 4, 2),
-                    // One word a 16-group: field t is element t.
-                    qh: interleave(&hi, 2, 1),
+                    ql: pack_fields(&lo, 4, nibble_at),
+                    qh: pack_fields(&hi, 2, high_bits_at),
                     scales,
                     d,
                 }
@@ -457,7 +478,7 @@ impl PackedMatrix {
         match self {
             PackedMatrix::Q8_0 { q, d, .. } => {
                 for (i, o) in out.iter_mut().enumerate() {
-                    *o = (field(q, i, 8, 8) as i32 - 128) as f32 * d[i / 32].to_f32();
+                    *o = field(q, i, 8, byte_at) as u8 as i8 as f32 * d[i / 32].to_f32();
                 }
             }
             PackedMatrix::Q4K {
@@ -471,14 +492,16 @@ impl PackedMatrix {
                 for (i, o) in out.iter_mut().enumerate() {
                     let scale = d[i / 256].to_f32() * scales[i / 32] as f32;
                     let min = dmin[i / 256].to_f32() * mins[i / 32] as f32;
-                    *o = scale * field(q, i, 4, 4) as f32 - min;
+                    *o = scale * field(q, i, 4, nibble_at) as f32 - min;
                 }
             }
             PackedMatrix::Q6K {
                 ql, qh, scales, d, ..
             } => {
                 for (i, o) in out.iter_mut().enumerate() {
-                    let qv = (field(ql, i, 4, 2) | (field(qh, i, 2, 1) << 4)) as i32 - 32;
+                    let qv = (field(ql, i, 4, nibble_at) | (field(qh, i, 2, high_bits_at) << 4))
+                        as i32
+                        - 32;
                     let scale = d[i / 256].to_f32() * (scales[i / 16] as i32 - 128) as f32;
                     *o = scale * qv as f32;
                 }

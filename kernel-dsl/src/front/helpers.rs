@@ -48,6 +48,7 @@ pub const TILE_OPS: &[&str] = &[
     "min",
     "argmax",
     "dot",
+    "dot4",
     "expand_dims",
     "bitcast",
     "broadcast_to",

@@ -1057,6 +1057,13 @@ impl Lower {
                     span,
                 ))
             }
+            "dot4" => {
+                self.arity(name, args, 3, 3, span)?;
+                let a = self.expr(args[0])?;
+                let b = self.expr(args[1])?;
+                let acc = self.expr(args[2])?;
+                Ok(self.emit_at(Expr::Dot4 { a, b, acc }, span))
+            }
             "select" | "where_" => {
                 self.arity(name, args, 3, 3, span)?;
                 let cond = self.expr(args[0])?;

@@ -728,6 +728,14 @@ impl<'k, 'b, 'a> Exec<'k, 'b, 'a> {
                     _ => return Err(format!("select of {} and {}", t.kind(), o.kind())),
                 }
             }
+            Expr::Dot4 { a, b, acc } => {
+                let signed = |v: ValueId| -> OpResult<bool> { Ok(self.dtype(v)? == DType::I32) };
+                ops::dot4(
+                    (get(env, *a)?, signed(*a)?),
+                    (get(env, *b)?, signed(*b)?),
+                    get(env, *acc)?,
+                )?
+            }
             Expr::Cast { value, to } => {
                 let from = self.dtype(*value)?;
                 ops::cast(get(env, *value)?, from, *to)?

@@ -410,6 +410,40 @@ pub(crate) fn cast(a: &Data, from: DType, to: DType) -> OpResult<Data> {
     })
 }
 
+/// `dot4(a, b, acc)`: per element, `acc` plus the products of the four byte pairs of
+/// `a` and `b` (each signed when its flag is set, else unsigned), wrapping in `i32`.
+pub(crate) fn dot4(a: (&Data, bool), b: (&Data, bool), acc: &Data) -> OpResult<Data> {
+    let (Data::I(x), Data::I(y), Data::I(c)) = (a.0, b.0, acc) else {
+        return Err("dot4 of non-integer values".into());
+    };
+    if x.len() != y.len() || x.len() != c.len() {
+        return Err(format!(
+            "dot4 of {}, {} and {} elements",
+            x.len(),
+            y.len(),
+            c.len()
+        ));
+    }
+    let byte = |w: i64, j: u32, signed: bool| -> i64 {
+        let v = ((w as u32) >> (8 * j)) & 0xFF;
+        if signed {
+            v as u8 as i8 as i64
+        } else {
+            v as i64
+        }
+    };
+    Ok(Data::I(
+        x.iter()
+            .zip(y)
+            .zip(c)
+            .map(|((&p, &q), &s)| {
+                let d: i64 = (0..4).map(|j| byte(p, j, a.1) * byte(q, j, b.1)).sum();
+                (s as i32).wrapping_add(d as i32) as i64
+            })
+            .collect(),
+    ))
+}
+
 /// The `f32` holding the `f16` or `bf16` (`d`) with bits `b`, exactly: NaNs keep their
 /// payload and stay signaling (the `half` conversions quiet them; a GPU register does
 /// not), so a bitcast, load or store moves every bit as the GPU does.

@@ -507,6 +507,18 @@ pub enum Expr {
         /// Chosen elsewhere.
         other: ValueId,
     },
+    /// `dot4(a, b, acc)`: each 32-bit element of `a` and `b` holds four bytes (signed
+    /// for `i32`, unsigned for `u32`); the result is `acc + Σ a_byte[j] * b_byte[j]`
+    /// over the four byte pairs, in `i32` (wrapping), elementwise with broadcasting
+    /// (PTX `dp4a`).
+    Dot4 {
+        /// Four bytes an element (`i32` or `u32`).
+        a: ValueId,
+        /// Four bytes an element (`i32` or `u32`).
+        b: ValueId,
+        /// The `i32` accumulator.
+        acc: ValueId,
+    },
     /// Convert to `to` (`x as T`): floats round to nearest even; float to int truncates
     /// toward zero and saturates; int to int wraps; to `bool` tests `!= 0`.
     Cast {
@@ -655,6 +667,7 @@ impl Expr {
             Expr::Unary { arg, .. } => vec![*arg],
             Expr::Binary { lhs, rhs, .. } | Expr::Compare { lhs, rhs, .. } => vec![*lhs, *rhs],
             Expr::Select { cond, then, other } => vec![*cond, *then, *other],
+            Expr::Dot4 { a, b, acc } => vec![*a, *b, *acc],
             Expr::AddPtr { ptr, offset } => vec![*ptr, *offset],
             Expr::Load { ptr, mask, other } => {
                 let mut v = vec![*ptr];

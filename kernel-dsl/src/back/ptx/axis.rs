@@ -261,6 +261,12 @@ fn expr(k: &Kernel, v: ValueId, e: &Expr, info: &[AxisInfo]) -> AxisInfo {
                 out.cons[t] = a.cons[t].min(b.cons[t]).min(ct);
             }
         }
+        Expr::Dot4 { a, b, acc } => {
+            let (a, b, c) = (get(a), get(b), get(acc));
+            for t in 0..out.div.len() {
+                out.cons[t] = a.cons[t].min(b.cons[t]).min(c.cons[t]);
+            }
+        }
         Expr::Cast { value, .. } | Expr::Bitcast { value, .. } => {
             let a = get(value);
             out.cons = a.cons;

@@ -89,6 +89,13 @@ impl Emitter<'_> {
                 }
                 Ok(d)
             }
+            Expr::Dot4 { a: x, b: y, .. } => {
+                let sign = |d: DType| if d == DType::I32 { "s32" } else { "u32" };
+                let (ta, tb) = (sign(self.val_dt(*x)?), sign(self.val_dt(*y)?));
+                let d = self.reg(Rk::R);
+                self.ins(format!("dp4a.{ta}.{tb} {d}, {}, {}, {}", a[0], a[1], a[2]));
+                Ok(d)
+            }
             Expr::Cast { value, to } => {
                 let from = self.val_dt(*value)?;
                 self.cast(from, *to, &a[0])

@@ -366,7 +366,10 @@ pub fn assign(k: &Kernel, ax: &[AxisInfo], wgmma: bool) -> Result<Layouts, Compi
             let Def::Expr(e) = &v.def else { continue };
             let elementwise = matches!(
                 e,
-                Expr::Binary { .. } | Expr::Compare { .. } | Expr::Select { .. }
+                Expr::Binary { .. }
+                    | Expr::Compare { .. }
+                    | Expr::Select { .. }
+                    | Expr::Dot4 { .. }
             );
             let Some(want) = l.of[i].clone().filter(|_| elementwise && l.strong[i]) else {
                 continue;
@@ -464,7 +467,7 @@ fn prefer(k: &Kernel, l: &Layouts, v: ValueId, want: Layout) -> Option<Vec<(Valu
         Expr::Cast { value, .. } | Expr::Bitcast { value, .. } => prefer(k, l, *value, want),
         Expr::Unary { arg, .. } => prefer(k, l, *arg, want),
         Expr::Load { .. } => Some(vec![(v, want)]),
-        Expr::Binary { .. } | Expr::Compare { .. } | Expr::Select { .. } => {
+        Expr::Binary { .. } | Expr::Compare { .. } | Expr::Select { .. } | Expr::Dot4 { .. } => {
             let shape = &k.ty(v).shape;
             let mut loads = Vec::new();
             for o in e.operands() {
@@ -644,6 +647,7 @@ fn value(k: &Kernel, ax: &[AxisInfo], v: ValueId, l: &mut Layouts) {
         | Expr::Binary { .. }
         | Expr::Compare { .. }
         | Expr::Select { .. }
+        | Expr::Dot4 { .. }
         | Expr::Cast { .. }
         | Expr::Bitcast { .. }
         | Expr::AddPtr { .. }

@@ -188,6 +188,39 @@ impl Infer<'_> {
                     loc,
                 ))
             }
+            Expr::Dot4 { a, b, acc } => {
+                let mut words = [self.get(*a)?, self.get(*b)?];
+                for (w, which) in words.iter_mut().zip(["first", "second"]) {
+                    // A bare literal is four bytes of an `i32`.
+                    *w = self.with_dtype(*w, DType::I32, loc)?;
+                    let ty = self.ty(*w);
+                    if !matches!(ty.elem, Elem::Val(DType::I32 | DType::U32)) {
+                        return Err(CompileError::new(
+                            loc,
+                            format!(
+                                "the {which} operand of `dot4` is {}: it takes i32 (four signed bytes an element) or u32 (four unsigned bytes); reinterpret other 32-bit words with `.bitcast::<i32>()`",
+                                ty.elem
+                            ),
+                        ));
+                    }
+                }
+                let c = self.with_dtype(self.get(*acc)?, DType::I32, loc)?;
+                let cty = self.ty(c);
+                if cty.elem != Elem::Val(DType::I32) {
+                    return Err(CompileError::new(
+                        loc,
+                        format!(
+                            "the accumulator of `dot4` is {}: it must be i32 (convert with `as i32`)",
+                            cty.elem
+                        ),
+                    ));
+                }
+                let shape = self.common_shape(&[words[0], words[1], c], loc)?;
+                let a = self.broadcast(words[0], &shape, loc)?;
+                let b = self.broadcast(words[1], &shape, loc)?;
+                let acc = self.broadcast(c, &shape, loc)?;
+                Ok(self.emit(Expr::Dot4 { a, b, acc }, Type::val(DType::I32, shape), loc))
+            }
             Expr::Cast { value, to } => {
                 let v = self.get(*value)?;
                 let v = match self.weak.get(&v).copied() {
