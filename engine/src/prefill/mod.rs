@@ -149,11 +149,11 @@ impl Prefiller {
         } else {
             usize::MAX
         };
-        Ok(Prefiller {
+        let mut prefiller = Prefiller {
             cfg: cfg.clone(),
             dev: dev.clone(),
             chunk,
-            plan,
+            plan: plan.clone(),
             ids: dev.zeros(chunk)?,
             x: dev.zeros(chunk * cfg.hidden_size)?,
             xn: dev.zeros(chunk * cfg.hidden_size)?,
@@ -164,7 +164,10 @@ impl Prefiller {
             sms,
             partials: dev.zeros(1)?,
             counters: dev.zeros(1)?,
-        })
+        };
+        // Sizes the split-K workspace for the default plan's splits.
+        prefiller.set_plan(plan)?;
+        Ok(prefiller)
     }
 
     /// Split-K scratch for `plan`: `(f32 partials, counters)` elements.

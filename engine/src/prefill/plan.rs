@@ -132,9 +132,12 @@ impl PrefillPlan {
         let plan = if dev.is_cuda() {
             PrefillPlan {
                 qkv: TileChoice::gemm(64, 64, 64, 4),
-                o_proj: TileChoice::gemm(128, 64, 64, 8),
+                // K split in two where the output's tiles leave half the SMs idle
+                // (512-token chunks: 3.83 -> 3.41 ms TTFT, docs/perf.md "Split-K in
+                // the prefill"); longer chunks fill a wave and stay unsplit.
+                o_proj: TileChoice::gemm(128, 64, 64, 8).split(2),
                 gate_up: TileChoice::gemm(64, 64, 64, 4),
-                down: TileChoice::gemm(128, 64, 64, 8),
+                down: TileChoice::gemm(128, 64, 64, 8).split(2),
                 attention: TileChoice::attention(d, 128, 64, 8),
                 attention_short: TileChoice::attention(d, 64, 64, 8),
             }
