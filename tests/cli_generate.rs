@@ -196,7 +196,7 @@ fn split_bench_and_generate_run_on_the_interpreter() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         text.contains("tp 1: eager")
-            && text.contains("tp 2: eager")
+            && text.contains("tp 2 host: eager")
             && text.contains("speed-up over tp 1")
             && text.contains("5 of 5 equal"),
         "{text}"

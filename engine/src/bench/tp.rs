@@ -140,6 +140,17 @@ impl TpReport {
         self.speedup_of(best)
     }
 
+    /// How `a` is named in the report: `host` for [`AllReduce::Nccl`] on interpreter
+    /// ranks, whose communicator copies through host memory rather than NCCL.
+    pub fn all_reduce_label(&self, a: AllReduce) -> &'static str {
+        let interpreter = self.devices.iter().all(|d| d.starts_with("cpu"));
+        if a == AllReduce::Nccl && interpreter {
+            "host"
+        } else {
+            a.name()
+        }
+    }
+
     /// `run`'s tokens/s over the one-device run's, when that ran.
     pub fn speedup_of(&self, run: &TpRun) -> Option<f64> {
         let one = self.runs.iter().find(|r| r.size == 1)?;
@@ -167,7 +178,7 @@ impl TpReport {
                 "pct_of_floor": r.pct_of_floor(),
                 "collectives_ms": r.collectives_ms,
                 "capture_error": r.capture_error,
-                "all_reduce": r.all_reduce.map(AllReduce::name),
+                "all_reduce": r.all_reduce.map(|a| self.all_reduce_label(a)),
                 "speedup": self.speedup_of(r).filter(|_| r.size > 1),
                 "agreement": r.agreement.as_ref().map(agreement_json),
             })).collect::<Vec<_>>(),
@@ -221,7 +232,7 @@ impl fmt::Display for TpReport {
             };
             let via = r
                 .all_reduce
-                .map(|a| format!(" {}", a.name()))
+                .map(|a| format!(" {}", self.all_reduce_label(a)))
                 .unwrap_or_default();
             write!(
                 f,
@@ -616,7 +627,7 @@ mod tests {
         assert!(report.speedup().is_some());
         let text = report.to_string();
         assert!(
-            text.contains("tp 2 nccl: eager") && text.contains("9 of 9 equal"),
+            text.contains("tp 2 host: eager") && text.contains("9 of 9 equal"),
             "{text}"
         );
     }
