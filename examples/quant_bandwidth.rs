@@ -6,7 +6,7 @@
 //! Prints one table: per type, shape and variant (plain, residual), the best compiled
 //! launch configuration's time for the GEMV alone (over an activation quantized
 //! before the timing), the bytes the kernel must read (the quantized arrays, the int8
-//! activation with its scales and sums, bias and output), GB/s, and the share of the
+//! activation with its block scales, bias and output), GB/s, and the share of the
 //! measured device-to-device copy ceiling (the target: 70% or more on the layer
 //! shapes), with the bf16 GEMV's bytes for the same shape beside them, the time of the
 //! configuration the decode step uses (`QuantGemvConfig::for_shape`), and that of the
@@ -104,8 +104,8 @@ fn run(dev: &Device, sweep: bool) -> Result<(), Box<dyn std::error::Error>> {
             let mut ys: Vec<Buffer<bf16>> = (0..copies)
                 .map(|_| dev.upload(&vec![bf16::from_f32(1.0); n]))
                 .collect::<Result<_, _>>()?;
-            // int8 activations, their block scales and half-block sums.
-            let act_bytes = k + k / 32 * 4 + k / 16 * 4;
+            // int8 activations and their block scales.
+            let act_bytes = k + k / 32 * 4;
             let bytes = (packed.device_bytes() + act_bytes + 2 * n + 2 * n) as u64;
             let mut spare = QuantSpare::new(dev, k)?;
             spare.quantize(dev, QuantVariant::Plain, &a, k, false, false)?;
