@@ -124,7 +124,8 @@ pub fn silu_mul_in_place<const B: usize>(act: Ptr<bf16>, inter: i32) {
 }
 
 /// Quantizes a GEMV's input to int8 blocks of 32 (see the module docs): `xq` (four
-/// values a word) and `xd` (each block's scale), for `x` of length `k` computed from `a` by `MODE`. One program a `B` elements.
+/// values a word) and `xd` (each block's scale), for `x` of length `k` computed from `a`
+/// by `MODE`. One program a `B` elements.
 #[kernel(crate = tilefuse_dsl, B = [256], num_warps = [4], MODE = [0, 1, 2, 3])]
 pub fn quantize_act<const B: usize, const MODE: usize>(
     a: Ptr<bf16>,
@@ -197,8 +198,8 @@ fn store_rows<const RESIDUAL: usize, const HEAD: usize>(
     }
 }
 
-/// One tile's Q8_0 row sums: `qt: [n, blocks, 8]` words, `dd: [n, blocks]` scales,
-/// against activation blocks `blk` (valid where `blk_ok`).
+/// One tile's Q8_0 sums per row and block (`[n, blocks]`): `qt: [n, blocks, 8]` words,
+/// `dd: [n, blocks]` scales, against activation blocks `blk` (valid where `blk_ok`).
 #[tile_fn(crate = tilefuse_dsl)]
 fn q8_0_tile(
     qt: Tile<u32>,
@@ -304,9 +305,9 @@ pub fn q8_0_gemv<
     );
 }
 
-/// One tile's Q4_K row sums: `qt: [n, blocks, 4]` nibble words, `sc`, `m: [n, blocks]`
-/// sub-block scales and mins, `dd`, `dm: [n, blocks]` their super-blocks' scales,
-/// against activation blocks `blk` (valid where `blk_ok`).
+/// One tile's Q4_K sums per row and block (`[n, blocks]`): `qt: [n, blocks, 4]` nibble
+/// words, `sc`, `m: [n, blocks]` sub-block scales and mins, `dd`, `dm: [n, blocks]`
+/// their super-blocks' scales, against activation blocks `blk` (valid where `blk_ok`).
 #[tile_fn(crate = tilefuse_dsl)]
 #[allow(clippy::too_many_arguments)]
 fn q4_k_tile(
@@ -448,10 +449,11 @@ pub fn q4_k_gemv<
     );
 }
 
-/// One tile's Q6_K row sums: `lt: [n, blocks, 2, 2]` low-nibble words, `ht: [n,
-/// blocks, 2]` high-bit words, `sc0`, `sc1: [n, blocks]` the halves' scales (sign bit
-/// flipped), `dd: [n, blocks]` their super-blocks' scales, against activation blocks
-/// `blk` (valid where `blk_ok`); `p`, `i`: the word pair and the word in it.
+/// One tile's Q6_K sums per row, block and word pair (`[n, blocks, 2]`): `lt: [n,
+/// blocks, 2, 2]` low-nibble words, `ht: [n, blocks, 2]` high-bit words, `sc0`, `sc1:
+/// [n, blocks]` the halves' scales (sign bit flipped), `dd: [n, blocks]` their
+/// super-blocks' scales, against activation blocks `blk` (valid where `blk_ok`); `p`,
+/// `i`: the word pair and the word in it.
 #[tile_fn(crate = tilefuse_dsl)]
 #[allow(clippy::too_many_arguments)]
 fn q6_k_tile(
