@@ -1,17 +1,17 @@
 //! The quantized GEMVs (Q8_0, Q4_K, Q6_K) against the device's copy ceiling, at
 //! Qwen3-0.6B's and Qwen3-8B's layer shapes.
 //!
-//! `cargo run --release --example quant_bandwidth [-- --sweep]`
+//! `cargo run --release --example quant_bandwidth [-- --sweep] [--8b]`
 //!
 //! Prints one table: per type, shape and variant (plain, residual), the best compiled
 //! launch configuration's time for the GEMV alone (over an activation quantized
 //! before the timing), the bytes the kernel must read (the quantized arrays, the int8
-//! activation with its scales and sums, bias and output), GB/s, and the share of the
+//! activation with its block scales, bias and output), GB/s, and the share of the
 //! measured device-to-device copy ceiling (the target: 70% or more on the layer
 //! shapes), with the bf16 GEMV's bytes for the same shape beside them, the time of the
 //! configuration the decode step uses (`QuantGemvConfig::for_shape`), and that of the
 //! step's pair: the activation quantizer and the GEMV. `--sweep` adds every
-//! configuration's time. Without a GPU it says so and exits 0.
+//! configuration's time; `--8b` times Qwen3-8B's shapes only. Without a GPU it says so and exits 0.
 //!
 //! Method (docs/perf.md, as `examples/bandwidth.rs`): CUDA events around CUDA-graph
 //! replays of launches that cycle through copies of the weights larger than 4x L2
@@ -39,12 +39,13 @@ const SHAPES: [(usize, usize, &str); 8] = [
 
 fn main() {
     let sweep = std::env::args().any(|a| a == "--sweep");
+    let only_8b = std::env::args().any(|a| a == "--8b");
     let dev = Device::auto();
     if !dev.is_cuda() {
         println!("quant_bandwidth: skipped: no CUDA device");
         return;
     }
-    if let Err(e) = run(&dev, sweep) {
+    if let Err(e) = run(&dev, sweep, only_8b) {
         eprintln!("quant_bandwidth: error: {e}");
         std::process::exit(1);
     }
@@ -71,7 +72,7 @@ fn random_blocks(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u
     out
 }
 
-fn run(dev: &Device, sweep: bool) -> Result<(), Box<dyn std::error::Error>> {
+fn run(dev: &Device, sweep: bool, only_8b: bool) -> Result<(), Box<dyn std::error::Error>> {
     let info = dev.info()?;
     let opts = TimingOptions {
         warmup: 5,
@@ -91,7 +92,7 @@ fn run(dev: &Device, sweep: bool) -> Result<(), Box<dyn std::error::Error>> {
     let mut rng = Rng::new(27);
     let mut sweeps = Vec::new();
     for ty in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0] {
-        for &(n, k, what) in &SHAPES {
+        for &(n, k, what) in SHAPES.iter().filter(|s| !only_8b || s.2.starts_with("8B")) {
             let packed = PackedMatrix::pack(ty, &random_blocks(&mut rng, ty, n, k), n, k, what)?;
             // Copies of the weights that together exceed 4x L2, so every launch streams
             // from DRAM.
@@ -104,8 +105,8 @@ fn run(dev: &Device, sweep: bool) -> Result<(), Box<dyn std::error::Error>> {
             let mut ys: Vec<Buffer<bf16>> = (0..copies)
                 .map(|_| dev.upload(&vec![bf16::from_f32(1.0); n]))
                 .collect::<Result<_, _>>()?;
-            // int8 activations, their block scales and half-block sums.
-            let act_bytes = k + k / 32 * 4 + k / 16 * 4;
+            // int8 activations and their block scales.
+            let act_bytes = k + k / 32 * 4;
             let bytes = (packed.device_bytes() + act_bytes + 2 * n + 2 * n) as u64;
             let mut spare = QuantSpare::new(dev, k)?;
             spare.quantize(dev, QuantVariant::Plain, &a, k, false, false)?;

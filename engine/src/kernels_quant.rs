@@ -5,10 +5,13 @@
 //! activations): integer sums a block, scaled once in f32.
 //!
 //! **Activations.** [`quantize_act`] runs once per GEMV input and writes, for each
-//! 32-element block `j` of the activation `x`: `xd[j] = max|x| / 127` (f32), the int8
+//! 32-element block `j` of the activation `x`: `xd[j] = max|x| / 127` (f32) and the int8
 //! values `q = floor(x * 127 / max|x| + 0.5)` four to a word in element order
-//! (`xq[8 j + w]` holds elements `32 j + 4 w .. + 4`, byte `b` element `32 j + 4 w + b`),
-//! and each 16-element half's sum of `q` (`xs[2 j + h]`, i32). It computes the GEMV's
+//! (`xq[8 j + w]` holds elements `32 j + 4 w .. + 4`, byte `b` element `32 j + 4 w + b`).
+//! The K-quant GEMVs take the sums of `q` they need (a block's, or each 16-element
+//! half's) by `dot4` with `0x01010101` from the words they already hold: a loaded sum
+//! would arrive in another layout and cross shared memory every iteration
+//! (docs/perf.md, "Scale loads in the weight tile's layout"). It computes the GEMV's
 //! input first, so the step needs no other kernel for it:
 //!
 //! - `MODE = 0`: `x = a`;
@@ -44,6 +47,10 @@
 //!   byte; `d · xd · Σ_halves sc_h · (dot4(q6, x) − 32 Σ q_x)`.
 //!
 //! The integer sums are exact; the f32 scaling is the only rounding before the output's.
+//! A program keeps one f32 partial sum per row and block across its tiles and reduces
+//! over the blocks once, after the loop; in each tile the block values are computed with
+//! the `dots`-derived operand first, so that the compiler loads the scales straight into
+//! the weight tile's layout (docs/perf.md, "Scale loads in the weight tile's layout").
 //! The columns `k` must be a multiple of 256 (of 32 for Q8_0), as the formats require;
 //! `BLOCK_K` may exceed `k`. Each kernel takes the row length in words of its quant
 //! array (`k_words`) rather than in elements: the compiler proves alignment through
@@ -117,15 +124,14 @@ pub fn silu_mul_in_place<const B: usize>(act: Ptr<bf16>, inter: i32) {
 }
 
 /// Quantizes a GEMV's input to int8 blocks of 32 (see the module docs): `xq` (four
-/// values a word), `xd` (each block's scale), `xs` (each 16-element half's sum), for
-/// `x` of length `k` computed from `a` by `MODE`. One program a `B` elements.
+/// values a word) and `xd` (each block's scale), for `x` of length `k` computed from `a`
+/// by `MODE`. One program a `B` elements.
 #[kernel(crate = tilefuse_dsl, B = [256], num_warps = [4], MODE = [0, 1, 2, 3])]
 pub fn quantize_act<const B: usize, const MODE: usize>(
     a: Ptr<bf16>,
     norm_w: Ptr<bf16>,
     xq: Ptr<i32>,
     xd: Ptr<f32>,
-    xs: Ptr<i32>,
     #[multiple_of(32)] k: i32,
     eps: f32,
 ) {
@@ -165,11 +171,6 @@ pub fn quantize_act<const B: usize, const MODE: usize>(
         blk_ok.expand_dims(1).expand_dims(2),
     );
     store(xd + blk, amax / 127.0, blk_ok);
-    store(
-        xs + (blk * 2).expand_dims(1) + h,
-        q.sum(3).sum(2),
-        blk_ok.expand_dims(1),
-    );
 }
 
 /// The output of a quantized GEMV's row sums `sums` (bias `b` added): the LM head's
@@ -197,8 +198,8 @@ fn store_rows<const RESIDUAL: usize, const HEAD: usize>(
     }
 }
 
-/// One tile's Q8_0 row sums: `qt: [n, blocks, 8]` words, `dd: [n, blocks]` scales,
-/// against activation blocks `blk` (valid where `blk_ok`).
+/// One tile's Q8_0 sums per row and block (`[n, blocks]`): `qt: [n, blocks, 8]` words,
+/// `dd: [n, blocks]` scales, against activation blocks `blk` (valid where `blk_ok`).
 #[tile_fn(crate = tilefuse_dsl)]
 fn q8_0_tile(
     qt: Tile<u32>,
@@ -216,7 +217,7 @@ fn q8_0_tile(
     );
     let dots = dot4(qt.bitcast::<i32>(), x.expand_dims(0), 0).sum(2);
     let x_d = load(xd + blk, blk_ok, 0.0);
-    ((dd as f32) * x_d.expand_dims(0) * (dots as f32)).sum(1)
+    (dots as f32) * (dd as f32) * x_d.expand_dims(0)
 }
 
 /// `y = bf16(W · x + bias)` for a Q8_0 matrix `W` of shape `[n, k]` with
@@ -278,7 +279,7 @@ pub fn q8_0_gemv<
     if RESIDUAL == 1 {
         old = load(y + row0 + rows, row_ok, 0.0) as f32;
     }
-    let mut sums = q8_0_tile(q_first, d_first, xq, xd, grp, grp < blocks, w);
+    let mut acc = q8_0_tile(q_first, d_first, xq, xd, grp, grp < blocks, w);
     for g0 in (BLOCK_K / 32..blocks).step_by(BLOCK_K / 32) {
         let blk = g0 + grp;
         let blk_ok = blk < blocks;
@@ -289,7 +290,7 @@ pub fn q8_0_gemv<
             0,
         );
         let dt = load(d + d_rows + blk.expand_dims(0), ok, 0.0);
-        sums += q8_0_tile(qt, dt, xq, xd, blk, blk_ok, w);
+        acc += q8_0_tile(qt, dt, xq, xd, blk, blk_ok, w);
     }
     store_rows::<RESIDUAL, HEAD>(
         y,
@@ -298,15 +299,15 @@ pub fn q8_0_gemv<
         part_idx,
         row0 + rows,
         row_ok,
-        sums,
+        acc.sum(1),
         b,
         old,
     );
 }
 
-/// One tile's Q4_K row sums: `qt: [n, blocks, 4]` nibble words, `sc`, `m: [n, blocks]`
-/// sub-block scales and mins, `dd`, `dm: [n, blocks]` their super-blocks' scales,
-/// against activation blocks `blk` (valid where `blk_ok`).
+/// One tile's Q4_K sums per row and block (`[n, blocks]`): `qt: [n, blocks, 4]` nibble
+/// words, `sc`, `m: [n, blocks]` sub-block scales and mins, `dd`, `dm: [n, blocks]`
+/// their super-blocks' scales, against activation blocks `blk` (valid where `blk_ok`).
 #[tile_fn(crate = tilefuse_dsl)]
 #[allow(clippy::too_many_arguments)]
 fn q4_k_tile(
@@ -317,7 +318,6 @@ fn q4_k_tile(
     dm: Tile<f16>,
     xq: Ptr<i32>,
     xd: Ptr<f32>,
-    xs: Ptr<i32>,
     blk: Tile<i32>,
     blk_ok: Tile<bool>,
     w: Tile<i32>,
@@ -327,14 +327,20 @@ fn q4_k_tile(
     // Low nibbles of word w: elements 4w..4w+4 (activation word w); high: 16 + 4w...
     let x_lo = load(xq + x_offs, x_ok, 0);
     let x_hi = load(xq + x_offs + 4, x_ok, 0);
+    let x_lo3 = x_lo.expand_dims(0);
+    let x_hi3 = x_hi.expand_dims(0);
     let lo = qt & 0x0F0F_0F0F;
     let hi = (qt >> 4) & 0x0F0F_0F0F;
-    let dots = dot4(hi, x_hi.expand_dims(0), dot4(lo, x_lo.expand_dims(0), 0)).sum(2);
-    let x_sum = load(xs + blk * 2, blk_ok, 0) + load(xs + blk * 2 + 1, blk_ok, 0);
+    let dots = dot4(hi, x_hi3, dot4(lo, x_lo3, 0)).sum(2);
+    // The block's sum of `x` by `dot4` with ones (a weight-shaped tile, so that it is
+    // laid out as `dots`; the compiler folds it to a constant).
+    let ones = (qt & 0) | 0x0101_0101;
+    let x_sum = dot4(ones, x_hi3, dot4(ones, x_lo3, 0)).sum(2);
     let x_d = load(xd + blk, blk_ok, 0.0);
-    let scaled = (dd as f32) * ((sc as i32 * dots) as f32)
-        - (dm as f32) * ((m as i32 * x_sum.expand_dims(0)) as f32);
-    (scaled * x_d.expand_dims(0)).sum(1)
+    // `dots`-derived operands first: the scales are then loaded in its layout.
+    let scaled =
+        ((dots * (sc as i32)) as f32) * (dd as f32) - ((x_sum * (m as i32)) as f32) * (dm as f32);
+    scaled * x_d.expand_dims(0)
 }
 
 /// `y = bf16(W · x + bias)` for a Q4_K matrix `W` of shape `[n, k]` with
@@ -367,7 +373,6 @@ pub fn q4_k_gemv<
     dmin: Ptr<f16>,
     xq: Ptr<i32>,
     xd: Ptr<f32>,
-    xs: Ptr<i32>,
     bias: Ptr<bf16>,
     y: Ptr<bf16>,
     logits: Ptr<f32>,
@@ -403,7 +408,7 @@ pub fn q4_k_gemv<
     if RESIDUAL == 1 {
         old = load(y + row0 + rows, row_ok, 0.0) as f32;
     }
-    let mut sums = q4_k_tile(
+    let mut acc = q4_k_tile(
         q_first,
         sc_first,
         m_first,
@@ -411,7 +416,6 @@ pub fn q4_k_gemv<
         dmin_first,
         xq,
         xd,
-        xs,
         grp,
         grp < blocks,
         w,
@@ -430,7 +434,7 @@ pub fn q4_k_gemv<
         let sb = (blk / 8).expand_dims(0);
         let dt = load(d + d_rows + sb, ok, 0.0);
         let dmint = load(dmin + d_rows + sb, ok, 0.0);
-        sums += q4_k_tile(qt, sct, mt, dt, dmint, xq, xd, xs, blk, blk_ok, w);
+        acc += q4_k_tile(qt, sct, mt, dt, dmint, xq, xd, blk, blk_ok, w);
     }
     store_rows::<RESIDUAL, HEAD>(
         y,
@@ -439,16 +443,17 @@ pub fn q4_k_gemv<
         part_idx,
         row0 + rows,
         row_ok,
-        sums,
+        acc.sum(1),
         b,
         old,
     );
 }
 
-/// One tile's Q6_K row sums: `lt: [n, blocks, 2, 2]` low-nibble words, `ht: [n,
-/// blocks, 2]` high-bit words, `sc0`, `sc1: [n, blocks]` the halves' scales (sign bit
-/// flipped), `dd: [n, blocks]` their super-blocks' scales, against activation blocks
-/// `blk` (valid where `blk_ok`); `p`, `i`: the word pair and the word in it.
+/// One tile's Q6_K sums per row, block and word pair (`[n, blocks, 2]`): `lt: [n,
+/// blocks, 2, 2]` low-nibble words, `ht: [n, blocks, 2]` high-bit words, `sc0`, `sc1:
+/// [n, blocks]` the halves' scales (sign bit flipped), `dd: [n, blocks]` their
+/// super-blocks' scales, against activation blocks `blk` (valid where `blk_ok`); `p`,
+/// `i`: the word pair and the word in it.
 #[tile_fn(crate = tilefuse_dsl)]
 #[allow(clippy::too_many_arguments)]
 fn q6_k_tile(
@@ -459,7 +464,6 @@ fn q6_k_tile(
     dd: Tile<f16>,
     xq: Ptr<i32>,
     xd: Ptr<f32>,
-    xs: Ptr<i32>,
     blk: Tile<i32>,
     blk_ok: Tile<bool>,
     p: Tile<i32>,
@@ -474,14 +478,20 @@ fn q6_k_tile(
     let t = ht.expand_dims(3) << (4 - i * 4) as u32;
     let lo = (lt & 0x0F0F_0F0F) | (t & 0x3030_3030);
     let hi = ((lt >> 4) & 0x0F0F_0F0F) | ((t >> 2) & 0x3030_3030);
-    let dot_lo = dot4(lo, x_lo.expand_dims(0), 0).sum(3).sum(2);
-    let dot_hi = dot4(hi, x_hi.expand_dims(0), 0).sum(3).sum(2);
-    let s_lo = load(xs + blk * 2, blk_ok, 0).expand_dims(0);
-    let s_hi = load(xs + blk * 2 + 1, blk_ok, 0).expand_dims(0);
-    let isum =
-        (sc0 as i32 - 128) * (dot_lo - s_lo * 32) + (sc1 as i32 - 128) * (dot_hi - s_hi * 32);
+    let x_lo3 = x_lo.expand_dims(0);
+    let x_hi3 = x_hi.expand_dims(0);
+    // Sums over each word pair `p`'s two words, which a thread holds; the pairs (on two
+    // threads) are summed once, after the loop.
+    let dot_lo = dot4(lo, x_lo3, 0).sum(3);
+    let dot_hi = dot4(hi, x_hi3, 0).sum(3);
+    // The halves' sums of `x` by `dot4` with ones, as in `q4_k_tile`.
+    let ones = (lt & 0) | 0x0101_0101;
+    let s_lo = dot4(ones, x_lo3, 0).sum(3);
+    let s_hi = dot4(ones, x_hi3, 0).sum(3);
+    let isum = (dot_lo - s_lo * 32) * (sc0 as i32 - 128).expand_dims(2)
+        + (dot_hi - s_hi * 32) * (sc1 as i32 - 128).expand_dims(2);
     let x_d = load(xd + blk, blk_ok, 0.0);
-    ((dd as f32) * x_d.expand_dims(0) * (isum as f32)).sum(1)
+    (isum as f32) * (dd as f32).expand_dims(2) * x_d.expand_dims(0).expand_dims(2)
 }
 
 /// `y = bf16(W · x + bias)` for a Q6_K matrix `W` of shape `[n, k]` with
@@ -513,7 +523,6 @@ pub fn q6_k_gemv<
     d: Ptr<f16>,
     xq: Ptr<i32>,
     xd: Ptr<f32>,
-    xs: Ptr<i32>,
     bias: Ptr<bf16>,
     y: Ptr<bf16>,
     logits: Ptr<f32>,
@@ -559,7 +568,7 @@ pub fn q6_k_gemv<
     if RESIDUAL == 1 {
         old = load(y + row0 + rows, row_ok, 0.0) as f32;
     }
-    let mut sums = q6_k_tile(
+    let mut acc = q6_k_tile(
         l_first,
         h_first,
         sc0_first,
@@ -567,7 +576,6 @@ pub fn q6_k_gemv<
         d_first,
         xq,
         xd,
-        xs,
         grp,
         grp < blocks,
         p,
@@ -590,7 +598,7 @@ pub fn q6_k_gemv<
         let sc0 = load(scales + s_rows + (blk * 2).expand_dims(0), ok, 128);
         let sc1 = load(scales + s_rows + (blk * 2 + 1).expand_dims(0), ok, 128);
         let dt = load(d + d_rows + (blk / 8).expand_dims(0), ok, 0.0);
-        sums += q6_k_tile(lt, ht, sc0, sc1, dt, xq, xd, xs, blk, blk_ok, p, i);
+        acc += q6_k_tile(lt, ht, sc0, sc1, dt, xq, xd, blk, blk_ok, p, i);
     }
     store_rows::<RESIDUAL, HEAD>(
         y,
@@ -599,7 +607,7 @@ pub fn q6_k_gemv<
         part_idx,
         row0 + rows,
         row_ok,
-        sums,
+        acc.sum(2).sum(1),
         b,
         old,
     );

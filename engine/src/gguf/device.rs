@@ -345,9 +345,6 @@ impl DeviceQuantMatrix {
             QuantBuffers::Q4K { .. } | QuantBuffers::Q6K { .. } => k / 8,
         };
         args.extend([(&spare.xq).into(), (&spare.xd).into()]);
-        if !matches!(self.buffers, QuantBuffers::Q8_0 { .. }) {
-            args.push((&spare.xs).into());
-        }
         let row0 = match out {
             QuantOut::Rows { y, row0, bias } => {
                 args.extend([
@@ -445,8 +442,6 @@ pub struct QuantSpare {
     xq: Buffer<i32>,
     /// `[cols / 32]` block scales.
     xd: Buffer<f32>,
-    /// `[cols / 16]` sums of each 16 values.
-    xs: Buffer<i32>,
     logits: Buffer<f32>,
     part_val: Buffer<f32>,
     part_idx: Buffer<i32>,
@@ -463,7 +458,6 @@ impl QuantSpare {
             cols,
             xq: dev.zeros(cols / 4)?,
             xd: dev.zeros(cols / 32)?,
-            xs: dev.zeros(cols / 16)?,
             logits: dev.zeros(1)?,
             part_val: dev.zeros(1)?,
             part_idx: dev.zeros(1)?,
@@ -513,7 +507,6 @@ impl QuantSpare {
             norm_w.into(),
             (&mut self.xq).into(),
             (&mut self.xd).into(),
-            (&mut self.xs).into(),
             (cols as i32).into(),
             eps.into(),
         ];
@@ -521,8 +514,8 @@ impl QuantSpare {
         Ok(())
     }
 
-    /// The activation buffers (`xq`, `xd`, `xs`), for reading back in tests.
-    pub fn activation(&self) -> (&Buffer<i32>, &Buffer<f32>, &Buffer<i32>) {
-        (&self.xq, &self.xd, &self.xs)
+    /// The activation buffers (`xq`, `xd`), for reading back in tests.
+    pub fn activation(&self) -> (&Buffer<i32>, &Buffer<f32>) {
+        (&self.xq, &self.xd)
     }
 }
