@@ -323,20 +323,7 @@ impl Prefiller {
                 ],
             )?;
             for l in layers.iter_mut() {
-                launch(
-                    dev,
-                    &PREFILL_RMSNORM,
-                    [t as u32, 1, 1],
-                    &[NORM_BLOCK],
-                    4,
-                    &mut [
-                        (&self.x).into(),
-                        l.input_norm.into(),
-                        (&mut self.xn).into(),
-                        h.into(),
-                        eps.into(),
-                    ],
-                )?;
+                rms_norm(dev, &self.x, l.input_norm, &mut self.xn, t, h, eps)?;
                 gemm(
                     dev,
                     &plan.qkv,
@@ -405,20 +392,7 @@ impl Prefiller {
                     (ti, h, qd),
                     1,
                 )?;
-                launch(
-                    dev,
-                    &PREFILL_RMSNORM,
-                    [t as u32, 1, 1],
-                    &[NORM_BLOCK],
-                    4,
-                    &mut [
-                        (&self.x).into(),
-                        l.post_norm.into(),
-                        (&mut self.xn).into(),
-                        h.into(),
-                        eps.into(),
-                    ],
-                )?;
+                rms_norm(dev, &self.x, l.post_norm, &mut self.xn, t, h, eps)?;
                 launch(
                     dev,
                     &PREFILL_GATE_UP,
@@ -545,6 +519,26 @@ fn gemm<'a>(
 }
 
 /// Launches `def`'s compiled variant for `consts` / `num_warps` over `grid`.
+/// [`PREFILL_RMSNORM`] of the chunk's `t` rows of `h` values into `xn`.
+fn rms_norm(
+    dev: &Device,
+    x: &Buffer<bf16>,
+    weight: &Buffer<bf16>,
+    xn: &mut Buffer<bf16>,
+    t: usize,
+    h: i32,
+    eps: f32,
+) -> Result<()> {
+    launch(
+        dev,
+        &PREFILL_RMSNORM,
+        [t as u32, 1, 1],
+        &[NORM_BLOCK],
+        4,
+        &mut [x.into(), weight.into(), xn.into(), h.into(), eps.into()],
+    )
+}
+
 fn launch(
     dev: &Device,
     def: &KernelDef,

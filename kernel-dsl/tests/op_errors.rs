@@ -1,0 +1,220 @@
+//! Misuse of a tile op is a compile error at the offending line, saying what is wrong.
+//! One module an op family, each compiling one-statement kernel bodies over its own
+//! parameters:
+//! - `scans_layouts_histogram_random`: the scans, `argmin`, layout changes, `histogram` and the random numbers.
+//! - `bitcast`: `x.bitcast::<T>()`: widths that differ, `bool`, pointers, a missing target type.
+//! - `dot4`: `dot4(a, b, acc)`: operands that are not 32-bit integer words, an accumulator that is not `i32`, the wrong arity.
+
+use tilefuse_dsl::{compile_source, Specialization};
+
+/// The compile error of a kernel with `params` whose body is `body` (on line 2).
+fn error_of(params: &str, body: &str) -> String {
+    let src = format!("#[kernel] fn k({params}) {{\n{body}\n}}");
+    let spec = Specialization {
+        consts: vec![],
+        num_warps: 4,
+    };
+    match compile_source(&src, &spec) {
+        Ok(_) => panic!("compiled: {body}"),
+        Err(e) => e.message,
+    }
+}
+
+/// `body` fails to compile at its own line with a message holding every `want`.
+#[track_caller]
+fn check_in(params: &str, body: &str, want: &[&str]) {
+    let e = error_of(params, body);
+    assert!(e.starts_with("line 2"), "not at the op's line: {e}");
+    for w in want {
+        assert!(e.contains(w), "`{body}` gave: {e}");
+    }
+}
+
+mod scans_layouts_histogram_random {
+    const PARAMS: &str = "x: Ptr<f32>, p: Ptr<i32>, s: i64";
+
+    #[track_caller]
+    fn check(body: &str, want: &[&str]) {
+        super::check_in(PARAMS, body, want);
+    }
+
+    #[test]
+    fn scan_misuse() {
+        let v = "let v = load(x + arange(0, 8).expand_dims(1) * 8 + arange(0, 8).expand_dims(0));";
+        check(
+            &format!("{v} store(x, cumsum(v, 2).sum(0).sum(0));"),
+            &["axis 2", "rank 2"],
+        );
+        check(
+            "let b = arange(0, 8) < 3; store(p + arange(0, 8), cumsum(b, 0));",
+            &["`cumsum` takes a tile of numbers", "bool"],
+        );
+        check(
+            "store(x, cumprod(load(x), 0));",
+            &["`cumprod` applies to tiles"],
+        );
+        check(
+            "store(p, argmin(load(p + arange(0, 8)), 1));",
+            &["axis 1 is out of range"],
+        );
+    }
+
+    #[test]
+    fn layout_change_misuse() {
+        check(
+            "store(p + arange(0, 8), trans(arange(0, 8)));",
+            &["`trans(x)` transposes a 2-D tile", "permute"],
+        );
+        let v = "let v = arange(0, 8).expand_dims(1) + arange(0, 4).expand_dims(0);";
+        check(
+            &format!("{v} let t = permute(v, [0, 0]);"),
+            &["not a permutation", "[0, 0]"],
+        );
+        check(
+            &format!("{v} let t = permute(v, [1]);"),
+            &["not a permutation"],
+        );
+        check(
+            &format!("{v} let t = reshape(v, [3, 8]);"),
+            &["powers of two", "3"],
+        );
+        check(
+            &format!("{v} let t = reshape(v, [8]);"),
+            &["keeps the number of elements", "32", "[8]"],
+        );
+    }
+
+    #[test]
+    fn histogram_misuse() {
+        check(
+            "let h = histogram(load(x + arange(0, 8)), 4);",
+            &["`histogram` takes a 1-D tile of integers", "f32"],
+        );
+        check(
+            "let h = histogram(arange(0, 8).expand_dims(0), 4);",
+            &["1-D tile of integers"],
+        );
+        check(
+            "let h = histogram(arange(0, 8), 12);",
+            &["power of two", "12"],
+        );
+        check(
+            "let h = histogram(arange(0, 8), 4, arange(0, 4) < 2);",
+            &["mask", "does not match"],
+        );
+    }
+
+    #[test]
+    fn random_misuse() {
+        check(
+            "store(x + arange(0, 8), rand(1.5, arange(0, 8)));",
+            &["seed", "i32, u32 or i64"],
+        );
+        check(
+            "store(x + arange(0, 8), randn(s, arange(0, 8) as i64));",
+            &["offsets", "i32 or u32"],
+        );
+        check(
+            "store(x + arange(0, 8), rand(arange(0, 8), arange(0, 8)));",
+            &["seed", "scalar"],
+        );
+    }
+}
+
+mod bitcast {
+    use tilefuse_dsl::{compile_source, Specialization};
+
+    const PARAMS: &str = "x: Ptr<f32>, h: Ptr<bf16>, p: Ptr<i64>";
+
+    #[track_caller]
+    fn check(body: &str, want: &[&str]) {
+        super::check_in(PARAMS, body, want);
+    }
+
+    #[test]
+    fn bitcast_widths_must_match() {
+        check(
+            "store(p, load(x).bitcast::<i64>());",
+            &["from f32 (32 bits) to i64 (64 bits)", "use `as`"],
+        );
+        check(
+            "store(x, load(h).bitcast::<f32>());",
+            &["from bf16 (16 bits) to f32 (32 bits)"],
+        );
+        check(
+            "store(x, (load(x) < 0.0).bitcast::<u8>() as f32);",
+            &["from bool (1 bits) to u8 (8 bits)"],
+        );
+        check(
+            "store(x, load(x).bitcast::<u8>() as f32);",
+            &["from f32 (32 bits) to u8 (8 bits)"],
+        );
+    }
+
+    #[test]
+    fn bitcast_needs_a_type_and_a_value() {
+        check("store(x, load(x).bitcast());", &["`x.bitcast::<T>()`"]);
+        check(
+            "store(x, x.bitcast::<i64>());",
+            &["pointers cannot be bitcast"],
+        );
+        check(
+            "store(x, load(x).bitcast::<f64>());",
+            &["expected an element type"],
+        );
+    }
+
+    #[test]
+    fn bitcast_between_equal_widths_compiles() {
+        let src = "#[kernel] fn k(x: Ptr<f32>, h: Ptr<bf16>, u: Ptr<u32>) {
+            store(u, load(x).bitcast::<u32>());
+            store(x, load(u).bitcast::<i32>().bitcast::<f32>());
+            store(h, load(h).bitcast::<f16>().bitcast::<bf16>());
+            store(x, load(x).bitcast::<f32>());
+        }";
+        let spec = Specialization {
+            consts: vec![],
+            num_warps: 4,
+        };
+        compile_source(src, &spec).unwrap_or_else(|e| panic!("{e}"));
+    }
+}
+
+mod dot4 {
+    const PARAMS: &str = "x: Ptr<f32>, i: Ptr<i32>, u: Ptr<u32>, b: Ptr<u8>";
+
+    #[track_caller]
+    fn check(body: &str, want: &[&str]) {
+        super::check_in(PARAMS, body, want);
+    }
+
+    #[test]
+    fn dot4_takes_32_bit_integer_words() {
+        check(
+            "store(i, dot4(load(x), load(i), 0));",
+            &["first operand of `dot4` is f32", "`.bitcast::<i32>()`"],
+        );
+        check(
+            "store(i, dot4(load(u), load(b), 0));",
+            &["second operand of `dot4` is u8", "i32", "u32"],
+        );
+        check(
+            "store(i, dot4(load(u), load(i), load(x)));",
+            &["accumulator of `dot4` is f32", "must be i32"],
+        );
+        check(
+            "store(i, dot4(load(u), load(i), 0.5));",
+            &["a float literal cannot be used as i32"],
+        );
+        check(
+            "store(i, dot4(load(u), load(i), load(u)));",
+            &["accumulator of `dot4` is u32"],
+        );
+    }
+
+    #[test]
+    fn dot4_takes_three_arguments() {
+        let e = super::error_of(PARAMS, "store(i, dot4(load(u), load(i)));");
+        assert!(e.starts_with("line 2") && e.contains("dot4"), "{e}");
+    }
+}
