@@ -67,6 +67,30 @@ fn host_nt(a: &[f32], w: &[f32], t: usize, n: usize, k: usize) -> Vec<(f64, f64)
     out
 }
 
+/// `prefill_gemm`'s expected output and tolerance per element: `bf16(dot + bias)`,
+/// plus `x0` when it accumulates (the projection rounds to bf16 before the sum, as the
+/// reference's).
+fn gemm_expected(
+    dots: &[(f64, f64)],
+    b: &[bf16],
+    x0: &[bf16],
+    n: usize,
+    accumulate: bool,
+) -> (Vec<f64>, Vec<f64>) {
+    dots.iter()
+        .enumerate()
+        .map(|(i, &(dot, mag))| {
+            let proj = bf((dot + b[i % n].to_f64()) as f32) as f64;
+            let sum = if accumulate {
+                x0[i].to_f64() + proj
+            } else {
+                proj
+            };
+            (sum, tol_bf16(sum, 0.0) + tol_bf16(proj, mag))
+        })
+        .unzip()
+}
+
 #[test]
 fn rmsnorm_matches_host() {
     let mut rng = Rng::new(2501);
@@ -119,19 +143,7 @@ fn gemm_matches_host() {
                 dev.upload(&b).unwrap(),
             );
             for accumulate in [0i32, 1] {
-                let mut want = Vec::with_capacity(t * n);
-                let mut tol = Vec::with_capacity(t * n);
-                for i in 0..t * n {
-                    // The projection rounds to bf16 before the sum, as the reference's.
-                    let proj = bf((dots[i].0 + b[i % n].to_f64()) as f32) as f64;
-                    let sum = if accumulate != 0 {
-                        x0[i].to_f64() + proj
-                    } else {
-                        proj
-                    };
-                    want.push(sum);
-                    tol.push(tol_bf16(sum, 0.0) + tol_bf16(proj, dots[i].1));
-                }
+                let (want, tol) = gemm_expected(&dots, &b, &x0, n, accumulate != 0);
                 for (consts, warps) in gemm_variants(&dev, &PREFILL_GEMM) {
                     // Without accumulation the old values must not matter: NaN.
                     let mut x = if accumulate != 0 {
@@ -187,18 +199,7 @@ fn gemm_split_matches_host() {
                 dev.upload(&b).unwrap(),
             );
             for accumulate in [0i32, 1] {
-                let mut want = Vec::with_capacity(t * n);
-                let mut tol = Vec::with_capacity(t * n);
-                for i in 0..t * n {
-                    let proj = bf((dots[i].0 + b[i % n].to_f64()) as f32) as f64;
-                    let sum = if accumulate != 0 {
-                        x0[i].to_f64() + proj
-                    } else {
-                        proj
-                    };
-                    want.push(sum);
-                    tol.push(tol_bf16(sum, 0.0) + tol_bf16(proj, dots[i].1));
-                }
+                let (want, tol) = gemm_expected(&dots, &b, &x0, n, accumulate != 0);
                 // Every compiled variant, on the interpreter too (there are two).
                 let variants = PREFILL_GEMM_SPLIT.variants.iter();
                 for (consts, warps) in variants.map(|v| (v.consts.to_vec(), v.num_warps)) {

@@ -127,6 +127,16 @@ fn peer_flags(devices: &[Device], hidden: usize) -> Result<Option<Vec<PeerFlags>
         .map(Some)
 }
 
+/// The peer flags of a split of `size` ranks, or the error of a peer exchange asked of
+/// a split without peer access.
+fn peer_flags_of(peer: &mut Option<Vec<PeerFlags>>, size: usize) -> Result<&mut [PeerFlags]> {
+    peer.as_deref_mut()
+        .ok_or_else(|| EngineError::TensorParallel {
+            size,
+            message: "no peer access between the ranks".into(),
+        })
+}
+
 /// A rank's buffers beyond its decoder's.
 struct RankBuffers {
     /// The split projections' partial sums, `[hidden]` each: the O projection's in the
@@ -622,13 +632,7 @@ impl TpDecoder {
     /// [`super::tp_kernels::peer_residual_add`] on both ranks over partial buffer `slot`.
     fn peer_reduce(&mut self, o_bias_of: Option<usize>, slot: usize) -> Result<()> {
         let n = self.size();
-        let flags = self
-            .peer
-            .as_mut()
-            .ok_or_else(|| EngineError::TensorParallel {
-                size: n,
-                message: "no peer access between the ranks".into(),
-            })?;
+        let flags = peer_flags_of(&mut self.peer, n)?;
         let block = self.peer_block;
         for r in 0..2 {
             let (me, other) = TpDecoder::flags_of(flags, r);
@@ -661,13 +665,7 @@ impl TpDecoder {
     /// [`super::tp_kernels::peer_merge_pairs`] on both ranks (the last flag slot).
     fn peer_merge(&mut self) -> Result<()> {
         let n = self.size();
-        let flags = self
-            .peer
-            .as_mut()
-            .ok_or_else(|| EngineError::TensorParallel {
-                size: n,
-                message: "no peer access between the ranks".into(),
-            })?;
+        let flags = peer_flags_of(&mut self.peer, n)?;
         for r in 0..2 {
             let (me, other) = TpDecoder::flags_of(flags, r);
             let slot = me.count.len() - 1;
