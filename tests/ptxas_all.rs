@@ -15,6 +15,7 @@ use std::sync::Mutex;
 
 use tilefuse::dsl::back::ptx::{self, ptxas, PtxKernel, Target};
 use tilefuse::dsl::front::find_kernels;
+use tilefuse::dsl::specialize;
 
 /// Directories walked, relative to the repository root.
 const ROOTS: &[&str] = &["examples", "benches", "src", "engine", "tests"];
@@ -56,6 +57,7 @@ fn every_kernel_assembles_without_spills() {
     let mut failures = Vec::new();
     let mut jobs = Vec::new();
     let mut kernels = 0;
+    let mut divisible_forms = 0;
     for file in &files {
         let src = std::fs::read_to_string(file).unwrap();
         if !src.contains("kernel") {
@@ -91,28 +93,49 @@ fn every_kernel_assembles_without_spills() {
                         continue;
                     }
                 };
-                for target in [Target::Sm80, Target::Sm90, Target::Sm90a] {
-                    // Clustered kernels need sm_90 (the macro embeds no sm_80 PTX).
-                    if target == Target::Sm80 && ir.cluster_size() > 1 {
-                        continue;
+                // The divisible form `#[kernel]` embeds beside it, where there is one.
+                let mut forms = vec![(what.clone(), ir)];
+                if let Some(params) = specialize::divisible_params(&k.ast, &spec) {
+                    let names: Vec<&str> = params
+                        .iter()
+                        .map(|&i| k.ast.params[i].name.as_str())
+                        .collect();
+                    let assumed = specialize::assume_divisible(&k.ast, &params);
+                    let what = format!("{what} [divisible form: {}]", names.join(", "));
+                    divisible_forms += 1;
+                    if std::env::var("TILEFUSE_LIST_DIVISIBLE").is_ok() {
+                        println!("{what}");
                     }
-                    // sm_90a modules exist for kernels whose `dot` takes `wgmma`.
-                    if target == Target::Sm90a && !ir.has_dot() {
-                        continue;
+                    match tilefuse::dsl::compile(&assumed, &spec) {
+                        Ok(ir) => forms.push((what, ir)),
+                        Err(e) => failures.push(format!("{what}: {e}")),
                     }
-                    match ptx::compile(&ir, target) {
-                        Ok(kernel) if target == Target::Sm90a && !kernel.uses_wgmma => {}
-                        Ok(kernel) => jobs.push(Job {
-                            what: what.clone(),
-                            target,
-                            kernel,
-                        }),
-                        Err(e) => failures.push(format!("{what} {}: {e}", target.name())),
+                }
+                for (what, ir) in forms {
+                    for target in [Target::Sm80, Target::Sm90, Target::Sm90a] {
+                        // Clustered kernels need sm_90 (the macro embeds no sm_80 PTX).
+                        if target == Target::Sm80 && ir.cluster_size() > 1 {
+                            continue;
+                        }
+                        // sm_90a modules exist for kernels whose `dot` takes `wgmma`.
+                        if target == Target::Sm90a && !ir.has_dot() {
+                            continue;
+                        }
+                        match ptx::compile(&ir, target) {
+                            Ok(kernel) if target == Target::Sm90a && !kernel.uses_wgmma => {}
+                            Ok(kernel) => jobs.push(Job {
+                                what: what.clone(),
+                                target,
+                                kernel,
+                            }),
+                            Err(e) => failures.push(format!("{what} {}: {e}", target.name())),
+                        }
                     }
                 }
             }
         }
     }
+    println!("ptxas_all: {divisible_forms} specializations have a divisible form");
     assert!(
         kernels >= 4 && jobs.len() >= 12,
         "found only {kernels} kernels ({} compiled variants): is the working directory the repository root?",

@@ -20,6 +20,7 @@ pub mod front;
 pub mod interp;
 pub mod ir;
 pub mod runtime;
+pub mod specialize;
 #[cfg(test)]
 mod testing;
 pub mod valid;

@@ -440,72 +440,30 @@ fn expand_one(
     let mut variants = Vec::new();
     let specs = ast.specializations();
     for spec in &specs {
-        let (result, spans) = tilefuse_dsl::compile_with_spans(ast, spec);
-        let kernel = match result {
-            Ok(k) => k,
-            Err(e) => {
-                push_error(spans.span(e.loc), e.message);
-                continue;
-            }
+        let Some(generic) = compile_variant(krate, ast, spec, 0, &mut written, &mut push_error)
+        else {
+            continue;
         };
-        for p in kernel.written_params() {
-            if !written.contains(&p) {
-                written.push(p);
-            }
-        }
-        let mut ptx_text = Vec::new();
-        let mut entry = String::new();
-        let mut shared = 0u32;
-        for target in [Target::Sm80, Target::Sm90] {
-            if target == Target::Sm80 && kernel.cluster_size() > 1 {
-                // Thread-block clusters need sm_90: no sm_80 PTX (launching the variant
-                // on an older GPU is a clear run-time error).
-                ptx_text.push(String::new());
-                continue;
-            }
-            match ptx::compile(&kernel, target) {
-                Ok(p) => {
-                    entry = p.entry;
-                    shared = shared.max(p.shared_bytes);
-                    ptx_text.push(p.ptx);
-                }
-                Err(e) => {
-                    push_error(spans.span(e.loc), e.message);
-                    ptx_text.push(String::new());
-                }
-            }
-        }
-        // sm_90a PTX only where a `dot` takes the `wgmma` path (other kernels gain
-        // nothing from it); the runtime picks it on compute capability 9.0.
-        let mut sm90a_text = String::new();
-        if kernel.has_dot() {
-            match ptx::compile(&kernel, Target::Sm90a) {
-                Ok(p) if p.uses_wgmma => {
-                    shared = shared.max(p.shared_bytes);
-                    sm90a_text = p.ptx;
-                }
-                Ok(_) => {}
-                Err(e) => push_error(spans.span(e.loc), e.message),
-            }
-        }
-        let consts: Vec<i64> = spec.consts.iter().map(|(_, v)| *v).collect();
-        let (sm80, sm90, sm90a) = (
-            embedded_ptx(krate, &ptx_text[0]),
-            embedded_ptx(krate, &ptx_text[1]),
-            embedded_ptx(krate, &sm90a_text),
-        );
-        let num_warps = spec.num_warps;
-        let [cx, cy, cz] = kernel.cluster;
+        // The divisible form (Triton's divisibility key at build time), where assuming
+        // integer parameters multiples of 16 widens accesses.
+        let form = tilefuse_dsl::specialize::divisible_params(ast, spec).and_then(|params| {
+            let assumed = tilefuse_dsl::specialize::assume_divisible(ast, &params);
+            let mask = params.iter().fold(0u64, |m, &i| m | (1u64 << i));
+            compile_variant(krate, &assumed, spec, mask, &mut written, &mut push_error)
+        });
+        let form = match form {
+            Some(f) => quote! {
+                ::core::option::Option::Some(&#krate::runtime::Variant {
+                    #f
+                    divisible_form: ::core::option::Option::None,
+                })
+            },
+            None => quote!(::core::option::Option::None),
+        };
         variants.push(quote! {
             #krate::runtime::Variant {
-                consts: &[#(#consts),*],
-                num_warps: #num_warps,
-                ptx_sm80: #sm80,
-                ptx_sm90: #sm90,
-                ptx_sm90a: #sm90a,
-                entry: #entry,
-                shared_bytes: #shared,
-                cluster: [#cx, #cy, #cz],
+                #generic
+                divisible_form: #form,
             }
         });
     }
@@ -662,6 +620,86 @@ fn expand_one(
         #(#impls)*
         #typed
     }
+}
+
+/// The fields of one compiled `Variant` of `ast` for `spec`, all but `divisible_form`
+/// (`assumes_divisible`: the parameters `ast` was made to assume multiples of 16);
+/// `None` after pushing the compile error.
+fn compile_variant(
+    krate: &TokenStream2,
+    ast: &KernelAst,
+    spec: &tilefuse_dsl::Specialization,
+    assumes_divisible: u64,
+    written: &mut Vec<usize>,
+    push_error: &mut impl FnMut(Span, String),
+) -> Option<TokenStream2> {
+    let (result, spans) = tilefuse_dsl::compile_with_spans(ast, spec);
+    let kernel = match result {
+        Ok(k) => k,
+        Err(e) => {
+            push_error(spans.span(e.loc), e.message);
+            return None;
+        }
+    };
+    for p in kernel.written_params() {
+        if !written.contains(&p) {
+            written.push(p);
+        }
+    }
+    let mut ptx_text = Vec::new();
+    let mut entry = String::new();
+    let mut shared = 0u32;
+    for target in [Target::Sm80, Target::Sm90] {
+        if target == Target::Sm80 && kernel.cluster_size() > 1 {
+            // Thread-block clusters need sm_90: no sm_80 PTX (launching the variant
+            // on an older GPU is a clear run-time error).
+            ptx_text.push(String::new());
+            continue;
+        }
+        match ptx::compile(&kernel, target) {
+            Ok(p) => {
+                entry = p.entry;
+                shared = shared.max(p.shared_bytes);
+                ptx_text.push(p.ptx);
+            }
+            Err(e) => {
+                push_error(spans.span(e.loc), e.message);
+                ptx_text.push(String::new());
+            }
+        }
+    }
+    // sm_90a PTX only where a `dot` takes the `wgmma` path (other kernels gain
+    // nothing from it); the runtime picks it on compute capability 9.0.
+    let mut sm90a_text = String::new();
+    if kernel.has_dot() {
+        match ptx::compile(&kernel, Target::Sm90a) {
+            Ok(p) if p.uses_wgmma => {
+                shared = shared.max(p.shared_bytes);
+                sm90a_text = p.ptx;
+            }
+            Ok(_) => {}
+            Err(e) => push_error(spans.span(e.loc), e.message),
+        }
+    }
+    let consts: Vec<i64> = spec.consts.iter().map(|(_, v)| *v).collect();
+    let (sm80, sm90, sm90a) = (
+        embedded_ptx(krate, &ptx_text[0]),
+        embedded_ptx(krate, &ptx_text[1]),
+        embedded_ptx(krate, &sm90a_text),
+    );
+    let num_warps = spec.num_warps;
+    let [cx, cy, cz] = kernel.cluster;
+    Some(quote! {
+        consts: &[#(#consts),*],
+        num_warps: #num_warps,
+        ptx_sm80: #sm80,
+        ptx_sm90: #sm90,
+        ptx_sm90a: #sm90a,
+        entry: #entry,
+        shared_bytes: #shared,
+        cluster: [#cx, #cy, #cz],
+        assumes_divisible: #assumes_divisible,
+    })
 }
 
 /// `foo_bar` → `FooBar`.

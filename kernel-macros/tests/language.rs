@@ -388,3 +388,71 @@ fn helpers_work_inside_a_function_body() {
         assert_eq!(x.to_vec().unwrap(), vec![3.0], "{dev:?}");
     }
 }
+
+/// Triton's tutorial row copy with its stride `n` undeclared: `#[kernel]` embeds a form
+/// that assumes `n` a multiple of 16 (16-byte accesses) beside the one that assumes
+/// nothing, and `rows` (a bound on whole rows) is left out of the assumption.
+#[kernel(crate = tilefuse_dsl, BLOCK = [256], num_warps = [4])]
+fn scaled_rows<const BLOCK: usize>(x: Ptr<bf16>, y: Ptr<bf16>, rows: i32, n: i32, s: f32) {
+    let r = program_id(0) * 4 + arange(0, 4);
+    let c = arange(0, BLOCK);
+    let offs = r.expand_dims(1) * n + c.expand_dims(0);
+    let mask = (r < rows).expand_dims(1) & (c < n).expand_dims(0);
+    let v = load(x + offs, mask, 0.0) as f32 * s;
+    store(y + offs, v as bf16, mask);
+}
+
+#[test]
+fn the_divisible_form_is_embedded_and_launched_when_the_stride_divides() {
+    let plain = &SCALED_ROWS.variants[0];
+    let form = plain.divisible_form.expect("a divisible form for `n`");
+    assert_eq!(plain.assumes_divisible, 0);
+    assert_eq!(
+        form.assumes_divisible,
+        1 << 3,
+        "only `n` (parameter 3) is assumed"
+    );
+    assert!(form.divisible_form.is_none());
+    // What the form is for: 16-byte loads and stores, where the plain form has none.
+    let wide = |ptx: &str| ptx.lines().filter(|l| l.contains(".v4.b32")).count();
+    assert_eq!(wide(plain.ptx_sm90.as_str()), 0);
+    assert!(
+        wide(form.ptx_sm90.as_str()) >= 2,
+        "{}",
+        form.ptx_sm90.as_str()
+    );
+
+    // Both forms compute the same rows on every device: strides that divide by 16 (the
+    // divisible form) and strides that do not (the plain one), rows off the tile.
+    for dev in devices() {
+        for (rows, n) in [(7usize, 256usize), (9, 240), (5, 250), (3, 17)] {
+            let host: Vec<bf16> = inputs(rows * n, (rows * n) as u64)
+                .iter()
+                .map(|&v| bf16::from_f32(v))
+                .collect();
+            let x = dev.upload(&host).unwrap();
+            let mut y = dev
+                .alloc_filled(rows * n, bf16::from_f32(f32::NAN))
+                .unwrap();
+            scaled_rows::<256>::launch(
+                &dev,
+                rows.div_ceil(4) as u32,
+                &x,
+                &mut y,
+                rows as i32,
+                n as i32,
+                0.5,
+            )
+            .unwrap();
+            let got = y.to_vec().unwrap();
+            for (i, (g, h)) in got.iter().zip(&host).enumerate() {
+                let want = bf16::from_f32(h.to_f32() * 0.5);
+                assert_eq!(
+                    g.to_bits(),
+                    want.to_bits(),
+                    "{dev:?} rows {rows} n {n} at {i}"
+                );
+            }
+        }
+    }
+}

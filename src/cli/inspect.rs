@@ -13,7 +13,7 @@ use syn::visit::Visit;
 use crate::dsl::back::ptx::{self, ptxas, AccessKind, PtxKernel, Target};
 use crate::dsl::front::{find_kernels, FoundKernel, SpanTable};
 use crate::dsl::ir::{Kernel, Loc};
-use crate::dsl::Specialization;
+use crate::dsl::{specialize, Specialization};
 
 /// Arguments of `tilefuse inspect`.
 #[derive(Args, Clone, Debug)]
@@ -253,6 +253,7 @@ fn inspect_one(
         );
         write_layouts(out, &src, &kernel, &p, false);
         write_accesses(out, &src, &kernel, &p);
+        write_divisible_form(out, k, &spec, target, &p);
         write_ptxas(out, &kernel, &compile, false)?;
         out.push('\n');
         return Ok(());
@@ -479,6 +480,52 @@ fn write_accesses(out: &mut String, src: &Src, kernel: &Kernel, p: &PtxKernel) {
 
 /// ptxas' report for both targets, or a line saying why there is none (an error with
 /// `--ptxas`).
+/// Whether `#[kernel]` embeds a divisible form beside this specialization
+/// (`tilefuse_dsl::specialize`), what it assumes and which accesses it widens.
+fn write_divisible_form(
+    out: &mut String,
+    k: &FoundKernel,
+    spec: &Specialization,
+    target: Target,
+    p: &PtxKernel,
+) {
+    if specialize::candidates(&k.ast).is_empty() {
+        return;
+    }
+    let Some(params) = specialize::divisible_params(&k.ast, spec) else {
+        let _ = writeln!(
+            out,
+            "  divisible form: none (no integer parameter's divisibility by 16 widens an access)"
+        );
+        return;
+    };
+    let names: Vec<String> = params
+        .iter()
+        .map(|&i| format!("`{}`", k.ast.params[i].name))
+        .collect();
+    let assumed = specialize::assume_divisible(&k.ast, &params);
+    let widths = crate::dsl::compile(&assumed, spec)
+        .ok()
+        .and_then(|ir| ptx::compile(&ir, target).ok())
+        .map(|f| f.accesses.iter().map(|a| a.width).collect::<Vec<_>>())
+        .unwrap_or_default();
+    let widened: Vec<String> = p
+        .accesses
+        .iter()
+        .zip(&widths)
+        .filter(|(a, w)| **w > a.width)
+        .map(|(a, w)| format!("{} -> {w}", a.width))
+        .collect();
+    let _ = writeln!(
+        out,
+        "  divisible form: also compiled assuming {} a multiple of 16, launched when {}: {} access(es) wider ({})",
+        names.join(", "),
+        if names.len() == 1 { "it is" } else { "they are" },
+        widened.len(),
+        widened.join(", ")
+    );
+}
+
 fn write_ptxas(
     out: &mut String,
     kernel: &Kernel,

@@ -43,6 +43,9 @@ pub struct ParamDecl {
     /// The type parameter naming its element type (`x: Ptr<T>` in a kernel generic over
     /// `T`), whose dtype `kind` takes once bound ([`KernelAst::bind_types`]).
     pub generic: Option<String>,
+    /// Whether `#[kernel]` may compile a form that assumes this integer a multiple of 16
+    /// (`false` under `#[do_not_specialize]`; see [`crate::specialize`]).
+    pub specialize: bool,
 }
 
 /// An element-type parameter (`T` in `fn softmax<T: Float, ..>`) and the dtypes to
@@ -709,8 +712,19 @@ pub fn parse_kernel(attr: TokenStream, item: &ItemFn) -> syn::Result<KernelAst> 
         };
         let name = pi.ident.to_string();
         let (mut kind, generic) = param_kind(&pt.ty, &types)?;
+        let mut specialize = true;
         for attr in &pt.attrs {
-            if attr.path().is_ident("multiple_of") {
+            if attr.path().is_ident("do_not_specialize") {
+                attr.meta.require_path_only()?;
+                if !matches!(kind, ParamKind::Scalar(dt) | ParamKind::ScalarMultipleOf(dt, _) if dt.is_int())
+                {
+                    return Err(syn::Error::new(
+                        attr.span(),
+                        "`#[do_not_specialize]` applies to integer scalars",
+                    ));
+                }
+                specialize = false;
+            } else if attr.path().is_ident("multiple_of") {
                 let lit: syn::LitInt = attr.parse_args()?;
                 let d: u32 = lit.base10_parse()?;
                 match kind {
@@ -727,9 +741,15 @@ pub fn parse_kernel(attr: TokenStream, item: &ItemFn) -> syn::Result<KernelAst> 
             } else {
                 return Err(syn::Error::new(
                     attr.span(),
-                    "unknown parameter attribute (only `#[multiple_of(d)]`)",
+                    "unknown parameter attribute (only `#[multiple_of(d)]` and `#[do_not_specialize]`)",
                 ));
             }
+        }
+        if !specialize && matches!(kind, ParamKind::ScalarMultipleOf(..)) {
+            return Err(syn::Error::new(
+                pi.ident.span(),
+                "`#[do_not_specialize]` and `#[multiple_of(d)]` contradict each other: the divisibility is declared",
+            ));
         }
         if params.iter().any(|p: &ParamDecl| p.name == name)
             || consts.iter().any(|c| c.name == name)
@@ -744,6 +764,7 @@ pub fn parse_kernel(attr: TokenStream, item: &ItemFn) -> syn::Result<KernelAst> 
             kind,
             span: pi.ident.span(),
             generic,
+            specialize,
         });
     }
 

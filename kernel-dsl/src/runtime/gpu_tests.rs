@@ -96,6 +96,8 @@ static SCALE_ADD: KernelDef = KernelDef {
             entry: "scale_add",
             shared_bytes: 0,
             cluster: [1, 1, 1],
+            assumes_divisible: 0,
+            divisible_form: None,
         },
         Variant {
             consts: &[],
@@ -106,6 +108,8 @@ static SCALE_ADD: KernelDef = KernelDef {
             entry: "scale_add",
             shared_bytes: 0,
             cluster: [1, 1, 1],
+            assumes_divisible: 0,
+            divisible_form: None,
         },
     ],
 };

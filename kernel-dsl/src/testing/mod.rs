@@ -124,6 +124,8 @@ fn def_of(
         entry: leak_str(p90.entry),
         shared_bytes,
         cluster: k.cluster,
+        assumes_divisible: 0,
+        divisible_form: None,
     };
     Box::leak(Box::new(KernelDef {
         name: leak_str(k.name.clone()),

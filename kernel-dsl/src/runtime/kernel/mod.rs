@@ -203,9 +203,43 @@ pub struct Variant {
     /// clustered variant launches only on sm_90 and newer, on grids that are a multiple
     /// of it.
     pub cluster: [u32; 3],
+    /// The parameters this form assumes to be multiples of 16 beyond what they declare
+    /// (bit `i`: parameter `i`); 0 for the form that assumes nothing.
+    pub assumes_divisible: u64,
+    /// The same constants compiled assuming some integer parameters are multiples of 16
+    /// (its [`Variant::assumes_divisible`]), where that widens global accesses; a launch
+    /// takes it when those arguments are (Triton's divisibility key, decided at build
+    /// time: `crate::specialize`).
+    pub divisible_form: Option<&'static Variant>,
 }
 
 impl Variant {
+    /// The form to launch with these arguments: [`Variant::divisible_form`] when every
+    /// parameter it assumes divisible gets a multiple of 16, else this one.
+    /// `TILEFUSE_SPECIALIZE=0` in the environment keeps this one (to measure the two
+    /// against each other).
+    pub fn for_args(&'static self, args: &[KernelArg<'_>]) -> &'static Variant {
+        let Some(form) = self.divisible_form.filter(|_| specialize_enabled()) else {
+            return self;
+        };
+        let divisor = i64::from(crate::specialize::DIVISOR);
+        let holds = args.iter().enumerate().all(|(i, arg)| {
+            i >= 64
+                || form.assumes_divisible & (1 << i) == 0
+                || match arg.0 {
+                    ArgRepr::Scalar(Scalar::I32(v)) => i64::from(v) % divisor == 0,
+                    ArgRepr::Scalar(Scalar::U32(v)) => i64::from(v) % divisor == 0,
+                    ArgRepr::Scalar(Scalar::I64(v)) => v % divisor == 0,
+                    _ => false,
+                }
+        });
+        if holds {
+            form
+        } else {
+            self
+        }
+    }
+
     /// The PTX text for a target (empty if none was generated for it).
     pub fn ptx(&self, target: Target) -> &'static str {
         match target {
@@ -387,11 +421,18 @@ impl KernelDef {
         let cfg = cfg.into();
         let variant = self.variant(consts, cfg.num_warps)?;
         self.check(dev, &cfg, variant.cluster, args)?;
+        let variant = variant.for_args(args);
         match dev {
             Device::Cpu => self.run_cpu(variant, cfg.grid, args),
             Device::Cuda(d) => self.run_cuda(d, variant, cfg.grid, cfg.serialized, args),
         }
     }
+}
+
+/// Whether launches may take divisible forms (`TILEFUSE_SPECIALIZE=0` turns them off).
+fn specialize_enabled() -> bool {
+    static ENABLED: OnceLock<bool> = OnceLock::new();
+    *ENABLED.get_or_init(|| std::env::var("TILEFUSE_SPECIALIZE").map_or(true, |v| v != "0"))
 }
 
 fn scalar_dtype(s: Scalar) -> DType {

@@ -52,6 +52,8 @@ static ADD: KernelDef = KernelDef {
             entry: "add",
             shared_bytes: 0,
             cluster: [1, 1, 1],
+            assumes_divisible: 0,
+            divisible_form: None,
         },
         Variant {
             consts: &[256],
@@ -62,6 +64,8 @@ static ADD: KernelDef = KernelDef {
             entry: "add",
             shared_bytes: 0,
             cluster: [1, 1, 1],
+            assumes_divisible: 0,
+            divisible_form: None,
         },
         Variant {
             consts: &[1024],
@@ -72,6 +76,8 @@ static ADD: KernelDef = KernelDef {
             entry: "add",
             shared_bytes: 0,
             cluster: [1, 1, 1],
+            assumes_divisible: 0,
+            divisible_form: None,
         },
     ],
 };
@@ -316,6 +322,8 @@ fn sm90a_modules_run_on_compute_capability_9_0_only() {
         entry: "k",
         shared_bytes: 0,
         cluster: [1, 1, 1],
+        assumes_divisible: 0,
+        divisible_form: None,
     };
     let both = v("// sm90", "// sm90a");
     assert_eq!(both.target_for(9, 0), Target::Sm90a);
@@ -327,4 +335,57 @@ fn sm90a_modules_run_on_compute_capability_9_0_only() {
     // Without an sm_90a module, 9.0 takes the portable sm_90 one.
     assert_eq!(v("// sm90", "").target_for(9, 0), Target::Sm90);
     assert_eq!(v("", "").target_for(9, 0), Target::Sm80);
+}
+
+/// A variant whose divisible form assumes parameter 2 (`k`) a multiple of 16.
+static ROWS_DIVISIBLE: Variant = Variant {
+    consts: &[64],
+    num_warps: 4,
+    ptx_sm80: Ptx::text("// k % 16 == 0"),
+    ptx_sm90: Ptx::text(""),
+    ptx_sm90a: Ptx::text(""),
+    entry: "rows",
+    shared_bytes: 0,
+    cluster: [1, 1, 1],
+    assumes_divisible: 1 << 2,
+    divisible_form: None,
+};
+
+static ROWS: Variant = Variant {
+    consts: &[64],
+    num_warps: 4,
+    ptx_sm80: Ptx::text("// any k"),
+    ptx_sm90: Ptx::text(""),
+    ptx_sm90a: Ptx::text(""),
+    entry: "rows",
+    shared_bytes: 0,
+    cluster: [1, 1, 1],
+    assumes_divisible: 0,
+    divisible_form: Some(&ROWS_DIVISIBLE),
+};
+
+#[test]
+fn the_divisible_form_is_taken_exactly_when_its_arguments_divide() {
+    let x = Device::Cpu.upload(&[0f32; 4]).unwrap();
+    let pick = |k: i32, pos: i32| {
+        let args = [
+            KernelArg::read(&x),
+            KernelArg::from(pos),
+            KernelArg::from(k),
+        ];
+        ROWS.for_args(&args).ptx_sm80.as_str()
+    };
+    // Only the assumed parameter counts: `pos` (parameter 1) may be anything.
+    assert_eq!(pick(1024, 3), "// k % 16 == 0");
+    assert_eq!(pick(0, 7), "// k % 16 == 0");
+    assert_eq!(pick(-32, 1), "// k % 16 == 0");
+    for k in [1, 8, 24, 1000, -8] {
+        assert_eq!(pick(k, 0), "// any k", "k = {k}");
+    }
+    // A form without a divisible form launches as itself.
+    let args = [KernelArg::read(&x), KernelArg::from(0), KernelArg::from(5)];
+    assert_eq!(
+        ROWS_DIVISIBLE.for_args(&args).ptx_sm80.as_str(),
+        "// k % 16 == 0"
+    );
 }
