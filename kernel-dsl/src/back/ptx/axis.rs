@@ -227,6 +227,12 @@ fn expr(k: &Kernel, v: ValueId, e: &Expr, info: &[AxisInfo]) -> AxisInfo {
                         out.div[t] = (at_runs(&a, t, 1) * at_runs(&b, t, 1)).min(MAX_DIV);
                         out.cons[t] = a.cons[t].min(b.cons[t]);
                     }
+                    // Each element is one of the operands' elements: it keeps what both
+                    // share (`minimum(k, n) - k0` with `k`, `n` multiples of 16 stays one).
+                    BinaryOp::Min | BinaryOp::Max => {
+                        out.div[t] = at_runs(&a, t, 1).min(at_runs(&b, t, 1));
+                        out.cons[t] = a.cons[t].min(b.cons[t]);
+                    }
                     _ => out.cons[t] = a.cons[t].min(b.cons[t]),
                 }
             }
@@ -259,6 +265,7 @@ fn expr(k: &Kernel, v: ValueId, e: &Expr, info: &[AxisInfo]) -> AxisInfo {
             for t in 0..out.div.len() {
                 let ct = if c.cons.len() > t { c.cons[t] } else { 1 };
                 out.cons[t] = a.cons[t].min(b.cons[t]).min(ct);
+                out.div[t] = at_runs(&a, t, 1).min(at_runs(&b, t, 1));
             }
         }
         Expr::Dot4 { a, b, acc } => {

@@ -1186,3 +1186,32 @@ fn dot_lowers_to_wgmma_on_sm90a() {
     let p = pipelined_for(64, 64, 32, 8, 3, Target::Sm90a);
     assert!(!p.uses_wgmma && p.ptx.contains("mma.sync"));
 }
+
+/// A mask bounded through `minimum`/`maximum` of multiples of 16 stays uniform over
+/// 16-element runs, so the loads it guards keep their 16-byte width (and a bound that is
+/// only sometimes a multiple does not).
+#[test]
+fn masks_bounded_by_minimum_of_multiples_stay_vectorized() {
+    let src = |bound: &str| {
+        format!(
+            "#[kernel] fn k(x: Ptr<f32>, y: Ptr<f32>, #[multiple_of(16)] n: i32, #[multiple_of(16)] k0: i32, j: i32) {{
+                let offs = program_id(0) * 1024 + arange(0, 1024);
+                let mask = offs < {bound};
+                store(y + offs, load(x + offs, mask, 0.0), mask);
+            }}"
+        )
+    };
+    let spec = crate::Specialization {
+        consts: vec![],
+        num_warps: 4,
+    };
+    let widths = |bound: &str| {
+        let k = crate::compile_source(&src(bound), &spec).unwrap();
+        let p = compile(&k, Target::Sm90).unwrap();
+        p.accesses.iter().map(|a| a.width).collect::<Vec<_>>()
+    };
+    assert_eq!(widths("n"), [4, 4]);
+    assert_eq!(widths("minimum(n, k0 + 2048) - k0"), [4, 4]);
+    assert_eq!(widths("maximum(n, 64)"), [4, 4]);
+    assert_eq!(widths("minimum(n, j)"), [1, 1]);
+}
