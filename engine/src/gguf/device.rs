@@ -51,18 +51,8 @@ impl QuantGemvConfig {
     /// of 1024 rows) take 4 rows of 2048-column tiles over 8 warps, which keep the grid
     /// over the SMs.
     ///
-    /// `TILEFUSE_QUANT_TILE=n,k,warps` replaces the choice for matrices of 2048 rows or
-    /// more (for measuring a configuration inside the decode step; a configuration that
-    /// is not compiled is an error at launch).
+    /// The environment's overrides are applied by [`QuantGemvConfig::for_step`].
     pub fn for_shape(_ty: GgmlType, rows: usize, cols: usize) -> QuantGemvConfig {
-        if rows >= 2048 {
-            if let Some(cfg) = std::env::var("TILEFUSE_QUANT_TILE")
-                .ok()
-                .and_then(|v| Self::parse(&v))
-            {
-                return cfg;
-            }
-        }
         if rows < 2048 && cols > 1024 {
             QuantGemvConfig {
                 block_n: 4,
@@ -78,6 +68,47 @@ impl QuantGemvConfig {
         }
     }
 
+    /// [`QuantGemvConfig::for_shape`]'s choice (`head`: for an LM head), unless the
+    /// environment overrides it, for measuring configurations inside the decode step:
+    /// `TILEFUSE_QUANT_TILES` ([`QuantTiles`]: per shape, first) or
+    /// `TILEFUSE_QUANT_TILE=n,k,warps` (every matrix of 2048 rows or more). A malformed
+    /// or uncompiled override is an error naming it.
+    pub fn for_step(ty: GgmlType, rows: usize, cols: usize, head: bool) -> Result<QuantGemvConfig> {
+        if let Some(tiles) = QuantTiles::from_env()? {
+            if let Some(cfg) = tiles.get(rows, cols) {
+                cfg.check(head)?;
+                return Ok(cfg);
+            }
+        }
+        if rows >= 2048 {
+            if let Ok(v) = std::env::var("TILEFUSE_QUANT_TILE") {
+                let cfg = Self::parse(&v).ok_or_else(|| crate::error::EngineError::Option {
+                    message: format!("TILEFUSE_QUANT_TILE=`{v}`: expected `n,k,warps`"),
+                })?;
+                cfg.check(head)?;
+                return Ok(cfg);
+            }
+        }
+        Ok(Self::for_shape(ty, rows, cols))
+    }
+
+    /// An error unless this configuration is compiled (for an LM head: and its
+    /// tiles are at most 1024 columns, the head variant's longest).
+    pub fn check(&self, head: bool) -> Result<()> {
+        if !Self::all().contains(self) || (head && self.block_k > 1024) {
+            return Err(crate::error::EngineError::Option {
+                message: format!(
+                    "quantized GEMV configuration {},{},{}{} is not compiled (QuantGemvConfig::all)",
+                    self.block_n,
+                    self.block_k,
+                    self.num_warps,
+                    if head { " for an LM head" } else { "" }
+                ),
+            });
+        }
+        Ok(())
+    }
+
     /// `n,k,warps` as a configuration.
     fn parse(v: &str) -> Option<QuantGemvConfig> {
         let p: Vec<usize> = v
@@ -88,7 +119,7 @@ impl QuantGemvConfig {
             &[block_n, block_k, num_warps] => Some(QuantGemvConfig {
                 block_n,
                 block_k,
-                num_warps: num_warps as u32,
+                num_warps: u32::try_from(num_warps).ok()?,
             }),
             _ => None,
         }
@@ -109,6 +140,59 @@ impl Default for QuantGemvConfig {
             block_k: 512,
             num_warps: 4,
         }
+    }
+}
+
+/// Launch configurations per matrix shape, for measuring choices inside the decode
+/// step: `ROWSxCOLS=n,k,warps` entries separated by `;` (e.g.
+/// `4096x4096=8,1024,8;151936x4096=16,1024,4`), each for every quantized matrix (or
+/// run of rows of one type) of that shape. The environment's `TILEFUSE_QUANT_TILES`
+/// ([`QuantGemvConfig::for_step`]), and `tilefuse bench --quant-tiles`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct QuantTiles {
+    /// `(rows, cols, configuration)`, in the order given (the first match wins).
+    pub entries: Vec<(usize, usize, QuantGemvConfig)>,
+}
+
+impl QuantTiles {
+    /// Parses `ROWSxCOLS=n,k,warps[;...]` (empty entries are skipped); an error names
+    /// the entry that does not parse.
+    pub fn parse(spec: &str) -> Result<QuantTiles> {
+        let mut entries = Vec::new();
+        for entry in spec.split(';').map(str::trim).filter(|e| !e.is_empty()) {
+            let bad = || crate::error::EngineError::Option {
+                message: format!("quantized tile `{entry}`: expected `ROWSxCOLS=n,k,warps`"),
+            };
+            let (shape, cfg) = entry.split_once('=').ok_or_else(bad)?;
+            let (rows, cols) = shape.split_once('x').ok_or_else(bad)?;
+            let rows: usize = rows.trim().parse().map_err(|_| bad())?;
+            let cols: usize = cols.trim().parse().map_err(|_| bad())?;
+            let cfg = QuantGemvConfig::parse(cfg).ok_or_else(bad)?;
+            entries.push((rows, cols, cfg));
+        }
+        Ok(QuantTiles { entries })
+    }
+
+    /// `TILEFUSE_QUANT_TILES`, parsed, if set.
+    pub fn from_env() -> Result<Option<QuantTiles>> {
+        match std::env::var("TILEFUSE_QUANT_TILES") {
+            Ok(v) => {
+                QuantTiles::parse(&v)
+                    .map(Some)
+                    .map_err(|e| crate::error::EngineError::Option {
+                        message: format!("TILEFUSE_QUANT_TILES: {e}"),
+                    })
+            }
+            Err(_) => Ok(None),
+        }
+    }
+
+    /// The configuration given for `[rows, cols]`, if any.
+    pub fn get(&self, rows: usize, cols: usize) -> Option<QuantGemvConfig> {
+        self.entries
+            .iter()
+            .find(|&&(r, c, _)| r == rows && c == cols)
+            .map(|&(_, _, cfg)| cfg)
     }
 }
 

@@ -253,11 +253,15 @@ pub fn dequantize(ty: GgmlType, bytes: &[u8], numel: usize, name: &str) -> Resul
 /// Whether an LM head stored as `ty` is read quantized by the decode step (else it is
 /// dequantized to bf16 at load). Q8_0: yes, it streams faster than bf16. Q4_K and Q6_K:
 /// no: with the GEMVs that dequantized to f32 the Q6_K head took twice the bf16 head's
-/// time (docs/perf.md, "Quantized weights in the decode step"; not measured since the
-/// GEMVs take int8 activations), unless the environment sets `TILEFUSE_QUANT_HEAD=1`
-/// (for measuring them in the step).
+/// time (docs/perf.md, "Quantized weights in the decode step"). The environment's
+/// `TILEFUSE_QUANT_HEAD=1` reads every quantized head quantized, `=0` none (for
+/// measuring them in the step).
 pub fn head_reads_quantized(ty: GgmlType) -> bool {
-    ty == GgmlType::Q8_0 || std::env::var("TILEFUSE_QUANT_HEAD").is_ok_and(|v| v == "1")
+    match std::env::var("TILEFUSE_QUANT_HEAD").as_deref() {
+        Ok("1") => true,
+        Ok("0") => false,
+        _ => ty == GgmlType::Q8_0,
+    }
 }
 
 /// A quantized `[rows, cols]` matrix in the device layout (see the module docs).
