@@ -255,21 +255,22 @@ pub fn run(opts: &DecodeBenchOptions) -> Result<DecodeReport> {
             message: "tokens must be at least 1".into(),
         });
     }
-    let (cfg, weights) = crate::preset::load(&opts.preset, opts.seed)?;
-    let max_seq = opts.context + opts.tokens + 8;
-    let mut quant = opts.weights.random_weights(&cfg, opts.seed)?;
-    let mut dec = Decoder::with_quant(&cfg, &weights, &quant, &opts.device, max_seq)?;
     let gpu = opts.device.is_cuda();
     let specs = opts
         .quant_tiles
         .iter()
         .map(|s| quant_tiles::QuantTileSpec::parse(s))
         .collect::<Result<Vec<_>>>()?;
-    if !specs.is_empty() && !(gpu && opts.graph && opts.weights != WeightFormat::Bf16) {
+    let quant_step = gpu && opts.graph && opts.weights != WeightFormat::Bf16;
+    if !specs.is_empty() && !quant_step {
         return Err(EngineError::Option {
             message: "--quant-tiles needs quantized weights, a GPU and graphs".into(),
         });
     }
+    let (cfg, weights) = crate::preset::load(&opts.preset, opts.seed)?;
+    let max_seq = opts.context + opts.tokens + 8;
+    let mut quant = opts.weights.random_weights(&cfg, opts.seed)?;
+    let mut dec = Decoder::with_quant(&cfg, &weights, &quant, &opts.device, max_seq)?;
     // A decoder with the LM head in the other format, when a variant asks for it.
     let policy = dec.has_quant_head();
     let mut other = match opts.weights.head_type() {
