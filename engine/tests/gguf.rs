@@ -707,5 +707,20 @@ fn quantized_step_matches_the_dense_step_on_dequantized_weights() {
             }
             token = quant_next;
         }
+        // Sampling on the device reads the quantized head's logits: at a temperature
+        // of 1e-4 the draw is a largest logit (the logits are bf16: any other is at
+        // least 2^-7 below a largest one over 1, so e^-78 times as likely or less).
+        let got = quant.forward(token, 10).unwrap();
+        let params = tilefuse_engine::Sampling {
+            temperature: 1e-4,
+            top_k: 0,
+            top_p: 1.0,
+            seed: 7,
+        };
+        let drawn = quant.sample_on_device(&params).unwrap();
+        let drawn = drawn.expect("no top-k or top-p: the device's draw is accepted");
+        let max = got.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+        assert_eq!(got[drawn as usize], max, "{dev}: drew {drawn}");
+        assert_eq!(quant.read_state().unwrap(), (drawn, 11), "{dev}");
     }
 }
