@@ -497,15 +497,22 @@ fn engine_loads_a_gguf_file_and_decodes_like_the_reference() {
         pos += 1;
         let rel = common::rel_err(&out.logits[step], &l);
         // The quantized GEMVs multiply int8 activations (llama.cpp's q8_1 scheme,
-        // `kernels_quant`): measured 2.0-2.7% from the f32 reference on this file's
-        // steps (0.8-1.4% with bf16 activations).
+        // `kernels_quant`): measured 2.0-2.8% from the f32 reference on this file's
+        // steps with the Q6_K head read quantized (2.0-2.7% with it as bf16; 0.8-1.4%
+        // with bf16 activations).
         assert!(rel < 4e-2, "step {step}: logits differ by {rel}");
         token = out.tokens[step];
         logits.push(l);
     }
     assert_eq!(out.tokens.len(), 4);
-    // The file's matrices are read quantized; its prompt went through decode steps.
-    assert!(engine.decoder().expect("one device").is_quantized());
+    // The file's matrices are read quantized, its Q6_K head too
+    // (`quant::head_reads_quantized`); its prompt went through decode steps.
+    let dec = engine.decoder().expect("one device");
+    assert!(dec.is_quantized());
+    assert_eq!(
+        dec.has_quant_head(),
+        quant::head_reads_quantized(GgmlType::Q6_K)
+    );
     assert!(!out.batched_prefill);
 }
 
@@ -629,8 +636,8 @@ fn quantized_step_matches_the_dense_step_on_dequantized_weights() {
         };
         let mut dense = Engine::load_gguf_as(&path, opts.clone(), false).unwrap();
         assert!(!dense.decoder().expect("one device").is_quantized());
-        // The file's quantized matrices, the Q6_K head included (which `Engine::load`
-        // reads as bf16: `quant::head_reads_quantized`).
+        // The file's quantized matrices, the Q6_K head included (whatever
+        // `quant::head_reads_quantized` says for `Engine::load`).
         let f = GgufFile::open(&path).unwrap();
         let cfg = f.config().unwrap();
         let mut qw = f.quant_weights(&cfg).unwrap();
@@ -700,5 +707,20 @@ fn quantized_step_matches_the_dense_step_on_dequantized_weights() {
             }
             token = quant_next;
         }
+        // Sampling on the device reads the quantized head's logits: at a temperature
+        // of 1e-4 the draw is a largest logit (the logits are bf16: any other is at
+        // least 2^-7 below a largest one over 1, so e^-78 times as likely or less).
+        let got = quant.forward(token, 10).unwrap();
+        let params = tilefuse_engine::Sampling {
+            temperature: 1e-4,
+            top_k: 0,
+            top_p: 1.0,
+            seed: 7,
+        };
+        let drawn = quant.sample_on_device(&params).unwrap();
+        let drawn = drawn.expect("no top-k or top-p: the device's draw is accepted");
+        let max = got.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+        assert_eq!(got[drawn as usize], max, "{dev}: drew {drawn}");
+        assert_eq!(quant.read_state().unwrap(), (drawn, 11), "{dev}");
     }
 }

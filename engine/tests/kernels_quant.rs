@@ -271,6 +271,12 @@ fn check_type(ty: GgmlType, seed: u64) {
                     num_warps,
                 });
             }
+            // The LM head's, and the step's picks for tall (8B gate/up) and square or
+            // wide (8B O, down) matrices.
+            configs.push(QuantGemvConfig::HEAD);
+            configs.push(QuantGemvConfig::for_shape(ty, 24576, 4096));
+            configs.push(QuantGemvConfig::for_shape(ty, 4096, 12288));
+            configs.dedup();
         }
         for &(n, k) in &shapes {
             let mut c = case(&mut rng, ty, n, k);

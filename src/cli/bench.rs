@@ -91,6 +91,13 @@ pub struct BenchArgs {
     /// Time the prefill only (no decode modes).
     #[arg(long, requires = "prompt")]
     pub prefill_only: bool,
+    /// With quantized `--weights`: also time these variants of the step against its
+    /// default inside the captured graph, interleaved over rounds (repeatable; `;`-
+    /// separated entries: `head=quant` or `head=bf16` for the LM head's format,
+    /// `ROWSxCOLS=n,k,warps` for the quantized GEMVs of that shape, e.g.
+    /// `head=quant;151936x1024=16,1024,4`). `TILEFUSE_QUANT_TILES` sets the default's.
+    #[arg(long)]
+    pub quant_tiles: Vec<String>,
     /// Also write the report as JSON.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -193,6 +200,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         sweep: args.sweep,
         sampled: args.sampled,
         timeline,
+        quant_tiles: args.quant_tiles.clone(),
     };
     // The bf16 baseline of a quantized run, timed first in the same process.
     let baseline = if weights == bench::WeightFormat::Bf16 {
@@ -204,6 +212,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
             sweep: false,
             sampled: false,
             timeline: None,
+            quant_tiles: Vec::new(),
             ..opts.clone()
         })?;
         super::write_stdout(&format!("{report}\n"))?;

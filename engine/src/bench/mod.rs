@@ -6,6 +6,8 @@
 //!   against the bandwidth floor measured in the same run;
 //! - [`sweep`](mod@sweep): every compiled variant of each launch timed inside the
 //!   captured step;
+//! - [`quant_tiles`]: quantized launch configurations and the LM head's format
+//!   compared inside the captured step;
 //! - [`report`]: the report and its text;
 //! - [`workloads`]: single kernels at one shape, with buffers past the L2 cache;
 //!   [`cublas`]: the cuBLAS baseline.
@@ -14,6 +16,7 @@
 
 pub mod cublas;
 pub mod quant;
+pub mod quant_tiles;
 pub mod report;
 pub mod sweep;
 pub mod tp;
@@ -65,6 +68,9 @@ pub struct DecodeBenchOptions {
     /// Stamp this layer's launches and report when their programs start, get past
     /// their wait and finish ([`Decoder::timeline`]).
     pub timeline: Option<usize>,
+    /// Quantized variants to time inside the captured step against the default
+    /// ([`quant_tiles::QuantTileSpec`]; GPU and graphs only).
+    pub quant_tiles: Vec<String>,
 }
 
 /// The settings of the `sampled` mode: temperature 0.8, top-p 0.9.
@@ -132,6 +138,8 @@ pub struct DecodeReport {
     pub sweep: Option<Sweep>,
     /// The stamped layer's launches, when asked for ([`DecodeBenchOptions::timeline`]).
     pub timeline: Option<TimelineReport>,
+    /// The quantized variants, when asked for ([`DecodeBenchOptions::quant_tiles`]).
+    pub quant_tiles: Option<quant_tiles::QuantTileReport>,
 }
 
 impl DecodeReport {
@@ -247,13 +255,53 @@ pub fn run(opts: &DecodeBenchOptions) -> Result<DecodeReport> {
             message: "tokens must be at least 1".into(),
         });
     }
+    let gpu = opts.device.is_cuda();
+    let specs = opts
+        .quant_tiles
+        .iter()
+        .map(|s| quant_tiles::QuantTileSpec::parse(s))
+        .collect::<Result<Vec<_>>>()?;
+    let quant_step = gpu && opts.graph && opts.weights != WeightFormat::Bf16;
+    if !specs.is_empty() && !quant_step {
+        return Err(EngineError::Option {
+            message: "--quant-tiles needs quantized weights, a GPU and graphs".into(),
+        });
+    }
     let (cfg, weights) = crate::preset::load(&opts.preset, opts.seed)?;
     let max_seq = opts.context + opts.tokens + 8;
-    let quant = opts.weights.random_weights(&cfg, opts.seed)?;
+    let mut quant = opts.weights.random_weights(&cfg, opts.seed)?;
     let mut dec = Decoder::with_quant(&cfg, &weights, &quant, &opts.device, max_seq)?;
+    // A decoder with the LM head in the other format, when a variant asks for it.
+    let policy = dec.has_quant_head();
+    let mut other = match opts.weights.head_type() {
+        Some(ty)
+            if specs
+                .iter()
+                .any(|s| s.quant_head.is_some_and(|q| q != policy)) =>
+        {
+            quant.lm_head = if policy {
+                None
+            } else {
+                let mut rng = Rng::new(opts.seed ^ 0x4EAD);
+                Some(quant::random_matrix(
+                    &mut rng,
+                    ty,
+                    cfg.vocab_size,
+                    cfg.hidden_size,
+                )?)
+            };
+            Some(Decoder::with_quant(
+                &cfg,
+                &weights,
+                &quant,
+                &opts.device,
+                max_seq,
+            )?)
+        }
+        _ => None,
+    };
     drop(weights);
     drop(quant);
-    let gpu = opts.device.is_cuda();
 
     let copy_bytes_per_s = if gpu {
         let c =
@@ -295,6 +343,26 @@ pub fn run(opts: &DecodeBenchOptions) -> Result<DecodeReport> {
     if opts.sampled {
         modes.push(time_sampled(&mut dec, token, opts.context, opts.tokens)?);
     }
+    let quant_tiles = if specs.is_empty() {
+        None
+    } else {
+        let rows = quant_tiles::compare(
+            &mut dec,
+            other.as_mut(),
+            &specs,
+            token,
+            opts.context,
+            opts.tokens,
+        )?;
+        drop(other);
+        Some(quant_tiles::QuantTileReport {
+            rows,
+            rounds: quant_tiles::QUANT_TILE_ROUNDS,
+            tokens: opts.tokens,
+            kv_bytes: dec.kv_bytes_per_step(opts.context + opts.tokens / 2),
+            copy_bytes_per_s,
+        })
+    };
     if opts.eager || !gpu || !opts.graph {
         dec.release_graph();
         modes.push(time_mode(
@@ -326,6 +394,7 @@ pub fn run(opts: &DecodeBenchOptions) -> Result<DecodeReport> {
         None
     };
     Ok(DecodeReport {
+        quant_tiles,
         sweep,
         timeline,
         device: opts.device.name(),

@@ -179,6 +179,9 @@ impl fmt::Display for DecodeReport {
                 100.0 * (1.0 - m.tokens_per_s / m.median_tokens_per_s())
             )?;
         }
+        if let Some(q) = &self.quant_tiles {
+            write!(f, "\n{q}")?;
+        }
         if let Some(sw) = &self.sweep {
             writeln!(
                 f,

@@ -9,7 +9,9 @@ use half::bf16;
 use tilefuse_dsl::runtime::{Buffer, Device, LaunchConfig};
 
 use crate::error::{EngineError, Result};
-use crate::gguf::device::{DeviceQuantMatrix, QuantGemvConfig, QuantOut, QuantSpare, QuantVariant};
+use crate::gguf::device::{
+    DeviceQuantMatrix, QuantGemvConfig, QuantOut, QuantSpare, QuantTiles, QuantVariant,
+};
 use crate::gguf::quant::PackedMatrix;
 
 /// A projection's weights, `[rows, cols]` row-major.
@@ -61,12 +63,19 @@ struct Part {
 #[derive(Debug)]
 pub(crate) struct QuantMatrix {
     parts: Vec<Part>,
+    /// Whether this is an LM head (its configurations are those of the head variant).
+    head: bool,
 }
 
 impl QuantMatrix {
     /// Uploads the row blocks `blocks` (stacked in order, equal columns), merging
-    /// neighbours of one type into one run.
-    pub(crate) fn upload(dev: &Device, blocks: &[&PackedMatrix]) -> Result<QuantMatrix> {
+    /// neighbours of one type into one run; each run launches as
+    /// [`QuantGemvConfig::for_step`] says (`head`: the LM head).
+    pub(crate) fn upload(
+        dev: &Device,
+        blocks: &[&PackedMatrix],
+        head: bool,
+    ) -> Result<QuantMatrix> {
         let mut parts = Vec::new();
         let mut row0 = 0;
         let mut i = 0;
@@ -81,7 +90,7 @@ impl QuantMatrix {
             parts.push(Part {
                 row0,
                 m: DeviceQuantMatrix::upload(dev, &merged)?,
-                cfg: QuantGemvConfig::for_shape(ty, rows, cols),
+                cfg: QuantGemvConfig::for_step(ty, rows, cols, head)?,
             });
             row0 += rows;
             i += run;
@@ -91,7 +100,23 @@ impl QuantMatrix {
                 message: "a quantized matrix needs at least one block of rows".into(),
             });
         }
-        Ok(QuantMatrix { parts })
+        Ok(QuantMatrix { parts, head })
+    }
+
+    /// Gives each run the configuration `tiles` names for its shape, else
+    /// [`QuantGemvConfig::for_step`]'s.
+    pub(crate) fn set_tiles(&mut self, tiles: &QuantTiles) -> Result<()> {
+        for p in &mut self.parts {
+            let (ty, rows, cols) = (p.m.ggml_type(), p.m.rows, p.m.cols);
+            p.cfg = match tiles.get(rows, cols) {
+                Some(cfg) => {
+                    cfg.check(self.head)?;
+                    cfg
+                }
+                None => QuantGemvConfig::for_step(ty, rows, cols, self.head)?,
+            };
+        }
+        Ok(())
     }
 
     /// Bytes one GEMV reads from the quantized arrays.
@@ -220,7 +245,7 @@ pub(crate) fn fused(
 ) -> Result<Matrix> {
     if !quant.is_empty() && quant.iter().all(Option::is_some) {
         let blocks: Vec<&PackedMatrix> = quant.iter().map(|m| m.expect("checked")).collect();
-        return Ok(Matrix::Quant(QuantMatrix::upload(dev, &blocks)?));
+        return Ok(Matrix::Quant(QuantMatrix::upload(dev, &blocks, false)?));
     }
     Ok(Matrix::Dense(dev.upload(&dense.concat())?))
 }

@@ -340,6 +340,26 @@ impl Decoder {
         Ok(())
     }
 
+    /// Re-chooses the launch configuration of every quantized matrix: the one `tiles`
+    /// names for its shape, else [`crate::gguf::device::QuantGemvConfig::for_step`]'s
+    /// (for measuring configurations inside the step: `tilefuse bench --quant-tiles`).
+    /// Drops a captured graph. Every configuration computes the same function; only
+    /// the rounding order of sums may differ.
+    pub fn set_quant_tiles(&mut self, tiles: &crate::gguf::device::QuantTiles) -> Result<()> {
+        self.graph = None;
+        for l in &mut self.layers {
+            for m in [&mut l.qkv_w, &mut l.o_w, &mut l.gate_up_w, &mut l.down_w] {
+                if let Matrix::Quant(q) = m {
+                    q.set_tiles(tiles)?;
+                }
+            }
+        }
+        if let Some(q) = &mut self.quant_head {
+            q.set_tiles(tiles)?;
+        }
+        Ok(())
+    }
+
     /// Kernel launches per step.
     pub fn kernels_per_step(&self) -> usize {
         Block::ALL.iter().map(|&b| self.launches(b)).sum()
@@ -369,6 +389,11 @@ impl Decoder {
             Block::Down => self.layers.iter().map(|l| l.down_w.launches()).sum(),
             _ => self.cfg.num_layers,
         }
+    }
+
+    /// Whether the LM head is read quantized.
+    pub fn has_quant_head(&self) -> bool {
+        self.quant_head.is_some()
     }
 
     /// Whether any projection or the LM head is read quantized.

@@ -90,7 +90,7 @@ impl DeviceWeights {
             });
         }
         let quant_head = match &quant.lm_head {
-            Some(m) => Some(QuantMatrix::upload(dev, &[m])?),
+            Some(m) => Some(QuantMatrix::upload(dev, &[m], true)?),
             None => None,
         };
         Ok(DeviceWeights {

@@ -42,40 +42,94 @@ impl QuantGemvConfig {
         v
     }
 
-    /// The decode step's configuration for a `[rows, cols]` matrix of type `ty`.
+    /// The decode step's configuration for a `[rows, cols]` matrix of type `ty`
+    /// (measured inside the step, docs/perf.md "The quantized LM head and the step's
+    /// tiles"; the kernels alone, "Scale loads in the weight tile's layout"):
     ///
-    /// 8 rows of 1024-column tiles over 4 warps: the best or within 6% of the best of
-    /// every compiled configuration alone at Qwen3-8B's shapes, and inside the step
-    /// better than 16 rows of 512 columns, the best for 8B's gate/up alone (H200,
-    /// docs/perf.md "Int8 activations and `dot4`"); the small wide matrices (O and down
-    /// of 1024 rows) take 4 rows of 2048-column tiles over 8 warps, which keep the grid
-    /// over the SMs.
+    /// - fewer than 2048 rows (Qwen3-0.6B's O and down, a K/V run): 4 rows of
+    ///   2048-column tiles over 8 warps when the rows are longer than 1024 (the grid
+    ///   stays over the SMs), else 8 rows of 1024 columns over 4 warps;
+    /// - 16384 rows or more (Qwen3-8B's gate/up): 16 rows of 1024 columns over 4 warps
+    ///   (1.9% off the 8B step; at 0.6B's 6144 rows, +0.4%);
+    /// - as long as tall or longer (8B's O and down): 8 rows of 1024 columns over 8
+    ///   warps (down 1.4% off the 8B step);
+    /// - else (QKV) 8 rows of 1024 columns over 4 warps.
     ///
-    /// `TILEFUSE_QUANT_TILE=n,k,warps` replaces the choice for matrices of 2048 rows or
-    /// more (for measuring a configuration inside the decode step; a configuration that
-    /// is not compiled is an error at launch).
+    /// The environment's overrides are applied by [`QuantGemvConfig::for_step`].
     pub fn for_shape(_ty: GgmlType, rows: usize, cols: usize) -> QuantGemvConfig {
-        if rows >= 2048 {
-            if let Some(cfg) = std::env::var("TILEFUSE_QUANT_TILE")
-                .ok()
-                .and_then(|v| Self::parse(&v))
-            {
-                return cfg;
+        let (block_n, block_k, num_warps) = if rows < 2048 {
+            if cols > 1024 {
+                (4, 2048, 8)
+            } else {
+                (8, 1024, 4)
             }
-        }
-        if rows < 2048 && cols > 1024 {
-            QuantGemvConfig {
-                block_n: 4,
-                block_k: 2048,
-                num_warps: 8,
-            }
+        } else if rows >= 16384 {
+            (16, 1024, 4)
+        } else if cols >= rows {
+            (8, 1024, 8)
         } else {
-            QuantGemvConfig {
-                block_n: 8,
-                block_k: 1024,
-                num_warps: 4,
+            (8, 1024, 4)
+        };
+        QuantGemvConfig {
+            block_n,
+            block_k,
+            num_warps,
+        }
+    }
+
+    /// An LM head's configuration: 16 rows of 1024-column tiles over 4 warps, the best
+    /// of the head's compiled configurations inside the step at Qwen3-0.6B's and
+    /// Qwen3-8B's vocabulary (151936 rows; 8 rows: 1.2% slower at 0.6B, 8 warps
+    /// 2-5%), with half the greedy candidates of 8 rows for `argmax_finish`.
+    pub const HEAD: QuantGemvConfig = QuantGemvConfig {
+        block_n: 16,
+        block_k: 1024,
+        num_warps: 4,
+    };
+
+    /// [`QuantGemvConfig::for_shape`]'s choice (`head`: for an LM head), unless the
+    /// environment overrides it, for measuring configurations inside the decode step:
+    /// `TILEFUSE_QUANT_TILES` ([`QuantTiles`]: per shape, first) or
+    /// `TILEFUSE_QUANT_TILE=n,k,warps` (every matrix of 2048 rows or more). A malformed
+    /// or uncompiled override is an error naming it.
+    pub fn for_step(ty: GgmlType, rows: usize, cols: usize, head: bool) -> Result<QuantGemvConfig> {
+        if let Some(tiles) = QuantTiles::from_env()? {
+            if let Some(cfg) = tiles.get(rows, cols) {
+                cfg.check(head)?;
+                return Ok(cfg);
             }
         }
+        if rows >= 2048 {
+            if let Ok(v) = std::env::var("TILEFUSE_QUANT_TILE") {
+                let cfg = Self::parse(&v).ok_or_else(|| crate::error::EngineError::Option {
+                    message: format!("TILEFUSE_QUANT_TILE=`{v}`: expected `n,k,warps`"),
+                })?;
+                cfg.check(head)?;
+                return Ok(cfg);
+            }
+        }
+        Ok(if head {
+            Self::HEAD
+        } else {
+            Self::for_shape(ty, rows, cols)
+        })
+    }
+
+    /// An error unless this configuration is compiled (for an LM head: and its
+    /// tiles are at most 1024 columns, the head variant's longest).
+    pub fn check(&self, head: bool) -> Result<()> {
+        if !Self::all().contains(self) || (head && self.block_k > 1024) {
+            return Err(crate::error::EngineError::Option {
+                message: format!(
+                    "quantized GEMV configuration {},{},{}{} is not compiled (QuantGemvConfig::all)",
+                    self.block_n,
+                    self.block_k,
+                    self.num_warps,
+                    if head { " for an LM head" } else { "" }
+                ),
+            });
+        }
+        Ok(())
     }
 
     /// `n,k,warps` as a configuration.
@@ -88,7 +142,7 @@ impl QuantGemvConfig {
             &[block_n, block_k, num_warps] => Some(QuantGemvConfig {
                 block_n,
                 block_k,
-                num_warps: num_warps as u32,
+                num_warps: u32::try_from(num_warps).ok()?,
             }),
             _ => None,
         }
@@ -109,6 +163,59 @@ impl Default for QuantGemvConfig {
             block_k: 512,
             num_warps: 4,
         }
+    }
+}
+
+/// Launch configurations per matrix shape, for measuring choices inside the decode
+/// step: `ROWSxCOLS=n,k,warps` entries separated by `;` (e.g.
+/// `4096x4096=8,1024,8;151936x4096=16,1024,4`), each for every quantized matrix (or
+/// run of rows of one type) of that shape. The environment's `TILEFUSE_QUANT_TILES`
+/// ([`QuantGemvConfig::for_step`]), and `tilefuse bench --quant-tiles`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct QuantTiles {
+    /// `(rows, cols, configuration)`, in the order given (the first match wins).
+    pub entries: Vec<(usize, usize, QuantGemvConfig)>,
+}
+
+impl QuantTiles {
+    /// Parses `ROWSxCOLS=n,k,warps[;...]` (empty entries are skipped); an error names
+    /// the entry that does not parse.
+    pub fn parse(spec: &str) -> Result<QuantTiles> {
+        let mut entries = Vec::new();
+        for entry in spec.split(';').map(str::trim).filter(|e| !e.is_empty()) {
+            let bad = || crate::error::EngineError::Option {
+                message: format!("quantized tile `{entry}`: expected `ROWSxCOLS=n,k,warps`"),
+            };
+            let (shape, cfg) = entry.split_once('=').ok_or_else(bad)?;
+            let (rows, cols) = shape.split_once('x').ok_or_else(bad)?;
+            let rows: usize = rows.trim().parse().map_err(|_| bad())?;
+            let cols: usize = cols.trim().parse().map_err(|_| bad())?;
+            let cfg = QuantGemvConfig::parse(cfg).ok_or_else(bad)?;
+            entries.push((rows, cols, cfg));
+        }
+        Ok(QuantTiles { entries })
+    }
+
+    /// `TILEFUSE_QUANT_TILES`, parsed, if set.
+    pub fn from_env() -> Result<Option<QuantTiles>> {
+        match std::env::var("TILEFUSE_QUANT_TILES") {
+            Ok(v) => {
+                QuantTiles::parse(&v)
+                    .map(Some)
+                    .map_err(|e| crate::error::EngineError::Option {
+                        message: format!("TILEFUSE_QUANT_TILES: {e}"),
+                    })
+            }
+            Err(_) => Ok(None),
+        }
+    }
+
+    /// The configuration given for `[rows, cols]`, if any.
+    pub fn get(&self, rows: usize, cols: usize) -> Option<QuantGemvConfig> {
+        self.entries
+            .iter()
+            .find(|&&(r, c, _)| r == rows && c == cols)
+            .map(|&(_, _, cfg)| cfg)
     }
 }
 
@@ -517,5 +624,89 @@ impl QuantSpare {
     /// The activation buffers (`xq`, `xd`), for reading back in tests.
     pub fn activation(&self) -> (&Buffer<i32>, &Buffer<f32>) {
         (&self.xq, &self.xd)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_step_picks_compiled_configurations() {
+        // Qwen3-0.6B's and Qwen3-8B's shapes (and the runs of one type in them).
+        let shapes = [
+            (4096, 1024),
+            (3072, 1024),
+            (1024, 1024),
+            (1024, 2048),
+            (6144, 1024),
+            (1024, 3072),
+            (6144, 4096),
+            (5120, 4096),
+            (1024, 4096),
+            (4096, 4096),
+            (24576, 4096),
+            (4096, 12288),
+        ];
+        for ty in [GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K] {
+            for (rows, cols) in shapes {
+                let cfg = QuantGemvConfig::for_shape(ty, rows, cols);
+                assert!(cfg.check(false).is_ok(), "{ty} {rows}x{cols}: {cfg:?}");
+            }
+        }
+        assert!(QuantGemvConfig::HEAD.check(true).is_ok());
+        let tall = QuantGemvConfig::for_shape(GgmlType::Q4_K, 24576, 4096);
+        assert_eq!((tall.block_n, tall.num_warps), (16, 4));
+        let wide = QuantGemvConfig::for_shape(GgmlType::Q4_K, 4096, 12288);
+        assert_eq!((wide.block_n, wide.num_warps), (8, 8));
+        // Qwen3-0.6B's gate/up keeps 8 rows (16 measured 0.4% slower there).
+        assert_eq!(
+            QuantGemvConfig::for_shape(GgmlType::Q4_K, 6144, 1024).block_n,
+            8
+        );
+        // Long tiles are not compiled for the head's variant, nor 32 rows of 1024.
+        let long = QuantGemvConfig {
+            block_n: 4,
+            block_k: 2048,
+            num_warps: 8,
+        };
+        assert!(long.check(false).is_ok());
+        let e = long.check(true).unwrap_err().to_string();
+        assert!(e.contains("4,2048,8") && e.contains("LM head"), "{e}");
+        let e = QuantTiles::parse("100x100=32,1024,4").unwrap().entries[0]
+            .2
+            .check(false)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("32,1024,4"), "{e}");
+    }
+
+    #[test]
+    fn tiles_per_shape_parse_or_name_the_bad_entry() {
+        let t = QuantTiles::parse(" 4096x4096=8,1024,8 ; ;24576x4096=16,1024,4").unwrap();
+        assert_eq!(t.entries.len(), 2);
+        assert_eq!(t.get(24576, 4096).map(|c| c.block_n), Some(16));
+        assert_eq!(t.get(4096, 4096).map(|c| c.num_warps), Some(8));
+        assert_eq!(t.get(4096, 1024), None);
+        for bad in [
+            "4096x4096",
+            "4096=8,1024,8",
+            "4096x4096=8,1024",
+            "4096x4096=8,x,4",
+        ] {
+            let e = QuantTiles::parse(bad).unwrap_err().to_string();
+            assert!(e.contains(bad), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn quantized_heads_are_read_quantized_unless_the_environment_says_no() {
+        use crate::gguf::quant::head_policy;
+        for ty in [GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K] {
+            assert!(head_policy(ty, None), "{ty}");
+            assert!(head_policy(ty, Some("1")), "{ty}");
+            assert!(!head_policy(ty, Some("0")), "{ty}");
+        }
+        assert!(!head_policy(GgmlType::F16, None));
     }
 }

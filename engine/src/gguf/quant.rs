@@ -250,14 +250,26 @@ pub fn dequantize(ty: GgmlType, bytes: &[u8], numel: usize, name: &str) -> Resul
     Ok(out)
 }
 
-/// Whether an LM head stored as `ty` is read quantized by the decode step (else it is
-/// dequantized to bf16 at load). Q8_0: yes, it streams faster than bf16. Q4_K and Q6_K:
-/// no: with the GEMVs that dequantized to f32 the Q6_K head took twice the bf16 head's
-/// time (docs/perf.md, "Quantized weights in the decode step"; not measured since the
-/// GEMVs take int8 activations), unless the environment sets `TILEFUSE_QUANT_HEAD=1`
-/// (for measuring them in the step).
+/// Whether an LM head stored as `ty` (a quantized type) is read quantized by the
+/// decode step, else dequantized to bf16 at load: [`head_policy`] with the
+/// environment's `TILEFUSE_QUANT_HEAD`.
 pub fn head_reads_quantized(ty: GgmlType) -> bool {
-    ty == GgmlType::Q8_0 || std::env::var("TILEFUSE_QUANT_HEAD").is_ok_and(|v| v == "1")
+    head_policy(ty, std::env::var("TILEFUSE_QUANT_HEAD").ok().as_deref())
+}
+
+/// Whether an LM head stored as `ty` is read quantized, given the value of
+/// `TILEFUSE_QUANT_HEAD` (`1`: every quantized type; `0`: none; else the default).
+/// By default every type the GEMVs read (Q8_0, Q4_K, Q6_K) is: with int8 activations
+/// and `dot4` the Q6_K head of a Q4_K_M file makes the step 7-9% faster than the same
+/// rows dequantized to bf16 (Qwen3-0.6B and Qwen3-8B, docs/perf.md "The quantized LM
+/// head and the step's tiles"; with the older GEMVs that dequantized to f32 it was
+/// twice the bf16 head's time).
+pub fn head_policy(ty: GgmlType, env: Option<&str>) -> bool {
+    match env {
+        Some("1") => true,
+        Some("0") => false,
+        _ => matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_K | GgmlType::Q6_K),
+    }
 }
 
 /// A quantized `[rows, cols]` matrix in the device layout (see the module docs).
