@@ -53,7 +53,11 @@ fn matmul<const BM: usize, const BN: usize, const BK: usize, const GROUP_M: usiz
         pb += BK * n;
     }
     let mask = (rm < m).expand_dims(1) & (rn < n).expand_dims(0);
-    store(c + rm.expand_dims(1) * n + rn.expand_dims(0), acc as bf16, mask);
+    store(
+        c + rm.expand_dims(1) * n + rn.expand_dims(0),
+        acc as bf16,
+        mask,
+    );
 }
 
 fn launch(
@@ -97,12 +101,21 @@ fn host_matmul(a: &[bf16], b: &[bf16], (m, n, k): (usize, usize, usize)) -> Vec<
 fn main() -> anyhow::Result<()> {
     let dev = Device::auto();
     let mut rng = Rng::new(3);
-    let divisible = MATMUL.variants[0].divisible_form.map(|f| f.assumes_divisible);
-    println!("divisible form compiled: {divisible:?} (bit i: parameter i assumed a multiple of 16)");
+    let divisible = MATMUL.variants[0]
+        .divisible_form
+        .map(|f| f.assumes_divisible);
+    println!(
+        "divisible form compiled: {divisible:?} (bit i: parameter i assumed a multiple of 16)"
+    );
     // n and k multiples of 16 (the divisible form), then not (the plain one); M, N and K
     // off the tile, K below one tile.
     let shapes: &[(usize, usize, usize)] = if dev.is_cuda() {
-        &[(300, 272, 208), (129, 48, 16), (300, 270, 200), (77, 33, 13)]
+        &[
+            (300, 272, 208),
+            (129, 48, 16),
+            (300, 270, 200),
+            (77, 33, 13),
+        ]
     } else {
         &[(130, 144, 80), (33, 48, 16), (70, 50, 40), (9, 17, 13)]
     };
@@ -131,8 +144,15 @@ fn main() -> anyhow::Result<()> {
         reps: 20,
     };
     let specialize = std::env::var("TILEFUSE_SPECIALIZE").map_or(true, |v| v != "0");
-    println!("\n{} (TILEFUSE_SPECIALIZE {})", info.name, if specialize { "on" } else { "0" });
-    println!("| GEMM (M x N x K) | tutorial, {} form | cuBLAS | % |", if specialize { "divisible" } else { "plain" });
+    println!(
+        "\n{} (TILEFUSE_SPECIALIZE {})",
+        info.name,
+        if specialize { "on" } else { "0" }
+    );
+    println!(
+        "| GEMM (M x N x K) | tutorial, {} form | cuBLAS | % |",
+        if specialize { "divisible" } else { "plain" }
+    );
     println!("|---|---|---|---|");
     for (m, n, k) in [(4096, 4096, 4096), (512, 4096, 1024), (512, 1024, 3072)] {
         let sets = rotation_sets(2 * (m * k + k * n + m * n), info.l2_bytes).min(8);
@@ -144,7 +164,11 @@ fn main() -> anyhow::Result<()> {
         let mut want = dev.alloc_filled(m * n, bf16::NAN)?;
         blas.gemm_bf16(&a[0], &b[0], &mut want, m, n, k)?;
         launch(&dev, &a[0], &b[0], &mut c[0], (m, n, k))?;
-        let want: Vec<f64> = want.to_vec()?.iter().map(|x| f64::from(x.to_f32())).collect();
+        let want: Vec<f64> = want
+            .to_vec()?
+            .iter()
+            .map(|x| f64::from(x.to_f32()))
+            .collect();
         let err = rel_err(&c[0].to_vec()?, &want);
         anyhow::ensure!(err < 1e-2, "{m}x{n}x{k}: rel err {err:.2e} against cuBLAS");
         let flop = 2.0 * (m * n * k) as f64;
