@@ -439,6 +439,9 @@ fn expand_one(
     let mut written: Vec<usize> = Vec::new();
     let mut variants = Vec::new();
     let specs = ast.specializations();
+    // With several `num_stages` values, a back-end error (a ring that overflows shared
+    // memory) names the depth it came from and how to leave that variant out.
+    let stage_axis = ast.num_stages.len() > 1;
     for spec in &specs {
         let (result, spans) = tilefuse_dsl::compile_with_spans(ast, spec);
         let kernel = match result {
@@ -447,6 +450,22 @@ fn expand_one(
                 push_error(spans.span(e.loc), e.message);
                 continue;
             }
+        };
+        let back_error = |message: String| {
+            if !stage_axis {
+                return message;
+            }
+            let at: Vec<String> = spec
+                .consts
+                .iter()
+                .map(|(n, v)| format!("{n} = {v}"))
+                .chain([format!("num_warps = {}", spec.num_warps)])
+                .collect();
+            format!(
+                "{message} (with num_stages = {stages}: leave it out with `skip({}, num_stages = {stages})`)",
+                at.join(", "),
+                stages = kernel.num_stages,
+            )
         };
         for p in kernel.written_params() {
             if !written.contains(&p) {
@@ -470,7 +489,7 @@ fn expand_one(
                     ptx_text.push(p.ptx);
                 }
                 Err(e) => {
-                    push_error(spans.span(e.loc), e.message);
+                    push_error(spans.span(e.loc), back_error(e.message));
                     ptx_text.push(String::new());
                 }
             }
@@ -485,7 +504,7 @@ fn expand_one(
                     sm90a_text = p.ptx;
                 }
                 Ok(_) => {}
-                Err(e) => push_error(spans.span(e.loc), e.message),
+                Err(e) => push_error(spans.span(e.loc), back_error(e.message)),
             }
         }
         let consts: Vec<i64> = spec.consts.iter().map(|(_, v)| *v).collect();
@@ -495,11 +514,13 @@ fn expand_one(
             embedded_ptx(krate, &sm90a_text),
         );
         let num_warps = spec.num_warps;
+        let num_stages = kernel.num_stages;
         let [cx, cy, cz] = kernel.cluster;
         variants.push(quote! {
             #krate::runtime::Variant {
                 consts: &[#(#consts),*],
                 num_warps: #num_warps,
+                num_stages: #num_stages,
                 ptx_sm80: #sm80,
                 ptx_sm90: #sm90,
                 ptx_sm90a: #sm90a,
@@ -564,13 +585,22 @@ fn expand_one(
             });
             quote!(<#(#type_args,)* #(#lits),*>)
         };
-        let warps: Vec<u32> = specs
+        let same_consts: Vec<&tilefuse_dsl::Specialization> = specs
             .iter()
             .filter(|s| s.consts.iter().map(|(_, v)| *v).collect::<Vec<_>>() == consts)
-            .map(|s| s.num_warps)
             .collect();
+        let mut warps: Vec<u32> = same_consts.iter().map(|s| s.num_warps).collect();
+        warps.dedup();
+        let mut stages: Vec<u32> = same_consts.iter().filter_map(|s| s.num_stages).collect();
+        stages.sort_unstable();
+        stages.dedup();
+        let stages_doc = if stage_axis {
+            format!("; num_stages: {stages:?}, chosen by `cfg`")
+        } else {
+            String::new()
+        };
         let doc = format!(
-            "Launches `{name_str}` with {} on `dev` (compiled num_warps: {warps:?}; the first is the default).",
+            "Launches `{name_str}` with {} on `dev` (compiled num_warps: {warps:?}; the first is the default{stages_doc}).",
             if consts.is_empty() {
                 "no constants".to_string()
             } else {

@@ -8,8 +8,9 @@
 //! multiples of 16 elements (checked at launch; it gives 16-byte loads and stores).
 //! `dot` keeps the accumulator in tensor-core registers across the loop and reads its
 //! operands from swizzled shared memory with `ldmatrix`; the operand loads are pipelined
-//! three stages deep with `cp.async` (`num_stages = [3]`; docs/language.md, "`dot` on
-//! tensor cores").
+//! three stages deep with `cp.async` (`num_stages`; docs/language.md, "`dot` on tensor
+//! cores"), and the 128 x 128 and 64 x 128 tiles are compiled 4 and 5 stages deep too
+//! ([`MatmulConfig::num_stages`] picks the variant).
 //!
 //! ```no_run
 //! use tilefuse::kernels::matmul::{launch, MatmulConfig};
@@ -73,9 +74,12 @@ fn matmul_tile<const BM: usize, const BN: usize, const BK: usize, const GROUP_M:
 
 /// bf16 `C`. Compiled tile configurations `(BM, BN, BK, num_warps)`: (128, 256, 64, 8),
 /// (128, 128, 64, 8), (128, 128, 32, 4), (128, 64, 64, 8), (64, 128, 64, 4),
-/// (64, 128, 32, 4), (64, 64, 64, 4), (64, 64, 32, 4); `GROUP_M = 8`, 3 stages (on Hopper's `wgmma` path the ring holds
-/// 4: docs/language.md, "On Hopper: `wgmma`"). (128 x 128 x 64 on 4 warps is left out:
-/// ptxas spills on sm_80.)
+/// (64, 128, 32, 4), (64, 64, 64, 4), (64, 64, 32, 4); `GROUP_M = 8`, 3 stages (on
+/// Hopper's `wgmma` path the ring holds a buffer more: docs/language.md, "On Hopper:
+/// `wgmma`"), and 4 and 5 stages for (128, 128, 64, 8) and (64, 128, 64, 4), the tiles
+/// of the prefill shapes whose programs wait on their loads (docs/perf.md, "Deeper rings
+/// for the unsplit GEMM"). (128 x 128 x 64 on 4 warps is left out: ptxas spills on
+/// sm_80; 128 x 256 x 64 has no room for a deeper ring.)
 #[kernel(
     crate = crate::dsl,
     BM = [128, 64],
@@ -83,7 +87,7 @@ fn matmul_tile<const BM: usize, const BN: usize, const BK: usize, const GROUP_M:
     BK = [64, 32],
     GROUP_M = [8],
     num_warps = [8, 4],
-    num_stages = [3],
+    num_stages = [3, 4, 5],
     skip(BM = 64, BN = 256),
     skip(BM = 64, num_warps = 8),
     skip(BM = 128, BN = 64, BK = 32),
@@ -91,7 +95,9 @@ fn matmul_tile<const BM: usize, const BN: usize, const BK: usize, const GROUP_M:
     skip(BN = 256, BK = 32),
     skip(BN = 256, num_warps = 4),
     skip(BM = 128, BN = 128, BK = 64, num_warps = 4),
-    skip(BM = 128, BN = 128, BK = 32, num_warps = 8)
+    skip(BM = 128, BN = 128, BK = 32, num_warps = 8),
+    skip(BN = [256, 64], num_stages = [4, 5]),
+    skip(BK = 32, num_stages = [4, 5])
 )]
 pub fn matmul<const BM: usize, const BN: usize, const BK: usize, const GROUP_M: usize>(
     a: Ptr<bf16>,
@@ -113,7 +119,7 @@ pub fn matmul<const BM: usize, const BN: usize, const BK: usize, const GROUP_M: 
     BK = [64, 32],
     GROUP_M = [8],
     num_warps = [8, 4],
-    num_stages = [3],
+    num_stages = [3, 4, 5],
     skip(BM = 64, BN = 256),
     skip(BM = 64, num_warps = 8),
     skip(BM = 128, BN = 64, BK = 32),
@@ -121,7 +127,9 @@ pub fn matmul<const BM: usize, const BN: usize, const BK: usize, const GROUP_M: 
     skip(BN = 256, BK = 32),
     skip(BN = 256, num_warps = 4),
     skip(BM = 128, BN = 128, BK = 64, num_warps = 4),
-    skip(BM = 128, BN = 128, BK = 32, num_warps = 8)
+    skip(BM = 128, BN = 128, BK = 32, num_warps = 8),
+    skip(BN = [256, 64], num_stages = [4, 5]),
+    skip(BK = 32, num_stages = [4, 5])
 )]
 pub fn matmul_f32<const BM: usize, const BN: usize, const BK: usize, const GROUP_M: usize>(
     a: Ptr<bf16>,
@@ -276,6 +284,10 @@ pub struct MatmulConfig {
     pub num_warps: u32,
     /// Tile rows per group of the program ordering.
     pub group_m: usize,
+    /// Pipelining depth of the unsplit kernels' operand loads: 3, or 4 and 5 for the
+    /// tiles compiled that deep (see [`matmul`]). The split-K kernels have their own
+    /// (5, [`SPLIT_CONFIGS`]) and ignore it.
+    pub num_stages: u32,
 }
 
 impl MatmulConfig {
@@ -288,7 +300,7 @@ impl MatmulConfig {
     /// 64 x 128 x 64, 4 warps: the tile [`MatmulPlan::for_shape`] splits K over.
     pub const SPLIT: MatmulConfig = MatmulConfig::new(64, 128, 64, 4);
 
-    /// A configuration with `GROUP_M = 8`.
+    /// A configuration with `GROUP_M = 8` and 3 stages.
     pub const fn new(block_m: usize, block_n: usize, block_k: usize, num_warps: u32) -> Self {
         MatmulConfig {
             block_m,
@@ -296,7 +308,14 @@ impl MatmulConfig {
             block_k,
             num_warps,
             group_m: 8,
+            num_stages: 3,
         }
+    }
+
+    /// This configuration with a `num_stages`-deep ring (it must be compiled: see
+    /// [`matmul`]).
+    pub const fn stages(self, num_stages: u32) -> Self {
+        MatmulConfig { num_stages, ..self }
     }
 
     /// A configuration for an `m x n` output, from the per-shape winners of the sweep in
@@ -497,7 +516,9 @@ pub fn launch<T: MatmulOut>(
             ),
         });
     }
-    let cfg = LaunchConfig::grid(config.grid(m, n)).num_warps(config.num_warps);
+    let cfg = LaunchConfig::grid(config.grid(m, n))
+        .num_warps(config.num_warps)
+        .num_stages(config.num_stages);
     def.launch_dyn(
         dev,
         cfg,
