@@ -318,17 +318,19 @@ impl MatmulConfig {
         MatmulConfig { num_stages, ..self }
     }
 
-    /// A configuration for an `m x n` output, from the per-shape winners of the sweep in
-    /// docs/perf.md ("GEMM on wgmma"; `cargo run --release --example matmul -- --sweep`):
-    /// the 128 x 256 tile from 192 tiles of 128 x 128 up (about 1.5 waves of 132 SMs),
-    /// 128 x 128 x 64 on 8 warps from 96, and 64 x 64 x 64 tiles (four times the
-    /// programs) below that. Measured on Hopper's `wgmma` path; on `mma.sync` (sm_80,
-    /// or `TILEFUSE_SM90A=0`) the same picks are within 12% of the best there. Both
-    /// [`matmul`] and [`matmul_f32`] are compiled with every pick.
+    /// A configuration for an `m x n` output, from the per-shape winners of the sweeps in
+    /// docs/perf.md ("GEMM on wgmma", "Deeper rings for the unsplit GEMM"; `cargo run
+    /// --release --example matmul -- --sweep`): the 128 x 256 tile from 192 tiles of 128
+    /// x 128 up (about 1.5 waves of 132 SMs), 128 x 128 x 64 on 8 warps with a 4-stage
+    /// ring from 96 (9-11% over 3 stages at 512 x 4096 x 1024 and 2048 x 1024 x K), and
+    /// 64 x 64 x 64 tiles (four times the programs) below that. Measured on Hopper's
+    /// `wgmma` path; on `mma.sync` (sm_80, or `TILEFUSE_SM90A=0`) the 3-stage picks were
+    /// within 12% of the best there. Both [`matmul`] and [`matmul_f32`] are compiled
+    /// with every pick.
     pub fn for_shape(m: usize, n: usize) -> MatmulConfig {
         match m.div_ceil(128) * n.div_ceil(128) {
             t if t >= 192 => MatmulConfig::LARGE,
-            t if t >= 96 => MatmulConfig::MEDIUM,
+            t if t >= 96 => MatmulConfig::MEDIUM.stages(4),
             _ => MatmulConfig::SMALL,
         }
     }
@@ -381,6 +383,13 @@ pub const SPLIT_CONFIGS: [MatmulConfig; 4] = [
 /// filling and draining).
 pub const MIN_SLICE_ITERS: usize = 4;
 
+/// A split into only two slices is worth its reduction from this many iterations a
+/// slice: below it, one program a tile of [`MatmulConfig::SPLIT`] with a 5-stage ring
+/// is as fast or faster (docs/perf.md, "Deeper rings for the unsplit GEMM": 512 x 1024
+/// x 2048 on an H100, 199 TFLOP/s unsplit against 182 in two slices of 16 iterations;
+/// 236 both ways at 512 x 1024 x 3072).
+pub const TWO_SLICE_MIN_ITERS: usize = 24;
+
 impl MatmulPlan {
     /// No split: one program per tile of `config`.
     pub const fn tiles(config: MatmulConfig) -> MatmulPlan {
@@ -392,7 +401,9 @@ impl MatmulPlan {
     /// Smaller ones (the wave is mostly empty) split K over 64 x 128 tiles on 4 warps
     /// (one program per SM: its 5-stage ring is 144 KiB) into as many slices as fit the
     /// SMs in one wave, each of at least [`MIN_SLICE_ITERS`] iterations; where that is
-    /// under two slices, 64 x 64 tiles unsplit. From the sweep in docs/perf.md ("GEMM on
+    /// under two slices, 64 x 64 tiles unsplit, and where it is two slices of fewer than
+    /// [`TWO_SLICE_MIN_ITERS`] iterations, the same 64 x 128 tiles unsplit with a
+    /// 5-stage ring. From the sweep in docs/perf.md ("GEMM on
     /// `wgmma` (Hopper)", "Split-K for small outputs"): at 512 x 1024 x 3072 on an H200,
     /// 64 x 128 in
     /// 2 slices ran at 258 TFLOP/s against 166 for the best unsplit tile; more slices
@@ -409,6 +420,9 @@ impl MatmulPlan {
         let splits = by_sms.min(by_k);
         if splits < 2 {
             return MatmulPlan::tiles(MatmulConfig::SMALL);
+        }
+        if splits == 2 && k.div_ceil(cfg.block_k) < 2 * TWO_SLICE_MIN_ITERS {
+            return MatmulPlan::tiles(cfg.stages(5));
         }
         MatmulPlan {
             config: cfg,

@@ -144,13 +144,16 @@ impl PrefillPlan {
         }
         let plan = if dev.is_cuda() {
             PrefillPlan {
-                qkv: TileChoice::gemm(64, 64, 64, 4),
+                // 4-stage rings for every GEMM (512 tokens 3.56 -> 3.40 ms, 2048 tokens
+                // 11.49 -> 11.15 ms on an H100; docs/perf.md "Deeper rings for the
+                // unsplit GEMM"); a split launch keeps the split kernel's 5 stages.
+                qkv: TileChoice::gemm(64, 64, 64, 4).stages(4),
                 // K split in two where the output's tiles leave half the SMs idle
                 // (512-token chunks: 3.83 -> 3.41 ms TTFT, docs/perf.md "Split-K in
                 // the prefill"); longer chunks fill a wave and stay unsplit.
-                o_proj: TileChoice::gemm(128, 64, 64, 8).split(2),
-                gate_up: TileChoice::gemm(64, 64, 64, 4),
-                down: TileChoice::gemm(128, 64, 64, 8).split(2),
+                o_proj: TileChoice::gemm(128, 64, 64, 8).split(2).stages(4),
+                gate_up: TileChoice::gemm(64, 64, 64, 4).stages(4),
+                down: TileChoice::gemm(128, 64, 64, 8).split(2).stages(4),
                 attention: TileChoice::attention(d, 128, 64, 8),
                 attention_short: TileChoice::attention(d, 64, 64, 8),
             }
