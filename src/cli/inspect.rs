@@ -197,7 +197,14 @@ fn inspect_one(
     out: &mut String,
 ) -> anyhow::Result<()> {
     let spec = specialization(args, k)?;
-    let listed = k.ast.specializations().contains(&spec);
+    // Unnamed, the depth is the first listed one (as the compiler takes it).
+    let resolved = Specialization {
+        num_stages: spec
+            .num_stages
+            .or_else(|| k.ast.num_stages.first().copied()),
+        ..spec.clone()
+    };
+    let listed = k.ast.specializations().contains(&resolved);
     let (kernel, spans) = k.compile(&spec).map_err(|e| {
         anyhow!(
             "{file}: kernel `{}` ({}): {}",
