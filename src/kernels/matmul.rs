@@ -9,7 +9,7 @@
 //! `dot` keeps the accumulator in tensor-core registers across the loop and reads its
 //! operands from swizzled shared memory with `ldmatrix`; the operand loads are pipelined
 //! three stages deep with `cp.async` (`num_stages`; docs/language.md, "`dot` on tensor
-//! cores"), and the 128 x 128 and 64 x 128 tiles are compiled 4 and 5 stages deep too
+//! cores"), the 128 x 128 tile 4 and 5 stages deep too and the 64 x 128 one 5
 //! ([`MatmulConfig::num_stages`] picks the variant).
 //!
 //! ```no_run
@@ -76,9 +76,9 @@ fn matmul_tile<const BM: usize, const BN: usize, const BK: usize, const GROUP_M:
 /// (128, 128, 64, 8), (128, 128, 32, 4), (128, 64, 64, 8), (64, 128, 64, 4),
 /// (64, 128, 32, 4), (64, 64, 64, 4), (64, 64, 32, 4); `GROUP_M = 8`, 3 stages (on
 /// Hopper's `wgmma` path the ring holds a buffer more: docs/language.md, "On Hopper:
-/// `wgmma`"), and 4 and 5 stages for (128, 128, 64, 8) and (64, 128, 64, 4), the tiles
-/// of the prefill shapes whose programs wait on their loads (docs/perf.md, "Deeper rings
-/// for the unsplit GEMM"). (128 x 128 x 64 on 4 warps is left out: ptxas spills on
+/// `wgmma`"), and 4 and 5 stages for (128, 128, 64, 8), 5 for (64, 128, 64, 4): the
+/// tiles of the prefill shapes whose programs wait on their loads (docs/perf.md, "Deeper
+/// rings for the unsplit GEMM"; 64 x 128 at 4 stages lost to both 3 and 5 there). (128 x 128 x 64 on 4 warps is left out: ptxas spills on
 /// sm_80; 128 x 256 x 64 has no room for a deeper ring.)
 #[kernel(
     crate = crate::dsl,
@@ -97,7 +97,8 @@ fn matmul_tile<const BM: usize, const BN: usize, const BK: usize, const GROUP_M:
     skip(BM = 128, BN = 128, BK = 64, num_warps = 4),
     skip(BM = 128, BN = 128, BK = 32, num_warps = 8),
     skip(BN = [256, 64], num_stages = [4, 5]),
-    skip(BK = 32, num_stages = [4, 5])
+    skip(BK = 32, num_stages = [4, 5]),
+    skip(BM = 64, num_stages = 4)
 )]
 pub fn matmul<const BM: usize, const BN: usize, const BK: usize, const GROUP_M: usize>(
     a: Ptr<bf16>,
@@ -129,7 +130,8 @@ pub fn matmul<const BM: usize, const BN: usize, const BK: usize, const GROUP_M: 
     skip(BM = 128, BN = 128, BK = 64, num_warps = 4),
     skip(BM = 128, BN = 128, BK = 32, num_warps = 8),
     skip(BN = [256, 64], num_stages = [4, 5]),
-    skip(BK = 32, num_stages = [4, 5])
+    skip(BK = 32, num_stages = [4, 5]),
+    skip(BM = 64, num_stages = 4)
 )]
 pub fn matmul_f32<const BM: usize, const BN: usize, const BK: usize, const GROUP_M: usize>(
     a: Ptr<bf16>,
@@ -284,8 +286,8 @@ pub struct MatmulConfig {
     pub num_warps: u32,
     /// Tile rows per group of the program ordering.
     pub group_m: usize,
-    /// Pipelining depth of the unsplit kernels' operand loads: 3, or 4 and 5 for the
-    /// tiles compiled that deep (see [`matmul`]). The split-K kernels have their own
+    /// Pipelining depth of the unsplit kernels' operand loads: 3, or 4 and 5 where
+    /// compiled (see [`matmul`]). The split-K kernels have their own
     /// (5, [`SPLIT_CONFIGS`]) and ignore it.
     pub num_stages: u32,
 }

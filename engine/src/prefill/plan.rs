@@ -178,7 +178,7 @@ impl PrefillPlan {
     /// `down` with `TILE` as `MxNxK/W` (`BLOCK_M x BLOCK_N x BLOCK_K`, warps; a GEMM
     /// may add `/P` for the variant pipelined `P` stages deep, and `qkv`, `o` and
     /// `down` `:S` for split-K into at most `S` slices, e.g. `o=128x64x64/8:2`,
-    /// `qkv=64x64x64/4/5`), or `attention` or `attention_short` with `TILE` as `MxN/W`
+    /// `qkv=64x64x64/4/4`), or `attention` or `attention_short` with `TILE` as `MxN/W`
     /// (query rows x keys, warps; the head dim stays). For example
     /// `qkv=128x64x64/8,attention=64x32/8`.
     /// The result passes
@@ -362,10 +362,10 @@ mod tests {
         assert_eq!(one.down, TileChoice::gemm(64, 64, 64, 8));
         // A pipelining depth picks that variant, and round-trips with the split.
         let staged = cpu
-            .with_tiles("qkv=64x64x64/4/5,gate_up=64x64x64/4/4,o=128x64x64/8/4:2")
+            .with_tiles("qkv=64x64x64/4/4,gate_up=64x64x64/4/3,o=128x64x64/8/4:2")
             .unwrap();
-        assert_eq!(staged.qkv, TileChoice::gemm(64, 64, 64, 4).stages(5));
-        assert_eq!(staged.gate_up, TileChoice::gemm(64, 64, 64, 4).stages(4));
+        assert_eq!(staged.qkv, TileChoice::gemm(64, 64, 64, 4).stages(4));
+        assert_eq!(staged.gate_up, TileChoice::gemm(64, 64, 64, 4).stages(3));
         assert_eq!(
             staged.o_proj,
             TileChoice::gemm(128, 64, 64, 8).split(2).stages(4)
