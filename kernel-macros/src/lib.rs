@@ -814,8 +814,8 @@ fn typed_items(
     );
     let launch_doc = format!(
         "Launches `{name_str}` on `dev` with the variant compiled for `consts` (and \
-         `cfg`'s `num_warps`, else the first compiled for them); an error names the \
-         compiled variants when there is none."
+         `cfg`'s `num_warps` and `num_stages`, else the first compiled for them); an \
+         error names the compiled variants when there is none."
     );
     let values = fields.iter().map(|f| quote!(consts.#f as i64));
     quote! {
