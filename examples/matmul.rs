@@ -23,10 +23,14 @@ use tilefuse::kernels::matmul::{
 };
 use tilefuse::prelude::*;
 
-/// Every configuration both kernels (bf16 and f32 out) are compiled with.
-const CONFIGS: [MatmulConfig; 8] = [
+/// Every configuration both kernels (bf16 and f32 out) are compiled with: every tile 3
+/// stages deep, 128 x 128 x 64 also 4 and 5 deep, 64 x 128 x 64 also 5.
+const CONFIGS: [MatmulConfig; 11] = [
     MatmulConfig::new(128, 256, 64, 8),
     MatmulConfig::new(128, 128, 64, 8),
+    MatmulConfig::new(128, 128, 64, 8).stages(4),
+    MatmulConfig::new(128, 128, 64, 8).stages(5),
+    MatmulConfig::new(64, 128, 64, 4).stages(5),
     MatmulConfig::new(128, 128, 32, 4),
     MatmulConfig::new(128, 64, 64, 8),
     MatmulConfig::new(64, 128, 64, 4),
@@ -198,8 +202,8 @@ fn main() -> anyhow::Result<()> {
             })?;
             let tf = flop / (t.median_us * 1e-6) / 1e12;
             println!(
-                "{m}x{n}x{k} {}x{}x{} w{}: {:.1} us, {tf:.1} TFLOP/s (rel err {err:.1e})",
-                cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps, t.median_us
+                "{m}x{n}x{k} {}x{}x{} w{} s{}: {:.1} us, {tf:.1} TFLOP/s (rel err {err:.1e})",
+                cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps, cfg.num_stages, t.median_us
             );
             if best.is_none_or(|(_, b)| tf > b) {
                 best = Some((cfg, tf));
@@ -258,16 +262,18 @@ fn main() -> anyhow::Result<()> {
         });
         let pc = picked.config;
         table.push(format!(
-            "| {m} x {n} x {k} | {tf:.0} ({}x{}x{}, {} warps) | {split_cell} | {tf_picked:.0} \
-             ({}x{}x{} / {} w, {} slices) | {tf_blas:.0} | {:.0}% |",
+            "| {m} x {n} x {k} | {tf:.0} ({}x{}x{}, {} warps, {} stages) | {split_cell} | \
+             {tf_picked:.0} ({}x{}x{} / {} w / {} s, {} slices) | {tf_blas:.0} | {:.0}% |",
             cfg.block_m,
             cfg.block_n,
             cfg.block_k,
             cfg.num_warps,
+            cfg.num_stages,
             pc.block_m,
             pc.block_n,
             pc.block_k,
             pc.num_warps,
+            pc.num_stages,
             picked.splits,
             100.0 * tf_picked / tf_blas
         ));

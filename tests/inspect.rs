@@ -12,6 +12,7 @@ fn args(file: &str) -> InspectArgs {
         kernel: None,
         consts: Vec::new(),
         num_warps: None,
+        num_stages: None,
         target: TargetArg::Sm80,
         ptx: false,
         layouts: false,

@@ -9,6 +9,7 @@ use tilefuse::dsl::runtime::testing::{gpu_or_skip, gpu_turn};
 use tilefuse::engine::bench::Rng;
 use tilefuse::kernels::matmul::{
     launch_plan, MatmulConfig, MatmulPlan, SplitWorkspace, MIN_SLICE_ITERS, SPLIT_CONFIGS,
+    TWO_SLICE_MIN_ITERS,
 };
 use tilefuse::prelude::*;
 
@@ -17,14 +18,23 @@ const SMS: usize = 132;
 
 #[test]
 fn plan_splits_small_outputs_only() {
-    // Qwen3-0.6B's O and down projections at 512 tokens: 64 tiles of 64 x 128, cut
-    // into 2 slices (128 programs on 132 SMs).
-    for (m, n, k) in [(512, 1024, 2048), (512, 1024, 3072)] {
-        let p = MatmulPlan::for_shape(m, n, k, SMS);
-        assert_eq!(p.config, MatmulConfig::SPLIT, "{m}x{n}x{k}");
-        assert_eq!(p.splits, 2, "{m}x{n}x{k}");
-        assert_eq!(p.programs(m, n), 128);
-    }
+    // Qwen3-0.6B's down projection at 512 tokens: 64 tiles of 64 x 128, cut into 2
+    // slices (128 programs on 132 SMs).
+    let (m, n, k) = (512, 1024, 3072);
+    let p = MatmulPlan::for_shape(m, n, k, SMS);
+    assert_eq!((p.config, p.splits), (MatmulConfig::SPLIT, 2));
+    assert_eq!(p.programs(m, n), 128);
+    // The O projection: two slices would have 16 iterations each, fewer than
+    // TWO_SLICE_MIN_ITERS: the same tile unsplit, 5 stages deep.
+    let p = MatmulPlan::for_shape(512, 1024, 2048, SMS);
+    assert_eq!(p, MatmulPlan::tiles(MatmulConfig::SPLIT.stages(5)));
+    let p = MatmulPlan::for_shape(512, 1024, 64 * (2 * TWO_SLICE_MIN_ITERS - 1), SMS);
+    assert_eq!(p, MatmulPlan::tiles(MatmulConfig::SPLIT.stages(5)));
+    // The tiles 128 x 128 picks from 96 of them run a 4-stage ring.
+    assert_eq!(
+        MatmulConfig::for_shape(512, 4096),
+        MatmulConfig::MEDIUM.stages(4)
+    );
     // Enough tiles: no split, the tile `MatmulConfig::for_shape` picks.
     for (m, n, k) in [
         (4096, 4096, 4096),

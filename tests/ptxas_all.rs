@@ -78,6 +78,11 @@ fn every_kernel_assembles_without_spills() {
                     .iter()
                     .map(|(n, v)| format!("{n}={v}"))
                     .chain([format!("num_warps={}", spec.num_warps)])
+                    .chain(
+                        spec.num_stages
+                            .filter(|_| k.ast.num_stages.len() > 1)
+                            .map(|s| format!("num_stages={s}")),
+                    )
                     .collect();
                 let what = format!(
                     "{}:{} `{}` ({})",

@@ -126,14 +126,16 @@ pub fn prefill_rmsnorm<const B: usize>(
 /// into it.
 ///
 /// Both operand tiles are plain loads in the `k` loop, so they stream through a
-/// three-stage `cp.async` ring.
+/// three-stage `cp.async` ring; the GPU plan's tiles are compiled 4 stages deep too
+/// (`TileChoice::stages`; docs/perf.md, "Deeper rings for the unsplit GEMM": 5 stages
+/// were no faster).
 #[kernel(
     crate = tilefuse_dsl,
     BLOCK_M = [16, 64, 128],
     BLOCK_N = [32, 64, 128],
     BLOCK_K = [32, 64],
     num_warps = [4, 8],
-    num_stages = [3],
+    num_stages = [3, 4],
     // 16 x 32 x 32 over 4 warps: the interpreter's tile (little masked work).
     skip(BLOCK_M = 16, BLOCK_N = [64, 128]),
     skip(BLOCK_M = 16, BLOCK_K = 64),
@@ -142,7 +144,12 @@ pub fn prefill_rmsnorm<const B: usize>(
     // These spill registers (`tests/ptxas_all.rs`; `tilefuse inspect --ptxas`).
     skip(BLOCK_M = 128, BLOCK_N = 128),
     skip(num_warps = 4, BLOCK_M = 128),
-    skip(num_warps = 4, BLOCK_N = 128)
+    skip(num_warps = 4, BLOCK_N = 128),
+    // Deeper rings only for the GPU plan's tiles (64x64x64 / 4, 128x64x64 / 8).
+    skip(BLOCK_M = 16, num_stages = 4),
+    skip(BLOCK_K = 32, num_stages = 4),
+    skip(BLOCK_N = [32, 128], num_stages = 4),
+    skip(BLOCK_M = 64, num_warps = 8, num_stages = 4)
 )]
 pub fn prefill_gemm<const BLOCK_M: usize, const BLOCK_N: usize, const BLOCK_K: usize>(
     a: Ptr<bf16>,
@@ -270,13 +277,14 @@ pub fn prefill_gemm_split<const BLOCK_M: usize, const BLOCK_N: usize, const BLOC
 /// rows. The `A` tile is loaded twice, once for each product: each `dot` then has two
 /// plain loads as operands and both stream through the `cp.async` ring (a tile shared
 /// by two products would go through registers); the second copy comes from L1/L2.
+/// The GPU plan's 64x64x64 / 4 tile is compiled 3 and 4 stages deep.
 #[kernel(
     crate = tilefuse_dsl,
     BLOCK_M = [16, 64, 128],
     BLOCK_N = [32, 64, 128],
     BLOCK_K = [32, 64],
     num_warps = [4, 8],
-    num_stages = [3],
+    num_stages = [3, 4],
     // The interpreter's tile as in `prefill_gemm`; the rest spill registers or sit at
     // the register limit (`tests/ptxas_all.rs`; `tilefuse inspect --ptxas`).
     skip(BLOCK_M = 16, BLOCK_N = [64, 128]),
@@ -285,7 +293,12 @@ pub fn prefill_gemm_split<const BLOCK_M: usize, const BLOCK_N: usize, const BLOC
     skip(BLOCK_N = 32, BLOCK_M = [64, 128]),
     skip(BLOCK_M = 128, num_warps = 4),
     skip(BLOCK_M = 64, BLOCK_N = 128, BLOCK_K = 64, num_warps = 4),
-    skip(BLOCK_M = 128, BLOCK_N = 128, BLOCK_K = 64)
+    skip(BLOCK_M = 128, BLOCK_N = 128, BLOCK_K = 64),
+    // Deeper rings only for the GPU plan's tile (64x64x64 / 4).
+    skip(BLOCK_M = [16, 128], num_stages = 4),
+    skip(BLOCK_K = 32, num_stages = 4),
+    skip(BLOCK_N = [32, 128], num_stages = 4),
+    skip(num_warps = 8, num_stages = 4)
 )]
 pub fn prefill_gate_up<const BLOCK_M: usize, const BLOCK_N: usize, const BLOCK_K: usize>(
     a: Ptr<bf16>,

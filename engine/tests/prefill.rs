@@ -25,16 +25,17 @@ use tilefuse_engine::prefill_kernels::*;
 use tilefuse_engine::reference::argmax;
 use tilefuse_engine::{Checkpoint, EngineError};
 
-/// The GEMM tiles to run: on the interpreter the small one and a 64-row one (the GPU
-/// default's shape class, with heavy masking); every compiled variant on a GPU.
-fn gemm_variants(dev: &Device, def: &KernelDef) -> Vec<(Vec<i64>, u32)> {
+/// The GEMM tiles to run (constants, warps, stages): on the interpreter the small one
+/// and a 64-row one (the GPU default's shape class, with heavy masking); every compiled
+/// variant, each pipelining depth included, on a GPU.
+fn gemm_variants(dev: &Device, def: &KernelDef) -> Vec<(Vec<i64>, u32, u32)> {
     if dev.is_cuda() {
         def.variants
             .iter()
-            .map(|v| (v.consts.to_vec(), v.num_warps))
+            .map(|v| (v.consts.to_vec(), v.num_warps, v.num_stages))
             .collect()
     } else {
-        vec![(vec![16, 32, 32], 4), (vec![64, 64, 32], 4)]
+        vec![(vec![16, 32, 32], 4, 3), (vec![64, 64, 32], 4, 3)]
     }
 }
 
@@ -144,7 +145,7 @@ fn gemm_matches_host() {
             );
             for accumulate in [0i32, 1] {
                 let (want, tol) = gemm_expected(&dots, &b, &x0, n, accumulate != 0);
-                for (consts, warps) in gemm_variants(&dev, &PREFILL_GEMM) {
+                for (consts, warps, stages) in gemm_variants(&dev, &PREFILL_GEMM) {
                     // Without accumulation the old values must not matter: NaN.
                     let mut x = if accumulate != 0 {
                         dev.upload(&x0).unwrap()
@@ -154,7 +155,7 @@ fn gemm_matches_host() {
                     launch(
                         &PREFILL_GEMM,
                         &dev,
-                        gemm_grid(&consts, t, n).num_warps(warps),
+                        gemm_grid(&consts, t, n).num_warps(warps).num_stages(stages),
                         &consts,
                         &mut [
                             (&ad).into(),
@@ -326,12 +327,14 @@ fn gate_up_gemm_matches_host() {
                 }
             }
             let (ad, wd) = (dev.upload(&a).unwrap(), dev.upload(&w).unwrap());
-            for (consts, warps) in gemm_variants(&dev, &PREFILL_GATE_UP) {
+            for (consts, warps, stages) in gemm_variants(&dev, &PREFILL_GATE_UP) {
                 let mut act = dev.alloc_filled(t * inter, bf16::NAN).unwrap();
                 launch(
                     &PREFILL_GATE_UP,
                     &dev,
-                    gemm_grid(&consts, t, inter).num_warps(warps),
+                    gemm_grid(&consts, t, inter)
+                        .num_warps(warps)
+                        .num_stages(stages),
                     &consts,
                     &mut [
                         (&ad).into(),

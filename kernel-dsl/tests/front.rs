@@ -7,6 +7,7 @@ fn spec(consts: &[(&str, i64)], num_warps: u32) -> Specialization {
     Specialization {
         consts: consts.iter().map(|(n, v)| (n.to_string(), *v)).collect(),
         num_warps,
+        num_stages: None,
     }
 }
 
@@ -199,6 +200,72 @@ fn k<const A: usize, const B: usize>(x: Ptr<f32>) {
         .map(|s| (s.consts[0].1, s.consts[1].1))
         .collect();
     assert_eq!(specs, [(1, 8), (1, 16), (1, 32), (2, 8), (4, 8)]);
+}
+
+#[test]
+fn num_stages_is_a_variant_axis() {
+    // Stages vary fastest, after `num_warps`; `skip` names them like `num_warps`.
+    let src = r#"
+#[kernel(B = [8, 16], num_warps = [4, 8], num_stages = [3, 4, 5], skip(B = 16, num_stages = 5), skip(num_warps = 8, num_stages = [3, 4]))]
+fn k<const B: usize>(x: Ptr<f32>) {
+    store(x + arange(0, B), 1.0);
+}
+"#;
+    let found = tilefuse_dsl::front::find_kernels(src).unwrap();
+    let specs: Vec<(i64, u32, Option<u32>)> = found[0]
+        .ast
+        .specializations()
+        .iter()
+        .map(|s| (s.consts[0].1, s.num_warps, s.num_stages))
+        .collect();
+    assert_eq!(
+        specs,
+        [
+            (8, 4, Some(3)),
+            (8, 4, Some(4)),
+            (8, 4, Some(5)),
+            (8, 8, Some(5)),
+            (16, 4, Some(3)),
+            (16, 4, Some(4)),
+        ]
+    );
+
+    // The lowered kernel carries the specialization's depth; `None` is the first listed.
+    let k = compile_source(src, &spec(&[("B", 8)], 4)).unwrap();
+    assert_eq!(k.num_stages, 3);
+    let staged = Specialization {
+        num_stages: Some(5),
+        ..spec(&[("B", 8)], 4)
+    };
+    assert_eq!(compile_source(src, &staged).unwrap().num_stages, 5);
+    // No `num_stages`: the default depth alone.
+    let found = tilefuse_dsl::front::find_kernels(
+        "#[kernel(B = [8])] fn k<const B: usize>(x: Ptr<f32>) { store(x, 1.0); }",
+    )
+    .unwrap();
+    assert_eq!(
+        found[0].ast.num_stages,
+        [tilefuse_dsl::front::DEFAULT_NUM_STAGES]
+    );
+
+    let error = |attr: &str| {
+        let src =
+            format!("#[kernel({attr})] fn k<const B: usize>(x: Ptr<f32>) {{ store(x, 1.0); }}");
+        tilefuse_dsl::front::find_kernels(&src).unwrap_err().message
+    };
+    let e = error("B = [8], num_stages = [3, 9]");
+    assert!(e.contains("from 1 to 8, got 9"), "{e}");
+    let e = error("B = [8], num_stages = [3, 3]");
+    assert!(e.contains("num_stages = 3 is listed twice"), "{e}");
+    let e = error("B = [8], num_stages = [3], num_stages = [4]");
+    assert!(e.contains("listed twice"), "{e}");
+    let e = error("B = [8], num_stages = [3, 4], skip(num_stages = 5)");
+    assert!(
+        e.contains("num_stages = 5") && e.contains("not among the listed values"),
+        "{e}"
+    );
+    let e = error("B = [8], num_stages = [3, 4], skip(num_stages = [3, 4])");
+    assert!(e.contains("leaves no combination"), "{e}");
 }
 
 #[test]

@@ -9,6 +9,7 @@ fn spec(consts: &[(&str, i64)]) -> Specialization {
     Specialization {
         consts: consts.iter().map(|(n, v)| (n.to_string(), *v)).collect(),
         num_warps: 4,
+        num_stages: None,
     }
 }
 

@@ -13,6 +13,7 @@ fn error_of(params: &str, body: &str) -> String {
     let spec = Specialization {
         consts: vec![],
         num_warps: 4,
+        num_stages: None,
     };
     match compile_source(&src, &spec) {
         Ok(_) => panic!("compiled: {body}"),
@@ -175,6 +176,7 @@ mod bitcast {
         let spec = Specialization {
             consts: vec![],
             num_warps: 4,
+            num_stages: None,
         };
         compile_source(src, &spec).unwrap_or_else(|e| panic!("{e}"));
     }

@@ -522,13 +522,22 @@ fn expand_one(
             });
             quote!(<#(#type_args,)* #(#lits),*>)
         };
-        let warps: Vec<u32> = specs
+        let same_consts: Vec<&tilefuse_dsl::Specialization> = specs
             .iter()
             .filter(|s| s.consts.iter().map(|(_, v)| *v).collect::<Vec<_>>() == consts)
-            .map(|s| s.num_warps)
             .collect();
+        let mut warps: Vec<u32> = same_consts.iter().map(|s| s.num_warps).collect();
+        warps.dedup();
+        let mut stages: Vec<u32> = same_consts.iter().filter_map(|s| s.num_stages).collect();
+        stages.sort_unstable();
+        stages.dedup();
+        let stages_doc = if ast.num_stages.len() > 1 {
+            format!("; num_stages: {stages:?}, chosen by `cfg`")
+        } else {
+            String::new()
+        };
         let doc = format!(
-            "Launches `{name_str}` with {} on `dev` (compiled num_warps: {warps:?}; the first is the default).",
+            "Launches `{name_str}` with {} on `dev` (compiled num_warps: {warps:?}; the first is the default{stages_doc}).",
             if consts.is_empty() {
                 "no constants".to_string()
             } else {
@@ -641,6 +650,24 @@ fn compile_variant(
             return None;
         }
     };
+    // With several `num_stages` values, a back-end error (a ring that overflows shared
+    // memory) names the depth it came from and how to leave that variant out.
+    let back_error = |message: String| {
+        if ast.num_stages.len() <= 1 {
+            return message;
+        }
+        let at: Vec<String> = spec
+            .consts
+            .iter()
+            .map(|(n, v)| format!("{n} = {v}"))
+            .chain([format!("num_warps = {}", spec.num_warps)])
+            .collect();
+        format!(
+            "{message} (with num_stages = {stages}: leave it out with `skip({}, num_stages = {stages})`)",
+            at.join(", "),
+            stages = kernel.num_stages,
+        )
+    };
     for p in kernel.written_params() {
         if !written.contains(&p) {
             written.push(p);
@@ -663,7 +690,7 @@ fn compile_variant(
                 ptx_text.push(p.ptx);
             }
             Err(e) => {
-                push_error(spans.span(e.loc), e.message);
+                push_error(spans.span(e.loc), back_error(e.message));
                 ptx_text.push(String::new());
             }
         }
@@ -678,7 +705,7 @@ fn compile_variant(
                 sm90a_text = p.ptx;
             }
             Ok(_) => {}
-            Err(e) => push_error(spans.span(e.loc), e.message),
+            Err(e) => push_error(spans.span(e.loc), back_error(e.message)),
         }
     }
     let consts: Vec<i64> = spec.consts.iter().map(|(_, v)| *v).collect();
@@ -688,10 +715,12 @@ fn compile_variant(
         embedded_ptx(krate, &sm90a_text),
     );
     let num_warps = spec.num_warps;
+    let num_stages = kernel.num_stages;
     let [cx, cy, cz] = kernel.cluster;
     Some(quote! {
         consts: &[#(#consts),*],
         num_warps: #num_warps,
+        num_stages: #num_stages,
         ptx_sm80: #sm80,
         ptx_sm90: #sm90,
         ptx_sm90a: #sm90a,
@@ -822,8 +851,8 @@ fn typed_items(
     );
     let launch_doc = format!(
         "Launches `{name_str}` on `dev` with the variant compiled for `consts` (and \
-         `cfg`'s `num_warps`, else the first compiled for them); an error names the \
-         compiled variants when there is none."
+         `cfg`'s `num_warps` and `num_stages`, else the first compiled for them); an \
+         error names the compiled variants when there is none."
     );
     let values = fields.iter().map(|f| quote!(consts.#f as i64));
     quote! {

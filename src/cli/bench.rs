@@ -83,8 +83,9 @@ pub struct BenchArgs {
     #[arg(long, requires = "prompt")]
     pub prefill_chunk: Option<usize>,
     /// Also time the prefill with these tiles (repeatable; `qkv=128x64x64/8,o=..,
-    /// gate_up=..,down=..,attention=128x64/8`, `:S` after a qkv, o or down tile splits
-    /// K into at most S slices, e.g. `o=128x64x64/8:2`; launches left out keep the
+    /// gate_up=..,down=..,attention=128x64/8`, `/P` after a GEMM tile's warps picks
+    /// the variant pipelined P stages deep, `:S` after a qkv, o or down tile splits K
+    /// into at most S slices, e.g. `o=128x64x64/8/4:2`; launches left out keep the
     /// default: `PrefillPlan::with_tiles`), each after the default plan.
     #[arg(long, requires = "prompt")]
     pub prefill_tiles: Vec<String>,

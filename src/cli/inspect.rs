@@ -29,6 +29,9 @@ pub struct InspectArgs {
     /// Warps per program (default: the first listed value).
     #[arg(long, value_name = "W")]
     pub num_warps: Option<u32>,
+    /// Pipelining depth of `dot` operand loads (default: the first listed value).
+    #[arg(long, value_name = "S")]
+    pub num_stages: Option<u32>,
     /// The target whose layouts and PTX are shown (ptxas reports cover both); kernels
     /// with thread-block clusters are shown for sm_90.
     #[arg(long, value_enum, default_value_t = TargetArg::Sm80)]
@@ -165,7 +168,11 @@ fn specialization(args: &InspectArgs, k: &FoundKernel) -> anyhow::Result<Special
         Some(w) => w,
         None => bail!("kernel `{}`: no num_warps listed; pass --num-warps", k.name),
     };
-    Ok(Specialization { consts, num_warps })
+    Ok(Specialization {
+        consts,
+        num_warps,
+        num_stages: args.num_stages,
+    })
 }
 
 fn spec_text(spec: &Specialization) -> String {
@@ -175,6 +182,9 @@ fn spec_text(spec: &Specialization) -> String {
         .map(|(n, v)| format!("{n} = {v}"))
         .collect();
     parts.push(format!("num_warps = {}", spec.num_warps));
+    if let Some(stages) = spec.num_stages {
+        parts.push(format!("num_stages = {stages}"));
+    }
     parts.join(", ")
 }
 
@@ -187,7 +197,14 @@ fn inspect_one(
     out: &mut String,
 ) -> anyhow::Result<()> {
     let spec = specialization(args, k)?;
-    let listed = k.ast.specializations().contains(&spec);
+    // Unnamed, the depth is the first listed one (as the compiler takes it).
+    let resolved = Specialization {
+        num_stages: spec
+            .num_stages
+            .or_else(|| k.ast.num_stages.first().copied()),
+        ..spec.clone()
+    };
+    let listed = k.ast.specializations().contains(&resolved);
     let (kernel, spans) = k.compile(&spec).map_err(|e| {
         anyhow!(
             "{file}: kernel `{}` ({}): {}",

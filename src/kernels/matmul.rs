@@ -8,8 +8,9 @@
 //! multiples of 16 elements (checked at launch; it gives 16-byte loads and stores).
 //! `dot` keeps the accumulator in tensor-core registers across the loop and reads its
 //! operands from swizzled shared memory with `ldmatrix`; the operand loads are pipelined
-//! three stages deep with `cp.async` (`num_stages = [3]`; docs/language.md, "`dot` on
-//! tensor cores").
+//! three stages deep with `cp.async` (`num_stages`; docs/language.md, "`dot` on tensor
+//! cores"), the 128 x 128 tile 4 and 5 stages deep too and the 64 x 128 one 5
+//! ([`MatmulConfig::num_stages`] picks the variant).
 //!
 //! ```no_run
 //! use tilefuse::kernels::matmul::{launch, MatmulConfig};
@@ -73,9 +74,12 @@ fn matmul_tile<const BM: usize, const BN: usize, const BK: usize, const GROUP_M:
 
 /// bf16 `C`. Compiled tile configurations `(BM, BN, BK, num_warps)`: (128, 256, 64, 8),
 /// (128, 128, 64, 8), (128, 128, 32, 4), (128, 64, 64, 8), (64, 128, 64, 4),
-/// (64, 128, 32, 4), (64, 64, 64, 4), (64, 64, 32, 4); `GROUP_M = 8`, 3 stages (on Hopper's `wgmma` path the ring holds
-/// 4: docs/language.md, "On Hopper: `wgmma`"). (128 x 128 x 64 on 4 warps is left out:
-/// ptxas spills on sm_80.)
+/// (64, 128, 32, 4), (64, 64, 64, 4), (64, 64, 32, 4); `GROUP_M = 8`, 3 stages (on
+/// Hopper's `wgmma` path the ring holds a buffer more: docs/language.md, "On Hopper:
+/// `wgmma`"), and 4 and 5 stages for (128, 128, 64, 8), 5 for (64, 128, 64, 4): the
+/// tiles of the prefill shapes whose programs wait on their loads (docs/perf.md, "Deeper
+/// rings for the unsplit GEMM"; 64 x 128 at 4 stages lost to both 3 and 5 there). (128 x 128 x 64 on 4 warps is left out: ptxas spills on
+/// sm_80; 128 x 256 x 64 has no room for a deeper ring.)
 #[kernel(
     crate = crate::dsl,
     BM = [128, 64],
@@ -83,7 +87,7 @@ fn matmul_tile<const BM: usize, const BN: usize, const BK: usize, const GROUP_M:
     BK = [64, 32],
     GROUP_M = [8],
     num_warps = [8, 4],
-    num_stages = [3],
+    num_stages = [3, 4, 5],
     skip(BM = 64, BN = 256),
     skip(BM = 64, num_warps = 8),
     skip(BM = 128, BN = 64, BK = 32),
@@ -91,7 +95,10 @@ fn matmul_tile<const BM: usize, const BN: usize, const BK: usize, const GROUP_M:
     skip(BN = 256, BK = 32),
     skip(BN = 256, num_warps = 4),
     skip(BM = 128, BN = 128, BK = 64, num_warps = 4),
-    skip(BM = 128, BN = 128, BK = 32, num_warps = 8)
+    skip(BM = 128, BN = 128, BK = 32, num_warps = 8),
+    skip(BN = [256, 64], num_stages = [4, 5]),
+    skip(BK = 32, num_stages = [4, 5]),
+    skip(BM = 64, num_stages = 4)
 )]
 pub fn matmul<const BM: usize, const BN: usize, const BK: usize, const GROUP_M: usize>(
     a: Ptr<bf16>,
@@ -113,7 +120,7 @@ pub fn matmul<const BM: usize, const BN: usize, const BK: usize, const GROUP_M: 
     BK = [64, 32],
     GROUP_M = [8],
     num_warps = [8, 4],
-    num_stages = [3],
+    num_stages = [3, 4, 5],
     skip(BM = 64, BN = 256),
     skip(BM = 64, num_warps = 8),
     skip(BM = 128, BN = 64, BK = 32),
@@ -121,7 +128,10 @@ pub fn matmul<const BM: usize, const BN: usize, const BK: usize, const GROUP_M: 
     skip(BN = 256, BK = 32),
     skip(BN = 256, num_warps = 4),
     skip(BM = 128, BN = 128, BK = 64, num_warps = 4),
-    skip(BM = 128, BN = 128, BK = 32, num_warps = 8)
+    skip(BM = 128, BN = 128, BK = 32, num_warps = 8),
+    skip(BN = [256, 64], num_stages = [4, 5]),
+    skip(BK = 32, num_stages = [4, 5]),
+    skip(BM = 64, num_stages = 4)
 )]
 pub fn matmul_f32<const BM: usize, const BN: usize, const BK: usize, const GROUP_M: usize>(
     a: Ptr<bf16>,
@@ -276,6 +286,10 @@ pub struct MatmulConfig {
     pub num_warps: u32,
     /// Tile rows per group of the program ordering.
     pub group_m: usize,
+    /// Pipelining depth of the unsplit kernels' operand loads: 3, or 4 and 5 where
+    /// compiled (see [`matmul`]). The split-K kernels have their own
+    /// (5, [`SPLIT_CONFIGS`]) and ignore it.
+    pub num_stages: u32,
 }
 
 impl MatmulConfig {
@@ -288,7 +302,7 @@ impl MatmulConfig {
     /// 64 x 128 x 64, 4 warps: the tile [`MatmulPlan::for_shape`] splits K over.
     pub const SPLIT: MatmulConfig = MatmulConfig::new(64, 128, 64, 4);
 
-    /// A configuration with `GROUP_M = 8`.
+    /// A configuration with `GROUP_M = 8` and 3 stages.
     pub const fn new(block_m: usize, block_n: usize, block_k: usize, num_warps: u32) -> Self {
         MatmulConfig {
             block_m,
@@ -296,20 +310,29 @@ impl MatmulConfig {
             block_k,
             num_warps,
             group_m: 8,
+            num_stages: 3,
         }
     }
 
-    /// A configuration for an `m x n` output, from the per-shape winners of the sweep in
-    /// docs/perf.md ("GEMM on wgmma"; `cargo run --release --example matmul -- --sweep`):
-    /// the 128 x 256 tile from 192 tiles of 128 x 128 up (about 1.5 waves of 132 SMs),
-    /// 128 x 128 x 64 on 8 warps from 96, and 64 x 64 x 64 tiles (four times the
-    /// programs) below that. Measured on Hopper's `wgmma` path; on `mma.sync` (sm_80,
-    /// or `TILEFUSE_SM90A=0`) the same picks are within 12% of the best there. Both
-    /// [`matmul`] and [`matmul_f32`] are compiled with every pick.
+    /// This configuration with a `num_stages`-deep ring (it must be compiled: see
+    /// [`matmul`]).
+    pub const fn stages(self, num_stages: u32) -> Self {
+        MatmulConfig { num_stages, ..self }
+    }
+
+    /// A configuration for an `m x n` output, from the per-shape winners of the sweeps in
+    /// docs/perf.md ("GEMM on wgmma", "Deeper rings for the unsplit GEMM"; `cargo run
+    /// --release --example matmul -- --sweep`): the 128 x 256 tile from 192 tiles of 128
+    /// x 128 up (about 1.5 waves of 132 SMs), 128 x 128 x 64 on 8 warps with a 4-stage
+    /// ring from 96 (9-11% over 3 stages at 512 x 4096 x 1024 and 2048 x 1024 x K), and
+    /// 64 x 64 x 64 tiles (four times the programs) below that. Measured on Hopper's
+    /// `wgmma` path; on `mma.sync` (sm_80, or `TILEFUSE_SM90A=0`) the 3-stage picks were
+    /// within 12% of the best there. Both [`matmul`] and [`matmul_f32`] are compiled
+    /// with every pick.
     pub fn for_shape(m: usize, n: usize) -> MatmulConfig {
         match m.div_ceil(128) * n.div_ceil(128) {
             t if t >= 192 => MatmulConfig::LARGE,
-            t if t >= 96 => MatmulConfig::MEDIUM,
+            t if t >= 96 => MatmulConfig::MEDIUM.stages(4),
             _ => MatmulConfig::SMALL,
         }
     }
@@ -362,6 +385,13 @@ pub const SPLIT_CONFIGS: [MatmulConfig; 4] = [
 /// filling and draining).
 pub const MIN_SLICE_ITERS: usize = 4;
 
+/// A split into only two slices is worth its reduction from this many iterations a
+/// slice: below it, one program a tile of [`MatmulConfig::SPLIT`] with a 5-stage ring
+/// is as fast or faster (docs/perf.md, "Deeper rings for the unsplit GEMM": 512 x 1024
+/// x 2048 on an H100, 199 TFLOP/s unsplit against 182 in two slices of 16 iterations;
+/// 236 both ways at 512 x 1024 x 3072).
+pub const TWO_SLICE_MIN_ITERS: usize = 24;
+
 impl MatmulPlan {
     /// No split: one program per tile of `config`.
     pub const fn tiles(config: MatmulConfig) -> MatmulPlan {
@@ -373,7 +403,9 @@ impl MatmulPlan {
     /// Smaller ones (the wave is mostly empty) split K over 64 x 128 tiles on 4 warps
     /// (one program per SM: its 5-stage ring is 144 KiB) into as many slices as fit the
     /// SMs in one wave, each of at least [`MIN_SLICE_ITERS`] iterations; where that is
-    /// under two slices, 64 x 64 tiles unsplit. From the sweep in docs/perf.md ("GEMM on
+    /// under two slices, 64 x 64 tiles unsplit, and where it is two slices of fewer than
+    /// [`TWO_SLICE_MIN_ITERS`] iterations, the same 64 x 128 tiles unsplit with a
+    /// 5-stage ring. From the sweep in docs/perf.md ("GEMM on
     /// `wgmma` (Hopper)", "Split-K for small outputs"): at 512 x 1024 x 3072 on an H200,
     /// 64 x 128 in
     /// 2 slices ran at 258 TFLOP/s against 166 for the best unsplit tile; more slices
@@ -390,6 +422,9 @@ impl MatmulPlan {
         let splits = by_sms.min(by_k);
         if splits < 2 {
             return MatmulPlan::tiles(MatmulConfig::SMALL);
+        }
+        if splits == 2 && k.div_ceil(cfg.block_k) < 2 * TWO_SLICE_MIN_ITERS {
+            return MatmulPlan::tiles(cfg.stages(5));
         }
         MatmulPlan {
             config: cfg,
@@ -497,7 +532,9 @@ pub fn launch<T: MatmulOut>(
             ),
         });
     }
-    let cfg = LaunchConfig::grid(config.grid(m, n)).num_warps(config.num_warps);
+    let cfg = LaunchConfig::grid(config.grid(m, n))
+        .num_warps(config.num_warps)
+        .num_stages(config.num_stages);
     def.launch_dyn(
         dev,
         cfg,

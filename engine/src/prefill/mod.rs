@@ -393,12 +393,12 @@ impl Prefiller {
                     1,
                 )?;
                 rms_norm(dev, &self.x, l.post_norm, &mut self.xn, t, h, eps)?;
-                launch(
+                launch_staged(
                     dev,
                     &PREFILL_GATE_UP,
                     gemm_grid(&plan.gate_up, t, im),
                     &plan.gate_up.consts,
-                    plan.gate_up.num_warps,
+                    (plan.gate_up.num_warps, plan.gate_up.num_stages),
                     &mut [
                         (&self.xn).into(),
                         l.gate_up_w.into(),
@@ -474,12 +474,12 @@ fn gemm<'a>(
             k.into(),
             accumulate.into(),
         ];
-        return launch(
+        return launch_staged(
             dev,
             &PREFILL_GEMM,
             [grid[0], grid[1], 1],
             &c.consts,
-            c.num_warps,
+            (c.num_warps, c.num_stages),
             &mut args,
         );
     }
@@ -547,7 +547,21 @@ fn launch(
     num_warps: u32,
     args: &mut [KernelArg<'_>],
 ) -> Result<()> {
-    def.launch_dyn(dev, grid.into().num_warps(num_warps), consts, args)?;
+    launch_staged(dev, def, grid, consts, (num_warps, None), args)
+}
+
+/// [`launch`] of the variant compiled `num_stages` deep (`None`: the kernel's first).
+fn launch_staged(
+    dev: &Device,
+    def: &KernelDef,
+    grid: impl Into<LaunchConfig>,
+    consts: &[i64],
+    (num_warps, num_stages): (u32, Option<u32>),
+    args: &mut [KernelArg<'_>],
+) -> Result<()> {
+    let mut cfg = grid.into().num_warps(num_warps);
+    cfg.num_stages = num_stages;
+    def.launch_dyn(dev, cfg, consts, args)?;
     Ok(())
 }
 

@@ -22,6 +22,9 @@ pub struct TileChoice {
     /// the `prefill_gemm` launches (QKV, O, down) split, and a chunk splits only as far
     /// as its tiles times the slices fit the GPU's SMs (long chunks do not split).
     pub splits: u32,
+    /// The variant's pipelining depth (`num_stages`); `None` for the kernel's first
+    /// compiled one. A split launch runs `prefill_gemm_split` at its own depth.
+    pub num_stages: Option<u32>,
 }
 
 impl TileChoice {
@@ -31,6 +34,7 @@ impl TileChoice {
             consts: vec![block_m, block_n, block_k],
             num_warps,
             splits: 1,
+            num_stages: None,
         }
     }
 
@@ -40,12 +44,21 @@ impl TileChoice {
             consts: vec![d, block_m, block_n],
             num_warps,
             splits: 1,
+            num_stages: None,
         }
     }
 
     /// This choice with K split into at most `splits` slices.
     pub fn split(self, splits: u32) -> TileChoice {
         TileChoice { splits, ..self }
+    }
+
+    /// This choice with the variant compiled `num_stages` deep.
+    pub fn stages(self, num_stages: u32) -> TileChoice {
+        TileChoice {
+            num_stages: Some(num_stages),
+            ..self
+        }
     }
 
     pub(super) fn depth(&self) -> i64 {
@@ -131,13 +144,16 @@ impl PrefillPlan {
         }
         let plan = if dev.is_cuda() {
             PrefillPlan {
-                qkv: TileChoice::gemm(64, 64, 64, 4),
+                // 4-stage rings for every GEMM (512 tokens 3.56 -> 3.40 ms, 2048 tokens
+                // 11.49 -> 11.15 ms on an H100; docs/perf.md "Deeper rings for the
+                // unsplit GEMM"); a split launch keeps the split kernel's 5 stages.
+                qkv: TileChoice::gemm(64, 64, 64, 4).stages(4),
                 // K split in two where the output's tiles leave half the SMs idle
                 // (512-token chunks: 3.83 -> 3.41 ms TTFT, docs/perf.md "Split-K in
                 // the prefill"); longer chunks fill a wave and stay unsplit.
-                o_proj: TileChoice::gemm(128, 64, 64, 8).split(2),
-                gate_up: TileChoice::gemm(64, 64, 64, 4),
-                down: TileChoice::gemm(128, 64, 64, 8).split(2),
+                o_proj: TileChoice::gemm(128, 64, 64, 8).split(2).stages(4),
+                gate_up: TileChoice::gemm(64, 64, 64, 4).stages(4),
+                down: TileChoice::gemm(128, 64, 64, 8).split(2).stages(4),
                 attention: TileChoice::attention(d, 128, 64, 8),
                 attention_short: TileChoice::attention(d, 64, 64, 8),
             }
@@ -159,9 +175,10 @@ impl PrefillPlan {
 
     /// This plan with the launches `spec` names replaced (to time other compiled
     /// variants): comma-separated `LAUNCH=TILE`, `LAUNCH` one of `qkv`, `o`, `gate_up`,
-    /// `down` with `TILE` as `MxNxK/W` (`BLOCK_M x BLOCK_N x BLOCK_K`, warps; `qkv`,
-    /// `o` and `down` may add `:S` for split-K into at most `S` slices, e.g.
-    /// `o=128x64x64/8:2`), or `attention` or `attention_short` with `TILE` as `MxN/W`
+    /// `down` with `TILE` as `MxNxK/W` (`BLOCK_M x BLOCK_N x BLOCK_K`, warps; a GEMM
+    /// may add `/P` for the variant pipelined `P` stages deep, and `qkv`, `o` and
+    /// `down` `:S` for split-K into at most `S` slices, e.g. `o=128x64x64/8:2`,
+    /// `qkv=64x64x64/4/4`), or `attention` or `attention_short` with `TILE` as `MxN/W`
     /// (query rows x keys, warps; the head dim stays). For example
     /// `qkv=128x64x64/8,attention=64x32/8`.
     /// The result passes
@@ -192,6 +209,17 @@ impl PrefillPlan {
                 }
                 None => (warps, 1),
             };
+            let (warps, stages) = match warps.split_once('/') {
+                Some((w, p)) => {
+                    let p: u32 = p
+                        .parse()
+                        .ok()
+                        .filter(|&p| p >= 1)
+                        .ok_or_else(|| bad(format!("prefill tiles `{part}`: stages `{p}`")))?;
+                    (w, Some(p))
+                }
+                None => (warps, None),
+            };
             let num_warps: u32 = warps
                 .parse()
                 .map_err(|_| bad(format!("prefill tiles `{part}`: warps `{warps}`")))?;
@@ -202,7 +230,10 @@ impl PrefillPlan {
                 .map_err(|_| bad(format!("prefill tiles `{part}`: sizes `{dims}`")))?;
             let gemm = |dims: &[i64]| -> Result<TileChoice> {
                 match dims {
-                    [m, n, k] => Ok(TileChoice::gemm(*m, *n, *k, num_warps).split(splits)),
+                    [m, n, k] => Ok(TileChoice {
+                        num_stages: stages,
+                        ..TileChoice::gemm(*m, *n, *k, num_warps).split(splits)
+                    }),
                     _ => Err(bad(format!("prefill tiles `{part}`: a GEMM tile is MxNxK"))),
                 }
             };
@@ -212,6 +243,11 @@ impl PrefillPlan {
                 "gate_up" => plan.gate_up = gemm(&dims)?,
                 "down" => plan.down = gemm(&dims)?,
                 "attention" | "attention_short" => match dims[..] {
+                    _ if stages.is_some() => {
+                        return Err(bad(format!(
+                            "prefill tiles `{part}`: attention tiles take no `/STAGES`"
+                        )))
+                    }
                     [m, n] => {
                         let c = TileChoice::attention(self.attention.consts[0], m, n, num_warps);
                         if name == "attention" {
@@ -255,7 +291,7 @@ impl PrefillPlan {
     /// split runs it through `prefill_gemm`), and only `prefill_gemm` launches split.
     pub fn check(&self) -> Result<()> {
         for (def, c) in self.choices() {
-            def.variant(&c.consts, Some(c.num_warps))?;
+            def.variant_staged(&c.consts, Some(c.num_warps), c.num_stages)?;
             if c.splits > 1 {
                 if !std::ptr::eq(def, &PREFILL_GEMM) {
                     return Err(EngineError::Option {
@@ -282,6 +318,9 @@ impl std::fmt::Display for PrefillPlan {
                 return Err(std::fmt::Error);
             };
             write!(f, "{name}={m}x{n}x{k}/{}", c.num_warps)?;
+            if let Some(p) = c.num_stages {
+                write!(f, "/{p}")?;
+            }
             if c.splits > 1 {
                 write!(f, ":{}", c.splits)?;
             }
@@ -321,6 +360,18 @@ mod tests {
         let one = cpu.with_tiles("down=64x64x64/8").unwrap();
         assert_eq!(one.qkv, cpu.qkv);
         assert_eq!(one.down, TileChoice::gemm(64, 64, 64, 8));
+        // A pipelining depth picks that variant, and round-trips with the split.
+        let staged = cpu
+            .with_tiles("qkv=64x64x64/4/4,gate_up=64x64x64/4/3,o=128x64x64/8/4:2")
+            .unwrap();
+        assert_eq!(staged.qkv, TileChoice::gemm(64, 64, 64, 4).stages(4));
+        assert_eq!(staged.gate_up, TileChoice::gemm(64, 64, 64, 4).stages(3));
+        assert_eq!(
+            staged.o_proj,
+            TileChoice::gemm(128, 64, 64, 8).split(2).stages(4)
+        );
+        assert!(staged.to_string().contains("o=128x64x64/8/4:2,"));
+        assert_eq!(staged.with_tiles(&staged.to_string()).unwrap(), staged);
         // Slices: within one wave of SMs, whole BLOCK_K steps, none empty.
         let c = TileChoice::gemm(128, 64, 64, 8).split(4);
         assert_eq!(c.slices(512, 1024, 3072, 132), (2, 1536));
@@ -360,6 +411,9 @@ mod tests {
             ("gate_up=16x32x32/4:2", "only qkv, o and down"),
             ("o=16x32x32/4:0", "slices"),
             ("o=64x64x64/4:2", "no compiled variant"),
+            ("qkv=16x32x32/4/5", "num_stages=5"),
+            ("qkv=64x64x64/4/x", "stages"),
+            ("attention=64x64/8/4", "no `/STAGES`"),
         ] {
             let err = cpu.with_tiles(bad).unwrap_err().to_string();
             assert!(err.contains(says), "{bad}: {err}");

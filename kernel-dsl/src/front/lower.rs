@@ -157,7 +157,7 @@ impl Lower {
                 .map(|c| (c.name.clone(), self.consts[&c.name]))
                 .collect(),
             num_warps: spec.num_warps,
-            num_stages: ast.num_stages,
+            num_stages: spec.num_stages.unwrap_or(ast.num_stages[0]),
             cluster,
             values: std::mem::take(&mut self.values),
             body,

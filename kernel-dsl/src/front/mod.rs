@@ -8,5 +8,8 @@ pub mod scan;
 
 pub use helpers::{helper_calls, is_tile_op, parse_tile_fn, TileFn, TILE_OPS};
 pub use lower::{lower, SpanTable};
-pub use parse::{parse_kernel, ClusterExtent, ConstDecl, KernelAst, ParamDecl, TypeDecl};
+pub use parse::{
+    parse_kernel, ClusterExtent, ConstDecl, KernelAst, ParamDecl, TypeDecl, DEFAULT_NUM_STAGES,
+    DEFAULT_NUM_WARPS,
+};
 pub use scan::{find_kernels, FoundKernel};

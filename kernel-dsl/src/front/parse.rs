@@ -77,12 +77,13 @@ pub struct KernelAst {
     pub helpers: Vec<super::helpers::TileFn>,
     /// `num_warps` values to compile for.
     pub num_warps: Vec<u32>,
-    /// Software-pipelining depth of `dot` operand loads in loops (`num_stages = [S]`,
-    /// one value for the whole kernel; [`DEFAULT_NUM_STAGES`] when absent).
-    pub num_stages: u32,
+    /// Software-pipelining depths of `dot` operand loads in loops to compile for
+    /// (`num_stages = [3, 4]`, a variant axis like `num_warps`; [`DEFAULT_NUM_STAGES`]
+    /// alone when absent). Never empty.
+    pub num_stages: Vec<u32>,
     /// Combinations left out of the product (`skip(NAME = v, .., num_warps = w)`), each
     /// a list of `(name, value)` pairs that together exclude every specialization they
-    /// all match (`num_warps` by that name).
+    /// all match (`num_warps` and `num_stages` by those names).
     pub skips: Vec<Vec<(String, i64)>>,
     /// Run-time parameters in order.
     pub params: Vec<ParamDecl>,
@@ -169,8 +170,9 @@ impl KernelAst {
         ast
     }
 
-    /// Every combination of constant values and `num_warps`, constants varying slowest
-    /// in declaration order, `num_warps` fastest, less the ones a `skip(..)` matches.
+    /// Every combination of constant values, `num_warps` and `num_stages`, constants
+    /// varying slowest in declaration order, then `num_warps`, `num_stages` fastest, less
+    /// the ones a `skip(..)` matches.
     pub fn specializations(&self) -> Vec<crate::Specialization> {
         let mut all = self.product();
         all.retain(|spec| !self.skips.iter().any(|skip| skip_matches(skip, spec)));
@@ -194,12 +196,16 @@ impl KernelAst {
         combos
             .into_iter()
             .flat_map(|consts| {
-                self.num_warps
-                    .iter()
-                    .map(move |&num_warps| crate::Specialization {
-                        consts: consts.clone(),
-                        num_warps,
-                    })
+                self.num_warps.iter().flat_map(move |&num_warps| {
+                    let consts = consts.clone();
+                    self.num_stages
+                        .iter()
+                        .map(move |&stages| crate::Specialization {
+                            consts: consts.clone(),
+                            num_warps,
+                            num_stages: Some(stages),
+                        })
+                })
             })
             .collect()
     }
@@ -209,6 +215,8 @@ fn skip_matches(skip: &[(String, i64)], spec: &crate::Specialization) -> bool {
     skip.iter().all(|(name, v)| {
         if name == "num_warps" {
             i64::from(spec.num_warps) == *v
+        } else if name == "num_stages" {
+            spec.num_stages.is_some_and(|s| i64::from(s) == *v)
         } else {
             spec.consts.iter().any(|(n, c)| n == name && c == v)
         }
@@ -468,7 +476,7 @@ pub fn parse_kernel(attr: TokenStream, item: &ItemFn) -> syn::Result<KernelAst> 
     }
 
     let mut num_warps = Vec::new();
-    let mut num_stages = None;
+    let mut num_stages: Vec<u32> = Vec::new();
     let mut crate_path = None;
     let mut skip_entries = Vec::new();
     let one = |span| ClusterExtent::Lit(1, span);
@@ -564,19 +572,27 @@ pub fn parse_kernel(attr: TokenStream, item: &ItemFn) -> syn::Result<KernelAst> 
             continue;
         }
         if name == "num_stages" {
-            let [(v, span)] = entry.values[..] else {
+            if !num_stages.is_empty() {
                 return Err(syn::Error::new(
                     entry.name.span(),
-                    "num_stages takes one value for the whole kernel (`num_stages = [3]`)",
-                ));
-            };
-            if !(1..=8).contains(&v) || num_stages.is_some() {
-                return Err(syn::Error::new(
-                    span,
-                    format!("num_stages must be given once, from 1 to 8, got {v}"),
+                    "values for `num_stages` are listed twice",
                 ));
             }
-            num_stages = Some(v as u32);
+            for (v, span) in entry.values {
+                if !(1..=8).contains(&v) {
+                    return Err(syn::Error::new(
+                        span,
+                        format!("num_stages must be from 1 to 8, got {v}"),
+                    ));
+                }
+                if num_stages.contains(&(v as u32)) {
+                    return Err(syn::Error::new(
+                        span,
+                        format!("num_stages = {v} is listed twice"),
+                    ));
+                }
+                num_stages.push(v as u32);
+            }
             continue;
         }
         let Some(decl) = consts.iter_mut().find(|c| c.name == name) else {
@@ -623,6 +639,9 @@ pub fn parse_kernel(attr: TokenStream, item: &ItemFn) -> syn::Result<KernelAst> 
     if num_warps.is_empty() {
         num_warps.push(DEFAULT_NUM_WARPS);
     }
+    if num_stages.is_empty() {
+        num_stages.push(DEFAULT_NUM_STAGES);
+    }
     let mut skips = Vec::new();
     for (span, pairs) in skip_entries {
         // A list of values skips each of them: the entry expands into the product of
@@ -634,12 +653,14 @@ pub fn parse_kernel(attr: TokenStream, item: &ItemFn) -> syn::Result<KernelAst> 
             for &(v, v_span) in &values {
                 let listed = if key == "num_warps" {
                     num_warps.iter().any(|&w| i64::from(w) == v)
+                } else if key == "num_stages" {
+                    num_stages.iter().any(|&s| i64::from(s) == v)
                 } else if let Some(c) = consts.iter().find(|c| c.name == key) {
                     c.values.contains(&v)
                 } else {
                     return Err(syn::Error::new(
                         name.span(),
-                        format!("`skip` names `{key}`, which is neither a const generic of this kernel nor `num_warps`"),
+                        format!("`skip` names `{key}`, which is neither a const generic of this kernel nor `num_warps` or `num_stages`"),
                     ));
                 };
                 if !listed {
@@ -679,7 +700,7 @@ pub fn parse_kernel(attr: TokenStream, item: &ItemFn) -> syn::Result<KernelAst> 
             name: sig.ident.clone(),
             consts: consts.clone(),
             num_warps: num_warps.clone(),
-            num_stages: 1,
+            num_stages: num_stages.clone(),
             skips: skips.iter().map(|(_, s)| s.clone()).collect(),
             types: Vec::new(),
             bound_types: Vec::new(),
@@ -775,7 +796,7 @@ pub fn parse_kernel(attr: TokenStream, item: &ItemFn) -> syn::Result<KernelAst> 
         bound_types: Vec::new(),
         helpers: Vec::new(),
         num_warps,
-        num_stages: num_stages.unwrap_or(DEFAULT_NUM_STAGES),
+        num_stages,
         skips,
         params,
         body: (*item.block).clone(),

@@ -10,6 +10,7 @@ fn compile(src: &str, consts: &[(&str, i64)]) -> Kernel {
     let spec = Specialization {
         consts: consts.iter().map(|(n, v)| (n.to_string(), *v)).collect(),
         num_warps: 4,
+        num_stages: None,
     };
     compile_source(src, &spec).unwrap_or_else(|e| panic!("{e}"))
 }

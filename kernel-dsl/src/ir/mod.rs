@@ -44,14 +44,18 @@ impl fmt::Display for ValueId {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub struct Loc(pub u32);
 
-/// One specialization of a kernel: a value for every compile-time constant, and the
-/// number of warps per program. IR construction (`front::lower`) takes one.
+/// One specialization of a kernel: a value for every compile-time constant, the number
+/// of warps per program and the pipelining depth. IR construction (`front::lower`)
+/// takes one.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Specialization {
     /// `(name, value)` for every const generic, in declaration order.
     pub consts: Vec<(String, i64)>,
     /// Warps per program.
     pub num_warps: u32,
+    /// Software-pipelining depth of `dot` operand loads (one of the attribute's
+    /// `num_stages` values); `None` for the first value the attribute lists.
+    pub num_stages: Option<u32>,
 }
 
 /// A specialized kernel.

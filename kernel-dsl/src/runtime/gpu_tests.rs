@@ -90,6 +90,7 @@ static SCALE_ADD: KernelDef = KernelDef {
         Variant {
             consts: &[],
             num_warps: 1,
+            num_stages: 2,
             ptx_sm80: Ptx::text(SCALE_ADD_SM80),
             ptx_sm90: Ptx::text(SCALE_ADD_SM90),
             ptx_sm90a: Ptx::text(""),
@@ -102,6 +103,7 @@ static SCALE_ADD: KernelDef = KernelDef {
         Variant {
             consts: &[],
             num_warps: 4,
+            num_stages: 2,
             ptx_sm80: Ptx::text(SCALE_ADD_SM80),
             ptx_sm90: Ptx::text(""),
             ptx_sm90a: Ptx::text(""),

@@ -24,13 +24,18 @@ pub trait KernelConsts: Copy + std::fmt::Debug + PartialEq + Eq + std::hash::Has
     fn from_values(values: &[i64]) -> Option<Self>;
 
     /// Every compiled variant's constants with its warp count, in the order
-    /// `#[kernel]` listed them.
+    /// `#[kernel]` listed them, once each (variants that differ only in `num_stages`
+    /// give one entry).
     fn compiled() -> Vec<(Self, u32)> {
-        Self::def()
-            .variants
-            .iter()
-            .filter_map(|v| Some((Self::from_values(v.consts)?, v.num_warps)))
-            .collect()
+        let mut out: Vec<(Self, u32)> = Vec::new();
+        for v in Self::def().variants {
+            if let Some(c) = Self::from_values(v.consts) {
+                if !out.contains(&(c, v.num_warps)) {
+                    out.push((c, v.num_warps));
+                }
+            }
+        }
+        out
     }
 
     /// Fails unless a variant was compiled for these constants and `num_warps` (the

@@ -53,6 +53,7 @@ fn kernel() -> Kernel {
     let spec = Specialization {
         consts: vec![("B".into(), BLOCK as i64)],
         num_warps: 4,
+        num_stages: None,
     };
     compile_source(SRC, &spec).unwrap_or_else(|e| panic!("{e}"))
 }

@@ -57,6 +57,7 @@ pub fn def_attr(
     let spec = Specialization {
         consts: consts.iter().map(|(n, v)| (n.to_string(), *v)).collect(),
         num_warps: warps,
+        num_stages: None,
     };
     let mut attr: Vec<String> = consts.iter().map(|(n, v)| format!("{n} = [{v}]")).collect();
     attr.push(format!("num_warps = [{warps}]"));
@@ -118,6 +119,7 @@ fn def_of(
     let variant = Variant {
         consts: leak(consts.iter().map(|c| c.1).collect()),
         num_warps: k.num_warps,
+        num_stages: k.num_stages,
         ptx_sm80: Ptx::text(leak_str(p80.map(|p| p.ptx).unwrap_or_default())),
         ptx_sm90: Ptx::text(leak_str(p90.ptx)),
         ptx_sm90a: Ptx::text(leak_str(p90a.map(|p| p.ptx).unwrap_or_default())),

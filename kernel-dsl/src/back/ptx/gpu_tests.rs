@@ -843,6 +843,7 @@ fn gpu_silu_mul() {
             &Specialization {
                 consts: vec![("B".into(), 1024)],
                 num_warps: 4,
+                num_stages: None,
             },
         )
         .unwrap(),

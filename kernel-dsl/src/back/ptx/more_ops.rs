@@ -434,6 +434,7 @@ mod tests {
         let spec = Specialization {
             consts: vec![],
             num_warps: warps,
+            num_stages: None,
         };
         let k = compile_source(src, &spec).unwrap_or_else(|e| panic!("{e}"));
         compile(&k, Target::Sm90).unwrap_or_else(|e| panic!("{e}"))

@@ -918,6 +918,7 @@ fn large_dot_tiles_use_dynamic_shared_memory() {
                 .map(|(n, v)| (n.to_string(), *v))
                 .collect(),
             num_warps: 8,
+            num_stages: None,
         };
         let src = format!(
             "#[kernel(BM = [{bm}], BN = [{bn}], BK = [{bk}], ACC = [0], num_warps = [8])]\n{}",
@@ -999,6 +1000,7 @@ fn pipelined_dot_loops_copy_with_cp_async() {
                             .map(|(n, v)| (n.to_string(), *v))
                             .collect(),
                         num_warps: 8,
+                        num_stages: None,
                     },
                 )
                 .unwrap(),
@@ -1019,6 +1021,7 @@ fn oriented(a_t: bool, b_t: bool, aligned: bool, stages: u32) -> (String, Vec<su
             .map(|(n, v)| (n.to_string(), *v))
             .collect(),
         num_warps: 4,
+        num_stages: None,
     };
     let src = format!(
         "#[kernel(BM = [64], BN = [64], BK = [32], num_warps = [4], num_stages = [{stages}])]\n{}",
@@ -1114,6 +1117,7 @@ fn pipelined_for(bm: i64, bn: i64, bk: i64, warps: u32, stages: u32, target: Tar
     let spec = crate::Specialization {
         consts: consts.iter().map(|(n, v)| (n.to_string(), *v)).collect(),
         num_warps: warps,
+        num_stages: None,
     };
     let src = format!(
         "#[kernel(BM = [{bm}], BN = [{bn}], BK = [{bk}], ACC = [0], num_warps = [{warps}], num_stages = [{stages}])]\n{}",
@@ -1204,6 +1208,7 @@ fn masks_bounded_by_minimum_of_multiples_stay_vectorized() {
     let spec = crate::Specialization {
         consts: vec![],
         num_warps: 4,
+        num_stages: None,
     };
     let widths = |bound: &str| {
         let k = crate::compile_source(&src(bound), &spec).unwrap();

@@ -54,6 +54,7 @@ impl KernelDef {
                 .map(|(n, v)| (n.to_string(), *v))
                 .collect(),
             num_warps: variant.num_warps,
+            num_stages: Some(variant.num_stages),
         }
     }
 
@@ -63,10 +64,16 @@ impl KernelDef {
         &self,
         variant: &'static Variant,
     ) -> Result<Arc<ir::Kernel>, LaunchError> {
-        type Key = (&'static str, &'static str, &'static [i64], u32);
+        type Key = (&'static str, &'static str, &'static [i64], u32, u32);
         static CACHE: OnceLock<Mutex<HashMap<Key, Arc<ir::Kernel>>>> = OnceLock::new();
         let cache = CACHE.get_or_init(Default::default);
-        let key: Key = (self.name, self.source, variant.consts, variant.num_warps);
+        let key: Key = (
+            self.name,
+            self.source,
+            variant.consts,
+            variant.num_warps,
+            variant.num_stages,
+        );
         if let Some(k) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
             return Ok(k.clone());
         }
@@ -75,7 +82,11 @@ impl KernelDef {
         let kernel =
             crate::compile_source(self.source, &spec).map_err(|e| LaunchError::Compile {
                 kernel: self.name.into(),
-                message: format!("[{}] {}", variant.describe(self.const_names), e.message),
+                message: format!(
+                    "[{}] {}",
+                    variant.describe(self.const_names, self.has_stage_axis()),
+                    e.message
+                ),
             })?;
         if kernel.params.len() != self.params.len() {
             return Err(LaunchError::Compile {

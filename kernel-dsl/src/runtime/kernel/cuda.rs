@@ -21,7 +21,7 @@ impl KernelDef {
             target = Target::Sm90;
         }
         let ptx = variant.ptx(target);
-        let describe = variant.describe(self.const_names);
+        let describe = variant.describe(self.const_names, self.has_stage_axis());
         if variant.cluster != [1, 1, 1] && !target.hopper() {
             return Err(LaunchError::Config {
                 kernel: self.name.into(),

@@ -27,13 +27,17 @@ const MAX_GRID: [u32; 3] = [i32::MAX as u32, 65535, 65535];
 /// Grid size and warps per program for one launch.
 ///
 /// Converts from `u32` (a 1-D grid), `(u32, u32)`, `(u32, u32, u32)` and `[u32; 3]`;
-/// `num_warps: None` picks the first compiled `num_warps` value.
+/// `num_warps: None` picks the first compiled `num_warps` value, `num_stages: None` the
+/// first compiled `num_stages` value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LaunchConfig {
     /// Programs along x, y and z.
     pub grid: [u32; 3],
     /// Warps per program; `None` for the kernel's first listed value.
     pub num_warps: Option<u32>,
+    /// Pipelining depth (`num_stages` in `#[kernel(..)]`); `None` for the first value
+    /// compiled with the constants and warp count.
+    pub num_stages: Option<u32>,
     /// No programmatic overlap: the launch starts only after every earlier launch on
     /// the stream has finished (see [`LaunchConfig::serialized`]).
     pub serialized: bool,
@@ -45,6 +49,7 @@ impl LaunchConfig {
         LaunchConfig {
             grid,
             num_warps: None,
+            num_stages: None,
             serialized: false,
         }
     }
@@ -53,6 +58,15 @@ impl LaunchConfig {
     pub fn num_warps(self, num_warps: u32) -> LaunchConfig {
         LaunchConfig {
             num_warps: Some(num_warps),
+            ..self
+        }
+    }
+
+    /// Sets the pipelining depth: the variant compiled with this `num_stages` value
+    /// (a kernel lists several as `num_stages = [3, 4]`).
+    pub fn num_stages(self, num_stages: u32) -> LaunchConfig {
+        LaunchConfig {
+            num_stages: Some(num_stages),
             ..self
         }
     }
@@ -187,6 +201,8 @@ pub struct Variant {
     pub consts: &'static [i64],
     /// Warps per program.
     pub num_warps: u32,
+    /// Software-pipelining depth of `dot` operand loads it was compiled with.
+    pub num_stages: u32,
     /// PTX for `sm_80` (runs on Ampere and newer through the driver's JIT).
     pub ptx_sm80: Ptx,
     /// PTX for `sm_90`; empty when not generated.
@@ -262,8 +278,15 @@ impl Variant {
         }
     }
 
-    fn describe(&self, const_names: &[&str]) -> String {
-        describe(const_names, self.consts, self.num_warps)
+    /// The constants, warp count and (where `stages` says the kernel has several)
+    /// pipelining depth in words.
+    fn describe(&self, const_names: &[&str], stages: bool) -> String {
+        describe(
+            const_names,
+            self.consts,
+            self.num_warps,
+            stages.then_some(self.num_stages),
+        )
     }
 
     /// Dynamic shared memory to pass at launch: the whole use above the static limit
@@ -277,13 +300,21 @@ impl Variant {
     }
 }
 
-fn describe(const_names: &[&str], consts: &[i64], num_warps: u32) -> String {
+fn describe(
+    const_names: &[&str],
+    consts: &[i64],
+    num_warps: u32,
+    num_stages: Option<u32>,
+) -> String {
     let mut s = String::new();
     for (i, v) in consts.iter().enumerate() {
         let name = const_names.get(i).copied().unwrap_or("?");
         let _ = write!(s, "{name}={v}, ");
     }
     let _ = write!(s, "num_warps={num_warps}");
+    if let Some(stages) = num_stages {
+        let _ = write!(s, ", num_stages={stages}");
+    }
     s
 }
 
@@ -299,8 +330,8 @@ pub struct KernelDef {
     pub const_names: &'static [&'static str],
     /// Run-time parameters, in launch order.
     pub params: &'static [ParamDef],
-    /// Compiled specializations; for given constants, the first listed `num_warps` is the
-    /// default.
+    /// Compiled specializations; for given constants, the first listed `num_warps` (and
+    /// then `num_stages`) is the default.
     pub variants: &'static [Variant],
 }
 
@@ -308,7 +339,15 @@ impl KernelDef {
     /// Constants and warp count in words, as errors name variants
     /// (`BLOCK=512, num_warps=4`).
     pub fn describe_variant(&self, consts: &[i64], num_warps: u32) -> String {
-        describe(self.const_names, consts, num_warps)
+        describe(self.const_names, consts, num_warps, None)
+    }
+
+    /// Whether the variants differ in `num_stages` (the attribute listed several): then
+    /// descriptions of variants name it.
+    pub fn has_stage_axis(&self) -> bool {
+        self.variants
+            .iter()
+            .any(|v| v.num_stages != self.variants[0].num_stages)
     }
 
     /// The smallest compiled value of the constant `name` that is at least `wanted`
@@ -348,11 +387,24 @@ impl KernelDef {
     }
 
     /// The variant for these constants and warp count (`None`: the first compiled for
-    /// the constants). The error lists every compiled combination.
+    /// the constants), of the first compiled pipelining depth. The error lists every
+    /// compiled combination.
     pub fn variant(
         &self,
         consts: &[i64],
         num_warps: Option<u32>,
+    ) -> Result<&'static Variant, LaunchError> {
+        self.variant_staged(consts, num_warps, None)
+    }
+
+    /// The variant for these constants, warp count and pipelining depth (each `None`:
+    /// the first compiled with the others), as a launch with a [`LaunchConfig`] picks it.
+    /// The error lists every compiled combination.
+    pub fn variant_staged(
+        &self,
+        consts: &[i64],
+        num_warps: Option<u32>,
+        num_stages: Option<u32>,
     ) -> Result<&'static Variant, LaunchError> {
         let variants: &'static [Variant] = self.variants;
         if consts.len() != self.const_names.len() {
@@ -368,23 +420,34 @@ impl KernelDef {
         }
         variants
             .iter()
-            .find(|v| v.consts == consts && num_warps.is_none_or(|w| w == v.num_warps))
+            .find(|v| {
+                v.consts == consts
+                    && num_warps.is_none_or(|w| w == v.num_warps)
+                    && num_stages.is_none_or(|s| s == v.num_stages)
+            })
             .ok_or_else(|| {
-                let requested = match num_warps {
-                    Some(w) => describe(self.const_names, consts, w),
-                    None => {
-                        let mut s = describe(self.const_names, consts, 0);
-                        s.truncate(s.len() - "num_warps=0".len());
-                        s.push_str("any num_warps");
-                        s
+                let stages = self.has_stage_axis() || num_stages.is_some();
+                let mut requested = describe(self.const_names, consts, 0, None);
+                requested.truncate(requested.len() - "num_warps=0".len());
+                match num_warps {
+                    Some(w) => {
+                        let _ = write!(requested, "num_warps={w}");
                     }
-                };
+                    None => requested.push_str("any num_warps"),
+                }
+                match num_stages {
+                    Some(s) => {
+                        let _ = write!(requested, ", num_stages={s}");
+                    }
+                    None if stages => requested.push_str(", any num_stages"),
+                    None => {}
+                }
                 let available = if variants.is_empty() {
                     "none".to_string()
                 } else {
                     variants
                         .iter()
-                        .map(|v| format!("[{}]", v.describe(self.const_names)))
+                        .map(|v| format!("[{}]", v.describe(self.const_names, stages)))
                         .collect::<Vec<_>>()
                         .join(", ")
                 };
@@ -419,7 +482,7 @@ impl KernelDef {
         args: &mut [KernelArg<'_>],
     ) -> Result<(), LaunchError> {
         let cfg = cfg.into();
-        let variant = self.variant(consts, cfg.num_warps)?;
+        let variant = self.variant_staged(consts, cfg.num_warps, cfg.num_stages)?;
         self.check(dev, &cfg, variant.cluster, args)?;
         let variant = variant.for_args(args);
         match dev {

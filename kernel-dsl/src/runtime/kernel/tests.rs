@@ -46,6 +46,7 @@ static ADD: KernelDef = KernelDef {
         Variant {
             consts: &[256],
             num_warps: 4,
+            num_stages: 2,
             ptx_sm80: Ptx::text("// sm80"),
             ptx_sm90: Ptx::text(""),
             ptx_sm90a: Ptx::text(""),
@@ -58,6 +59,7 @@ static ADD: KernelDef = KernelDef {
         Variant {
             consts: &[256],
             num_warps: 8,
+            num_stages: 2,
             ptx_sm80: Ptx::text("// sm80 w8"),
             ptx_sm90: Ptx::text("// sm90 w8"),
             ptx_sm90a: Ptx::text(""),
@@ -70,6 +72,7 @@ static ADD: KernelDef = KernelDef {
         Variant {
             consts: &[1024],
             num_warps: 4,
+            num_stages: 2,
             ptx_sm80: Ptx::text("// sm80 1024"),
             ptx_sm90: Ptx::text(""),
             ptx_sm90a: Ptx::text(""),
@@ -104,6 +107,7 @@ fn launch_config_conversions() {
         LaunchConfig {
             grid: [4, 5, 1],
             num_warps: Some(8),
+            num_stages: None,
             serialized: false,
         }
     );
@@ -316,6 +320,7 @@ fn sm90a_modules_run_on_compute_capability_9_0_only() {
     let v = |sm90: &'static str, sm90a: &'static str| Variant {
         consts: &[],
         num_warps: 4,
+        num_stages: 2,
         ptx_sm80: Ptx::text("// sm80"),
         ptx_sm90: Ptx::text(sm90),
         ptx_sm90a: Ptx::text(sm90a),
@@ -341,6 +346,7 @@ fn sm90a_modules_run_on_compute_capability_9_0_only() {
 static ROWS_DIVISIBLE: Variant = Variant {
     consts: &[64],
     num_warps: 4,
+    num_stages: 2,
     ptx_sm80: Ptx::text("// k % 16 == 0"),
     ptx_sm90: Ptx::text(""),
     ptx_sm90a: Ptx::text(""),
@@ -354,6 +360,7 @@ static ROWS_DIVISIBLE: Variant = Variant {
 static ROWS: Variant = Variant {
     consts: &[64],
     num_warps: 4,
+    num_stages: 2,
     ptx_sm80: Ptx::text("// any k"),
     ptx_sm90: Ptx::text(""),
     ptx_sm90a: Ptx::text(""),

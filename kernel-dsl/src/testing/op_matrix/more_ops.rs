@@ -464,6 +464,7 @@ fn matrix_permuted_pointers() {
     let spec = crate::Specialization {
         consts: vec![("M".into(), 8), ("N".into(), 16)],
         num_warps: 2,
+        num_stages: None,
     };
     let k = crate::compile_source(&format!("#[kernel(M = [8], N = [16])]\n{src}"), &spec)
         .unwrap_or_else(|e| panic!("{e}"));
