@@ -208,3 +208,31 @@ fn the_binary_reports_errors_without_panicking() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("rematerialized"), "{stdout}");
 }
+
+/// Kernels whose strides declare nothing get a divisible form, and the summary says what
+/// it assumes and which accesses it widens; declared or irrelevant parameters get none.
+#[test]
+fn reports_the_divisible_form() {
+    let out = run(&args("examples/tutorial_03_matmul.rs")).unwrap();
+    assert!(
+        out.contains(
+            "divisible form: also compiled assuming `n`, `k` multiples of 16, launched when they are: 3 access(es) wider (1 -> 8, 1 -> 8, 1 -> 2)"
+        ),
+        "{out}"
+    );
+    let out = run(&args(EXAMPLES)).unwrap();
+    assert!(
+        out.contains(
+            "divisible form: also compiled assuming `k` a multiple of 16, launched when it is"
+        ),
+        "{out}"
+    );
+    // softmax's one element a thread cannot widen, whatever its sizes.
+    let out = run(&args("examples/tutorial_02_fused_softmax.rs")).unwrap();
+    assert!(
+        out.contains(
+            "divisible form: none (no integer parameter's divisibility by 16 widens an access)"
+        ),
+        "{out}"
+    );
+}

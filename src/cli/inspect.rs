@@ -533,11 +533,15 @@ fn write_divisible_form(
         .filter(|(a, w)| **w > a.width)
         .map(|(a, w)| format!("{} -> {w}", a.width))
         .collect();
+    let (what, when) = if names.len() == 1 {
+        ("a multiple", "it is")
+    } else {
+        ("multiples", "they are")
+    };
     let _ = writeln!(
         out,
-        "  divisible form: also compiled assuming {} a multiple of 16, launched when {}: {} access(es) wider ({})",
+        "  divisible form: also compiled assuming {} {what} of 16, launched when {when}: {} access(es) wider ({})",
         names.join(", "),
-        if names.len() == 1 { "it is" } else { "they are" },
         widened.len(),
         widened.join(", ")
     );
