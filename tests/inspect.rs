@@ -236,3 +236,35 @@ fn reports_the_divisible_form() {
         "{out}"
     );
 }
+
+/// A kernel calling a helper of another module (`#[kernel]` resolves it by path) is
+/// inspected with the helpers of its crate: every file under the nearest `Cargo.toml`.
+#[test]
+fn kernels_calling_helpers_of_other_files_compile() {
+    let dir = std::env::temp_dir().join(format!("tilefuse-inspect-h{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("src")).unwrap();
+    std::fs::write(dir.join("Cargo.toml"), "[package]\nname = \"h\"\n").unwrap();
+    std::fs::write(
+        dir.join("src/helpers.rs"),
+        "#[tile_fn]\npub fn twice(x: Tile<f32>) -> Tile<f32> {\n    x * 2.0\n}\n",
+    )
+    .unwrap();
+    let file = dir.join("src/k.rs");
+    std::fs::write(
+        &file,
+        "#[kernel(num_warps = [4])]\n\
+         fn k(x: Ptr<f32>) {\n\
+         \x20   let offs = arange(0, 512);\n\
+         \x20   store(x + offs, crate::helpers::twice(load(x + offs)));\n\
+         }\n",
+    )
+    .unwrap();
+    let out = run(&args(file.to_str().unwrap())).unwrap();
+    assert!(out.contains("kernel `k`"), "{out}");
+    assert!(out.contains("store  x "), "{out}");
+    // Without the crate's other files the helper is unknown, and the error says so.
+    std::fs::remove_file(dir.join("src/helpers.rs")).unwrap();
+    let err = run(&args(file.to_str().unwrap())).unwrap_err().to_string();
+    assert!(err.contains("unknown op `twice`"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

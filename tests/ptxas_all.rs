@@ -3,7 +3,9 @@
 //! frame.
 //!
 //! The kernels are found by walking the sources (examples, benches, the root crate, the
-//! engine, root tests) with `syn`, so new kernels are covered without listing them here.
+//! engine, root tests) with `syn`, so new kernels are covered without listing them here;
+//! a kernel may call the `#[tile_fn]` helpers of any walked file, as it may another
+//! module's in its crate.
 //! `kernel-dsl`'s own test kernels are checked by its tests. Without `ptxas` the test
 //! only compiles and prints a notice; `TILEFUSE_REQUIRE_PTXAS=1` (set by `.ci/run`) makes
 //! that a failure. `TILEFUSE_PTXAS_TABLE=FILE` writes every variant's registers and
@@ -14,7 +16,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use tilefuse::dsl::back::ptx::{self, ptxas, PtxKernel, Target};
-use tilefuse::dsl::front::find_kernels;
+use tilefuse::dsl::front::{find_kernels_with, tile_fns};
 use tilefuse::dsl::specialize;
 
 /// Directories walked, relative to the repository root.
@@ -54,6 +56,14 @@ fn every_kernel_assembles_without_spills() {
     for r in ROOTS {
         rust_files(Path::new(r), &mut files);
     }
+    // Every helper of the walked files, for kernels that call helpers of other modules.
+    let elsewhere: Vec<syn::ItemFn> = files
+        .iter()
+        .filter_map(|f| std::fs::read_to_string(f).ok())
+        .filter(|src| src.contains("tile_fn"))
+        .filter_map(|src| tile_fns(&src).ok())
+        .flatten()
+        .collect();
     let mut failures = Vec::new();
     let mut jobs = Vec::new();
     let mut kernels = 0;
@@ -63,7 +73,7 @@ fn every_kernel_assembles_without_spills() {
         if !src.contains("kernel") {
             continue;
         }
-        let found = match find_kernels(&src) {
+        let found = match find_kernels_with(&src, &elsewhere) {
             Ok(f) => f,
             Err(e) => {
                 failures.push(format!("{}: {e}", file.display()));

@@ -11,7 +11,7 @@ use syn::spanned::Spanned;
 use syn::visit::Visit;
 
 use crate::dsl::back::ptx::{self, ptxas, AccessKind, PtxKernel, Target};
-use crate::dsl::front::{find_kernels, FoundKernel, SpanTable};
+use crate::dsl::front::{find_kernels_with, tile_fns, FoundKernel, SpanTable};
 use crate::dsl::ir::{Kernel, Loc};
 use crate::dsl::{specialize, Specialization};
 
@@ -87,7 +87,8 @@ fn parse_const(s: &str) -> Result<(String, i64), String> {
 pub fn run(args: &InspectArgs) -> anyhow::Result<String> {
     let file = args.file.display().to_string();
     let src = std::fs::read_to_string(&args.file).with_context(|| format!("cannot read {file}"))?;
-    let found = find_kernels(&src).map_err(|e| anyhow!("{file}: {e}"))?;
+    let elsewhere = crate_helpers(&args.file);
+    let found = find_kernels_with(&src, &elsewhere).map_err(|e| anyhow!("{file}: {e}"))?;
     if found.is_empty() {
         bail!("{file}: no #[kernel] functions");
     }
@@ -119,6 +120,51 @@ pub fn run(args: &InspectArgs) -> anyhow::Result<String> {
         inspect_one(args, &file, &lines, k, summary, &mut out)?;
     }
     Ok(out)
+}
+
+/// The `#[tile_fn]` helpers of the crate `file` belongs to (every `.rs` file under the
+/// nearest directory holding a `Cargo.toml`, `target/` left out, in path order), so that
+/// kernels calling helpers of other modules compile as `#[kernel]` compiles them. Files
+/// that do not read or parse are skipped: only the inspected file's errors are reported.
+fn crate_helpers(file: &std::path::Path) -> Vec<syn::ItemFn> {
+    let start = std::fs::canonicalize(file).unwrap_or_else(|_| file.to_path_buf());
+    let Some(root) = start
+        .ancestors()
+        .skip(1)
+        .find(|d| d.join("Cargo.toml").is_file())
+    else {
+        return Vec::new();
+    };
+    let mut files = Vec::new();
+    rust_files(root, &mut files);
+    files.sort();
+    files
+        .iter()
+        .filter(|f| **f != start)
+        .filter_map(|f| std::fs::read_to_string(f).ok())
+        .filter(|src| src.contains("tile_fn"))
+        .filter_map(|src| tile_fns(&src).ok())
+        .flatten()
+        .collect()
+}
+
+/// Every `.rs` file under `dir`, skipping `target` and hidden directories.
+fn rust_files(dir: &std::path::Path, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let p = e.path();
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        if p.is_dir() {
+            if name != "target" && !name.starts_with('.') {
+                rust_files(&p, out);
+            }
+        } else if name.ends_with(".rs") {
+            out.push(p);
+        }
+    }
 }
 
 fn names(found: &[FoundKernel]) -> String {

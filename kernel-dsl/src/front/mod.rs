@@ -12,4 +12,4 @@ pub use parse::{
     parse_kernel, ClusterExtent, ConstDecl, KernelAst, ParamDecl, TypeDecl, DEFAULT_NUM_STAGES,
     DEFAULT_NUM_WARPS,
 };
-pub use scan::{find_kernels, FoundKernel};
+pub use scan::{find_kernels, find_kernels_with, tile_fns, FoundKernel};

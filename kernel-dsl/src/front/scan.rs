@@ -51,14 +51,49 @@ fn located(span: Span, msg: &str) -> CompileError {
 /// A file that does not parse, or a kernel whose attribute or signature is invalid, is an
 /// error with its line and column.
 pub fn find_kernels(src: &str) -> Result<Vec<FoundKernel>, CompileError> {
+    find_kernels_with(src, &[])
+}
+
+/// The `#[tile_fn]` helpers defined in `src` (a whole Rust file), for
+/// [`find_kernels_with`] to offer the kernels of the crate's other files.
+pub fn tile_fns(src: &str) -> Result<Vec<syn::ItemFn>, CompileError> {
     let file = syn::parse_file(src).map_err(|e| located(e.span(), &e.to_string()))?;
     let mut finder = Finder::default();
     finder.visit_file(&file);
-    // The file's helpers, for the kernels that call them (a helper from another file is
-    // not seen here: such a kernel is reported as calling an unknown op).
-    let helper_items: Vec<syn::Item> = finder.helpers.into_iter().map(syn::Item::Fn).collect();
-    let helpers = super::helpers::parse_tile_fns(&helper_items)
-        .map_err(|e| located(e.span(), &e.to_string()))?;
+    Ok(finder.helpers)
+}
+
+/// [`find_kernels`], where the kernels may also call the helpers `elsewhere` (those of the
+/// crate's other files, from [`tile_fns`]), as `#[kernel]` resolves a helper path
+/// (`crate::kernels::merge(..)`) in another module. Helpers are found by name: the
+/// file's own helper wins over one of the same name from elsewhere, and among those the
+/// first listed wins.
+pub fn find_kernels_with(
+    src: &str,
+    elsewhere: &[syn::ItemFn],
+) -> Result<Vec<FoundKernel>, CompileError> {
+    let file = syn::parse_file(src).map_err(|e| located(e.span(), &e.to_string()))?;
+    let mut finder = Finder::default();
+    finder.visit_file(&file);
+    let own = super::helpers::parse_tile_fns(
+        &finder
+            .helpers
+            .into_iter()
+            .map(syn::Item::Fn)
+            .collect::<Vec<_>>(),
+    )
+    .map_err(|e| located(e.span(), &e.to_string()))?;
+    // Helpers from other files that parse on their own (their errors belong to their
+    // files), under names this file does not define.
+    let mut helpers = own;
+    for f in elsewhere {
+        if helpers.iter().any(|h| h.name == f.sig.ident.to_string()) {
+            continue;
+        }
+        if let Ok(mut parsed) = super::helpers::parse_tile_fns(&[syn::Item::Fn(f.clone())]) {
+            helpers.append(&mut parsed);
+        }
+    }
     let mut out = Vec::new();
     for (attr, item) in finder.found {
         let mut ast = parse_kernel(attr, &item)
@@ -181,5 +216,55 @@ mod inner {
         assert!(err.message.contains('m'), "{}", err.message);
         let err = find_kernels("fn broken(").unwrap_err();
         assert!(err.message.starts_with("line 1,"), "{}", err.message);
+    }
+}
+
+#[cfg(test)]
+mod elsewhere_tests {
+    use super::*;
+
+    const HELPERS: &str = r#"
+        #[tile_fn]
+        pub fn twice(x: Tile<f32>) -> Tile<f32> {
+            x * 2.0
+        }
+    "#;
+
+    const KERNEL: &str = r#"
+        #[kernel(num_warps = [4])]
+        fn k(x: Ptr<f32>) {
+            let offs = arange(0, 128);
+            store(x + offs, crate::helpers::twice(load(x + offs)));
+        }
+    "#;
+
+    fn spec() -> Specialization {
+        Specialization {
+            consts: vec![],
+            num_warps: 4,
+            num_stages: None,
+        }
+    }
+
+    #[test]
+    fn helpers_of_other_files_resolve_by_name() {
+        let alone = find_kernels(KERNEL).unwrap();
+        let err = alone[0].compile(&spec()).unwrap_err().message;
+        assert!(err.contains("unknown op `twice`"), "{err}");
+        let found = find_kernels_with(KERNEL, &tile_fns(HELPERS).unwrap()).unwrap();
+        assert!(found[0].compile(&spec()).is_ok());
+    }
+
+    #[test]
+    fn the_files_own_helper_wins() {
+        let own = format!("{KERNEL}\n#[tile_fn] fn twice(x: Tile<f32>) -> Tile<f32> {{ x + x }}");
+        let found = find_kernels_with(&own, &tile_fns(HELPERS).unwrap()).unwrap();
+        let helpers = &found[0].ast.helpers;
+        assert_eq!(helpers.len(), 1);
+        assert!(found[0].compile(&spec()).is_ok());
+        // A foreign helper that does not parse is left out, not an error of this file.
+        let broken: syn::ItemFn = syn::parse_quote! { fn twice((a, b): (i32, i32)) -> i32 { a } };
+        let found = find_kernels_with(KERNEL, &[broken]).unwrap();
+        assert!(found[0].ast.helpers.is_empty());
     }
 }
