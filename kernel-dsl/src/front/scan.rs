@@ -87,7 +87,7 @@ pub fn find_kernels_with(
     // files), under names this file does not define.
     let mut helpers = own;
     for f in elsewhere {
-        if helpers.iter().any(|h| h.name == f.sig.ident.to_string()) {
+        if helpers.iter().any(|h| f.sig.ident == h.name) {
             continue;
         }
         if let Ok(mut parsed) = super::helpers::parse_tile_fns(&[syn::Item::Fn(f.clone())]) {
