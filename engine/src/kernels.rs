@@ -33,7 +33,7 @@ use tilefuse_macros::{kernel, tile_fn};
 /// The clock for the timeline (`global_timer()`), read only when asked for
 /// (`stamp_at >= 0`; see the module docs), else 0.
 #[tile_fn(crate = tilefuse_dsl)]
-fn stamp_clock(stamp_at: i32) -> i64 {
+pub fn stamp_clock(stamp_at: i32) -> i64 {
     let mut t = 0 as i64;
     if stamp_at >= 0 {
         t = global_timer();
@@ -746,6 +746,36 @@ pub fn attention_split<
     }
 }
 
+/// Columns `d` of query head `head`'s attention output merged from its `splits`
+/// partials (`S` a power of two at least `splits`), rounded to bf16:
+/// [`attention_combine`]'s body, shared with the combine of quantized O projections
+/// ([`crate::kernels_quant::attention_combine_quant`]).
+#[tile_fn(crate = tilefuse_dsl)]
+pub fn merge_splits<const D: usize, const S: usize>(
+    part_m: Ptr<f32>,
+    part_l: Ptr<f32>,
+    part_acc: Ptr<f32>,
+    splits: i32,
+    head: i32,
+    d: Tile<i32>,
+) -> Tile<bf16> {
+    let s = arange(0, S);
+    let ok = s < splits;
+    let slot = head * splits + s;
+    // All three loads first: one round trip, not one after each reduction.
+    let m = load(part_m + slot, ok, f32::NEG_INFINITY);
+    let l = load(part_l + slot, ok, 0.0);
+    let acc = load(
+        part_acc + slot.expand_dims(1) * D + d.expand_dims(0),
+        ok.expand_dims(1),
+        0.0,
+    );
+    // Empty splits hold m = -inf and weigh exp(-inf) = 0; split 0 is never empty.
+    let weight = exp(m - m.max(0));
+    let denom = (weight * l).sum(0);
+    ((acc * weight.expand_dims(1)).sum(0) / denom) as bf16
+}
+
 /// Decode attention, second pass: program `(head, chunk)` merges the `splits` partials
 /// (`S` is a power of two at least `splits`) of columns `chunk * DC .. (chunk + 1) * DC`
 /// of a query head into the bf16 head output (grid `[num_heads, D / DC]`: more, shorter
@@ -766,23 +796,9 @@ pub fn attention_combine<const D: usize, const S: usize, const DC: usize>(
     wait_for_prior_kernels();
     let t_wait = stamp_clock(stamp_at);
     let head = program_id(0);
-    let s = arange(0, S);
-    let ok = s < splits;
-    let slot = head * splits + s;
     let d = program_id(1) * DC + arange(0, DC);
-    // All three loads first: one round trip, not one after each reduction.
-    let m = load(part_m + slot, ok, f32::NEG_INFINITY);
-    let l = load(part_l + slot, ok, 0.0);
-    let acc = load(
-        part_acc + slot.expand_dims(1) * D + d.expand_dims(0),
-        ok.expand_dims(1),
-        0.0,
-    );
-    // Empty splits hold m = -inf and weigh exp(-inf) = 0; split 0 is never empty.
-    let weight = exp(m - m.max(0));
-    let denom = (weight * l).sum(0);
-    let o = (acc * weight.expand_dims(1)).sum(0) / denom;
-    store(out + head * D + d, o as bf16);
+    let o = merge_splits::<D, S>(part_m, part_l, part_acc, splits, head, d);
+    store(out + head * D + d, o);
     if stamp_at >= 0 {
         let at = stamps + (stamp_at + program_id(1) * num_programs(0) + program_id(0)) * 4;
         store(at, t_entry);

@@ -98,9 +98,10 @@ fn store_head(
 }
 
 /// Every kernel description in this module, for tooling (offline assembly, inspection).
-pub fn all() -> [&'static tilefuse_dsl::runtime::KernelDef; 5] {
+pub fn all() -> [&'static tilefuse_dsl::runtime::KernelDef; 6] {
     [
         &QUANTIZE_ACT,
+        &ATTENTION_COMBINE_QUANT,
         &Q8_0_GEMV,
         &Q4_K_GEMV,
         &Q6_K_GEMV,
@@ -121,6 +122,27 @@ pub fn silu_mul_in_place<const B: usize>(act: Ptr<bf16>, inter: i32) {
     let u = load(act + inter + offs, ok, 0.0) as f32;
     let silu = (g / (1.0 + exp(-g))) as bf16 as f32;
     store(act + offs, (silu * u) as bf16, ok);
+}
+
+/// Stores `x` (`[blocks, 2, 4, 4]`: blocks `blk` of 32 values in element order) as int8
+/// blocks, four values a word in `xq` and each block's scale in `xd`, where `blk_ok`:
+/// what [`quantize_act`] and [`attention_combine_quant`] write.
+#[tile_fn(crate = tilefuse_dsl)]
+fn store_blocks(x: Tile<f32>, blk: Tile<i32>, blk_ok: Tile<bool>, xq: Ptr<i32>, xd: Ptr<f32>) {
+    let h = arange(0, 2);
+    let w = arange(0, 4);
+    let b = arange(0, 4);
+    let amax = abs(x).max(3).max(2).max(1);
+    let inv = select(amax > 0.0, 127.0 / amax, 0.0);
+    let q = floor(x * inv.expand_dims(1).expand_dims(2).expand_dims(3) + 0.5) as i32;
+    let words = (((q as u32) & 255) << (b * 8) as u32).sum(3);
+    let w_offs = (blk * 8).expand_dims(1).expand_dims(2) + (h * 4).expand_dims(1) + w;
+    store(
+        xq + w_offs,
+        words.bitcast::<i32>(),
+        blk_ok.expand_dims(1).expand_dims(2),
+    );
+    store(xd + blk, amax / 127.0, blk_ok);
 }
 
 /// Quantizes a GEMV's input to int8 blocks of 32 (see the module docs): `xq` (four
@@ -159,18 +181,44 @@ pub fn quantize_act<const B: usize, const MODE: usize>(
         let inv_rms = inv_rms_of::<1024>(a, k, eps);
         x = head_norm(x, load(norm_w + e, ok, 0.0) as f32, inv_rms);
     }
-    let amax = abs(x).max(3).max(2).max(1);
-    let inv = select(amax > 0.0, 127.0 / amax, 0.0);
-    let q = floor(x * inv.expand_dims(1).expand_dims(2).expand_dims(3) + 0.5) as i32;
-    let words = (((q as u32) & 255) << (b * 8) as u32).sum(3);
-    let blk_ok = blk * 32 < k;
-    let w_offs = (blk * 8).expand_dims(1).expand_dims(2) + (h * 4).expand_dims(1) + w;
-    store(
-        xq + w_offs,
-        words.bitcast::<i32>(),
-        blk_ok.expand_dims(1).expand_dims(2),
-    );
-    store(xd + blk, amax / 127.0, blk_ok);
+    store_blocks(x, blk, blk * 32 < k, xq, xd);
+}
+
+/// Decode attention's second pass for a quantized O projection:
+/// [`crate::kernels::attention_combine`] (the bf16 head output in `out`, grid
+/// `[num_heads, D / DC]`) that also writes its columns as the O GEMV's int8 activation
+/// blocks, exactly what [`quantize_act`] `MODE = 0` would write from `out`, so the O
+/// projection launches no quantizer. `DC` is a multiple of 32: a program's columns are
+/// whole blocks.
+#[kernel(crate = tilefuse_dsl, D = [32, 64, 128], S = [8, 16, 32, 64], DC = [32, 64, 128], num_warps = [4])]
+#[allow(clippy::too_many_arguments)]
+pub fn attention_combine_quant<const D: usize, const S: usize, const DC: usize>(
+    part_m: Ptr<f32>,
+    part_l: Ptr<f32>,
+    part_acc: Ptr<f32>,
+    out: Ptr<bf16>,
+    xq: Ptr<i32>,
+    xd: Ptr<f32>,
+    splits: i32,
+    stamps: Ptr<i64>,
+    stamp_at: i32,
+) {
+    let t_entry = crate::kernels::stamp_clock(stamp_at);
+    wait_for_prior_kernels();
+    let t_wait = crate::kernels::stamp_clock(stamp_at);
+    let head = program_id(0);
+    let d = program_id(1) * DC + arange(0, DC);
+    let o = crate::kernels::merge_splits::<D, S>(part_m, part_l, part_acc, splits, head, d);
+    store(out + head * D + d, o);
+    let blk = (head * D + program_id(1) * DC) / 32 + arange(0, DC / 32);
+    store_blocks(o.reshape([DC / 32, 2, 4, 4]) as f32, blk, blk >= 0, xq, xd);
+    if stamp_at >= 0 {
+        let at = stamps + (stamp_at + program_id(1) * num_programs(0) + program_id(0)) * 4;
+        store(at, t_entry);
+        store(at + 1, t_wait);
+        store(at + 2, global_timer());
+        store(at + 3, sm_id() as i64);
+    }
 }
 
 /// The output of a quantized GEMV's row sums `sums` (bias `b` added): the LM head's

@@ -465,3 +465,110 @@ fn q4_k_gemv_matches_host() {
 fn q6_k_gemv_matches_host() {
     check_type(GgmlType::Q6_K, 0x0606);
 }
+
+/// `attention_combine_quant` writes the bf16 head output `attention_combine` writes, bit
+/// for bit, and that output quantized as `quantize_act` quantizes it (the host's
+/// quantizer, the same f32 operations), for random split partials (some splits empty)
+/// at each head width and chunk, on every device.
+#[test]
+fn the_quantizing_combine_matches_combine_then_quantize() {
+    use tilefuse_engine::kernels::{AttentionCombineArgs, AttentionCombineConsts};
+    use tilefuse_engine::kernels_quant::{AttentionCombineQuantArgs, AttentionCombineQuantConsts};
+    let mut devices = vec![Device::cpu()];
+    if let Some(gpu) = gpu_or_skip("kernels_quant") {
+        devices.push(gpu);
+    }
+    let mut rng = Rng(0x0c0b_1e9d);
+    for dev in &devices {
+        for (heads, d, dc, splits, s) in [
+            (16, 128, 64, 5, 8),
+            (4, 64, 32, 16, 16),
+            (3, 128, 128, 1, 8),
+        ] {
+            // Split `i` of a head holds a running max, a sum and `d` accumulators; splits
+            // past `splits - 2` of odd heads are empty (m = -inf, l = 0).
+            let mut m = Vec::new();
+            let mut l = Vec::new();
+            let mut acc = Vec::new();
+            for h in 0..heads {
+                for i in 0..splits {
+                    let empty = h % 2 == 1 && i > 0 && i + 2 > splits;
+                    m.push(if empty {
+                        f32::NEG_INFINITY
+                    } else {
+                        4.0 * rng.unit()
+                    });
+                    l.push(if empty {
+                        0.0
+                    } else {
+                        1.0 + rng.unit().abs() * 30.0
+                    });
+                    acc.extend((0..d).map(|_| if empty { 0.0 } else { 20.0 * rng.unit() }));
+                }
+            }
+            let (pm, pl, pa) = (
+                dev.upload(&m).unwrap(),
+                dev.upload(&l).unwrap(),
+                dev.upload(&acc).unwrap(),
+            );
+            let mut stamps = dev.upload(&[0i64; 4]).unwrap();
+            let grid = (heads as u32, (d / dc) as u32);
+            let mut want = dev.alloc_filled(heads * d, bf16::NAN).unwrap();
+            AttentionCombineArgs {
+                part_m: &pm,
+                part_l: &pl,
+                part_acc: &pa,
+                out: &mut want,
+                splits,
+                stamps: &mut stamps,
+                stamp_at: -1,
+            }
+            .launch(dev, grid, AttentionCombineConsts { d, s, dc })
+            .unwrap();
+            let mut out = dev.alloc_filled(heads * d, bf16::NAN).unwrap();
+            let mut xq = dev.alloc_filled(heads * d / 4, 0x5a5a_5a5ai32).unwrap();
+            let mut xd = dev.alloc_filled(heads * d / 32, f32::NAN).unwrap();
+            AttentionCombineQuantArgs {
+                part_m: &pm,
+                part_l: &pl,
+                part_acc: &pa,
+                out: &mut out,
+                xq: &mut xq,
+                xd: &mut xd,
+                splits,
+                stamps: &mut stamps,
+                stamp_at: -1,
+            }
+            .launch(dev, grid, AttentionCombineQuantConsts { d, s, dc })
+            .unwrap();
+            let want = want.to_vec().unwrap();
+            let got = out.to_vec().unwrap();
+            assert!(
+                want.iter().all(|v| v.is_finite()),
+                "{dev:?}: combine left NaN"
+            );
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(
+                    g.to_bits(),
+                    w.to_bits(),
+                    "{dev:?} d {d} dc {dc}: output {i}"
+                );
+            }
+            let as_f32: Vec<f32> = want.iter().map(|v| v.to_f32()).collect();
+            let (hq, hd) = host_quantize(&as_f32);
+            assert_eq!(
+                xq.to_vec().unwrap(),
+                hq,
+                "{dev:?} d {d} dc {dc}: int8 words"
+            );
+            let xd = xd.to_vec().unwrap();
+            for (b, (g, w)) in xd.iter().zip(&hd).enumerate() {
+                assert_eq!(
+                    g.to_bits(),
+                    w.to_bits(),
+                    "{dev:?} d {d} dc {dc}: scale of block {b}"
+                );
+            }
+        }
+    }
+}

@@ -140,6 +140,19 @@ impl QuantMatrix {
     ) -> Result<()> {
         let cols = self.parts[0].m.cols;
         spare.quantize(dev, variant, a, cols, false, launch.serialized)?;
+        self.gemv_quantized_input(dev, variant, y, bias, spare)
+    }
+
+    /// [`QuantMatrix::gemv`] over an activation already quantized into `spare` (by the
+    /// kernel that produced it: `attention_combine_quant` before the O projection).
+    pub(crate) fn gemv_quantized_input(
+        &self,
+        dev: &Device,
+        variant: QuantVariant<'_>,
+        y: &mut Buffer<bf16>,
+        bias: &Buffer<bf16>,
+        spare: &mut QuantSpare,
+    ) -> Result<()> {
         for p in &self.parts {
             let out = QuantOut::Rows {
                 y: &mut *y,

@@ -376,7 +376,14 @@ impl Decoder {
             Block::Embed | Block::LmHead | Block::Argmax => 1,
             Block::Combine if self.plan.clustered() => 0,
             Block::Qkv => self.layers.iter().map(|l| l.qkv_w.launches()).sum(),
-            Block::OProj => self.layers.iter().map(|l| l.o_w.launches()).sum(),
+            // A combine that quantizes O's input leaves O its GEMVs only.
+            Block::OProj => self
+                .layers
+                .iter()
+                .map(|l| {
+                    l.o_w.launches() - usize::from(step::combine_quantizes(&self.plan, &l.o_w))
+                })
+                .sum(),
             // A quantized gate/up before a dense down is followed by `silu_mul_in_place`.
             Block::GateUp => self
                 .layers

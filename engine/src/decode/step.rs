@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 
 use half::bf16;
-use tilefuse_dsl::runtime::{Buffer, Device, LaunchConfig};
+use tilefuse_dsl::runtime::{Buffer, Device, KernelConsts, LaunchConfig};
 
 use super::matrix::{silu_mul_in_place, Matrix, QuantMatrix};
 use super::{Block, Decoder, LaunchPlan, Layer, Scratch};
@@ -18,6 +18,7 @@ use crate::kernels::{
     ArgmaxFinishArgs, AttentionCombineArgs, AttentionSplitArgs, EmbedArgs, EmbedConsts,
     GemvResidualArgs, LmHeadArgmaxArgs, RmsNormGateUpArgs, RmsNormGemvArgs,
 };
+use crate::kernels_quant::{AttentionCombineQuantArgs, AttentionCombineQuantConsts};
 
 impl Decoder {
     /// Runs one step with individual launches: reads `state`, appends to the KV cache,
@@ -73,6 +74,7 @@ impl Decoder {
             grids,
             stamp_layer: *stamp_layer,
             layer: 0,
+            o_input_quantized: false,
         };
         step.embed(embed)?;
         for (li, l) in layers
@@ -114,6 +116,29 @@ struct Step<'a, W> {
     stamp_layer: Option<usize>,
     /// The layer being launched.
     layer: usize,
+    /// Whether this layer's attention combine left the O projection's input quantized.
+    o_input_quantized: bool,
+}
+
+/// Whether the attention combine before the quantized O projection `o_w` writes O's
+/// int8 input itself (`attention_combine_quant`): the splits are merged by a combine
+/// launch (not a cluster) whose constants that kernel was compiled for. O then launches
+/// only its GEMVs.
+pub(super) fn combine_quantizes(plan: &LaunchPlan, o_w: &Matrix) -> bool {
+    matches!(o_w, Matrix::Quant(_))
+        && !plan.clustered()
+        && quant_combine_consts(plan)
+            .check(plan.combine.num_warps)
+            .is_ok()
+}
+
+fn quant_combine_consts(plan: &LaunchPlan) -> AttentionCombineQuantConsts {
+    let c = plan.combine.consts;
+    AttentionCombineQuantConsts {
+        d: c.d,
+        s: c.s,
+        dc: c.dc,
+    }
 }
 
 impl<W: FnMut(Block) -> bool> Step<'_, W> {
@@ -227,6 +252,7 @@ impl<W: FnMut(Block) -> bool> Step<'_, W> {
     /// While its arithmetic leaves HBM idle, the launch asks L2 for the start of the
     /// layer's gate/up weights (see [`crate::tuning::attention_prefetch_bytes`]).
     fn attention(&mut self, l: &mut Layer) -> Result<()> {
+        self.o_input_quantized = false;
         let plan = self.plan;
         let c = self.cfg;
         if let Some(cfg) = self.layer_config(Block::Attention, plan.attention.num_warps) {
@@ -272,6 +298,23 @@ impl<W: FnMut(Block) -> bool> Step<'_, W> {
         };
         let stamp_at = self.stamp_at(Block::Combine);
         let s = &mut *self.s;
+        if combine_quantizes(plan, &l.o_w) {
+            let (xq, xd) = s.spare.activation_mut();
+            AttentionCombineQuantArgs {
+                part_m: &s.part_m,
+                part_l: &s.part_l,
+                part_acc: &s.part_acc,
+                out: &mut s.attn,
+                xq,
+                xd,
+                splits: plan.splits as i32,
+                stamps: &mut s.stamps,
+                stamp_at,
+            }
+            .launch(self.dev, cfg, quant_combine_consts(plan))?;
+            self.o_input_quantized = true;
+            return Ok(());
+        }
         AttentionCombineArgs {
             part_m: &s.part_m,
             part_l: &s.part_l,
@@ -297,6 +340,9 @@ impl<W: FnMut(Block) -> bool> Step<'_, W> {
             Matrix::Dense(w) => w,
             Matrix::Quant(q) => {
                 let res = QuantVariant::Residual;
+                if std::mem::take(&mut self.o_input_quantized) {
+                    return q.gemv_quantized_input(self.dev, res, &mut s.x, &l.o_b, &mut s.spare);
+                }
                 return q.gemv(self.dev, cfg, res, &s.attn, &mut s.x, &l.o_b, &mut s.spare);
             }
         };

@@ -625,6 +625,12 @@ impl QuantSpare {
     pub fn activation(&self) -> (&Buffer<i32>, &Buffer<f32>) {
         (&self.xq, &self.xd)
     }
+
+    /// The activation buffers (`xq`, `xd`), for a kernel that writes a GEMV's quantized
+    /// input itself (`attention_combine_quant`).
+    pub fn activation_mut(&mut self) -> (&mut Buffer<i32>, &mut Buffer<f32>) {
+        (&mut self.xq, &mut self.xd)
+    }
 }
 
 #[cfg(test)]
