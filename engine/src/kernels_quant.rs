@@ -4,7 +4,9 @@
 //! byte dot products (`dot4`, PTX `dp4a`), llama.cpp's approach (its `q8_1`
 //! activations): integer sums a block, scaled once in f32.
 //!
-//! **Activations.** [`quantize_act`] runs once per GEMV input and writes, for each
+//! **Activations.** [`quantize_act`] runs once per GEMV input (except the O
+//! projection's, which [`attention_combine_quant`] writes as it merges the attention's
+//! splits) and writes, for each
 //! 32-element block `j` of the activation `x`: `xd[j] = max|x| / 127` (f32) and the int8
 //! values `q = floor(x * 127 / max|x| + 0.5)` four to a word in element order
 //! (`xq[8 j + w]` holds elements `32 j + 4 w .. + 4`, byte `b` element `32 j + 4 w + b`).
