@@ -64,13 +64,26 @@ fn wider(a: &[usize], b: &[usize]) -> bool {
 /// of the full assumption, so a kernel with a stride `k` and a position `pos` gets a
 /// form that assumes `k` only and runs whatever `pos` is.
 pub fn divisible_params(ast: &KernelAst, spec: &Specialization) -> Option<Vec<usize>> {
+    if candidates(ast).is_empty() {
+        return None;
+    }
+    divisible_params_over(ast, spec, &access_widths(ast, spec)?)
+}
+
+/// [`divisible_params`] given the widths of the plain form's global accesses on sm_90
+/// (`PtxKernel::accesses`, in program order), for a caller that compiled it already
+/// (`#[kernel]`), so the plain form is not compiled twice.
+pub fn divisible_params_over(
+    ast: &KernelAst,
+    spec: &Specialization,
+    base: &[usize],
+) -> Option<Vec<usize>> {
     let all = candidates(ast);
     if all.is_empty() {
         return None;
     }
-    let base = access_widths(ast, spec)?;
     let full = access_widths(&assume_divisible(ast, &all), spec)?;
-    if !wider(&full, &base) {
+    if !wider(&full, base) {
         return None;
     }
     let mut set = all.clone();

@@ -440,16 +440,19 @@ fn expand_one(
     let mut variants = Vec::new();
     let specs = ast.specializations();
     for spec in &specs {
-        let Some(generic) = compile_variant(krate, ast, spec, 0, &mut written, &mut push_error)
+        let Some((generic, widths)) =
+            compile_variant(krate, ast, spec, 0, &mut written, &mut push_error)
         else {
             continue;
         };
         // The divisible form (Triton's divisibility key at build time), where assuming
         // integer parameters multiples of 16 widens accesses.
-        let form = tilefuse_dsl::specialize::divisible_params(ast, spec).and_then(|params| {
+        let divisible = tilefuse_dsl::specialize::divisible_params_over(ast, spec, &widths);
+        let form = divisible.and_then(|params| {
             let assumed = tilefuse_dsl::specialize::assume_divisible(ast, &params);
             let mask = params.iter().fold(0u64, |m, &i| m | (1u64 << i));
             compile_variant(krate, &assumed, spec, mask, &mut written, &mut push_error)
+                .map(|(form, _)| form)
         });
         let form = match form {
             Some(f) => quote! {
@@ -632,8 +635,9 @@ fn expand_one(
 }
 
 /// The fields of one compiled `Variant` of `ast` for `spec`, all but `divisible_form`
-/// (`assumes_divisible`: the parameters `ast` was made to assume multiples of 16);
-/// `None` after pushing the compile error.
+/// (`assumes_divisible`: the parameters `ast` was made to assume multiples of 16), and
+/// the widths of its global accesses on sm_90 (what the divisible form is judged
+/// against); `None` after pushing the compile error.
 fn compile_variant(
     krate: &TokenStream2,
     ast: &KernelAst,
@@ -641,7 +645,7 @@ fn compile_variant(
     assumes_divisible: u64,
     written: &mut Vec<usize>,
     push_error: &mut impl FnMut(Span, String),
-) -> Option<TokenStream2> {
+) -> Option<(TokenStream2, Vec<usize>)> {
     let (result, spans) = tilefuse_dsl::compile_with_spans(ast, spec);
     let kernel = match result {
         Ok(k) => k,
@@ -676,6 +680,7 @@ fn compile_variant(
     let mut ptx_text = Vec::new();
     let mut entry = String::new();
     let mut shared = 0u32;
+    let mut widths = Vec::new();
     for target in [Target::Sm80, Target::Sm90] {
         if target == Target::Sm80 && kernel.cluster_size() > 1 {
             // Thread-block clusters need sm_90: no sm_80 PTX (launching the variant
@@ -685,6 +690,9 @@ fn compile_variant(
         }
         match ptx::compile(&kernel, target) {
             Ok(p) => {
+                if target == Target::Sm90 {
+                    widths = p.accesses.iter().map(|a| a.width).collect();
+                }
                 entry = p.entry;
                 shared = shared.max(p.shared_bytes);
                 ptx_text.push(p.ptx);
@@ -717,7 +725,7 @@ fn compile_variant(
     let num_warps = spec.num_warps;
     let num_stages = kernel.num_stages;
     let [cx, cy, cz] = kernel.cluster;
-    Some(quote! {
+    let fields = quote! {
         consts: &[#(#consts),*],
         num_warps: #num_warps,
         num_stages: #num_stages,
@@ -728,7 +736,8 @@ fn compile_variant(
         shared_bytes: #shared,
         cluster: [#cx, #cy, #cz],
         assumes_divisible: #assumes_divisible,
-    })
+    };
+    Some((fields, widths))
 }
 
 /// `foo_bar` → `FooBar`.
