@@ -41,12 +41,15 @@ pub fn stamp_clock(stamp_at: i32) -> i64 {
     t
 }
 
-/// Program `program_id(0)`'s timeline stamps when asked for (`stamp_at >= 0`): its
-/// entry time, the time it got past `wait_for_prior_kernels()`, now, and its SM.
+/// This program's timeline stamps when asked for (`stamp_at >= 0`): its entry time, the
+/// time it got past `wait_for_prior_kernels()`, now, and its SM, at its index in the grid
+/// (x fastest; 1-, 2- and 3-D grids alike).
 #[tile_fn(crate = tilefuse_dsl)]
-fn store_stamps(stamps: Ptr<i64>, stamp_at: i32, t_entry: i64, t_wait: i64) {
+pub fn store_stamps(stamps: Ptr<i64>, stamp_at: i32, t_entry: i64, t_wait: i64) {
     if stamp_at >= 0 {
-        let at = stamps + (stamp_at + program_id(0)) * 4;
+        let program =
+            (program_id(2) * num_programs(1) + program_id(1)) * num_programs(0) + program_id(0);
+        let at = stamps + (stamp_at + program) * 4;
         store(at, t_entry);
         store(at + 1, t_wait);
         store(at + 2, global_timer());
@@ -733,17 +736,7 @@ pub fn attention_split<
             store(out + head_at + dims.expand_dims(0), o as bf16, q_ok);
         }
     }
-    if stamp_at >= 0 {
-        let at = stamps
-            + (stamp_at
-                + (program_id(2) * num_programs(1) + program_id(1)) * num_programs(0)
-                + program_id(0))
-                * 4;
-        store(at, t_entry);
-        store(at + 1, t_wait);
-        store(at + 2, global_timer());
-        store(at + 3, sm_id() as i64);
-    }
+    store_stamps(stamps, stamp_at, t_entry, t_wait);
 }
 
 /// Columns `d` of query head `head`'s attention output merged from its `splits`
@@ -799,13 +792,7 @@ pub fn attention_combine<const D: usize, const S: usize, const DC: usize>(
     let d = program_id(1) * DC + arange(0, DC);
     let o = merge_splits::<D, S>(part_m, part_l, part_acc, splits, head, d);
     store(out + head * D + d, o);
-    if stamp_at >= 0 {
-        let at = stamps + (stamp_at + program_id(1) * num_programs(0) + program_id(0)) * 4;
-        store(at, t_entry);
-        store(at + 1, t_wait);
-        store(at + 2, global_timer());
-        store(at + 3, sm_id() as i64);
-    }
+    store_stamps(stamps, stamp_at, t_entry, t_wait);
 }
 
 /// Final norm and LM head: `logits = bf16(W · rmsnorm(x))` (stored as f32), plus each

@@ -214,13 +214,7 @@ pub fn attention_combine_quant<const D: usize, const S: usize, const DC: usize>(
     store(out + head * D + d, o);
     let blk = (head * D + program_id(1) * DC) / 32 + arange(0, DC / 32);
     store_blocks(o.reshape([DC / 32, 2, 4, 4]) as f32, blk, blk >= 0, xq, xd);
-    if stamp_at >= 0 {
-        let at = stamps + (stamp_at + program_id(1) * num_programs(0) + program_id(0)) * 4;
-        store(at, t_entry);
-        store(at + 1, t_wait);
-        store(at + 2, global_timer());
-        store(at + 3, sm_id() as i64);
-    }
+    crate::kernels::store_stamps(stamps, stamp_at, t_entry, t_wait);
 }
 
 /// The output of a quantized GEMV's row sums `sums` (bias `b` added): the LM head's
