@@ -3,11 +3,13 @@
 //! on awkward shapes (M, N, K not multiples of the tile, K below one tile) for every
 //! compiled tile configuration; on a GPU it then prints TFLOP/s next to cuBLAS.
 //!
-//! `cargo run --release --example matmul [-- --check-only] [--small] [--sweep]`
-//! (`--small`: two small shapes only, for compute-sanitizer; `--sweep`: time every
-//! configuration on more shapes, the data behind `MatmulConfig::for_shape` and
-//! `MatmulPlan::for_shape`). Split-K plans (`matmul_split`) are checked and timed beside
-//! the unsplit tiles.
+//! `cargo run --release --example matmul [-- --check-only] [--small] [--sweep]
+//! [--shape MxNxK] [--config BMxBNxBK/W/S]` (`--small`: two small shapes only, for
+//! compute-sanitizer; `--sweep`: time every configuration on more shapes, the data behind
+//! `MatmulConfig::for_shape` and `MatmulPlan::for_shape`; `--shape`: time this shape only,
+//! checked against cuBLAS only; `--config`: time this unsplit configuration only and no split plans,
+//! which with `--shape` gives a profiler one kernel to look at). Split-K plans
+//! (`matmul_split`) are checked and timed beside the unsplit tiles.
 //!
 //! On a GPU, large shapes are checked against cuBLAS (relative Frobenius error) and timed
 //! by replaying a captured CUDA graph of one launch per input set between CUDA events
@@ -38,6 +40,55 @@ const CONFIGS: [MatmulConfig; 11] = [
     MatmulConfig::new(64, 64, 64, 4),
     MatmulConfig::new(64, 64, 32, 4),
 ];
+
+/// The value after `flag` on the command line, if any.
+fn arg_value(flag: &str) -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == flag)
+        .and_then(|i| args.get(i + 1).cloned())
+}
+
+/// `MxNxK` as three sizes.
+fn parse_shape(s: &str) -> anyhow::Result<(usize, usize, usize)> {
+    let v: Vec<usize> = s
+        .split('x')
+        .map(str::parse)
+        .collect::<Result<_, _>>()
+        .map_err(|e| anyhow::anyhow!("--shape {s:?}: {e} (expected MxNxK)"))?;
+    match v[..] {
+        [m, n, k] if m > 0 && n > 0 && k > 0 => Ok((m, n, k)),
+        _ => anyhow::bail!("--shape {s:?}: expected three positive sizes, MxNxK"),
+    }
+}
+
+/// `BMxBNxBK/W/S` as one of [`CONFIGS`].
+fn parse_config(s: &str) -> anyhow::Result<MatmulConfig> {
+    CONFIGS
+        .into_iter()
+        .find(|c| {
+            let name = format!(
+                "{}x{}x{}/{}/{}",
+                c.block_m, c.block_n, c.block_k, c.num_warps, c.num_stages
+            );
+            name == s
+        })
+        .ok_or_else(|| {
+            let known: Vec<String> = CONFIGS
+                .iter()
+                .map(|c| {
+                    format!(
+                        "{}x{}x{}/{}/{}",
+                        c.block_m, c.block_n, c.block_k, c.num_warps, c.num_stages
+                    )
+                })
+                .collect();
+            anyhow::anyhow!(
+                "--config {s:?} is not compiled; compiled: {}",
+                known.join(", ")
+            )
+        })
+}
 
 /// `‖got − want‖ / ‖want‖`, or infinity when `got` has a NaN (an unwritten element).
 fn rel_err(got: &[f32], want: &[f32]) -> f64 {
@@ -114,6 +165,10 @@ fn time<E: From<tilefuse::dsl::runtime::RuntimeError>>(
 fn main() -> anyhow::Result<()> {
     let dev = Device::auto();
     let check_only = std::env::args().any(|a| a == "--check-only");
+    let only_shape = arg_value("--shape").map(|s| parse_shape(&s)).transpose()?;
+    let only_config = arg_value("--config")
+        .map(|s| parse_config(&s))
+        .transpose()?;
     let mut rng = Rng::new(24);
     // Awkward shapes: M, N, K off the tile; K = 16 is below every BK.
     let small = std::env::args().any(|a| a == "--small");
@@ -130,7 +185,13 @@ fn main() -> anyhow::Result<()> {
     for config in SPLIT_CONFIGS {
         plans.extend([2, 3, 5].map(|splits| MatmulPlan { config, splits }));
     }
-    for &shape in shapes {
+    // `--shape` times one shape, checked against cuBLAS there: the awkward shapes wait.
+    let awkward = if only_shape.is_some() {
+        &[][..]
+    } else {
+        shapes
+    };
+    for &shape in awkward {
         for &plan in &plans {
             let err = check(&dev, plan, shape, &mut rng, bf16::NAN, |x| x.to_f32())?;
             println!("check {shape:?} {plan:?} bf16 out on {dev}: rel err {err:.2e}");
@@ -171,6 +232,13 @@ fn main() -> anyhow::Result<()> {
             (2048, 1024, 3072),
         ]);
     }
+    if let Some(shape) = only_shape {
+        shapes = vec![shape];
+    }
+    let configs: Vec<MatmulConfig> = match only_config {
+        Some(c) => vec![c],
+        None => CONFIGS.to_vec(),
+    };
     for (m, n, k) in shapes {
         let set_bytes = 2 * (m * k + k * n + m * n);
         let sets = rotation_sets(set_bytes, info.l2_bytes).min(8);
@@ -188,7 +256,7 @@ fn main() -> anyhow::Result<()> {
         })?;
         let tf_blas = flop / (t_blas.median_us * 1e-6) / 1e12;
         let mut best: Option<(MatmulConfig, f64)> = None;
-        for cfg in CONFIGS {
+        for &cfg in &configs {
             launch(&dev, &a[0], &b[0], &mut c[0], m, n, k, cfg)?;
             let got: Vec<f32> = c[0].to_vec()?.iter().map(|x| x.to_f32()).collect();
             let err = rel_err(&got, &want);
@@ -210,6 +278,18 @@ fn main() -> anyhow::Result<()> {
             }
         }
         let (cfg, tf) = best.expect("configs");
+        if only_config.is_some() {
+            table.push(format!(
+                "| {m} x {n} x {k} | {tf:.0} ({}x{}x{}, {} warps, {} stages) | | | {tf_blas:.0} | {:.0}% |",
+                cfg.block_m,
+                cfg.block_n,
+                cfg.block_k,
+                cfg.num_warps,
+                cfg.num_stages,
+                100.0 * tf / tf_blas
+            ));
+            continue;
+        }
         // Split-K: every split tile cut 2 to 8 ways, where that stays within two waves.
         let mut split_plans = Vec::new();
         for config in SPLIT_CONFIGS {

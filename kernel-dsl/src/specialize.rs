@@ -236,8 +236,9 @@ mod tests {
         assert_eq!(divisible_params(&a, &s), Some(vec![4, 5]));
         let plain = access_widths(&a, &s).unwrap();
         let divisible = access_widths(&assume_divisible(&a, &[4, 5]), &s).unwrap();
-        // Two `cp.async` copies (8 bf16 each) and the store of the accumulator's pairs.
+        // Two `cp.async` copies (8 bf16 each) and the store of the accumulator (moved
+        // out of the MMA layout to store 8 bf16 a vector).
         assert_eq!(plain, [1, 1, 1]);
-        assert_eq!(divisible, [8, 8, 2]);
+        assert_eq!(divisible, [8, 8, 8]);
     }
 }

@@ -81,6 +81,9 @@ pub struct Emitter<'k> {
     /// Bytes of the `cp.async` ring of pipelined loops, at the start of the shared
     /// buffer (the scratch space every other use shares starts after it).
     pub ring_bytes: u32,
+    /// Bytes at the ring's start that tiles moved between layouts outside pipelined
+    /// loops use ([`Emitter::convert_rows`]); the ring is free there.
+    pub ring_scratch: u32,
     /// The register holding the ring's address, once used.
     ring_reg: Option<String>,
     /// The pipelined loops being emitted, innermost last.
@@ -167,6 +170,7 @@ impl<'k> Emitter<'k> {
             gathers_remote: false,
             fused: super::contract::fused_products(k),
             ring_bytes: 0,
+            ring_scratch: 0,
             ring_reg: None,
             rings: Vec::new(),
             swizzled: false,
@@ -468,6 +472,156 @@ impl<'k> Emitter<'k> {
             out.push(self.ld_shared(kind, &b, off as u32 * es));
         }
         Ok(out)
+    }
+
+    /// Whether [`Emitter::convert_rows`] can move a tile of `kind` between `from` and `to`:
+    /// 2-D layouts of one shape that tile it exactly (no copies), outside pipelined loops
+    /// (their ring holds operands), in the shared memory a program may use.
+    pub fn can_convert_rows(&self, kind: Rk, from: &Layout, to: &Layout) -> bool {
+        let exact = |l: &Layout| {
+            l.space_rank() == 2
+                && l.keep == [0, 1]
+                && !l.replicated()
+                && (0..2).all(|s| l.ext[s] % l.cover(s) == 0)
+        };
+        let shape = to.shape();
+        matches!(kind, Rk::H | Rk::R | Rk::F)
+            && self.rings.is_empty()
+            && exact(from)
+            && exact(to)
+            && from.shape() == shape
+            && Self::rows_bytes(kind, &shape) <= self.target.max_shared_bytes()
+    }
+
+    /// Row pitch (elements) and bytes of a `[rows, cols]` tile of `kind` in shared memory
+    /// for [`Emitter::convert_rows`]: rows of a multiple of 128 bytes are padded by 16,
+    /// so the 8 rows an accumulator layout's warp writes at once fall in different banks.
+    fn rows_pitch(kind: Rk, shape: &[usize]) -> usize {
+        let es = kind.smem_bytes() as usize;
+        let cols = shape[1];
+        if (cols * es) % 128 == 0 {
+            cols + 16 / es
+        } else {
+            cols
+        }
+    }
+
+    fn rows_bytes(kind: Rk, shape: &[usize]) -> u32 {
+        (shape[0] * Self::rows_pitch(kind, shape)) as u32 * kind.smem_bytes()
+    }
+
+    /// Moves a 2-D tile between layouts through the start of shared memory, where the
+    /// ring of pipelined loops lives (free outside them): each thread writes and reads
+    /// its runs along the rows as vectors of up to 16 bytes, in padded rows. Used to
+    /// store a `dot` result from its accumulator layout with 16-byte global stores, as
+    /// Triton converts the MMA layout to a blocked one before a store (docs/perf.md,
+    /// "The accumulator's store"). Check [`Emitter::can_convert_rows`] first.
+    pub fn convert_rows(
+        &mut self,
+        src: &[String],
+        kind: Rk,
+        from: &Layout,
+        to: &Layout,
+    ) -> Res<Vec<String>> {
+        let es = kind.smem_bytes();
+        let shape = to.shape();
+        let (cols, pitch) = (shape[1], Self::rows_pitch(kind, &shape));
+        self.ring_scratch = self.ring_scratch.max(Self::rows_bytes(kind, &shape));
+        let ring = self.ring_base();
+        // Elements per vector: a thread's run along the rows, at most 16 bytes.
+        let width = |l: &Layout| {
+            if l.order[0] == 1 {
+                l.run(1).min(16 / es as usize).max(1)
+            } else {
+                1
+            }
+        };
+        let phys = |off: usize| (off / cols) * pitch + off % cols;
+        self.ins("bar.sync 0");
+        let a = self.rows_addr(from, es, pitch, &ring);
+        let w = width(from);
+        let offs = Self::lin_offsets(from);
+        for g in (0..src.len()).step_by(w) {
+            let at = phys(offs[g]) as u32 * es;
+            let regs = &src[g..g + w];
+            if kind == Rk::H && w >= 2 {
+                let words = self.pack_halves(regs);
+                self.ins(format!(
+                    "st.shared{}.b32 [{a}+{at}], {}",
+                    Self::vsuf_n(words.len()),
+                    Self::list(&words)
+                ));
+            } else {
+                self.ins(format!(
+                    "st.shared{}.{} [{a}+{at}], {}",
+                    Self::vsuf_n(w),
+                    kind.bits(),
+                    Self::list(regs)
+                ));
+            }
+        }
+        self.ins("bar.sync 0");
+        let b = self.rows_addr(to, es, pitch, &ring);
+        let w = width(to);
+        let offs = Self::lin_offsets(to);
+        let mut out = Vec::with_capacity(offs.len());
+        for g in (0..offs.len()).step_by(w) {
+            let at = phys(offs[g]) as u32 * es;
+            if kind == Rk::H && w >= 2 {
+                let words = self.fresh_like(Rk::R, w / 2);
+                self.ins(format!(
+                    "ld.shared{}.b32 {}, [{b}+{at}]",
+                    Self::vsuf_n(words.len()),
+                    Self::list(&words)
+                ));
+                let h = self.fresh_like(Rk::H, w);
+                self.unpack_halves(&words, &h);
+                out.extend(h);
+            } else {
+                let r = self.fresh_like(kind, w);
+                self.ins(format!(
+                    "ld.shared{}.{} {}, [{b}+{at}]",
+                    Self::vsuf_n(w),
+                    kind.bits(),
+                    Self::list(&r)
+                ));
+                out.extend(r);
+            }
+        }
+        // A pipelined loop after this one fills the ring without a barrier first.
+        self.ins("bar.sync 0");
+        Ok(out)
+    }
+
+    /// Shared address of the thread's first element of a 2-D layout in rows of `pitch`
+    /// elements from `base`.
+    fn rows_addr(&mut self, l: &Layout, es: u32, pitch: usize, base: &str) -> String {
+        let c = self.coords(l);
+        let a = self.reg(Rk::R);
+        self.ins(format!(
+            "mad.lo.u32 {a}, {}, {pitch}, {}",
+            c.base[0], c.base[1]
+        ));
+        self.ins(format!("mad.lo.u32 {a}, {a}, {es}, {base}"));
+        a
+    }
+
+    /// `.vN` for N > 1.
+    fn vsuf_n(n: usize) -> String {
+        if n > 1 {
+            format!(".v{n}")
+        } else {
+            String::new()
+        }
+    }
+
+    /// `{a, b, ..}` for vectors, the register alone otherwise.
+    fn list(r: &[String]) -> String {
+        if r.len() == 1 {
+            r[0].clone()
+        } else {
+            format!("{{{}}}", r.join(", "))
+        }
     }
 
     /// Shared address of the thread's first element of a layout, for `es`-byte elements.

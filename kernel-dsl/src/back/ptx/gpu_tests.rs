@@ -1197,6 +1197,44 @@ fn gpu_dot_wgmma_tiles() {
     }
 }
 
+/// [`MATMUL_ORIENTED`] (row-major A and B, 16-byte alignment declared) storing `C` as
+/// bf16: the accumulator leaves its MMA layout through shared memory for 16-byte stores.
+pub(crate) fn matmul_bf16_out() -> String {
+    matmul_oriented(false, false, true)
+        .replace("c: Ptr<f32>", "c: Ptr<bf16>")
+        .replace(", acc, cmask)", ", acc as bf16, cmask)")
+}
+
+#[test]
+fn gpu_dot_bf16_store_through_shared_memory() {
+    let mut r = Rng(71);
+    // (BM, BN, BK, warps, M, N, K): `wgmma` tiles (on sm_90a) and `mma.sync` tiles, M
+    // and N off the tile (masked rows and columns of the moved tile), K below one tile.
+    for (bm, bn, bk, w, m, n, k) in [
+        (128, 256, 64, 8, 136, 264, 72),
+        (128, 128, 64, 8, 200, 136, 24),
+        (64, 128, 64, 4, 72, 120, 136),
+        (64, 64, 32, 4, 40, 72, 16),
+    ] {
+        let d = def(&matmul_bf16_out(), &[("BM", bm), ("BN", bn), ("BK", bk)], w);
+        let data = [
+            Data::Bf16(r.bf(m * k)),
+            Data::Bf16(r.bf(k * n)),
+            Data::Bf16(vec![bf16::NAN; m * n]),
+            Data::S(Scalar::I32(m as i32)),
+            Data::S(Scalar::I32(n as i32)),
+            Data::S(Scalar::I32(k as i32)),
+        ];
+        let grid = [
+            m.div_ceil(bm as usize) as u32,
+            n.div_ceil(bn as usize) as u32,
+            1,
+        ];
+        // One bf16 rounding of sums taken in another order: within 2^-7 relative.
+        diff("dot_bf16_store", d, grid, &data, 1.0 / 128.0);
+    }
+}
+
 /// A K-loop GEMM whose operands come in either orientation: `A_OFFSETS` is
 /// `rm.expand_dims(1) * k + rk.expand_dims(0)` for A stored `[M, K]` row-major (K
 /// fastest) or `rk.expand_dims(0) * m + rm.expand_dims(1)` for A stored as `[K, M]`

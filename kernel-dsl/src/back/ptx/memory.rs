@@ -348,17 +348,45 @@ impl Emitter<'_> {
             let shape = self.k.ty(ptr).shape.clone();
             let info = &self.axis[ptr.index()];
             let coalesced = Layout::coalesced(&shape, self.k.num_warps, info, dt.size_bytes());
-            if let Some(c) = coalesced {
+            if let Some(c) = coalesced.clone() {
                 if c.order[0] != l.order[0]
                     && self.vec_width(ptr, mask, &c, dt) > self.vec_width(ptr, mask, &l, dt)
                 {
                     l = c;
                 }
             }
+            // A `dot` result in its accumulator layout holds two adjacent elements of
+            // a row per thread: a 16-bit one moved into the pointers' layout through
+            // shared memory (free after the loop) is stored in 16-byte vectors instead
+            // of 4-byte ones. (f32 tiles keep their 8-byte stores: split-K partials
+            // stored through shared memory were slower; docs/perf.md, "The
+            // accumulator's store".)
+            let mut moved = None;
+            if kind == Rk::H && self.lay.strong[value.index()] && l == self.layout_of(value) {
+                let nw = self.k.num_warps;
+                let acc = Layout::mma(&shape, nw).as_ref() == Some(&l)
+                    || Layout::wgmma(&shape, nw).as_ref() == Some(&l);
+                let natural = coalesced
+                    .clone()
+                    .unwrap_or_else(|| Layout::default_for(&shape, nw));
+                if acc && natural != l && self.can_convert_rows(kind, &l, &natural) {
+                    let now = self.vec_width(ptr, mask, &l, dt);
+                    let then = self.vec_width(ptr, mask, &natural, dt);
+                    if then >= 2 * now && then * dt.size_bytes() >= 8 {
+                        let src = self.tile(value, &l)?;
+                        moved = Some(self.convert_rows(&src, kind, &l, &natural)?);
+                        l = natural;
+                    }
+                }
+            }
             let owner = self.coords(&l).owner;
+            let vals = match moved {
+                Some(v) => v,
+                None => self.tile(value, &l)?,
+            };
             (
                 self.tile(ptr, &l)?,
-                self.tile(value, &l)?,
+                vals,
                 mask.map(|m| self.tile(m, &l)).transpose()?,
                 owner,
                 self.vec_width(ptr, mask, &l, dt),

@@ -264,6 +264,7 @@ pub fn compile(kernel: &Kernel, target: Target) -> Result<PtxKernel, CompileErro
     if target.hopper() && e.code.contains(emit::WAIT_MARKER) {
         ptx.push_str("\t.reg .pred %tfw_p;\n\t.reg .b32 %tfw_r;\n\t.reg .b64 %tfw_d;\n");
     }
+    e.ring_bytes = e.ring_bytes.max(e.ring_scratch);
     if e.wgmma_used {
         // The scratch space after the ring starts 1024-byte aligned too.
         e.ring_bytes = e.ring_bytes.next_multiple_of(1024);

@@ -1033,6 +1033,46 @@ fn oriented(a_t: bool, b_t: bool, aligned: bool, stages: u32) -> (String, Vec<su
     (loop_body(&p.ptx).to_string(), p.accesses)
 }
 
+#[test]
+fn bf16_accumulator_stores_leave_the_mma_layout_through_padded_rows() {
+    // 64 x 64 bf16 output over 4 warps: the MMA layout gives a thread pairs of a row
+    // (4-byte stores); moved through shared memory, 16-byte vectors.
+    let spec = crate::Specialization {
+        consts: [("BM", 64), ("BN", 64), ("BK", 32)]
+            .iter()
+            .map(|(n, v)| (n.to_string(), *v))
+            .collect(),
+        num_warps: 4,
+        num_stages: None,
+    };
+    let src = format!(
+        "#[kernel(BM = [64], BN = [64], BK = [32], num_warps = [4], num_stages = [3])]\n{}",
+        super::gpu_tests::matmul_bf16_out()
+    );
+    let k = crate::compile_source(&src, &spec).unwrap();
+    for target in [Target::Sm80, Target::Sm90a] {
+        let p = compile(&k, target).unwrap();
+        let store = p
+            .accesses
+            .iter()
+            .find(|a| a.kind == super::AccessKind::Store)
+            .unwrap();
+        assert_eq!(store.width, 8, "{target:?}");
+        let epilogue = &p.ptx[p.ptx.rfind("cp.async.wait_all").unwrap()..];
+        // 4096 elements over 128 threads: 16 pairs in, 4 vectors of 8 out.
+        assert_eq!(epilogue.matches("st.shared.b32").count(), 16, "{epilogue}");
+        assert_eq!(epilogue.matches("ld.shared.v4.b32").count(), 4);
+        assert_eq!(epilogue.matches("st.global.v4.b32").count(), 4);
+        assert!(!epilogue.contains("st.global.b32"));
+        // Rows of 64 bf16 (128 bytes) padded by 8 elements: a pitch of 72, the next row
+        // 144 bytes on, so a warp's 8 rows of pairs fall in distinct banks.
+        assert!(epilogue.contains(", 72, "), "{epilogue}");
+        // The tile sits where the ring was (free after the loop); no scratch beyond it.
+        assert!(p.ptx.contains(".b8 tf_smem[") || p.ptx.contains("tf_smem[]"));
+        assemble(&p, target);
+    }
+}
+
 /// The vector widths of the kernel's loads.
 fn load_widths(acc: &[super::Access]) -> Vec<usize> {
     acc.iter()
@@ -1054,7 +1094,7 @@ fn operand_loads_coalesce_along_their_contiguous_dim() {
     assert!(!body.contains("st.shared.b16"), "{body}");
     assert!(body.contains("ldmatrix.sync.aligned.m8n8.x4.shared.b16"));
     assert!(!body.contains(".trans"), "{body}");
-    // The output tile's store keeps its 8-byte vectors (rows of the MMA layout).
+    // The f32 output tile keeps its 8-byte vectors (rows of the MMA layout).
     let store = acc
         .iter()
         .find(|a| a.kind == super::AccessKind::Store)
