@@ -1,7 +1,8 @@
 //! The quantized GEMVs (Q8_0, Q4_K, Q6_K) against the device's copy ceiling, at
 //! Qwen3-0.6B's and Qwen3-8B's layer shapes.
 //!
-//! `cargo run --release --example quant_bandwidth [-- --sweep] [--8b]`
+//! `cargo run --release --example quant_bandwidth [-- --sweep] [--8b] [--only TYPE:NxK]
+//! [--config N,K,WARPS]`
 //!
 //! Prints one table: per type, shape and variant (plain, residual), the best compiled
 //! launch configuration's time for the GEMV alone (over an activation quantized
@@ -11,7 +12,9 @@
 //! shapes), with the bf16 GEMV's bytes for the same shape beside them, the time of the
 //! configuration the decode step uses (`QuantGemvConfig::for_shape`), and that of the
 //! step's pair: the activation quantizer and the GEMV. `--sweep` adds every
-//! configuration's time; `--8b` times Qwen3-8B's shapes only. Without a GPU it says so and exits 0.
+//! configuration's time; `--8b` times Qwen3-8B's shapes only; `--only Q4_K:4096x12288`
+//! one type and shape, `--config 8,1024,8` one launch configuration (with `--only`, one
+//! kernel for a profiler). Without a GPU it says so and exits 0.
 //!
 //! Method (docs/perf.md, as `examples/bandwidth.rs`): CUDA events around CUDA-graph
 //! replays of launches that cycle through copies of the weights larger than 4x L2
@@ -36,6 +39,14 @@ const SHAPES: [(usize, usize, &str); 8] = [
     (24576, 4096, "8B gate+up"),
     (4096, 12288, "8B down"),
 ];
+
+/// The value after `flag` on the command line, if any.
+fn arg_value(flag: &str) -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == flag)
+        .and_then(|i| args.get(i + 1).cloned())
+}
 
 fn main() {
     let sweep = std::env::args().any(|a| a == "--sweep");
@@ -91,8 +102,27 @@ fn run(dev: &Device, sweep: bool, only_8b: bool) -> Result<(), Box<dyn std::erro
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut rng = Rng::new(27);
     let mut sweeps = Vec::new();
+    // `--only TYPE:NxK` and `--config N,K,WARPS`.
+    let only = arg_value("--only");
+    let config = match arg_value("--config") {
+        Some(c) => {
+            let v: Vec<usize> = c
+                .split(',')
+                .map(str::parse)
+                .collect::<Result<_, _>>()
+                .map_err(|e| format!("--config {c:?}: {e} (expected N,K,WARPS)"))?;
+            let found = QuantGemvConfig::all()
+                .into_iter()
+                .find(|q| v.len() == 3 && [q.block_n, q.block_k, q.num_warps as usize] == v[..]);
+            Some(found.ok_or_else(|| format!("--config {c:?} is not a compiled configuration"))?)
+        }
+        None => None,
+    };
     for ty in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0] {
         for &(n, k, what) in SHAPES.iter().filter(|s| !only_8b || s.2.starts_with("8B")) {
+            if only.as_ref().is_some_and(|o| *o != format!("{ty}:{n}x{k}")) {
+                continue;
+            }
             let packed = PackedMatrix::pack(ty, &random_blocks(&mut rng, ty, n, k), n, k, what)?;
             // Copies of the weights that together exceed 4x L2, so every launch streams
             // from DRAM.
@@ -116,6 +146,9 @@ fn run(dev: &Device, sweep: bool, only_8b: bool) -> Result<(), Box<dyn std::erro
                 let mut best: Option<(f64, QuantGemvConfig)> = None;
                 let mut chosen_us = f64::NAN;
                 for cfg in QuantGemvConfig::all() {
+                    if config.is_some_and(|c| c != cfg) {
+                        continue;
+                    }
                     let (stats, _method) = perf::time_graph(dev, copies, opts, |i| {
                         let out = QuantOut::Rows {
                             y: &mut ys[i],
