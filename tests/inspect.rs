@@ -216,7 +216,7 @@ fn reports_the_divisible_form() {
     let out = run(&args("examples/tutorial_03_matmul.rs")).unwrap();
     assert!(
         out.contains(
-            "divisible form: also compiled assuming `n`, `k` multiples of 16, launched when they are: 3 access(es) wider (1 -> 8, 1 -> 8, 1 -> 2)"
+            "divisible form: also compiled assuming `n`, `k` multiples of 16, launched when they are: 3 access(es) wider (1 -> 8, 1 -> 8, 1 -> 8)"
         ),
         "{out}"
     );
