@@ -17,6 +17,9 @@
 //! launch cost stays out of short kernels' times; `--events` times plain launches
 //! between events instead (cuBLAS is timed the same way either way).
 
+#[path = "common/args.rs"]
+mod args;
+
 use tilefuse::dsl::runtime::timing::{self as perf, TimingOptions};
 use tilefuse::engine::bench::workloads::{replicate, rotation_sets};
 use tilefuse::engine::bench::{Cublas, PerfError, Rng};
@@ -41,14 +44,6 @@ const CONFIGS: [MatmulConfig; 11] = [
     MatmulConfig::new(64, 64, 32, 4),
 ];
 
-/// The value after `flag` on the command line, if any.
-fn arg_value(flag: &str) -> Option<String> {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == flag)
-        .and_then(|i| args.get(i + 1).cloned())
-}
-
 /// `MxNxK` as three sizes.
 fn parse_shape(s: &str) -> anyhow::Result<(usize, usize, usize)> {
     let v: Vec<usize> = s
@@ -62,27 +57,21 @@ fn parse_shape(s: &str) -> anyhow::Result<(usize, usize, usize)> {
     }
 }
 
+/// A configuration as `--config` spells it: `BMxBNxBK/W/S`.
+fn config_name(c: &MatmulConfig) -> String {
+    format!(
+        "{}x{}x{}/{}/{}",
+        c.block_m, c.block_n, c.block_k, c.num_warps, c.num_stages
+    )
+}
+
 /// `BMxBNxBK/W/S` as one of [`CONFIGS`].
 fn parse_config(s: &str) -> anyhow::Result<MatmulConfig> {
     CONFIGS
         .into_iter()
-        .find(|c| {
-            let name = format!(
-                "{}x{}x{}/{}/{}",
-                c.block_m, c.block_n, c.block_k, c.num_warps, c.num_stages
-            );
-            name == s
-        })
+        .find(|c| config_name(c) == s)
         .ok_or_else(|| {
-            let known: Vec<String> = CONFIGS
-                .iter()
-                .map(|c| {
-                    format!(
-                        "{}x{}x{}/{}/{}",
-                        c.block_m, c.block_n, c.block_k, c.num_warps, c.num_stages
-                    )
-                })
-                .collect();
+            let known: Vec<String> = CONFIGS.iter().map(config_name).collect();
             anyhow::anyhow!(
                 "--config {s:?} is not compiled; compiled: {}",
                 known.join(", ")
@@ -165,8 +154,10 @@ fn time<E: From<tilefuse::dsl::runtime::RuntimeError>>(
 fn main() -> anyhow::Result<()> {
     let dev = Device::auto();
     let check_only = std::env::args().any(|a| a == "--check-only");
-    let only_shape = arg_value("--shape").map(|s| parse_shape(&s)).transpose()?;
-    let only_config = arg_value("--config")
+    let only_shape = args::value("--shape")
+        .map(|s| parse_shape(&s))
+        .transpose()?;
+    let only_config = args::value("--config")
         .map(|s| parse_config(&s))
         .transpose()?;
     let mut rng = Rng::new(24);

@@ -20,6 +20,9 @@
 //! replays of launches that cycle through copies of the weights larger than 4x L2
 //! together; median of 30 after 5 warm-ups.
 
+#[path = "common/args.rs"]
+mod args;
+
 use tilefuse::dsl::runtime::timing::{self as perf, TimingOptions};
 use tilefuse::engine::bench::{PerfError, Rng};
 use tilefuse::engine::gguf::device::{
@@ -39,14 +42,6 @@ const SHAPES: [(usize, usize, &str); 8] = [
     (24576, 4096, "8B gate+up"),
     (4096, 12288, "8B down"),
 ];
-
-/// The value after `flag` on the command line, if any.
-fn arg_value(flag: &str) -> Option<String> {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == flag)
-        .and_then(|i| args.get(i + 1).cloned())
-}
 
 fn main() {
     let sweep = std::env::args().any(|a| a == "--sweep");
@@ -103,8 +98,8 @@ fn run(dev: &Device, sweep: bool, only_8b: bool) -> Result<(), Box<dyn std::erro
     let mut rng = Rng::new(27);
     let mut sweeps = Vec::new();
     // `--only TYPE:NxK` and `--config N,K,WARPS`.
-    let only = arg_value("--only");
-    let config = match arg_value("--config") {
+    let only = args::value("--only");
+    let config = match args::value("--config") {
         Some(c) => {
             let v: Vec<usize> = c
                 .split(',')

@@ -543,22 +543,17 @@ impl<'k> Emitter<'k> {
         let offs = Self::lin_offsets(from);
         for g in (0..src.len()).step_by(w) {
             let at = phys(offs[g]) as u32 * es;
-            let regs = &src[g..g + w];
-            if kind == Rk::H && w >= 2 {
-                let words = self.pack_halves(regs);
-                self.ins(format!(
-                    "st.shared{}.b32 [{a}+{at}], {}",
-                    Self::vsuf_n(words.len()),
-                    Self::list(&words)
-                ));
+            // 16-bit elements go in pairs, as 32-bit words.
+            let (regs, ty) = if kind == Rk::H && w >= 2 {
+                (self.pack_halves(&src[g..g + w]), Rk::R.bits())
             } else {
-                self.ins(format!(
-                    "st.shared{}.{} [{a}+{at}], {}",
-                    Self::vsuf_n(w),
-                    kind.bits(),
-                    Self::list(regs)
-                ));
-            }
+                (src[g..g + w].to_vec(), kind.bits())
+            };
+            self.ins(format!(
+                "st.shared{}.{ty} [{a}+{at}], {}",
+                Self::vsuf(regs.len()),
+                Self::regs_list(&regs)
+            ));
         }
         self.ins("bar.sync 0");
         let b = self.rows_addr(to, es, pitch, &ring);
@@ -567,24 +562,20 @@ impl<'k> Emitter<'k> {
         let mut out = Vec::with_capacity(offs.len());
         for g in (0..offs.len()).step_by(w) {
             let at = phys(offs[g]) as u32 * es;
-            if kind == Rk::H && w >= 2 {
-                let words = self.fresh_like(Rk::R, w / 2);
-                self.ins(format!(
-                    "ld.shared{}.b32 {}, [{b}+{at}]",
-                    Self::vsuf_n(words.len()),
-                    Self::list(&words)
-                ));
+            let pairs = kind == Rk::H && w >= 2;
+            let (rk, n) = if pairs { (Rk::R, w / 2) } else { (kind, w) };
+            let r = self.fresh_like(rk, n);
+            self.ins(format!(
+                "ld.shared{}.{} {}, [{b}+{at}]",
+                Self::vsuf(n),
+                rk.bits(),
+                Self::regs_list(&r)
+            ));
+            if pairs {
                 let h = self.fresh_like(Rk::H, w);
-                self.unpack_halves(&words, &h);
+                self.unpack_halves(&r, &h);
                 out.extend(h);
             } else {
-                let r = self.fresh_like(kind, w);
-                self.ins(format!(
-                    "ld.shared{}.{} {}, [{b}+{at}]",
-                    Self::vsuf_n(w),
-                    kind.bits(),
-                    Self::list(&r)
-                ));
                 out.extend(r);
             }
         }
@@ -604,24 +595,6 @@ impl<'k> Emitter<'k> {
         ));
         self.ins(format!("mad.lo.u32 {a}, {a}, {es}, {base}"));
         a
-    }
-
-    /// `.vN` for N > 1.
-    fn vsuf_n(n: usize) -> String {
-        if n > 1 {
-            format!(".v{n}")
-        } else {
-            String::new()
-        }
-    }
-
-    /// `{a, b, ..}` for vectors, the register alone otherwise.
-    fn list(r: &[String]) -> String {
-        if r.len() == 1 {
-            r[0].clone()
-        } else {
-            format!("{{{}}}", r.join(", "))
-        }
     }
 
     /// Shared address of the thread's first element of a layout, for `es`-byte elements.

@@ -1039,19 +1039,13 @@ fn gpu_dot_in_a_loop() {
                 Data::Bf16(r.bf(len))
             }
         };
-        let data = [
+        let data = gemm_args(
             half(&mut r, m * k),
             half(&mut r, k * n),
             Data::F32(r.vec(m * n, 1.0)),
-            Data::S(Scalar::I32(m as i32)),
-            Data::S(Scalar::I32(n as i32)),
-            Data::S(Scalar::I32(k as i32)),
-        ];
-        let grid = [
-            m.div_ceil(bm as usize) as u32,
-            n.div_ceil(bn as usize) as u32,
-            1,
-        ];
+            (m, n, k),
+        );
+        let grid = tile_grid(m, n, bm, bn);
         diff("dot_in_a_loop", d, grid, &data, 1e-4);
     }
 }
@@ -1093,19 +1087,13 @@ fn gpu_dot_pipelined() {
                 .contains("cp.async.cg.shared.global"),
             "pipelined"
         );
-        let data = [
+        let data = gemm_args(
             Data::Bf16(r.bf(m * k)),
             Data::Bf16(r.bf(k * n)),
             Data::F32(r.vec(m * n, 1.0)),
-            Data::S(Scalar::I32(m as i32)),
-            Data::S(Scalar::I32(n as i32)),
-            Data::S(Scalar::I32(k as i32)),
-        ];
-        let grid = [
-            m.div_ceil(bm as usize) as u32,
-            n.div_ceil(bn as usize) as u32,
-            1,
-        ];
+            (m, n, k),
+        );
+        let grid = tile_grid(m, n, bm, bn);
         diff("dot_pipelined", d, grid, &data, 1e-4);
     }
 }
@@ -1152,19 +1140,13 @@ fn gpu_dot_wgmma_tiles() {
                 Data::Bf16(r.bf(len))
             }
         };
-        let data = [
+        let data = gemm_args(
             half(&mut r, m * k),
             half(&mut r, k * n),
             Data::F32(r.vec(m * n, 1.0)),
-            Data::S(Scalar::I32(m as i32)),
-            Data::S(Scalar::I32(n as i32)),
-            Data::S(Scalar::I32(k as i32)),
-        ];
-        let grid = [
-            m.div_ceil(bm as usize) as u32,
-            n.div_ceil(bn as usize) as u32,
-            1,
-        ];
+            (m, n, k),
+        );
+        let grid = tile_grid(m, n, bm, bn);
         diff("dot_wgmma_tiles", d, grid, &data, 1e-4);
     }
     // NT (an `[N, K]` weight: B staged K-major) and plain, 16-byte aligned.
@@ -1180,21 +1162,36 @@ fn gpu_dot_wgmma_tiles() {
             w,
         );
         assert!(d.variants[0].ptx_sm90a.as_str().contains("wgmma.mma_async"));
-        let data = [
+        let data = gemm_args(
             Data::Bf16(r.bf(m * k)),
             Data::Bf16(r.bf(k * n)),
             Data::F32(vec![f32::NAN; m * n]),
-            Data::S(Scalar::I32(m as i32)),
-            Data::S(Scalar::I32(n as i32)),
-            Data::S(Scalar::I32(k as i32)),
-        ];
-        let grid = [
-            m.div_ceil(bm as usize) as u32,
-            n.div_ceil(bn as usize) as u32,
-            1,
-        ];
+            (m, n, k),
+        );
+        let grid = tile_grid(m, n, bm, bn);
         diff("dot_wgmma_nt", d, grid, &data, 1e-4);
     }
+}
+
+/// The arguments of a GEMM test kernel `(a, b, c, m, n, k)`.
+fn gemm_args(a: Data, b: Data, c: Data, (m, n, k): (usize, usize, usize)) -> [Data; 6] {
+    [
+        a,
+        b,
+        c,
+        Data::S(Scalar::I32(m as i32)),
+        Data::S(Scalar::I32(n as i32)),
+        Data::S(Scalar::I32(k as i32)),
+    ]
+}
+
+/// One program per `bm x bn` tile of an `m x n` output.
+fn tile_grid(m: usize, n: usize, bm: i64, bn: i64) -> [u32; 3] {
+    [
+        m.div_ceil(bm as usize) as u32,
+        n.div_ceil(bn as usize) as u32,
+        1,
+    ]
 }
 
 /// [`MATMUL_ORIENTED`] (row-major A and B, 16-byte alignment declared) storing `C` as
@@ -1217,19 +1214,13 @@ fn gpu_dot_bf16_store_through_shared_memory() {
         (64, 64, 32, 4, 40, 72, 16),
     ] {
         let d = def(&matmul_bf16_out(), &[("BM", bm), ("BN", bn), ("BK", bk)], w);
-        let data = [
+        let data = gemm_args(
             Data::Bf16(r.bf(m * k)),
             Data::Bf16(r.bf(k * n)),
             Data::Bf16(vec![bf16::NAN; m * n]),
-            Data::S(Scalar::I32(m as i32)),
-            Data::S(Scalar::I32(n as i32)),
-            Data::S(Scalar::I32(k as i32)),
-        ];
-        let grid = [
-            m.div_ceil(bm as usize) as u32,
-            n.div_ceil(bn as usize) as u32,
-            1,
-        ];
+            (m, n, k),
+        );
+        let grid = tile_grid(m, n, bm, bn);
         // One bf16 rounding of sums taken in another order: within 2^-7 relative.
         diff("dot_bf16_store", d, grid, &data, 1.0 / 128.0);
     }
@@ -1324,19 +1315,13 @@ fn gpu_dot_operand_orientations() {
             w,
         );
         let (ha, hb) = (r.bf(m * k), r.bf(k * n));
-        let data = [
+        let data = gemm_args(
             Data::Bf16(ha.clone()),
             Data::Bf16(hb.clone()),
             Data::F32(vec![f32::NAN; m * n]),
-            Data::S(Scalar::I32(m as i32)),
-            Data::S(Scalar::I32(n as i32)),
-            Data::S(Scalar::I32(k as i32)),
-        ];
-        let grid = [
-            m.div_ceil(bm as usize) as u32,
-            n.div_ceil(bn as usize) as u32,
-            1,
-        ];
+            (m, n, k),
+        );
+        let grid = tile_grid(m, n, bm, bn);
         // The interpreter computes the oriented product the host does.
         let got = run_on(&crate::runtime::Device::cpu(), d, grid, &data);
         let Data::F32(c) = &got[2] else {

@@ -104,7 +104,8 @@ impl Emitter<'_> {
         }
     }
 
-    fn regs_list(r: &[String]) -> String {
+    /// `{a, b, ..}` for a vector access, the register alone otherwise.
+    pub(super) fn regs_list(r: &[String]) -> String {
         if r.len() == 1 {
             r[0].clone()
         } else {
@@ -112,7 +113,8 @@ impl Emitter<'_> {
         }
     }
 
-    fn vsuf(n: usize) -> String {
+    /// `.vN` for a vector access of `n > 1` registers.
+    pub(super) fn vsuf(n: usize) -> String {
         if n == 1 {
             String::new()
         } else {

@@ -1012,9 +1012,9 @@ fn pipelined_dot_loops_copy_with_cp_async() {
     }
 }
 
-/// The loop body and the global accesses of [`super::gpu_tests::matmul_oriented`]
-/// with `num_stages` stages.
-fn oriented(a_t: bool, b_t: bool, aligned: bool, stages: u32) -> (String, Vec<super::Access>) {
+/// A GEMM kernel of the `(a, b, c, m, n, k)` form at 64 x 64 x 32 tiles over 4 warps,
+/// `num_stages` stages.
+fn gemm_64x64(body: &str, stages: u32) -> crate::ir::Kernel {
     let spec = crate::Specialization {
         consts: [("BM", 64), ("BN", 64), ("BK", 32)]
             .iter()
@@ -1024,10 +1024,18 @@ fn oriented(a_t: bool, b_t: bool, aligned: bool, stages: u32) -> (String, Vec<su
         num_stages: None,
     };
     let src = format!(
-        "#[kernel(BM = [64], BN = [64], BK = [32], num_warps = [4], num_stages = [{stages}])]\n{}",
-        super::gpu_tests::matmul_oriented(a_t, b_t, aligned)
+        "#[kernel(BM = [64], BN = [64], BK = [32], num_warps = [4], num_stages = [{stages}])]\n{body}"
     );
-    let k = crate::compile_source(&src, &spec).unwrap();
+    crate::compile_source(&src, &spec).unwrap()
+}
+
+/// The loop body and the global accesses of [`super::gpu_tests::matmul_oriented`]
+/// with `num_stages` stages.
+fn oriented(a_t: bool, b_t: bool, aligned: bool, stages: u32) -> (String, Vec<super::Access>) {
+    let k = gemm_64x64(
+        &super::gpu_tests::matmul_oriented(a_t, b_t, aligned),
+        stages,
+    );
     let p = compile(&k, Target::Sm80).unwrap();
     assemble(&p, Target::Sm80);
     (loop_body(&p.ptx).to_string(), p.accesses)
@@ -1037,19 +1045,7 @@ fn oriented(a_t: bool, b_t: bool, aligned: bool, stages: u32) -> (String, Vec<su
 fn bf16_accumulator_stores_leave_the_mma_layout_through_padded_rows() {
     // 64 x 64 bf16 output over 4 warps: the MMA layout gives a thread pairs of a row
     // (4-byte stores); moved through shared memory, 16-byte vectors.
-    let spec = crate::Specialization {
-        consts: [("BM", 64), ("BN", 64), ("BK", 32)]
-            .iter()
-            .map(|(n, v)| (n.to_string(), *v))
-            .collect(),
-        num_warps: 4,
-        num_stages: None,
-    };
-    let src = format!(
-        "#[kernel(BM = [64], BN = [64], BK = [32], num_warps = [4], num_stages = [3])]\n{}",
-        super::gpu_tests::matmul_bf16_out()
-    );
-    let k = crate::compile_source(&src, &spec).unwrap();
+    let k = gemm_64x64(&super::gpu_tests::matmul_bf16_out(), 3);
     for target in [Target::Sm80, Target::Sm90a] {
         let p = compile(&k, target).unwrap();
         let store = p
