@@ -9,7 +9,8 @@
 //! `kernel-dsl`'s own test kernels are checked by its tests. Without `ptxas` the test
 //! only compiles and prints a notice; `TILEFUSE_REQUIRE_PTXAS=1` (set by `.ci/run`) makes
 //! that a failure. `TILEFUSE_PTXAS_TABLE=FILE` writes every variant's registers and
-//! spills to FILE (tab-separated, sorted), to compare two builds of the compiler.
+//! spills to FILE (tab-separated, sorted), with a hash of its PTX (FNV-1a) that shows
+//! which variants a compiler change touched, to compare two builds of the compiler.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -180,12 +181,13 @@ fn every_kernel_assembles_without_spills() {
                         let report = ptxas::assemble(&bin, &job.kernel, job.target);
                         if let Ok(r) = &report {
                             table.lock().unwrap().push(format!(
-                                "{} {}\t{}\t{}\t{}",
+                                "{} {}\t{}\t{}\t{}\t{:016x}",
                                 job.what,
                                 job.target.name(),
                                 r.registers,
                                 r.spill_stores,
-                                r.spill_loads
+                                r.spill_loads,
+                                ptx_hash(&job.kernel.ptx)
                             ));
                         }
                         let msg = match report {
@@ -203,7 +205,10 @@ fn every_kernel_assembles_without_spills() {
         if let Ok(path) = std::env::var("TILEFUSE_PTXAS_TABLE") {
             let mut rows = table.into_inner().unwrap();
             rows.sort();
-            rows.insert(0, "variant\tregisters\tspill stores\tspill loads".into());
+            rows.insert(
+                0,
+                "variant\tregisters\tspill stores\tspill loads\tPTX hash".into(),
+            );
             std::fs::write(&path, rows.join("\n") + "\n")
                 .unwrap_or_else(|e| panic!("TILEFUSE_PTXAS_TABLE={path}: {e}"));
         }
@@ -219,4 +224,11 @@ fn every_kernel_assembles_without_spills() {
         failures.len(),
         failures.join("\n")
     );
+}
+
+/// FNV-1a over the PTX text: stable across builds and toolchains, so two tables diff.
+fn ptx_hash(ptx: &str) -> u64 {
+    ptx.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
 }

@@ -6,8 +6,8 @@
 //!
 //! **Activations.** [`quantize_act`] runs once per GEMV input (except the O
 //! projection's, which [`attention_combine_quant`] writes as it merges the attention's
-//! splits) and writes, for each
-//! 32-element block `j` of the activation `x`: `xd[j] = max|x| / 127` (f32) and the int8
+//! splits, and the normed inputs that the GEMVs' `ACT = 1` variant quantizes itself)
+//! and writes, for each 32-element block `j` of the activation `x`: `xd[j] = max|x| / 127` (f32) and the int8
 //! values `q = floor(x * 127 / max|x| + 0.5)` four to a word in element order
 //! (`xq[8 j + w]` holds elements `32 j + 4 w .. + 4`, byte `b` element `32 j + 4 w + b`).
 //! The K-quant GEMVs take the sums of `q` they need (a block's, or each 16-element
@@ -25,9 +25,17 @@
 //! - `MODE = 3`: the LM head's final norm, `x = bf16(g * bf16(a * inv_rms))` as
 //!   [`lm_head_argmax`](crate::kernels::lm_head_argmax) rounds it.
 //!
-//! **GEMVs.** Each type has one kernel with three variants:
+//! **GEMVs.** Each type has one kernel with four variants:
 //!
 //! - `RESIDUAL = 0, HEAD = 0`: `y = bf16(W · x + bias)`;
+//! - `ACT = 1`: the same over `x` = RMSNorm of the bf16 `a` (weights `norm_w`), with no
+//!   quantizer launch before it: each program quantizes the blocks of `a * norm_w` its
+//!   tiles read, exactly as `quantize_act` would but for the positive factor `inv_rms`
+//!   (quantization does not change under it: the program computes `inv_rms` and scales
+//!   its row sums by it, as [`rms_norm_gemv`](crate::kernels::rms_norm_gemv) does).
+//!   Every program quantizes the whole input again, so the decode step uses it for
+//!   short rows only (`gguf::device::fuses_norm`; docs/perf.md, "The norm inside the
+//!   quantized GEMV");
 //! - `RESIDUAL = 1`: `y = bf16(y + bf16(W · x + bias))`, as
 //!   [`gemv_residual`](crate::kernels::gemv_residual);
 //! - `HEAD = 1`: the LM head: the bf16 logits `bf16(W · x)` stored as f32 in `logits`,
@@ -147,6 +155,42 @@ fn store_blocks(x: Tile<f32>, blk: Tile<i32>, blk_ok: Tile<bool>, xq: Ptr<i32>, 
     store(xd + blk, amax / 127.0, blk_ok);
 }
 
+/// `x = a * norm_w` at the element indices `e` (masked by `ok`): the RMSNorm input of a
+/// GEMV that quantizes its own activation (`ACT = 1`), before its `inv_rms`, which
+/// scales the row sums instead (quantization does not change under a positive scale).
+#[tile_fn(crate = tilefuse_dsl)]
+fn normed_input(a: Ptr<bf16>, norm_w: Ptr<bf16>, e: Tile<i32>, ok: Tile<bool>) -> Tile<f32> {
+    (load(a + e, ok, 0.0) as f32) * (load(norm_w + e, ok, 0.0) as f32)
+}
+
+/// Values `v` (`[.., 4]`: four to a word along the last axis) quantized with the
+/// per-block `inv = 127 / max|x|` (broadcast to `v`'s shape) and packed into words, as
+/// `store_blocks` packs them.
+#[tile_fn(crate = tilefuse_dsl)]
+fn pack_words3(v: Tile<f32>, inv: Tile<f32>) -> Tile<i32> {
+    let b = arange(0, 4);
+    let q = floor(v * inv + 0.5) as i32;
+    (((q as u32) & 255) << (b * 8) as u32)
+        .sum(2)
+        .bitcast::<i32>()
+}
+
+/// [`pack_words3`] for rank-4 values (`[.., 4]`).
+#[tile_fn(crate = tilefuse_dsl)]
+fn pack_words4(v: Tile<f32>, inv: Tile<f32>) -> Tile<i32> {
+    let b = arange(0, 4);
+    let q = floor(v * inv + 0.5) as i32;
+    (((q as u32) & 255) << (b * 8) as u32)
+        .sum(3)
+        .bitcast::<i32>()
+}
+
+/// `127 / amax` where `amax > 0`, else 0: the quantizer's inverse step.
+#[tile_fn(crate = tilefuse_dsl)]
+fn inv_step(amax: Tile<f32>) -> Tile<f32> {
+    select(amax > 0.0, 127.0 / amax, 0.0)
+}
+
 /// Quantizes a GEMV's input to int8 blocks of 32 (see the module docs): `xq` (four
 /// values a word) and `xd` (each block's scale), for `x` of length `k` computed from `a`
 /// by `MODE`. One program a `B` elements.
@@ -245,22 +289,34 @@ fn store_rows<const RESIDUAL: usize, const HEAD: usize>(
 /// One tile's Q8_0 sums per row and block (`[n, blocks]`): `qt: [n, blocks, 8]` words,
 /// `dd: [n, blocks]` scales, against activation blocks `blk` (valid where `blk_ok`).
 #[tile_fn(crate = tilefuse_dsl)]
-fn q8_0_tile(
+#[allow(clippy::too_many_arguments)]
+fn q8_0_tile<const ACT: usize>(
     qt: Tile<u32>,
     dd: Tile<f16>,
     xq: Ptr<i32>,
     xd: Ptr<f32>,
+    a: Ptr<bf16>,
+    norm_w: Ptr<bf16>,
     blk: Tile<i32>,
     blk_ok: Tile<bool>,
     w: Tile<i32>,
 ) -> Tile<f32> {
-    let x = load(
-        xq + (blk * 8).expand_dims(1) + w.expand_dims(0),
-        blk_ok.expand_dims(1),
-        0,
-    );
+    let x_offs = (blk * 8).expand_dims(1) + w.expand_dims(0);
+    let x_ok = blk_ok.expand_dims(1);
+    let mut x = x_offs & 0;
+    let mut x_d = (blk & 0) as f32;
+    if ACT == 0 {
+        x = load(xq + x_offs, x_ok, 0);
+        x_d = load(xd + blk, blk_ok, 0.0);
+    } else {
+        // Word `8 blk + w` holds elements `4 (8 blk + w) + b`.
+        let e = (x_offs * 4).expand_dims(2) + arange(0, 4);
+        let v = normed_input(a, norm_w, e, x_ok.expand_dims(2));
+        let amax = abs(v).max(2).max(1);
+        x = pack_words3(v, inv_step(amax).expand_dims(1).expand_dims(2));
+        x_d = amax / 127.0;
+    }
     let dots = dot4(qt.bitcast::<i32>(), x.expand_dims(0), 0).sum(2);
-    let x_d = load(xd + blk, blk_ok, 0.0);
     (dots as f32) * (dd as f32) * x_d.expand_dims(0)
 }
 
@@ -274,7 +330,11 @@ fn q8_0_tile(
     num_warps = [4, 8],
     RESIDUAL = [0, 1],
     HEAD = [0, 1],
+    ACT = [0, 1],
     skip(HEAD = 1, RESIDUAL = 1),
+    // The norm prologue is for the QKV and gate/up projections (no residual, no head).
+    skip(ACT = 1, HEAD = 1),
+    skip(ACT = 1, RESIDUAL = 1),
     // Long tiles are for wide matrices (few rows), many rows for tall ones.
     skip(BLOCK_K = 2048, BLOCK_N = [8, 16, 32]),
     skip(BLOCK_K = 1024, BLOCK_N = 32),
@@ -285,11 +345,14 @@ pub fn q8_0_gemv<
     const BLOCK_K: usize,
     const RESIDUAL: usize,
     const HEAD: usize,
+    const ACT: usize,
 >(
     q: Ptr<u32>,
     d: Ptr<f16>,
     xq: Ptr<i32>,
     xd: Ptr<f32>,
+    a: Ptr<bf16>,
+    norm_w: Ptr<bf16>,
     bias: Ptr<bf16>,
     y: Ptr<bf16>,
     logits: Ptr<f32>,
@@ -298,6 +361,7 @@ pub fn q8_0_gemv<
     n: i32,
     row0: i32,
     #[multiple_of(8)] k_words: i32,
+    eps: f32,
 ) {
     let blocks = k_words / 8;
     let rows = program_id(0) * BLOCK_N + arange(0, BLOCK_N);
@@ -319,11 +383,16 @@ pub fn q8_0_gemv<
         b = load(bias + row0 + rows, row_ok, 0.0) as f32;
     }
     wait_for_prior_kernels();
+    // With the norm prologue, `inv_rms` scales the row sums (as in `rms_norm_gemv`).
+    let mut inv_rms = 1.0;
+    if ACT == 1 {
+        inv_rms = inv_rms_of::<1024>(a, k_words * 4, eps);
+    }
     let mut old = zeros::<f32>([BLOCK_N]);
     if RESIDUAL == 1 {
         old = load(y + row0 + rows, row_ok, 0.0) as f32;
     }
-    let mut acc = q8_0_tile(q_first, d_first, xq, xd, grp, grp < blocks, w);
+    let mut acc = q8_0_tile::<ACT>(q_first, d_first, xq, xd, a, norm_w, grp, grp < blocks, w);
     for g0 in (BLOCK_K / 32..blocks).step_by(BLOCK_K / 32) {
         let blk = g0 + grp;
         let blk_ok = blk < blocks;
@@ -334,7 +403,7 @@ pub fn q8_0_gemv<
             0,
         );
         let dt = load(d + d_rows + blk.expand_dims(0), ok, 0.0);
-        acc += q8_0_tile(qt, dt, xq, xd, blk, blk_ok, w);
+        acc += q8_0_tile::<ACT>(qt, dt, xq, xd, a, norm_w, blk, blk_ok, w);
     }
     store_rows::<RESIDUAL, HEAD>(
         y,
@@ -343,7 +412,7 @@ pub fn q8_0_gemv<
         part_idx,
         row0 + rows,
         row_ok,
-        acc.sum(1),
+        acc.sum(1) * inv_rms,
         b,
         old,
     );
@@ -354,7 +423,7 @@ pub fn q8_0_gemv<
 /// their super-blocks' scales, against activation blocks `blk` (valid where `blk_ok`).
 #[tile_fn(crate = tilefuse_dsl)]
 #[allow(clippy::too_many_arguments)]
-fn q4_k_tile(
+fn q4_k_tile<const ACT: usize>(
     qt: Tile<u32>,
     sc: Tile<u8>,
     m: Tile<u8>,
@@ -362,6 +431,8 @@ fn q4_k_tile(
     dm: Tile<f16>,
     xq: Ptr<i32>,
     xd: Ptr<f32>,
+    a: Ptr<bf16>,
+    norm_w: Ptr<bf16>,
     blk: Tile<i32>,
     blk_ok: Tile<bool>,
     w: Tile<i32>,
@@ -369,8 +440,24 @@ fn q4_k_tile(
     let x_offs = (blk * 8).expand_dims(1) + w.expand_dims(0);
     let x_ok = blk_ok.expand_dims(1);
     // Low nibbles of word w: elements 4w..4w+4 (activation word w); high: 16 + 4w...
-    let x_lo = load(xq + x_offs, x_ok, 0);
-    let x_hi = load(xq + x_offs + 4, x_ok, 0);
+    let mut x_lo = x_offs & 0;
+    let mut x_hi = x_offs & 0;
+    let mut x_d = (blk & 0) as f32;
+    if ACT == 0 {
+        x_lo = load(xq + x_offs, x_ok, 0);
+        x_hi = load(xq + x_offs + 4, x_ok, 0);
+        x_d = load(xd + blk, blk_ok, 0.0);
+    } else {
+        let e = (x_offs * 4).expand_dims(2) + arange(0, 4);
+        let ok3 = x_ok.expand_dims(2);
+        let v_lo = normed_input(a, norm_w, e, ok3);
+        let v_hi = normed_input(a, norm_w, e + 16, ok3);
+        let amax = maximum(abs(v_lo).max(2).max(1), abs(v_hi).max(2).max(1));
+        let inv = inv_step(amax).expand_dims(1).expand_dims(2);
+        x_lo = pack_words3(v_lo, inv);
+        x_hi = pack_words3(v_hi, inv);
+        x_d = amax / 127.0;
+    }
     let x_lo3 = x_lo.expand_dims(0);
     let x_hi3 = x_hi.expand_dims(0);
     let lo = qt & 0x0F0F_0F0F;
@@ -380,7 +467,6 @@ fn q4_k_tile(
     // laid out as `dots`; the compiler folds it to a constant).
     let ones = (qt & 0) | 0x0101_0101;
     let x_sum = dot4(ones, x_hi3, dot4(ones, x_lo3, 0)).sum(2);
-    let x_d = load(xd + blk, blk_ok, 0.0);
     // `dots`-derived operands first: the scales are then loaded in its layout.
     let scaled =
         ((dots * (sc as i32)) as f32) * (dd as f32) - ((x_sum * (m as i32)) as f32) * (dm as f32);
@@ -398,7 +484,11 @@ fn q4_k_tile(
     num_warps = [4, 8],
     RESIDUAL = [0, 1],
     HEAD = [0, 1],
+    ACT = [0, 1],
     skip(HEAD = 1, RESIDUAL = 1),
+    // The norm prologue is for the QKV and gate/up projections (no residual, no head).
+    skip(ACT = 1, HEAD = 1),
+    skip(ACT = 1, RESIDUAL = 1),
     // Long tiles are for wide matrices (few rows), many rows for tall ones.
     skip(BLOCK_K = 2048, BLOCK_N = [8, 16, 32]),
     skip(BLOCK_K = 1024, BLOCK_N = 32),
@@ -409,6 +499,7 @@ pub fn q4_k_gemv<
     const BLOCK_K: usize,
     const RESIDUAL: usize,
     const HEAD: usize,
+    const ACT: usize,
 >(
     q: Ptr<u32>,
     scales: Ptr<u8>,
@@ -417,6 +508,8 @@ pub fn q4_k_gemv<
     dmin: Ptr<f16>,
     xq: Ptr<i32>,
     xd: Ptr<f32>,
+    a: Ptr<bf16>,
+    norm_w: Ptr<bf16>,
     bias: Ptr<bf16>,
     y: Ptr<bf16>,
     logits: Ptr<f32>,
@@ -425,6 +518,7 @@ pub fn q4_k_gemv<
     n: i32,
     row0: i32,
     #[multiple_of(32)] k_words: i32,
+    eps: f32,
 ) {
     let blocks = k_words / 4;
     let rows = program_id(0) * BLOCK_N + arange(0, BLOCK_N);
@@ -448,11 +542,16 @@ pub fn q4_k_gemv<
         b = load(bias + row0 + rows, row_ok, 0.0) as f32;
     }
     wait_for_prior_kernels();
+    // With the norm prologue, `inv_rms` scales the row sums (as in `rms_norm_gemv`).
+    let mut inv_rms = 1.0;
+    if ACT == 1 {
+        inv_rms = inv_rms_of::<1024>(a, k_words * 8, eps);
+    }
     let mut old = zeros::<f32>([BLOCK_N]);
     if RESIDUAL == 1 {
         old = load(y + row0 + rows, row_ok, 0.0) as f32;
     }
-    let mut acc = q4_k_tile(
+    let mut acc = q4_k_tile::<ACT>(
         q_first,
         sc_first,
         m_first,
@@ -460,6 +559,8 @@ pub fn q4_k_gemv<
         dmin_first,
         xq,
         xd,
+        a,
+        norm_w,
         grp,
         grp < blocks,
         w,
@@ -478,7 +579,7 @@ pub fn q4_k_gemv<
         let sb = (blk / 8).expand_dims(0);
         let dt = load(d + d_rows + sb, ok, 0.0);
         let dmint = load(dmin + d_rows + sb, ok, 0.0);
-        acc += q4_k_tile(qt, sct, mt, dt, dmint, xq, xd, blk, blk_ok, w);
+        acc += q4_k_tile::<ACT>(qt, sct, mt, dt, dmint, xq, xd, a, norm_w, blk, blk_ok, w);
     }
     store_rows::<RESIDUAL, HEAD>(
         y,
@@ -487,7 +588,7 @@ pub fn q4_k_gemv<
         part_idx,
         row0 + rows,
         row_ok,
-        acc.sum(1),
+        acc.sum(1) * inv_rms,
         b,
         old,
     );
@@ -500,7 +601,7 @@ pub fn q4_k_gemv<
 /// `i`: the word pair and the word in it.
 #[tile_fn(crate = tilefuse_dsl)]
 #[allow(clippy::too_many_arguments)]
-fn q6_k_tile(
+fn q6_k_tile<const ACT: usize>(
     lt: Tile<u32>,
     ht: Tile<u32>,
     sc0: Tile<u8>,
@@ -508,6 +609,8 @@ fn q6_k_tile(
     dd: Tile<f16>,
     xq: Ptr<i32>,
     xd: Ptr<f32>,
+    a: Ptr<bf16>,
+    norm_w: Ptr<bf16>,
     blk: Tile<i32>,
     blk_ok: Tile<bool>,
     p: Tile<i32>,
@@ -515,8 +618,27 @@ fn q6_k_tile(
 ) -> Tile<f32> {
     let x_offs = (blk * 8).expand_dims(1).expand_dims(2) + (p * 2).expand_dims(1) + i;
     let x_ok = blk_ok.expand_dims(1).expand_dims(2);
-    let x_lo = load(xq + x_offs, x_ok, 0);
-    let x_hi = load(xq + x_offs + 4, x_ok, 0);
+    let mut x_lo = x_offs & 0;
+    let mut x_hi = x_offs & 0;
+    let mut x_d = (blk & 0) as f32;
+    if ACT == 0 {
+        x_lo = load(xq + x_offs, x_ok, 0);
+        x_hi = load(xq + x_offs + 4, x_ok, 0);
+        x_d = load(xd + blk, blk_ok, 0.0);
+    } else {
+        let e = (x_offs * 4).expand_dims(3) + arange(0, 4);
+        let ok4 = x_ok.expand_dims(3);
+        let v_lo = normed_input(a, norm_w, e, ok4);
+        let v_hi = normed_input(a, norm_w, e + 16, ok4);
+        let amax = maximum(
+            abs(v_lo).max(3).max(2).max(1),
+            abs(v_hi).max(3).max(2).max(1),
+        );
+        let inv = inv_step(amax).expand_dims(1).expand_dims(2).expand_dims(3);
+        x_lo = pack_words4(v_lo, inv);
+        x_hi = pack_words4(v_hi, inv);
+        x_d = amax / 127.0;
+    }
     // Word 2p + i's high bits: at bit 4i (low nibbles) and 4i + 2 (high) of each byte
     // of `qh` word p, moved to bit 4.
     let t = ht.expand_dims(3) << (4 - i * 4) as u32;
@@ -534,7 +656,6 @@ fn q6_k_tile(
     let s_hi = dot4(ones, x_hi3, 0).sum(3);
     let isum = (dot_lo - s_lo * 32) * (sc0 as i32 - 128).expand_dims(2)
         + (dot_hi - s_hi * 32) * (sc1 as i32 - 128).expand_dims(2);
-    let x_d = load(xd + blk, blk_ok, 0.0);
     (isum as f32) * (dd as f32).expand_dims(2) * x_d.expand_dims(0).expand_dims(2)
 }
 
@@ -549,7 +670,11 @@ fn q6_k_tile(
     num_warps = [4, 8],
     RESIDUAL = [0, 1],
     HEAD = [0, 1],
+    ACT = [0, 1],
     skip(HEAD = 1, RESIDUAL = 1),
+    // The norm prologue is for the QKV and gate/up projections (no residual, no head).
+    skip(ACT = 1, HEAD = 1),
+    skip(ACT = 1, RESIDUAL = 1),
     // Long tiles are for wide matrices (few rows), many rows for tall ones.
     skip(BLOCK_K = 2048, BLOCK_N = [8, 16, 32]),
     skip(BLOCK_K = 1024, BLOCK_N = 32),
@@ -560,6 +685,7 @@ pub fn q6_k_gemv<
     const BLOCK_K: usize,
     const RESIDUAL: usize,
     const HEAD: usize,
+    const ACT: usize,
 >(
     ql: Ptr<u32>,
     qh: Ptr<u32>,
@@ -567,6 +693,8 @@ pub fn q6_k_gemv<
     d: Ptr<f16>,
     xq: Ptr<i32>,
     xd: Ptr<f32>,
+    a: Ptr<bf16>,
+    norm_w: Ptr<bf16>,
     bias: Ptr<bf16>,
     y: Ptr<bf16>,
     logits: Ptr<f32>,
@@ -575,6 +703,7 @@ pub fn q6_k_gemv<
     n: i32,
     row0: i32,
     #[multiple_of(32)] k_words: i32,
+    eps: f32,
 ) {
     let blocks = k_words / 4;
     let rows = program_id(0) * BLOCK_N + arange(0, BLOCK_N);
@@ -608,11 +737,16 @@ pub fn q6_k_gemv<
         b = load(bias + row0 + rows, row_ok, 0.0) as f32;
     }
     wait_for_prior_kernels();
+    // With the norm prologue, `inv_rms` scales the row sums (as in `rms_norm_gemv`).
+    let mut inv_rms = 1.0;
+    if ACT == 1 {
+        inv_rms = inv_rms_of::<1024>(a, k_words * 8, eps);
+    }
     let mut old = zeros::<f32>([BLOCK_N]);
     if RESIDUAL == 1 {
         old = load(y + row0 + rows, row_ok, 0.0) as f32;
     }
-    let mut acc = q6_k_tile(
+    let mut acc = q6_k_tile::<ACT>(
         l_first,
         h_first,
         sc0_first,
@@ -620,6 +754,8 @@ pub fn q6_k_gemv<
         d_first,
         xq,
         xd,
+        a,
+        norm_w,
         grp,
         grp < blocks,
         p,
@@ -642,7 +778,7 @@ pub fn q6_k_gemv<
         let sc0 = load(scales + s_rows + (blk * 2).expand_dims(0), ok, 128);
         let sc1 = load(scales + s_rows + (blk * 2 + 1).expand_dims(0), ok, 128);
         let dt = load(d + d_rows + (blk / 8).expand_dims(0), ok, 0.0);
-        acc += q6_k_tile(lt, ht, sc0, sc1, dt, xq, xd, blk, blk_ok, p, i);
+        acc += q6_k_tile::<ACT>(lt, ht, sc0, sc1, dt, xq, xd, a, norm_w, blk, blk_ok, p, i);
     }
     store_rows::<RESIDUAL, HEAD>(
         y,
@@ -651,7 +787,7 @@ pub fn q6_k_gemv<
         part_idx,
         row0 + rows,
         row_ok,
-        acc.sum(2).sum(1),
+        acc.sum(2).sum(1) * inv_rms,
         b,
         old,
     );

@@ -651,13 +651,15 @@ fn quantized_step_matches_the_dense_step_on_dequantized_weights() {
         let mut quant =
             Decoder::with_quant(&cfg, &f.model_weights(&cfg).unwrap(), &qw, &dev, 16).unwrap();
         assert!(quant.is_quantized());
-        // Three of a layer's four quantized GEMV inputs are quantized by a launch each
-        // (O's by the attention combine as it merges the splits:
-        // `attention_combine_quant`), and QKV takes two more launches and gate/up one
-        // more (runs of one type).
+        // Of a layer's four quantized GEMV inputs only down's is quantized by a launch
+        // of its own: the QKV and gate/up GEMVs quantize their normed inputs themselves
+        // at these short rows (`gguf::device::fuses_norm`), O's is written by the
+        // attention combine as it merges the splits (`attention_combine_quant`). QKV
+        // takes two more launches and gate/up one more (runs of one type).
+        assert!(tilefuse_engine::gguf::device::fuses_norm(cfg.hidden_size));
         assert_eq!(
             quant.kernels_per_step(),
-            dense.decoder().expect("one device").kernels_per_step() + 6 * cfg.num_layers
+            dense.decoder().expect("one device").kernels_per_step() + 4 * cfg.num_layers
         );
         assert!(
             quant.weight_bytes_per_step()

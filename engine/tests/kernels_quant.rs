@@ -357,8 +357,84 @@ fn check_type(ty: GgmlType, seed: u64) {
                         );
                     }
                 }
+                check_norm_fused(&dev, &m, &c, n, k, cfg, &a, &norm_w, &bias, &inputs[1]);
             }
         }
+    }
+}
+
+/// The GEMV that quantizes its RMSNorm input itself (`gemv_norm_fused`, `ACT = 1`):
+/// within the error its own quantization allows of `W · x + bias` for the exact normed
+/// input `x` (half a step of each block's `max|x| / 127` an element, plus f32 scaling
+/// and the output's bf16 rounding), every row written (outputs poisoned with NaN).
+#[allow(clippy::too_many_arguments)]
+fn check_norm_fused(
+    dev: &Device,
+    m: &DeviceQuantMatrix,
+    c: &Case,
+    n: usize,
+    k: usize,
+    cfg: QuantGemvConfig,
+    a: &Buffer<bf16>,
+    norm_w: &Buffer<bf16>,
+    bias: &Buffer<bf16>,
+    x: &[f64],
+) {
+    let what = format!("{} {n}x{k} {cfg:?} norm fused on {dev}", m.ggml_type());
+    let mut spare = QuantSpare::new(dev, k).unwrap();
+    let mut y = dev.alloc_filled(n, bf16::NAN).unwrap();
+    let out = QuantOut::Rows {
+        y: &mut y,
+        row0: 0,
+        bias,
+    };
+    m.gemv_norm_fused(dev, cfg, a, norm_w, EPS, out, &mut spare, false)
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    let step: Vec<f64> = x
+        .chunks(32)
+        .map(|b| b.iter().fold(0f64, |s, v| s.max(v.abs())) / 127.0)
+        .collect();
+    let want = host_gemv(c, n, k, x, true);
+    let got = y.to_vec().unwrap();
+    // The same GEMV after the quantizer launch: the same quantization but for rare
+    // rounding flips (another summation order of `inv_rms`, the scale applied to the
+    // row sums instead of the input), so it must agree far more tightly than the bound
+    // above, which is what catches a wrong scale.
+    let mut unfused = dev.alloc_filled(n, bf16::NAN).unwrap();
+    m.gemv(
+        dev,
+        cfg,
+        a,
+        Some((norm_w, EPS)),
+        bias,
+        &mut unfused,
+        false,
+        &mut spare,
+    )
+    .unwrap_or_else(|e| panic!("{what}: unfused: {e}"));
+    let unfused = unfused.to_vec().unwrap();
+    for r in 0..n {
+        let (proj, mag) = want[r];
+        let w_step = |e: usize| (c.w[r * k + e] as f64).abs() * step[e / 32];
+        let quant: f64 = (0..k).map(|e| w_step(e) * 0.5).sum();
+        let tol = quant * 1.01 + mag * 4e-6 + proj.abs() / 256.0 + 1e-30;
+        let g = got[r].to_f64();
+        assert!(
+            g.is_finite() && (g - proj).abs() <= tol,
+            "{what}: row {r}: got {g}, want {proj} (tol {tol:.3e})"
+        );
+        // Two flipped elements, both outputs' bf16 rounding, f32 scaling.
+        let u = unfused[r].to_f64();
+        let flips = 2.0 * (0..k).map(w_step).fold(0f64, f64::max);
+        let tol = flips
+            + (g.abs() + u.abs()) / 256.0
+            + (u - c.bias[r].to_f64()).abs() / 256.0
+            + mag * 1e-5
+            + 1e-30;
+        assert!(
+            (g - u).abs() <= tol,
+            "{what}: row {r}: {g} fused, {u} after the quantizer (tol {tol:.3e})"
+        );
     }
 }
 

@@ -41,11 +41,12 @@ impl Matrix {
     }
 
     /// Kernel launches one GEMV over the matrix takes (quantized: the activation's
-    /// quantization, then one per run of rows of one type).
-    pub(crate) fn launches(&self) -> usize {
+    /// quantization, unless the GEMV quantizes a normed input itself (`normed`,
+    /// [`QuantMatrix::fuses_norm`]), then one per run of rows of one type).
+    pub(crate) fn launches(&self, normed: bool) -> usize {
         match self {
             Matrix::Dense(_) => 1,
-            Matrix::Quant(q) => 1 + q.parts.len(),
+            Matrix::Quant(q) => usize::from(!(normed && q.fuses_norm())) + q.parts.len(),
         }
     }
 }
@@ -57,6 +58,8 @@ struct Part {
     row0: usize,
     m: DeviceQuantMatrix,
     cfg: QuantGemvConfig,
+    /// The configuration when the GEMV quantizes its normed input itself.
+    fused_cfg: QuantGemvConfig,
 }
 
 /// A quantized matrix on the device: consecutive runs of rows, each of one type.
@@ -91,6 +94,7 @@ impl QuantMatrix {
                 row0,
                 m: DeviceQuantMatrix::upload(dev, &merged)?,
                 cfg: QuantGemvConfig::for_step(ty, rows, cols, head)?,
+                fused_cfg: QuantGemvConfig::for_step_norm_fused(ty, rows, cols)?,
             });
             row0 += rows;
             i += run;
@@ -108,12 +112,15 @@ impl QuantMatrix {
     pub(crate) fn set_tiles(&mut self, tiles: &QuantTiles) -> Result<()> {
         for p in &mut self.parts {
             let (ty, rows, cols) = (p.m.ggml_type(), p.m.rows, p.m.cols);
-            p.cfg = match tiles.get(rows, cols) {
+            (p.cfg, p.fused_cfg) = match tiles.get(rows, cols) {
                 Some(cfg) => {
                     cfg.check(self.head)?;
-                    cfg
+                    (cfg, cfg)
                 }
-                None => QuantGemvConfig::for_step(ty, rows, cols, self.head)?,
+                None => (
+                    QuantGemvConfig::for_step(ty, rows, cols, self.head)?,
+                    QuantGemvConfig::for_step_norm_fused(ty, rows, cols)?,
+                ),
             };
         }
         Ok(())
@@ -139,8 +146,26 @@ impl QuantMatrix {
         spare: &mut QuantSpare,
     ) -> Result<()> {
         let cols = self.parts[0].m.cols;
+        if let (QuantVariant::Norm { norm_w, eps }, true) = (variant, self.fuses_norm()) {
+            for (i, p) in self.parts.iter().enumerate() {
+                let out = QuantOut::Rows {
+                    y: &mut *y,
+                    row0: p.row0,
+                    bias,
+                };
+                let serialized = launch.serialized && i == 0;
+                p.m.gemv_norm_fused(dev, p.fused_cfg, a, norm_w, eps, out, spare, serialized)?;
+            }
+            return Ok(());
+        }
         spare.quantize(dev, variant, a, cols, false, launch.serialized)?;
         self.gemv_quantized_input(dev, variant, y, bias, spare)
+    }
+
+    /// Whether a normed GEMV over this matrix quantizes its input inside the GEMV
+    /// launches ([`crate::gguf::device::fuses_norm`]) instead of a quantizer before them.
+    pub(crate) fn fuses_norm(&self) -> bool {
+        !self.head && crate::gguf::device::fuses_norm(self.parts[0].m.cols)
     }
 
     /// [`QuantMatrix::gemv`] over an activation already quantized into `spare` (by the

@@ -9,6 +9,24 @@ use super::quant::{GgmlType, PackedMatrix};
 use crate::error::Result;
 use crate::kernels_quant::{Q4_K_GEMV, Q6_K_GEMV, Q8_0_GEMV, QUANTIZE_ACT};
 
+/// Whether the decode step quantizes the RMSNorm input of a quantized QKV or gate/up
+/// GEMV over `cols` columns inside the GEMV ([`DeviceQuantMatrix::gemv_norm_fused`])
+/// rather than in a quantizer launch before it. Every program then quantizes the whole
+/// input again, which costs less than a launch only where the rows are short:
+/// up to [`FUSED_NORM_MAX_COLS`] columns (docs/perf.md, "The norm inside the quantized
+/// GEMV"). The environment's `TILEFUSE_QUANT_NORM_FUSED` (`1`: always, `0`: never)
+/// overrides it.
+pub fn fuses_norm(cols: usize) -> bool {
+    match std::env::var("TILEFUSE_QUANT_NORM_FUSED").ok().as_deref() {
+        Some("1") => true,
+        Some("0") => false,
+        _ => cols <= FUSED_NORM_MAX_COLS,
+    }
+}
+
+/// The longest rows whose norm [`fuses_norm`] moves into the GEMV by default.
+pub const FUSED_NORM_MAX_COLS: usize = 2048;
+
 /// A launch configuration of a quantized GEMV: rows and columns per tile, warps.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct QuantGemvConfig {
@@ -77,6 +95,25 @@ impl QuantGemvConfig {
         }
     }
 
+    /// The configuration of a GEMV that quantizes its normed input itself
+    /// ([`DeviceQuantMatrix::gemv_norm_fused`]): 16 rows of 1024-column tiles over 4
+    /// warps for 2048 rows or more, which halves the programs that each quantize the
+    /// whole input (Qwen3-0.6B on an H200: Q4_K_M 1931 tokens/s against 1884 with
+    /// [`QuantGemvConfig::for_shape`]'s 8 rows, Q8_0 2043 against 1979; 8 warps, 8 or
+    /// 4 rows and 512-column tiles were slower, docs/perf.md "The norm inside the
+    /// quantized GEMV"), else [`QuantGemvConfig::for_shape`]'s.
+    pub fn for_norm_fused(ty: GgmlType, rows: usize, cols: usize) -> QuantGemvConfig {
+        if rows >= 2048 {
+            QuantGemvConfig {
+                block_n: 16,
+                block_k: 1024,
+                num_warps: 4,
+            }
+        } else {
+            Self::for_shape(ty, rows, cols)
+        }
+    }
+
     /// An LM head's configuration: 16 rows of 1024-column tiles over 4 warps, the best
     /// of the head's compiled configurations inside the step at Qwen3-0.6B's and
     /// Qwen3-8B's vocabulary (151936 rows; 8 rows: 1.2% slower at 0.6B, 8 warps
@@ -93,6 +130,27 @@ impl QuantGemvConfig {
     /// `TILEFUSE_QUANT_TILE=n,k,warps` (every matrix of 2048 rows or more). A malformed
     /// or uncompiled override is an error naming it.
     pub fn for_step(ty: GgmlType, rows: usize, cols: usize, head: bool) -> Result<QuantGemvConfig> {
+        let base = if head {
+            Self::HEAD
+        } else {
+            Self::for_shape(ty, rows, cols)
+        };
+        Self::overridden(rows, cols, head, base)
+    }
+
+    /// [`QuantGemvConfig::for_norm_fused`]'s choice, unless the environment overrides
+    /// it as for [`QuantGemvConfig::for_step`].
+    pub fn for_step_norm_fused(ty: GgmlType, rows: usize, cols: usize) -> Result<QuantGemvConfig> {
+        Self::overridden(rows, cols, false, Self::for_norm_fused(ty, rows, cols))
+    }
+
+    /// `base`, or the environment's override for a `[rows, cols]` matrix.
+    fn overridden(
+        rows: usize,
+        cols: usize,
+        head: bool,
+        base: QuantGemvConfig,
+    ) -> Result<QuantGemvConfig> {
         if let Some(tiles) = QuantTiles::from_env()? {
             if let Some(cfg) = tiles.get(rows, cols) {
                 cfg.check(head)?;
@@ -108,11 +166,7 @@ impl QuantGemvConfig {
                 return Ok(cfg);
             }
         }
-        Ok(if head {
-            Self::HEAD
-        } else {
-            Self::for_shape(ty, rows, cols)
-        })
+        Ok(base)
     }
 
     /// An error unless this configuration is compiled (for an LM head: and its
@@ -413,6 +467,64 @@ impl DeviceQuantMatrix {
         spare: &mut QuantSpare,
         serialized: bool,
     ) -> Result<()> {
+        self.launch_kernel(dev, cfg, residual, None, out, spare, serialized)
+    }
+
+    /// `y = bf16(W · rmsnorm(a) + bias)` in one launch: each program quantizes the
+    /// normed input of its own tile (`ACT = 1` in [`crate::kernels_quant`]: the blocks
+    /// of `a * norm_w`, with `inv_rms` scaling the row sums), so no quantizer runs
+    /// before it. Where it pays is the step's choice ([`fuses_norm`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemv_norm_fused(
+        &self,
+        dev: &Device,
+        cfg: QuantGemvConfig,
+        a: &Buffer<bf16>,
+        norm_w: &Buffer<bf16>,
+        eps: f32,
+        out: QuantOut<'_>,
+        spare: &mut QuantSpare,
+        serialized: bool,
+    ) -> Result<()> {
+        if matches!(out, QuantOut::Head { .. }) {
+            return Err(crate::error::EngineError::Option {
+                message: "the LM head's final norm is quantized by its own launch".into(),
+            });
+        }
+        if a.len() < self.cols || norm_w.len() < self.cols {
+            return Err(crate::error::EngineError::Option {
+                message: format!(
+                    "a normed quantized GEMV over {} columns with an input of {} and norm weights of {}",
+                    self.cols,
+                    a.len(),
+                    norm_w.len()
+                ),
+            });
+        }
+        self.launch_kernel(
+            dev,
+            cfg,
+            false,
+            Some((a, norm_w, eps)),
+            out,
+            spare,
+            serialized,
+        )
+    }
+
+    /// The GEMV kernel over the activation in `spare`, or with `norm = Some((a, norm_w,
+    /// eps))` over RMSNorm of `a`, quantized in the kernel.
+    #[allow(clippy::too_many_arguments)]
+    fn launch_kernel(
+        &self,
+        dev: &Device,
+        cfg: QuantGemvConfig,
+        residual: bool,
+        norm: Option<(&Buffer<bf16>, &Buffer<bf16>, f32)>,
+        out: QuantOut<'_>,
+        spare: &mut QuantSpare,
+        serialized: bool,
+    ) -> Result<()> {
         let head = matches!(out, QuantOut::Head { .. });
         if self.cols > spare.cols {
             return Err(crate::error::EngineError::Option {
@@ -431,6 +543,7 @@ impl DeviceQuantMatrix {
             cfg.block_k as i64,
             i64::from(residual && !head),
             i64::from(head),
+            i64::from(norm.is_some()),
         ];
         let n = self.rows as i32;
         let k = self.cols as i32;
@@ -452,6 +565,9 @@ impl DeviceQuantMatrix {
             QuantBuffers::Q4K { .. } | QuantBuffers::Q6K { .. } => k / 8,
         };
         args.extend([(&spare.xq).into(), (&spare.xd).into()]);
+        // Without the norm prologue `a` and `norm_w` are not read.
+        let (a, norm_w, eps) = norm.unwrap_or((&spare.bias, &spare.bias, 0.0));
+        args.extend([a.into(), norm_w.into()]);
         let row0 = match out {
             QuantOut::Rows { y, row0, bias } => {
                 args.extend([
@@ -478,7 +594,7 @@ impl DeviceQuantMatrix {
                 0
             }
         };
-        args.extend([n.into(), row0.into(), k_words.into()]);
+        args.extend([n.into(), row0.into(), k_words.into(), eps.into()]);
         self.kernel().launch_dyn(dev, launch, &consts, &mut args)?;
         Ok(())
     }

@@ -382,7 +382,12 @@ pub fn assign(k: &Kernel, ax: &[AxisInfo], wgmma: bool) -> Result<Layouts, Compi
                 // Either this operand's loads follow the op's layout, or, when it cannot
                 // move (a reduction's result, say), the loads among the other operands
                 // follow it: `old + acc.sum(1)` then loads `old` in the sum's layout
-                // instead of moving the sum through shared memory.
+                // instead of moving the sum through shared memory. Not where a load
+                // would lose its vector width to follow a reduction's result:
+                // `dot4(weights, x_words)` with the words packed by a reduction keeps
+                // streaming its weights 16 bytes a thread, and the small reduced tile
+                // moves instead. (An epilogue's loads still follow a `dot` accumulator,
+                // as `prefill_gemm`'s residual does.)
                 let loads = prefer(k, &l, o, want.clone()).or_else(|| {
                     let theirs = l.of[oi].clone()?;
                     let mut loads = Vec::new();
@@ -400,7 +405,13 @@ pub fn assign(k: &Kernel, ax: &[AxisInfo], wgmma: bool) -> Result<Layouts, Compi
                         }
                         loads.extend(prefer(k, &l, other, theirs.clone())?);
                     }
-                    (!loads.is_empty()).then_some(loads)
+                    let narrows = from_reduction(k, o, 8)
+                        && loads.iter().any(|(x, lx)| {
+                            l.of[x.index()]
+                                .as_ref()
+                                .is_some_and(|cur| narrower_run(cur, lx))
+                        });
+                    (!loads.is_empty() && !narrows).then_some(loads)
                 });
                 for (x, lx) in loads.into_iter().flatten() {
                     if let std::collections::hash_map::Entry::Vacant(e) = over.entry(x) {
@@ -445,6 +456,38 @@ pub fn assign(k: &Kernel, ax: &[AxisInfo], wgmma: bool) -> Result<Layouts, Compi
     };
     block(k, ax, &k.body, &mut l)?;
     Ok(l)
+}
+
+/// Whether `v` is computed from a reduction's result by elementwise ops, casts,
+/// `expand_dims` and broadcasts (at most `depth` of them).
+fn from_reduction(k: &Kernel, v: ValueId, depth: usize) -> bool {
+    let Def::Expr(e) = &k.value(v).def else {
+        return false;
+    };
+    match e {
+        Expr::Reduce { .. } => true,
+        _ if depth == 0 => false,
+        Expr::Broadcast { value, .. }
+        | Expr::ExpandDims { value, .. }
+        | Expr::Cast { value, .. }
+        | Expr::Bitcast { value, .. } => from_reduction(k, *value, depth - 1),
+        Expr::Unary { arg, .. } => from_reduction(k, *arg, depth - 1),
+        Expr::Binary { .. } | Expr::Compare { .. } | Expr::Select { .. } => e
+            .operands()
+            .into_iter()
+            .any(|o| from_reduction(k, o, depth - 1)),
+        _ => false,
+    }
+}
+
+/// Whether `new` gives a thread a shorter contiguous run than `cur` along the tile dim
+/// `cur` holds fastest (for a load: a narrower vector access).
+fn narrower_run(cur: &Layout, new: &Layout) -> bool {
+    let fast = cur.order[0];
+    let Some(t) = cur.keep.iter().position(|&s| s == fast) else {
+        return false;
+    };
+    new.keep.get(t).is_some_and(|&s| new.run(s) < cur.run(fast))
 }
 
 /// The loads (and their layouts) that would make `v` come out in layout `want` for

@@ -1256,3 +1256,32 @@ fn masks_bounded_by_minimum_of_multiples_stay_vectorized() {
     assert_eq!(widths("maximum(n, 64)"), [4, 4]);
     assert_eq!(widths("minimum(n, j)"), [1, 1]);
 }
+
+/// A load next to a reduction's result in an elementwise op follows the result's layout
+/// (`residual_is_loaded_in_the_reductions_layout`) only where it keeps its vector width:
+/// a weight tile meeting activation words packed by a reduction (the quantized GEMVs'
+/// norm prologue) stays 16 bytes a thread, and the packed words move instead.
+#[test]
+fn loads_keep_their_width_beside_a_reduced_operand() {
+    let src = "#[kernel] fn k(w: Ptr<u32>, a: Ptr<i32>, y: Ptr<i32>) {
+        let r = arange(0, 8);
+        let b = arange(0, 32);
+        let c = arange(0, 4);
+        let wt = load(w + (r * 128).expand_dims(1).expand_dims(2) + (b * 4).expand_dims(1) + c);
+        let e = (b * 16).expand_dims(1).expand_dims(2) + (c * 4).expand_dims(1) + arange(0, 4);
+        let words = load(a + e).sum(2);
+        let d = dot4(wt.bitcast::<i32>(), words.expand_dims(0), 0).sum(2).sum(1);
+        store(y + r, d);
+    }";
+    let spec = crate::Specialization {
+        consts: vec![],
+        num_warps: 4,
+        num_stages: None,
+    };
+    let k = crate::compile_source(src, &spec).unwrap();
+    let p = compile(&k, Target::Sm90).unwrap();
+    let widths: Vec<usize> = p.accesses.iter().map(|a| a.width).collect();
+    // The weight tile (two 16-byte vectors a thread), then the activation (one).
+    assert_eq!(widths[..2], [4, 4], "{widths:?}");
+    assert_eq!(p.ptx.matches("ld.global.v4.b32").count(), 3, "{}", p.ptx);
+}
