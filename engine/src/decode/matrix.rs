@@ -68,6 +68,10 @@ pub(crate) struct QuantMatrix {
     parts: Vec<Part>,
     /// Whether this is an LM head (its configurations are those of the head variant).
     head: bool,
+    /// Whether a normed GEMV over it quantizes its input inside its launches
+    /// ([`crate::gguf::device::fuses_norm`], decided once at upload so that the step's
+    /// launches and its launch count agree).
+    fuses_norm: bool,
 }
 
 impl QuantMatrix {
@@ -104,7 +108,12 @@ impl QuantMatrix {
                 message: "a quantized matrix needs at least one block of rows".into(),
             });
         }
-        Ok(QuantMatrix { parts, head })
+        let fuses_norm = !head && crate::gguf::device::fuses_norm(parts[0].m.cols);
+        Ok(QuantMatrix {
+            parts,
+            head,
+            fuses_norm,
+        })
     }
 
     /// Gives each run the configuration `tiles` names for its shape, else
@@ -165,7 +174,7 @@ impl QuantMatrix {
     /// Whether a normed GEMV over this matrix quantizes its input inside the GEMV
     /// launches ([`crate::gguf::device::fuses_norm`]) instead of a quantizer before them.
     pub(crate) fn fuses_norm(&self) -> bool {
-        !self.head && crate::gguf::device::fuses_norm(self.parts[0].m.cols)
+        self.fuses_norm
     }
 
     /// [`QuantMatrix::gemv`] over an activation already quantized into `spare` (by the
