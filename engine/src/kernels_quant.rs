@@ -134,27 +134,6 @@ pub fn silu_mul_in_place<const B: usize>(act: Ptr<bf16>, inter: i32) {
     store(act + offs, (silu * u) as bf16, ok);
 }
 
-/// Stores `x` (`[blocks, 2, 4, 4]`: blocks `blk` of 32 values in element order) as int8
-/// blocks, four values a word in `xq` and each block's scale in `xd`, where `blk_ok`:
-/// what [`quantize_act`] and [`attention_combine_quant`] write.
-#[tile_fn(crate = tilefuse_dsl)]
-fn store_blocks(x: Tile<f32>, blk: Tile<i32>, blk_ok: Tile<bool>, xq: Ptr<i32>, xd: Ptr<f32>) {
-    let h = arange(0, 2);
-    let w = arange(0, 4);
-    let b = arange(0, 4);
-    let amax = abs(x).max(3).max(2).max(1);
-    let inv = select(amax > 0.0, 127.0 / amax, 0.0);
-    let q = floor(x * inv.expand_dims(1).expand_dims(2).expand_dims(3) + 0.5) as i32;
-    let words = (((q as u32) & 255) << (b * 8) as u32).sum(3);
-    let w_offs = (blk * 8).expand_dims(1).expand_dims(2) + (h * 4).expand_dims(1) + w;
-    store(
-        xq + w_offs,
-        words.bitcast::<i32>(),
-        blk_ok.expand_dims(1).expand_dims(2),
-    );
-    store(xd + blk, amax / 127.0, blk_ok);
-}
-
 /// `x = a * norm_w` at the element indices `e` (masked by `ok`): the RMSNorm input of a
 /// GEMV that quantizes its own activation (`ACT = 1`), before its `inv_rms`, which
 /// scales the row sums instead (quantization does not change under a positive scale).
@@ -164,8 +143,9 @@ fn normed_input(a: Ptr<bf16>, norm_w: Ptr<bf16>, e: Tile<i32>, ok: Tile<bool>) -
 }
 
 /// Values `v` (`[.., 4]`: four to a word along the last axis) quantized with the
-/// per-block `inv = 127 / max|x|` (broadcast to `v`'s shape) and packed into words, as
-/// `store_blocks` packs them.
+/// per-block `inv = 127 / max|x|` (broadcast to `v`'s shape) and packed into words:
+/// the one spelling of the quantizer's rounding, which `store_blocks` and the GEMVs'
+/// own quantization share.
 #[tile_fn(crate = tilefuse_dsl)]
 fn pack_words3(v: Tile<f32>, inv: Tile<f32>) -> Tile<i32> {
     let b = arange(0, 4);
@@ -189,6 +169,24 @@ fn pack_words4(v: Tile<f32>, inv: Tile<f32>) -> Tile<i32> {
 #[tile_fn(crate = tilefuse_dsl)]
 fn inv_step(amax: Tile<f32>) -> Tile<f32> {
     select(amax > 0.0, 127.0 / amax, 0.0)
+}
+
+/// Stores `x` (`[blocks, 2, 4, 4]`: blocks `blk` of 32 values in element order) as int8
+/// blocks, four values a word in `xq` and each block's scale in `xd`, where `blk_ok`:
+/// what [`quantize_act`] and [`attention_combine_quant`] write.
+#[tile_fn(crate = tilefuse_dsl)]
+fn store_blocks(x: Tile<f32>, blk: Tile<i32>, blk_ok: Tile<bool>, xq: Ptr<i32>, xd: Ptr<f32>) {
+    let h = arange(0, 2);
+    let w = arange(0, 4);
+    let amax = abs(x).max(3).max(2).max(1);
+    let inv = inv_step(amax).expand_dims(1).expand_dims(2).expand_dims(3);
+    let w_offs = (blk * 8).expand_dims(1).expand_dims(2) + (h * 4).expand_dims(1) + w;
+    store(
+        xq + w_offs,
+        pack_words4(x, inv),
+        blk_ok.expand_dims(1).expand_dims(2),
+    );
+    store(xd + blk, amax / 127.0, blk_ok);
 }
 
 /// Quantizes a GEMV's input to int8 blocks of 32 (see the module docs): `xq` (four
