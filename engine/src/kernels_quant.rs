@@ -25,7 +25,7 @@
 //! - `MODE = 3`: the LM head's final norm, `x = bf16(g * bf16(a * inv_rms))` as
 //!   [`lm_head_argmax`](crate::kernels::lm_head_argmax) rounds it.
 //!
-//! **GEMVs.** Each type has one kernel with five variants:
+//! **GEMVs.** Each type has one kernel with four variants:
 //!
 //! - `RESIDUAL = 0, HEAD = 0`: `y = bf16(W · x + bias)`;
 //! - `ACT = 1`: the same over `x` = RMSNorm of the bf16 `a` (weights `norm_w`), with no
@@ -38,13 +38,6 @@
 //!   quantized GEMV");
 //! - `RESIDUAL = 1`: `y = bf16(y + bf16(W · x + bias))`, as
 //!   [`gemv_residual`](crate::kernels::gemv_residual);
-//! - `GLU = 1`: the MLP's gate/up projection over `[gate; up]` (`2 n` rows): each
-//!   program takes `BLOCK_N / 2` gate rows and their up rows, and stores `h =
-//!   bf16(bf16(silu(g)) * u)` (`g`, `u` rounded as the plain variant stores them) in
-//!   `y[..n]` instead of `[g; u]`, and the down projection's int8 activation blocks of `h`
-//!   in `hq`, `hd`: the last program to finish a 32-value block quantizes it (a counter a
-//!   block in `counts`, zero between launches), so the down projection launches no
-//!   quantizer. Bit for bit what `quantize_act` `MODE = 2` writes from `[g; u]`;
 //! - `HEAD = 1`: the LM head: the bf16 logits `bf16(W · x)` stored as f32 in `logits`,
 //!   and each program's greedy candidate (its largest logit, the first on ties) in
 //!   `part_val`/`part_idx[program_id]`, for
@@ -291,57 +284,6 @@ fn store_rows<const RESIDUAL: usize, const HEAD: usize>(
     }
 }
 
-/// A program's rows of the weights: `BLOCK_N` consecutive ones, or with `GLU = 1` the
-/// `BLOCK_N / 2` gate rows `r` followed by their up rows `up + r` (`[gate; up]` stacked,
-/// `up` gate rows). With `up = 0` the gate rows twice, which bound the program's rows.
-#[tile_fn(crate = tilefuse_dsl)]
-fn tile_rows<const BLOCK_N: usize, const GLU: usize>(up: i32) -> Tile<i32> {
-    let j = arange(0, BLOCK_N);
-    let mut rows = program_id(0) * BLOCK_N + j;
-    if GLU == 1 {
-        rows = program_id(0) * (BLOCK_N / 2) + j % (BLOCK_N / 2) + (j / (BLOCK_N / 2)) * up;
-    }
-    rows
-}
-
-/// The `GLU = 1` epilogue: `h = bf16(bf16(silu(g)) * u)` of the program's gate and up
-/// row sums (`sums`, [`tile_rows`]' order, bias `b` added and rounded to bf16 first, as
-/// the plain GEMV stores them) into `y[r]` for its gate rows `r < n`, and every
-/// 32-value block of `h` quantized for the down projection as [`quantize_act`] `MODE =
-/// 2` would (`hq`, `hd`): the last of the block's `64 / BLOCK_N` programs to store its
-/// values (counted in `counts`, reset for the next launch) quantizes it.
-#[tile_fn(crate = tilefuse_dsl)]
-#[allow(clippy::too_many_arguments)]
-fn store_glu<const BLOCK_N: usize>(
-    y: Ptr<bf16>,
-    hq: Ptr<i32>,
-    hd: Ptr<f32>,
-    counts: Ptr<i32>,
-    n: i32,
-    sums: Tile<f32>,
-    b: Tile<f32>,
-) {
-    let proj = ((sums + b) as bf16 as f32).reshape([2, BLOCK_N / 2]);
-    let half = arange(0, 2).expand_dims(1);
-    let g = select(half == 0, proj, 0.0).sum(0);
-    let u = select(half == 1, proj, 0.0).sum(0);
-    let h = ((g / (1.0 + exp(-g))) as bf16 as f32 * u) as bf16;
-    let r = program_id(0) * (BLOCK_N / 2) + arange(0, BLOCK_N / 2);
-    store(y + r, h, r < n);
-    let blk = program_id(0) * (BLOCK_N / 2) / 32;
-    if atomic_add(counts + blk, 1) == 64 / BLOCK_N - 1 {
-        // `[blocks, halves, words, bytes]` of the one block, in element order.
-        let e = (arange(0, 2) * 16).expand_dims(1).expand_dims(2)
-            + (arange(0, 4) * 4).expand_dims(1)
-            + arange(0, 4)
-            + blk * 32;
-        let x = load(y + e) as f32;
-        let blks = blk + arange(0, 1);
-        store_blocks(x.expand_dims(0), blks, blks >= 0, hq, hd);
-        store(counts + blk, 0);
-    }
-}
-
 /// One tile's Q8_0 sums per row and block (`[n, blocks]`): `qt: [n, blocks, 8]` words,
 /// `dd: [n, blocks]` scales, against activation blocks `blk` (valid where `blk_ok`).
 #[tile_fn(crate = tilefuse_dsl)]
@@ -387,14 +329,7 @@ fn q8_0_tile<const ACT: usize>(
     RESIDUAL = [0, 1],
     HEAD = [0, 1],
     ACT = [0, 1],
-    GLU = [0, 1],
     skip(HEAD = 1, RESIDUAL = 1),
-    // The SiLU-product epilogue is the gate/up projection's: whole activation blocks
-    // over a few programs (`BLOCK_N / 2` divides 32), the step's tiles.
-    skip(GLU = 1, HEAD = 1),
-    skip(GLU = 1, RESIDUAL = 1),
-    skip(GLU = 1, BLOCK_N = [1, 2, 4]),
-    skip(GLU = 1, BLOCK_K = [256, 2048]),
     // The norm prologue is for the QKV and gate/up projections (no residual, no head).
     skip(ACT = 1, HEAD = 1),
     skip(ACT = 1, RESIDUAL = 1),
@@ -409,7 +344,6 @@ pub fn q8_0_gemv<
     const RESIDUAL: usize,
     const HEAD: usize,
     const ACT: usize,
-    const GLU: usize,
 >(
     q: Ptr<u32>,
     d: Ptr<f16>,
@@ -422,17 +356,14 @@ pub fn q8_0_gemv<
     logits: Ptr<f32>,
     part_val: Ptr<f32>,
     part_idx: Ptr<i32>,
-    hq: Ptr<i32>,
-    hd: Ptr<f32>,
-    counts: Ptr<i32>,
     n: i32,
     row0: i32,
     #[multiple_of(8)] k_words: i32,
     eps: f32,
 ) {
     let blocks = k_words / 8;
-    let rows = tile_rows::<BLOCK_N, GLU>(n);
-    let row_ok = tile_rows::<BLOCK_N, GLU>(0) < n;
+    let rows = program_id(0) * BLOCK_N + arange(0, BLOCK_N);
+    let row_ok = rows < n;
     let grp = arange(0, BLOCK_K / 32);
     let w = arange(0, 8);
     let q_rows = (rows * k_words).expand_dims(1).expand_dims(2);
@@ -472,21 +403,17 @@ pub fn q8_0_gemv<
         let dt = load(d + d_rows + blk.expand_dims(0), ok, 0.0);
         acc += q8_0_tile::<ACT>(qt, dt, xq, xd, a, norm_w, blk, blk_ok, w);
     }
-    if GLU == 1 {
-        store_glu::<BLOCK_N>(y, hq, hd, counts, n, acc.sum(1) * inv_rms, b);
-    } else {
-        store_rows::<RESIDUAL, HEAD>(
-            y,
-            logits,
-            part_val,
-            part_idx,
-            row0 + rows,
-            row_ok,
-            acc.sum(1) * inv_rms,
-            b,
-            old,
-        );
-    }
+    store_rows::<RESIDUAL, HEAD>(
+        y,
+        logits,
+        part_val,
+        part_idx,
+        row0 + rows,
+        row_ok,
+        acc.sum(1) * inv_rms,
+        b,
+        old,
+    );
 }
 
 /// One tile's Q4_K sums per row and block (`[n, blocks]`): `qt: [n, blocks, 4]` nibble
@@ -556,14 +483,7 @@ fn q4_k_tile<const ACT: usize>(
     RESIDUAL = [0, 1],
     HEAD = [0, 1],
     ACT = [0, 1],
-    GLU = [0, 1],
     skip(HEAD = 1, RESIDUAL = 1),
-    // The SiLU-product epilogue is the gate/up projection's: whole activation blocks
-    // over a few programs (`BLOCK_N / 2` divides 32), the step's tiles.
-    skip(GLU = 1, HEAD = 1),
-    skip(GLU = 1, RESIDUAL = 1),
-    skip(GLU = 1, BLOCK_N = [1, 2, 4]),
-    skip(GLU = 1, BLOCK_K = [256, 2048]),
     // The norm prologue is for the QKV and gate/up projections (no residual, no head).
     skip(ACT = 1, HEAD = 1),
     skip(ACT = 1, RESIDUAL = 1),
@@ -578,7 +498,6 @@ pub fn q4_k_gemv<
     const RESIDUAL: usize,
     const HEAD: usize,
     const ACT: usize,
-    const GLU: usize,
 >(
     q: Ptr<u32>,
     scales: Ptr<u8>,
@@ -594,17 +513,14 @@ pub fn q4_k_gemv<
     logits: Ptr<f32>,
     part_val: Ptr<f32>,
     part_idx: Ptr<i32>,
-    hq: Ptr<i32>,
-    hd: Ptr<f32>,
-    counts: Ptr<i32>,
     n: i32,
     row0: i32,
     #[multiple_of(32)] k_words: i32,
     eps: f32,
 ) {
     let blocks = k_words / 4;
-    let rows = tile_rows::<BLOCK_N, GLU>(n);
-    let row_ok = tile_rows::<BLOCK_N, GLU>(0) < n;
+    let rows = program_id(0) * BLOCK_N + arange(0, BLOCK_N);
+    let row_ok = rows < n;
     let grp = arange(0, BLOCK_K / 32);
     let w = arange(0, 4);
     let q_rows = (rows * k_words).expand_dims(1).expand_dims(2);
@@ -663,21 +579,17 @@ pub fn q4_k_gemv<
         let dmint = load(dmin + d_rows + sb, ok, 0.0);
         acc += q4_k_tile::<ACT>(qt, sct, mt, dt, dmint, xq, xd, a, norm_w, blk, blk_ok, w);
     }
-    if GLU == 1 {
-        store_glu::<BLOCK_N>(y, hq, hd, counts, n, acc.sum(1) * inv_rms, b);
-    } else {
-        store_rows::<RESIDUAL, HEAD>(
-            y,
-            logits,
-            part_val,
-            part_idx,
-            row0 + rows,
-            row_ok,
-            acc.sum(1) * inv_rms,
-            b,
-            old,
-        );
-    }
+    store_rows::<RESIDUAL, HEAD>(
+        y,
+        logits,
+        part_val,
+        part_idx,
+        row0 + rows,
+        row_ok,
+        acc.sum(1) * inv_rms,
+        b,
+        old,
+    );
 }
 
 /// One tile's Q6_K sums per row, block and word pair (`[n, blocks, 2]`): `lt: [n,
@@ -757,14 +669,7 @@ fn q6_k_tile<const ACT: usize>(
     RESIDUAL = [0, 1],
     HEAD = [0, 1],
     ACT = [0, 1],
-    GLU = [0, 1],
     skip(HEAD = 1, RESIDUAL = 1),
-    // The SiLU-product epilogue is the gate/up projection's: whole activation blocks
-    // over a few programs (`BLOCK_N / 2` divides 32), the step's tiles.
-    skip(GLU = 1, HEAD = 1),
-    skip(GLU = 1, RESIDUAL = 1),
-    skip(GLU = 1, BLOCK_N = [1, 2, 4]),
-    skip(GLU = 1, BLOCK_K = [256, 2048]),
     // The norm prologue is for the QKV and gate/up projections (no residual, no head).
     skip(ACT = 1, HEAD = 1),
     skip(ACT = 1, RESIDUAL = 1),
@@ -779,7 +684,6 @@ pub fn q6_k_gemv<
     const RESIDUAL: usize,
     const HEAD: usize,
     const ACT: usize,
-    const GLU: usize,
 >(
     ql: Ptr<u32>,
     qh: Ptr<u32>,
@@ -794,17 +698,14 @@ pub fn q6_k_gemv<
     logits: Ptr<f32>,
     part_val: Ptr<f32>,
     part_idx: Ptr<i32>,
-    hq: Ptr<i32>,
-    hd: Ptr<f32>,
-    counts: Ptr<i32>,
     n: i32,
     row0: i32,
     #[multiple_of(32)] k_words: i32,
     eps: f32,
 ) {
     let blocks = k_words / 4;
-    let rows = tile_rows::<BLOCK_N, GLU>(n);
-    let row_ok = tile_rows::<BLOCK_N, GLU>(0) < n;
+    let rows = program_id(0) * BLOCK_N + arange(0, BLOCK_N);
+    let row_ok = rows < n;
     let grp = arange(0, BLOCK_K / 32);
     let p = arange(0, 2);
     let i = arange(0, 2);
@@ -877,19 +778,15 @@ pub fn q6_k_gemv<
         let dt = load(d + d_rows + (blk / 8).expand_dims(0), ok, 0.0);
         acc += q6_k_tile::<ACT>(lt, ht, sc0, sc1, dt, xq, xd, a, norm_w, blk, blk_ok, p, i);
     }
-    if GLU == 1 {
-        store_glu::<BLOCK_N>(y, hq, hd, counts, n, acc.sum(2).sum(1) * inv_rms, b);
-    } else {
-        store_rows::<RESIDUAL, HEAD>(
-            y,
-            logits,
-            part_val,
-            part_idx,
-            row0 + rows,
-            row_ok,
-            acc.sum(2).sum(1) * inv_rms,
-            b,
-            old,
-        );
-    }
+    store_rows::<RESIDUAL, HEAD>(
+        y,
+        logits,
+        part_val,
+        part_idx,
+        row0 + rows,
+        row_ok,
+        acc.sum(2).sum(1) * inv_rms,
+        b,
+        old,
+    );
 }

@@ -40,14 +40,6 @@ impl Matrix {
         }
     }
 
-    /// A quantized matrix's packed words (its first run's), or `None` for a dense one.
-    pub(crate) fn quant_words(&self) -> Option<&Buffer<u32>> {
-        match self {
-            Matrix::Dense(_) => None,
-            Matrix::Quant(q) => Some(q.parts[0].m.words()),
-        }
-    }
-
     /// Kernel launches one GEMV over the matrix takes (quantized: the activation's
     /// quantization, unless the GEMV quantizes a normed input itself (`normed`,
     /// [`QuantMatrix::fuses_norm`]), then one per run of rows of one type).
@@ -80,9 +72,6 @@ pub(crate) struct QuantMatrix {
     /// ([`crate::gguf::device::fuses_norm`], decided once at upload so that the step's
     /// launches and its launch count agree).
     fuses_norm: bool,
-    /// Whether a gate/up GEMV over it may take the SiLU-product epilogue
-    /// ([`crate::gguf::device::glu_epilogue`], decided at upload for the same reason).
-    glu_allowed: bool,
 }
 
 impl QuantMatrix {
@@ -124,7 +113,6 @@ impl QuantMatrix {
             parts,
             head,
             fuses_norm,
-            glu_allowed: !head && crate::gguf::device::glu_epilogue(),
         })
     }
 
@@ -181,52 +169,6 @@ impl QuantMatrix {
         }
         spare.quantize(dev, variant, a, cols, false, launch.serialized)?;
         self.gemv_quantized_input(dev, variant, y, bias, spare)
-    }
-
-    /// Whether the normed `[gate; up]` GEMV over this matrix computes the SiLU product
-    /// in its epilogue ([`QuantMatrix::gemv_glu`]): one run of rows, a multiple of 64 of
-    /// them, at a configuration with the epilogue compiled.
-    pub(crate) fn glu(&self) -> bool {
-        match self.parts.as_slice() {
-            [p] if self.glu_allowed => {
-                let cfg = if self.fuses_norm { p.fused_cfg } else { p.cfg };
-                p.m.rows % 64 == 0 && cfg.glu_compiled()
-            }
-            _ => false,
-        }
-    }
-
-    /// The MLP's normed `[gate; up]` GEMV with the SiLU product in its epilogue
-    /// ([`DeviceQuantMatrix::gemv_glu`]; only where [`QuantMatrix::glu`]): `act[..inter]
-    /// = bf16(bf16(silu(g)) * u)`, and that product quantized in `spare` as the down
-    /// projection's input. The activation is quantized first unless the GEMV quantizes
-    /// its normed input itself.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn gemv_glu(
-        &self,
-        dev: &Device,
-        launch: LaunchConfig,
-        a: &Buffer<bf16>,
-        norm_w: &Buffer<bf16>,
-        eps: f32,
-        act: &mut Buffer<bf16>,
-        bias: &Buffer<bf16>,
-        spare: &mut QuantSpare,
-    ) -> Result<()> {
-        let [p] = self.parts.as_slice() else {
-            return Err(EngineError::Option {
-                message: "the SiLU-product epilogue needs a gate/up matrix of one type".into(),
-            });
-        };
-        if self.fuses_norm {
-            let norm = Some((a, norm_w, eps));
-            return p
-                .m
-                .gemv_glu(dev, p.fused_cfg, norm, bias, act, spare, launch.serialized);
-        }
-        let variant = QuantVariant::Norm { norm_w, eps };
-        spare.quantize(dev, variant, a, p.m.cols, false, launch.serialized)?;
-        p.m.gemv_glu(dev, p.cfg, None, bias, act, spare, false)
     }
 
     /// Whether a normed GEMV over this matrix quantizes its input inside the GEMV
