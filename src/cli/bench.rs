@@ -95,7 +95,8 @@ pub struct BenchArgs {
     /// With quantized `--weights`: also time these variants of the step against its
     /// default inside the captured graph, interleaved over rounds (repeatable; `;`-
     /// separated entries: `head=quant` or `head=bf16` for the LM head's format,
-    /// `ROWSxCOLS=n,k,warps` for the quantized GEMVs of that shape, e.g.
+    /// `ROWSxCOLS=n,k,warps` for the quantized GEMVs of that shape, `norm:ROWSxCOLS=..`
+    /// for those that quantize their normed input themselves, e.g.
     /// `head=quant;151936x1024=16,1024,4`). `TILEFUSE_QUANT_TILES` sets the default's.
     #[arg(long)]
     pub quant_tiles: Vec<String>,

@@ -27,7 +27,7 @@ pub struct QuantTileSpec {
 
 impl QuantTileSpec {
     /// Parses `;`-separated entries: `head=quant` or `head=bf16`, and
-    /// `ROWSxCOLS=n,k,warps` ([`QuantTiles::parse`]). An empty spec is the default.
+    /// `[norm:]ROWSxCOLS=n,k,warps` ([`QuantTiles::parse`]). An empty spec is the default.
     pub fn parse(spec: &str) -> Result<QuantTileSpec> {
         let mut quant_head = None;
         let mut rest = Vec::new();

@@ -116,20 +116,25 @@ impl QuantMatrix {
         })
     }
 
-    /// Gives each run the configuration `tiles` names for its shape, else
-    /// [`QuantGemvConfig::for_step`]'s.
+    /// Gives each run the configurations `tiles` names for its shape (its `norm:`
+    /// entries for the GEMV that quantizes its normed input itself), else
+    /// [`QuantGemvConfig::for_step`]'s and [`QuantGemvConfig::for_step_norm_fused`]'s.
     pub(crate) fn set_tiles(&mut self, tiles: &QuantTiles) -> Result<()> {
         for p in &mut self.parts {
             let (ty, rows, cols) = (p.m.ggml_type(), p.m.rows, p.m.cols);
-            (p.cfg, p.fused_cfg) = match tiles.get(rows, cols) {
+            p.cfg = match tiles.get(rows, cols) {
                 Some(cfg) => {
                     cfg.check(self.head)?;
-                    (cfg, cfg)
+                    cfg
                 }
-                None => (
-                    QuantGemvConfig::for_step(ty, rows, cols, self.head)?,
-                    QuantGemvConfig::for_step_norm_fused(ty, rows, cols)?,
-                ),
+                None => QuantGemvConfig::for_step(ty, rows, cols, self.head)?,
+            };
+            p.fused_cfg = match tiles.get_norm_fused(rows, cols) {
+                Some(cfg) => {
+                    cfg.check(self.head)?;
+                    cfg
+                }
+                None => QuantGemvConfig::for_step_norm_fused(ty, rows, cols)?,
             };
         }
         Ok(())
@@ -309,4 +314,38 @@ pub(crate) fn silu_mul_in_place(dev: &Device, act: &mut Buffer<bf16>, inter: usi
     }
     .launch(dev, cfg, SiluMulInPlaceConsts { b: 1024 })?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gguf::quant::GgmlType;
+
+    /// `set_tiles` gives the plain GEMV its plain entry and the GEMV that quantizes its
+    /// normed input its `norm:` entry; a shape without one keeps the step's choice.
+    #[test]
+    fn tiles_reach_each_variant_apart() {
+        let dev = Device::cpu();
+        let (rows, cols) = (2048, 256);
+        // Q8_0 blocks: an f16 scale (zero) and 32 int8 values.
+        let bytes = vec![0u8; rows * cols / 32 * 34];
+        let packed = PackedMatrix::pack(GgmlType::Q8_0, &bytes, rows, cols, "w").unwrap();
+        let mut m = QuantMatrix::upload(&dev, &[&packed], false).unwrap();
+        let default_fused = m.parts[0].fused_cfg;
+        let tiles = QuantTiles::parse("2048x256=2,512,8").unwrap();
+        m.set_tiles(&tiles).unwrap();
+        assert_eq!((m.parts[0].cfg.block_n, m.parts[0].cfg.num_warps), (2, 8));
+        assert_eq!(m.parts[0].fused_cfg, default_fused);
+        let tiles = QuantTiles::parse("norm:2048x256=32,512,4").unwrap();
+        m.set_tiles(&tiles).unwrap();
+        assert_eq!(m.parts[0].fused_cfg.block_n, 32);
+        assert_eq!(
+            m.parts[0].cfg,
+            QuantGemvConfig::for_step(GgmlType::Q8_0, rows, cols, false).unwrap()
+        );
+        // An uncompiled configuration is an error naming it.
+        let tiles = QuantTiles::parse("norm:2048x256=32,1024,4").unwrap();
+        let e = m.set_tiles(&tiles).unwrap_err().to_string();
+        assert!(e.contains("32,1024,4"), "{e}");
+    }
 }

@@ -135,24 +135,38 @@ impl QuantGemvConfig {
         } else {
             Self::for_shape(ty, rows, cols)
         };
-        Self::overridden(rows, cols, head, base)
+        Self::overridden(rows, cols, head, false, base)
     }
 
     /// [`QuantGemvConfig::for_norm_fused`]'s choice, unless the environment overrides
-    /// it as for [`QuantGemvConfig::for_step`].
+    /// it as for [`QuantGemvConfig::for_step`] (`TILEFUSE_QUANT_TILES` by its `norm:`
+    /// entries).
     pub fn for_step_norm_fused(ty: GgmlType, rows: usize, cols: usize) -> Result<QuantGemvConfig> {
-        Self::overridden(rows, cols, false, Self::for_norm_fused(ty, rows, cols))
+        Self::overridden(
+            rows,
+            cols,
+            false,
+            true,
+            Self::for_norm_fused(ty, rows, cols),
+        )
     }
 
-    /// `base`, or the environment's override for a `[rows, cols]` matrix.
+    /// `base`, or the environment's override for a `[rows, cols]` matrix (`norm_fused`:
+    /// for the GEMV that quantizes its normed input itself).
     fn overridden(
         rows: usize,
         cols: usize,
         head: bool,
+        norm_fused: bool,
         base: QuantGemvConfig,
     ) -> Result<QuantGemvConfig> {
         if let Some(tiles) = QuantTiles::from_env()? {
-            if let Some(cfg) = tiles.get(rows, cols) {
+            let given = if norm_fused {
+                tiles.get_norm_fused(rows, cols)
+            } else {
+                tiles.get(rows, cols)
+            };
+            if let Some(cfg) = given {
                 cfg.check(head)?;
                 return Ok(cfg);
             }
@@ -223,31 +237,46 @@ impl Default for QuantGemvConfig {
 /// Launch configurations per matrix shape, for measuring choices inside the decode
 /// step: `ROWSxCOLS=n,k,warps` entries separated by `;` (e.g.
 /// `4096x4096=8,1024,8;151936x4096=16,1024,4`), each for every quantized matrix (or
-/// run of rows of one type) of that shape. The environment's `TILEFUSE_QUANT_TILES`
+/// run of rows of one type) of that shape. An entry written `norm:ROWSxCOLS=n,k,warps`
+/// is for the GEMV that quantizes its RMSNorm input itself
+/// ([`DeviceQuantMatrix::gemv_norm_fused`], the QKV and gate/up projections where
+/// [`fuses_norm`]), a plain one for the GEMV over an activation quantized before it: the
+/// two variants are tuned apart. The environment's `TILEFUSE_QUANT_TILES`
 /// ([`QuantGemvConfig::for_step`]), and `tilefuse bench --quant-tiles`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct QuantTiles {
-    /// `(rows, cols, configuration)`, in the order given (the first match wins).
+    /// `(rows, cols, configuration)` of the plain entries, in the order given (the
+    /// first match wins).
     pub entries: Vec<(usize, usize, QuantGemvConfig)>,
+    /// The same for the `norm:` entries.
+    pub norm_fused: Vec<(usize, usize, QuantGemvConfig)>,
 }
 
 impl QuantTiles {
-    /// Parses `ROWSxCOLS=n,k,warps[;...]` (empty entries are skipped); an error names
-    /// the entry that does not parse.
+    /// Parses `[norm:]ROWSxCOLS=n,k,warps[;...]` (empty entries are skipped); an error
+    /// names the entry that does not parse.
     pub fn parse(spec: &str) -> Result<QuantTiles> {
-        let mut entries = Vec::new();
+        let mut tiles = QuantTiles::default();
         for entry in spec.split(';').map(str::trim).filter(|e| !e.is_empty()) {
-            let bad = || crate::error::EngineError::Option {
-                message: format!("quantized tile `{entry}`: expected `ROWSxCOLS=n,k,warps`"),
+            let bad = || {
+                crate::error::EngineError::Option {
+                message: format!(
+                    "quantized tile `{entry}`: expected `ROWSxCOLS=n,k,warps` or `norm:ROWSxCOLS=n,k,warps`"
+                ),
+            }
             };
-            let (shape, cfg) = entry.split_once('=').ok_or_else(bad)?;
+            let (list, body) = match entry.strip_prefix("norm:") {
+                Some(body) => (&mut tiles.norm_fused, body),
+                None => (&mut tiles.entries, entry),
+            };
+            let (shape, cfg) = body.split_once('=').ok_or_else(bad)?;
             let (rows, cols) = shape.split_once('x').ok_or_else(bad)?;
             let rows: usize = rows.trim().parse().map_err(|_| bad())?;
             let cols: usize = cols.trim().parse().map_err(|_| bad())?;
             let cfg = QuantGemvConfig::parse(cfg).ok_or_else(bad)?;
-            entries.push((rows, cols, cfg));
+            list.push((rows, cols, cfg));
         }
-        Ok(QuantTiles { entries })
+        Ok(tiles)
     }
 
     /// `TILEFUSE_QUANT_TILES`, parsed, if set.
@@ -264,10 +293,23 @@ impl QuantTiles {
         }
     }
 
-    /// The configuration given for `[rows, cols]`, if any.
+    /// The configuration given for `[rows, cols]` (a plain entry), if any.
     pub fn get(&self, rows: usize, cols: usize) -> Option<QuantGemvConfig> {
-        self.entries
-            .iter()
+        Self::find(&self.entries, rows, cols)
+    }
+
+    /// The configuration given for the normed GEMV over `[rows, cols]` that quantizes
+    /// its input itself (a `norm:` entry), if any.
+    pub fn get_norm_fused(&self, rows: usize, cols: usize) -> Option<QuantGemvConfig> {
+        Self::find(&self.norm_fused, rows, cols)
+    }
+
+    fn find(
+        list: &[(usize, usize, QuantGemvConfig)],
+        rows: usize,
+        cols: usize,
+    ) -> Option<QuantGemvConfig> {
+        list.iter()
             .find(|&&(r, c, _)| r == rows && c == cols)
             .map(|&(_, _, cfg)| cfg)
     }
@@ -805,16 +847,24 @@ mod tests {
 
     #[test]
     fn tiles_per_shape_parse_or_name_the_bad_entry() {
-        let t = QuantTiles::parse(" 4096x4096=8,1024,8 ; ;24576x4096=16,1024,4").unwrap();
+        let t = QuantTiles::parse(
+            " 4096x4096=8,1024,8 ; ;24576x4096=16,1024,4;norm:24576x4096=32,512,4",
+        )
+        .unwrap();
         assert_eq!(t.entries.len(), 2);
         assert_eq!(t.get(24576, 4096).map(|c| c.block_n), Some(16));
         assert_eq!(t.get(4096, 4096).map(|c| c.num_warps), Some(8));
         assert_eq!(t.get(4096, 1024), None);
+        // The normed GEMV that quantizes its own input is tuned apart.
+        assert_eq!(t.get_norm_fused(24576, 4096).map(|c| c.block_n), Some(32));
+        assert_eq!(t.get_norm_fused(4096, 4096), None);
         for bad in [
             "4096x4096",
             "4096=8,1024,8",
             "4096x4096=8,1024",
             "4096x4096=8,x,4",
+            "norm:4096x4096",
+            "norm4096x4096=8,1024,8",
         ] {
             let e = QuantTiles::parse(bad).unwrap_err().to_string();
             assert!(e.contains(bad), "{bad}: {e}");
