@@ -45,7 +45,10 @@
 //!
 //! Rows `0..n` of the weights write rows `row0..row0 + n` of `y` (and read those of
 //! `bias`): a fused projection whose parts have different types is launched one run
-//! of rows at a time over the same quantized activation.
+//! of rows at a time over the same quantized activation, except Q4_K_M's `[q; k]` Q4_K
+//! run with a Q6_K `v`, which [`q4_k_q6_k_gemv`] takes in one launch (its programs
+//! split between the two runs; the same row sums as the two kernels, through the shared
+//! `q4_k_row_sums` / `q6_k_row_sums`).
 //!
 //! Tiles are `[BLOCK_N, blocks, words]` (Q6_K: words as `[2, 2]`), one 32-element
 //! block a tile row, so that each thread's 16-byte vector of weight words meets the
@@ -108,13 +111,14 @@ fn store_head(
 }
 
 /// Every kernel description in this module, for tooling (offline assembly, inspection).
-pub fn all() -> [&'static tilefuse_dsl::runtime::KernelDef; 6] {
+pub fn all() -> [&'static tilefuse_dsl::runtime::KernelDef; 7] {
     [
         &QUANTIZE_ACT,
         &ATTENTION_COMBINE_QUANT,
         &Q8_0_GEMV,
         &Q4_K_GEMV,
         &Q6_K_GEMV,
+        &Q4_K_Q6_K_GEMV,
         &SILU_MUL_IN_PLACE,
     ]
 }
@@ -471,6 +475,67 @@ fn q4_k_tile<const ACT: usize>(
     scaled * x_d.expand_dims(0)
 }
 
+/// A program's Q4_K row sums (`[n]`, before `inv_rms`): the first tile (loaded by the
+/// caller, before its wait) and the rest of the row, tile by tile (see [`q4_k_gemv`]).
+#[tile_fn(crate = tilefuse_dsl)]
+#[allow(clippy::too_many_arguments)]
+fn q4_k_row_sums<const BLOCK_K: usize, const ACT: usize>(
+    q_first: Tile<u32>,
+    sc_first: Tile<u8>,
+    m_first: Tile<u8>,
+    d_first: Tile<f16>,
+    dmin_first: Tile<f16>,
+    q: Ptr<u32>,
+    scales: Ptr<u8>,
+    mins: Ptr<u8>,
+    d: Ptr<f16>,
+    dmin: Ptr<f16>,
+    xq: Ptr<i32>,
+    xd: Ptr<f32>,
+    a: Ptr<bf16>,
+    norm_w: Ptr<bf16>,
+    q_rows: Tile<i32>,
+    s_rows: Tile<i32>,
+    d_rows: Tile<i32>,
+    words: Tile<i32>,
+    ok2: Tile<bool>,
+    blocks: i32,
+    grp: Tile<i32>,
+    w: Tile<i32>,
+) -> Tile<f32> {
+    let mut acc = q4_k_tile::<ACT>(
+        q_first,
+        sc_first,
+        m_first,
+        d_first,
+        dmin_first,
+        xq,
+        xd,
+        a,
+        norm_w,
+        grp,
+        grp < blocks,
+        w,
+    );
+    for g0 in (BLOCK_K / 32..blocks).step_by(BLOCK_K / 32) {
+        let blk = g0 + grp;
+        let blk_ok = blk < blocks;
+        let ok = ok2 & blk_ok.expand_dims(0);
+        let qt = load(
+            q + q_rows + (g0 * 4 + words).expand_dims(0),
+            ok.expand_dims(2),
+            0,
+        );
+        let sct = load(scales + s_rows + blk.expand_dims(0), ok, 0);
+        let mt = load(mins + s_rows + blk.expand_dims(0), ok, 0);
+        let sb = (blk / 8).expand_dims(0);
+        let dt = load(d + d_rows + sb, ok, 0.0);
+        let dmint = load(dmin + d_rows + sb, ok, 0.0);
+        acc += q4_k_tile::<ACT>(qt, sct, mt, dt, dmint, xq, xd, a, norm_w, blk, blk_ok, w);
+    }
+    acc.sum(1)
+}
+
 /// `y = bf16(W · x + bias)` for a Q4_K matrix `W` of shape `[n, k]` with
 /// `k = 8 * k_words` (`q: u32[n, k_words]`, `scales`, `mins: u8[n, k / 32]`, `d`,
 /// `dmin: f16[n, k / 256]`) and `x` quantized by [`quantize_act`]; the residual and
@@ -549,36 +614,10 @@ pub fn q4_k_gemv<
     if RESIDUAL == 1 {
         old = load(y + row0 + rows, row_ok, 0.0) as f32;
     }
-    let mut acc = q4_k_tile::<ACT>(
-        q_first,
-        sc_first,
-        m_first,
-        d_first,
-        dmin_first,
-        xq,
-        xd,
-        a,
-        norm_w,
-        grp,
-        grp < blocks,
-        w,
+    let sums = q4_k_row_sums::<BLOCK_K, ACT>(
+        q_first, sc_first, m_first, d_first, dmin_first, q, scales, mins, d, dmin, xq, xd, a,
+        norm_w, q_rows, s_rows, d_rows, words, ok2, blocks, grp, w,
     );
-    for g0 in (BLOCK_K / 32..blocks).step_by(BLOCK_K / 32) {
-        let blk = g0 + grp;
-        let blk_ok = blk < blocks;
-        let ok = ok2 & blk_ok.expand_dims(0);
-        let qt = load(
-            q + q_rows + (g0 * 4 + words).expand_dims(0),
-            ok.expand_dims(2),
-            0,
-        );
-        let sct = load(scales + s_rows + blk.expand_dims(0), ok, 0);
-        let mt = load(mins + s_rows + blk.expand_dims(0), ok, 0);
-        let sb = (blk / 8).expand_dims(0);
-        let dt = load(d + d_rows + sb, ok, 0.0);
-        let dmint = load(dmin + d_rows + sb, ok, 0.0);
-        acc += q4_k_tile::<ACT>(qt, sct, mt, dt, dmint, xq, xd, a, norm_w, blk, blk_ok, w);
-    }
     store_rows::<RESIDUAL, HEAD>(
         y,
         logits,
@@ -586,7 +625,7 @@ pub fn q4_k_gemv<
         part_idx,
         row0 + rows,
         row_ok,
-        acc.sum(1) * inv_rms,
+        sums * inv_rms,
         b,
         old,
     );
@@ -655,6 +694,73 @@ fn q6_k_tile<const ACT: usize>(
     let isum = (dot_lo - s_lo * 32) * (sc0 as i32 - 128).expand_dims(2)
         + (dot_hi - s_hi * 32) * (sc1 as i32 - 128).expand_dims(2);
     (isum as f32) * (dd as f32).expand_dims(2) * x_d.expand_dims(0).expand_dims(2)
+}
+
+/// A program's Q6_K row sums (`[n]`, before `inv_rms`): the first tile (loaded by the
+/// caller, before its wait) and the rest of the row, tile by tile (see [`q6_k_gemv`]).
+#[tile_fn(crate = tilefuse_dsl)]
+#[allow(clippy::too_many_arguments)]
+fn q6_k_row_sums<const BLOCK_K: usize, const ACT: usize>(
+    l_first: Tile<u32>,
+    h_first: Tile<u32>,
+    sc0_first: Tile<u8>,
+    sc1_first: Tile<u8>,
+    d_first: Tile<f16>,
+    ql: Ptr<u32>,
+    qh: Ptr<u32>,
+    scales: Ptr<u8>,
+    d: Ptr<f16>,
+    xq: Ptr<i32>,
+    xd: Ptr<f32>,
+    a: Ptr<bf16>,
+    norm_w: Ptr<bf16>,
+    l_rows: Tile<i32>,
+    h_rows: Tile<i32>,
+    s_rows: Tile<i32>,
+    d_rows: Tile<i32>,
+    l_words: Tile<i32>,
+    h_words: Tile<i32>,
+    ok2: Tile<bool>,
+    blocks: i32,
+    grp: Tile<i32>,
+    p: Tile<i32>,
+    i: Tile<i32>,
+) -> Tile<f32> {
+    let mut acc = q6_k_tile::<ACT>(
+        l_first,
+        h_first,
+        sc0_first,
+        sc1_first,
+        d_first,
+        xq,
+        xd,
+        a,
+        norm_w,
+        grp,
+        grp < blocks,
+        p,
+        i,
+    );
+    for g0 in (BLOCK_K / 32..blocks).step_by(BLOCK_K / 32) {
+        let blk = g0 + grp;
+        let blk_ok = blk < blocks;
+        let ok = ok2 & blk_ok.expand_dims(0);
+        let lt = load(
+            ql + l_rows + (g0 * 4 + l_words).expand_dims(0),
+            ok.expand_dims(2).expand_dims(3),
+            0,
+        );
+        let ht = load(
+            qh + h_rows + (g0 * 2 + h_words).expand_dims(0),
+            ok.expand_dims(2),
+            0,
+        );
+        let sc0 = load(scales + s_rows + (blk * 2).expand_dims(0), ok, 128);
+        let sc1 = load(scales + s_rows + (blk * 2 + 1).expand_dims(0), ok, 128);
+        let dt = load(d + d_rows + (blk / 8).expand_dims(0), ok, 0.0);
+        acc += q6_k_tile::<ACT>(lt, ht, sc0, sc1, dt, xq, xd, a, norm_w, blk, blk_ok, p, i);
+    }
+    acc.sum(2).sum(1)
 }
 
 /// `y = bf16(W · x + bias)` for a Q6_K matrix `W` of shape `[n, k]` with
@@ -744,40 +850,10 @@ pub fn q6_k_gemv<
     if RESIDUAL == 1 {
         old = load(y + row0 + rows, row_ok, 0.0) as f32;
     }
-    let mut acc = q6_k_tile::<ACT>(
-        l_first,
-        h_first,
-        sc0_first,
-        sc1_first,
-        d_first,
-        xq,
-        xd,
-        a,
-        norm_w,
-        grp,
-        grp < blocks,
-        p,
-        i,
+    let sums = q6_k_row_sums::<BLOCK_K, ACT>(
+        l_first, h_first, sc0_first, sc1_first, d_first, ql, qh, scales, d, xq, xd, a, norm_w,
+        l_rows, h_rows, s_rows, d_rows, l_words, h_words, ok2, blocks, grp, p, i,
     );
-    for g0 in (BLOCK_K / 32..blocks).step_by(BLOCK_K / 32) {
-        let blk = g0 + grp;
-        let blk_ok = blk < blocks;
-        let ok = ok2 & blk_ok.expand_dims(0);
-        let lt = load(
-            ql + l_rows + (g0 * 4 + l_words).expand_dims(0),
-            ok.expand_dims(2).expand_dims(3),
-            0,
-        );
-        let ht = load(
-            qh + h_rows + (g0 * 2 + h_words).expand_dims(0),
-            ok.expand_dims(2),
-            0,
-        );
-        let sc0 = load(scales + s_rows + (blk * 2).expand_dims(0), ok, 128);
-        let sc1 = load(scales + s_rows + (blk * 2 + 1).expand_dims(0), ok, 128);
-        let dt = load(d + d_rows + (blk / 8).expand_dims(0), ok, 0.0);
-        acc += q6_k_tile::<ACT>(lt, ht, sc0, sc1, dt, xq, xd, a, norm_w, blk, blk_ok, p, i);
-    }
     store_rows::<RESIDUAL, HEAD>(
         y,
         logits,
@@ -785,8 +861,118 @@ pub fn q6_k_gemv<
         part_idx,
         row0 + rows,
         row_ok,
-        acc.sum(2).sum(1) * inv_rms,
+        sums * inv_rms,
         b,
         old,
     );
+}
+
+/// A Q4_K run of rows and the Q6_K run after it (`[q; k]` and a Q6_K `v`, Q4_K_M's
+/// QKV on the layers where `v` takes more bits) in one launch: programs
+/// `0..programs4` take `n4` Q4_K rows as [`q4_k_gemv`] would, the rest the `n6` Q6_K
+/// rows as [`q6_k_gemv`] would, written from row `n4` of `y`. Both runs have the
+/// columns of `k_words` (`k / 8`) and one tile configuration. Each program requests its
+/// own run's first tile before `wait_for_prior_kernels()` (the other's loads masked
+/// off), then branches; `ACT` as in the module docs (no residual, no LM head: this is
+/// the QKV projection). One launch instead of two.
+#[kernel(
+    crate = tilefuse_dsl,
+    BLOCK_N = [8, 16],
+    BLOCK_K = [512, 1024],
+    num_warps = [4, 8],
+    ACT = [0, 1]
+)]
+#[allow(clippy::too_many_arguments)]
+pub fn q4_k_q6_k_gemv<const BLOCK_N: usize, const BLOCK_K: usize, const ACT: usize>(
+    q: Ptr<u32>,
+    scales: Ptr<u8>,
+    mins: Ptr<u8>,
+    d: Ptr<f16>,
+    dmin: Ptr<f16>,
+    ql: Ptr<u32>,
+    qh: Ptr<u32>,
+    scales6: Ptr<u8>,
+    d6: Ptr<f16>,
+    xq: Ptr<i32>,
+    xd: Ptr<f32>,
+    a: Ptr<bf16>,
+    norm_w: Ptr<bf16>,
+    bias: Ptr<bf16>,
+    y: Ptr<bf16>,
+    n4: i32,
+    n6: i32,
+    programs4: i32,
+    #[multiple_of(32)] k_words: i32,
+    eps: f32,
+) {
+    let blocks = k_words / 4;
+    let pid = program_id(0);
+    let six = pid >= programs4;
+    let mut local = pid;
+    let mut n = n4;
+    let mut row0 = 0;
+    if six {
+        local = pid - programs4;
+        n = n6;
+        row0 = n4;
+    }
+    let rows = local * BLOCK_N + arange(0, BLOCK_N);
+    let row_ok = rows < n;
+    let grp = arange(0, BLOCK_K / 32);
+    let ok2 = row_ok.expand_dims(1);
+    let ok = ok2 & (grp < blocks).expand_dims(0);
+    let ok4 = ok & !six;
+    let ok6 = ok & six;
+
+    // Q4_K's first tile (as in `q4_k_gemv`), loaded by its own programs only.
+    let w = arange(0, 4);
+    let q_rows = (rows * k_words).expand_dims(1).expand_dims(2);
+    let s_rows = (rows * blocks).expand_dims(1);
+    let d_rows = (rows * (blocks / 8)).expand_dims(1);
+    let words = (grp * 4).expand_dims(1) + w.expand_dims(0);
+    let q_first = load(q + q_rows + words.expand_dims(0), ok4.expand_dims(2), 0);
+    let sc_first = load(scales + s_rows + grp.expand_dims(0), ok4, 0);
+    let m_first = load(mins + s_rows + grp.expand_dims(0), ok4, 0);
+    let d_first = load(d + d_rows + (grp / 8).expand_dims(0), ok4, 0.0);
+    let dmin_first = load(dmin + d_rows + (grp / 8).expand_dims(0), ok4, 0.0);
+
+    // Q6_K's (as in `q6_k_gemv`).
+    let p = arange(0, 2);
+    let i = arange(0, 2);
+    let l_rows = (rows * k_words)
+        .expand_dims(1)
+        .expand_dims(2)
+        .expand_dims(3);
+    let h_rows = (rows * (2 * blocks)).expand_dims(1).expand_dims(2);
+    let s6_rows = (rows * (2 * blocks)).expand_dims(1);
+    let l_words = (grp * 4).expand_dims(1).expand_dims(2) + (p * 2).expand_dims(1) + i;
+    let h_words = (grp * 2).expand_dims(1) + p.expand_dims(0);
+    let l_first = load(
+        ql + l_rows + l_words.expand_dims(0),
+        ok6.expand_dims(2).expand_dims(3),
+        0,
+    );
+    let h_first = load(qh + h_rows + h_words.expand_dims(0), ok6.expand_dims(2), 0);
+    let sc0_first = load(scales6 + s6_rows + (grp * 2).expand_dims(0), ok6, 128);
+    let sc1_first = load(scales6 + s6_rows + (grp * 2 + 1).expand_dims(0), ok6, 128);
+    let d6_first = load(d6 + d_rows + (grp / 8).expand_dims(0), ok6, 0.0);
+    let b = load(bias + row0 + rows, row_ok, 0.0) as f32;
+    wait_for_prior_kernels();
+    let mut inv_rms = 1.0;
+    if ACT == 1 {
+        inv_rms = inv_rms_of::<1024>(a, k_words * 8, eps);
+    }
+    let mut sums = zeros::<f32>([BLOCK_N]);
+    if six {
+        sums = q6_k_row_sums::<BLOCK_K, ACT>(
+            l_first, h_first, sc0_first, sc1_first, d6_first, ql, qh, scales6, d6, xq, xd, a,
+            norm_w, l_rows, h_rows, s6_rows, d_rows, l_words, h_words, ok2, blocks, grp, p, i,
+        );
+    } else {
+        sums = q4_k_row_sums::<BLOCK_K, ACT>(
+            q_first, sc_first, m_first, d_first, dmin_first, q, scales, mins, d, dmin, xq, xd, a,
+            norm_w, q_rows, s_rows, d_rows, words, ok2, blocks, grp, w,
+        );
+    }
+    store(y + row0 + rows, (sums * inv_rms + b) as bf16, row_ok);
 }

@@ -10,9 +10,10 @@ use tilefuse_dsl::runtime::{Buffer, Device, LaunchConfig};
 
 use crate::error::{EngineError, Result};
 use crate::gguf::device::{
-    DeviceQuantMatrix, QuantGemvConfig, QuantOut, QuantSpare, QuantTiles, QuantVariant,
+    launch_q4_k_q6_k, DeviceQuantMatrix, QuantGemvConfig, QuantOut, QuantSpare, QuantTiles,
+    QuantVariant,
 };
-use crate::gguf::quant::PackedMatrix;
+use crate::gguf::quant::{GgmlType, PackedMatrix};
 
 /// A projection's weights, `[rows, cols]` row-major.
 #[derive(Debug)]
@@ -46,7 +47,15 @@ impl Matrix {
     pub(crate) fn launches(&self, normed: bool) -> usize {
         match self {
             Matrix::Dense(_) => 1,
-            Matrix::Quant(q) => usize::from(!(normed && q.fuses_norm())) + q.parts.len(),
+            Matrix::Quant(q) => {
+                let fused = normed && q.fuses_norm();
+                let runs = if fused && q.merges_fused_runs() {
+                    1
+                } else {
+                    q.parts.len()
+                };
+                usize::from(!fused) + runs
+            }
         }
     }
 }
@@ -72,6 +81,9 @@ pub(crate) struct QuantMatrix {
     /// ([`crate::gguf::device::fuses_norm`], decided once at upload so that the step's
     /// launches and its launch count agree).
     fuses_norm: bool,
+    /// Whether a Q4_K run followed by a Q6_K run may launch as one
+    /// ([`crate::gguf::device::merges_runs`], decided at upload for the same reason).
+    merge_allowed: bool,
 }
 
 impl QuantMatrix {
@@ -113,6 +125,7 @@ impl QuantMatrix {
             parts,
             head,
             fuses_norm,
+            merge_allowed: !head && crate::gguf::device::merges_runs(),
         })
     }
 
@@ -161,6 +174,11 @@ impl QuantMatrix {
     ) -> Result<()> {
         let cols = self.parts[0].m.cols;
         if let (QuantVariant::Norm { norm_w, eps }, true) = (variant, self.fuses_norm()) {
+            if let ([p4, p6], true) = (self.parts.as_slice(), self.merges_fused_runs()) {
+                let norm = Some((a, norm_w, eps));
+                let (cfg, serialized) = (p4.fused_cfg, launch.serialized);
+                return launch_q4_k_q6_k(dev, cfg, &p4.m, &p6.m, norm, bias, y, spare, serialized);
+            }
             for (i, p) in self.parts.iter().enumerate() {
                 let out = QuantOut::Rows {
                     y: &mut *y,
@@ -174,6 +192,24 @@ impl QuantMatrix {
         }
         spare.quantize(dev, variant, a, cols, false, launch.serialized)?;
         self.gemv_quantized_input(dev, variant, y, bias, spare)
+    }
+
+    /// Whether the normed GEMV over this matrix that quantizes its input itself
+    /// launches its Q4_K and Q6_K runs as one
+    /// ([`crate::gguf::device::launch_q4_k_q6_k`]): exactly those two runs, in that order,
+    /// at a configuration that kernel is compiled for (the first run's). Only there:
+    /// Qwen3-0.6B Q4_K_M's step 4% faster, while Qwen3-8B's QKV (its input quantized by
+    /// a launch before it, the `v` run then at the `[q; k]` run's tile) lost 1.2%
+    /// (docs/perf.md, "Q4_K and Q6_K runs in one launch").
+    pub(crate) fn merges_fused_runs(&self) -> bool {
+        match self.parts.as_slice() {
+            [p4, p6] if self.merge_allowed => {
+                p4.m.ggml_type() == GgmlType::Q4_K
+                    && p6.m.ggml_type() == GgmlType::Q6_K
+                    && p4.fused_cfg.merged_runs_compiled()
+            }
+            _ => false,
+        }
     }
 
     /// Whether a normed GEMV over this matrix quantizes its input inside the GEMV

@@ -7,7 +7,7 @@ use tilefuse_dsl::runtime::{Buffer, Device, KernelArg, KernelDef, LaunchConfig};
 
 use super::quant::{GgmlType, PackedMatrix};
 use crate::error::Result;
-use crate::kernels_quant::{Q4_K_GEMV, Q6_K_GEMV, Q8_0_GEMV, QUANTIZE_ACT};
+use crate::kernels_quant::{Q4_K_GEMV, Q4_K_Q6_K_GEMV, Q6_K_GEMV, Q8_0_GEMV, QUANTIZE_ACT};
 
 /// Whether the decode step quantizes the RMSNorm input of a quantized QKV or gate/up
 /// GEMV over `cols` columns inside the GEMV ([`DeviceQuantMatrix::gemv_norm_fused`])
@@ -22,6 +22,15 @@ pub fn fuses_norm(cols: usize) -> bool {
         Some("0") => false,
         _ => cols <= FUSED_NORM_MAX_COLS,
     }
+}
+
+/// Whether the decode step's normed GEMV over a Q4_K run followed by a Q6_K run
+/// (Q4_K_M's QKV where `v` takes more bits), when it quantizes its input itself
+/// ([`fuses_norm`]), launches both runs as one ([`launch_q4_k_q6_k`]) where its
+/// configuration is compiled for that kernel (docs/perf.md, "Q4_K and Q6_K runs in one
+/// launch"). The environment's `TILEFUSE_QUANT_MERGE_RUNS=0` turns it off.
+pub fn merges_runs() -> bool {
+    std::env::var("TILEFUSE_QUANT_MERGE_RUNS").ok().as_deref() != Some("0")
 }
 
 /// The longest rows whose norm [`fuses_norm`] moves into the GEMV by default.
@@ -181,6 +190,12 @@ impl QuantGemvConfig {
             }
         }
         Ok(base)
+    }
+
+    /// Whether [`launch_q4_k_q6_k`] is compiled for this configuration (8 or 16 rows of
+    /// 512- or 1024-column tiles).
+    pub fn merged_runs_compiled(&self) -> bool {
+        matches!(self.block_n, 8 | 16) && matches!(self.block_k, 512 | 1024)
     }
 
     /// An error unless this configuration is compiled (for an LM head: and its
@@ -640,6 +655,101 @@ impl DeviceQuantMatrix {
         self.kernel().launch_dyn(dev, launch, &consts, &mut args)?;
         Ok(())
     }
+}
+
+/// `y = bf16(W · x + bias)` over a Q4_K matrix `q4` and the Q6_K matrix `q6` stacked
+/// under it (rows `q4.rows..` of `y` and `bias`) in one launch
+/// ([`crate::kernels_quant::q4_k_q6_k_gemv`]), both at `cfg`: over the activation in
+/// `spare`, or with `norm = Some((a, norm_w, eps))` over RMSNorm of `a` quantized in the
+/// kernel ([`DeviceQuantMatrix::gemv_norm_fused`]). The same rows as the two GEMVs one
+/// after the other at `cfg`. `serialized`: the launch waits for all earlier work.
+#[allow(clippy::too_many_arguments)]
+pub fn launch_q4_k_q6_k(
+    dev: &Device,
+    cfg: QuantGemvConfig,
+    q4: &DeviceQuantMatrix,
+    q6: &DeviceQuantMatrix,
+    norm: Option<(&Buffer<bf16>, &Buffer<bf16>, f32)>,
+    bias: &Buffer<bf16>,
+    y: &mut Buffer<bf16>,
+    spare: &mut QuantSpare,
+    serialized: bool,
+) -> Result<()> {
+    let (
+        QuantBuffers::Q4K {
+            q,
+            scales,
+            mins,
+            d,
+            dmin,
+        },
+        QuantBuffers::Q6K {
+            ql,
+            qh,
+            scales: scales6,
+            d: d6,
+        },
+    ) = (&q4.buffers, &q6.buffers)
+    else {
+        return Err(crate::error::EngineError::Option {
+            message: format!(
+                "one launch for two runs takes a Q4_K run then a Q6_K run, not {} then {}",
+                q4.ggml_type(),
+                q6.ggml_type()
+            ),
+        });
+    };
+    let cols = q4.cols;
+    let rows = q4.rows + q6.rows;
+    let fits = q6.cols == cols
+        && cols <= spare.cols
+        && y.len() >= rows
+        && bias.len() >= rows
+        && norm.is_none_or(|(a, w, _)| a.len() >= cols && w.len() >= cols);
+    if !cfg.merged_runs_compiled() || !fits {
+        return Err(crate::error::EngineError::Option {
+            message: format!(
+                "one launch for a {}x{} Q4_K run and a {}x{} Q6_K run at {},{},{} (compiled: 8 or 16 rows of 512 or 1024 columns) into {} outputs",
+                q4.rows, cols, q6.rows, q6.cols, cfg.block_n, cfg.block_k, cfg.num_warps, y.len()
+            ),
+        });
+    }
+    let programs4 = cfg.grid(q4.rows);
+    let grid = programs4 + cfg.grid(q6.rows);
+    let mut launch = LaunchConfig::from(grid).num_warps(cfg.num_warps);
+    if serialized {
+        launch = launch.serialized();
+    }
+    let (a, norm_w, eps) = norm.unwrap_or((&spare.bias, &spare.bias, 0.0));
+    let mut args: Vec<KernelArg<'_>> = vec![
+        q.into(),
+        scales.into(),
+        mins.into(),
+        d.into(),
+        dmin.into(),
+        ql.into(),
+        qh.into(),
+        scales6.into(),
+        d6.into(),
+        (&spare.xq).into(),
+        (&spare.xd).into(),
+        a.into(),
+        norm_w.into(),
+        bias.into(),
+        y.into(),
+        (q4.rows as i32).into(),
+        (q6.rows as i32).into(),
+        (programs4 as i32).into(),
+        ((cols / 8) as i32).into(),
+        eps.into(),
+    ];
+    let consts = [
+        cfg.block_n as i64,
+        cfg.block_k as i64,
+        i64::from(norm.is_some()),
+    ];
+    Q4_K_Q6_K_GEMV.launch_dyn(dev, launch, &consts, &mut args)?;
+    Ok(())
 }
 
 /// What a quantized GEMV does to its input before the dot products, and to its
