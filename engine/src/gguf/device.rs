@@ -192,10 +192,13 @@ impl QuantGemvConfig {
         Ok(base)
     }
 
-    /// Whether [`launch_q4_k_q6_k`] is compiled for this configuration (8 or 16 rows of
-    /// 512- or 1024-column tiles).
+    /// Whether [`launch_q4_k_q6_k`] is compiled for this configuration (asked of the
+    /// kernel's own variant list: 8 or 16 rows of 512- or 1024-column tiles).
     pub fn merged_runs_compiled(&self) -> bool {
-        matches!(self.block_n, 8 | 16) && matches!(self.block_k, 512 | 1024)
+        let consts = [self.block_n as i64, self.block_k as i64, 0];
+        Q4_K_Q6_K_GEMV
+            .variant(&consts, Some(self.num_warps))
+            .is_ok()
     }
 
     /// An error unless this configuration is compiled (for an LM head: and its
