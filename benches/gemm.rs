@@ -44,7 +44,7 @@ type MatmulFn = fn(
 ) -> std::result::Result<(), String>;
 
 /// The language's GEMM under test (`None` would time cuBLAS alone): Triton's tutorial
-/// matmul with the plan `MatmulPlan::for_shape` picks (split-K for small outputs, on a
+/// matmul with the plan `MatmulPlan::for_device` picks (split-K for small outputs, on a
 /// workspace kept per shape).
 fn language_matmul() -> Option<MatmulFn> {
     Some(|dev, a, b, c, m, n, k| {
@@ -54,15 +54,17 @@ fn language_matmul() -> Option<MatmulFn> {
         thread_local! {
             static WORKSPACES: RefCell<HashMap<(usize, usize, usize), SplitWorkspace>> =
                 RefCell::new(HashMap::new());
-            static SMS: RefCell<Option<usize>> = const { RefCell::new(None) };
+            static INFO: RefCell<Option<tilefuse::dsl::runtime::DeviceInfo>> =
+                const { RefCell::new(None) };
         }
-        let sms = SMS.with(|s| {
+        let plan = INFO.with(|s| {
             if s.borrow().is_none() {
-                *s.borrow_mut() = Some(dev.info().map_err(|e| e.to_string())?.sm_count);
+                *s.borrow_mut() = Some(dev.info().map_err(|e| e.to_string())?);
             }
-            Ok::<usize, String>(s.borrow().unwrap_or(1))
+            let info = s.borrow();
+            let info = info.as_ref().ok_or_else(|| "no device info".to_string())?;
+            Ok::<MatmulPlan, String>(MatmulPlan::for_device(info, m, n, k))
         })?;
-        let plan = MatmulPlan::for_shape(m, n, k, sms);
         if plan.splits <= 1 {
             return matmul::launch_plan(dev, a, b, c, m, n, k, plan, None)
                 .map_err(|e| e.to_string());

@@ -6,7 +6,7 @@
 //! `cargo run --release --example matmul [-- --check-only] [--small] [--sweep]
 //! [--shape MxNxK] [--config BMxBNxBK/W/S]` (`--small`: two small shapes only, for
 //! compute-sanitizer; `--sweep`: time every configuration on more shapes, the data behind
-//! `MatmulConfig::for_shape` and `MatmulPlan::for_shape`; `--shape`: time this shape only,
+//! `MatmulConfig::for_shape` and `MatmulPlan::for_device`; `--shape`: time this shape only,
 //! checked against cuBLAS only; `--config`: time this unsplit configuration only and no split plans,
 //! which with `--shape` gives a profiler one kernel to look at). Split-K plans
 //! (`matmul_split`) are checked and timed beside the unsplit tiles.
@@ -30,8 +30,9 @@ use tilefuse::prelude::*;
 
 /// Every configuration both kernels (bf16 and f32 out) are compiled with: every tile 3
 /// stages deep, 128 x 128 x 64 also 4 and 5 deep, 64 x 128 x 64 also 5.
-const CONFIGS: [MatmulConfig; 11] = [
+const CONFIGS: [MatmulConfig; 12] = [
     MatmulConfig::new(128, 256, 64, 8),
+    MatmulConfig::new(128, 256, 64, 8).stages(4),
     MatmulConfig::new(128, 128, 64, 8),
     MatmulConfig::new(128, 128, 64, 8).stages(4),
     MatmulConfig::new(128, 128, 64, 8).stages(5),
@@ -172,7 +173,13 @@ fn main() -> anyhow::Result<()> {
     };
     // Every unsplit tile, and every split-K tile cut 2, 3 and 5 ways (slices of unequal
     // length; a split past K's iterations is normalized to fewer slices).
-    let mut plans: Vec<MatmulPlan> = CONFIGS.iter().map(|&c| MatmulPlan::tiles(c)).collect();
+    // Hopper-only configurations (a ring above sm_80's shared memory) where they run.
+    let hopper = dev.as_cuda().is_none_or(|d| d.compute_capability().0 >= 9);
+    let usable: Vec<MatmulConfig> = CONFIGS
+        .into_iter()
+        .filter(|c| hopper || !c.hopper_only())
+        .collect();
+    let mut plans: Vec<MatmulPlan> = usable.iter().map(|&c| MatmulPlan::tiles(c)).collect();
     for config in SPLIT_CONFIGS {
         plans.extend([2, 3, 5].map(|splits| MatmulPlan { config, splits }));
     }
@@ -228,7 +235,7 @@ fn main() -> anyhow::Result<()> {
     }
     let configs: Vec<MatmulConfig> = match only_config {
         Some(c) => vec![c],
-        None => CONFIGS.to_vec(),
+        None => usable.clone(),
     };
     for (m, n, k) in shapes {
         let set_bytes = 2 * (m * k + k * n + m * n);
@@ -292,7 +299,7 @@ fn main() -> anyhow::Result<()> {
                 }
             }
         }
-        let picked = MatmulPlan::for_shape(m, n, k, info.sm_count);
+        let picked = MatmulPlan::for_device(&info, m, n, k);
         if !split_plans.contains(&picked) {
             split_plans.push(picked);
         }
@@ -351,7 +358,7 @@ fn main() -> anyhow::Result<()> {
     }
     println!("\n{} (sm {:?})", info.name, info.compute_capability);
     println!(
-        "| GEMM (M x N x K) | best unsplit tile (TFLOP/s) | best split-K | `MatmulPlan::for_shape` \
+        "| GEMM (M x N x K) | best unsplit tile (TFLOP/s) | best split-K | `MatmulPlan::for_device` \
          | cuBLAS | pick / cuBLAS |"
     );
     println!("|---|---|---|---|---|---|");

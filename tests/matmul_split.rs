@@ -16,6 +16,41 @@ use tilefuse::prelude::*;
 /// H100 and H200.
 const SMS: usize = 132;
 
+/// On Hopper the 128 x 256 pick takes the 4-stage ring only sm_90's shared memory holds;
+/// elsewhere, and for every other pick, the device changes nothing.
+#[test]
+fn plan_for_device_deepens_the_large_tile_on_hopper() {
+    let info = |major| tilefuse::dsl::runtime::DeviceInfo {
+        name: "test".into(),
+        sm_count: SMS,
+        l2_bytes: 50 << 20,
+        total_mem: 80 << 30,
+        compute_capability: (major, 0),
+    };
+    let large = MatmulConfig::LARGE.stages(4);
+    assert!(large.hopper_only() && !MatmulConfig::LARGE.hopper_only());
+    assert!(!MatmulConfig::SPLIT.stages(5).hopper_only());
+    for (m, n, k) in [
+        (4096, 4096, 4096),
+        (512, 6144, 1024),
+        (512, 1024, 3072),
+        (512, 4096, 1024),
+    ] {
+        let base = MatmulPlan::for_shape(m, n, k, SMS);
+        assert_eq!(MatmulPlan::for_device(&info(8), m, n, k), base);
+        let hopper = MatmulPlan::for_device(&info(9), m, n, k);
+        if base == MatmulPlan::tiles(MatmulConfig::LARGE) {
+            assert_eq!(hopper, MatmulPlan::tiles(large));
+        } else {
+            assert_eq!(hopper, base);
+        }
+    }
+    assert_eq!(
+        MatmulPlan::for_device(&info(9), 4096, 4096, 4096),
+        MatmulPlan::tiles(large)
+    );
+}
+
 #[test]
 fn plan_splits_small_outputs_only() {
     // Qwen3-0.6B's down projection at 512 tokens: 64 tiles of 64 x 128, cut into 2

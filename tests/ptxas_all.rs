@@ -1,6 +1,6 @@
 //! Every `#[kernel]` in the repository, in every listed specialization, assembles with
-//! `ptxas` for sm_80 (unless it uses clusters) and sm_90 with no spills and no stack
-//! frame.
+//! `ptxas` for sm_80 (unless it uses clusters or more shared memory than sm_80 has) and
+//! sm_90 with no spills and no stack frame.
 //!
 //! The kernels are found by walking the sources (examples, benches, the root crate, the
 //! engine, root tests) with `syn`, so new kernels are covered without listing them here;
@@ -128,9 +128,11 @@ fn every_kernel_assembles_without_spills() {
                     }
                 }
                 for (what, ir) in forms {
-                    for target in [Target::Sm80, Target::Sm90, Target::Sm90a] {
-                        // Clustered kernels need sm_90 (the macro embeds no sm_80 PTX).
-                        if target == Target::Sm80 && ir.cluster_size() > 1 {
+                    // Clustered kernels, and those whose shared memory only sm_90 holds,
+                    // need Hopper: the macro embeds no sm_80 PTX for them.
+                    let mut hopper_only = ir.cluster_size() > 1;
+                    for target in [Target::Sm90, Target::Sm80, Target::Sm90a] {
+                        if target == Target::Sm80 && hopper_only {
                             continue;
                         }
                         // sm_90a modules exist for kernels whose `dot` takes `wgmma`.
@@ -139,11 +141,17 @@ fn every_kernel_assembles_without_spills() {
                         }
                         match ptx::compile(&ir, target) {
                             Ok(kernel) if target == Target::Sm90a && !kernel.uses_wgmma => {}
-                            Ok(kernel) => jobs.push(Job {
-                                what: what.clone(),
-                                target,
-                                kernel,
-                            }),
+                            Ok(kernel) => {
+                                if target == Target::Sm90 {
+                                    hopper_only |=
+                                        kernel.shared_bytes > Target::Sm80.max_shared_bytes();
+                                }
+                                jobs.push(Job {
+                                    what: what.clone(),
+                                    target,
+                                    kernel,
+                                })
+                            }
                             Err(e) => failures.push(format!("{what} {}: {e}", target.name())),
                         }
                     }

@@ -681,28 +681,34 @@ fn compile_variant(
     let mut entry = String::new();
     let mut shared = 0u32;
     let mut widths = Vec::new();
-    for target in [Target::Sm80, Target::Sm90] {
-        if target == Target::Sm80 && kernel.cluster_size() > 1 {
-            // Thread-block clusters need sm_90: no sm_80 PTX (launching the variant
-            // on an older GPU is a clear run-time error).
-            ptx_text.push(String::new());
+    // sm_90 first: a variant whose shared memory only Hopper provides (a deep ring of
+    // large tiles) gets no sm_80 PTX, like a clustered one; launching either on an
+    // older GPU is a clear run-time error.
+    let mut hopper_only = kernel.cluster_size() > 1;
+    let mut by_target = [String::new(), String::new()];
+    let mut errors: [Option<tilefuse_dsl::CompileError>; 2] = [None, None];
+    for (slot, target) in [(1, Target::Sm90), (0, Target::Sm80)] {
+        if target == Target::Sm80 && hopper_only {
             continue;
         }
         match ptx::compile(&kernel, target) {
             Ok(p) => {
                 if target == Target::Sm90 {
                     widths = p.accesses.iter().map(|a| a.width).collect();
+                    hopper_only |= p.shared_bytes > Target::Sm80.max_shared_bytes();
                 }
                 entry = p.entry;
                 shared = shared.max(p.shared_bytes);
-                ptx_text.push(p.ptx);
+                by_target[slot] = p.ptx;
             }
-            Err(e) => {
-                push_error(spans.span(e.loc), back_error(e.message));
-                ptx_text.push(String::new());
-            }
+            Err(e) => errors[slot] = Some(e),
         }
     }
+    // Reported in target order, sm_80 first.
+    for e in errors.into_iter().flatten() {
+        push_error(spans.span(e.loc), back_error(e.message));
+    }
+    ptx_text.extend(by_target);
     // sm_90a PTX only where a `dot` takes the `wgmma` path (other kernels gain
     // nothing from it); the runtime picks it on compute capability 9.0.
     let mut sm90a_text = String::new();

@@ -26,7 +26,7 @@
 
 use crate::dsl::half::bf16;
 use crate::dsl::runtime::{
-    Buffer, Device, KernelArg, KernelDef, LaunchConfig, LaunchError, RuntimeError,
+    Buffer, Device, DeviceInfo, KernelArg, KernelDef, LaunchConfig, LaunchError, RuntimeError,
 };
 use crate::{kernel, tile_fn};
 
@@ -78,8 +78,12 @@ fn matmul_tile<const BM: usize, const BN: usize, const BK: usize, const GROUP_M:
 /// Hopper's `wgmma` path the ring holds a buffer more: docs/language.md, "On Hopper:
 /// `wgmma`"), and 4 and 5 stages for (128, 128, 64, 8), 5 for (64, 128, 64, 4): the
 /// tiles of the prefill shapes whose programs wait on their loads (docs/perf.md, "Deeper
-/// rings for the unsplit GEMM"; 64 x 128 at 4 stages lost to both 3 and 5 there). (128 x 128 x 64 on 4 warps is left out: ptxas spills on
-/// sm_80; 128 x 256 x 64 has no room for a deeper ring.)
+/// rings for the unsplit GEMM"; 64 x 128 at 4 stages lost to both 3 and 5 there), and 4
+/// for (128, 256, 64, 8), a Hopper-only variant: its four 48 KiB buffers fit in sm_90's
+/// shared memory alone (no sm_80 module; launching it on an older GPU is an error
+/// naming the need), and leave no room for the `wgmma` ring's extra buffer, so the
+/// copies go after each group's wait instead (docs/language.md, "On Hopper: `wgmma`").
+/// (128 x 128 x 64 on 4 warps is left out: ptxas spills on sm_80.)
 #[kernel(
     crate = crate::dsl,
     BM = [128, 64],
@@ -96,7 +100,8 @@ fn matmul_tile<const BM: usize, const BN: usize, const BK: usize, const GROUP_M:
     skip(BN = 256, num_warps = 4),
     skip(BM = 128, BN = 128, BK = 64, num_warps = 4),
     skip(BM = 128, BN = 128, BK = 32, num_warps = 8),
-    skip(BN = [256, 64], num_stages = [4, 5]),
+    skip(BN = 64, num_stages = [4, 5]),
+    skip(BN = 256, num_stages = 5),
     skip(BK = 32, num_stages = [4, 5]),
     skip(BM = 64, num_stages = 4)
 )]
@@ -129,7 +134,8 @@ pub fn matmul<const BM: usize, const BN: usize, const BK: usize, const GROUP_M: 
     skip(BN = 256, num_warps = 4),
     skip(BM = 128, BN = 128, BK = 64, num_warps = 4),
     skip(BM = 128, BN = 128, BK = 32, num_warps = 8),
-    skip(BN = [256, 64], num_stages = [4, 5]),
+    skip(BN = 64, num_stages = [4, 5]),
+    skip(BN = 256, num_stages = 5),
     skip(BK = 32, num_stages = [4, 5]),
     skip(BM = 64, num_stages = 4)
 )]
@@ -337,6 +343,12 @@ impl MatmulConfig {
         }
     }
 
+    /// Whether this configuration's ring needs more shared memory than sm_80 gives a
+    /// program (163 KiB): such variants are compiled for Hopper only.
+    pub const fn hopper_only(&self) -> bool {
+        self.num_stages as usize * (self.block_m + self.block_n) * self.block_k * 2 > 163 * 1024
+    }
+
     /// Programs for an `m x n` output (one-dimensional grid, grouped ordering inside).
     pub fn grid(&self, m: usize, n: usize) -> [u32; 3] {
         let tiles = m.div_ceil(self.block_m) * n.div_ceil(self.block_n);
@@ -431,6 +443,19 @@ impl MatmulPlan {
             splits,
         }
         .normalized(k)
+    }
+
+    /// [`MatmulPlan::for_shape`] on the GPU `info` describes, with what its shared
+    /// memory allows: on Hopper (compute capability 9.0) the 128 x 256 tile takes a
+    /// 4-stage ring, which only its 227 KiB hold (docs/perf.md, "Four stages of 128 x
+    /// 256 on Hopper": 4096^3 at 711-723 TFLOP/s against 701-716 with three, 8192^3
+    /// 700-742 against 656-715 on an H200).
+    pub fn for_device(info: &DeviceInfo, m: usize, n: usize, k: usize) -> MatmulPlan {
+        let plan = MatmulPlan::for_shape(m, n, k, info.sm_count);
+        if info.compute_capability.0 >= 9 && plan == MatmulPlan::tiles(MatmulConfig::LARGE) {
+            return MatmulPlan::tiles(MatmulConfig::LARGE.stages(4));
+        }
+        plan
     }
 
     /// K per slice: `k / splits` rounded up to a multiple of `block_k`.

@@ -88,7 +88,9 @@ fn def_of(
             crate::back::ptx::tests::assemble(p, Target::Sm90a);
         }
     }
-    let p80 = if k.cluster_size() > 1 {
+    // As `#[kernel]` does: no sm_80 module for a clustered variant or one whose shared
+    // memory only Hopper provides.
+    let p80 = if k.cluster_size() > 1 || p90.shared_bytes > Target::Sm80.max_shared_bytes() {
         None
     } else {
         Some(compile(k, Target::Sm80).unwrap_or_else(|e| panic!("{}: {e}", k.name)))

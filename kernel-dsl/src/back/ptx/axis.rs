@@ -233,6 +233,19 @@ fn expr(k: &Kernel, v: ValueId, e: &Expr, info: &[AxisInfo]) -> AxisInfo {
                         out.div[t] = at_runs(&a, t, 1).min(at_runs(&b, t, 1));
                         out.cons[t] = a.cons[t].min(b.cons[t]);
                     }
+                    // `x % m` with `m` uniform over the runs: an aligned run of `x`
+                    // no longer than what divides both its start and `m` holds no
+                    // multiple of `m` past its start, so it stays contiguous (Triton's
+                    // `rm % M` row wrap keeps 16-byte loads).
+                    BinaryOp::Rem => {
+                        let (da, db) = (at_runs(&a, t, 1), at_runs(&b, t, 1));
+                        out.contig[t] = a.contig[t].min(a.div[t]).min(db).min(b.cons[t]);
+                        // A run's start is a multiple of its (power-of-two) length,
+                        // which divides `m`: so is its remainder.
+                        let rc = out.contig[t];
+                        out.div[t] = if rc > 1 { rc } else { da.min(db) };
+                        out.cons[t] = a.cons[t].min(b.cons[t]);
+                    }
                     _ => out.cons[t] = a.cons[t].min(b.cons[t]),
                 }
             }

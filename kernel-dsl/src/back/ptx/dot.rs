@@ -562,6 +562,9 @@ impl Emitter<'_> {
         // previous iteration's group is done after this, so its stage may be refilled.
         let pending = if running { 1 } else { 0 };
         self.ins(format!("wgmma.wait_group.sync.aligned {pending}"));
+        if running {
+            self.pipeline_late(d)?;
+        }
         Ok(out)
     }
 

@@ -241,6 +241,17 @@ impl<'k> Emitter<'k> {
         self.cache.pop();
     }
 
+    /// Sets the innermost scope's converted tiles aside (an empty scope in its place),
+    /// for code that runs for another iteration than the one emitted so far.
+    pub fn take_scope(&mut self) -> HashMap<(ValueId, Layout), Vec<String>> {
+        std::mem::take(self.cache.last_mut().expect("a scope"))
+    }
+
+    /// Puts back what [`Self::take_scope`] set aside.
+    pub fn restore_scope(&mut self, cache: HashMap<(ValueId, Layout), Vec<String>>) {
+        *self.cache.last_mut().expect("a scope") = cache;
+    }
+
     /// Emits the `let` of `v`.
     pub fn emit_let(&mut self, v: ValueId) -> Res<()> {
         self.let_(v)

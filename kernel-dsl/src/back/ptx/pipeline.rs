@@ -62,6 +62,11 @@ pub struct Plan {
     /// since the stage the running group reads is not overwritten until the group after
     /// it has been issued: copies run `buffers - 2` iterations ahead.
     async_dot: Option<ValueId>,
+    /// The copies are issued after the running `dot`'s wait, behind a second barrier,
+    /// into the stage the group before it read (Triton's order): the ring then needs no
+    /// buffer beyond `num_stages` and the copies run `num_stages - 1` iterations ahead.
+    /// Chosen where the extra buffer does not fit in shared memory.
+    late: bool,
 }
 
 /// Registers of a pipelined loop while its body is emitted.
@@ -77,6 +82,10 @@ pub struct Ring {
     /// Shared address of the stage the next copies go to.
     write: String,
     ring: String,
+    /// The loop's end and step, for copies issued from inside the body.
+    end: String,
+    step: String,
+    index: ValueId,
 }
 
 fn is_zero(k: &crate::ir::Kernel, v: ValueId) -> bool {
@@ -296,7 +305,8 @@ impl Emitter<'_> {
             Some(_) if (stages + 1) * stage_bytes <= limit => stages + 1,
             _ => stages,
         };
-        let lead = if async_dot.is_some() {
+        let late = async_dot.is_some() && buffers == stages;
+        let lead = if async_dot.is_some() && !late {
             buffers - 2
         } else {
             buffers - 1
@@ -320,6 +330,7 @@ impl Emitter<'_> {
             buffers,
             lead,
             async_dot,
+            late,
         })
     }
 
@@ -373,6 +384,9 @@ impl Emitter<'_> {
             read,
             write,
             ring,
+            end: end.to_string(),
+            step: step.to_string(),
+            index,
         };
         for _ in 0..lead {
             self.pipeline_issue(&mut r, index, end, step, false)?;
@@ -382,7 +396,7 @@ impl Emitter<'_> {
 
     /// At the top of the body: waits for this iteration's copies, then issues the
     /// copies `num_stages - 1` iterations ahead into the stage the previous iteration
-    /// read.
+    /// read (in the late order, [`Plan::late`], they wait for [`Self::pipeline_late`]).
     pub fn pipeline_iteration(
         &mut self,
         r: &mut Ring,
@@ -397,7 +411,33 @@ impl Emitter<'_> {
             self.ins("fence.proxy.async.shared::cta");
         }
         self.ins("bar.sync 0");
+        if r.plan.late {
+            return Ok(());
+        }
         self.pipeline_issue(r, index, end, step, true)
+    }
+
+    /// After the running `dot` `d` has waited for the group before it, in a ring whose
+    /// copies go late ([`Plan::late`]): once every warpgroup is past that wait, the stage
+    /// that group read is free, and this iteration's copies go there.
+    pub fn pipeline_late(&mut self, d: ValueId) -> Res<()> {
+        let Some(mut r) = self
+            .rings
+            .iter()
+            .rev()
+            .find(|r| r.plan.late && r.plan.async_dot == Some(d))
+            .cloned()
+        else {
+            return Ok(());
+        };
+        self.ins("bar.sync 0");
+        // Tiles the body has converted so far belong to this iteration; the copies are
+        // for a later one, so they must not be found.
+        let body_cache = self.take_scope();
+        let (index, end, step) = (r.index, r.end.clone(), r.step.clone());
+        let issued = self.pipeline_issue(&mut r, index, &end, &step, true);
+        self.restore_scope(body_cache);
+        issued
     }
 
     /// At the end of the body: the next stage to read.

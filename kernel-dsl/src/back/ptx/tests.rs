@@ -1227,6 +1227,88 @@ fn dot_lowers_to_wgmma_on_sm90a() {
     assert!(!p.uses_wgmma && p.ptx.contains("mma.sync"));
 }
 
+/// A ring whose extra buffer does not fit (128 x 256 x 64, four stages: five 48 KiB
+/// buffers would be 240 KiB) issues its copies after the running group's wait, behind a
+/// second barrier, into the stage the group before read: `num_stages` buffers, copies
+/// `num_stages - 1` iterations ahead. Three stages keep the early order.
+#[test]
+fn wgmma_ring_goes_late_without_room() {
+    let stage = (128 + 256) * 64 * 2;
+    for (stages, late) in [(4u32, true), (3, false)] {
+        let p = pipelined_for(128, 256, 64, 8, stages, Target::Sm90a);
+        assert!(p.uses_wgmma);
+        let body = loop_body(&p.ptx);
+        let copy = body.find("cp.async.cg.shared.global").expect("copies");
+        let wait = body
+            .find("wgmma.wait_group.sync.aligned 1")
+            .expect("a running group");
+        assert_eq!(copy > wait, late, "{body}");
+        assert_eq!(body.matches("bar.sync 0").count(), if late { 2 } else { 1 });
+        let (buffers, ahead) = if late {
+            (stages, stages - 1)
+        } else {
+            (stages + 1, stages - 1)
+        };
+        assert_eq!(p.shared_bytes, buffers * stage);
+        assert!(
+            body.contains(&format!("cp.async.wait_group {}", ahead - 1)),
+            "{body}"
+        );
+        // The copies of the first `ahead` iterations are issued before the loop.
+        let before = &p.ptx[..p.ptx.find(body).unwrap()];
+        assert_eq!(
+            before.matches("cp.async.commit_group").count(),
+            ahead as usize
+        );
+        assemble(&p, Target::Sm90a);
+    }
+    // The portable module of the same variant does not fit on sm_80.
+    let spec = crate::Specialization {
+        consts: [("BM", 128), ("BN", 256), ("BK", 64), ("ACC", 0)]
+            .iter()
+            .map(|(n, v)| (n.to_string(), *v))
+            .collect(),
+        num_warps: 8,
+        num_stages: None,
+    };
+    let src = format!(
+        "#[kernel(BM = [128], BN = [256], BK = [64], ACC = [0], num_warps = [8], num_stages = [4])]\n{}",
+        super::gpu_tests::matmul_pipelined()
+    );
+    let k = crate::compile_source(&src, &spec).unwrap();
+    let e = compile(&k, Target::Sm80).unwrap_err();
+    assert!(e.message.contains("163 KiB"), "{}", e.message);
+}
+
+/// `x % m` with `m` a multiple of 16 keeps 16-element runs of a contiguous `x`
+/// contiguous and aligned (Triton's `rn % N` edge wrap), so loads through it stay 16
+/// bytes wide; an `m` with no known divisor makes them scalar.
+#[test]
+fn remainder_by_a_multiple_keeps_runs_contiguous() {
+    let src = |m: &str| {
+        format!(
+            "#[kernel] fn k(x: Ptr<f32>, y: Ptr<f32>, #[multiple_of(16)] n: i32, j: i32) {{
+                let offs = program_id(0) * 1024 + arange(0, 1024);
+                store(y + offs, load(x + offs % {m}));
+            }}"
+        )
+    };
+    let spec = crate::Specialization {
+        consts: vec![],
+        num_warps: 4,
+        num_stages: None,
+    };
+    let widths = |m: &str| {
+        let k = crate::compile_source(&src(m), &spec).unwrap();
+        let p = compile(&k, Target::Sm90).unwrap();
+        p.accesses.iter().map(|a| a.width).collect::<Vec<_>>()
+    };
+    assert_eq!(widths("n"), [4, 4]);
+    assert_eq!(widths("64"), [4, 4]);
+    assert_eq!(widths("2"), [2, 4]);
+    assert_eq!(widths("j"), [1, 4]);
+}
+
 /// A mask bounded through `minimum`/`maximum` of multiples of 16 stays uniform over
 /// 16-element runs, so the loads it guards keep their 16-byte width (and a bound that is
 /// only sometimes a multiple does not).

@@ -31,6 +31,15 @@ impl KernelDef {
                 ),
             });
         }
+        if !target.hopper() && variant.shared_bytes > Target::Sm80.max_shared_bytes() {
+            return Err(LaunchError::Config {
+                kernel: self.name.into(),
+                message: format!(
+                    "variant [{describe}] needs {} bytes of shared memory, which only compute capability 9.0 or newer provides (this device: {major}.x); pick a smaller tile or fewer stages",
+                    variant.shared_bytes
+                ),
+            });
+        }
         if ptx.is_empty() || ptx.contains('\0') {
             return Err(LaunchError::Config {
                 kernel: self.name.into(),
