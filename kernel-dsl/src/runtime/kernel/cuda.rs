@@ -22,22 +22,10 @@ impl KernelDef {
         }
         let ptx = variant.ptx(target);
         let describe = variant.describe(self.const_names, self.has_stage_axis());
-        if variant.cluster != [1, 1, 1] && !target.hopper() {
+        if let Some(why) = variant.needs_newer_gpu(major) {
             return Err(LaunchError::Config {
                 kernel: self.name.into(),
-                message: format!(
-                    "variant [{describe}] uses thread-block clusters of {:?}, which need compute capability 9.0 or newer (this device: {major}.x)",
-                    variant.cluster
-                ),
-            });
-        }
-        if !target.hopper() && variant.shared_bytes > Target::Sm80.max_shared_bytes() {
-            return Err(LaunchError::Config {
-                kernel: self.name.into(),
-                message: format!(
-                    "variant [{describe}] needs {} bytes of shared memory, which only compute capability 9.0 or newer provides (this device: {major}.x); pick a smaller tile or fewer stages",
-                    variant.shared_bytes
-                ),
+                message: format!("variant [{describe}] {why}"),
             });
         }
         if ptx.is_empty() || ptx.contains('\0') {

@@ -278,6 +278,27 @@ impl Variant {
         }
     }
 
+    /// Why this variant cannot run on a device of compute capability `major.x`, if it
+    /// cannot: thread-block clusters and shared memory above sm_80's 163 KiB need 9.0
+    /// or newer (`#[kernel]` embeds no sm_80 PTX for such variants).
+    pub fn needs_newer_gpu(&self, major: i32) -> Option<String> {
+        if major >= 9 {
+            return None;
+        }
+        if self.cluster != [1, 1, 1] {
+            return Some(format!(
+                "uses thread-block clusters of {:?}, which need compute capability 9.0 or newer (this device: {major}.x)",
+                self.cluster
+            ));
+        }
+        (self.shared_bytes > Target::Sm80.max_shared_bytes()).then(|| {
+            format!(
+                "needs {} bytes of shared memory, which only compute capability 9.0 or newer provides (this device: {major}.x); pick a smaller tile or fewer stages",
+                self.shared_bytes
+            )
+        })
+    }
+
     /// The constants, warp count and (where `stages` says the kernel has several)
     /// pipelining depth in words.
     fn describe(&self, const_names: &[&str], stages: bool) -> String {

@@ -396,3 +396,38 @@ fn the_divisible_form_is_taken_exactly_when_its_arguments_divide() {
         "// k % 16 == 0"
     );
 }
+
+/// Variants with no sm_80 module (clustered, or more shared memory than sm_80 gives a
+/// program) say why on an older GPU and run on Hopper.
+#[test]
+fn hopper_only_variants_name_what_they_need() {
+    let base = Variant {
+        consts: &[128],
+        num_warps: 8,
+        num_stages: 4,
+        ptx_sm80: Ptx::text(""),
+        ptx_sm90: Ptx::text("// sm90"),
+        ptx_sm90a: Ptx::text(""),
+        entry: "k",
+        shared_bytes: 192 * 1024,
+        cluster: [1, 1, 1],
+        assumes_divisible: 0,
+        divisible_form: None,
+    };
+    let why = base.needs_newer_gpu(8).expect("over sm_80's shared memory");
+    assert!(why.contains("196608 bytes") && why.contains("8.x"), "{why}");
+    assert_eq!(base.needs_newer_gpu(9), None);
+    assert_eq!(base.needs_newer_gpu(10), None);
+    let fits = Variant {
+        shared_bytes: 163 * 1024,
+        ..base
+    };
+    assert_eq!(fits.needs_newer_gpu(8), None);
+    let clustered = Variant {
+        shared_bytes: 0,
+        cluster: [2, 1, 1],
+        ..base
+    };
+    let why = clustered.needs_newer_gpu(8).expect("clusters");
+    assert!(why.contains("clusters of [2, 1, 1]"), "{why}");
+}
