@@ -356,7 +356,12 @@ fn main() -> anyhow::Result<()> {
             100.0 * tf_picked / tf_blas
         ));
     }
-    println!("\n{} (sm {:?})", info.name, info.compute_capability);
+    println!(
+        "\n{} (sm {:?}, peak memory bandwidth {:.2} TB/s)",
+        info.name,
+        info.compute_capability,
+        info.memory_bandwidth as f64 / 1e12
+    );
     println!(
         "| GEMM (M x N x K) | best unsplit tile (TFLOP/s) | best split-K | `MatmulPlan::for_device` \
          | cuBLAS | pick / cuBLAS |"

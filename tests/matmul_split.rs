@@ -9,7 +9,7 @@ use tilefuse::dsl::runtime::testing::{gpu_or_skip, gpu_turn};
 use tilefuse::engine::bench::Rng;
 use tilefuse::kernels::matmul::{
     launch_plan, MatmulConfig, MatmulPlan, SplitWorkspace, MIN_SLICE_ITERS, SPLIT_CONFIGS,
-    TWO_SLICE_MIN_ITERS,
+    SPLIT_PARTIALS_MIN_BANDWIDTH, TWO_SLICE_MIN_ITERS,
 };
 use tilefuse::prelude::*;
 
@@ -19,13 +19,14 @@ const SMS: usize = 132;
 /// On Hopper the 128 x 256 pick takes the 4-stage ring only sm_90's shared memory holds;
 /// elsewhere, and for every other pick, the device changes nothing.
 #[test]
-fn plan_for_device_deepens_the_large_tile_on_hopper() {
+fn plan_for_device_fits_the_gpu() {
     let info = |major| tilefuse::dsl::runtime::DeviceInfo {
         name: "test".into(),
         sm_count: SMS,
         l2_bytes: 50 << 20,
         total_mem: 80 << 30,
         compute_capability: (major, 0),
+        memory_bandwidth: 4_800_000_000_000,
     };
     let large = MatmulConfig::LARGE.stages(4);
     assert!(large.hopper_only() && !MatmulConfig::LARGE.hopper_only());
@@ -49,6 +50,25 @@ fn plan_for_device_deepens_the_large_tile_on_hopper() {
         MatmulPlan::for_device(&info(9), 4096, 4096, 4096),
         MatmulPlan::tiles(large)
     );
+    // Two slices of exactly TWO_SLICE_MIN_ITERS iterations (the down projection at 512
+    // tokens) split where memory is fast and run unsplit where it is slower; longer
+    // slices split on both.
+    let slow = tilefuse::dsl::runtime::DeviceInfo {
+        memory_bandwidth: 3_352_000_000_000,
+        ..info(9)
+    };
+    let down = (512, 1024, 64 * 2 * TWO_SLICE_MIN_ITERS);
+    assert_eq!(
+        MatmulPlan::for_device(&info(9), down.0, down.1, down.2).splits,
+        2
+    );
+    assert_eq!(
+        MatmulPlan::for_device(&slow, down.0, down.1, down.2),
+        MatmulPlan::tiles(MatmulConfig::SPLIT.stages(5))
+    );
+    let longer = 64 * 2 * (TWO_SLICE_MIN_ITERS + 4);
+    assert_eq!(MatmulPlan::for_device(&slow, 512, 1024, longer).splits, 2);
+    assert!((3_352_000_000_001..4_800_000_000_000).contains(&SPLIT_PARTIALS_MIN_BANDWIDTH));
 }
 
 #[test]

@@ -404,6 +404,12 @@ pub const MIN_SLICE_ITERS: usize = 4;
 /// 236 both ways at 512 x 1024 x 3072).
 pub const TWO_SLICE_MIN_ITERS: usize = 24;
 
+/// Peak memory bandwidth (bytes per second) from which [`MatmulPlan::for_device`] keeps
+/// a two-slice split of exactly [`TWO_SLICE_MIN_ITERS`] iterations a slice: between the
+/// H100's 3.35 TB/s, where it loses to the unsplit tile, and the H200's 4.8, where it
+/// wins.
+pub const SPLIT_PARTIALS_MIN_BANDWIDTH: u64 = 4_000_000_000_000;
+
 impl MatmulPlan {
     /// No split: one program per tile of `config`.
     pub const fn tiles(config: MatmulConfig) -> MatmulPlan {
@@ -446,14 +452,27 @@ impl MatmulPlan {
     }
 
     /// [`MatmulPlan::for_shape`] on the GPU `info` describes, with what its shared
-    /// memory allows: on Hopper (compute capability 9.0) the 128 x 256 tile takes a
-    /// 4-stage ring, which only its 227 KiB hold (docs/perf.md, "Four stages of 128 x
-    /// 256 on Hopper": 4096^3 at 711-723 TFLOP/s against 701-716 with three, 8192^3
-    /// 700-742 against 656-715 on an H200).
+    /// memory and memory bandwidth allow:
+    /// - on Hopper (compute capability 9.0) the 128 x 256 tile takes a 4-stage ring,
+    ///   which only its 227 KiB hold (docs/perf.md, "Four stages of 128 x 256 on
+    ///   Hopper": 4096^3 at 711-723 TFLOP/s against 701-716 with three, 8192^3 700-742
+    ///   against 656-715 on an H200);
+    /// - a two-slice split of only [`TWO_SLICE_MIN_ITERS`] iterations a slice runs
+    ///   unsplit (64 x 128, 5 stages) below [`SPLIT_PARTIALS_MIN_BANDWIDTH`]: the f32
+    ///   partials' round trip costs that much more there (512 x 1024 x 3072: on an H100,
+    ///   3.35 TB/s, 249 TFLOP/s unsplit against 234 split; on an H200, 4.8 TB/s, 246-248
+    ///   against 257-258; docs/perf.md, "Four stages of 128 x 256 on Hopper").
     pub fn for_device(info: &DeviceInfo, m: usize, n: usize, k: usize) -> MatmulPlan {
         let plan = MatmulPlan::for_shape(m, n, k, info.sm_count);
         if info.compute_capability.0 >= 9 && plan == MatmulPlan::tiles(MatmulConfig::LARGE) {
             return MatmulPlan::tiles(MatmulConfig::LARGE.stages(4));
+        }
+        let iters = k.div_ceil(plan.config.block_k);
+        if plan.splits == 2
+            && iters <= 2 * TWO_SLICE_MIN_ITERS
+            && info.memory_bandwidth < SPLIT_PARTIALS_MIN_BANDWIDTH
+        {
+            return MatmulPlan::tiles(MatmulConfig::SPLIT.stages(5));
         }
         plan
     }

@@ -30,6 +30,11 @@ pub struct DeviceInfo {
     pub total_mem: usize,
     /// `(major, minor)` compute capability.
     pub compute_capability: (i32, i32),
+    /// Peak memory bandwidth in bytes per second as the driver's memory clock and bus
+    /// width give it (two transfers a clock; 0 where the driver reports neither): 3.35
+    /// TB/s on an H100 SXM. A planner's hint, not a measurement (`tilefuse bench`
+    /// measures the copy bandwidth).
+    pub memory_bandwidth: u64,
 }
 
 impl CudaDevice {
@@ -49,6 +54,11 @@ impl CudaDevice {
                 .total_mem()
                 .map_err(RuntimeError::driver("querying device memory"))?,
             compute_capability: self.compute_capability(),
+            memory_bandwidth: {
+                let khz = attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE)?;
+                let bits = attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH)?;
+                2 * khz as u64 * 1000 * (bits / 8) as u64
+            },
         })
     }
 
