@@ -141,6 +141,32 @@ fn clustered_kernels_are_shown_for_sm_90() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A variant whose ring only sm_90's shared memory holds (matmul's 128 x 256 x 64 at 4
+/// stages) is shown for sm_90, as `#[kernel]` builds it, not refused for sm_80.
+#[test]
+fn hopper_only_variants_are_shown_for_sm_90() {
+    let mut a = args("src/kernels/matmul.rs");
+    a.kernel = Some("matmul".into());
+    a.consts = [("BM", 128), ("BN", 256), ("BK", 64), ("GROUP_M", 8)]
+        .map(|(n, v)| (n.to_string(), v))
+        .to_vec();
+    a.num_warps = Some(8);
+    a.num_stages = Some(4);
+    let out = run(&a).unwrap();
+    assert!(out.contains("target: sm_90"), "{out}");
+    assert!(out.contains("196608"), "{out}");
+    if tilefuse::dsl::back::ptx::ptxas::find().is_ok() {
+        a.ptxas = true;
+        let out = run(&a).unwrap();
+        assert!(out.contains("sm_80: none (more shared memory"), "{out}");
+    }
+    // Three stages fit sm_80: shown for the default target.
+    a.num_stages = Some(3);
+    a.ptxas = false;
+    let out = run(&a).unwrap();
+    assert!(out.contains("target: sm_80"), "{out}");
+}
+
 #[test]
 fn bad_input_is_a_clear_error() {
     let err = |a: &InspectArgs| format!("{:#}", run(a).unwrap_err());

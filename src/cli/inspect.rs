@@ -271,9 +271,10 @@ fn inspect_one(
             )
         })
     };
-    // Thread-block clusters need sm_90: clustered kernels have no sm_80 PTX.
+    // Clustered kernels, and those whose shared memory only sm_90 holds, have no sm_80
+    // PTX (as `#[kernel]` builds them): they are shown for sm_90.
     let target = match Target::from(args.target) {
-        Target::Sm80 if kernel.cluster_size() > 1 => Target::Sm90,
+        Target::Sm80 if hopper_only(&kernel) => Target::Sm90,
         t => t,
     };
     let p = compile(target)?;
@@ -593,6 +594,14 @@ fn write_divisible_form(
     );
 }
 
+/// Whether `#[kernel]` builds no sm_80 module for this kernel: it uses thread-block
+/// clusters, or its sm_90 module needs more shared memory than sm_80 gives a program.
+fn hopper_only(kernel: &Kernel) -> bool {
+    kernel.cluster_size() > 1
+        || ptx::compile(kernel, Target::Sm90)
+            .is_ok_and(|p| p.shared_bytes > Target::Sm80.max_shared_bytes())
+}
+
 fn write_ptxas(
     out: &mut String,
     kernel: &Kernel,
@@ -614,6 +623,14 @@ fn write_ptxas(
         }
         if t == Target::Sm80 && kernel.cluster_size() > 1 {
             let _ = writeln!(out, "    sm_80: none (thread-block clusters need sm_90)");
+            continue;
+        }
+        if t == Target::Sm80 && hopper_only(kernel) {
+            let _ = writeln!(
+                out,
+                "    sm_80: none (more shared memory than sm_80's {} KiB: a Hopper-only variant)",
+                Target::Sm80.max_shared_bytes() / 1024
+            );
             continue;
         }
         let p = compile(t)?;
