@@ -143,8 +143,7 @@ fn every_kernel_assembles_without_spills() {
                             Ok(kernel) if target == Target::Sm90a && !kernel.uses_wgmma => {}
                             Ok(kernel) => {
                                 if target == Target::Sm90 {
-                                    hopper_only |=
-                                        kernel.shared_bytes > Target::Sm80.max_shared_bytes();
+                                    hopper_only |= !ptx::has_sm80_module(&ir, &kernel);
                                 }
                                 jobs.push(Job {
                                     what: what.clone(),

@@ -695,7 +695,7 @@ fn compile_variant(
             Ok(p) => {
                 if target == Target::Sm90 {
                     widths = p.accesses.iter().map(|a| a.width).collect();
-                    hopper_only |= p.shared_bytes > Target::Sm80.max_shared_bytes();
+                    hopper_only |= !ptx::has_sm80_module(&kernel, &p);
                 }
                 entry = p.entry;
                 shared = shared.max(p.shared_bytes);

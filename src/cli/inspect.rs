@@ -598,8 +598,7 @@ fn write_divisible_form(
 /// clusters, or its sm_90 module needs more shared memory than sm_80 gives a program.
 fn hopper_only(kernel: &Kernel) -> bool {
     kernel.cluster_size() > 1
-        || ptx::compile(kernel, Target::Sm90)
-            .is_ok_and(|p| p.shared_bytes > Target::Sm80.max_shared_bytes())
+        || ptx::compile(kernel, Target::Sm90).is_ok_and(|p| !ptx::has_sm80_module(kernel, &p))
 }
 
 fn write_ptxas(

@@ -343,10 +343,13 @@ impl MatmulConfig {
         }
     }
 
-    /// Whether this configuration's ring needs more shared memory than sm_80 gives a
-    /// program (163 KiB): such variants are compiled for Hopper only.
-    pub const fn hopper_only(&self) -> bool {
-        self.num_stages as usize * (self.block_m + self.block_n) * self.block_k * 2 > 163 * 1024
+    /// Whether this configuration is compiled for Hopper only: its ring needs more
+    /// shared memory than sm_80 gives a program (163 KiB), so [`matmul`]'s variant has
+    /// no sm_80 module. `false` for a configuration that is not compiled.
+    pub fn hopper_only(&self) -> bool {
+        MATMUL
+            .variant_staged(&self.consts(), Some(self.num_warps), Some(self.num_stages))
+            .is_ok_and(|v| v.ptx_sm80.is_empty())
     }
 
     /// Programs for an `m x n` output (one-dimensional grid, grouped ordering inside).

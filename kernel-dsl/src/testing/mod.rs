@@ -90,11 +90,8 @@ fn def_of(
     }
     // As `#[kernel]` does: no sm_80 module for a clustered variant or one whose shared
     // memory only Hopper provides.
-    let p80 = if k.cluster_size() > 1 || p90.shared_bytes > Target::Sm80.max_shared_bytes() {
-        None
-    } else {
-        Some(compile(k, Target::Sm80).unwrap_or_else(|e| panic!("{}: {e}", k.name)))
-    };
+    let p80 = crate::back::ptx::has_sm80_module(k, &p90)
+        .then(|| compile(k, Target::Sm80).unwrap_or_else(|e| panic!("{}: {e}", k.name)));
     if assemble {
         match &p80 {
             Some(p) => crate::back::ptx::tests::assemble(p, Target::Sm80),

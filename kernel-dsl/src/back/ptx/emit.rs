@@ -991,7 +991,7 @@ impl<'k> Emitter<'k> {
                 let params = self.loop_params(carried)?;
                 let (head, exit) = (self.new_label("loop"), self.new_label("end"));
                 let (s0, e0, st) = (self.scalar(*start), self.scalar(*end), self.scalar(*step));
-                let mut ring = match plan {
+                let ring = match plan {
                     Some(plan) => {
                         let regs: HashMap<ValueId, Vec<String>> = carried
                             .iter()
@@ -1009,8 +1009,8 @@ impl<'k> Emitter<'k> {
                 self.ins(format!("setp.ge.{t} {p}, {idx}, {e0}"));
                 self.ins(format!("@{p} bra {exit}"));
                 self.cache.push(HashMap::new());
-                if let Some(r) = ring.as_mut() {
-                    self.pipeline_iteration(r, *index, &e0, &st)?;
+                if let Some(r) = &ring {
+                    self.pipeline_iteration(r)?;
                     self.rings.push(r.clone());
                 }
                 self.block(body)?;

@@ -170,6 +170,15 @@ pub struct Access {
     pub elements: usize,
 }
 
+/// Whether `#[kernel]` builds an sm_80 module for `kernel` beside `sm90`, its sm_90
+/// module: not for thread-block clusters, nor where the sm_90 module needs more shared
+/// memory than sm_80 gives a program (a deep ring of large tiles). Such variants are
+/// Hopper-only; launching one on an older GPU is an error naming the reason
+/// (`Variant::needs_newer_gpu`).
+pub fn has_sm80_module(kernel: &Kernel, sm90: &PtxKernel) -> bool {
+    kernel.cluster_size() == 1 && sm90.shared_bytes <= Target::Sm80.max_shared_bytes()
+}
+
 /// Compiles a typed kernel to PTX.
 pub fn compile(kernel: &Kernel, target: Target) -> Result<PtxKernel, CompileError> {
     if kernel.num_warps == 0 || !kernel.num_warps.is_power_of_two() || kernel.num_warps > 32 {

@@ -82,10 +82,10 @@ pub struct Ring {
     /// Shared address of the stage the next copies go to.
     write: String,
     ring: String,
-    /// The loop's end and step, for copies issued from inside the body.
+    /// The loop's index, end and step: the copies' iteration, bound and stride.
+    index: ValueId,
     end: String,
     step: String,
-    index: ValueId,
 }
 
 fn is_zero(k: &crate::ir::Kernel, v: ValueId) -> bool {
@@ -377,19 +377,19 @@ impl Emitter<'_> {
         let (read, write) = (self.reg(Rk::R), self.reg(Rk::R));
         self.ins(format!("mov.u32 {read}, {ring}"));
         self.ins(format!("mov.u32 {write}, {ring}"));
-        let mut r = Ring {
+        let r = Ring {
             plan,
             ahead,
             shadow,
             read,
             write,
             ring,
+            index,
             end: end.to_string(),
             step: step.to_string(),
-            index,
         };
         for _ in 0..lead {
-            self.pipeline_issue(&mut r, index, end, step, false)?;
+            self.pipeline_issue(&r, false)?;
         }
         Ok(r)
     }
@@ -397,13 +397,7 @@ impl Emitter<'_> {
     /// At the top of the body: waits for this iteration's copies, then issues the
     /// copies `num_stages - 1` iterations ahead into the stage the previous iteration
     /// read (in the late order, [`Plan::late`], they wait for [`Self::pipeline_late`]).
-    pub fn pipeline_iteration(
-        &mut self,
-        r: &mut Ring,
-        index: ValueId,
-        end: &str,
-        step: &str,
-    ) -> Res<()> {
+    pub fn pipeline_iteration(&mut self, r: &Ring) -> Res<()> {
         self.ins(format!("cp.async.wait_group {}", r.plan.lead - 1));
         if r.plan.wgmma {
             // `wgmma` reads shared memory through the async proxy: make this thread's
@@ -414,14 +408,14 @@ impl Emitter<'_> {
         if r.plan.late {
             return Ok(());
         }
-        self.pipeline_issue(r, index, end, step, true)
+        self.pipeline_issue(r, true)
     }
 
     /// After the running `dot` `d` has waited for the group before it, in a ring whose
     /// copies go late ([`Plan::late`]): once every warpgroup is past that wait, the stage
     /// that group read is free, and this iteration's copies go there.
     pub fn pipeline_late(&mut self, d: ValueId) -> Res<()> {
-        let Some(mut r) = self
+        let Some(r) = self
             .rings
             .iter()
             .rev()
@@ -434,8 +428,7 @@ impl Emitter<'_> {
         // Tiles the body has converted so far belong to this iteration; the copies are
         // for a later one, so they must not be found.
         let body_cache = self.take_scope();
-        let (index, end, step) = (r.index, r.end.clone(), r.step.clone());
-        let issued = self.pipeline_issue(&mut r, index, &end, &step, true);
+        let issued = self.pipeline_issue(&r, true);
         self.restore_scope(body_cache);
         issued
     }
@@ -486,14 +479,8 @@ impl Emitter<'_> {
     /// Copies for the iteration whose index is in `r.ahead`, into stage `r.write`; then
     /// moves `ahead`, the carried values and `write` on by one iteration. `record`: list
     /// the copies among the kernel's accesses (once per load, from the loop body).
-    fn pipeline_issue(
-        &mut self,
-        r: &mut Ring,
-        index: ValueId,
-        end: &str,
-        step: &str,
-        record: bool,
-    ) -> Res<()> {
+    fn pipeline_issue(&mut self, r: &Ring, record: bool) -> Res<()> {
+        let (index, end, step) = (r.index, r.end.as_str(), r.step.as_str());
         let ity = self.k.ty(index).dtype().unwrap_or(DType::I32);
         let t = int_ty(ity);
         let live = self.reg(Rk::P);

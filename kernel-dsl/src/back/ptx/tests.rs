@@ -1280,6 +1280,18 @@ fn wgmma_ring_goes_late_without_room() {
     assert!(e.message.contains("163 KiB"), "{}", e.message);
 }
 
+/// The vector width of each global access of a one-kernel source on 4 warps (sm_90).
+fn access_widths(src: &str) -> Vec<usize> {
+    let spec = crate::Specialization {
+        consts: vec![],
+        num_warps: 4,
+        num_stages: None,
+    };
+    let k = crate::compile_source(src, &spec).unwrap();
+    let p = compile(&k, Target::Sm90).unwrap();
+    p.accesses.iter().map(|a| a.width).collect()
+}
+
 /// `x % m` with `m` a multiple of 16 keeps 16-element runs of a contiguous `x`
 /// contiguous and aligned (Triton's `rn % N` edge wrap), so loads through it stay 16
 /// bytes wide; an `m` with no known divisor makes them scalar.
@@ -1293,16 +1305,7 @@ fn remainder_by_a_multiple_keeps_runs_contiguous() {
             }}"
         )
     };
-    let spec = crate::Specialization {
-        consts: vec![],
-        num_warps: 4,
-        num_stages: None,
-    };
-    let widths = |m: &str| {
-        let k = crate::compile_source(&src(m), &spec).unwrap();
-        let p = compile(&k, Target::Sm90).unwrap();
-        p.accesses.iter().map(|a| a.width).collect::<Vec<_>>()
-    };
+    let widths = |m: &str| access_widths(&src(m));
     assert_eq!(widths("n"), [4, 4]);
     assert_eq!(widths("64"), [4, 4]);
     assert_eq!(widths("2"), [2, 4]);
@@ -1323,16 +1326,7 @@ fn masks_bounded_by_minimum_of_multiples_stay_vectorized() {
             }}"
         )
     };
-    let spec = crate::Specialization {
-        consts: vec![],
-        num_warps: 4,
-        num_stages: None,
-    };
-    let widths = |bound: &str| {
-        let k = crate::compile_source(&src(bound), &spec).unwrap();
-        let p = compile(&k, Target::Sm90).unwrap();
-        p.accesses.iter().map(|a| a.width).collect::<Vec<_>>()
-    };
+    let widths = |bound: &str| access_widths(&src(bound));
     assert_eq!(widths("n"), [4, 4]);
     assert_eq!(widths("minimum(n, k0 + 2048) - k0"), [4, 4]);
     assert_eq!(widths("maximum(n, 64)"), [4, 4]);
