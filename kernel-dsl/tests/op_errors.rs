@@ -4,6 +4,7 @@
 //! - `scans_layouts_histogram_random`: the scans, `argmin`, layout changes, `histogram` and the random numbers.
 //! - `bitcast`: `x.bitcast::<T>()`: widths that differ, `bool`, pointers, a missing target type.
 //! - `dot4`: `dot4(a, b, acc)`: operands that are not 32-bit integer words, an accumulator that is not `i32`, the wrong arity.
+//! - `unroll`: `.unroll(n)` on a loop range: a factor other than two, a body with a `dot` or an inner loop.
 
 use tilefuse_dsl::{compile_source, Specialization};
 
@@ -218,5 +219,52 @@ mod dot4 {
     fn dot4_takes_three_arguments() {
         let e = super::error_of(PARAMS, "store(i, dot4(load(u), load(i)));");
         assert!(e.starts_with("line 2") && e.contains("dot4"), "{e}");
+    }
+}
+
+/// `.unroll(2)` on a `for` range: the only factor is two, and the body may not hold what
+/// the code generator cannot emit twice.
+mod unroll {
+    const PARAMS: &str = "x: Ptr<f32>, a: Ptr<bf16>, n: i32";
+
+    #[test]
+    fn only_by_two() {
+        for f in ["3", "1", "n"] {
+            let body = format!("let mut s = 0.0; for i in (0..n).step_by(4).unroll({f}) {{ s += load(x + i); }} store(x, s);");
+            super::check_in(PARAMS, &body, &["unroll by two only", "unroll(2)"]);
+        }
+    }
+
+    #[test]
+    fn not_around_a_dot_or_an_inner_loop() {
+        let dot = "let mut acc = zeros::<f32>([16, 16]); for i in (0..n).step_by(16).unroll(2) { let t = load(a + i + arange(0, 16).expand_dims(1) * 16 + arange(0, 16).expand_dims(0)); acc = dot(t, t, acc); } store(x + arange(0, 16), acc.sum(1));";
+        super::check_in(
+            PARAMS,
+            dot,
+            &["`.unroll(2)` needs a loop body without a `dot`"],
+        );
+        let inner = "let mut s = 0.0; for i in (0..n).unroll(2) { for j in 0..n { s += load(x + i + j); } } store(x, s);";
+        super::check_in(PARAMS, inner, &["without an inner loop"]);
+    }
+
+    #[test]
+    fn an_unrolled_loop_compiles() {
+        let src = "#[kernel] fn k(x: Ptr<f32>, y: Ptr<f32>, n: i32) {
+            let offs = arange(0, 64);
+            let mut cur = load(x + offs, offs < n, 0.0);
+            let mut s = zeros::<f32>([64]);
+            for k0 in (0..n).step_by(64).unroll(2) {
+                let next = load(x + k0 + 64 + offs, k0 + 64 + offs < n, 0.0);
+                s += cur;
+                cur = next;
+            }
+            store(y + offs, s);
+        }";
+        let spec = tilefuse_dsl::Specialization {
+            consts: vec![],
+            num_warps: 2,
+            num_stages: None,
+        };
+        tilefuse_dsl::compile_source(src, &spec).expect("compiles");
     }
 }

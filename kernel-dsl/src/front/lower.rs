@@ -374,7 +374,25 @@ impl Lower {
         let Pat::Ident(pi) = &*f.pat else {
             return self.err(f.pat.span(), "the loop variable is a single name");
         };
-        let (range, step) = match &*f.expr {
+        // `.unroll(2)` last: a code generation hint (docs/language.md).
+        let (iter, unroll) = match &*f.expr {
+            SynExpr::MethodCall(m) if m.method == "unroll" => {
+                let two = matches!(
+                    m.args.first(),
+                    Some(SynExpr::Lit(syn::ExprLit { lit: syn::Lit::Int(n), .. }))
+                        if n.base10_digits() == "2"
+                ) && m.args.len() == 1;
+                if !two {
+                    return self.err(
+                        m.span(),
+                        "loops unroll by two only: `(start..end).step_by(step).unroll(2)`",
+                    );
+                }
+                (&*m.receiver, true)
+            }
+            other => (other, false),
+        };
+        let (range, step) = match iter {
             SynExpr::MethodCall(m) if m.method == "step_by" && m.args.len() == 1 => {
                 (strip_parens(&m.receiver), Some(&m.args[0]))
             }
@@ -382,7 +400,7 @@ impl Lower {
         };
         let SynExpr::Range(range) = range else {
             return self.err(
-                f.expr.span(),
+                iter.span(),
                 "loops run over `start..end` or `(start..end).step_by(step)`",
             );
         };
@@ -448,6 +466,7 @@ impl Lower {
             step,
             carried: out,
             body,
+            unroll,
             loc: loop_loc,
         });
         Ok(())

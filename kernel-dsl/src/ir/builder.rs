@@ -16,6 +16,8 @@ pub struct Builder {
     k: Kernel,
     /// The blocks under construction: the body, then one per open loop or branch.
     blocks: Vec<Vec<Stmt>>,
+    /// The next `for_` is unrolled by two ([`Builder::unroll_next_loop`]).
+    unroll_next: bool,
 }
 
 impl Builder {
@@ -33,7 +35,13 @@ impl Builder {
                 body: Block::default(),
             },
             blocks: vec![vec![]],
+            unroll_next: false,
         }
+    }
+
+    /// Marks the next [`Builder::for_`] as `.unroll(2)`.
+    pub fn unroll_next_loop(&mut self) {
+        self.unroll_next = true;
     }
 
     /// The kernel built so far, with every loop and branch closed.
@@ -299,8 +307,10 @@ impl Builder {
             step,
             carried,
             body: Block { stmts },
+            unroll: self.unroll_next,
             loc: Loc::default(),
         });
+        self.unroll_next = false;
         results
     }
 

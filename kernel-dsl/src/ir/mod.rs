@@ -803,6 +803,10 @@ pub enum Stmt {
         carried: Vec<Carried>,
         /// The loop body.
         body: Block,
+        /// `.unroll(2)` on the range: the body is emitted twice per trip through the
+        /// loop, the second copy reading the first copy's carried values where they were
+        /// computed (a hint; the interpreter ignores it).
+        unroll: bool,
         /// The statement's location.
         loc: Loc,
     },

@@ -858,6 +858,102 @@ impl<'k> Emitter<'k> {
         Ok(())
     }
 
+    /// A `.unroll(2)` loop: the body twice, the second copy reading the first copy's
+    /// `next` registers as its carried values. For a loop that prefetches (`let next =
+    /// load(..); use(cur); cur = next`), emitted once, the back edge copies each
+    /// prefetched tile into the carried registers, and that copy waits for the load: the
+    /// prefetch lands at the end of its own iteration. Here no copy sits between the two
+    /// halves, and the one at the back edge moves a tile into registers free since the
+    /// first half (ptxas coalesces it away), so each load stays in flight across the
+    /// other half's arithmetic. The loop head's bound check (already emitted) starts the
+    /// first half; an odd trip count leaves after it.
+    fn loop_unrolled(
+        &mut self,
+        carried: &[crate::ir::Carried],
+        body: &Block,
+        params: &[LoopParam],
+        (idx, end, step, t): (&str, &str, &str, &str),
+        (head, exit): (&str, &str),
+    ) -> Res<()> {
+        self.cache.push(HashMap::new());
+        self.block(body)?;
+        let mut firsts = Vec::new();
+        for (c, (kind, p, words)) in carried.iter().zip(params) {
+            let next = if self.k.ty(c.param).is_scalar() {
+                vec![self.scalar(c.next)]
+            } else {
+                let l = self.layout_of(c.param);
+                self.tile(c.next, &l)?
+            };
+            if let Some(w) = words {
+                // 16-bit tiles cross into the second half as 32-bit words, as they
+                // cross the back edge (`bf16_tiles_stay_packed_across_loop_iterations`).
+                let packed = self.pack_halves(&next);
+                let wr = self.fresh_like(Rk::R, w.len());
+                self.moves(Rk::R, &wr, &packed);
+                let halves = self.fresh_like(Rk::H, p.len());
+                self.unpack_halves(&wr, &halves);
+                firsts.push(halves);
+            } else if next.iter().all(|r| r.starts_with('%')) {
+                firsts.push(next);
+            } else {
+                // An immediate: the second half reads it from a register.
+                let r = self.fresh_like(*kind, next.len());
+                self.moves(*kind, &r, &next);
+                firsts.push(r);
+            }
+        }
+        self.cache.pop();
+        let odd = self.new_label("odd");
+        self.ins(format!("add.{t} {idx}, {idx}, {step}"));
+        let p = self.reg(Rk::P);
+        self.ins(format!("setp.ge.{t} {p}, {idx}, {end}"));
+        self.ins(format!("@{p} bra {odd}"));
+        for (c, first) in carried.iter().zip(&firsts) {
+            self.vals[c.param.index()] = Some(first.clone());
+        }
+        self.cache.push(HashMap::new());
+        self.block(body)?;
+        self.loop_back_edge(carried, params)?;
+        self.cache.pop();
+        for (c, (_, p, _)) in carried.iter().zip(params) {
+            self.vals[c.param.index()] = Some(p.clone());
+        }
+        self.ins(format!("add.{t} {idx}, {idx}, {step}"));
+        self.ins(format!("bra.uni {head}"));
+        // Out after the first half: its `next` values are the loop's results (a
+        // parallel copy, as a `next` may be another carried value's register).
+        self.label(&odd);
+        let mut tmps = Vec::new();
+        for ((kind, p, words), first) in params.iter().zip(&firsts) {
+            if first == p {
+                tmps.push(first.clone());
+                continue;
+            }
+            // 16-bit tiles go through their words, as at the loop's head, so that the
+            // words recorded for the result's halves hold them.
+            let (k, src) = match words {
+                Some(_) => (Rk::R, self.pack_halves(first)),
+                None => (*kind, first.clone()),
+            };
+            let tmp = self.fresh_like(k, src.len());
+            self.moves(k, &tmp, &src);
+            tmps.push(tmp);
+        }
+        for ((kind, p, words), tmp) in params.iter().zip(&tmps) {
+            match words {
+                _ if tmp == p => {}
+                Some(w) => {
+                    self.moves(Rk::R, w, tmp);
+                    self.unpack_halves(w, p);
+                }
+                None => self.moves(*kind, p, tmp),
+            }
+        }
+        self.label(exit);
+        Ok(())
+    }
+
     /// Emits the body.
     pub fn block(&mut self, b: &Block) -> Res<()> {
         let mut i = 0;
@@ -977,6 +1073,7 @@ impl<'k> Emitter<'k> {
                 step,
                 carried,
                 body,
+                unroll,
                 loc,
             } => {
                 self.loc = *loc;
@@ -1008,6 +1105,15 @@ impl<'k> Emitter<'k> {
                 let p = self.reg(Rk::P);
                 self.ins(format!("setp.ge.{t} {p}, {idx}, {e0}"));
                 self.ins(format!("@{p} bra {exit}"));
+                if *unroll && ring.is_none() {
+                    return self.loop_unrolled(
+                        carried,
+                        body,
+                        &params,
+                        (&idx, &e0, &st, t),
+                        (&head, &exit),
+                    );
+                }
                 self.cache.push(HashMap::new());
                 if let Some(r) = &ring {
                     self.pipeline_iteration(r)?;

@@ -388,7 +388,7 @@ pub fn assign(k: &Kernel, ax: &[AxisInfo], wgmma: bool) -> Result<Layouts, Compi
                 // streaming its weights 16 bytes a thread, and the small reduced tile
                 // moves instead. (An epilogue's loads still follow a `dot` accumulator,
                 // as `prefill_gemm`'s residual does.)
-                let loads = prefer(k, &l, o, want.clone()).or_else(|| {
+                let loads = prefer(k, &l, o, want.clone(), true).or_else(|| {
                     let theirs = l.of[oi].clone()?;
                     let mut loads = Vec::new();
                     for other in e.operands() {
@@ -403,7 +403,7 @@ pub fn assign(k: &Kernel, ax: &[AxisInfo], wgmma: bool) -> Result<Layouts, Compi
                         if k.ty(other).shape != *shape {
                             return None;
                         }
-                        loads.extend(prefer(k, &l, other, theirs.clone())?);
+                        loads.extend(prefer(k, &l, other, theirs.clone(), false)?);
                     }
                     let narrows = from_reduction(k, o, 8)
                         && loads.iter().any(|(x, lx)| {
@@ -437,7 +437,7 @@ pub fn assign(k: &Kernel, ax: &[AxisInfo], wgmma: bool) -> Result<Layouts, Compi
             if l.of[c.init.index()].as_ref() == Some(&want) || !l.strong[c.init.index()] {
                 continue;
             }
-            for (x, lx) in prefer(k, &l, c.init, want).into_iter().flatten() {
+            for (x, lx) in prefer(k, &l, c.init, want, false).into_iter().flatten() {
                 if let std::collections::hash_map::Entry::Vacant(e) = over.entry(x) {
                     e.insert(lx);
                     found = true;
@@ -494,21 +494,42 @@ fn narrower_run(cur: &Layout, new: &Layout) -> bool {
 /// free: `v` is a load, or is computed elementwise from such loads, scalars and cheap
 /// values, through casts, `expand_dims` and broadcasts. E.g. a GEMV's normalized input
 /// `bf16(g * bf16(x * r))` is then loaded straight into the weight tile's slice layout.
-fn prefer(k: &Kernel, l: &Layouts, v: ValueId, want: Layout) -> Option<Vec<(ValueId, Layout)>> {
+///
+/// With `carried`, a loop-carried tile that a loop prefetches (its entry value and its
+/// `next` both loads) is laid out like its loads: both move to `want`, so the tile is
+/// carried in the layout its use needs
+/// (`q4_k_row_sums`' scales, engine/src/kernels_quant.rs). Only where the op's own
+/// layout asks for it: a carried tile does not follow another operand that cannot move
+/// (the decode attention's cache tiles keep theirs beside the scores).
+fn prefer(
+    k: &Kernel,
+    l: &Layouts,
+    v: ValueId,
+    want: Layout,
+    carried: bool,
+) -> Option<Vec<(ValueId, Layout)>> {
+    if let (Def::Carried { .. }, true) = (&k.value(v).def, carried) {
+        let c = carried_of(k, v)?;
+        let is_load = |x: ValueId| matches!(k.value(x).def, Def::Expr(Expr::Load { .. }));
+        return (is_load(c.init) && is_load(c.next))
+            .then(|| vec![(c.init, want.clone()), (c.next, want)]);
+    }
     let Def::Expr(e) = &k.value(v).def else {
         return None;
     };
     match e {
         Expr::Broadcast { value, .. } if !k.ty(*value).is_scalar() => {
-            prefer(k, l, *value, want.with_shape(&k.ty(*value).shape))
+            prefer(k, l, *value, want.with_shape(&k.ty(*value).shape), carried)
         }
         Expr::ExpandDims { value, axis } if !k.ty(*value).is_scalar() => {
             let mut s = want;
             s.keep.remove(*axis);
-            prefer(k, l, *value, s.canon())
+            prefer(k, l, *value, s.canon(), carried)
         }
-        Expr::Cast { value, .. } | Expr::Bitcast { value, .. } => prefer(k, l, *value, want),
-        Expr::Unary { arg, .. } => prefer(k, l, *arg, want),
+        Expr::Cast { value, .. } | Expr::Bitcast { value, .. } => {
+            prefer(k, l, *value, want, carried)
+        }
+        Expr::Unary { arg, .. } => prefer(k, l, *arg, want, carried),
         Expr::Load { .. } => Some(vec![(v, want)]),
         Expr::Binary { .. } | Expr::Compare { .. } | Expr::Select { .. } | Expr::Dot4 { .. } => {
             let shape = &k.ty(v).shape;
@@ -521,12 +542,25 @@ fn prefer(k: &Kernel, l: &Layouts, v: ValueId, want: Layout) -> Option<Vec<(Valu
                 if k.ty(o).shape != *shape {
                     return None;
                 }
-                loads.extend(prefer(k, l, o, want.clone())?);
+                loads.extend(prefer(k, l, o, want.clone(), carried)?);
             }
             (!loads.is_empty()).then_some(loads)
         }
         _ => None,
     }
+}
+
+/// The loop-carried value whose parameter is `param`.
+fn carried_of(k: &Kernel, param: ValueId) -> Option<crate::ir::Carried> {
+    let mut found = None;
+    k.body.visit(&mut |s| {
+        if let Stmt::For { carried, .. } | Stmt::While { carried, .. } = s {
+            found = found
+                .take()
+                .or_else(|| carried.iter().find(|c| c.param == param).cloned());
+        }
+    });
+    found
 }
 
 /// Whether `dot(a, b)` can run on tensor cores with its accumulator in registers:

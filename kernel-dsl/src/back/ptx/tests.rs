@@ -277,6 +277,11 @@ fn gemv_bf16_loop() {
 /// `y[n] = sum_k W[n, k]` with the weight tiles double-buffered: the next `[bn, bk]`
 /// tile is loaded before the current one (carried from the last iteration) is summed.
 fn prefetching_row_sums(bn: i64, bk: i64, warps: u32) -> Kernel {
+    prefetching_row_sums_unrolled(bn, bk, warps, false)
+}
+
+/// [`prefetching_row_sums`], its loop `.unroll(2)` where `unroll`.
+fn prefetching_row_sums_unrolled(bn: i64, bk: i64, warps: u32, unroll: bool) -> Kernel {
     let mut b = Builder::new("prefetching_row_sums", warps);
     let w = b.ptr("w", DType::BF16);
     let y = b.ptr("y", DType::F32);
@@ -307,6 +312,9 @@ fn prefetching_row_sums(bn: i64, bk: i64, warps: u32) -> Kernel {
     let zero = b.f32(0.0);
     let acc0 = b.splat(zero, &[bn as usize]);
     let step = b.i32(bk);
+    if unroll {
+        b.unroll_next_loop();
+    }
     let out = b.for_(start, kdim, step, &[first, acc0], |b, k, carried| {
         let k1 = b.bin(BinaryOp::Add, k, step);
         let next = tile_at(b, k1);
@@ -331,6 +339,101 @@ fn bf16_tiles_stay_packed_across_loop_iterations() {
         assert!(!p.ptx.contains("mov.b16"), "{}", numbered(&p.ptx));
         assert!(!p.ptx.contains("cvt.u32.u16"), "{}", numbered(&p.ptx));
         assert!(p.ptx.contains(", -65536;"), "{}", numbered(&p.ptx));
+    }
+}
+
+#[test]
+fn unrolled_loops_are_emitted_as_two_halves() {
+    // Emitted once, a prefetching loop's back edge copies each prefetched tile into the
+    // carried registers, and that copy waits for the load. With `.unroll(2)` the
+    // second half reads the first half's tile where it was loaded, and the back edge's
+    // copy goes to registers free since the first half (ptxas coalesces it).
+    let once = check(&prefetching_row_sums(8, 512, 4));
+    assert!(!once.ptx.contains("$L_odd_"));
+    for (bn, bk, w) in [(8, 512, 4), (4, 256, 4)] {
+        let p = check(&prefetching_row_sums_unrolled(bn, bk, w, true));
+        let parts: Vec<&str> = p.ptx.split("$L_loop_").collect();
+        assert_eq!(parts.len(), 3, "one loop:\n{}", numbered(&p.ptx));
+        let (before, halves, after) = (parts[0], parts[1], parts[2]);
+        // Two halves, each with its tile's loads, and an exit after the first half.
+        let loads = |s: &str| s.matches("ld.global").count();
+        assert!(loads(before) > 0);
+        assert_eq!(loads(halves), 2 * loads(before), "{}", numbered(&p.ptx));
+        assert_eq!(halves.matches("$L_odd_").count(), 1, "{}", numbered(&p.ptx));
+        assert!(after.contains("$L_odd_"), "{}", numbered(&p.ptx));
+    }
+}
+
+/// [`prefetching_row_sums`] with a per-row scale for each tile, prefetched as well and
+/// multiplied into the tile's row sums: `acc += sum_k(w) * s`.
+fn prefetching_scaled_row_sums(bn: i64, bk: i64, warps: u32) -> Kernel {
+    let mut b = Builder::new("prefetching_scaled_row_sums", warps);
+    let w = b.ptr("w", DType::BF16);
+    let sc = b.ptr("scales", DType::F32);
+    let y = b.ptr("y", DType::F32);
+    let kdim = b.param("k", mult(DType::I32, 64));
+    let shape = [bn as usize, bk as usize];
+    let pid = b.pid(0);
+    let bnv = b.i32(bn);
+    let r0 = b.bin(BinaryOp::Mul, pid, bnv);
+    let ar = b.arange(0, bn);
+    let rows = b.bin(BinaryOp::Add, ar, r0);
+    let re = b.expand(rows, 1);
+    let rk = b.bin(BinaryOp::Mul, re, kdim);
+    let row_at = b.broadcast(rk, &shape);
+    let tiles = b.i32(64);
+    let tile_at = |b: &mut Builder, k: ValueId| {
+        let ak = b.arange(0, bk);
+        let cols = b.bin(BinaryOp::Add, ak, k);
+        let ce = b.expand(cols, 0);
+        let cb = b.broadcast(ce, &shape);
+        let offs = b.bin(BinaryOp::Add, row_at, cb);
+        let pw = b.add_ptr(w, offs);
+        let inside = b.cmp(CmpOp::Lt, cb, kdim);
+        let wt = b.load(pw, Some(inside), None);
+        // The tile's scale for each row: scales[row * 64 + k / bk].
+        let bkv = b.i32(bk);
+        let t = b.bin(BinaryOp::Div, k, bkv);
+        let rt = b.bin(BinaryOp::Mul, rows, tiles);
+        let at = b.bin(BinaryOp::Add, rt, t);
+        let ps = b.add_ptr(sc, at);
+        let kin = b.cmp(CmpOp::Lt, k, kdim);
+        let kin = b.splat(kin, &[bn as usize]);
+        let st = b.load(ps, Some(kin), None);
+        (wt, st)
+    };
+    let start = b.i32(0);
+    let (w0, s0) = tile_at(&mut b, start);
+    let zero = b.f32(0.0);
+    let acc0 = b.splat(zero, &[bn as usize]);
+    let step = b.i32(bk);
+    let out = b.for_(start, kdim, step, &[w0, s0, acc0], |b, k, carried| {
+        let k1 = b.bin(BinaryOp::Add, k, step);
+        let (wn, sn) = tile_at(b, k1);
+        let wf = b.cast(carried[0], DType::F32);
+        let sum = b.reduce(ReduceOp::Sum, wf, 1);
+        let scaled = b.bin(BinaryOp::Mul, sum, carried[1]);
+        vec![wn, sn, b.bin(BinaryOp::Add, carried[2], scaled)]
+    });
+    let py = b.add_ptr(y, rows);
+    b.store(py, out[2], None);
+    b.finish()
+}
+
+#[test]
+fn prefetched_tiles_are_carried_in_the_layout_they_are_used_in() {
+    // The scales meet the row sums (a reduction's result, which cannot move for free):
+    // their loads, before the loop and in it, follow the sums' layout, so the carried
+    // scale tile needs no conversion through shared memory in the loop.
+    for (bn, bk, w) in [(8, 512, 4), (16, 256, 8)] {
+        let p = check(&prefetching_scaled_row_sums(bn, bk, w));
+        assert!(
+            !p.ptx.contains("st.shared"),
+            "{}\n{}",
+            p.layouts,
+            numbered(&p.ptx)
+        );
+        assert!(!p.ptx.contains("bar.sync"), "{}", p.layouts);
     }
 }
 

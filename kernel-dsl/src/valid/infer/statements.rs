@@ -3,7 +3,7 @@
 
 use super::{Infer, R};
 use crate::error::CompileError;
-use crate::ir::{Block, Carried, DType, Def, Loc, Merge, Stmt, Type, ValueId};
+use crate::ir::{Block, Carried, DType, Def, Expr, Loc, Merge, Stmt, Type, ValueId};
 
 impl Infer<'_> {
     pub(super) fn stmt(&mut self, s: &Stmt) -> R<()> {
@@ -84,8 +84,9 @@ impl Infer<'_> {
                 step,
                 carried,
                 body,
+                unroll,
                 loc,
-            } => self.for_stmt(*index, *start, *end, *step, carried, body, *loc),
+            } => self.for_stmt(*index, *start, *end, *step, carried, body, *unroll, *loc),
             Stmt::While {
                 cond_body,
                 cond,
@@ -112,8 +113,35 @@ impl Infer<'_> {
         step: ValueId,
         carried: &[Carried],
         body: &Block,
+        unroll: bool,
         loc: Loc,
     ) -> R<()> {
+        if unroll {
+            let mut why = None;
+            body.visit(&mut |s| match s {
+                Stmt::For { .. } | Stmt::While { .. } => {
+                    why.get_or_insert("an inner loop");
+                }
+                Stmt::Let(v) => match &self.src.value(*v).def {
+                    Def::Expr(Expr::Dot { .. }) => {
+                        why.get_or_insert(
+                            "a `dot` (its loads are pipelined instead: `num_stages`)",
+                        );
+                    }
+                    Def::Expr(Expr::ClusterGather { .. }) => {
+                        why.get_or_insert("a `cluster_gather`");
+                    }
+                    _ => {}
+                },
+                _ => {}
+            });
+            if let Some(why) = why {
+                return Err(CompileError::new(
+                    loc,
+                    format!("`.unroll(2)` needs a loop body without {why}"),
+                ));
+            }
+        }
         let mut bounds = [self.get(start)?, self.get(end)?, self.get(step)?];
         let dtype = self.unify_scalar_ints(&mut bounds, loc, "loop bounds and step")?;
         let new_index = self.add(Def::LoopIndex, Type::val(dtype, vec![]), loc);
@@ -137,6 +165,7 @@ impl Infer<'_> {
             step,
             carried: out,
             body,
+            unroll,
             loc,
         });
         Ok(())
