@@ -497,10 +497,11 @@ fn narrower_run(cur: &Layout, new: &Layout) -> bool {
 ///
 /// With `carried`, a loop-carried tile that a loop prefetches (its entry value and its
 /// `next` both loads) is laid out like its loads: both move to `want`, so the tile is
-/// carried in the layout its use needs
-/// (`q4_k_row_sums`' scales, engine/src/kernels_quant.rs). Only where the op's own
-/// layout asks for it: a carried tile does not follow another operand that cannot move
-/// (the decode attention's cache tiles keep theirs beside the scores).
+/// carried in the layout its use needs (per-row scales prefetched beside a weight tile
+/// meet its row sums without a trip through shared memory:
+/// `prefetched_tiles_are_carried_in_the_layout_they_are_used_in`). Only where the op's
+/// own layout asks for it: a carried tile does not follow another operand that cannot
+/// move (the decode attention's cache tiles keep theirs beside the scores).
 fn prefer(
     k: &Kernel,
     l: &Layouts,
