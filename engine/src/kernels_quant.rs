@@ -536,6 +536,98 @@ fn q4_k_row_sums<const BLOCK_K: usize, const ACT: usize>(
     acc.sum(1)
 }
 
+/// [`q4_k_row_sums`] with the next tile requested before this one is computed (one tile
+/// always in flight; the loop unrolled by two so that no copy of a carried tile waits
+/// for its load: docs/perf.md, "Prefetching loops unrolled by two"). Past the last tile
+/// the loads are masked off.
+#[tile_fn(crate = tilefuse_dsl)]
+#[allow(clippy::too_many_arguments)]
+fn q4_k_row_sums_prefetch<const BLOCK_K: usize, const ACT: usize>(
+    q_first: Tile<u32>,
+    sc_first: Tile<u8>,
+    m_first: Tile<u8>,
+    d_first: Tile<f16>,
+    dmin_first: Tile<f16>,
+    q: Ptr<u32>,
+    scales: Ptr<u8>,
+    mins: Ptr<u8>,
+    d: Ptr<f16>,
+    dmin: Ptr<f16>,
+    xq: Ptr<i32>,
+    xd: Ptr<f32>,
+    a: Ptr<bf16>,
+    norm_w: Ptr<bf16>,
+    q_rows: Tile<i32>,
+    s_rows: Tile<i32>,
+    d_rows: Tile<i32>,
+    words: Tile<i32>,
+    ok2: Tile<bool>,
+    blocks: i32,
+    grp: Tile<i32>,
+    w: Tile<i32>,
+) -> Tile<f32> {
+    let step = (BLOCK_K / 32) as i32;
+    let blk = step + grp;
+    let ok = ok2 & (blk < blocks).expand_dims(0);
+    let mut qt = load(
+        q + q_rows + (step * 4 + words).expand_dims(0),
+        ok.expand_dims(2),
+        0,
+    );
+    let mut sct = load(scales + s_rows + blk.expand_dims(0), ok, 0);
+    let mut mt = load(mins + s_rows + blk.expand_dims(0), ok, 0);
+    let mut dt = load(d + d_rows + (blk / 8).expand_dims(0), ok, 0.0);
+    let mut dmint = load(dmin + d_rows + (blk / 8).expand_dims(0), ok, 0.0);
+    let mut acc = q4_k_tile::<ACT>(
+        q_first,
+        sc_first,
+        m_first,
+        d_first,
+        dmin_first,
+        xq,
+        xd,
+        a,
+        norm_w,
+        grp,
+        grp < blocks,
+        w,
+    );
+    for g0 in (2 * step..blocks + step).step_by(BLOCK_K / 32).unroll(2) {
+        let next = g0 + grp;
+        let ok = ok2 & (next < blocks).expand_dims(0);
+        let nq = load(
+            q + q_rows + (g0 * 4 + words).expand_dims(0),
+            ok.expand_dims(2),
+            0,
+        );
+        let nsc = load(scales + s_rows + next.expand_dims(0), ok, 0);
+        let nm = load(mins + s_rows + next.expand_dims(0), ok, 0);
+        let nd = load(d + d_rows + (next / 8).expand_dims(0), ok, 0.0);
+        let ndmin = load(dmin + d_rows + (next / 8).expand_dims(0), ok, 0.0);
+        let blk = g0 - step + grp;
+        acc += q4_k_tile::<ACT>(
+            qt,
+            sct,
+            mt,
+            dt,
+            dmint,
+            xq,
+            xd,
+            a,
+            norm_w,
+            blk,
+            blk < blocks,
+            w,
+        );
+        qt = nq;
+        sct = nsc;
+        mt = nm;
+        dt = nd;
+        dmint = ndmin;
+    }
+    acc.sum(1)
+}
+
 /// `y = bf16(W · x + bias)` for a Q4_K matrix `W` of shape `[n, k]` with
 /// `k = 8 * k_words` (`q: u32[n, k_words]`, `scales`, `mins: u8[n, k / 32]`, `d`,
 /// `dmin: f16[n, k / 256]`) and `x` quantized by [`quantize_act`]; the residual and
@@ -614,10 +706,20 @@ pub fn q4_k_gemv<
     if RESIDUAL == 1 {
         old = load(y + row0 + rows, row_ok, 0.0) as f32;
     }
-    let sums = q4_k_row_sums::<BLOCK_K, ACT>(
-        q_first, sc_first, m_first, d_first, dmin_first, q, scales, mins, d, dmin, xq, xd, a,
-        norm_w, q_rows, s_rows, d_rows, words, ok2, blocks, grp, w,
-    );
+    // The 16-row residual tiles (the 4096-row O and down matrices of an 8B model)
+    // keep a tile in flight (docs/perf.md, "Prefetching loops unrolled by two").
+    let mut sums = zeros::<f32>([BLOCK_N]);
+    if (RESIDUAL == 1) & (BLOCK_N == 16) {
+        sums = q4_k_row_sums_prefetch::<BLOCK_K, ACT>(
+            q_first, sc_first, m_first, d_first, dmin_first, q, scales, mins, d, dmin, xq, xd, a,
+            norm_w, q_rows, s_rows, d_rows, words, ok2, blocks, grp, w,
+        );
+    } else {
+        sums = q4_k_row_sums::<BLOCK_K, ACT>(
+            q_first, sc_first, m_first, d_first, dmin_first, q, scales, mins, d, dmin, xq, xd, a,
+            norm_w, q_rows, s_rows, d_rows, words, ok2, blocks, grp, w,
+        );
+    }
     store_rows::<RESIDUAL, HEAD>(
         y,
         logits,
@@ -763,6 +865,107 @@ fn q6_k_row_sums<const BLOCK_K: usize, const ACT: usize>(
     acc.sum(2).sum(1)
 }
 
+/// [`q6_k_row_sums`] with the next tile in flight, as [`q4_k_row_sums_prefetch`].
+#[tile_fn(crate = tilefuse_dsl)]
+#[allow(clippy::too_many_arguments)]
+fn q6_k_row_sums_prefetch<const BLOCK_K: usize, const ACT: usize>(
+    l_first: Tile<u32>,
+    h_first: Tile<u32>,
+    sc0_first: Tile<u8>,
+    sc1_first: Tile<u8>,
+    d_first: Tile<f16>,
+    ql: Ptr<u32>,
+    qh: Ptr<u32>,
+    scales: Ptr<u8>,
+    d: Ptr<f16>,
+    xq: Ptr<i32>,
+    xd: Ptr<f32>,
+    a: Ptr<bf16>,
+    norm_w: Ptr<bf16>,
+    l_rows: Tile<i32>,
+    h_rows: Tile<i32>,
+    s_rows: Tile<i32>,
+    d_rows: Tile<i32>,
+    l_words: Tile<i32>,
+    h_words: Tile<i32>,
+    ok2: Tile<bool>,
+    blocks: i32,
+    grp: Tile<i32>,
+    p: Tile<i32>,
+    i: Tile<i32>,
+) -> Tile<f32> {
+    let step = (BLOCK_K / 32) as i32;
+    let blk = step + grp;
+    let ok = ok2 & (blk < blocks).expand_dims(0);
+    let mut lt = load(
+        ql + l_rows + (step * 4 + l_words).expand_dims(0),
+        ok.expand_dims(2).expand_dims(3),
+        0,
+    );
+    let mut ht = load(
+        qh + h_rows + (step * 2 + h_words).expand_dims(0),
+        ok.expand_dims(2),
+        0,
+    );
+    let mut sc0 = load(scales + s_rows + (blk * 2).expand_dims(0), ok, 128);
+    let mut sc1 = load(scales + s_rows + (blk * 2 + 1).expand_dims(0), ok, 128);
+    let mut dt = load(d + d_rows + (blk / 8).expand_dims(0), ok, 0.0);
+    let mut acc = q6_k_tile::<ACT>(
+        l_first,
+        h_first,
+        sc0_first,
+        sc1_first,
+        d_first,
+        xq,
+        xd,
+        a,
+        norm_w,
+        grp,
+        grp < blocks,
+        p,
+        i,
+    );
+    for g0 in (2 * step..blocks + step).step_by(BLOCK_K / 32).unroll(2) {
+        let next = g0 + grp;
+        let ok = ok2 & (next < blocks).expand_dims(0);
+        let nl = load(
+            ql + l_rows + (g0 * 4 + l_words).expand_dims(0),
+            ok.expand_dims(2).expand_dims(3),
+            0,
+        );
+        let nh = load(
+            qh + h_rows + (g0 * 2 + h_words).expand_dims(0),
+            ok.expand_dims(2),
+            0,
+        );
+        let nsc0 = load(scales + s_rows + (next * 2).expand_dims(0), ok, 128);
+        let nsc1 = load(scales + s_rows + (next * 2 + 1).expand_dims(0), ok, 128);
+        let nd = load(d + d_rows + (next / 8).expand_dims(0), ok, 0.0);
+        let blk = g0 - step + grp;
+        acc += q6_k_tile::<ACT>(
+            lt,
+            ht,
+            sc0,
+            sc1,
+            dt,
+            xq,
+            xd,
+            a,
+            norm_w,
+            blk,
+            blk < blocks,
+            p,
+            i,
+        );
+        lt = nl;
+        ht = nh;
+        sc0 = nsc0;
+        sc1 = nsc1;
+        dt = nd;
+    }
+    acc.sum(2).sum(1)
+}
+
 /// `y = bf16(W · x + bias)` for a Q6_K matrix `W` of shape `[n, k]` with
 /// `k = 8 * k_words` (`ql: u32[n, k_words]`, `qh: u32[n, k_words / 2]`,
 /// `scales: u8[n, k / 16]`, `d: f16[n, k / 256]`) and `x` quantized by
@@ -850,10 +1053,19 @@ pub fn q6_k_gemv<
     if RESIDUAL == 1 {
         old = load(y + row0 + rows, row_ok, 0.0) as f32;
     }
-    let sums = q6_k_row_sums::<BLOCK_K, ACT>(
-        l_first, h_first, sc0_first, sc1_first, d_first, ql, qh, scales, d, xq, xd, a, norm_w,
-        l_rows, h_rows, s_rows, d_rows, l_words, h_words, ok2, blocks, grp, p, i,
-    );
+    // As in `q4_k_gemv`: the 16-row residual tiles keep a tile in flight.
+    let mut sums = zeros::<f32>([BLOCK_N]);
+    if (RESIDUAL == 1) & (BLOCK_N == 16) {
+        sums = q6_k_row_sums_prefetch::<BLOCK_K, ACT>(
+            l_first, h_first, sc0_first, sc1_first, d_first, ql, qh, scales, d, xq, xd, a, norm_w,
+            l_rows, h_rows, s_rows, d_rows, l_words, h_words, ok2, blocks, grp, p, i,
+        );
+    } else {
+        sums = q6_k_row_sums::<BLOCK_K, ACT>(
+            l_first, h_first, sc0_first, sc1_first, d_first, ql, qh, scales, d, xq, xd, a, norm_w,
+            l_rows, h_rows, s_rows, d_rows, l_words, h_words, ok2, blocks, grp, p, i,
+        );
+    }
     store_rows::<RESIDUAL, HEAD>(
         y,
         logits,

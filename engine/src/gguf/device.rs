@@ -78,12 +78,14 @@ impl QuantGemvConfig {
     ///   stays over the SMs), else 8 rows of 1024 columns over 4 warps;
     /// - 16384 rows or more (Qwen3-8B's gate/up): 16 rows of 1024 columns over 4 warps
     ///   (1.9% off the 8B step; at 0.6B's 6144 rows, +0.4%);
-    /// - as long as tall or longer (8B's O and down): 8 rows of 1024 columns over 8
-    ///   warps (down 1.4% off the 8B step);
+    /// - as long as tall or longer (8B's O and down, residual GEMVs): Q4_K and Q6_K 16
+    ///   rows of 1024 columns over 8 warps, whose residual variants keep the next tile
+    ///   in flight (5.5% off the 8B step against 8 rows, docs/perf.md "Prefetching loops
+    ///   unrolled by two"); Q8_0 8 rows of 1024 columns over 8 warps;
     /// - else (QKV) 8 rows of 1024 columns over 4 warps.
     ///
     /// The environment's overrides are applied by [`QuantGemvConfig::for_step`].
-    pub fn for_shape(_ty: GgmlType, rows: usize, cols: usize) -> QuantGemvConfig {
+    pub fn for_shape(ty: GgmlType, rows: usize, cols: usize) -> QuantGemvConfig {
         let (block_n, block_k, num_warps) = if rows < 2048 {
             if cols > 1024 {
                 (4, 2048, 8)
@@ -93,7 +95,11 @@ impl QuantGemvConfig {
         } else if rows >= 16384 {
             (16, 1024, 4)
         } else if cols >= rows {
-            (8, 1024, 8)
+            if ty == GgmlType::Q8_0 {
+                (8, 1024, 8)
+            } else {
+                (16, 1024, 8)
+            }
         } else {
             (8, 1024, 4)
         };
@@ -934,7 +940,12 @@ mod tests {
         assert!(QuantGemvConfig::HEAD.check(true).is_ok());
         let tall = QuantGemvConfig::for_shape(GgmlType::Q4_K, 24576, 4096);
         assert_eq!((tall.block_n, tall.num_warps), (16, 4));
+        // O and down at 8B: 16 rows for the K-quants (the prefetching residual loop).
         let wide = QuantGemvConfig::for_shape(GgmlType::Q4_K, 4096, 12288);
+        assert_eq!((wide.block_n, wide.num_warps), (16, 8));
+        let square = QuantGemvConfig::for_shape(GgmlType::Q6_K, 4096, 4096);
+        assert_eq!((square.block_n, square.num_warps), (16, 8));
+        let wide = QuantGemvConfig::for_shape(GgmlType::Q8_0, 4096, 12288);
         assert_eq!((wide.block_n, wide.num_warps), (8, 8));
         // Qwen3-0.6B's gate/up keeps 8 rows (16 measured 0.4% slower there).
         assert_eq!(

@@ -674,6 +674,9 @@ impl Lower {
                     UnOp::Not(_) => UnaryOp::Not,
                     _ => return self.err(u.op.span(), "unsupported unary operator"),
                 };
+                if let (UnaryOp::Not, Some(Literal::Bool(b))) = (op, self.literal(arg)) {
+                    return Ok(self.emit_at(Expr::Literal(Literal::Bool(!b)), u.span()));
+                }
                 if let (UnaryOp::Neg, Some(l)) = (op, self.literal(arg)) {
                     let folded = match l {
                         Literal::Int(v, d) => Literal::Int(v.wrapping_neg(), d),
@@ -1461,6 +1464,14 @@ fn fold_binary(op: BinaryOp, a: Literal, b: Literal) -> Option<Literal> {
             },
             None,
         )),
+        // Conditions on constants (`(RESIDUAL == 1) & (BLOCK_N == 16)`) stay constant, so
+        // an `if` on them is decided at compile time.
+        (Literal::Bool(x), Literal::Bool(y)) => Some(Literal::Bool(match op {
+            And => x & y,
+            Or => x | y,
+            Xor => x ^ y,
+            _ => return None,
+        })),
         _ => None,
     }
 }

@@ -318,6 +318,38 @@ fn sums<const B: usize, const STAGES: usize>(x: Ptr<f32>, out: Ptr<f32>, n: i32)
 }
 
 #[test]
+fn conditions_combining_constants_are_decided_at_compile_time() {
+    // `&`, `|` and `!` of constant comparisons stay constant: only the taken branch is
+    // compiled (the other holds a shape no specialization accepts), and no branch is
+    // left in the kernel.
+    let src = r#"
+#[kernel(R = [0, 1], N = [8, 16])]
+fn pick<const R: usize, const N: usize>(out: Ptr<f32>) {
+    let offs = arange(0, N);
+    if (R == 1) & (N == 16) {
+        store(out + offs, zeros::<f32>([N]) + 1.0);
+    } else {
+        if !((R == 1) | (N == 16)) {
+            store(out + offs, zeros::<f32>([N]) + 2.0);
+        } else {
+            store(out + offs, zeros::<f32>([3]) + 3.0);
+        }
+    }
+}
+"#;
+    for (r, n, want) in [(1, 16, 1.0), (0, 8, 2.0)] {
+        let k = compile(src, &[("R", r), ("N", n)]);
+        let mut branches = 0;
+        k.body
+            .visit(&mut |s| branches += matches!(s, crate::ir::Stmt::If { .. }) as usize);
+        assert_eq!(branches, 0, "R={r} N={n}");
+        let mut ob = f32_bytes(&vec![f32::NAN; n as usize]);
+        run(&k, [1, 1, 1], &mut [Arg::Write(&mut ob)]).unwrap();
+        assert!(bytes_f32(&ob).iter().all(|&v| v == want), "R={r} N={n}");
+    }
+}
+
+#[test]
 fn dot_and_atomics_from_source() {
     let k = compile(
         r#"
