@@ -817,17 +817,22 @@ impl<'k> Emitter<'k> {
         }
     }
 
+    /// The registers of a carried value's `next`, in the parameter's layout.
+    fn carried_next(&mut self, c: &crate::ir::Carried) -> Res<Vec<String>> {
+        if self.k.ty(c.param).is_scalar() {
+            Ok(vec![self.scalar(c.next)])
+        } else {
+            let l = self.layout_of(c.param);
+            self.tile(c.next, &l)
+        }
+    }
+
     /// At a loop's back edge: every `next` into its parameter.
     fn loop_back_edge(&mut self, carried: &[crate::ir::Carried], params: &[LoopParam]) -> Res<()> {
         // Parallel copy: read every `next` before overwriting any parameter.
         let mut tmps = Vec::new();
         for (c, (kind, p, words)) in carried.iter().zip(params) {
-            let next = if self.k.ty(c.param).is_scalar() {
-                vec![self.scalar(c.next)]
-            } else {
-                let l = self.layout_of(c.param);
-                self.tile(c.next, &l)?
-            };
+            let next = self.carried_next(c)?;
             if words.is_none() && next == *p {
                 // Updated in place (a `dot` accumulating into the carried registers,
                 // possibly still running): nothing to copy, nothing to touch.
@@ -879,12 +884,7 @@ impl<'k> Emitter<'k> {
         self.block(body)?;
         let mut firsts = Vec::new();
         for (c, (kind, p, words)) in carried.iter().zip(params) {
-            let next = if self.k.ty(c.param).is_scalar() {
-                vec![self.scalar(c.next)]
-            } else {
-                let l = self.layout_of(c.param);
-                self.tile(c.next, &l)?
-            };
+            let next = self.carried_next(c)?;
             if let Some(w) = words {
                 // 16-bit tiles cross into the second half as 32-bit words, as they
                 // cross the back edge (`bf16_tiles_stay_packed_across_loop_iterations`).

@@ -316,70 +316,30 @@ fn gemv_prefetch<const BLOCK_N: usize, const BLOCK_K: usize>(w: Ptr<bf16>, x: Pt
 }
 "#;
 
-// The same loop unrolled by two (`unrolled_loops_are_emitted_as_two_halves`).
-const GEMV_PREFETCH_UNROLLED: &str = r#"
-fn gemv_prefetch_unrolled<const BLOCK_N: usize, const BLOCK_K: usize>(w: Ptr<bf16>, x: Ptr<bf16>, y: Ptr<f32>, last: Ptr<bf16>, n: i32, #[multiple_of(8)] k: i32) {
-    let rows = program_id(0) * BLOCK_N + arange(0, BLOCK_N);
-    let row_ok = rows < n;
-    let cols = arange(0, BLOCK_K);
-    let at = rows.expand_dims(1) * k;
-    let mut wt = load(w + at + cols.expand_dims(0), row_ok.expand_dims(1) & (cols < k).expand_dims(0), 0.0);
-    let mut prev = wt;
-    let mut acc = zeros::<f32>([BLOCK_N]);
-    for k0 in (0..k).step_by(BLOCK_K).unroll(2) {
-        let c = k0 + arange(0, BLOCK_K);
-        let nc = c + BLOCK_K;
-        let next = load(w + at + nc.expand_dims(0), row_ok.expand_dims(1) & (nc < k).expand_dims(0), 1.5);
-        let xs = load(x + c, c < k, 0.0) as f32;
-        acc += (wt as f32 * xs.expand_dims(0)).sum(1);
-        prev = wt;
-        wt = next;
-    }
-    store(last + rows.expand_dims(1) * BLOCK_K + cols.expand_dims(0), prev, row_ok.expand_dims(1));
-    store(y + rows, acc, row_ok);
-}
-"#;
-
 #[test]
 fn gpu_gemv_prefetch() {
     let mut r = Rng(12);
-    // Unrolled by two, trip counts of 1, 3, 4 and 5 leave the loop after either half.
+    // The same loop unrolled by two (`unrolled_loops_are_emitted_as_two_halves`): trip
+    // counts of 1, 3, 4 and 5 leave it after either half.
+    let unrolled = GEMV_PREFETCH
+        .replace("fn gemv_prefetch<", "fn gemv_prefetch_unrolled<")
+        .replace(".step_by(BLOCK_K) {", ".step_by(BLOCK_K).unroll(2) {");
+    assert!(unrolled.contains(".unroll(2)"));
     for (name, src, bn, bk, n, k) in [
         ("gemv_prefetch", GEMV_PREFETCH, 4, 256, 37, 1000),
         ("gemv_prefetch", GEMV_PREFETCH, 16, 128, 64, 512),
         ("gemv_prefetch", GEMV_PREFETCH, 8, 64, 9, 8),
         (
             "gemv_prefetch_unrolled",
-            GEMV_PREFETCH_UNROLLED,
+            unrolled.as_str(),
             4,
             256,
             37,
             1000,
         ),
-        (
-            "gemv_prefetch_unrolled",
-            GEMV_PREFETCH_UNROLLED,
-            8,
-            64,
-            9,
-            8,
-        ),
-        (
-            "gemv_prefetch_unrolled",
-            GEMV_PREFETCH_UNROLLED,
-            4,
-            64,
-            13,
-            192,
-        ),
-        (
-            "gemv_prefetch_unrolled",
-            GEMV_PREFETCH_UNROLLED,
-            8,
-            128,
-            21,
-            520,
-        ),
+        ("gemv_prefetch_unrolled", unrolled.as_str(), 8, 64, 9, 8),
+        ("gemv_prefetch_unrolled", unrolled.as_str(), 4, 64, 13, 192),
+        ("gemv_prefetch_unrolled", unrolled.as_str(), 8, 128, 21, 520),
     ] {
         let d = def(src, &[("BLOCK_N", bn as i64), ("BLOCK_K", bk as i64)], 4);
         let data = [
