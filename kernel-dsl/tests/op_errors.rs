@@ -5,6 +5,7 @@
 //! - `bitcast`: `x.bitcast::<T>()`: widths that differ, `bool`, pointers, a missing target type.
 //! - `dot4`: `dot4(a, b, acc)`: operands that are not 32-bit integer words, an accumulator that is not `i32`, the wrong arity.
 //! - `unroll`: `.unroll(n)` on a loop range: a factor other than two, a body with a `dot` or an inner loop.
+//! - `tensor_descriptors`: `make_tensor_descriptor` and `desc.load`: a base or size that is not a parameter, a last stride other than 1, a descriptor used as a value.
 
 use tilefuse_dsl::{compile_source, Specialization};
 
@@ -266,5 +267,82 @@ mod unroll {
             num_stages: None,
         };
         tilefuse_dsl::compile_source(src, &spec).expect("compiles");
+    }
+}
+
+/// `make_tensor_descriptor(ptr, [rows, cols], [row_stride, 1], [BR, BC])` and
+/// `desc.load([r, c])`: the host encodes the copy engine's map from the launch's
+/// arguments, so the base and sizes must be parameters (or constants).
+mod tensor_descriptors {
+    const PARAMS: &str = "a: Ptr<bf16>, x: Ptr<f32>, m: i32, k: i32";
+
+    #[test]
+    fn base_and_sizes_are_parameters() {
+        super::check_in(
+            PARAMS,
+            "let d = make_tensor_descriptor(a + 16, [m, k], [k, 1], [16, 16]);",
+            &["base of a tensor descriptor must be one of the kernel's pointer parameters"],
+        );
+        super::check_in(
+            PARAMS,
+            "let d = make_tensor_descriptor(a, [m - 1, k], [k, 1], [16, 16]);",
+            &["the row count of a tensor descriptor must be an integer parameter"],
+        );
+        super::check_in(
+            PARAMS,
+            "let d = make_tensor_descriptor(a, [m, k], [k * 2, 1], [16, 16]);",
+            &["the row stride of a tensor descriptor must be an integer parameter"],
+        );
+    }
+
+    #[test]
+    fn shapes_strides_and_blocks() {
+        super::check_in(
+            PARAMS,
+            "let d = make_tensor_descriptor(a, [m, k], [1, k], [16, 16]);",
+            &["the last stride of a tensor descriptor must be 1"],
+        );
+        super::check_in(
+            PARAMS,
+            "let d = make_tensor_descriptor(a, [m, k, k], [k, 1], [16, 16]);",
+            &["descriptors are two-dimensional"],
+        );
+        super::check_in(
+            PARAMS,
+            "let d = make_tensor_descriptor(a, [m, k], [k, 1], [16, 12]);",
+            &["powers of two"],
+        );
+        super::check_in(
+            PARAMS,
+            "let d = make_tensor_descriptor(a, [m, k], [k, 1]);",
+            &["`make_tensor_descriptor` takes 4 arguments"],
+        );
+    }
+
+    #[test]
+    fn a_descriptor_is_not_a_value() {
+        super::check_in(
+            PARAMS,
+            "let d = make_tensor_descriptor(a, [m, k], [k, 1], [16, 16]); let t = d + 1;",
+            &[
+                "`d` is a tensor descriptor, not a value",
+                "d.load([row, col])",
+            ],
+        );
+        super::check_in(
+            PARAMS,
+            "let d = make_tensor_descriptor(a, [m, k], [k, 1], [16, 16]); let t = d.store([0, 0]);",
+            &["one method, `load([row, col])`"],
+        );
+        super::check_in(
+            PARAMS,
+            "let t = make_tensor_descriptor(a, [m, k], [k, 1], [16, 16]).load([0, 0]);",
+            &["bind a tensor descriptor with `let`"],
+        );
+        super::check_in(
+            PARAMS,
+            "let d = make_tensor_descriptor(a, [m, k], [k, 1], [16, 16]); let t = d.load(0, 0);",
+            &["`desc.load([row, col])`"],
+        );
     }
 }

@@ -712,11 +712,13 @@ fn compile_variant(
     // sm_90a PTX only where a `dot` takes the `wgmma` path (other kernels gain
     // nothing from it); the runtime picks it on compute capability 9.0.
     let mut sm90a_text = String::new();
+    let mut tma_maps = Vec::new();
     if kernel.has_dot() {
         match ptx::compile(&kernel, Target::Sm90a) {
             Ok(p) if p.uses_wgmma => {
                 shared = shared.max(p.shared_bytes);
                 sm90a_text = p.ptx;
+                tma_maps = p.tma_maps;
             }
             Ok(_) => {}
             Err(e) => push_error(spans.span(e.loc), back_error(e.message)),
@@ -728,6 +730,7 @@ fn compile_variant(
         embedded_ptx(krate, &ptx_text[1]),
         embedded_ptx(krate, &sm90a_text),
     );
+    let tma_maps: Vec<TokenStream2> = tma_maps.iter().map(|m| tma_map_tokens(krate, m)).collect();
     let num_warps = spec.num_warps;
     let num_stages = kernel.num_stages;
     let [cx, cy, cz] = kernel.cluster;
@@ -742,6 +745,7 @@ fn compile_variant(
         shared_bytes: #shared,
         cluster: [#cx, #cy, #cz],
         assumes_divisible: #assumes_divisible,
+        tma_maps: &[#(#tma_maps),*],
     };
     Some((fields, widths))
 }
@@ -907,6 +911,29 @@ fn param_kind_tokens(krate: &TokenStream2, kind: ParamKind) -> TokenStream2 {
         ParamKind::ScalarMultipleOf(d, m) => {
             let d = dtype_tokens(krate, d);
             quote!(#krate::ir::ParamKind::ScalarMultipleOf(#d, #m))
+        }
+    }
+}
+
+fn tma_map_tokens(krate: &TokenStream2, m: &tilefuse_dsl::ir::TmaMap) -> TokenStream2 {
+    let dim = |d: tilefuse_dsl::ir::ViewDim| match d {
+        tilefuse_dsl::ir::ViewDim::Param(i) => quote!(#krate::ir::ViewDim::Param(#i)),
+        tilefuse_dsl::ir::ViewDim::Const(c) => quote!(#krate::ir::ViewDim::Const(#c)),
+    };
+    let v = &m.view;
+    let (ptr, dtype) = (v.ptr, dtype_tokens(krate, v.dtype));
+    let (rows, cols, stride) = (dim(v.rows), dim(v.cols), dim(v.row_stride));
+    let dims = m.dims.iter().map(|d| {
+        let (r, st, sz) = (d.rows, d.step, d.size);
+        quote!(#krate::ir::TmaDim { rows: #r, step: #st, size: #sz })
+    });
+    let (rank, sw) = (m.rank, m.swizzle_bytes);
+    quote! {
+        #krate::ir::TmaMap {
+            view: #krate::ir::MatrixView { ptr: #ptr, dtype: #dtype, rows: #rows, cols: #cols, row_stride: #stride },
+            rank: #rank,
+            dims: [#(#dims),*],
+            swizzle_bytes: #sw,
         }
     }
 }

@@ -49,22 +49,21 @@ fn matmul_tile<const BM: usize, const BN: usize, const BK: usize, const GROUP_M:
     let group_size_m = minimum(num_pid_m - first_pid_m, GROUP_M);
     let pid_m = first_pid_m + (pid % num_pid_in_group) % group_size_m;
     let pid_n = (pid % num_pid_in_group) / group_size_m;
-    let rm = pid_m * BM + arange(0, BM);
-    let rn = pid_n * BN + arange(0, BN);
-    let rk = arange(0, BK);
-    let row_ok = (rm < m).expand_dims(1);
-    let col_ok = (rn < n).expand_dims(0);
-    let mut pa = a + rm.expand_dims(1) * k + rk.expand_dims(0);
-    let mut pb = b + rk.expand_dims(1) * n + rn.expand_dims(0);
+    // The operands as tensor descriptors: each `load` reads a block, zero outside the
+    // matrix; on Hopper the copy engine moves it (docs/language.md, "Tensor
+    // descriptors").
+    let a_blocks = make_tensor_descriptor(a, [m, k], [k, 1], [BM, BK]);
+    let b_blocks = make_tensor_descriptor(b, [k, n], [n, 1], [BK, BN]);
     let mut acc = zeros::<f32>([BM, BN]);
     for k0 in (0..k).step_by(BK) {
-        let k_ok = rk < k - k0;
-        let x = load(pa, row_ok & k_ok.expand_dims(0), 0.0);
-        let y = load(pb, k_ok.expand_dims(1) & col_ok, 0.0);
+        let x = a_blocks.load([pid_m * BM, k0]);
+        let y = b_blocks.load([k0, pid_n * BN]);
         acc = dot(x, y, acc);
-        pa += BK;
-        pb += BK * n;
     }
+    let rm = pid_m * BM + arange(0, BM);
+    let rn = pid_n * BN + arange(0, BN);
+    let row_ok = (rm < m).expand_dims(1);
+    let col_ok = (rn < n).expand_dims(0);
     store(
         c + rm.expand_dims(1) * n + rn.expand_dims(0),
         acc as T,

@@ -21,6 +21,7 @@ pub const TILE_OPS: &[&str] = &[
     "zeros",
     "full",
     "load",
+    "make_tensor_descriptor",
     "store",
     "prefetch",
     "prefetch_range",

@@ -23,6 +23,7 @@ use crate::ir::{
 use crate::Specialization;
 
 mod more_ops;
+mod views;
 
 /// The source spans of a lowered kernel, indexed by [`Loc`].
 #[derive(Clone, Debug, Default)]
@@ -58,6 +59,9 @@ pub fn lower(ast: &KernelAst, spec: &Specialization) -> (Result<Kernel, CompileE
         blocks: vec![Vec::new()],
         scopes: vec![HashMap::new()],
         spans: SpanTable::default(),
+        param_kinds: ast.params.iter().map(|p| p.kind).collect(),
+        descriptors: Vec::new(),
+        view_loads: Vec::new(),
     };
     let result = cx.run(ast, spec);
     (result, cx.spans)
@@ -67,6 +71,8 @@ pub fn lower(ast: &KernelAst, spec: &Specialization) -> (Result<Kernel, CompileE
 struct Var {
     value: ValueId,
     mutable: bool,
+    /// A tensor descriptor (index into `Lower::descriptors`), which is not a value.
+    descriptor: Option<u32>,
 }
 
 struct Lower {
@@ -83,6 +89,12 @@ struct Lower {
     blocks: Vec<Vec<Stmt>>,
     scopes: Vec<HashMap<String, Var>>,
     spans: SpanTable,
+    /// The kernel's parameters' kinds, by index.
+    param_kinds: Vec<crate::ir::ParamKind>,
+    /// Tensor descriptors made so far (`views`).
+    descriptors: Vec<views::Descriptor>,
+    /// Loads through them.
+    view_loads: Vec<crate::ir::ViewLoad>,
 }
 
 type R<T> = Result<T, CompileError>;
@@ -161,6 +173,7 @@ impl Lower {
             cluster,
             values: std::mem::take(&mut self.values),
             body,
+            view_loads: std::mem::take(&mut self.view_loads),
         })
     }
 
@@ -202,16 +215,36 @@ impl Lower {
         self.scopes
             .last_mut()
             .expect("lowering always has a scope")
-            .insert(name.to_string(), Var { value, mutable });
+            .insert(
+                name.to_string(),
+                Var {
+                    value,
+                    mutable,
+                    descriptor: None,
+                },
+            );
     }
 
     fn lookup(&self, name: &str) -> Option<Var> {
         self.scopes.iter().rev().find_map(|s| s.get(name).copied())
     }
 
+    /// The descriptor `e` names, if it is a variable bound to one.
+    fn descriptor_named(&self, e: &SynExpr) -> Option<views::Descriptor> {
+        let SynExpr::Path(p) = strip_parens(e) else {
+            return None;
+        };
+        let var = self.lookup(&p.path.get_ident()?.to_string())?;
+        Some(self.descriptors[var.descriptor? as usize])
+    }
+
     fn assign(&mut self, name: &str, value: ValueId, span: Span) -> R<()> {
         for scope in self.scopes.iter_mut().rev() {
             if let Some(var) = scope.get_mut(name) {
+                if var.descriptor.is_some() {
+                    let msg = format!("`{name}` is a tensor descriptor: it cannot be assigned (make another with `let`)");
+                    return self.err(span, msg);
+                }
                 if !var.mutable {
                     let msg = format!("cannot assign twice to immutable variable `{name}` (declare it with `let mut`)");
                     return self.err(span, msg);
@@ -260,6 +293,11 @@ impl Lower {
                 };
                 if let Some((_, diverge)) = &init.diverge {
                     return self.err(diverge.span(), "`let .. else` is not supported");
+                }
+                if let SynExpr::Call(c) = strip_parens(&init.expr) {
+                    if call_name(&c.func).as_deref() == Some("make_tensor_descriptor") {
+                        return self.bind_descriptor(&name, c);
+                    }
                 }
                 let v = self.expr(&init.expr)?;
                 self.bind(&name, v, mutable);
@@ -648,6 +686,12 @@ impl Lower {
                 };
                 let name = ident.to_string();
                 if let Some(var) = self.lookup(&name) {
+                    if var.descriptor.is_some() {
+                        return self.err(
+                            p.span(),
+                            format!("`{name}` is a tensor descriptor, not a value: read a block with `{name}.load([row, col])`"),
+                        );
+                    }
                     return Ok(var.value);
                 }
                 if let Some(&c) = self.consts.get(&name) {
@@ -724,6 +768,16 @@ impl Lower {
             }
             SynExpr::MethodCall(m) => {
                 let name = m.method.to_string();
+                if let Some(d) = self.descriptor_named(&m.receiver) {
+                    if name != "load" {
+                        return self.err(
+                            m.method.span(),
+                            format!("a tensor descriptor has one method, `load([row, col])`, not `{name}`"),
+                        );
+                    }
+                    let args: Vec<&SynExpr> = m.args.iter().collect();
+                    return self.descriptor_load(d, &args, m.method.span());
+                }
                 let turbofish = m
                     .turbofish
                     .as_ref()
@@ -1053,6 +1107,10 @@ impl Lower {
                 };
                 Ok(self.emit_at(Expr::Load { ptr, mask, other }, span))
             }
+            "make_tensor_descriptor" => self.err(
+                span,
+                "bind a tensor descriptor with `let`: `let desc = make_tensor_descriptor(ptr, [rows, cols], [row_stride, 1], [BLOCK_ROWS, BLOCK_COLS]);`",
+            ),
             "store" | "signal_flag" | "wait_flag_at_least" => {
                 self.err(span, format!("`{name}` is a statement and returns nothing"))
             }

@@ -397,3 +397,61 @@ fn mm<const M: usize, const K: usize, const N: usize>(a: Ptr<f32>, b: Ptr<f32>, 
     // Two programs each add the whole matrix's sum.
     assert!((bytes_f32(&tb)[0] as f64 - 2.0 * total).abs() < 1e-4);
 }
+
+/// `desc.load([r, c])` reads the `[BR, BC]` block at row `r`, column `c` of the row-major
+/// `rows x cols` matrix with row stride `stride`, zero outside it (Triton's descriptor
+/// load): blocks inside, across the right and bottom edges, and past them entirely.
+#[test]
+fn a_descriptor_load_reads_its_block_zero_outside_the_matrix() {
+    let k = compile(
+        r#"
+#[kernel]
+fn blocks(x: Ptr<f32>, out: Ptr<f32>, rows: i32, cols: i32, stride: i32, r0: i32, c0: i32) {
+    let d = make_tensor_descriptor(x, [rows, cols], [stride, 1], [8, 16]);
+    let t = d.load([r0, c0]);
+    store(out + arange(0, 8).expand_dims(1) * 16 + arange(0, 16).expand_dims(0), t);
+}
+"#,
+        &[],
+    );
+    let mut rng = Rng(29);
+    let (rows, cols, stride) = (13usize, 21usize, 24usize);
+    let x = rng.f32s(rows * stride);
+    let xb = f32_bytes(&x);
+    for (r0, c0) in [
+        (0, 0),
+        (8, 16),
+        (5, 3),
+        (12, 20),
+        (13, 0),
+        (0, 21),
+        (40, 40),
+    ] {
+        let mut ob = f32_bytes(&vec![f32::NAN; 8 * 16]);
+        run(
+            &k,
+            [1, 1, 1],
+            &mut [
+                Arg::Read(&xb),
+                Arg::Write(&mut ob),
+                Arg::Scalar(Scalar::I32(rows as i32)),
+                Arg::Scalar(Scalar::I32(cols as i32)),
+                Arg::Scalar(Scalar::I32(stride as i32)),
+                Arg::Scalar(Scalar::I32(r0 as i32)),
+                Arg::Scalar(Scalar::I32(c0 as i32)),
+            ],
+        )
+        .unwrap();
+        let want: Vec<f32> = (0..8 * 16)
+            .map(|i| {
+                let (r, c) = (r0 + i / 16, c0 + i % 16);
+                if r < rows && c < cols {
+                    x[r * stride + c]
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        assert_eq!(bytes_f32(&ob), want, "block at ({r0}, {c0})");
+    }
+}

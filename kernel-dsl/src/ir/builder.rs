@@ -33,6 +33,7 @@ impl Builder {
                 cluster: [1, 1, 1],
                 values: vec![],
                 body: Block::default(),
+                view_loads: vec![],
             },
             blocks: vec![vec![]],
             unroll_next: false,

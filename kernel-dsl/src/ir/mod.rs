@@ -81,6 +81,93 @@ pub struct Kernel {
     pub values: Vec<Value>,
     /// The kernel body.
     pub body: Block,
+    /// Loads through tensor descriptors (`make_tensor_descriptor` / `desc.load`): each
+    /// is an ordinary masked [`Expr::Load`] in the body, listed here with its view and
+    /// block origin so that a backend may copy it with the tensor-memory engine instead.
+    pub view_loads: Vec<ViewLoad>,
+}
+
+/// Where one of a [`MatrixView`]'s sizes comes from: a scalar integer parameter (its
+/// index) or a compile-time constant. The host reads it off the launch's arguments.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ViewDim {
+    /// The value of parameter `i`.
+    Param(u32),
+    /// A constant.
+    Const(i64),
+}
+
+/// A row-major matrix in global memory as a tensor descriptor sees it: elements of
+/// `dtype` from pointer parameter `ptr`, `rows x cols`, `row_stride` elements from one row
+/// to the next, the columns contiguous.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MatrixView {
+    /// The pointer parameter's index.
+    pub ptr: u32,
+    /// The element type.
+    pub dtype: DType,
+    /// Rows.
+    pub rows: ViewDim,
+    /// Columns.
+    pub cols: ViewDim,
+    /// Elements from one row to the next.
+    pub row_stride: ViewDim,
+}
+
+/// One dimension of a [`TmaMap`]'s box: `size` steps of `step` rows (or columns)
+/// of the matrix.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct TmaDim {
+    /// Along the rows (`true`) or the columns.
+    pub rows: bool,
+    /// Rows (columns) from one index of this dimension to the next.
+    pub step: u32,
+    /// The box's extent along it.
+    pub size: u32,
+}
+
+/// A tensor map for the copy engine (`cp.async.bulk.tensor`): a matrix seen as a tensor
+/// of `rank` dimensions (fastest first; the first is the columns, step 1), copied in
+/// boxes of `dims[i].size` along each, stored in that order in shared memory with the
+/// swizzle whose span is `swizzle_bytes` (128, 64 or 32: a box row's bytes). Along each
+/// of rows and columns, the dimension of the largest step spans the matrix (extent
+/// `total / step`, rounded down) and the others their box. The host encodes it
+/// (`cuTensorMapEncodeTiled`) from the launch's arguments and passes it as a 128-byte
+/// parameter after the kernel's own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TmaMap {
+    /// The matrix.
+    pub view: MatrixView,
+    /// Dimensions in use.
+    pub rank: u32,
+    /// The dimensions, fastest first.
+    pub dims: [TmaDim; 5],
+    /// The swizzle span in bytes.
+    pub swizzle_bytes: u32,
+}
+
+impl TmaMap {
+    /// Whether dimension `i` is the one of largest step along its axis (it spans the
+    /// matrix; the box origin's coordinate goes there).
+    pub fn spans(&self, i: usize) -> bool {
+        let d = self.dims[i];
+        self.dims[..self.rank as usize]
+            .iter()
+            .all(|o| o.rows != d.rows || o.step <= d.step)
+    }
+}
+
+/// A block load through a tensor descriptor: `load`, the value of a masked
+/// [`Expr::Load`] of the `[rows, cols]` block of `view` whose first element is at
+/// (`origin[0]`, `origin[1]`), zero outside the view.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ViewLoad {
+    /// The load's value.
+    pub load: ValueId,
+    /// The matrix it reads.
+    pub view: MatrixView,
+    /// The block's first row and first column (scalars).
+    pub origin: [ValueId; 2],
 }
 
 impl Kernel {

@@ -99,6 +99,7 @@ static SCALE_ADD: KernelDef = KernelDef {
             cluster: [1, 1, 1],
             assumes_divisible: 0,
             divisible_form: None,
+            tma_maps: &[],
         },
         Variant {
             consts: &[],
@@ -112,6 +113,7 @@ static SCALE_ADD: KernelDef = KernelDef {
             cluster: [1, 1, 1],
             assumes_divisible: 0,
             divisible_form: None,
+            tma_maps: &[],
         },
     ],
 };

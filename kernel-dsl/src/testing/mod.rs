@@ -121,6 +121,11 @@ fn def_of(
         num_stages: k.num_stages,
         ptx_sm80: Ptx::text(leak_str(p80.map(|p| p.ptx).unwrap_or_default())),
         ptx_sm90: Ptx::text(leak_str(p90.ptx)),
+        tma_maps: leak(
+            p90a.as_ref()
+                .map(|p| p.tma_maps.clone())
+                .unwrap_or_default(),
+        ),
         ptx_sm90a: Ptx::text(leak_str(p90a.map(|p| p.ptx).unwrap_or_default())),
         entry: leak_str(p90.entry),
         shared_bytes,

@@ -162,6 +162,16 @@ impl Swizzle {
         sw
     }
 
+    /// Bytes of a stored row (of a panel's row, for panels).
+    pub(super) fn row_bytes(&self) -> u32 {
+        self.row_bytes
+    }
+
+    /// Bytes from one 64-column panel to the next; 0 when rows are stored whole.
+    pub(super) fn panel_bytes(&self) -> u32 {
+        self.panel_bytes
+    }
+
     /// The descriptor's swizzle-mode field for these rows (1: 128 B, 2: 64 B, 3: 32 B).
     fn wgmma_mode(&self) -> u64 {
         match self.row_bytes {
@@ -200,6 +210,26 @@ impl WgmmaRows {
         1 << self.groups_log2
     }
 
+    /// log2 of the warpgroups.
+    pub(super) fn groups_log2(&self) -> u32 {
+        self.groups_log2
+    }
+
+    /// log2 of the `m64` instructions per warpgroup.
+    pub(super) fn per_group_log2(&self) -> u32 {
+        self.per_group_log2
+    }
+
+    /// The stored 8-row block of logical 8-row block `block` (the permutation above).
+    pub(super) fn stored_block(&self, block: u32) -> u32 {
+        let (g, mi_bits) = (self.groups_log2, self.per_group_log2);
+        let wl = block & 3;
+        let gi = (block >> 2) & ((1 << g) - 1);
+        let h = (block >> (2 + g)) & 1;
+        let mi = block >> (3 + g);
+        h | (wl << 1) | (mi << 3) | (gi << (3 + mi_bits))
+    }
+
     fn per_group(&self) -> usize {
         1 << self.per_group_log2
     }
@@ -229,7 +259,7 @@ pub(super) struct Staged {
     /// The swizzle of the stored rows.
     pub sw: Swizzle,
     /// For `wgmma`'s A: the row permutation.
-    rows: Option<WgmmaRows>,
+    pub rows: Option<WgmmaRows>,
 }
 
 impl Staged {

@@ -57,7 +57,7 @@ pub struct Emitter<'k> {
     /// `%tid.x`, lane and warp ids.
     pub tid: String,
     lane: String,
-    warp: String,
+    pub warp: String,
     /// 32-bit shared address of the shared buffer.
     pub smem_base: String,
     /// `tid == 0`: issues scalar stores and atomics.
@@ -93,6 +93,9 @@ pub struct Emitter<'k> {
     /// Whether a `dot` was lowered to `wgmma`: its operand tiles then sit at 1024-byte
     /// aligned shared addresses (the 128-byte swizzle repeats every 1024 bytes).
     pub wgmma_used: bool,
+    /// Tensor maps of copy-engine loads, in parameter order after the kernel's own
+    /// ([`super::tma_param_name`]).
+    pub tma_maps: Vec<crate::ir::TmaMap>,
     /// Products that `reduce` folds into a sum's additions (see `contract.rs`); they
     /// are never computed on their own.
     pub fused: std::collections::HashSet<ValueId>,
@@ -175,6 +178,7 @@ impl<'k> Emitter<'k> {
             rings: Vec::new(),
             swizzled: false,
             wgmma_used: false,
+            tma_maps: Vec::new(),
         };
         e.tid = e.reg(Rk::R);
         e.lane = e.reg(Rk::R);

@@ -1114,6 +1114,70 @@ fn gpu_dot_pipelined() {
     }
 }
 
+/// Triton's descriptor matmul: both operands read through tensor descriptors.
+const MATMUL_DESCRIPTORS: &str = r#"
+fn mmd<const BM: usize, const BN: usize, const BK: usize>(
+    a: Ptr<bf16>, b: Ptr<bf16>, c: Ptr<f32>, m: i32, n: i32, k: i32,
+) {
+    let a_blocks = make_tensor_descriptor(a, [m, k], [k, 1], [BM, BK]);
+    let b_blocks = make_tensor_descriptor(b, [k, n], [n, 1], [BK, BN]);
+    let pm = program_id(0) * BM;
+    let pn = program_id(1) * BN;
+    let mut acc = zeros::<f32>([BM, BN]);
+    for k0 in (0..k).step_by(BK) {
+        acc = dot(a_blocks.load([pm, k0]), b_blocks.load([k0, pn]), acc);
+    }
+    let rm = pm + arange(0, BM);
+    let rn = pn + arange(0, BN);
+    store(c + rm.expand_dims(1) * n + rn.expand_dims(0), acc, (rm.expand_dims(1) < m) & (rn.expand_dims(0) < n));
+}
+"#;
+
+/// Descriptor loads feeding `wgmma` go through the copy engine on sm_90a (one box of a
+/// map of up to five dims for a block inside the matrix, two-dimensional boxes at its
+/// edges, zero-filled past them), and must compute what the interpreter's masked loads
+/// do: shapes off the tile, K below one tile, each swizzle width (128-byte rows of A and
+/// B panels, 64-byte rows at `BK = 32`), A's row permutation for 4 and 8 warps and two
+/// `m64` instructions a warpgroup; and a row stride the copy engine cannot take (K = 36:
+/// 72-byte rows), where the launch runs the sm_90 PTX instead.
+#[test]
+fn gpu_dot_tensor_descriptors() {
+    let mut r = Rng(67);
+    // (BM, BN, BK, warps, stages, M, N, K)
+    let cases = [
+        (128, 256, 64, 8, 4, 300, 520, 200),
+        (128, 128, 64, 8, 3, 256, 256, 128),
+        (64, 128, 64, 4, 3, 100, 200, 40),
+        (128, 128, 64, 4, 3, 130, 136, 136),
+        (64, 64, 32, 4, 3, 72, 80, 96),
+        (128, 128, 64, 8, 3, 136, 136, 36),
+    ];
+    for (bm, bn, bk, w, stages, m, n, k) in cases {
+        let d = crate::testing::def_attr(
+            MATMUL_DESCRIPTORS,
+            &[("BM", bm), ("BN", bn), ("BK", bk)],
+            w,
+            false,
+            &format!("num_stages = [{stages}]"),
+        );
+        let v = &d.variants[0];
+        assert!(
+            v.ptx_sm90a.as_str().contains("cp.async.bulk.tensor"),
+            "copy engine at {bm}x{bn}x{bk}"
+        );
+        assert!(!v.tma_maps.is_empty());
+        assert!(!v.ptx_sm90.as_str().contains("cp.async.bulk.tensor"));
+        let data = gemm_args(
+            Data::Bf16(r.bf(m * k)),
+            Data::Bf16(r.bf(k * n)),
+            Data::F32(vec![f32::NAN; m * n]),
+            (m, n, k),
+        );
+        let grid = tile_grid(m, n, bm, bn);
+        diff("dot_tensor_descriptors", d, grid, &data, 1e-4);
+    }
+}
+
 /// The `wgmma` tiles (sm_90a, picked on compute capability 9.0; elsewhere the same
 /// variants run `mma.sync`): one and two warpgroups, one and two `m64` instructions per
 /// warpgroup, B in 64-column panels, 128- and 64-byte swizzles, pipelined and not, f16

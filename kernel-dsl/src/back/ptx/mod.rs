@@ -121,6 +121,9 @@ pub struct PtxKernel {
     pub accesses: Vec<Access>,
     /// Whether a `dot` was lowered to `wgmma` (only on [`Target::Sm90a`]).
     pub uses_wgmma: bool,
+    /// Tensor maps the launch passes after the kernel's parameters, one per box shape of
+    /// a descriptor load the copy engine moves (only on [`Target::Sm90a`]).
+    pub tma_maps: Vec<crate::ir::TmaMap>,
 }
 
 /// The layout the backend chose for one tile value.
@@ -259,6 +262,12 @@ pub fn compile(kernel: &Kernel, target: Target) -> Result<PtxKernel, CompileErro
             })
         })
         .collect::<Result<_, _>>()?;
+    let mut params = params;
+    for i in 0..e.tma_maps.len() {
+        // Tensor maps are passed by value (a 64-byte aligned opaque struct), after the
+        // kernel's own parameters.
+        params.push(format!("\t.param .align 64 .b8 {}[128]", tma_param_name(i)));
+    }
     let _ = writeln!(ptx, "{}\n)", params.join(",\n"));
     // Without `.maxnreg`, ptxas sometimes caps a kernel at 64 registers and spills to
     // reach an occupancy it guesses; allow what one program per SM can use instead
@@ -385,7 +394,13 @@ pub fn compile(kernel: &Kernel, target: Target) -> Result<PtxKernel, CompileErro
         value_layouts: e.value_layouts(),
         accesses: e.accesses,
         uses_wgmma: e.wgmma_used,
+        tma_maps: e.tma_maps,
     })
+}
+
+/// The PTX name of the parameter holding tensor map `i` (`PtxKernel::tma_maps`).
+pub fn tma_param_name(i: usize) -> String {
+    format!("tf_tmap{i}")
 }
 
 /// `griddepcontrol.wait` at a place the kernel chose, kept there.

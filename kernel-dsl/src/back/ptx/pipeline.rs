@@ -36,6 +36,41 @@ pub struct RingLoad {
     width: usize,
     /// How the `dot` reads it (and so how it is staged).
     op: Operand,
+    /// Copied by the tensor-memory engine instead of `cp.async` (a descriptor's load on
+    /// sm_90a whose staging is a sequence of boxes).
+    tma: Option<TmaCopy>,
+}
+
+/// A ring load copied with `cp.async.bulk.tensor`: the boxes of one two-dimensional
+/// tensor map that make up the staged operand, or, for a block inside the matrix, one
+/// box of a map that sees the matrix in more dimensions (`whole`).
+#[derive(Clone, Debug)]
+struct TmaCopy {
+    /// Index of the two-dimensional map among the kernel's (`Emitter::tma_maps`).
+    map: usize,
+    /// The block's first row and column.
+    origin: [ValueId; 2],
+    /// Per box: its byte offset inside the staged operand, and its first row and column
+    /// relative to the block's.
+    boxes: Vec<(u32, u32, u32)>,
+    /// Bytes of all boxes.
+    bytes: u32,
+    /// The one-box form, where the staging takes several two-dimensional boxes.
+    whole: Option<Whole>,
+}
+
+/// The staged operand as one box of a map of up to five dimensions (A's permuted 8-row
+/// blocks, B's 64-column panels). Its dimensions split rows or columns at the block's
+/// granularity, so the matrix's edge along that axis is only exact in whole steps: it
+/// is used for blocks that end inside the matrix along that axis (a run-time test), the
+/// two-dimensional boxes for the others.
+#[derive(Clone, Debug)]
+struct Whole {
+    /// Index of the map.
+    map: usize,
+    /// The axis whose edge decides (rows: `true`), and the block's extent along it.
+    rows: bool,
+    extent: u32,
 }
 
 /// How one loop is pipelined.
@@ -67,6 +102,9 @@ pub struct Plan {
     /// buffer beyond `num_stages` and the copies run `num_stages - 1` iterations ahead.
     /// Chosen where the extra buffer does not fit in shared memory.
     late: bool,
+    /// Some loads go through the copy engine: each stage has a full mbarrier, these
+    /// bytes after the ring's start (8 a stage).
+    barriers_at: Option<u32>,
 }
 
 /// Registers of a pipelined loop while its body is emitted.
@@ -86,6 +124,18 @@ pub struct Ring {
     index: ValueId,
     end: String,
     step: String,
+    /// With copy-engine loads: the read stage's mbarrier, the write stage's, the phase
+    /// parity the readers wait for, and each tensor map's generic address.
+    barriers: Option<Barriers>,
+}
+
+/// The registers of a ring's mbarriers (`Plan::barriers_at`).
+#[derive(Clone, Debug)]
+struct Barriers {
+    read: String,
+    write: String,
+    phase: String,
+    maps: HashMap<usize, String>,
 }
 
 fn is_zero(k: &crate::ir::Kernel, v: ValueId) -> bool {
@@ -206,15 +256,16 @@ impl Emitter<'_> {
                 }
                 let l = self.layout_of(x);
                 let dt = k.ty(x).dtype()?;
+                let tma = self.tma_copy(x, &l, op);
                 let width = self.vec_width(*ptr, *mask, &l, dt);
-                if width < 2 {
+                if width < 2 && tma.is_none() {
                     break;
                 }
                 let bytes = (k.ty(x).shape.iter().product::<usize>() * 2) as u32;
-                ops.push((x, *ptr, *mask, bytes, width, op));
+                ops.push((x, *ptr, *mask, bytes, width, op, tma));
             }
             if ops.len() == 2 {
-                for (value, ptr, mask, bytes, width, op) in ops {
+                for (value, ptr, mask, bytes, width, op, tma) in ops {
                     // `wgmma` reads swizzled tiles from 1024-byte aligned addresses.
                     let align = if op == Operand::Mma { 128 } else { 1024 };
                     wgmma |= op != Operand::Mma;
@@ -226,6 +277,7 @@ impl Emitter<'_> {
                         at,
                         width,
                         op,
+                        tma,
                     });
                     at += bytes.next_multiple_of(128);
                 }
@@ -239,9 +291,13 @@ impl Emitter<'_> {
         let params: HashMap<ValueId, &Carried> = carried.iter().map(|c| (c.param, c)).collect();
         let mut need: HashSet<ValueId> = HashSet::new();
         let mut used_params: Vec<Carried> = Vec::new();
+        // (A copy-engine load needs only its block's origin.)
         let mut todo: Vec<ValueId> = loads
             .iter()
-            .flat_map(|l| std::iter::once(l.ptr).chain(l.mask))
+            .flat_map(|l| match &l.tma {
+                Some(t) => t.origin.to_vec(),
+                None => std::iter::once(l.ptr).chain(l.mask).collect(),
+            })
             .collect();
         while let Some(v) = todo.pop() {
             if v == index || !need.insert(v) {
@@ -301,6 +357,7 @@ impl Emitter<'_> {
         let stages = k.num_stages;
         let limit = self.target.max_shared_bytes() - 16 * 1024;
         let stage_bytes = if wgmma { at.next_multiple_of(1024) } else { at };
+        let tma = loads.iter().any(|l| l.tma.is_some());
         let buffers = match async_dot {
             Some(_) if (stages + 1) * stage_bytes <= limit => stages + 1,
             _ => stages,
@@ -331,6 +388,7 @@ impl Emitter<'_> {
             lead,
             async_dot,
             late,
+            barriers_at: tma.then_some(buffers * stage_bytes),
         })
     }
 
@@ -362,6 +420,13 @@ impl Emitter<'_> {
     ) -> Res<Ring> {
         let ring = self.ring_base();
         self.ring_bytes = self.ring_bytes.max(plan.buffers * plan.stage_bytes);
+        let barriers = match plan.barriers_at {
+            Some(at) => {
+                self.ring_bytes = self.ring_bytes.max(at + 8 * plan.buffers);
+                Some(self.barriers_start(&plan, &ring, at))
+            }
+            None => None,
+        };
         let lead = plan.lead;
         let ity = self.k.ty(index).dtype().unwrap_or(DType::I32);
         let ahead = self.reg(rk(ity));
@@ -387,6 +452,7 @@ impl Emitter<'_> {
             index,
             end: end.to_string(),
             step: step.to_string(),
+            barriers,
         };
         for _ in 0..lead {
             self.pipeline_issue(&r, false)?;
@@ -398,13 +464,32 @@ impl Emitter<'_> {
     /// copies `num_stages - 1` iterations ahead into the stage the previous iteration
     /// read (in the late order, [`Plan::late`], they wait for [`Self::pipeline_late`]).
     pub fn pipeline_iteration(&mut self, r: &Ring) -> Res<()> {
-        self.ins(format!("cp.async.wait_group {}", r.plan.lead - 1));
-        if r.plan.wgmma {
-            // `wgmma` reads shared memory through the async proxy: make this thread's
-            // copies visible to it before the barrier.
-            self.ins("fence.proxy.async.shared::cta");
+        let copies = r.plan.loads.iter().any(|l| l.tma.is_none());
+        if copies {
+            self.ins(format!("cp.async.wait_group {}", r.plan.lead - 1));
+            if r.plan.wgmma {
+                // `wgmma` reads shared memory through the async proxy: make this
+                // thread's copies visible to it before the barrier.
+                self.ins("fence.proxy.async.shared::cta");
+            }
         }
-        self.ins("bar.sync 0");
+        if let Some(b) = &r.barriers {
+            // The copy engine's bytes for this stage have landed once its mbarrier
+            // completes the phase this round of the ring waits for.
+            let (wait, done) = (self.new_label("tma_wait"), self.reg(Rk::P));
+            self.label(&wait);
+            self.ins(format!(
+                "mbarrier.try_wait.parity.shared::cta.b64 {done}, [{}], {}",
+                b.read, b.phase
+            ));
+            self.ins(format!("@!{done} bra {wait}"));
+        }
+        // Without `cp.async` copies, and with the refill after the running group's
+        // barrier (the late order), no thread needs the others here: each waited for
+        // its stage on the mbarrier.
+        if copies || !r.plan.late {
+            self.ins("bar.sync 0");
+        }
         if r.plan.late {
             return Ok(());
         }
@@ -442,6 +527,13 @@ impl Emitter<'_> {
         self.ins(format!("sub.u32 {t}, {}, {}", r.read, r.ring));
         self.ins(format!("setp.ge.u32 {p}, {t}, {end}"));
         self.ins(format!("@{p} mov.u32 {}, {}", r.read, r.ring));
+        if let (Some(b), Some(at)) = (&r.barriers, r.plan.barriers_at) {
+            // The next stage's mbarrier; past the last stage, the first one's, in the
+            // next phase.
+            self.ins(format!("add.u32 {}, {}, 8", b.read, b.read));
+            self.ins(format!("@{p} add.u32 {}, {}, {at}", b.read, r.ring));
+            self.ins(format!("@{p} xor.b32 {}, {}, 1", b.phase, b.phase));
+        }
     }
 
     /// After the loop: no copy is left in flight and every thread is done with the ring
@@ -452,6 +544,19 @@ impl Emitter<'_> {
         }
         self.ins("cp.async.wait_all");
         self.ins("bar.sync 0");
+        if let Some(at) = r.plan.barriers_at {
+            // Every copy has landed and been waited for: the mbarriers go back to
+            // being shared memory (a later loop's ring or scratch may overlap them).
+            let tid0 = self.tid0.clone();
+            for i in 0..r.plan.buffers {
+                self.ins(format!(
+                    "@{tid0} mbarrier.inval.shared::cta.b64 [{}+{}]",
+                    r.ring,
+                    at + 8 * i
+                ));
+            }
+            self.ins("bar.sync 0");
+        }
     }
 
     /// The operands of `dot` that sit in the ring: `(address register, offset)`.
@@ -497,7 +602,15 @@ impl Emitter<'_> {
         for &v in &r.plan.slice.clone() {
             self.emit_let(v)?;
         }
+        let mut committed = false;
+        if let Some(b) = r.barriers.clone() {
+            self.tma_issue(r, &b, &live, record)?;
+            committed = true;
+        }
         for ld in r.plan.loads.clone() {
+            if ld.tma.is_some() {
+                continue;
+            }
             let l = self.layout_of(ld.value);
             let ptrs = self.tile(ld.ptr, &l)?;
             let masks = match ld.mask {
@@ -545,7 +658,9 @@ impl Emitter<'_> {
                 ));
             }
         }
-        self.ins("cp.async.commit_group");
+        if r.plan.loads.iter().any(|l| l.tma.is_none()) || !committed {
+            self.ins("cp.async.commit_group");
+        }
         // The carried values one iteration on (all read before any is overwritten).
         let mut next = Vec::new();
         for c in &r.plan.carried {
@@ -576,6 +691,294 @@ impl Emitter<'_> {
         self.ins(format!("sub.u32 {tt}, {}, {}", r.write, r.ring));
         self.ins(format!("setp.ge.u32 {p}, {tt}, {end_off}"));
         self.ins(format!("@{p} mov.u32 {}, {}", r.write, r.ring));
+        if let (Some(b), Some(at)) = (&r.barriers, r.plan.barriers_at) {
+            self.ins(format!("add.u32 {}, {}, 8", b.write, b.write));
+            self.ins(format!("@{p} add.u32 {}, {}, {at}", b.write, r.ring));
+        }
         Ok(())
+    }
+
+    /// The copy-engine copies of one stage: one elected lane of warp 0 expects the
+    /// stage's bytes on its mbarrier and issues every box. The branches around it are
+    /// warp-uniform and the lane is `elect.sync`'s, so ptxas issues each copy once,
+    /// from uniform registers (a per-thread predicate makes it loop over the active
+    /// lanes around every copy).
+    fn tma_issue(&mut self, r: &Ring, b: &Barriers, live: &str, record: bool) -> Res<()> {
+        let skip = self.new_label("tma_skip");
+        let not_first = self.reg(Rk::P);
+        self.ins(format!("setp.ne.u32 {not_first}, {}, 0", self.warp));
+        self.ins(format!("@{not_first} bra.uni {skip}"));
+        self.ins(format!("@!{live} bra.uni {skip}"));
+        let (leader, lane) = (self.reg(Rk::P), self.reg(Rk::R));
+        self.ins(format!("elect.sync {lane}|{leader}, -1"));
+        let bytes: u32 = r
+            .plan
+            .loads
+            .iter()
+            .filter_map(|l| l.tma.as_ref())
+            .map(|t| t.bytes)
+            .sum();
+        let state = self.reg(Rk::D);
+        self.ins(format!(
+            "@{leader} mbarrier.arrive.expect_tx.shared::cta.b64 {state}, [{}], {bytes}",
+            b.write
+        ));
+        let copy = |e: &mut Self, rank: u32, at: u32, map: &str, coords: &[String]| {
+            e.ins(format!(
+                "@{leader} cp.async.bulk.tensor.{rank}d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [{}+{at}], [{map}, {{{}}}], [{}]",
+                r.write,
+                coords.join(", "),
+                b.write
+            ));
+        };
+        for ld in r
+            .plan
+            .loads
+            .iter()
+            .filter(|l| l.tma.is_some())
+            .cloned()
+            .collect::<Vec<_>>()
+        {
+            let t = ld.tma.as_ref().expect("filtered");
+            let (row, col) = (self.scalar(t.origin[0]), self.scalar(t.origin[1]));
+            if record {
+                let dtype = self.k.ty(ld.value).dtype().unwrap_or(DType::BF16);
+                self.accesses.push(Access {
+                    kind: AccessKind::Load,
+                    ptr: ld.ptr,
+                    loc: self.k.value(ld.value).loc,
+                    dtype,
+                    // The copy engine moves the block; no thread loads it.
+                    width: 8,
+                    elements: 0,
+                    narrowed: None,
+                });
+            }
+            let done = self.new_label("tma_done");
+            if let Some(w) = &t.whole {
+                let m = self.tma_maps[w.map];
+                let total = self.view_dim_reg(if w.rows { m.view.rows } else { m.view.cols });
+                let start = if w.rows { &row } else { &col };
+                let (end, outside) = (self.reg(Rk::R), self.reg(Rk::P));
+                let boxes = self.new_label("tma_boxes");
+                self.ins(format!("add.s32 {end}, {start}, {}", w.extent));
+                self.ins(format!("setp.gt.s32 {outside}, {end}, {total}"));
+                self.ins(format!("@{outside} bra.uni {boxes}"));
+                let mut coords = Vec::new();
+                for i in 0..m.rank as usize {
+                    let d = m.dims[i];
+                    let c = self.reg(Rk::R);
+                    if m.spans(i) {
+                        let at = if d.rows { &row } else { &col };
+                        self.ins(format!("shr.s32 {c}, {at}, {}", d.step.trailing_zeros()));
+                    } else {
+                        self.ins(format!("mov.u32 {c}, 0"));
+                    }
+                    coords.push(c);
+                }
+                let wmap = b.maps[&w.map].clone();
+                copy(self, m.rank, ld.at, &wmap, &coords);
+                self.ins(format!("bra.uni {done}"));
+                self.label(&boxes);
+            }
+            let map = b.maps[&t.map].clone();
+            for &(off, dr, dc) in &t.boxes {
+                let (y, x) = (self.reg(Rk::R), self.reg(Rk::R));
+                self.ins(format!("add.s32 {y}, {row}, {dr}"));
+                self.ins(format!("add.s32 {x}, {col}, {dc}"));
+                copy(self, 2, ld.at + off, &map, &[x, y]);
+            }
+            self.label(&done);
+        }
+        self.label(&skip);
+        Ok(())
+    }
+
+    /// A register holding a view's size (a 32-bit parameter, or a constant).
+    fn view_dim_reg(&mut self, d: crate::ir::ViewDim) -> String {
+        let r = self.reg(Rk::R);
+        match d {
+            crate::ir::ViewDim::Param(i) => {
+                self.ins(format!("ld.param.b32 {r}, [p{i}]"));
+            }
+            crate::ir::ViewDim::Const(c) => {
+                self.ins(format!(
+                    "mov.u32 {r}, {}",
+                    c.clamp(i64::from(i32::MIN), i64::from(i32::MAX))
+                ));
+            }
+        }
+        r
+    }
+
+    /// Before a ring with copy-engine loads: thread 0 initializes one mbarrier a stage
+    /// (one arrival: its own `expect_tx`), every thread sees them before the first copy
+    /// is issued, and the tensor maps' generic addresses are taken once.
+    fn barriers_start(&mut self, plan: &Plan, ring: &str, at: u32) -> Barriers {
+        let tid0 = self.tid0.clone();
+        for i in 0..plan.buffers {
+            self.ins(format!(
+                "@{tid0} mbarrier.init.shared::cta.b64 [{ring}+{}], 1",
+                at + 8 * i
+            ));
+        }
+        self.ins(format!("@{tid0} fence.mbarrier_init.release.cluster"));
+        self.ins("bar.sync 0");
+        let mut maps = HashMap::new();
+        for ld in &plan.loads {
+            let Some(t) = &ld.tma else { continue };
+            for index in std::iter::once(t.map).chain(t.whole.as_ref().map(|w| w.map)) {
+                if let std::collections::hash_map::Entry::Vacant(e) = maps.entry(index) {
+                    let a = self.reg(Rk::D);
+                    self.ins(format!("mov.u64 {a}, {}", super::tma_param_name(index)));
+                    self.ins(format!("cvta.param.u64 {a}, {a}"));
+                    e.insert(a);
+                }
+            }
+        }
+        // The copy engine reads a map on every copy: have it cached from the start.
+        let (skip, not_first) = (self.new_label("tmap_skip"), self.reg(Rk::P));
+        self.ins(format!("setp.ne.u32 {not_first}, {}, 0", self.warp));
+        self.ins(format!("@{not_first} bra.uni {skip}"));
+        let (leader, lane) = (self.reg(Rk::P), self.reg(Rk::R));
+        self.ins(format!("elect.sync {lane}|{leader}, -1"));
+        let mut ordered: Vec<_> = maps.iter().collect();
+        ordered.sort();
+        for (_, a) in ordered {
+            self.ins(format!("@{leader} prefetch.tensormap [{a}]"));
+        }
+        self.label(&skip);
+        let (read, write, phase) = (self.reg(Rk::R), self.reg(Rk::R), self.reg(Rk::R));
+        self.ins(format!("add.u32 {read}, {ring}, {at}"));
+        self.ins(format!("mov.u32 {write}, {read}"));
+        self.ins(format!("mov.u32 {phase}, 0"));
+        Barriers {
+            read,
+            write,
+            phase,
+            maps,
+        }
+    }
+
+    /// The copy-engine form of ring load `x` (a descriptor's load) staged as `op`, if it
+    /// has one: on sm_90a, for 16-bit operands of `wgmma` stored as rows of 32, 64 or 128
+    /// bytes (one box a row panel, or one box per 8-row block of A's permuted rows).
+    fn tma_copy(&mut self, x: ValueId, l: &super::layout::Layout, op: Operand) -> Option<TmaCopy> {
+        let exp = std::env::var("TILEFUSE_TMA_EXP").unwrap_or_default();
+        if (exp == "b" && matches!(op, Operand::WgmmaA(_)))
+            || (exp == "a" && op == Operand::WgmmaB)
+            || exp == "none"
+        {
+            return None;
+        }
+        if !self.target.wgmma() || op == Operand::Mma {
+            return None;
+        }
+        let vl = *self.k.view_loads.iter().find(|v| v.load == x)?;
+        if vl.view.dtype.size_bytes() != 2 {
+            return None;
+        }
+        let st = super::dot::Staged::for_operand(l, op);
+        if st.transposed {
+            return None;
+        }
+        let shape = &self.k.ty(x).shape;
+        let (rows, cols) = (shape[0] as u32, shape[1] as u32);
+        let row_bytes = st.sw.row_bytes();
+        if !matches!(row_bytes, 32 | 64 | 128) {
+            return None;
+        }
+        let box_cols = row_bytes / 2;
+        let dim = |rows: bool, step: u32, size: u32| crate::ir::TmaDim { rows, step, size };
+        let mut boxes = Vec::new();
+        // The one-box form's dims after the columns', fastest first, and the axis it
+        // splits.
+        let (box_rows, whole): (u32, Option<(Vec<crate::ir::TmaDim>, bool, u32)>) = match st.rows {
+            Some(p) => {
+                if cols != box_cols || rows % 8 != 0 {
+                    return None;
+                }
+                for block in 0..rows / 8 {
+                    boxes.push((p.stored_block(block) * 8 * row_bytes, 8 * block, 0));
+                }
+                // Stored order of the rows (`WgmmaRows`): g (8 rows), h, wl, mi, gi.
+                let (g, mi) = (p.groups_log2(), p.per_group_log2());
+                let mut dims = vec![dim(true, 1, 8), dim(true, 1 << (5 + g), 2), dim(true, 8, 4)];
+                if mi > 0 {
+                    dims.push(dim(true, 1 << (6 + g), 1 << mi));
+                }
+                if g > 0 {
+                    dims.push(dim(true, 32, 1 << g));
+                }
+                (8, Some((dims, true, rows)))
+            }
+            None => {
+                if rows > 256 || cols % box_cols != 0 {
+                    return None;
+                }
+                let panels = cols / box_cols;
+                let panel = if panels > 1 { st.sw.panel_bytes() } else { 0 };
+                if panels > 1 && panel != rows * row_bytes {
+                    return None;
+                }
+                for p in 0..panels {
+                    boxes.push((p * panel, 0, p * box_cols));
+                }
+                let whole = (panels > 1).then(|| {
+                    (
+                        vec![dim(true, 1, rows), dim(false, box_cols, panels)],
+                        false,
+                        cols,
+                    )
+                });
+                (rows, whole)
+            }
+        };
+        let add_map = |e: &mut Self, dims: &[crate::ir::TmaDim]| {
+            let mut all = [crate::ir::TmaDim::default(); 5];
+            all[0] = dim(false, 1, box_cols);
+            all[1..=dims.len()].copy_from_slice(dims);
+            let map = crate::ir::TmaMap {
+                view: vl.view,
+                rank: dims.len() as u32 + 1,
+                dims: all,
+                swizzle_bytes: row_bytes,
+            };
+            match e.tma_maps.iter().position(|m| *m == map) {
+                Some(i) => i,
+                None => {
+                    e.tma_maps.push(map);
+                    e.tma_maps.len() - 1
+                }
+            }
+        };
+        let index = add_map(self, &[dim(true, 1, box_rows)]);
+        // The one-box form needs the block's origin along the split axis to be a
+        // multiple of the split (the box starts at a whole step), at most five dims.
+        let whole = whole.and_then(|(dims, split_rows, extent)| {
+            let step = dims.iter().filter(|d| d.rows == split_rows).map(|d| d.step).max()?;
+            let origin = vl.origin[usize::from(!split_rows)];
+            let div = self.axis[origin.index()].div.first().copied().unwrap_or(1);
+            let total_ok = match if split_rows { vl.view.rows } else { vl.view.cols } {
+                crate::ir::ViewDim::Const(_) => true,
+                crate::ir::ViewDim::Param(i) => matches!(
+                    self.k.params.get(i as usize).map(|p| p.kind),
+                    Some(crate::ir::ParamKind::Scalar(t) | crate::ir::ParamKind::ScalarMultipleOf(t, _))
+                        if t.size_bytes() == 4
+                ),
+            };
+            (dims.len() < 5 && div >= u64::from(step) && total_ok).then(|| Whole {
+                map: add_map(self, &dims),
+                rows: split_rows,
+                extent,
+            })
+        });
+        Some(TmaCopy {
+            map: index,
+            origin: vl.origin,
+            bytes: rows * cols * 2,
+            boxes,
+            whole,
+        })
     }
 }

@@ -9,15 +9,17 @@ impl KernelDef {
         &self,
         dev: &CudaDevice,
         variant: &'static Variant,
+        portable: bool,
     ) -> Result<CudaFunction, LaunchError> {
-        let key = variant as *const Variant as usize;
+        // `Variant`s are word-aligned statics: the low bit is free for the form.
+        let key = variant as *const Variant as usize | usize::from(portable);
         let mut functions = dev.functions.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(f) = functions.get(&key) {
             return Ok(f.clone());
         }
         let (major, minor) = dev.compute_capability();
         let mut target = variant.target_for(major, minor);
-        if target == Target::Sm90a && !sm90a_enabled() {
+        if target == Target::Sm90a && (!sm90a_enabled() || portable) {
             target = Target::Sm90;
         }
         let ptx = variant.ptx(target);
@@ -111,7 +113,33 @@ impl KernelDef {
         serialized: bool,
         args: &mut [KernelArg<'_>],
     ) -> Result<(), LaunchError> {
-        let f = self.cuda_function(dev, variant)?;
+        // Tensor maps for the sm_90a PTX's copy-engine loads; where the arguments do not
+        // suit the copy engine, the sm_90 PTX (pointer loads) runs instead.
+        let (major, minor) = dev.compute_capability();
+        let mut maps: Vec<tma::TensorMap> = Vec::new();
+        let mut portable = false;
+        if !variant.tma_maps.is_empty()
+            && variant.target_for(major, minor) == Target::Sm90a
+            && sm90a_enabled()
+        {
+            for m in variant.tma_maps {
+                match tma::encode(m, self.params, args) {
+                    Ok(t) => maps.push(t),
+                    Err(tma::NoMap::Unsupported) => {
+                        portable = true;
+                        maps.clear();
+                        break;
+                    }
+                    Err(tma::NoMap::Error(message)) => {
+                        return Err(LaunchError::Config {
+                            kernel: self.name.into(),
+                            message,
+                        })
+                    }
+                }
+            }
+        }
+        let f = self.cuda_function(dev, variant, portable)?;
         // Every argument is at most 8 bytes: device pointers and 32/64-bit scalars.
         let mut slots = [[0u8; 8]; MAX_PARAMS];
         let n = args.len();
@@ -131,10 +159,16 @@ impl KernelDef {
                 },
             }
         }
-        let mut params = [std::ptr::null_mut::<c_void>(); MAX_PARAMS];
-        for (p, slot) in params.iter_mut().zip(slots.iter_mut()) {
-            *p = slot.as_mut_ptr().cast();
-        }
+        let mut params: Vec<*mut c_void> = slots[..n]
+            .iter_mut()
+            .map(|slot| slot.as_mut_ptr().cast())
+            .collect();
+        // The maps follow the kernel's parameters, by value.
+        params.extend(
+            maps.iter_mut()
+                .map(|m| (m as *mut tma::TensorMap).cast::<c_void>()),
+        );
+        let n = params.len();
         let driver_err = |what: &str| {
             let kernel = self.name.to_string();
             let what = what.to_string();

@@ -227,6 +227,10 @@ pub struct Variant {
     /// takes it when those arguments are (Triton's divisibility key, decided at build
     /// time: `crate::specialize`).
     pub divisible_form: Option<&'static Variant>,
+    /// Tensor maps the sm_90a PTX takes after the kernel's parameters (descriptor loads
+    /// the copy engine moves); empty when it takes none. The launch encodes them from
+    /// its arguments, or runs the sm_90 PTX where they cannot be encoded.
+    pub tma_maps: &'static [crate::ir::TmaMap],
 }
 
 impl Variant {
@@ -612,6 +616,7 @@ scalar_arg!(i32 => I32, u32 => U32, i64 => I64, f32 => F32);
 mod check;
 mod cpu;
 mod cuda;
+mod tma;
 
 #[cfg(test)]
 mod tests;

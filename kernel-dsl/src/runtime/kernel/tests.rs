@@ -55,6 +55,7 @@ static ADD: KernelDef = KernelDef {
             cluster: [1, 1, 1],
             assumes_divisible: 0,
             divisible_form: None,
+            tma_maps: &[],
         },
         Variant {
             consts: &[256],
@@ -68,6 +69,7 @@ static ADD: KernelDef = KernelDef {
             cluster: [1, 1, 1],
             assumes_divisible: 0,
             divisible_form: None,
+            tma_maps: &[],
         },
         Variant {
             consts: &[1024],
@@ -81,6 +83,7 @@ static ADD: KernelDef = KernelDef {
             cluster: [1, 1, 1],
             assumes_divisible: 0,
             divisible_form: None,
+            tma_maps: &[],
         },
     ],
 };
@@ -329,6 +332,7 @@ fn sm90a_modules_run_on_compute_capability_9_0_only() {
         cluster: [1, 1, 1],
         assumes_divisible: 0,
         divisible_form: None,
+        tma_maps: &[],
     };
     let both = v("// sm90", "// sm90a");
     assert_eq!(both.target_for(9, 0), Target::Sm90a);
@@ -355,6 +359,7 @@ static ROWS_DIVISIBLE: Variant = Variant {
     cluster: [1, 1, 1],
     assumes_divisible: 1 << 2,
     divisible_form: None,
+    tma_maps: &[],
 };
 
 static ROWS: Variant = Variant {
@@ -369,6 +374,7 @@ static ROWS: Variant = Variant {
     cluster: [1, 1, 1],
     assumes_divisible: 0,
     divisible_form: Some(&ROWS_DIVISIBLE),
+    tma_maps: &[],
 };
 
 #[test]
@@ -413,6 +419,7 @@ fn hopper_only_variants_name_what_they_need() {
         cluster: [1, 1, 1],
         assumes_divisible: 0,
         divisible_form: None,
+        tma_maps: &[],
     };
     let why = base.needs_newer_gpu(8).expect("over sm_80's shared memory");
     assert!(why.contains("196608 bytes") && why.contains("8.x"), "{why}");

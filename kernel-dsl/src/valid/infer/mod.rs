@@ -36,6 +36,20 @@ pub fn infer(kernel: &Kernel) -> R<Kernel> {
     let body = Block {
         stmts: cx.blocks.pop().unwrap_or_default(),
     };
+    // A view load whose values did not survive (never the case for a load the body
+    // uses) is dropped: it then takes the ordinary path.
+    let view_loads = kernel
+        .view_loads
+        .iter()
+        .filter_map(|l| {
+            let at = |v: ValueId| cx.map.get(v.index()).copied().flatten();
+            Some(crate::ir::ViewLoad {
+                load: at(l.load)?,
+                origin: [at(l.origin[0])?, at(l.origin[1])?],
+                view: l.view,
+            })
+        })
+        .collect();
     Ok(Kernel {
         name: kernel.name.clone(),
         params: kernel.params.clone(),
@@ -45,6 +59,7 @@ pub fn infer(kernel: &Kernel) -> R<Kernel> {
         cluster: kernel.cluster,
         values: cx.out,
         body,
+        view_loads,
     })
 }
 
