@@ -862,15 +862,9 @@ impl Emitter<'_> {
 
     /// The copy-engine form of ring load `x` (a descriptor's load) staged as `op`, if it
     /// has one: on sm_90a, for 16-bit operands of `wgmma` stored as rows of 32, 64 or 128
-    /// bytes (one box a row panel, or one box per 8-row block of A's permuted rows).
+    /// bytes; 2-D boxes (one a 64-column panel, or one per 8-row block of A's permuted
+    /// rows) and, where they take several, the one-box form ([`Whole`]).
     fn tma_copy(&mut self, x: ValueId, l: &super::layout::Layout, op: Operand) -> Option<TmaCopy> {
-        let exp = std::env::var("TILEFUSE_TMA_EXP").unwrap_or_default();
-        if (exp == "b" && matches!(op, Operand::WgmmaA(_)))
-            || (exp == "a" && op == Operand::WgmmaB)
-            || exp == "none"
-        {
-            return None;
-        }
         if !self.target.wgmma() || op == Operand::Mma {
             return None;
         }
