@@ -7,10 +7,14 @@
 //! Edges are masked: M, N and K need not be multiples of the tile; N and K must be
 //! multiples of 16 elements (checked at launch; it gives 16-byte loads and stores).
 //! `dot` keeps the accumulator in tensor-core registers across the loop and reads its
-//! operands from swizzled shared memory with `ldmatrix`; the operand loads are pipelined
-//! three stages deep with `cp.async` (`num_stages`; docs/language.md, "`dot` on tensor
-//! cores"), the 128 x 128 tile 4 and 5 stages deep too and the 64 x 128 one 5
-//! ([`MatmulConfig::num_stages`] picks the variant).
+//! operands from swizzled shared memory; the operands are read through tensor
+//! descriptors (`make_tensor_descriptor`, Triton's form; 64-row tiles keep the
+//! tutorial's pointer tiles), pipelined three stages deep
+//! (`num_stages`; docs/language.md, "`dot` on tensor cores"), the 128 x 128 tile 4 and 5
+//! stages deep too and the 64 x 128 one 5 ([`MatmulConfig::num_stages`] picks the
+//! variant): on Hopper the copy engine moves them (`cp.async.bulk.tensor`,
+//! docs/language.md, "Tensor descriptors"), elsewhere `cp.async` does. Triton's
+//! pointer-arithmetic form of the same kernel is `examples/tutorial_03_matmul.rs`.
 //!
 //! ```no_run
 //! use tilefuse::kernels::matmul::{launch, MatmulConfig};
@@ -49,21 +53,38 @@ fn matmul_tile<const BM: usize, const BN: usize, const BK: usize, const GROUP_M:
     let group_size_m = minimum(num_pid_m - first_pid_m, GROUP_M);
     let pid_m = first_pid_m + (pid % num_pid_in_group) % group_size_m;
     let pid_n = (pid % num_pid_in_group) / group_size_m;
-    // The operands as tensor descriptors: each `load` reads a block, zero outside the
-    // matrix; on Hopper the copy engine moves it (docs/language.md, "Tensor
-    // descriptors").
-    let a_blocks = make_tensor_descriptor(a, [m, k], [k, 1], [BM, BK]);
-    let b_blocks = make_tensor_descriptor(b, [k, n], [n, 1], [BK, BN]);
-    let mut acc = zeros::<f32>([BM, BN]);
-    for k0 in (0..k).step_by(BK) {
-        let x = a_blocks.load([pid_m * BM, k0]);
-        let y = b_blocks.load([k0, pid_n * BN]);
-        acc = dot(x, y, acc);
-    }
     let rm = pid_m * BM + arange(0, BM);
     let rn = pid_n * BN + arange(0, BN);
     let row_ok = (rm < m).expand_dims(1);
     let col_ok = (rn < n).expand_dims(0);
+    let mut acc = zeros::<f32>([BM, BN]);
+    if BM == 64 {
+        // Triton's tutorial form: pointer tiles advanced along K. The 64-row tiles (the
+        // small outputs' picks) measured slower with the copy engine (docs/perf.md, "The
+        // copy engine for the operands").
+        let rk = arange(0, BK);
+        let mut pa = a + rm.expand_dims(1) * k + rk.expand_dims(0);
+        let mut pb = b + rk.expand_dims(1) * n + rn.expand_dims(0);
+        for k0 in (0..k).step_by(BK) {
+            let k_ok = rk < k - k0;
+            let x = load(pa, row_ok & k_ok.expand_dims(0), 0.0);
+            let y = load(pb, k_ok.expand_dims(1) & col_ok, 0.0);
+            acc = dot(x, y, acc);
+            pa += BK;
+            pb += BK * n;
+        }
+    } else {
+        // The operands as tensor descriptors: each `load` reads a block, zero outside
+        // the matrix; on Hopper the copy engine moves it (docs/language.md, "Tensor
+        // descriptors").
+        let a_blocks = make_tensor_descriptor(a, [m, k], [k, 1], [BM, BK]);
+        let b_blocks = make_tensor_descriptor(b, [k, n], [n, 1], [BK, BN]);
+        for k0 in (0..k).step_by(BK) {
+            let x = a_blocks.load([pid_m * BM, k0]);
+            let y = b_blocks.load([k0, pid_n * BN]);
+            acc = dot(x, y, acc);
+        }
+    }
     store(
         c + rm.expand_dims(1) * n + rn.expand_dims(0),
         acc as T,
@@ -178,25 +199,35 @@ fn matmul_split_tile<const BM: usize, const BN: usize, const BK: usize, const GR
     let group_size_m = minimum(num_pid_m - first_pid_m, GROUP_M);
     let pid_m = first_pid_m + (pid % num_pid_in_group) % group_size_m;
     let pid_n = (pid % num_pid_in_group) / group_size_m;
-    let rm = pid_m * BM + arange(0, BM);
-    let rn = pid_n * BN + arange(0, BN);
-    let rk = arange(0, BK);
-    let row_ok = (rm < m).expand_dims(1);
-    let col_ok = (rn < n).expand_dims(0);
     let k_lo = slice * k_slice;
     let k_hi = minimum(k, k_lo + k_slice);
-    let mut pa = a + rm.expand_dims(1) * k + (k_lo + rk).expand_dims(0);
-    let mut pb = b + (k_lo + rk).expand_dims(1) * n + rn.expand_dims(0);
+    let rm = pid_m * BM + arange(0, BM);
+    let rn = pid_n * BN + arange(0, BN);
+    let row_ok = (rm < m).expand_dims(1);
+    let col_ok = (rn < n).expand_dims(0);
     let mut acc = zeros::<f32>([BM, BN]);
     // Every slice but the last spans whole BK steps, so K's end is the only bound a
-    // step can cross (and `k - k0` keeps K's divisibility: 16-byte loads).
-    for k0 in (k_lo..k_hi).step_by(BK) {
-        let k_ok = rk < k - k0;
-        let x = load(pa, row_ok & k_ok.expand_dims(0), 0.0);
-        let y = load(pb, k_ok.expand_dims(1) & col_ok, 0.0);
-        acc = dot(x, y, acc);
-        pa += BK;
-        pb += BK * n;
+    // step can cross. The operand paths are [`matmul_tile`]'s.
+    if BM == 64 {
+        let rk = arange(0, BK);
+        let mut pa = a + rm.expand_dims(1) * k + (k_lo + rk).expand_dims(0);
+        let mut pb = b + (k_lo + rk).expand_dims(1) * n + rn.expand_dims(0);
+        for k0 in (k_lo..k_hi).step_by(BK) {
+            let k_ok = rk < k - k0;
+            let x = load(pa, row_ok & k_ok.expand_dims(0), 0.0);
+            let y = load(pb, k_ok.expand_dims(1) & col_ok, 0.0);
+            acc = dot(x, y, acc);
+            pa += BK;
+            pb += BK * n;
+        }
+    } else {
+        let a_blocks = make_tensor_descriptor(a, [m, k], [k, 1], [BM, BK]);
+        let b_blocks = make_tensor_descriptor(b, [k, n], [n, 1], [BK, BN]);
+        for k0 in (k_lo..k_hi).step_by(BK) {
+            let x = a_blocks.load([pid_m * BM, k0]);
+            let y = b_blocks.load([k0, pid_n * BN]);
+            acc = dot(x, y, acc);
+        }
     }
     let out_ok = row_ok & col_ok;
     let offs = rm.expand_dims(1) * n + rn.expand_dims(0);
