@@ -116,6 +116,16 @@ impl KernelDef {
         // Tensor maps for the sm_90a PTX's copy-engine loads; where the arguments do not
         // suit the copy engine, the sm_90 PTX (pointer loads) runs instead.
         let (major, minor) = dev.compute_capability();
+        if let Some(message) = variant
+            .tma_maps
+            .iter()
+            .find_map(|m| tma::misfit(m, self.params, args))
+        {
+            return Err(LaunchError::Config {
+                kernel: self.name.into(),
+                message,
+            });
+        }
         let mut maps: Vec<tma::TensorMap> = Vec::new();
         let mut portable = false;
         if !variant.tma_maps.is_empty()

@@ -36,12 +36,13 @@ fn dim(d: ViewDim, params: &[ParamDef], args: &[KernelArg<'_>]) -> Result<i64, N
     }
 }
 
-/// Encodes `map` for these arguments.
-pub(super) fn encode(
+/// The matrix `map` names in these arguments, checked against its buffer: the buffer,
+/// rows, columns and row stride. `Unsupported` for an empty matrix.
+fn view<'b>(
     map: &TmaMap,
     params: &[ParamDef],
-    args: &[KernelArg<'_>],
-) -> Result<TensorMap, NoMap> {
+    args: &'b [KernelArg<'_>],
+) -> Result<(&'b dyn ErasedBuffer, i64, i64, i64), NoMap> {
     let v = &map.view;
     let name = params.get(v.ptr as usize).map_or("?", |p| p.name);
     let Some((buf, _)) = args.get(v.ptr as usize).and_then(|a| a.0.buffer()) else {
@@ -51,12 +52,11 @@ pub(super) fn encode(
     };
     let (rows, cols) = (dim(v.rows, params, args)?, dim(v.cols, params, args)?);
     let stride = dim(v.row_stride, params, args)?;
-    let esz = v.dtype.size_bytes() as i64;
     if rows <= 0 || cols <= 0 {
         // An empty matrix: no block reads anything; the loads' path needs no map.
         return Err(NoMap::Unsupported);
     }
-    if stride < cols {
+    if rows > 1 && stride < cols {
         return Err(NoMap::Error(format!(
             "the tensor descriptor over `{name}` has rows of {cols} elements but a row stride of {stride}"
         )));
@@ -68,6 +68,28 @@ pub(super) fn encode(
             buf.len()
         )));
     }
+    Ok((buf, rows, cols, stride))
+}
+
+/// Why these arguments are wrong for `map`'s matrix (it does not fit its buffer, a size
+/// is not an integer), if they are; checked on every launch of a variant with maps,
+/// whichever PTX runs.
+pub(super) fn misfit(map: &TmaMap, params: &[ParamDef], args: &[KernelArg<'_>]) -> Option<String> {
+    match view(map, params, args) {
+        Err(NoMap::Error(e)) => Some(e),
+        _ => None,
+    }
+}
+
+/// Encodes `map` for these arguments.
+pub(super) fn encode(
+    map: &TmaMap,
+    params: &[ParamDef],
+    args: &[KernelArg<'_>],
+) -> Result<TensorMap, NoMap> {
+    let v = &map.view;
+    let (buf, rows, cols, stride) = view(map, params, args)?;
+    let esz = v.dtype.size_bytes() as i64;
     let addr = buf.device_addr().ok_or(NoMap::Unsupported)?;
     // The copy engine's rules: a 16-byte aligned base and row stride, sizes below 2^32
     // and strides below 2^40 bytes.
@@ -150,4 +172,81 @@ pub(super) fn encode(
     // SAFETY: the call succeeded, so `out` is initialized.
     let out = unsafe { out.assume_init() };
     Ok(TensorMap(out.opaque))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::{DType, MatrixView, ParamKind, TmaDim};
+    use crate::runtime::Device;
+
+    fn map() -> TmaMap {
+        let d = TmaDim {
+            rows: false,
+            step: 1,
+            size: 64,
+        };
+        TmaMap {
+            view: MatrixView {
+                ptr: 0,
+                dtype: DType::F32,
+                rows: ViewDim::Param(1),
+                cols: ViewDim::Param(2),
+                row_stride: ViewDim::Param(2),
+            },
+            rank: 2,
+            dims: [
+                d,
+                TmaDim {
+                    rows: true,
+                    size: 8,
+                    ..d
+                },
+                d,
+                d,
+                d,
+            ],
+            swizzle_bytes: 128,
+        }
+    }
+
+    const PARAMS: [ParamDef; 3] = [
+        ParamDef {
+            name: "a",
+            kind: ParamKind::Ptr(DType::F32),
+            written: false,
+        },
+        ParamDef {
+            name: "m",
+            kind: ParamKind::Scalar(DType::I32),
+            written: false,
+        },
+        ParamDef {
+            name: "k",
+            kind: ParamKind::Scalar(DType::I32),
+            written: false,
+        },
+    ];
+
+    /// A matrix larger than its buffer is an error naming the parameter and the sizes;
+    /// one that fits, or is empty, is not.
+    #[test]
+    fn a_matrix_past_its_buffer_is_named() {
+        let dev = Device::cpu();
+        let buf = dev.upload(&vec![1.0f32; 100]).unwrap();
+        let args = |m: i32, k: i32| {
+            [
+                KernelArg::read(&buf),
+                KernelArg::from(m),
+                KernelArg::from(k),
+            ]
+        };
+        let e = misfit(&map(), &PARAMS, &args(11, 10)).expect("110 elements in 100");
+        assert!(
+            e.contains("`a`") && e.contains("11 x 10") && e.contains("holds 100"),
+            "{e}"
+        );
+        assert_eq!(misfit(&map(), &PARAMS, &args(10, 10)), None);
+        assert_eq!(misfit(&map(), &PARAMS, &args(0, 10)), None);
+    }
 }
