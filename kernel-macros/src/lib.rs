@@ -922,7 +922,8 @@ fn tma_map_tokens(krate: &TokenStream2, m: &tilefuse_dsl::ir::TmaMap) -> TokenSt
     };
     let v = &m.view;
     let (ptr, dtype) = (v.ptr, dtype_tokens(krate, v.dtype));
-    let (rows, cols, stride) = (dim(v.rows), dim(v.cols), dim(v.row_stride));
+    let (rows, cols, stride) = (dim(v.rows), dim(v.cols), dim(v.stride));
+    let col_major = v.col_major;
     let dims = m.dims.iter().map(|d| {
         let (r, st, sz) = (d.rows, d.step, d.size);
         quote!(#krate::ir::TmaDim { rows: #r, step: #st, size: #sz })
@@ -930,7 +931,7 @@ fn tma_map_tokens(krate: &TokenStream2, m: &tilefuse_dsl::ir::TmaMap) -> TokenSt
     let (rank, sw) = (m.rank, m.swizzle_bytes);
     quote! {
         #krate::ir::TmaMap {
-            view: #krate::ir::MatrixView { ptr: #ptr, dtype: #dtype, rows: #rows, cols: #cols, row_stride: #stride },
+            view: #krate::ir::MatrixView { ptr: #ptr, dtype: #dtype, rows: #rows, cols: #cols, stride: #stride, col_major: #col_major },
             rank: #rank,
             dims: [#(#dims),*],
             swizzle_bytes: #sw,

@@ -455,3 +455,52 @@ fn blocks(x: Ptr<f32>, out: Ptr<f32>, rows: i32, cols: i32, stride: i32, r0: i32
         assert_eq!(bytes_f32(&ob), want, "block at ({r0}, {c0})");
     }
 }
+
+/// A column-major descriptor (`[1, col_stride]` strides): element `(r, c)` at
+/// `c * col_stride + r`, zero outside the matrix.
+#[test]
+fn a_column_major_descriptor_reads_columns_of_contiguous_rows() {
+    let k = compile(
+        r#"
+#[kernel]
+fn blocks(x: Ptr<f32>, out: Ptr<f32>, rows: i32, cols: i32, stride: i32, r0: i32, c0: i32) {
+    let d = make_tensor_descriptor(x, [rows, cols], [1, stride], [16, 8]);
+    let t = d.load([r0, c0]);
+    store(out + arange(0, 16).expand_dims(1) * 8 + arange(0, 8).expand_dims(0), t);
+}
+"#,
+        &[],
+    );
+    let mut rng = Rng(31);
+    let (rows, cols, stride) = (21usize, 13usize, 24usize);
+    let x = rng.f32s(cols * stride);
+    let xb = f32_bytes(&x);
+    for (r0, c0) in [(0, 0), (16, 8), (3, 5), (20, 12), (21, 0)] {
+        let mut ob = f32_bytes(&vec![f32::NAN; 16 * 8]);
+        run(
+            &k,
+            [1, 1, 1],
+            &mut [
+                Arg::Read(&xb),
+                Arg::Write(&mut ob),
+                Arg::Scalar(Scalar::I32(rows as i32)),
+                Arg::Scalar(Scalar::I32(cols as i32)),
+                Arg::Scalar(Scalar::I32(stride as i32)),
+                Arg::Scalar(Scalar::I32(r0 as i32)),
+                Arg::Scalar(Scalar::I32(c0 as i32)),
+            ],
+        )
+        .unwrap();
+        let want: Vec<f32> = (0..16 * 8)
+            .map(|i| {
+                let (r, c) = (r0 + i / 8, c0 + i % 8);
+                if r < rows && c < cols {
+                    x[c * stride + r]
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        assert_eq!(bytes_f32(&ob), want, "block at ({r0}, {c0})");
+    }
+}

@@ -97,9 +97,10 @@ pub enum ViewDim {
     Const(i64),
 }
 
-/// A row-major matrix in global memory as a tensor descriptor sees it: elements of
-/// `dtype` from pointer parameter `ptr`, `rows x cols`, `row_stride` elements from one row
-/// to the next, the columns contiguous.
+/// A matrix in global memory as a tensor descriptor sees it: elements of `dtype` from
+/// pointer parameter `ptr`, `rows x cols`; row-major (the columns contiguous, `stride`
+/// elements from one row to the next) or column-major (the rows contiguous, `stride`
+/// from one column to the next).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct MatrixView {
     /// The pointer parameter's index.
@@ -110,8 +111,22 @@ pub struct MatrixView {
     pub rows: ViewDim,
     /// Columns.
     pub cols: ViewDim,
-    /// Elements from one row to the next.
-    pub row_stride: ViewDim,
+    /// Elements from one row (column-major: column) to the next.
+    pub stride: ViewDim,
+    /// The rows, not the columns, are contiguous.
+    pub col_major: bool,
+}
+
+impl MatrixView {
+    /// Elements from one row to the next and from one column to the next, given the
+    /// value of [`MatrixView::stride`].
+    pub fn axis_strides(&self, stride: i64) -> (i64, i64) {
+        if self.col_major {
+            (1, stride)
+        } else {
+            (stride, 1)
+        }
+    }
 }
 
 /// One dimension of a [`TmaMap`]'s box: `size` steps of `step` rows (or columns)
@@ -127,7 +142,7 @@ pub struct TmaDim {
 }
 
 /// A tensor map for the copy engine (`cp.async.bulk.tensor`): a matrix seen as a tensor
-/// of `rank` dimensions (fastest first; the first is the columns, step 1), copied in
+/// of `rank` dimensions (fastest first; the first is the contiguous axis, step 1), copied in
 /// boxes of `dims[i].size` along each, stored in that order in shared memory with the
 /// swizzle whose span is `swizzle_bytes` (128, 64 or 32: a box row's bytes). Along each
 /// of rows and columns, the dimension of the largest step spans the matrix (extent

@@ -1176,6 +1176,43 @@ fn gpu_dot_tensor_descriptors() {
         let grid = tile_grid(m, n, bm, bn);
         diff("dot_tensor_descriptors", d, grid, &data, 1e-4);
     }
+    // B as an `[N, K]` weight seen column-major (`[1, k]` strides): one box of N rows of
+    // K a stage, staged K-major for `wgmma`.
+    let nt = MATMUL_DESCRIPTORS.replace("[k, n], [n, 1], [BK, BN]", "[k, n], [1, k], [BK, BN]");
+    for (bm, bn, bk, w, stages, m, n, k) in [
+        (128, 128, 64, 8, 4, 200, 136, 200),
+        (128, 256, 64, 8, 3, 136, 264, 72),
+        (64, 64, 32, 4, 3, 72, 40, 24),
+    ] {
+        let d = crate::testing::def_attr(
+            &nt,
+            &[("BM", bm), ("BN", bn), ("BK", bk)],
+            w,
+            false,
+            &format!("num_stages = [{stages}]"),
+        );
+        assert_eq!(
+            d.variants[0]
+                .tma_maps
+                .iter()
+                .filter(|m| m.view.col_major)
+                .count(),
+            1
+        );
+        let data = gemm_args(
+            Data::Bf16(r.bf(m * k)),
+            Data::Bf16(r.bf(k * n)),
+            Data::F32(vec![f32::NAN; m * n]),
+            (m, n, k),
+        );
+        diff(
+            "dot_tensor_descriptors_nt",
+            d,
+            tile_grid(m, n, bm, bn),
+            &data,
+            1e-4,
+        );
+    }
 }
 
 /// The `wgmma` tiles (sm_90a, picked on compute capability 9.0; elsewhere the same

@@ -782,11 +782,14 @@ impl Emitter<'_> {
                 self.label(&boxes);
             }
             let map = b.maps[&t.map].clone();
+            let first_is_rows = self.tma_maps[t.map].dims[0].rows;
             for &(off, dr, dc) in &t.boxes {
                 let (y, x) = (self.reg(Rk::R), self.reg(Rk::R));
                 self.ins(format!("add.s32 {y}, {row}, {dr}"));
                 self.ins(format!("add.s32 {x}, {col}, {dc}"));
-                copy(self, 2, ld.at + off, &map, &[x, y]);
+                // Coordinates go fastest dim first: the contiguous axis.
+                let coords = if first_is_rows { [y, x] } else { [x, y] };
+                copy(self, 2, ld.at + off, &map, &coords);
             }
             self.label(&done);
         }
@@ -873,7 +876,8 @@ impl Emitter<'_> {
             return None;
         }
         let st = super::dot::Staged::for_operand(l, op);
-        if st.transposed {
+        // The stored rows must be the matrix's contiguous lines.
+        if st.transposed != vl.view.col_major {
             return None;
         }
         let shape = &self.k.ty(x).shape;
@@ -882,8 +886,40 @@ impl Emitter<'_> {
         if !matches!(row_bytes, 32 | 64 | 128) {
             return None;
         }
-        let box_cols = row_bytes / 2;
         let dim = |rows: bool, step: u32, size: u32| crate::ir::TmaDim { rows, step, size };
+        let add_map = |e: &mut Self, dims: &[crate::ir::TmaDim]| {
+            let mut all = [crate::ir::TmaDim::default(); 5];
+            all[..dims.len()].copy_from_slice(dims);
+            let map = crate::ir::TmaMap {
+                view: vl.view,
+                rank: dims.len() as u32,
+                dims: all,
+                swizzle_bytes: row_bytes,
+            };
+            match e.tma_maps.iter().position(|m| *m == map) {
+                Some(i) => i,
+                None => {
+                    e.tma_maps.push(map);
+                    e.tma_maps.len() - 1
+                }
+            }
+        };
+        if vl.view.col_major {
+            // Stored as `[cols, rows]`, each stored row one column of the matrix (B of an
+            // NT GEMM from an `[N, K]` weight): one box, no panels, no permutation.
+            if st.rows.is_some() || rows * 2 != row_bytes || cols > 256 {
+                return None;
+            }
+            let index = add_map(self, &[dim(true, 1, rows), dim(false, 1, cols)]);
+            return Some(TmaCopy {
+                map: index,
+                origin: vl.origin,
+                bytes: rows * cols * 2,
+                boxes: vec![(0, 0, 0)],
+                whole: None,
+            });
+        }
+        let box_cols = row_bytes / 2;
         let mut boxes = Vec::new();
         // The one-box form's dims after the columns', fastest first, and the axis it
         // splits.
@@ -928,25 +964,8 @@ impl Emitter<'_> {
                 (rows, whole)
             }
         };
-        let add_map = |e: &mut Self, dims: &[crate::ir::TmaDim]| {
-            let mut all = [crate::ir::TmaDim::default(); 5];
-            all[0] = dim(false, 1, box_cols);
-            all[1..=dims.len()].copy_from_slice(dims);
-            let map = crate::ir::TmaMap {
-                view: vl.view,
-                rank: dims.len() as u32 + 1,
-                dims: all,
-                swizzle_bytes: row_bytes,
-            };
-            match e.tma_maps.iter().position(|m| *m == map) {
-                Some(i) => i,
-                None => {
-                    e.tma_maps.push(map);
-                    e.tma_maps.len() - 1
-                }
-            }
-        };
-        let index = add_map(self, &[dim(true, 1, box_rows)]);
+        let columns = dim(false, 1, box_cols);
+        let index = add_map(self, &[columns, dim(true, 1, box_rows)]);
         // The one-box form needs the block's origin along the split axis to be a
         // multiple of the split (the box starts at a whole step), at most five dims.
         let whole = whole.and_then(|(dims, split_rows, extent)| {
@@ -962,7 +981,7 @@ impl Emitter<'_> {
                 ),
             };
             (dims.len() < 5 && div >= u64::from(step) && total_ok).then(|| Whole {
-                map: add_map(self, &dims),
+                map: add_map(self, &[&[columns][..], &dims].concat()),
                 rows: split_rows,
                 extent,
             })

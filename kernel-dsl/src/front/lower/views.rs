@@ -1,7 +1,8 @@
 //! Tensor descriptors: `make_tensor_descriptor(ptr, [rows, cols], [row_stride, 1],
 //! [BR, BC])` names a row-major matrix and a block shape, and `desc.load([r, c])` reads
 //! the `[BR, BC]` block at row `r`, column `c`, zero outside the matrix (Triton's
-//! `tl.make_tensor_descriptor` and `desc.load`).
+//! `tl.make_tensor_descriptor` and `desc.load`). Strides `[1, col_stride]` name a
+//! column-major matrix instead (an `[N, K]` weight seen as `[K, N]`), beyond Triton.
 //!
 //! A descriptor is not a value: it lives in the front end only, and each `load` lowers
 //! to the masked pointer load it means (the interpreter's semantics, and the code on
@@ -66,13 +67,20 @@ impl Lower {
         let [row_stride, col_stride] = pair(self, args[2], "the strides")?;
         let rows = self.view_dim(&rows, "the row count")?;
         let cols = self.view_dim(&cols, "the column count")?;
-        let row_stride = self.view_dim(&row_stride, "the row stride")?;
-        if self.view_dim(&col_stride, "the column stride")? != ViewDim::Const(1) {
-            return self.err(
-                col_stride.span(),
-                "the last stride of a tensor descriptor must be 1 (the columns contiguous)",
-            );
-        }
+        let rs = self.view_dim(&row_stride, "the row stride")?;
+        let cs = self.view_dim(&col_stride, "the column stride")?;
+        // `[s, 1]`: row-major (Triton's only form); `[1, s]`: column-major, the view of
+        // an `[N, K]` weight as the `[K, N]` operand of an NT GEMM.
+        let (stride, col_major) = match (rs, cs) {
+            (s, ViewDim::Const(1)) => (s, false),
+            (ViewDim::Const(1), s) => (s, true),
+            _ => {
+                return self.err(
+                    args[2].span(),
+                    "one stride of a tensor descriptor must be 1: `[row_stride, 1]` (rows of contiguous columns) or `[1, col_stride]` (columns of contiguous rows)",
+                )
+            }
+        };
         let block = self.shape(args[3])?;
         if block.len() != 2 {
             return self.err(
@@ -86,7 +94,8 @@ impl Lower {
                 dtype,
                 rows,
                 cols,
-                row_stride,
+                stride,
+                col_major,
             },
             block: [block[0], block[1]],
         };
@@ -188,9 +197,14 @@ impl Lower {
             },
             span,
         );
-        let stride = dim(self, d.view.row_stride);
-        let row_off = self.binary(BinaryOp::Mul, rows, stride, span)?;
-        let off = self.binary(BinaryOp::Add, row_off, cols, span)?;
+        let stride = dim(self, d.view.stride);
+        let off = if d.view.col_major {
+            let col_off = self.binary(BinaryOp::Mul, cols, stride, span)?;
+            self.binary(BinaryOp::Add, rows, col_off, span)?
+        } else {
+            let row_off = self.binary(BinaryOp::Mul, rows, stride, span)?;
+            self.binary(BinaryOp::Add, row_off, cols, span)?
+        };
         let base = self.emit_at(Expr::Param(d.view.ptr as usize), span);
         let ptr = self.binary(BinaryOp::Add, base, off, span)?;
         let nrows = dim(self, d.view.rows);

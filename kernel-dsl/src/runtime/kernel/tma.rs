@@ -51,20 +51,27 @@ fn view<'b>(
         )));
     };
     let (rows, cols) = (dim(v.rows, params, args)?, dim(v.cols, params, args)?);
-    let stride = dim(v.row_stride, params, args)?;
+    let stride = dim(v.stride, params, args)?;
     if rows <= 0 || cols <= 0 {
         // An empty matrix: no block reads anything; the loads' path needs no map.
         return Err(NoMap::Unsupported);
     }
-    if rows > 1 && stride < cols {
+    // Lines are rows (row-major) or columns (column-major).
+    let (lines, line) = if v.col_major {
+        (cols, rows)
+    } else {
+        (rows, cols)
+    };
+    let what = if v.col_major { "column" } else { "row" };
+    if lines > 1 && stride < line {
         return Err(NoMap::Error(format!(
-            "the tensor descriptor over `{name}` has rows of {cols} elements but a row stride of {stride}"
+            "the tensor descriptor over `{name}` has {what}s of {line} elements but a {what} stride of {stride}"
         )));
     }
-    let needed = (rows - 1) * stride + cols;
+    let needed = (lines - 1) * stride + line;
     if needed > buf.len() as i64 {
         return Err(NoMap::Error(format!(
-            "the tensor descriptor over `{name}` spans {rows} x {cols} elements with a row stride of {stride} ({needed} elements), but the buffer holds {}",
+            "the tensor descriptor over `{name}` spans {rows} x {cols} elements with a {what} stride of {stride} ({needed} elements), but the buffer holds {}",
             buf.len()
         )));
     }
@@ -134,9 +141,12 @@ pub(super) fn encode(
             return Err(NoMap::Unsupported);
         }
         boxes[i] = d.size;
-        let step_bytes = i64::from(d.step) * esz * if d.rows { stride } else { 1 };
+        let (row_step, col_step) = v.axis_strides(stride);
+        let axis_step = if d.rows { row_step } else { col_step };
+        let step_bytes = i64::from(d.step) * esz * axis_step;
         if i == 0 {
-            if d.rows || d.step != 1 {
+            // The first dim is the contiguous one.
+            if axis_step != 1 || d.step != 1 {
                 return Err(NoMap::Unsupported);
             }
         } else {
@@ -192,7 +202,8 @@ mod tests {
                 dtype: DType::F32,
                 rows: ViewDim::Param(1),
                 cols: ViewDim::Param(2),
-                row_stride: ViewDim::Param(2),
+                stride: ViewDim::Param(2),
+                col_major: false,
             },
             rank: 2,
             dims: [
