@@ -1,4 +1,6 @@
-//! Triton's tutorial matmul written in the language (`tilefuse::kernels::matmul`): bf16
+//! Triton's matmul written in the language (`tilefuse::kernels::matmul`: the tutorial's
+//! grouped tiles, its operands read through tensor descriptors, which the copy engine
+//! moves on Hopper; the tutorial's pointer form is `examples/tutorial_03_matmul.rs`): bf16
 //! in, f32 accumulation, masked edges, bf16 or f32 out. Checked against a host reference
 //! on awkward shapes (M, N, K not multiples of the tile, K below one tile) for every
 //! compiled tile configuration; on a GPU it then prints TFLOP/s next to cuBLAS.
