@@ -16,7 +16,8 @@ use tilefuse::prelude::*;
 /// H100 and H200.
 const SMS: usize = 132;
 
-/// On Hopper the 128 x 256 pick takes the 4-stage ring only sm_90's shared memory holds;
+/// On Hopper the 128 x 256 pick takes the 4-stage ring only sm_90's shared memory holds,
+/// and on compute capability 9.0 (the copy engine) the 128 x 128 pick a 5-stage one;
 /// elsewhere, and for every other pick, the device changes nothing.
 #[test]
 fn plan_for_device_fits_the_gpu() {
@@ -42,6 +43,8 @@ fn plan_for_device_fits_the_gpu() {
         let hopper = MatmulPlan::for_device(&info(9), m, n, k);
         if base == MatmulPlan::tiles(MatmulConfig::LARGE) {
             assert_eq!(hopper, MatmulPlan::tiles(large));
+        } else if base == MatmulPlan::tiles(MatmulConfig::MEDIUM.stages(4)) {
+            assert_eq!(hopper, MatmulPlan::tiles(MatmulConfig::MEDIUM.stages(5)));
         } else {
             assert_eq!(hopper, base);
         }
@@ -49,6 +52,10 @@ fn plan_for_device_fits_the_gpu() {
     assert_eq!(
         MatmulPlan::for_device(&info(9), 4096, 4096, 4096),
         MatmulPlan::tiles(large)
+    );
+    assert_eq!(
+        MatmulPlan::for_device(&info(9), 512, 4096, 1024),
+        MatmulPlan::tiles(MatmulConfig::MEDIUM.stages(5))
     );
     // Two slices of exactly TWO_SLICE_MIN_ITERS iterations (the down projection at 512
     // tokens) split where memory is fast and run unsplit where it is slower; longer

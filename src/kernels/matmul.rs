@@ -490,6 +490,11 @@ impl MatmulPlan {
     ///   which only its 227 KiB hold (docs/perf.md, "Four stages of 128 x 256 on
     ///   Hopper": 4096^3 at 711-723 TFLOP/s against 701-716 with three, 8192^3 700-742
     ///   against 656-715 on an H200);
+    /// - on compute capability 9.0, where the copy engine fills the ring, the 128 x 128
+    ///   tile takes 5 stages instead of 4 (docs/perf.md, "The copy engine for the
+    ///   operands": 512 x 4096 x 1024 at 466-470 TFLOP/s against 447-458 on an H200 and
+    ///   432-437 against 419-423 on an H100; 2048 x 1024 x 2048 610 against 597 and 582
+    ///   against 563; 2048 x 1024 x 3072 668 against 655 and 629-635 against 616);
     /// - a two-slice split of only [`TWO_SLICE_MIN_ITERS`] iterations a slice runs
     ///   unsplit (64 x 128, 5 stages) below [`SPLIT_PARTIALS_MIN_BANDWIDTH`]: the f32
     ///   partials' round trip costs that much more there (512 x 1024 x 3072: on an H100,
@@ -499,6 +504,11 @@ impl MatmulPlan {
         let plan = MatmulPlan::for_shape(m, n, k, info.sm_count);
         if info.compute_capability.0 >= 9 && plan == MatmulPlan::tiles(MatmulConfig::LARGE) {
             return MatmulPlan::tiles(MatmulConfig::LARGE.stages(4));
+        }
+        if info.compute_capability == (9, 0)
+            && plan == MatmulPlan::tiles(MatmulConfig::MEDIUM.stages(4))
+        {
+            return MatmulPlan::tiles(MatmulConfig::MEDIUM.stages(5));
         }
         let iters = k.div_ceil(plan.config.block_k);
         if plan.splits == 2
