@@ -723,9 +723,17 @@ impl Emitter<'_> {
             "@{leader} mbarrier.arrive.expect_tx.shared::cta.b64 {state}, [{}], {bytes}",
             b.write
         ));
+        // Each run of copies is a block that only an elected lane enters: a copy under a
+        // per-thread predicate becomes a loop over the lanes it may hold for (ptxas made
+        // a lone predicated copy a branch itself, but not a run of them).
+        let elect_or_skip = |e: &mut Self, skip: &str| {
+            let (p, lane) = (e.reg(Rk::P), e.reg(Rk::R));
+            e.ins(format!("elect.sync {lane}|{p}, -1"));
+            e.ins(format!("@!{p} bra {skip}"));
+        };
         let copy = |e: &mut Self, rank: u32, at: u32, map: &str, coords: &[String]| {
             e.ins(format!(
-                "@{leader} cp.async.bulk.tensor.{rank}d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [{}+{at}], [{map}, {{{}}}], [{}]",
+                "cp.async.bulk.tensor.{rank}d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [{}+{at}], [{map}, {{{}}}], [{}]",
                 r.write,
                 coords.join(", "),
                 b.write
@@ -777,10 +785,12 @@ impl Emitter<'_> {
                     coords.push(c);
                 }
                 let wmap = b.maps[&w.map].clone();
+                elect_or_skip(self, &done);
                 copy(self, m.rank, ld.at, &wmap, &coords);
                 self.ins(format!("bra.uni {done}"));
                 self.label(&boxes);
             }
+            elect_or_skip(self, &done);
             let map = b.maps[&t.map].clone();
             let first_is_rows = self.tma_maps[t.map].dims[0].rows;
             for &(off, dr, dc) in &t.boxes {
