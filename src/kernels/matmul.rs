@@ -34,6 +34,57 @@ use crate::dsl::runtime::{
 };
 use crate::{kernel, tile_fn};
 
+/// The f32 product `A[rows, k_lo..k_hi] B[k_lo..k_hi, cols]` of the `BM x BN` tile at
+/// tile row `pid_m`, tile column `pid_n` of `C = A B` (`A [m, k]`, `B [k, n]`, zero past
+/// their edges): the K loop of every kernel here.
+#[tile_fn(crate = crate::dsl)]
+#[allow(clippy::too_many_arguments)]
+fn tile_product<const BM: usize, const BN: usize, const BK: usize>(
+    a: Ptr<bf16>,
+    b: Ptr<bf16>,
+    m: i32,
+    n: i32,
+    k: i32,
+    pid_m: i32,
+    pid_n: i32,
+    k_lo: i32,
+    k_hi: i32,
+) -> Tile<f32> {
+    let mut acc = zeros::<f32>([BM, BN]);
+    if BM == 64 {
+        // Triton's tutorial form: pointer tiles advanced along K. The 64-row tiles (the
+        // small outputs' picks) measured slower with the copy engine (docs/perf.md, "The
+        // copy engine for the operands").
+        let rm = pid_m * BM + arange(0, BM);
+        let rn = pid_n * BN + arange(0, BN);
+        let rk = arange(0, BK);
+        let row_ok = (rm < m).expand_dims(1);
+        let col_ok = (rn < n).expand_dims(0);
+        let mut pa = a + rm.expand_dims(1) * k + (k_lo + rk).expand_dims(0);
+        let mut pb = b + (k_lo + rk).expand_dims(1) * n + rn.expand_dims(0);
+        for k0 in (k_lo..k_hi).step_by(BK) {
+            let k_ok = rk < k - k0;
+            let x = load(pa, row_ok & k_ok.expand_dims(0), 0.0);
+            let y = load(pb, k_ok.expand_dims(1) & col_ok, 0.0);
+            acc = dot(x, y, acc);
+            pa += BK;
+            pb += BK * n;
+        }
+    } else {
+        // The operands as tensor descriptors: each `load` reads a block, zero outside
+        // the matrix; on Hopper the copy engine moves it (docs/language.md, "Tensor
+        // descriptors").
+        let a_blocks = make_tensor_descriptor(a, [m, k], [k, 1], [BM, BK]);
+        let b_blocks = make_tensor_descriptor(b, [k, n], [n, 1], [BK, BN]);
+        for k0 in (k_lo..k_hi).step_by(BK) {
+            let x = a_blocks.load([pid_m * BM, k0]);
+            let y = b_blocks.load([k0, pid_n * BN]);
+            acc = dot(x, y, acc);
+        }
+    }
+    acc
+}
+
 /// The body both kernels share: one `BM x BN` tile of `C = A B` stored as `T`.
 #[tile_fn(crate = crate::dsl)]
 #[allow(clippy::too_many_arguments)]
@@ -53,38 +104,11 @@ fn matmul_tile<const BM: usize, const BN: usize, const BK: usize, const GROUP_M:
     let group_size_m = minimum(num_pid_m - first_pid_m, GROUP_M);
     let pid_m = first_pid_m + (pid % num_pid_in_group) % group_size_m;
     let pid_n = (pid % num_pid_in_group) / group_size_m;
+    let acc = tile_product::<BM, BN, BK>(a, b, m, n, k, pid_m, pid_n, 0, k);
     let rm = pid_m * BM + arange(0, BM);
     let rn = pid_n * BN + arange(0, BN);
     let row_ok = (rm < m).expand_dims(1);
     let col_ok = (rn < n).expand_dims(0);
-    let mut acc = zeros::<f32>([BM, BN]);
-    if BM == 64 {
-        // Triton's tutorial form: pointer tiles advanced along K. The 64-row tiles (the
-        // small outputs' picks) measured slower with the copy engine (docs/perf.md, "The
-        // copy engine for the operands").
-        let rk = arange(0, BK);
-        let mut pa = a + rm.expand_dims(1) * k + rk.expand_dims(0);
-        let mut pb = b + rk.expand_dims(1) * n + rn.expand_dims(0);
-        for k0 in (0..k).step_by(BK) {
-            let k_ok = rk < k - k0;
-            let x = load(pa, row_ok & k_ok.expand_dims(0), 0.0);
-            let y = load(pb, k_ok.expand_dims(1) & col_ok, 0.0);
-            acc = dot(x, y, acc);
-            pa += BK;
-            pb += BK * n;
-        }
-    } else {
-        // The operands as tensor descriptors: each `load` reads a block, zero outside
-        // the matrix; on Hopper the copy engine moves it (docs/language.md, "Tensor
-        // descriptors").
-        let a_blocks = make_tensor_descriptor(a, [m, k], [k, 1], [BM, BK]);
-        let b_blocks = make_tensor_descriptor(b, [k, n], [n, 1], [BK, BN]);
-        for k0 in (0..k).step_by(BK) {
-            let x = a_blocks.load([pid_m * BM, k0]);
-            let y = b_blocks.load([k0, pid_n * BN]);
-            acc = dot(x, y, acc);
-        }
-    }
     store(
         c + rm.expand_dims(1) * n + rn.expand_dims(0),
         acc as T,
@@ -200,35 +224,14 @@ fn matmul_split_tile<const BM: usize, const BN: usize, const BK: usize, const GR
     let pid_m = first_pid_m + (pid % num_pid_in_group) % group_size_m;
     let pid_n = (pid % num_pid_in_group) / group_size_m;
     let k_lo = slice * k_slice;
+    // Every slice but the last spans whole BK steps, so K's end is the only bound a
+    // step can cross.
     let k_hi = minimum(k, k_lo + k_slice);
+    let acc = tile_product::<BM, BN, BK>(a, b, m, n, k, pid_m, pid_n, k_lo, k_hi);
     let rm = pid_m * BM + arange(0, BM);
     let rn = pid_n * BN + arange(0, BN);
     let row_ok = (rm < m).expand_dims(1);
     let col_ok = (rn < n).expand_dims(0);
-    let mut acc = zeros::<f32>([BM, BN]);
-    // Every slice but the last spans whole BK steps, so K's end is the only bound a
-    // step can cross. The operand paths are [`matmul_tile`]'s.
-    if BM == 64 {
-        let rk = arange(0, BK);
-        let mut pa = a + rm.expand_dims(1) * k + (k_lo + rk).expand_dims(0);
-        let mut pb = b + (k_lo + rk).expand_dims(1) * n + rn.expand_dims(0);
-        for k0 in (k_lo..k_hi).step_by(BK) {
-            let k_ok = rk < k - k0;
-            let x = load(pa, row_ok & k_ok.expand_dims(0), 0.0);
-            let y = load(pb, k_ok.expand_dims(1) & col_ok, 0.0);
-            acc = dot(x, y, acc);
-            pa += BK;
-            pb += BK * n;
-        }
-    } else {
-        let a_blocks = make_tensor_descriptor(a, [m, k], [k, 1], [BM, BK]);
-        let b_blocks = make_tensor_descriptor(b, [k, n], [n, 1], [BK, BN]);
-        for k0 in (k_lo..k_hi).step_by(BK) {
-            let x = a_blocks.load([pid_m * BM, k0]);
-            let y = b_blocks.load([k0, pid_n * BN]);
-            acc = dot(x, y, acc);
-        }
-    }
     let out_ok = row_ok & col_ok;
     let offs = rm.expand_dims(1) * n + rn.expand_dims(0);
     store(partials + slice * m * n + offs, acc, out_ok);

@@ -212,17 +212,21 @@ impl Lower {
     }
 
     fn bind(&mut self, name: &str, value: ValueId, mutable: bool) {
+        self.bind_var(
+            name,
+            Var {
+                value,
+                mutable,
+                descriptor: None,
+            },
+        );
+    }
+
+    fn bind_var(&mut self, name: &str, var: Var) {
         self.scopes
             .last_mut()
             .expect("lowering always has a scope")
-            .insert(
-                name.to_string(),
-                Var {
-                    value,
-                    mutable,
-                    descriptor: None,
-                },
-            );
+            .insert(name.to_string(), var);
     }
 
     fn lookup(&self, name: &str) -> Option<Var> {

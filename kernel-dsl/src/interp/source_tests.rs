@@ -398,35 +398,29 @@ fn mm<const M: usize, const K: usize, const N: usize>(a: Ptr<f32>, b: Ptr<f32>, 
     assert!((bytes_f32(&tb)[0] as f64 - 2.0 * total).abs() < 1e-4);
 }
 
-/// `desc.load([r, c])` reads the `[BR, BC]` block at row `r`, column `c` of the row-major
-/// `rows x cols` matrix with row stride `stride`, zero outside it (Triton's descriptor
-/// load): blocks inside, across the right and bottom edges, and past them entirely.
-#[test]
-fn a_descriptor_load_reads_its_block_zero_outside_the_matrix() {
+/// Runs a kernel storing the `[8, 16]` block at each origin of a `rows x cols` matrix
+/// of random values seen through a descriptor with strides `strides` (`[stride, 1]` or
+/// `[1, stride]`), and compares it with the block read off the host matrix, zero outside.
+fn check_descriptor_blocks(strides: &str, col_major: bool, origins: &[(usize, usize)]) {
     let k = compile(
-        r#"
+        &format!(
+            r#"
 #[kernel]
-fn blocks(x: Ptr<f32>, out: Ptr<f32>, rows: i32, cols: i32, stride: i32, r0: i32, c0: i32) {
-    let d = make_tensor_descriptor(x, [rows, cols], [stride, 1], [8, 16]);
+fn blocks(x: Ptr<f32>, out: Ptr<f32>, rows: i32, cols: i32, stride: i32, r0: i32, c0: i32) {{
+    let d = make_tensor_descriptor(x, [rows, cols], {strides}, [8, 16]);
     let t = d.load([r0, c0]);
     store(out + arange(0, 8).expand_dims(1) * 16 + arange(0, 16).expand_dims(0), t);
-}
-"#,
+}}
+"#
+        ),
         &[],
     );
     let mut rng = Rng(29);
     let (rows, cols, stride) = (13usize, 21usize, 24usize);
-    let x = rng.f32s(rows * stride);
+    let lines = if col_major { cols } else { rows };
+    let x = rng.f32s(lines * stride);
     let xb = f32_bytes(&x);
-    for (r0, c0) in [
-        (0, 0),
-        (8, 16),
-        (5, 3),
-        (12, 20),
-        (13, 0),
-        (0, 21),
-        (40, 40),
-    ] {
+    for &(r0, c0) in origins {
         let mut ob = f32_bytes(&vec![f32::NAN; 8 * 16]);
         run(
             &k,
@@ -445,62 +439,41 @@ fn blocks(x: Ptr<f32>, out: Ptr<f32>, rows: i32, cols: i32, stride: i32, r0: i32
         let want: Vec<f32> = (0..8 * 16)
             .map(|i| {
                 let (r, c) = (r0 + i / 16, c0 + i % 16);
-                if r < rows && c < cols {
-                    x[r * stride + c]
-                } else {
-                    0.0
+                match (r < rows && c < cols, col_major) {
+                    (false, _) => 0.0,
+                    (true, false) => x[r * stride + c],
+                    (true, true) => x[c * stride + r],
                 }
             })
             .collect();
-        assert_eq!(bytes_f32(&ob), want, "block at ({r0}, {c0})");
+        assert_eq!(bytes_f32(&ob), want, "{strides}: block at ({r0}, {c0})");
     }
+}
+
+/// `desc.load([r, c])` reads the `[BR, BC]` block at row `r`, column `c` of the row-major
+/// `rows x cols` matrix with row stride `stride`, zero outside it (Triton's descriptor
+/// load): blocks inside, across the right and bottom edges, and past them entirely.
+#[test]
+fn a_descriptor_load_reads_its_block_zero_outside_the_matrix() {
+    let origins = [
+        (0, 0),
+        (8, 16),
+        (5, 3),
+        (12, 20),
+        (13, 0),
+        (0, 21),
+        (40, 40),
+    ];
+    check_descriptor_blocks("[stride, 1]", false, &origins);
 }
 
 /// A column-major descriptor (`[1, col_stride]` strides): element `(r, c)` at
 /// `c * col_stride + r`, zero outside the matrix.
 #[test]
 fn a_column_major_descriptor_reads_columns_of_contiguous_rows() {
-    let k = compile(
-        r#"
-#[kernel]
-fn blocks(x: Ptr<f32>, out: Ptr<f32>, rows: i32, cols: i32, stride: i32, r0: i32, c0: i32) {
-    let d = make_tensor_descriptor(x, [rows, cols], [1, stride], [16, 8]);
-    let t = d.load([r0, c0]);
-    store(out + arange(0, 16).expand_dims(1) * 8 + arange(0, 8).expand_dims(0), t);
-}
-"#,
-        &[],
+    check_descriptor_blocks(
+        "[1, stride]",
+        true,
+        &[(0, 0), (8, 16), (3, 5), (12, 20), (13, 0)],
     );
-    let mut rng = Rng(31);
-    let (rows, cols, stride) = (21usize, 13usize, 24usize);
-    let x = rng.f32s(cols * stride);
-    let xb = f32_bytes(&x);
-    for (r0, c0) in [(0, 0), (16, 8), (3, 5), (20, 12), (21, 0)] {
-        let mut ob = f32_bytes(&vec![f32::NAN; 16 * 8]);
-        run(
-            &k,
-            [1, 1, 1],
-            &mut [
-                Arg::Read(&xb),
-                Arg::Write(&mut ob),
-                Arg::Scalar(Scalar::I32(rows as i32)),
-                Arg::Scalar(Scalar::I32(cols as i32)),
-                Arg::Scalar(Scalar::I32(stride as i32)),
-                Arg::Scalar(Scalar::I32(r0 as i32)),
-                Arg::Scalar(Scalar::I32(c0 as i32)),
-            ],
-        )
-        .unwrap();
-        let want: Vec<f32> = (0..16 * 8)
-            .map(|i| {
-                let (r, c) = (r0 + i / 8, c0 + i % 8);
-                if r < rows && c < cols {
-                    x[c * stride + r]
-                } else {
-                    0.0
-                }
-            })
-            .collect();
-        assert_eq!(bytes_f32(&ob), want, "block at ({r0}, {c0})");
-    }
 }

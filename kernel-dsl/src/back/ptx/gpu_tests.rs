@@ -1143,18 +1143,29 @@ fn mmd<const BM: usize, const BN: usize, const BK: usize>(
 #[test]
 fn gpu_dot_tensor_descriptors() {
     let mut r = Rng(67);
-    // (BM, BN, BK, warps, stages, M, N, K)
+    // B as an `[N, K]` weight seen column-major (`[1, k]` strides): one box of N rows of
+    // K a stage, staged K-major for `wgmma`.
+    let nt = MATMUL_DESCRIPTORS.replace("[k, n], [n, 1], [BK, BN]", "[k, n], [1, k], [BK, BN]");
+    // (BM, BN, BK, warps, stages, M, N, K, B column-major)
     let cases = [
-        (128, 256, 64, 8, 4, 300, 520, 200),
-        (128, 128, 64, 8, 3, 256, 256, 128),
-        (64, 128, 64, 4, 3, 100, 200, 40),
-        (128, 128, 64, 4, 3, 130, 136, 136),
-        (64, 64, 32, 4, 3, 72, 80, 96),
-        (128, 128, 64, 8, 3, 136, 136, 36),
+        (128, 256, 64, 8, 4, 300, 520, 200, false),
+        (128, 128, 64, 8, 3, 256, 256, 128, false),
+        (64, 128, 64, 4, 3, 100, 200, 40, false),
+        (128, 128, 64, 4, 3, 130, 136, 136, false),
+        (64, 64, 32, 4, 3, 72, 80, 96, false),
+        (128, 128, 64, 8, 3, 136, 136, 36, false),
+        (128, 128, 64, 8, 4, 200, 136, 200, true),
+        (128, 256, 64, 8, 3, 136, 264, 72, true),
+        (64, 64, 32, 4, 3, 72, 40, 24, true),
     ];
-    for (bm, bn, bk, w, stages, m, n, k) in cases {
+    for (bm, bn, bk, w, stages, m, n, k, b_col_major) in cases {
+        let src = if b_col_major {
+            nt.as_str()
+        } else {
+            MATMUL_DESCRIPTORS
+        };
         let d = crate::testing::def_attr(
-            MATMUL_DESCRIPTORS,
+            src,
             &[("BM", bm), ("BN", bn), ("BK", bk)],
             w,
             false,
@@ -1165,7 +1176,8 @@ fn gpu_dot_tensor_descriptors() {
             v.ptx_sm90a.as_str().contains("cp.async.bulk.tensor"),
             "copy engine at {bm}x{bn}x{bk}"
         );
-        assert!(!v.tma_maps.is_empty());
+        let col_major = v.tma_maps.iter().filter(|m| m.view.col_major).count();
+        assert_eq!(col_major, usize::from(b_col_major));
         assert!(!v.ptx_sm90.as_str().contains("cp.async.bulk.tensor"));
         let data = gemm_args(
             Data::Bf16(r.bf(m * k)),
@@ -1175,43 +1187,6 @@ fn gpu_dot_tensor_descriptors() {
         );
         let grid = tile_grid(m, n, bm, bn);
         diff("dot_tensor_descriptors", d, grid, &data, 1e-4);
-    }
-    // B as an `[N, K]` weight seen column-major (`[1, k]` strides): one box of N rows of
-    // K a stage, staged K-major for `wgmma`.
-    let nt = MATMUL_DESCRIPTORS.replace("[k, n], [n, 1], [BK, BN]", "[k, n], [1, k], [BK, BN]");
-    for (bm, bn, bk, w, stages, m, n, k) in [
-        (128, 128, 64, 8, 4, 200, 136, 200),
-        (128, 256, 64, 8, 3, 136, 264, 72),
-        (64, 64, 32, 4, 3, 72, 40, 24),
-    ] {
-        let d = crate::testing::def_attr(
-            &nt,
-            &[("BM", bm), ("BN", bn), ("BK", bk)],
-            w,
-            false,
-            &format!("num_stages = [{stages}]"),
-        );
-        assert_eq!(
-            d.variants[0]
-                .tma_maps
-                .iter()
-                .filter(|m| m.view.col_major)
-                .count(),
-            1
-        );
-        let data = gemm_args(
-            Data::Bf16(r.bf(m * k)),
-            Data::Bf16(r.bf(k * n)),
-            Data::F32(vec![f32::NAN; m * n]),
-            (m, n, k),
-        );
-        diff(
-            "dot_tensor_descriptors_nt",
-            d,
-            tile_grid(m, n, bm, bn),
-            &data,
-            1e-4,
-        );
     }
 }
 

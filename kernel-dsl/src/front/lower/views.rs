@@ -103,17 +103,14 @@ impl Lower {
         self.descriptors.push(d);
         // Bound as a variable that is not a value (`Var::descriptor`); the value slot
         // holds the base pointer, which nothing reads through this name.
-        self.scopes
-            .last_mut()
-            .expect("lowering always has a scope")
-            .insert(
-                name.to_string(),
-                Var {
-                    value: base,
-                    mutable: false,
-                    descriptor: Some(index),
-                },
-            );
+        self.bind_var(
+            name,
+            Var {
+                value: base,
+                mutable: false,
+                descriptor: Some(index),
+            },
+        );
         Ok(())
     }
 
