@@ -46,8 +46,9 @@ pub struct RingLoad {
 /// box of a map that sees the matrix in more dimensions (`whole`).
 #[derive(Clone, Debug)]
 struct TmaCopy {
-    /// Index of the two-dimensional map among the kernel's (`Emitter::tma_maps`).
-    map: usize,
+    /// The two-dimensional map (a kernel parameter once the ring is emitted:
+    /// `Emitter::tma_map_index`).
+    map: crate::ir::TmaMap,
     /// The block's first row and column.
     origin: [ValueId; 2],
     /// Per box: its byte offset inside the staged operand, and its first row and column
@@ -66,8 +67,8 @@ struct TmaCopy {
 /// two-dimensional boxes for the others.
 #[derive(Clone, Debug)]
 struct Whole {
-    /// Index of the map.
-    map: usize,
+    /// The map.
+    map: crate::ir::TmaMap,
     /// The axis whose edge decides (rows: `true`), and the block's extent along it.
     rows: bool,
     extent: u32,
@@ -764,7 +765,7 @@ impl Emitter<'_> {
             }
             let done = self.new_label("tma_done");
             if let Some(w) = &t.whole {
-                let m = self.tma_maps[w.map];
+                let m = w.map;
                 let total = self.view_dim_reg(if w.rows { m.view.rows } else { m.view.cols });
                 let start = if w.rows { &row } else { &col };
                 let (end, outside) = (self.reg(Rk::R), self.reg(Rk::P));
@@ -784,15 +785,15 @@ impl Emitter<'_> {
                     }
                     coords.push(c);
                 }
-                let wmap = b.maps[&w.map].clone();
+                let wmap = b.maps[&self.tma_map_index(w.map)].clone();
                 elect_or_skip(self, &done);
                 copy(self, m.rank, ld.at, &wmap, &coords);
                 self.ins(format!("bra.uni {done}"));
                 self.label(&boxes);
             }
             elect_or_skip(self, &done);
-            let map = b.maps[&t.map].clone();
-            let first_is_rows = self.tma_maps[t.map].dims[0].rows;
+            let map = b.maps[&self.tma_map_index(t.map)].clone();
+            let first_is_rows = t.map.dims[0].rows;
             for &(off, dr, dc) in &t.boxes {
                 let (y, x) = (self.reg(Rk::R), self.reg(Rk::R));
                 self.ins(format!("add.s32 {y}, {row}, {dr}"));
@@ -805,6 +806,18 @@ impl Emitter<'_> {
         }
         self.label(&skip);
         Ok(())
+    }
+
+    /// The parameter index of tensor map `map` (`super::tma_param_name`), added to the
+    /// kernel's maps on first use.
+    fn tma_map_index(&mut self, map: crate::ir::TmaMap) -> usize {
+        match self.tma_maps.iter().position(|m| *m == map) {
+            Some(i) => i,
+            None => {
+                self.tma_maps.push(map);
+                self.tma_maps.len() - 1
+            }
+        }
     }
 
     /// A register holding a view's size (a 32-bit parameter, or a constant).
@@ -840,7 +853,8 @@ impl Emitter<'_> {
         let mut maps = HashMap::new();
         for ld in &plan.loads {
             let Some(t) = &ld.tma else { continue };
-            for index in std::iter::once(t.map).chain(t.whole.as_ref().map(|w| w.map)) {
+            for m in std::iter::once(t.map).chain(t.whole.as_ref().map(|w| w.map)) {
+                let index = self.tma_map_index(m);
                 if let std::collections::hash_map::Entry::Vacant(e) = maps.entry(index) {
                     let a = self.reg(Rk::D);
                     self.ins(format!("mov.u64 {a}, {}", super::tma_param_name(index)));
@@ -897,21 +911,16 @@ impl Emitter<'_> {
             return None;
         }
         let dim = |rows: bool, step: u32, size: u32| crate::ir::TmaDim { rows, step, size };
-        let add_map = |e: &mut Self, dims: &[crate::ir::TmaDim]| {
+        // Maps become parameters only when a ring that uses them is emitted (the plan
+        // may still be refused).
+        let make_map = |dims: &[crate::ir::TmaDim]| {
             let mut all = [crate::ir::TmaDim::default(); 5];
             all[..dims.len()].copy_from_slice(dims);
-            let map = crate::ir::TmaMap {
+            crate::ir::TmaMap {
                 view: vl.view,
                 rank: dims.len() as u32,
                 dims: all,
                 swizzle_bytes: row_bytes,
-            };
-            match e.tma_maps.iter().position(|m| *m == map) {
-                Some(i) => i,
-                None => {
-                    e.tma_maps.push(map);
-                    e.tma_maps.len() - 1
-                }
             }
         };
         if vl.view.col_major {
@@ -920,9 +929,8 @@ impl Emitter<'_> {
             if st.rows.is_some() || rows * 2 != row_bytes || cols > 256 {
                 return None;
             }
-            let index = add_map(self, &[dim(true, 1, rows), dim(false, 1, cols)]);
             return Some(TmaCopy {
-                map: index,
+                map: make_map(&[dim(true, 1, rows), dim(false, 1, cols)]),
                 origin: vl.origin,
                 bytes: rows * cols * 2,
                 boxes: vec![(0, 0, 0)],
@@ -975,7 +983,7 @@ impl Emitter<'_> {
             }
         };
         let columns = dim(false, 1, box_cols);
-        let index = add_map(self, &[columns, dim(true, 1, box_rows)]);
+        let map = make_map(&[columns, dim(true, 1, box_rows)]);
         // The one-box form needs the block's origin along the split axis to be a
         // multiple of the split (the box starts at a whole step), at most five dims.
         let whole = whole.and_then(|(dims, split_rows, extent)| {
@@ -991,13 +999,13 @@ impl Emitter<'_> {
                 ),
             };
             (dims.len() < 5 && div >= u64::from(step) && total_ok).then(|| Whole {
-                map: add_map(self, &[&[columns][..], &dims].concat()),
+                map: make_map(&[&[columns][..], &dims].concat()),
                 rows: split_rows,
                 extent,
             })
         });
         Some(TmaCopy {
-            map: index,
+            map,
             origin: vl.origin,
             bytes: rows * cols * 2,
             boxes,
