@@ -603,10 +603,8 @@ impl Emitter<'_> {
         for &v in &r.plan.slice.clone() {
             self.emit_let(v)?;
         }
-        let mut committed = false;
         if let Some(b) = r.barriers.clone() {
             self.tma_issue(r, &b, &live, record)?;
-            committed = true;
         }
         for ld in r.plan.loads.clone() {
             if ld.tma.is_some() {
@@ -659,7 +657,7 @@ impl Emitter<'_> {
                 ));
             }
         }
-        if r.plan.loads.iter().any(|l| l.tma.is_none()) || !committed {
+        if r.plan.loads.iter().any(|l| l.tma.is_none()) {
             self.ins("cp.async.commit_group");
         }
         // The carried values one iteration on (all read before any is overwritten).
