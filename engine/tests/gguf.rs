@@ -801,3 +801,57 @@ fn a_q4_k_and_q6_k_qkv_in_one_launch_matches_the_dense_step() {
         }
     }
 }
+
+/// The decode step with a `[gate; up]` of one type (the fixture's `up` replaced by its
+/// Q4_K `gate`, on both sides), where the gate/up GEMV computes `silu(gate) * up` in its
+/// epilogue and quantizes it for the down projection (`gguf::device::glu_epilogue`):
+/// one launch a layer fewer than the quantizer's path, and logits within the tolerance
+/// of `quantized_step_matches_the_dense_step_on_dequantized_weights` of the dense step
+/// over the same weights, on the interpreter and on the GPU (graph replays).
+#[test]
+fn the_silu_product_epilogue_in_the_step_matches_the_dense_step() {
+    use tilefuse_dsl::runtime::testing::gpu_or_skip;
+    use tilefuse_dsl::runtime::Device;
+    use tilefuse_engine::decode::QuantWeights;
+    use tilefuse_engine::Decoder;
+
+    let path = fixture("tiny_qwen3.gguf");
+    let f = GgufFile::open(&path).unwrap();
+    let cfg = f.config().unwrap();
+    let mut mw = f.model_weights(&cfg).unwrap();
+    let mut qw = f.quant_weights(&cfg).unwrap();
+    for (l, q) in mw.layers.iter_mut().zip(&mut qw.layers) {
+        l.up_proj = l.gate_proj.clone();
+        q.up = q.gate.clone();
+        assert_eq!(q.gate.as_ref().map(|m| m.ggml_type()), Some(GgmlType::Q4_K));
+    }
+    assert!(tilefuse_engine::gguf::device::glu_epilogue());
+    let mut devices = vec![Device::cpu()];
+    devices.extend(gpu_or_skip(
+        "the_silu_product_epilogue_in_the_step_matches_the_dense_step",
+    ));
+    for dev in devices {
+        let mut dense = Decoder::with_quant(&cfg, &mw, &QuantWeights::default(), &dev, 16).unwrap();
+        let mut quant = Decoder::with_quant(&cfg, &mw, &qw, &dev, 16).unwrap();
+        // QKV takes two more launches than the dense step (three runs of one type);
+        // gate/up (one run, its normed input quantized inside the GEMV) and down (its
+        // input quantized by gate/up's epilogue) none: the fixture as it is takes four.
+        assert_eq!(
+            quant.kernels_per_step(),
+            dense.kernels_per_step() + 2 * cfg.num_layers,
+            "{dev}"
+        );
+        if dev.is_cuda() {
+            dense.capture().unwrap();
+            quant.capture().unwrap();
+        }
+        let mut token = 5u32;
+        for pos in 0..6 {
+            let want = dense.forward(token, pos).unwrap();
+            let got = quant.forward(token, pos).unwrap();
+            let rel = common::rel_err(&got, &want);
+            assert!(rel < 8e-2, "{dev} position {pos}: logits differ by {rel}");
+            token = quant.read_state().unwrap().0;
+        }
+    }
+}

@@ -759,3 +759,152 @@ fn q4_k_and_q6_k_runs_in_one_launch_match_two() {
         }
     }
 }
+
+/// The gate/up GEMV with the SiLU product in its epilogue (`gemv_glu`, `GLU = 1`) writes
+/// bit for bit what the plain GEMV over `[gate; up]` and then the down projection's
+/// quantizer (`quantize_act` `MODE = 2`) write: `act[..inter] = bf16(bf16(silu(g)) *
+/// u)` (against the host from the plain GEMV's `[g; u]`) and the int8 blocks of it,
+/// with the activation quantized by its own launch (`ACT = 0`) or by the GEMV
+/// (`ACT = 1`), random biases on gate and up rows, every compiled tile. Launched twice
+/// over poisoned and stale buffers (the second launch writes where the first left its
+/// blocks). A type or tile without the epilogue is refused by name.
+#[test]
+fn the_silu_product_epilogue_matches_gemv_then_quantizer() {
+    let mut rng = Rng(0x6175);
+    let mut devices = vec![Device::cpu()];
+    devices.extend(gpu_or_skip(
+        "the_silu_product_epilogue_matches_gemv_then_quantizer",
+    ));
+    for dev in devices {
+        for ty in [GgmlType::Q8_0, GgmlType::Q4_K] {
+            let (inter, k) = if dev.is_cuda() {
+                (3072, 1024)
+            } else {
+                (64, 512)
+            };
+            let c = case(&mut rng, ty, 2 * inter, k);
+            let m = DeviceQuantMatrix::upload(&dev, &c.packed).unwrap();
+            let a = dev.upload(&c.a).unwrap();
+            let bias = dev.upload(&c.bias).unwrap();
+            let norm_w = dev.upload(&c.norm_w).unwrap();
+            let norm = QuantVariant::Norm {
+                norm_w: &norm_w,
+                eps: EPS,
+            };
+            let mut configs = vec![(64, 512, 4), (64, 512, 8)];
+            if dev.is_cuda() {
+                configs.extend([(64, 1024, 4), (64, 1024, 8)]);
+            }
+            for (block_n, block_k, num_warps) in configs {
+                let cfg = QuantGemvConfig {
+                    block_n,
+                    block_k,
+                    num_warps,
+                };
+                for fused in [false, true] {
+                    assert!(cfg.glu_compiled(m.kernel(), fused), "{cfg:?}");
+                    let what = format!(
+                        "{ty} [gate; up] {}x{k} {cfg:?} fused={fused} on {dev}",
+                        2 * inter
+                    );
+                    // The two-launch path: `[g; u]`, then the quantizer's MODE 2.
+                    let mut spare = QuantSpare::new(&dev, k.max(inter)).unwrap();
+                    let mut gu = dev.alloc_filled(2 * inter, bf16::NAN).unwrap();
+                    if fused {
+                        let out = QuantOut::Rows {
+                            y: &mut gu,
+                            row0: 0,
+                            bias: &bias,
+                        };
+                        m.gemv_norm_fused(&dev, cfg, &a, &norm_w, EPS, out, &mut spare, false)
+                    } else {
+                        m.gemv(
+                            &dev,
+                            cfg,
+                            &a,
+                            Some((&norm_w, EPS)),
+                            &bias,
+                            &mut gu,
+                            false,
+                            &mut spare,
+                        )
+                    }
+                    .unwrap_or_else(|e| panic!("{what}: gemv: {e}"));
+                    let gu = gu.to_vec().unwrap();
+                    let gu_dev = dev.upload(&gu).unwrap();
+                    let variant = QuantVariant::SiluMulResidual;
+                    spare
+                        .quantize(&dev, variant, &gu_dev, inter, false, false)
+                        .unwrap();
+                    let (xq, xd) = spare.activation();
+                    let (want_q, want_d) = (xq.to_vec().unwrap(), xd.to_vec().unwrap());
+                    let want_h: Vec<bf16> = (0..inter)
+                        .map(|j| bf16::from_f32(silu_mul_f32(gu[j], gu[inter + j])))
+                        .collect();
+
+                    let mut spare = QuantSpare::new(&dev, k.max(inter)).unwrap();
+                    for round in 0..2 {
+                        let mut act = dev.alloc_filled(2 * inter, bf16::NAN).unwrap();
+                        // The input quantized (ACT = 0); with the norm in the GEMV, the
+                        // same launch leaves stale words where the epilogue writes next.
+                        spare.quantize(&dev, norm, &a, k, false, false).unwrap();
+                        let input = fused.then_some((&a, &norm_w, EPS));
+                        m.gemv_glu(&dev, cfg, input, &bias, &mut act, &mut spare, false)
+                            .unwrap_or_else(|e| panic!("{what}: round {round}: {e}"));
+                        let act = act.to_vec().unwrap();
+                        for j in 0..inter {
+                            assert_eq!(
+                                act[j].to_bits(),
+                                want_h[j].to_bits(),
+                                "{what}: round {round}: h[{j}] = {} for g {} u {}",
+                                act[j],
+                                gu[j],
+                                gu[inter + j]
+                            );
+                        }
+                        let (xq, xd) = spare.activation();
+                        let (got_q, got_d) = (xq.to_vec().unwrap(), xd.to_vec().unwrap());
+                        assert_eq!(
+                            &got_q[..inter / 4],
+                            &want_q[..inter / 4],
+                            "{what}: round {round}: words"
+                        );
+                        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(
+                            bits(&got_d[..inter / 32]),
+                            bits(&want_d[..inter / 32]),
+                            "{what}: round {round}: block scales"
+                        );
+                    }
+                }
+            }
+            // A configuration without the epilogue is refused by name.
+            let mut spare = QuantSpare::new(&dev, k.max(inter)).unwrap();
+            let mut act = dev.zeros(2 * inter).unwrap();
+            let cfg = QuantGemvConfig {
+                block_n: 16,
+                block_k: 512,
+                num_warps: 4,
+            };
+            let msg = m
+                .gemv_glu(&dev, cfg, None, &bias, &mut act, &mut spare, false)
+                .unwrap_err()
+                .to_string();
+            assert!(msg.contains("16,512,4"), "{msg}");
+        }
+        // Q6_K has no epilogue compiled (Q4_K_M's gate/up is Q4_K).
+        let (inter, k) = (64, 512);
+        let c = case(&mut rng, GgmlType::Q6_K, 2 * inter, k);
+        let m = DeviceQuantMatrix::upload(&dev, &c.packed).unwrap();
+        let bias = dev.upload(&c.bias).unwrap();
+        let mut spare = QuantSpare::new(&dev, k.max(inter)).unwrap();
+        let mut act = dev.zeros(2 * inter).unwrap();
+        let cfg = QuantGemvConfig::for_glu(false);
+        assert!(!cfg.glu_compiled(m.kernel(), false));
+        let msg = m
+            .gemv_glu(&dev, cfg, None, &bias, &mut act, &mut spare, false)
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("Q6_K"), "{msg}");
+    }
+}

@@ -384,16 +384,27 @@ impl Decoder {
                     l.o_w.launches(false) - usize::from(step::combine_quantizes(&self.plan, &l.o_w))
                 })
                 .sum(),
-            // A quantized gate/up before a dense down is followed by `silu_mul_in_place`.
+            // A quantized gate/up before a dense down is followed by `silu_mul_in_place`,
+            // unless its epilogue computes the product.
             Block::GateUp => self
                 .layers
                 .iter()
                 .map(|l| {
-                    let silu = l.gate_up_w.dense().is_none() && l.down_w.dense().is_some();
+                    let silu = l.gate_up_w.dense().is_none()
+                        && l.down_w.dense().is_some()
+                        && !step::gate_up_glu(&l.gate_up_w);
                     l.gate_up_w.launches(true) + usize::from(silu)
                 })
                 .sum(),
-            Block::Down => self.layers.iter().map(|l| l.down_w.launches(false)).sum(),
+            // A gate/up epilogue that quantizes the product leaves down its GEMVs only.
+            Block::Down => self
+                .layers
+                .iter()
+                .map(|l| {
+                    let glu = step::gate_up_glu(&l.gate_up_w) && l.down_w.dense().is_none();
+                    l.down_w.launches(false) - usize::from(glu)
+                })
+                .sum(),
             _ => self.cfg.num_layers,
         }
     }
