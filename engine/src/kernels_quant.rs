@@ -25,7 +25,7 @@
 //! - `MODE = 3`: the LM head's final norm, `x = bf16(g * bf16(a * inv_rms))` as
 //!   [`lm_head_argmax`](crate::kernels::lm_head_argmax) rounds it.
 //!
-//! **GEMVs.** Each type has one kernel with five variants:
+//! **GEMVs.** Each type has one kernel with four variants:
 //!
 //! - `RESIDUAL = 0, HEAD = 0`: `y = bf16(W · x + bias)`;
 //! - `ACT = 1`: the same over `x` = RMSNorm of the bf16 `a` (weights `norm_w`), with no
@@ -38,12 +38,6 @@
 //!   quantized GEMV");
 //! - `RESIDUAL = 1`: `y = bf16(y + bf16(W · x + bias))`, as
 //!   [`gemv_residual`](crate::kernels::gemv_residual);
-//! - `GLU = 1` (`BLOCK_N = 64`, Q8_0 and Q4_K): the MLP's gate/up projection over
-//!   `[gate; up]` (`2 n` rows): each program takes 32 gate rows and their up rows, and
-//!   stores `h = bf16(bf16(silu(g)) * u)` (`g`, `u` rounded as the plain variant stores
-//!   them) in `y[..n]` instead of `[g; u]`, and those 32 values, one int8 activation
-//!   block, in `hq`, `hd` for the down projection, which then launches no quantizer.
-//!   Bit for bit what `quantize_act` `MODE = 2` writes from `[g; u]`;
 //! - `HEAD = 1`: the LM head: the bf16 logits `bf16(W · x)` stored as f32 in `logits`,
 //!   and each program's greedy candidate (its largest logit, the first on ties) in
 //!   `part_val`/`part_idx[program_id]`, for
@@ -294,45 +288,6 @@ fn store_rows<const RESIDUAL: usize, const HEAD: usize>(
     }
 }
 
-/// A program's rows of the weights: `BLOCK_N` consecutive ones, or with `GLU = 1` the
-/// `BLOCK_N / 2` gate rows `r` followed by their up rows `up + r` (`[gate; up]` stacked,
-/// `up` gate rows). With `up = 0` the gate rows twice, which bound the program's rows.
-#[tile_fn(crate = tilefuse_dsl)]
-fn tile_rows<const BLOCK_N: usize, const GLU: usize>(up: i32) -> Tile<i32> {
-    let j = arange(0, BLOCK_N);
-    let mut rows = program_id(0) * BLOCK_N + j;
-    if GLU == 1 {
-        rows = program_id(0) * (BLOCK_N / 2) + j % (BLOCK_N / 2) + (j / (BLOCK_N / 2)) * up;
-    }
-    rows
-}
-
-/// The `GLU = 1` epilogue (`BLOCK_N = 64`): `h = bf16(bf16(silu(g)) * u)` of the
-/// program's 32 gate and 32 up row sums (`sums`, [`tile_rows`]' order, bias `b` added
-/// and rounded to bf16 first, as the plain GEMV stores them) into `y[r]` for its gate
-/// rows `r < n`, and those 32 values, one activation block, quantized for the down
-/// projection as [`quantize_act`] `MODE = 2` would (`hq`, `hd`).
-#[tile_fn(crate = tilefuse_dsl)]
-fn store_glu(y: Ptr<bf16>, hq: Ptr<i32>, hd: Ptr<f32>, n: i32, sums: Tile<f32>, b: Tile<f32>) {
-    let proj = ((sums + b) as bf16 as f32).reshape([2, 32]);
-    let half = arange(0, 2).expand_dims(1);
-    let g = select(half == 0, proj, 0.0).sum(0);
-    let u = select(half == 1, proj, 0.0).sum(0);
-    let h = ((g / (1.0 + exp(-g))) as bf16 as f32 * u) as bf16;
-    let blk = program_id(0);
-    let r = blk * 32 + arange(0, 32);
-    store(y + r, h, r < n);
-    // `[blocks, halves, words, bytes]`: the one block in element order.
-    let blks = blk + arange(0, 1);
-    store_blocks(
-        (h as f32).reshape([1, 2, 4, 4]),
-        blks,
-        blks * 32 < n,
-        hq,
-        hd,
-    );
-}
-
 /// One tile's Q8_0 sums per row and block (`[n, blocks]`): `qt: [n, blocks, 8]` words,
 /// `dd: [n, blocks]` scales, against activation blocks `blk` (valid where `blk_ok`).
 #[tile_fn(crate = tilefuse_dsl)]
@@ -372,23 +327,13 @@ fn q8_0_tile<const ACT: usize>(
 /// [`quantize_act`]; the residual and LM-head variants as in the module docs.
 #[kernel(
     crate = tilefuse_dsl,
-    BLOCK_N = [1, 2, 4, 8, 16, 32, 64],
+    BLOCK_N = [1, 2, 4, 8, 16, 32],
     BLOCK_K = [256, 512, 1024, 2048],
     num_warps = [4, 8],
     RESIDUAL = [0, 1],
     HEAD = [0, 1],
     ACT = [0, 1],
-    GLU = [0, 1],
     skip(HEAD = 1, RESIDUAL = 1),
-    // The SiLU-product epilogue is the gate/up projection's: 32 gate rows and their up
-    // rows a program, one whole activation block of the product.
-    skip(GLU = 1, HEAD = 1),
-    skip(GLU = 1, RESIDUAL = 1),
-    skip(GLU = 1, BLOCK_N = [1, 2, 4, 8, 16, 32]),
-    // 64 rows otherwise only plain (the epilogue's tests compare against it).
-    skip(BLOCK_N = 64, RESIDUAL = 1),
-    skip(BLOCK_N = 64, HEAD = 1),
-    skip(BLOCK_N = 64, BLOCK_K = [256, 2048]),
     // The norm prologue is for the QKV and gate/up projections (no residual, no head).
     skip(ACT = 1, HEAD = 1),
     skip(ACT = 1, RESIDUAL = 1),
@@ -403,7 +348,6 @@ pub fn q8_0_gemv<
     const RESIDUAL: usize,
     const HEAD: usize,
     const ACT: usize,
-    const GLU: usize,
 >(
     q: Ptr<u32>,
     d: Ptr<f16>,
@@ -416,16 +360,14 @@ pub fn q8_0_gemv<
     logits: Ptr<f32>,
     part_val: Ptr<f32>,
     part_idx: Ptr<i32>,
-    hq: Ptr<i32>,
-    hd: Ptr<f32>,
     n: i32,
     row0: i32,
     #[multiple_of(8)] k_words: i32,
     eps: f32,
 ) {
     let blocks = k_words / 8;
-    let rows = tile_rows::<BLOCK_N, GLU>(n);
-    let row_ok = tile_rows::<BLOCK_N, GLU>(0) < n;
+    let rows = program_id(0) * BLOCK_N + arange(0, BLOCK_N);
+    let row_ok = rows < n;
     let grp = arange(0, BLOCK_K / 32);
     let w = arange(0, 8);
     let q_rows = (rows * k_words).expand_dims(1).expand_dims(2);
@@ -465,21 +407,17 @@ pub fn q8_0_gemv<
         let dt = load(d + d_rows + blk.expand_dims(0), ok, 0.0);
         acc += q8_0_tile::<ACT>(qt, dt, xq, xd, a, norm_w, blk, blk_ok, w);
     }
-    if GLU == 1 {
-        store_glu(y, hq, hd, n, acc.sum(1) * inv_rms, b);
-    } else {
-        store_rows::<RESIDUAL, HEAD>(
-            y,
-            logits,
-            part_val,
-            part_idx,
-            row0 + rows,
-            row_ok,
-            acc.sum(1) * inv_rms,
-            b,
-            old,
-        );
-    }
+    store_rows::<RESIDUAL, HEAD>(
+        y,
+        logits,
+        part_val,
+        part_idx,
+        row0 + rows,
+        row_ok,
+        acc.sum(1) * inv_rms,
+        b,
+        old,
+    );
 }
 
 /// One tile's Q4_K sums per row and block (`[n, blocks]`): `qt: [n, blocks, 4]` nibble
@@ -696,23 +634,13 @@ fn q4_k_row_sums_prefetch<const BLOCK_K: usize, const ACT: usize>(
 /// LM-head variants as in the module docs.
 #[kernel(
     crate = tilefuse_dsl,
-    BLOCK_N = [1, 2, 4, 8, 16, 32, 64],
+    BLOCK_N = [1, 2, 4, 8, 16, 32],
     BLOCK_K = [256, 512, 1024, 2048],
     num_warps = [4, 8],
     RESIDUAL = [0, 1],
     HEAD = [0, 1],
     ACT = [0, 1],
-    GLU = [0, 1],
     skip(HEAD = 1, RESIDUAL = 1),
-    // The SiLU-product epilogue is the gate/up projection's: 32 gate rows and their up
-    // rows a program, one whole activation block of the product.
-    skip(GLU = 1, HEAD = 1),
-    skip(GLU = 1, RESIDUAL = 1),
-    skip(GLU = 1, BLOCK_N = [1, 2, 4, 8, 16, 32]),
-    // 64 rows otherwise only plain (the epilogue's tests compare against it).
-    skip(BLOCK_N = 64, RESIDUAL = 1),
-    skip(BLOCK_N = 64, HEAD = 1),
-    skip(BLOCK_N = 64, BLOCK_K = [256, 2048]),
     // The norm prologue is for the QKV and gate/up projections (no residual, no head).
     skip(ACT = 1, HEAD = 1),
     skip(ACT = 1, RESIDUAL = 1),
@@ -727,7 +655,6 @@ pub fn q4_k_gemv<
     const RESIDUAL: usize,
     const HEAD: usize,
     const ACT: usize,
-    const GLU: usize,
 >(
     q: Ptr<u32>,
     scales: Ptr<u8>,
@@ -743,16 +670,14 @@ pub fn q4_k_gemv<
     logits: Ptr<f32>,
     part_val: Ptr<f32>,
     part_idx: Ptr<i32>,
-    hq: Ptr<i32>,
-    hd: Ptr<f32>,
     n: i32,
     row0: i32,
     #[multiple_of(32)] k_words: i32,
     eps: f32,
 ) {
     let blocks = k_words / 4;
-    let rows = tile_rows::<BLOCK_N, GLU>(n);
-    let row_ok = tile_rows::<BLOCK_N, GLU>(0) < n;
+    let rows = program_id(0) * BLOCK_N + arange(0, BLOCK_N);
+    let row_ok = rows < n;
     let grp = arange(0, BLOCK_K / 32);
     let w = arange(0, 4);
     let q_rows = (rows * k_words).expand_dims(1).expand_dims(2);
@@ -795,21 +720,17 @@ pub fn q4_k_gemv<
             norm_w, q_rows, s_rows, d_rows, words, ok2, blocks, grp, w,
         );
     }
-    if GLU == 1 {
-        store_glu(y, hq, hd, n, sums * inv_rms, b);
-    } else {
-        store_rows::<RESIDUAL, HEAD>(
-            y,
-            logits,
-            part_val,
-            part_idx,
-            row0 + rows,
-            row_ok,
-            sums * inv_rms,
-            b,
-            old,
-        );
-    }
+    store_rows::<RESIDUAL, HEAD>(
+        y,
+        logits,
+        part_val,
+        part_idx,
+        row0 + rows,
+        row_ok,
+        sums * inv_rms,
+        b,
+        old,
+    );
 }
 
 /// One tile's Q6_K sums per row, block and word pair (`[n, blocks, 2]`): `lt: [n,
@@ -1057,8 +978,6 @@ fn q6_k_row_sums_prefetch<const BLOCK_K: usize, const ACT: usize>(
     RESIDUAL = [0, 1],
     HEAD = [0, 1],
     ACT = [0, 1],
-    // No SiLU-product epilogue (Q4_K_M's gate/up is Q4_K).
-    GLU = [0],
     skip(HEAD = 1, RESIDUAL = 1),
     // The norm prologue is for the QKV and gate/up projections (no residual, no head).
     skip(ACT = 1, HEAD = 1),
@@ -1074,7 +993,6 @@ pub fn q6_k_gemv<
     const RESIDUAL: usize,
     const HEAD: usize,
     const ACT: usize,
-    const GLU: usize,
 >(
     ql: Ptr<u32>,
     qh: Ptr<u32>,
@@ -1089,16 +1007,14 @@ pub fn q6_k_gemv<
     logits: Ptr<f32>,
     part_val: Ptr<f32>,
     part_idx: Ptr<i32>,
-    hq: Ptr<i32>,
-    hd: Ptr<f32>,
     n: i32,
     row0: i32,
     #[multiple_of(32)] k_words: i32,
     eps: f32,
 ) {
     let blocks = k_words / 4;
-    let rows = tile_rows::<BLOCK_N, GLU>(n);
-    let row_ok = tile_rows::<BLOCK_N, GLU>(0) < n;
+    let rows = program_id(0) * BLOCK_N + arange(0, BLOCK_N);
+    let row_ok = rows < n;
     let grp = arange(0, BLOCK_K / 32);
     let p = arange(0, 2);
     let i = arange(0, 2);
@@ -1150,21 +1066,17 @@ pub fn q6_k_gemv<
             l_rows, h_rows, s_rows, d_rows, l_words, h_words, ok2, blocks, grp, p, i,
         );
     }
-    if GLU == 1 {
-        store_glu(y, hq, hd, n, sums * inv_rms, b);
-    } else {
-        store_rows::<RESIDUAL, HEAD>(
-            y,
-            logits,
-            part_val,
-            part_idx,
-            row0 + rows,
-            row_ok,
-            sums * inv_rms,
-            b,
-            old,
-        );
-    }
+    store_rows::<RESIDUAL, HEAD>(
+        y,
+        logits,
+        part_val,
+        part_idx,
+        row0 + rows,
+        row_ok,
+        sums * inv_rms,
+        b,
+        old,
+    );
 }
 
 /// A Q4_K run of rows and the Q6_K run after it (`[q; k]` and a Q6_K `v`, Q4_K_M's

@@ -84,9 +84,6 @@ pub(crate) struct QuantMatrix {
     /// Whether a Q4_K run followed by a Q6_K run may launch as one
     /// ([`crate::gguf::device::merges_runs`], decided at upload for the same reason).
     merge_allowed: bool,
-    /// Whether a gate/up GEMV over it may take the SiLU-product epilogue
-    /// ([`crate::gguf::device::glu_epilogue`], decided at upload for the same reason).
-    glu_allowed: bool,
 }
 
 impl QuantMatrix {
@@ -129,7 +126,6 @@ impl QuantMatrix {
             head,
             fuses_norm,
             merge_allowed: !head && crate::gguf::device::merges_runs(),
-            glu_allowed: !head && crate::gguf::device::glu_epilogue(),
         })
     }
 
@@ -214,53 +210,6 @@ impl QuantMatrix {
             }
             _ => false,
         }
-    }
-
-    /// Whether the normed `[gate; up]` GEMV over this matrix computes the SiLU product
-    /// in its epilogue ([`QuantMatrix::gemv_glu`]): one run of rows, a multiple of 64 of
-    /// them, at a configuration with the epilogue compiled.
-    pub(crate) fn glu(&self) -> bool {
-        match self.parts.as_slice() {
-            [p] if self.glu_allowed => {
-                let cfg = QuantGemvConfig::for_glu(self.fuses_norm);
-                p.m.rows % 64 == 0 && cfg.glu_compiled(p.m.kernel(), self.fuses_norm)
-            }
-            _ => false,
-        }
-    }
-
-    /// The MLP's normed `[gate; up]` GEMV with the SiLU product in its epilogue
-    /// ([`DeviceQuantMatrix::gemv_glu`]; only where [`QuantMatrix::glu`]): `act[..inter]
-    /// = bf16(bf16(silu(g)) * u)`, and that product quantized in `spare` as the down
-    /// projection's input. The activation is quantized first unless the GEMV quantizes
-    /// its normed input itself.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn gemv_glu(
-        &self,
-        dev: &Device,
-        launch: LaunchConfig,
-        a: &Buffer<bf16>,
-        norm_w: &Buffer<bf16>,
-        eps: f32,
-        act: &mut Buffer<bf16>,
-        bias: &Buffer<bf16>,
-        spare: &mut QuantSpare,
-    ) -> Result<()> {
-        let [p] = self.parts.as_slice() else {
-            return Err(EngineError::Option {
-                message: "the SiLU-product epilogue needs a gate/up matrix of one type".into(),
-            });
-        };
-        let cfg = QuantGemvConfig::for_glu(self.fuses_norm);
-        if self.fuses_norm {
-            let norm = Some((a, norm_w, eps));
-            return p
-                .m
-                .gemv_glu(dev, cfg, norm, bias, act, spare, launch.serialized);
-        }
-        let variant = QuantVariant::Norm { norm_w, eps };
-        spare.quantize(dev, variant, a, p.m.cols, false, launch.serialized)?;
-        p.m.gemv_glu(dev, cfg, None, bias, act, spare, false)
     }
 
     /// Whether a normed GEMV over this matrix quantizes its input inside the GEMV

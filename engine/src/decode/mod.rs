@@ -384,27 +384,16 @@ impl Decoder {
                     l.o_w.launches(false) - usize::from(step::combine_quantizes(&self.plan, &l.o_w))
                 })
                 .sum(),
-            // A quantized gate/up before a dense down is followed by `silu_mul_in_place`,
-            // unless its epilogue computes the product.
+            // A quantized gate/up before a dense down is followed by `silu_mul_in_place`.
             Block::GateUp => self
                 .layers
                 .iter()
                 .map(|l| {
-                    let silu = l.gate_up_w.dense().is_none()
-                        && l.down_w.dense().is_some()
-                        && !step::gate_up_glu(&l.gate_up_w);
+                    let silu = l.gate_up_w.dense().is_none() && l.down_w.dense().is_some();
                     l.gate_up_w.launches(true) + usize::from(silu)
                 })
                 .sum(),
-            // A gate/up epilogue that quantizes the product leaves down its GEMVs only.
-            Block::Down => self
-                .layers
-                .iter()
-                .map(|l| {
-                    let glu = step::gate_up_glu(&l.gate_up_w) && l.down_w.dense().is_none();
-                    l.down_w.launches(false) - usize::from(glu)
-                })
-                .sum(),
+            Block::Down => self.layers.iter().map(|l| l.down_w.launches(false)).sum(),
             _ => self.cfg.num_layers,
         }
     }

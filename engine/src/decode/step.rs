@@ -132,13 +132,6 @@ pub(super) fn combine_quantizes(plan: &LaunchPlan, o_w: &Matrix) -> bool {
             .is_ok()
 }
 
-/// Whether the quantized gate/up GEMV `gate_up_w` computes `silu(gate) * up` in its
-/// epilogue ([`crate::decode::matrix::QuantMatrix::glu`]): no `silu_mul_in_place`
-/// before a dense down projection, and a quantized one launches only its GEMVs.
-pub(super) fn gate_up_glu(gate_up_w: &Matrix) -> bool {
-    matches!(gate_up_w, Matrix::Quant(q) if q.glu())
-}
-
 fn quant_combine_consts(plan: &LaunchPlan) -> AttentionCombineQuantConsts {
     let c = plan.combine.consts;
     AttentionCombineQuantConsts {
@@ -377,20 +370,6 @@ impl<W: FnMut(Block) -> bool> Step<'_, W> {
             let s = &mut *self.s;
             let eps = c.rms_norm_eps as f32;
             match &l.gate_up_w {
-                // `silu(gate) * up` into `act`, and quantized for the down projection.
-                Matrix::Quant(q) if q.glu() => {
-                    let (norm_w, act) = (&l.post_norm, &mut s.act);
-                    q.gemv_glu(
-                        self.dev,
-                        cfg,
-                        &s.x,
-                        norm_w,
-                        eps,
-                        act,
-                        &s.zeros,
-                        &mut s.spare,
-                    )?;
-                }
                 // `[gate; up]` into `act`; the down projection's activation quantizer
                 // takes `silu(gate) * up`.
                 Matrix::Quant(q) => {
@@ -423,11 +402,6 @@ impl<W: FnMut(Block) -> bool> Step<'_, W> {
         let w = match &l.down_w {
             Matrix::Dense(w) => w,
             Matrix::Quant(q) => {
-                // The gate/up epilogue left the product quantized in `spare`.
-                if gate_up_glu(&l.gate_up_w) {
-                    let res = QuantVariant::Residual;
-                    return q.gemv_quantized_input(self.dev, res, &mut s.x, &s.zeros, &mut s.spare);
-                }
                 // After a quantized gate/up, `act` is `[gate; up]`: the quantizer takes
                 // `silu(gate) * up`.
                 let res = match l.gate_up_w {

@@ -33,15 +33,6 @@ pub fn merges_runs() -> bool {
     std::env::var("TILEFUSE_QUANT_MERGE_RUNS").ok().as_deref() != Some("0")
 }
 
-/// Whether the decode step's quantized gate/up GEMV computes the SiLU product in its
-/// epilogue and quantizes it for the down projection
-/// ([`DeviceQuantMatrix::gemv_glu`]) where its configuration allows, instead of leaving
-/// `[gate; up]` to the down projection's quantizer (docs/perf.md, "The SiLU product in
-/// the gate/up GEMV"). The environment's `TILEFUSE_QUANT_GLU=0` turns it off.
-pub fn glu_epilogue() -> bool {
-    std::env::var("TILEFUSE_QUANT_GLU").ok().as_deref() != Some("0")
-}
-
 /// The longest rows whose norm [`fuses_norm`] moves into the GEMV by default.
 pub const FUSED_NORM_MAX_COLS: usize = 2048;
 
@@ -214,38 +205,6 @@ impl QuantGemvConfig {
         Q4_K_Q6_K_GEMV
             .variant(&consts, Some(self.num_warps))
             .is_ok()
-    }
-
-    /// The configuration of a gate/up GEMV with the SiLU product in its epilogue
-    /// ([`DeviceQuantMatrix::gemv_glu`]): 64 rows, 32 gate rows and their up rows, so
-    /// that a program holds one whole 32-value block of the product and quantizes it
-    /// alone. `TILEFUSE_QUANT_GLU_TILE=64,k,warps` overrides the default for
-    /// comparisons.
-    pub fn for_glu(norm_fused: bool) -> QuantGemvConfig {
-        let base = QuantGemvConfig {
-            block_n: 64,
-            block_k: 512,
-            num_warps: if norm_fused { 8 } else { 4 },
-        };
-        std::env::var("TILEFUSE_QUANT_GLU_TILE")
-            .ok()
-            .and_then(|v| Self::parse(&v))
-            .unwrap_or(base)
-    }
-
-    /// Whether `kernel` (a type's GEMV) is compiled with the SiLU-product epilogue
-    /// (`GLU = 1`) at this configuration, over an activation quantized before it or
-    /// (`norm_fused`) quantized inside.
-    pub fn glu_compiled(&self, kernel: &KernelDef, norm_fused: bool) -> bool {
-        let consts = [
-            self.block_n as i64,
-            self.block_k as i64,
-            0,
-            0,
-            i64::from(norm_fused),
-            1,
-        ];
-        kernel.variant(&consts, Some(self.num_warps)).is_ok()
     }
 
     /// An error unless this configuration is compiled (for an LM head: and its
@@ -478,14 +437,6 @@ impl DeviceQuantMatrix {
         }
     }
 
-    /// The packed quant words (Q6_K: the low nibbles), the bulk of the matrix's bytes.
-    pub fn words(&self) -> &Buffer<u32> {
-        match &self.buffers {
-            QuantBuffers::Q8_0 { q, .. } | QuantBuffers::Q4K { q, .. } => q,
-            QuantBuffers::Q6K { ql, .. } => ql,
-        }
-    }
-
     /// The kernel that reads this matrix.
     pub fn kernel(&self) -> &'static KernelDef {
         match self.buffers {
@@ -582,7 +533,7 @@ impl DeviceQuantMatrix {
         spare: &mut QuantSpare,
         serialized: bool,
     ) -> Result<()> {
-        self.launch_kernel(dev, cfg, residual, None, out, spare, serialized, false)
+        self.launch_kernel(dev, cfg, residual, None, out, spare, serialized)
     }
 
     /// `y = bf16(W · rmsnorm(a) + bias)` in one launch: each program quantizes the
@@ -624,60 +575,11 @@ impl DeviceQuantMatrix {
             out,
             spare,
             serialized,
-            false,
         )
     }
 
-    /// The MLP's gate/up projection with the SiLU product in its epilogue (`GLU = 1` in
-    /// [`crate::kernels_quant`]): over `[gate; up]` (this matrix, `2 * inter` rows),
-    /// writes `act[..inter] = bf16(bf16(silu(g)) * u)` and that product quantized as the
-    /// down projection's input, which [`QuantSpare`] then holds as its activation (the
-    /// next [`DeviceQuantMatrix::launch_quantized`] reads it; no quantizer launch). The
-    /// input is the activation in `spare`, or with `norm = Some((a, norm_w, eps))`
-    /// RMSNorm of `a`, quantized in the kernel ([`DeviceQuantMatrix::gemv_norm_fused`]).
-    /// `inter` must be a multiple of 32 and `cfg` compiled with the epilogue
-    /// ([`QuantGemvConfig::glu_compiled`]).
-    #[allow(clippy::too_many_arguments)]
-    pub fn gemv_glu(
-        &self,
-        dev: &Device,
-        cfg: QuantGemvConfig,
-        norm: Option<(&Buffer<bf16>, &Buffer<bf16>, f32)>,
-        bias: &Buffer<bf16>,
-        act: &mut Buffer<bf16>,
-        spare: &mut QuantSpare,
-        serialized: bool,
-    ) -> Result<()> {
-        let inter = self.rows / 2;
-        let compiled = cfg.glu_compiled(self.kernel(), norm.is_some());
-        if self.rows % 64 != 0 || !compiled || act.len() < inter {
-            return Err(crate::error::EngineError::Option {
-                message: format!(
-                    "a {} gate/up GEMV with the SiLU product over {} rows (needs a multiple of 64) \
-                     into {} values, configuration {},{},{} (needs one compiled with the epilogue: \
-                     64 rows of 512- or 1024-column tiles, Q4_K or Q8_0)",
-                    self.ggml_type(),
-                    self.rows,
-                    act.len(),
-                    cfg.block_n,
-                    cfg.block_k,
-                    cfg.num_warps
-                ),
-            });
-        }
-        let out = QuantOut::Rows {
-            y: act,
-            row0: 0,
-            bias,
-        };
-        self.launch_kernel(dev, cfg, false, norm, out, spare, serialized, true)?;
-        spare.take_glu_output();
-        Ok(())
-    }
-
     /// The GEMV kernel over the activation in `spare`, or with `norm = Some((a, norm_w,
-    /// eps))` over RMSNorm of `a`, quantized in the kernel; with `glu`, the SiLU-product
-    /// epilogue ([`DeviceQuantMatrix::gemv_glu`]).
+    /// eps))` over RMSNorm of `a`, quantized in the kernel.
     #[allow(clippy::too_many_arguments)]
     fn launch_kernel(
         &self,
@@ -688,7 +590,6 @@ impl DeviceQuantMatrix {
         out: QuantOut<'_>,
         spare: &mut QuantSpare,
         serialized: bool,
-        glu: bool,
     ) -> Result<()> {
         let head = matches!(out, QuantOut::Head { .. });
         if self.cols > spare.cols {
@@ -699,14 +600,7 @@ impl DeviceQuantMatrix {
                 ),
             });
         }
-        // With the SiLU product a program takes `block_n / 2` gate rows and their up rows.
-        let (n, grid) = if glu {
-            let inter = self.rows / 2;
-            (inter, inter.div_ceil(cfg.block_n / 2) as u32)
-        } else {
-            (self.rows, cfg.grid(self.rows))
-        };
-        let mut launch = LaunchConfig::from(grid).num_warps(cfg.num_warps);
+        let mut launch = LaunchConfig::from(cfg.grid(self.rows)).num_warps(cfg.num_warps);
         if serialized {
             launch = launch.serialized();
         }
@@ -716,9 +610,8 @@ impl DeviceQuantMatrix {
             i64::from(residual && !head),
             i64::from(head),
             i64::from(norm.is_some()),
-            i64::from(glu),
         ];
-        let n = n as i32;
+        let n = self.rows as i32;
         let k = self.cols as i32;
         let mut args: Vec<KernelArg<'_>> = match &self.buffers {
             QuantBuffers::Q8_0 { q, d } => vec![q.into(), d.into()],
@@ -767,7 +660,6 @@ impl DeviceQuantMatrix {
                 0
             }
         };
-        args.extend([(&mut spare.hq).into(), (&mut spare.hd).into()]);
         args.extend([n.into(), row0.into(), k_words.into(), eps.into()]);
         self.kernel().launch_dyn(dev, launch, &consts, &mut args)?;
         Ok(())
@@ -939,10 +831,6 @@ pub struct QuantSpare {
     part_idx: Buffer<i32>,
     y: Buffer<bf16>,
     bias: Buffer<bf16>,
-    /// The activation a gate/up GEMV with the SiLU product writes for the down
-    /// projection (`[cols / 4]`, `[cols / 32]`), swapped with `xq`, `xd` after it.
-    hq: Buffer<i32>,
-    hd: Buffer<f32>,
 }
 
 impl QuantSpare {
@@ -959,16 +847,7 @@ impl QuantSpare {
             part_idx: dev.zeros(1)?,
             y: dev.zeros(1)?,
             bias: dev.zeros(1)?,
-            hq: dev.zeros(cols / 4)?,
-            hd: dev.zeros(cols / 32)?,
         })
-    }
-
-    /// After a GEMV with the SiLU product ([`DeviceQuantMatrix::gemv_glu`]): the
-    /// activation it wrote becomes the one the next GEMV reads.
-    fn take_glu_output(&mut self) {
-        std::mem::swap(&mut self.xq, &mut self.hq);
-        std::mem::swap(&mut self.xd, &mut self.hd);
     }
 
     /// Quantizes the GEMV input of `cols` columns computed from `a` by `variant` (with
