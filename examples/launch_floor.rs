@@ -36,6 +36,84 @@ pub fn chain_link<const BLOCK: usize>(src: Ptr<f32>, dst: Ptr<f32>, n: i32) {
     store(dst + offs, v + 1.0, m);
 }
 
+/// The counter of [`chain_phases`]' grid barriers back to zero, once the kernel before
+/// has finished.
+#[kernel(BLOCK = [32], num_warps = [1])]
+pub fn zero_counter<const BLOCK: usize>(count: Ptr<i32>) {
+    let i = arange(0, BLOCK);
+    store(count + i, i & 0, i < 1);
+}
+
+/// One phase of [`chain_phases`]: `dst[offs] = src[from] + 1`, then a grid barrier
+/// (every program bumps `count`, then waits until all `np` have, the `k`-th time).
+#[tile_fn]
+#[allow(clippy::too_many_arguments)]
+fn phase(
+    src: Ptr<f32>,
+    dst: Ptr<f32>,
+    offs: Tile<i32>,
+    from: Tile<i32>,
+    m: Tile<bool>,
+    count: Ptr<i32>,
+    np: i32,
+    k: i32,
+) {
+    let v = load(src + from, m, 0.0);
+    store(dst + offs, v + 1.0, m);
+    atomic_add(count, 1);
+    wait_flag_at_least(count, k * np);
+}
+
+/// Eight links in one launch: each phase reads the block the next program wrote in the
+/// phase before (`a -> b -> a ...`), so the phases need a grid barrier between them,
+/// the dependency a persistent decode kernel would have in place of a launch. Every
+/// program must be resident at once.
+#[kernel(BLOCK = [256], num_warps = [4])]
+pub fn chain_phases<const BLOCK: usize>(a: Ptr<f32>, b: Ptr<f32>, count: Ptr<i32>, n: i32) {
+    let p = program_id(0);
+    let np = num_programs(0);
+    let offs = p * BLOCK + arange(0, BLOCK);
+    let from = ((p + 1) % np) * BLOCK + arange(0, BLOCK);
+    let m = offs < n;
+    wait_for_prior_kernels();
+    phase(a, b, offs, from, m, count, np, 1);
+    phase(b, a, offs, from, m, count, np, 2);
+    phase(a, b, offs, from, m, count, np, 3);
+    phase(b, a, offs, from, m, count, np, 4);
+    phase(a, b, offs, from, m, count, np, 5);
+    phase(b, a, offs, from, m, count, np, 6);
+    phase(a, b, offs, from, m, count, np, 7);
+    phase(b, a, offs, from, m, count, np, 8);
+}
+
+/// The phases a [`chain_phases`] launch runs.
+const PHASES: usize = 8;
+
+/// `launches` launches of [`chain_phases`] over `p` programs, each after the counter's
+/// reset: `launches * PHASES` links, the result in `bufs.0`.
+fn persistent_chain(
+    dev: &Device,
+    bufs: &mut (Buffer<f32>, Buffer<f32>),
+    count: &mut Buffer<i32>,
+    p: u32,
+    launches: usize,
+) -> anyhow::Result<()> {
+    let n = (p * 256) as i32;
+    for _ in 0..launches {
+        let one = LaunchConfig::from(1).num_warps(1);
+        ZeroCounterArgs { count: &mut *count }.launch(dev, one, ZeroCounterConsts { block: 32 })?;
+        let cfg = LaunchConfig::from(p).num_warps(4);
+        ChainPhasesArgs {
+            a: &mut bufs.0,
+            b: &mut bufs.1,
+            count: &mut *count,
+            n,
+        }
+        .launch(dev, cfg, ChainPhasesConsts { block: 256 })?;
+    }
+    Ok(())
+}
+
 /// Launches the chain of `links` links over `p` programs: `bufs.0 -> bufs.1 -> bufs.0
 /// ...`, each launch serialized or not. The result is in `bufs.0` for an even count.
 fn chain(
@@ -64,7 +142,10 @@ fn chain(
 fn main() -> anyhow::Result<()> {
     let dev = Device::auto();
     let links: usize = args::value("--links").map_or(Ok(200), |v| v.parse())?;
-    anyhow::ensure!(links >= 2 && links % 2 == 0, "--links: an even count of 2 or more");
+    anyhow::ensure!(
+        links >= 2 && links % 2 == 0,
+        "--links: an even count of 2 or more"
+    );
     let programs: Vec<u32> = if dev.is_cuda() {
         let sms = dev.info()?.sm_count as u32;
         vec![1, sms, 4 * sms]
@@ -82,7 +163,9 @@ fn main() -> anyhow::Result<()> {
     for p in programs {
         let n = p as usize * 256;
         // Quarter-integers: every sum along the chain is exact.
-        let x: Vec<f32> = (0..n).map(|_| (rng.next_u32() % 4096) as f32 / 4.0).collect();
+        let x: Vec<f32> = (0..n)
+            .map(|_| (rng.next_u32() % 4096) as f32 / 4.0)
+            .collect();
         let mut bufs = (dev.upload(&x)?, dev.alloc_filled(n, f32::NAN)?);
         let mut per_launch = Vec::new();
         for serialized in [false, true] {
@@ -106,6 +189,47 @@ fn main() -> anyhow::Result<()> {
             per_launch.push(format!("{:.2}", stats.median_us));
         }
         println!("| {p} | {links} | {} | {} |", per_launch[0], per_launch[1]);
+    }
+    // The same dependency as a grid barrier inside one launch. The interpreter runs
+    // programs one after another, so a barrier there passes only with one program.
+    let programs: Vec<u32> = if dev.is_cuda() {
+        let sms = dev.info()?.sm_count as u32;
+        vec![1, sms, 2 * sms]
+    } else {
+        vec![1]
+    };
+    let launches = links / PHASES;
+    println!();
+    println!("| programs | launches x phases | µs a phase (grid barrier) |");
+    println!("|---|---|---|");
+    for p in programs {
+        let n = p as usize * 256;
+        let x: Vec<f32> = (0..n)
+            .map(|_| (rng.next_u32() % 4096) as f32 / 4.0)
+            .collect();
+        let mut bufs = (dev.upload(&x)?, dev.alloc_filled(n, f32::NAN)?);
+        let mut count = dev.zeros::<i32>(1)?;
+        persistent_chain(&dev, &mut bufs, &mut count, p, launches)?;
+        // Each phase reads the next program's block: after `k` phases value `i` holds
+        // `x[i + k * 256 mod n] + k`.
+        let k = launches * PHASES;
+        let got = bufs.0.to_vec()?;
+        for (i, g) in got.iter().enumerate() {
+            let want = x[(i + k * 256) % n] + k as f32;
+            anyhow::ensure!(
+                *g == want,
+                "{p} programs, grid barriers: value {i} is {g}, not {want}"
+            );
+        }
+        let timed = if dev.is_cuda() {
+            let graph =
+                dev.capture(|| persistent_chain(&dev, &mut bufs, &mut count, p, launches))?;
+            let stats = graph.time(k, TimingOptions::default())?;
+            format!("{:.2}", stats.median_us)
+        } else {
+            "(interpreter: not timed)".to_string()
+        };
+        println!("| {p} | {launches} x {PHASES} | {timed} |");
     }
     Ok(())
 }
