@@ -435,7 +435,10 @@ impl<'k> Emitter<'k> {
             }
         }
         if let Some(r) = &self.vals[v.index()] {
-            if self.lay.of[v.index()].as_ref() == Some(l) {
+            if self.lay.of[v.index()]
+                .as_ref()
+                .is_some_and(|x| x.same_mapping(l))
+            {
                 return Ok(r.clone());
             }
         }
