@@ -435,10 +435,7 @@ impl<'k> Emitter<'k> {
             }
         }
         if let Some(r) = &self.vals[v.index()] {
-            if self.lay.of[v.index()]
-                .as_ref()
-                .is_some_and(|x| x.same_mapping(l))
-            {
+            if self.lay.of[v.index()].as_ref() == Some(l) {
                 return Ok(r.clone());
             }
         }

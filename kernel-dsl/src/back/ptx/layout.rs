@@ -232,23 +232,6 @@ impl Layout {
         l.canon()
     }
 
-    /// Whether `other` puts every element in the same thread and register as this
-    /// layout: equal once space dims that hold one element per thread on one thread and
-    /// one warp are dropped (a reduced dim a thread held whole keeps its elements per
-    /// thread in [`Layout::slice`], which [`Layout::canon`] keeps apart).
-    pub fn same_mapping(&self, other: &Layout) -> bool {
-        let bare = |l: &Layout| {
-            let mut l = l.clone();
-            for s in 0..l.space_rank() {
-                if l.ext[s] == 1 && !l.keep.contains(&s) && l.tpw[s] == 1 && l.wpc[s] == 1 {
-                    l.spt[s] = 1;
-                }
-            }
-            l.canon()
-        };
-        self == other || bare(self) == bare(other)
-    }
-
     /// Drops space dims that carry nothing (no tile dim, extent 1, one thread, one warp),
     /// so equal thread mappings compare equal.
     pub fn canon(self) -> Layout {
@@ -274,21 +257,6 @@ impl Layout {
             order: self.order.iter().filter_map(|&s| at(s)).collect(),
             keep: self.keep.iter().map(|&s| at(s).unwrap()).collect(),
         }
-    }
-
-    /// The layout of an operand that reduces to this one along tile dim `axis` of length
-    /// `len` with no exchange between threads: that dim held whole by each thread, as a
-    /// space dim of its own, fastest (its elements are the thread's contiguous run).
-    pub fn with_thread_axis(&self, axis: usize, len: usize) -> Layout {
-        let mut l = self.clone();
-        let s = l.space_rank();
-        l.spt.push(len);
-        l.tpw.push(1);
-        l.wpc.push(1);
-        l.ext.push(len);
-        l.order.insert(0, s);
-        l.keep.insert(axis, s);
-        l
     }
 
     /// The layout after inserting a tile dim of length 1 at `axis`.
@@ -420,7 +388,7 @@ pub fn assign(k: &Kernel, ax: &[AxisInfo], wgmma: bool) -> Result<Layouts, Compi
                 // streaming its weights 16 bytes a thread, and the small reduced tile
                 // moves instead. (An epilogue's loads still follow a `dot` accumulator,
                 // as `prefill_gemm`'s residual does.)
-                let loads = prefer(k, &l, o, want.clone(), true, false).or_else(|| {
+                let loads = prefer(k, &l, o, want.clone(), true).or_else(|| {
                     let theirs = l.of[oi].clone()?;
                     let mut loads = Vec::new();
                     for other in e.operands() {
@@ -435,7 +403,7 @@ pub fn assign(k: &Kernel, ax: &[AxisInfo], wgmma: bool) -> Result<Layouts, Compi
                         if k.ty(other).shape != *shape {
                             return None;
                         }
-                        loads.extend(prefer(k, &l, other, theirs.clone(), false, false)?);
+                        loads.extend(prefer(k, &l, other, theirs.clone(), false)?);
                     }
                     let narrows = from_reduction(k, o, 8)
                         && loads.iter().any(|(x, lx)| {
@@ -469,10 +437,7 @@ pub fn assign(k: &Kernel, ax: &[AxisInfo], wgmma: bool) -> Result<Layouts, Compi
             if l.of[c.init.index()].as_ref() == Some(&want) || !l.strong[c.init.index()] {
                 continue;
             }
-            for (x, lx) in prefer(k, &l, c.init, want, false, false)
-                .into_iter()
-                .flatten()
-            {
+            for (x, lx) in prefer(k, &l, c.init, want, false).into_iter().flatten() {
                 if let std::collections::hash_map::Entry::Vacant(e) = over.entry(x) {
                     e.insert(lx);
                     found = true;
@@ -537,17 +502,12 @@ fn narrower_run(cur: &Layout, new: &Layout) -> bool {
 /// `prefetched_tiles_are_carried_in_the_layout_they_are_used_in`). Only where the op's
 /// own layout asks for it: a carried tile does not follow another operand that cannot
 /// move (the decode attention's cache tiles keep theirs beside the scores).
-///
-/// `packing`: below a short integer sum that packs values into words (see the
-/// `Reduce` arm), where a tile broadcast from fewer elements may stay behind and no
-/// `dot4` takes part.
 fn prefer(
     k: &Kernel,
     l: &Layouts,
     v: ValueId,
     want: Layout,
     carried: bool,
-    packing: bool,
 ) -> Option<Vec<(ValueId, Layout)>> {
     if let (Def::Carried { .. }, true) = (&k.value(v).def, carried) {
         let c = carried_of(k, v)?;
@@ -559,50 +519,19 @@ fn prefer(
         return None;
     };
     match e {
-        Expr::Broadcast { value, .. } if !k.ty(*value).is_scalar() => prefer(
-            k,
-            l,
-            *value,
-            want.with_shape(&k.ty(*value).shape),
-            carried,
-            packing,
-        ),
+        Expr::Broadcast { value, .. } if !k.ty(*value).is_scalar() => {
+            prefer(k, l, *value, want.with_shape(&k.ty(*value).shape), carried)
+        }
         Expr::ExpandDims { value, axis } if !k.ty(*value).is_scalar() => {
             let mut s = want;
             s.keep.remove(*axis);
-            prefer(k, l, *value, s.canon(), carried, packing)
+            prefer(k, l, *value, s.canon(), carried)
         }
         Expr::Cast { value, .. } | Expr::Bitcast { value, .. } => {
-            prefer(k, l, *value, want, carried, packing)
+            prefer(k, l, *value, want, carried)
         }
-        Expr::Unary { arg, .. } => prefer(k, l, *arg, want, carried, packing),
-        // A short integer sum (bytes packed into words) comes out in `want` with no
-        // exchange when each thread holds the summed dim whole: its loads take that
-        // layout (the quantized GEMVs' own activation words then meet the weight tile
-        // without a trip through shared memory: `packed_words_load_their_bytes_per_thread`).
-        // Not other reductions: a value scaled by its own reduced maximum would pull its
-        // loads toward the layout they already define.
-        Expr::Reduce {
-            op: crate::ir::ReduceOp::Sum,
-            value,
-            axis,
-        } if k.ty(*value).dtype().is_some_and(|d| d.is_int()) => {
-            let len = k.ty(*value).shape[*axis];
-            if len > MAX_THREAD_REDUCE {
-                return None;
-            }
-            prefer(
-                k,
-                l,
-                *value,
-                want.with_thread_axis(*axis, len),
-                carried,
-                true,
-            )
-        }
+        Expr::Unary { arg, .. } => prefer(k, l, *arg, want, carried),
         Expr::Load { .. } => Some(vec![(v, want)]),
-        // Products summed over words stay where their weights are.
-        Expr::Dot4 { .. } if packing => None,
         Expr::Binary { .. } | Expr::Compare { .. } | Expr::Select { .. } | Expr::Dot4 { .. } => {
             let shape = &k.ty(v).shape;
             let mut loads = Vec::new();
@@ -614,37 +543,13 @@ fn prefer(
                 if k.ty(o).shape != *shape {
                     return None;
                 }
-                match prefer(k, l, o, want.clone(), carried, packing) {
-                    Some(more) => loads.extend(more),
-                    // A tile broadcast from fewer elements (a block's maximum beside
-                    // the values it scales before packing) is rebuilt in the new
-                    // layout from its small source.
-                    None if packing && broadcast_from_fewer(k, o) => {}
-                    None => return None,
-                }
+                loads.extend(prefer(k, l, o, want.clone(), carried)?);
             }
             (!loads.is_empty()).then_some(loads)
         }
         _ => None,
     }
 }
-
-/// Whether `v` is a broadcast (through `expand_dims`) of a tile of fewer elements.
-fn broadcast_from_fewer(k: &Kernel, v: ValueId) -> bool {
-    let numel = |x: ValueId| k.ty(x).shape.iter().product::<usize>();
-    let mut x = v;
-    loop {
-        match &k.value(x).def {
-            Def::Expr(Expr::Broadcast { value, .. } | Expr::ExpandDims { value, .. }) => {
-                x = *value;
-            }
-            _ => return x != v && numel(x) < numel(v),
-        }
-    }
-}
-
-/// The longest reduced dim [`prefer`] gives a thread whole (registers grow with it).
-const MAX_THREAD_REDUCE: usize = 8;
 
 /// The loop-carried value whose parameter is `param`.
 fn carried_of(k: &Kernel, param: ValueId) -> Option<crate::ir::Carried> {
