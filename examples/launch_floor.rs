@@ -64,6 +64,47 @@ fn phase(
     wait_flag_at_least(count, k * np);
 }
 
+/// [`phase`] with the barrier's wait as a spin on the counter itself (`atomic_add` of
+/// 0, acquire-release at device scope) instead of the system-scope flag poll.
+#[tile_fn]
+#[allow(clippy::too_many_arguments)]
+fn phase_atomic(
+    src: Ptr<f32>,
+    dst: Ptr<f32>,
+    offs: Tile<i32>,
+    from: Tile<i32>,
+    m: Tile<bool>,
+    count: Ptr<i32>,
+    np: i32,
+    k: i32,
+) {
+    let v = load(src + from, m, 0.0);
+    store(dst + offs, v + 1.0, m);
+    let mut seen = atomic_add(count, 1) + 1;
+    while seen < k * np {
+        seen = atomic_add(count, 0);
+    }
+}
+
+/// [`chain_phases`] with [`phase_atomic`]'s barrier.
+#[kernel(BLOCK = [256], num_warps = [4])]
+pub fn chain_phases_atomic<const BLOCK: usize>(a: Ptr<f32>, b: Ptr<f32>, count: Ptr<i32>, n: i32) {
+    let p = program_id(0);
+    let np = num_programs(0);
+    let offs = p * BLOCK + arange(0, BLOCK);
+    let from = ((p + 1) % np) * BLOCK + arange(0, BLOCK);
+    let m = offs < n;
+    wait_for_prior_kernels();
+    phase_atomic(a, b, offs, from, m, count, np, 1);
+    phase_atomic(b, a, offs, from, m, count, np, 2);
+    phase_atomic(a, b, offs, from, m, count, np, 3);
+    phase_atomic(b, a, offs, from, m, count, np, 4);
+    phase_atomic(a, b, offs, from, m, count, np, 5);
+    phase_atomic(b, a, offs, from, m, count, np, 6);
+    phase_atomic(a, b, offs, from, m, count, np, 7);
+    phase_atomic(b, a, offs, from, m, count, np, 8);
+}
+
 /// Eight links in one launch: each phase reads the block the next program wrote in the
 /// phase before (`a -> b -> a ...`), so the phases need a grid barrier between them,
 /// the dependency a persistent decode kernel would have in place of a launch. Every
@@ -97,19 +138,31 @@ fn persistent_chain(
     count: &mut Buffer<i32>,
     p: u32,
     launches: usize,
+    atomic: bool,
 ) -> anyhow::Result<()> {
     let n = (p * 256) as i32;
     for _ in 0..launches {
         let one = LaunchConfig::from(1).num_warps(1);
         ZeroCounterArgs { count: &mut *count }.launch(dev, one, ZeroCounterConsts { block: 32 })?;
         let cfg = LaunchConfig::from(p).num_warps(4);
-        ChainPhasesArgs {
-            a: &mut bufs.0,
-            b: &mut bufs.1,
-            count: &mut *count,
-            n,
+        let (a, b) = (&mut bufs.0, &mut bufs.1);
+        if atomic {
+            ChainPhasesAtomicArgs {
+                a,
+                b,
+                count: &mut *count,
+                n,
+            }
+            .launch(dev, cfg, ChainPhasesAtomicConsts { block: 256 })?;
+        } else {
+            ChainPhasesArgs {
+                a,
+                b,
+                count: &mut *count,
+                n,
+            }
+            .launch(dev, cfg, ChainPhasesConsts { block: 256 })?;
         }
-        .launch(dev, cfg, ChainPhasesConsts { block: 256 })?;
     }
     Ok(())
 }
@@ -200,36 +253,43 @@ fn main() -> anyhow::Result<()> {
     };
     let launches = links / PHASES;
     println!();
-    println!("| programs | launches x phases | µs a phase (grid barrier) |");
-    println!("|---|---|---|");
+    println!("| programs | launches x phases | µs a phase (flag barrier) | µs a phase (atomic barrier) |");
+    println!("|---|---|---|---|");
     for p in programs {
         let n = p as usize * 256;
         let x: Vec<f32> = (0..n)
             .map(|_| (rng.next_u32() % 4096) as f32 / 4.0)
             .collect();
-        let mut bufs = (dev.upload(&x)?, dev.alloc_filled(n, f32::NAN)?);
-        let mut count = dev.zeros::<i32>(1)?;
-        persistent_chain(&dev, &mut bufs, &mut count, p, launches)?;
-        // Each phase reads the next program's block: after `k` phases value `i` holds
-        // `x[i + k * 256 mod n] + k`.
-        let k = launches * PHASES;
-        let got = bufs.0.to_vec()?;
-        for (i, g) in got.iter().enumerate() {
-            let want = x[(i + k * 256) % n] + k as f32;
-            anyhow::ensure!(
-                *g == want,
-                "{p} programs, grid barriers: value {i} is {g}, not {want}"
-            );
+        let mut timed = Vec::new();
+        for atomic in [false, true] {
+            let mut bufs = (dev.upload(&x)?, dev.alloc_filled(n, f32::NAN)?);
+            let mut count = dev.zeros::<i32>(1)?;
+            persistent_chain(&dev, &mut bufs, &mut count, p, launches, atomic)?;
+            // Each phase reads the next program's block: after `k` phases value `i`
+            // holds `x[i + k * 256 mod n] + k`.
+            let k = launches * PHASES;
+            let got = bufs.0.to_vec()?;
+            for (i, g) in got.iter().enumerate() {
+                let want = x[(i + k * 256) % n] + k as f32;
+                anyhow::ensure!(
+                    *g == want,
+                    "{p} programs, grid barriers (atomic {atomic}): value {i} is {g}, not {want}"
+                );
+            }
+            timed.push(if dev.is_cuda() {
+                let graph = dev.capture(|| {
+                    persistent_chain(&dev, &mut bufs, &mut count, p, launches, atomic)
+                })?;
+                let stats = graph.time(k, TimingOptions::default())?;
+                format!("{:.2}", stats.median_us)
+            } else {
+                "(interpreter: not timed)".to_string()
+            });
         }
-        let timed = if dev.is_cuda() {
-            let graph =
-                dev.capture(|| persistent_chain(&dev, &mut bufs, &mut count, p, launches))?;
-            let stats = graph.time(k, TimingOptions::default())?;
-            format!("{:.2}", stats.median_us)
-        } else {
-            "(interpreter: not timed)".to_string()
-        };
-        println!("| {p} | {launches} x {PHASES} | {timed} |");
+        println!(
+            "| {p} | {launches} x {PHASES} | {} | {} |",
+            timed[0], timed[1]
+        );
     }
     Ok(())
 }
