@@ -1,7 +1,7 @@
 //! The cost of a dependent kernel launch inside a CUDA graph: the floor that a decode
 //! step's launch structure puts under its time, whatever its kernels read.
 //!
-//! `cargo run --release --example launch_floor`
+//! `cargo run --release --example launch_floor [-- --links L]` (`L` even, default 200)
 //!
 //! A chain of `L` launches of one tiny kernel, each reading what the one before it
 //! wrote (`dst = src + 1` over `P` programs of 256 values, buffers alternating), is
@@ -14,6 +14,13 @@
 //! The step of a model with `launches` kernels cannot take less than `launches` times
 //! the cost of one link: docs/perf.md ("The launch floor of the decode step") sets it
 //! against the quantized step's bandwidth floor.
+//!
+//! A second table times the same dependency inside one launch, as a persistent kernel
+//! would have it: eight phases a launch, each reading the block the next program wrote
+//! in the phase before, behind a grid barrier built from the language's primitives
+//! (`atomic_add` on a counter, then `wait_flag_at_least` on it, or a spin of
+//! `atomic_add(count, 0)`); every program must be resident at once. Checked the same
+//! way (on the interpreter with one program only: it runs programs one after another).
 //!
 //! Method (docs/perf.md): CUDA events around graph replays, median of 30 after 5
 //! warm-ups. Without a GPU the chain runs once on the interpreter, checked, untimed.
