@@ -95,6 +95,24 @@ fn bad_arguments_are_clear_errors() {
     ]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/dir"));
+    // The quantized GEMVs write no timeline stamps: refused before any weights are
+    // drawn, naming the options.
+    let out = tilefuse(&[
+        "bench",
+        "--preset",
+        "tiny-qwen3",
+        "--weights",
+        "q4_k_m",
+        "--timeline",
+        "--device",
+        "cpu",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("--timeline with --weights q4_k_m") && !err.contains("panicked"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -801,3 +801,22 @@ fn a_q4_k_and_q6_k_qkv_in_one_launch_matches_the_dense_step() {
         }
     }
 }
+
+/// A decoder over quantized weights refuses a timeline by name: only the bf16 kernels
+/// write stamps, and a quantized layer's would be left unwritten.
+#[test]
+fn a_quantized_layer_has_no_timeline() {
+    use tilefuse_dsl::runtime::Device;
+    use tilefuse_engine::Decoder;
+
+    let f = GgufFile::open(fixture("tiny_qwen3.gguf")).unwrap();
+    let cfg = f.config().unwrap();
+    let mw = f.model_weights(&cfg).unwrap();
+    let qw = f.quant_weights(&cfg).unwrap();
+    let mut dec = Decoder::with_quant(&cfg, &mw, &qw, &Device::cpu(), 16).unwrap();
+    let err = dec.timeline(0, 1).unwrap_err().to_string();
+    assert!(
+        err.contains("timeline layer 0") && err.contains("quantized"),
+        "{err}"
+    );
+}

@@ -69,7 +69,7 @@ pub struct BenchArgs {
     pub sampled: bool,
     /// Stamp one layer's launches (the middle one unless `--timeline-layer`) and print
     /// when their programs start, get past their wait and finish (20 graph replays on a
-    /// GPU, medians).
+    /// GPU, medians). bf16 weights only: the quantized GEMVs write no stamps.
     #[arg(long)]
     pub timeline: bool,
     /// The layer `--timeline` stamps.
@@ -121,6 +121,13 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
             ..Default::default()
         },
     )?;
+    // Before any weights are drawn: the quantized GEMVs write no timeline stamps.
+    anyhow::ensure!(
+        !args.timeline || weights == bench::WeightFormat::Bf16,
+        "--timeline with --weights {}: only the bf16 kernels write timeline stamps; \
+         time the quantized step's blocks with --profile",
+        args.weights
+    );
     let timeline = if args.timeline {
         let layers = crate::engine::preset::config(&args.preset)?.num_layers;
         Some(args.timeline_layer.unwrap_or(layers / 2))

@@ -153,6 +153,19 @@ impl Decoder {
                 ),
             });
         }
+        // Only the bf16 kernels take a stamp buffer; a quantized layer's GEMVs would
+        // leave their programs' stamps unwritten.
+        let l = &self.layers[layer];
+        let quantized = [&l.qkv_w, &l.o_w, &l.gate_up_w, &l.down_w]
+            .iter()
+            .any(|m| m.dense().is_none());
+        if quantized {
+            return Err(EngineError::Option {
+                message: format!(
+                    "timeline layer {layer}: its weights are quantized, and only the bf16                      kernels write timeline stamps (time the quantized step's blocks with                      `tilefuse bench --profile`)"
+                ),
+            });
+        }
         let grids = self.layer_grids();
         let total: usize = grids
             .iter()
