@@ -162,7 +162,9 @@ impl Decoder {
         if quantized {
             return Err(EngineError::Option {
                 message: format!(
-                    "timeline layer {layer}: its weights are quantized, and only the bf16                      kernels write timeline stamps (time the quantized step's blocks with                      `tilefuse bench --profile`)"
+                    "timeline layer {layer}: its weights are quantized, and only the bf16 \
+                     kernels write timeline stamps (time the quantized step's blocks with \
+                     `tilefuse bench --profile`)"
                 ),
             });
         }
