@@ -51,31 +51,13 @@ pub fn zero_counter<const BLOCK: usize>(count: Ptr<i32>) {
     store(count + i, i & 0, i < 1);
 }
 
-/// One phase of [`chain_phases`]: `dst[offs] = src[from] + 1`, then a grid barrier
-/// (every program bumps `count`, then waits until all `np` have, the `k`-th time).
+/// One phase of [`chain_phases`]: `dst[offs] = src[from] + 1`, then a grid barrier:
+/// every program bumps `count`, then waits until all `np` have, the `k`-th time, with
+/// the flag handshake (`ATOMIC = 0`, a system-scope poll) or by spinning on the counter
+/// itself (`ATOMIC = 1`, `atomic_add` of 0, acquire-release at device scope).
 #[tile_fn]
 #[allow(clippy::too_many_arguments)]
-fn phase(
-    src: Ptr<f32>,
-    dst: Ptr<f32>,
-    offs: Tile<i32>,
-    from: Tile<i32>,
-    m: Tile<bool>,
-    count: Ptr<i32>,
-    np: i32,
-    k: i32,
-) {
-    let v = load(src + from, m, 0.0);
-    store(dst + offs, v + 1.0, m);
-    atomic_add(count, 1);
-    wait_flag_at_least(count, k * np);
-}
-
-/// [`phase`] with the barrier's wait as a spin on the counter itself (`atomic_add` of
-/// 0, acquire-release at device scope) instead of the system-scope flag poll.
-#[tile_fn]
-#[allow(clippy::too_many_arguments)]
-fn phase_atomic(
+fn phase<const ATOMIC: usize>(
     src: Ptr<f32>,
     dst: Ptr<f32>,
     offs: Tile<i32>,
@@ -88,50 +70,40 @@ fn phase_atomic(
     let v = load(src + from, m, 0.0);
     store(dst + offs, v + 1.0, m);
     let mut seen = atomic_add(count, 1) + 1;
-    while seen < k * np {
-        seen = atomic_add(count, 0);
+    if ATOMIC == 1 {
+        while seen < k * np {
+            seen = atomic_add(count, 0);
+        }
+    } else {
+        wait_flag_at_least(count, k * np);
     }
 }
 
-/// [`chain_phases`] with [`phase_atomic`]'s barrier.
-#[kernel(BLOCK = [256], num_warps = [4])]
-pub fn chain_phases_atomic<const BLOCK: usize>(a: Ptr<f32>, b: Ptr<f32>, count: Ptr<i32>, n: i32) {
-    let p = program_id(0);
-    let np = num_programs(0);
-    let offs = p * BLOCK + arange(0, BLOCK);
-    let from = ((p + 1) % np) * BLOCK + arange(0, BLOCK);
-    let m = offs < n;
-    wait_for_prior_kernels();
-    phase_atomic(a, b, offs, from, m, count, np, 1);
-    phase_atomic(b, a, offs, from, m, count, np, 2);
-    phase_atomic(a, b, offs, from, m, count, np, 3);
-    phase_atomic(b, a, offs, from, m, count, np, 4);
-    phase_atomic(a, b, offs, from, m, count, np, 5);
-    phase_atomic(b, a, offs, from, m, count, np, 6);
-    phase_atomic(a, b, offs, from, m, count, np, 7);
-    phase_atomic(b, a, offs, from, m, count, np, 8);
-}
-
 /// Eight links in one launch: each phase reads the block the next program wrote in the
-/// phase before (`a -> b -> a ...`), so the phases need a grid barrier between them,
-/// the dependency a persistent decode kernel would have in place of a launch. Every
-/// program must be resident at once.
-#[kernel(BLOCK = [256], num_warps = [4])]
-pub fn chain_phases<const BLOCK: usize>(a: Ptr<f32>, b: Ptr<f32>, count: Ptr<i32>, n: i32) {
+/// phase before (`a -> b -> a ...`), so the phases need a grid barrier between them
+/// ([`phase`]'s), the dependency a persistent decode kernel would have in place of a
+/// launch. Every program must be resident at once.
+#[kernel(BLOCK = [256], ATOMIC = [0, 1], num_warps = [4])]
+pub fn chain_phases<const BLOCK: usize, const ATOMIC: usize>(
+    a: Ptr<f32>,
+    b: Ptr<f32>,
+    count: Ptr<i32>,
+    n: i32,
+) {
     let p = program_id(0);
     let np = num_programs(0);
     let offs = p * BLOCK + arange(0, BLOCK);
     let from = ((p + 1) % np) * BLOCK + arange(0, BLOCK);
     let m = offs < n;
     wait_for_prior_kernels();
-    phase(a, b, offs, from, m, count, np, 1);
-    phase(b, a, offs, from, m, count, np, 2);
-    phase(a, b, offs, from, m, count, np, 3);
-    phase(b, a, offs, from, m, count, np, 4);
-    phase(a, b, offs, from, m, count, np, 5);
-    phase(b, a, offs, from, m, count, np, 6);
-    phase(a, b, offs, from, m, count, np, 7);
-    phase(b, a, offs, from, m, count, np, 8);
+    phase::<ATOMIC>(a, b, offs, from, m, count, np, 1);
+    phase::<ATOMIC>(b, a, offs, from, m, count, np, 2);
+    phase::<ATOMIC>(a, b, offs, from, m, count, np, 3);
+    phase::<ATOMIC>(b, a, offs, from, m, count, np, 4);
+    phase::<ATOMIC>(a, b, offs, from, m, count, np, 5);
+    phase::<ATOMIC>(b, a, offs, from, m, count, np, 6);
+    phase::<ATOMIC>(a, b, offs, from, m, count, np, 7);
+    phase::<ATOMIC>(b, a, offs, from, m, count, np, 8);
 }
 
 /// The phases a [`chain_phases`] launch runs.
@@ -152,24 +124,17 @@ fn persistent_chain(
         let one = LaunchConfig::from(1).num_warps(1);
         ZeroCounterArgs { count: &mut *count }.launch(dev, one, ZeroCounterConsts { block: 32 })?;
         let cfg = LaunchConfig::from(p).num_warps(4);
-        let (a, b) = (&mut bufs.0, &mut bufs.1);
-        if atomic {
-            ChainPhasesAtomicArgs {
-                a,
-                b,
-                count: &mut *count,
-                n,
-            }
-            .launch(dev, cfg, ChainPhasesAtomicConsts { block: 256 })?;
-        } else {
-            ChainPhasesArgs {
-                a,
-                b,
-                count: &mut *count,
-                n,
-            }
-            .launch(dev, cfg, ChainPhasesConsts { block: 256 })?;
+        let consts = ChainPhasesConsts {
+            block: 256,
+            atomic: usize::from(atomic),
+        };
+        ChainPhasesArgs {
+            a: &mut bufs.0,
+            b: &mut bufs.1,
+            count: &mut *count,
+            n,
         }
+        .launch(dev, cfg, consts)?;
     }
     Ok(())
 }
