@@ -138,27 +138,12 @@ pub fn silu_mul_in_place<const B: usize>(act: Ptr<bf16>, inter: i32) {
     store(act + offs, (silu * u) as bf16, ok);
 }
 
-/// The input of a GEMV that quantizes its own activation, at the element indices `e`
-/// (masked by `ok`), from `a` and a second operand `b`:
-/// - `ACT = 1`: `x = a * norm_w` (`b = norm_w`), the RMSNorm input before its
-///   `inv_rms`, which scales the row sums instead (quantization does not change under a
-///   positive scale);
-/// - `ACT = 2`: `x = bf16(bf16(silu(g)) * u)` with `g = a` and `u = b` (the up half of
-///   the gate/up GEMV's output), rounded as [`quantize_act`] `MODE = 2` rounds it.
+/// `x = a * norm_w` at the element indices `e` (masked by `ok`): the RMSNorm input of a
+/// GEMV that quantizes its own activation (`ACT = 1`), before its `inv_rms`, which
+/// scales the row sums instead (quantization does not change under a positive scale).
 #[tile_fn(crate = tilefuse_dsl)]
-fn fused_input<const ACT: usize>(
-    a: Ptr<bf16>,
-    b: Ptr<bf16>,
-    e: Tile<i32>,
-    ok: Tile<bool>,
-) -> Tile<f32> {
-    let v = load(a + e, ok, 0.0) as f32;
-    let w = load(b + e, ok, 0.0) as f32;
-    let mut x = v * w;
-    if ACT == 2 {
-        x = ((v / (1.0 + exp(-v))) as bf16 as f32 * w) as bf16 as f32;
-    }
-    x
+fn normed_input(a: Ptr<bf16>, norm_w: Ptr<bf16>, e: Tile<i32>, ok: Tile<bool>) -> Tile<f32> {
+    (load(a + e, ok, 0.0) as f32) * (load(norm_w + e, ok, 0.0) as f32)
 }
 
 /// Values `v` (`[.., 4]`: four to a word along the last axis) quantized with the
@@ -328,7 +313,7 @@ fn q8_0_tile<const ACT: usize>(
     } else {
         // Word `8 blk + w` holds elements `4 (8 blk + w) + b`.
         let e = (x_offs * 4).expand_dims(2) + arange(0, 4);
-        let v = fused_input::<ACT>(a, norm_w, e, x_ok.expand_dims(2));
+        let v = normed_input(a, norm_w, e, x_ok.expand_dims(2));
         let amax = abs(v).max(2).max(1);
         x = pack_words3(v, inv_step(amax).expand_dims(1).expand_dims(2));
         x_d = amax / 127.0;
@@ -347,13 +332,11 @@ fn q8_0_tile<const ACT: usize>(
     num_warps = [4, 8],
     RESIDUAL = [0, 1],
     HEAD = [0, 1],
-    ACT = [0, 1, 2],
+    ACT = [0, 1],
     skip(HEAD = 1, RESIDUAL = 1),
-    // The norm prologue is for the QKV and gate/up projections (no residual, no head),
-    // the SiLU product for the down projection (a residual).
-    skip(ACT = [1, 2], HEAD = 1),
+    // The norm prologue is for the QKV and gate/up projections (no residual, no head).
+    skip(ACT = 1, HEAD = 1),
     skip(ACT = 1, RESIDUAL = 1),
-    skip(ACT = 2, RESIDUAL = 0),
     // Long tiles are for wide matrices (few rows), many rows for tall ones.
     skip(BLOCK_K = 2048, BLOCK_N = [8, 16, 32]),
     skip(BLOCK_K = 1024, BLOCK_N = 32),
@@ -402,11 +385,6 @@ pub fn q8_0_gemv<
         b = load(bias + row0 + rows, row_ok, 0.0) as f32;
     }
     wait_for_prior_kernels();
-    // `ACT = 2`: `a = [g; u]`, and the up half is the input's second operand.
-    let mut second = norm_w;
-    if ACT == 2 {
-        second = a + 4 * k_words;
-    }
     // With the norm prologue, `inv_rms` scales the row sums (as in `rms_norm_gemv`).
     let mut inv_rms = 1.0;
     if ACT == 1 {
@@ -416,7 +394,7 @@ pub fn q8_0_gemv<
     if RESIDUAL == 1 {
         old = load(y + row0 + rows, row_ok, 0.0) as f32;
     }
-    let mut acc = q8_0_tile::<ACT>(q_first, d_first, xq, xd, a, second, grp, grp < blocks, w);
+    let mut acc = q8_0_tile::<ACT>(q_first, d_first, xq, xd, a, norm_w, grp, grp < blocks, w);
     for g0 in (BLOCK_K / 32..blocks).step_by(BLOCK_K / 32) {
         let blk = g0 + grp;
         let blk_ok = blk < blocks;
@@ -427,7 +405,7 @@ pub fn q8_0_gemv<
             0,
         );
         let dt = load(d + d_rows + blk.expand_dims(0), ok, 0.0);
-        acc += q8_0_tile::<ACT>(qt, dt, xq, xd, a, second, blk, blk_ok, w);
+        acc += q8_0_tile::<ACT>(qt, dt, xq, xd, a, norm_w, blk, blk_ok, w);
     }
     store_rows::<RESIDUAL, HEAD>(
         y,
@@ -474,8 +452,8 @@ fn q4_k_tile<const ACT: usize>(
     } else {
         let e = (x_offs * 4).expand_dims(2) + arange(0, 4);
         let ok3 = x_ok.expand_dims(2);
-        let v_lo = fused_input::<ACT>(a, norm_w, e, ok3);
-        let v_hi = fused_input::<ACT>(a, norm_w, e + 16, ok3);
+        let v_lo = normed_input(a, norm_w, e, ok3);
+        let v_hi = normed_input(a, norm_w, e + 16, ok3);
         let amax = maximum(abs(v_lo).max(2).max(1), abs(v_hi).max(2).max(1));
         let inv = inv_step(amax).expand_dims(1).expand_dims(2);
         x_lo = pack_words3(v_lo, inv);
@@ -661,13 +639,11 @@ fn q4_k_row_sums_prefetch<const BLOCK_K: usize, const ACT: usize>(
     num_warps = [4, 8],
     RESIDUAL = [0, 1],
     HEAD = [0, 1],
-    ACT = [0, 1, 2],
+    ACT = [0, 1],
     skip(HEAD = 1, RESIDUAL = 1),
-    // The norm prologue is for the QKV and gate/up projections (no residual, no head),
-    // the SiLU product for the down projection (a residual).
-    skip(ACT = [1, 2], HEAD = 1),
+    // The norm prologue is for the QKV and gate/up projections (no residual, no head).
+    skip(ACT = 1, HEAD = 1),
     skip(ACT = 1, RESIDUAL = 1),
-    skip(ACT = 2, RESIDUAL = 0),
     // Long tiles are for wide matrices (few rows), many rows for tall ones.
     skip(BLOCK_K = 2048, BLOCK_N = [8, 16, 32]),
     skip(BLOCK_K = 1024, BLOCK_N = 32),
@@ -721,11 +697,6 @@ pub fn q4_k_gemv<
         b = load(bias + row0 + rows, row_ok, 0.0) as f32;
     }
     wait_for_prior_kernels();
-    // `ACT = 2`: `a = [g; u]`, and the up half is the input's second operand.
-    let mut second = norm_w;
-    if ACT == 2 {
-        second = a + 8 * k_words;
-    }
     // With the norm prologue, `inv_rms` scales the row sums (as in `rms_norm_gemv`).
     let mut inv_rms = 1.0;
     if ACT == 1 {
@@ -741,12 +712,12 @@ pub fn q4_k_gemv<
     if (RESIDUAL == 1) & (BLOCK_N == 16) {
         sums = q4_k_row_sums_prefetch::<BLOCK_K, ACT>(
             q_first, sc_first, m_first, d_first, dmin_first, q, scales, mins, d, dmin, xq, xd, a,
-            second, q_rows, s_rows, d_rows, words, ok2, blocks, grp, w,
+            norm_w, q_rows, s_rows, d_rows, words, ok2, blocks, grp, w,
         );
     } else {
         sums = q4_k_row_sums::<BLOCK_K, ACT>(
             q_first, sc_first, m_first, d_first, dmin_first, q, scales, mins, d, dmin, xq, xd, a,
-            second, q_rows, s_rows, d_rows, words, ok2, blocks, grp, w,
+            norm_w, q_rows, s_rows, d_rows, words, ok2, blocks, grp, w,
         );
     }
     store_rows::<RESIDUAL, HEAD>(
@@ -796,8 +767,8 @@ fn q6_k_tile<const ACT: usize>(
     } else {
         let e = (x_offs * 4).expand_dims(3) + arange(0, 4);
         let ok4 = x_ok.expand_dims(3);
-        let v_lo = fused_input::<ACT>(a, norm_w, e, ok4);
-        let v_hi = fused_input::<ACT>(a, norm_w, e + 16, ok4);
+        let v_lo = normed_input(a, norm_w, e, ok4);
+        let v_hi = normed_input(a, norm_w, e + 16, ok4);
         let amax = maximum(
             abs(v_lo).max(3).max(2).max(1),
             abs(v_hi).max(3).max(2).max(1),
@@ -1006,13 +977,11 @@ fn q6_k_row_sums_prefetch<const BLOCK_K: usize, const ACT: usize>(
     num_warps = [4, 8],
     RESIDUAL = [0, 1],
     HEAD = [0, 1],
-    ACT = [0, 1, 2],
+    ACT = [0, 1],
     skip(HEAD = 1, RESIDUAL = 1),
-    // The norm prologue is for the QKV and gate/up projections (no residual, no head),
-    // the SiLU product for the down projection (a residual).
-    skip(ACT = [1, 2], HEAD = 1),
+    // The norm prologue is for the QKV and gate/up projections (no residual, no head).
+    skip(ACT = 1, HEAD = 1),
     skip(ACT = 1, RESIDUAL = 1),
-    skip(ACT = 2, RESIDUAL = 0),
     // Long tiles are for wide matrices (few rows), many rows for tall ones.
     skip(BLOCK_K = 2048, BLOCK_N = [8, 16, 32]),
     skip(BLOCK_K = 1024, BLOCK_N = 32),
@@ -1075,11 +1044,6 @@ pub fn q6_k_gemv<
         b = load(bias + row0 + rows, row_ok, 0.0) as f32;
     }
     wait_for_prior_kernels();
-    // `ACT = 2`: `a = [g; u]`, and the up half is the input's second operand.
-    let mut second = norm_w;
-    if ACT == 2 {
-        second = a + 8 * k_words;
-    }
     // With the norm prologue, `inv_rms` scales the row sums (as in `rms_norm_gemv`).
     let mut inv_rms = 1.0;
     if ACT == 1 {
@@ -1093,12 +1057,12 @@ pub fn q6_k_gemv<
     let mut sums = zeros::<f32>([BLOCK_N]);
     if (RESIDUAL == 1) & (BLOCK_N == 16) {
         sums = q6_k_row_sums_prefetch::<BLOCK_K, ACT>(
-            l_first, h_first, sc0_first, sc1_first, d_first, ql, qh, scales, d, xq, xd, a, second,
+            l_first, h_first, sc0_first, sc1_first, d_first, ql, qh, scales, d, xq, xd, a, norm_w,
             l_rows, h_rows, s_rows, d_rows, l_words, h_words, ok2, blocks, grp, p, i,
         );
     } else {
         sums = q6_k_row_sums::<BLOCK_K, ACT>(
-            l_first, h_first, sc0_first, sc1_first, d_first, ql, qh, scales, d, xq, xd, a, second,
+            l_first, h_first, sc0_first, sc1_first, d_first, ql, qh, scales, d, xq, xd, a, norm_w,
             l_rows, h_rows, s_rows, d_rows, l_words, h_words, ok2, blocks, grp, p, i,
         );
     }

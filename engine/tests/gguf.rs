@@ -651,19 +651,15 @@ fn quantized_step_matches_the_dense_step_on_dequantized_weights() {
         let mut quant =
             Decoder::with_quant(&cfg, &f.model_weights(&cfg).unwrap(), &qw, &dev, 16).unwrap();
         assert!(quant.is_quantized());
-        // None of a layer's four quantized GEMV inputs is quantized by a launch of its
-        // own: the QKV and gate/up GEMVs quantize their normed inputs themselves at
-        // these short rows (`gguf::device::fuses_norm`), the down GEMV the SiLU product
-        // (`gguf::device::fuses_silu`), O's is written by the attention combine as it
-        // merges the splits (`attention_combine_quant`). QKV takes two more launches
-        // and gate/up one more (runs of one type); down launches no `silu_mul`.
+        // Of a layer's four quantized GEMV inputs only down's is quantized by a launch
+        // of its own: the QKV and gate/up GEMVs quantize their normed inputs themselves
+        // at these short rows (`gguf::device::fuses_norm`), O's is written by the
+        // attention combine as it merges the splits (`attention_combine_quant`). QKV
+        // takes two more launches and gate/up one more (runs of one type).
         assert!(tilefuse_engine::gguf::device::fuses_norm(cfg.hidden_size));
-        assert!(tilefuse_engine::gguf::device::fuses_silu(
-            cfg.intermediate_size
-        ));
         assert_eq!(
             quant.kernels_per_step(),
-            dense.decoder().expect("one device").kernels_per_step() + 3 * cfg.num_layers
+            dense.decoder().expect("one device").kernels_per_step() + 4 * cfg.num_layers
         );
         assert!(
             quant.weight_bytes_per_step()
@@ -785,11 +781,10 @@ fn a_q4_k_and_q6_k_qkv_in_one_launch_matches_the_dense_step() {
         let mut dense = Decoder::with_quant(&cfg, &mw, &QuantWeights::default(), &dev, 16).unwrap();
         let mut quant = Decoder::with_quant(&cfg, &mw, &qw, &dev, 16).unwrap();
         // QKV one launch (its normed input quantized inside it), gate/up one more than
-        // the dense step's (its Q4_K and Q8_0 runs), down no quantizer (the SiLU
-        // product quantized inside it).
+        // the dense step's (its Q4_K and Q8_0 runs), down its quantizer.
         assert_eq!(
             quant.kernels_per_step(),
-            dense.kernels_per_step() + cfg.num_layers,
+            dense.kernels_per_step() + 2 * cfg.num_layers,
             "{dev}"
         );
         if dev.is_cuda() {

@@ -42,20 +42,14 @@ impl Matrix {
     }
 
     /// Kernel launches one GEMV over the matrix takes (quantized: the activation's
-    /// quantization, unless the GEMV quantizes its input itself (a normed input,
-    /// [`QuantMatrix::fuses_norm`]; the SiLU product, [`QuantMatrix::fuses_silu`]), then
-    /// one per run of rows of one type).
-    pub(crate) fn launches(&self, input: GemvInput) -> usize {
+    /// quantization, unless the GEMV quantizes a normed input itself (`normed`,
+    /// [`QuantMatrix::fuses_norm`]), then one per run of rows of one type).
+    pub(crate) fn launches(&self, normed: bool) -> usize {
         match self {
             Matrix::Dense(_) => 1,
             Matrix::Quant(q) => {
-                let fused = match input {
-                    GemvInput::Normed => q.fuses_norm(),
-                    GemvInput::SiluMul => q.fuses_silu(),
-                    GemvInput::Plain => false,
-                };
-                let normed = input == GemvInput::Normed;
-                let runs = if normed && fused && q.merges_fused_runs() {
+                let fused = normed && q.fuses_norm();
+                let runs = if fused && q.merges_fused_runs() {
                     1
                 } else {
                     q.parts.len()
@@ -66,17 +60,6 @@ impl Matrix {
     }
 }
 
-/// What a GEMV of the decode step computes from its input before the projection.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum GemvInput {
-    /// The input as it is (O; down after a dense gate/up).
-    Plain,
-    /// RMSNorm of the residual stream (QKV, gate/up).
-    Normed,
-    /// `silu(gate) * up` of a quantized gate/up GEMV's `[gate; up]` (down).
-    SiluMul,
-}
-
 /// One run of rows of one type, and its launch configuration.
 #[derive(Debug)]
 struct Part {
@@ -84,8 +67,7 @@ struct Part {
     row0: usize,
     m: DeviceQuantMatrix,
     cfg: QuantGemvConfig,
-    /// The configuration when the GEMV quantizes its input itself (normed, or the SiLU
-    /// product).
+    /// The configuration when the GEMV quantizes its normed input itself.
     fused_cfg: QuantGemvConfig,
 }
 
@@ -99,9 +81,6 @@ pub(crate) struct QuantMatrix {
     /// ([`crate::gguf::device::fuses_norm`], decided once at upload so that the step's
     /// launches and its launch count agree).
     fuses_norm: bool,
-    /// Whether a down GEMV over it computes and quantizes the SiLU product inside its
-    /// launches ([`crate::gguf::device::fuses_silu`], decided at upload as `fuses_norm`).
-    fuses_silu: bool,
     /// Whether a Q4_K run followed by a Q6_K run may launch as one
     /// ([`crate::gguf::device::merges_runs`], decided at upload for the same reason).
     merge_allowed: bool,
@@ -141,14 +120,11 @@ impl QuantMatrix {
                 message: "a quantized matrix needs at least one block of rows".into(),
             });
         }
-        let cols = parts[0].m.cols;
-        let fuses_norm = !head && crate::gguf::device::fuses_norm(cols);
-        let fuses_silu = !head && crate::gguf::device::fuses_silu(cols);
+        let fuses_norm = !head && crate::gguf::device::fuses_norm(parts[0].m.cols);
         Ok(QuantMatrix {
             parts,
             head,
             fuses_norm,
-            fuses_silu,
             merge_allowed: !head && crate::gguf::device::merges_runs(),
         })
     }
@@ -214,18 +190,6 @@ impl QuantMatrix {
             }
             return Ok(());
         }
-        if let (QuantVariant::SiluMulResidual, true) = (variant, self.fuses_silu()) {
-            for (i, p) in self.parts.iter().enumerate() {
-                let out = QuantOut::Rows {
-                    y: &mut *y,
-                    row0: p.row0,
-                    bias,
-                };
-                let serialized = launch.serialized && i == 0;
-                p.m.gemv_silu_mul_fused(dev, p.fused_cfg, a, out, spare, serialized)?;
-            }
-            return Ok(());
-        }
         spare.quantize(dev, variant, a, cols, false, launch.serialized)?;
         self.gemv_quantized_input(dev, variant, y, bias, spare)
     }
@@ -252,13 +216,6 @@ impl QuantMatrix {
     /// launches ([`crate::gguf::device::fuses_norm`]) instead of a quantizer before them.
     pub(crate) fn fuses_norm(&self) -> bool {
         self.fuses_norm
-    }
-
-    /// Whether a down GEMV over this matrix after a quantized gate/up computes and
-    /// quantizes `silu(gate) * up` inside its launches
-    /// ([`crate::gguf::device::fuses_silu`]) instead of a quantizer before them.
-    pub(crate) fn fuses_silu(&self) -> bool {
-        self.fuses_silu
     }
 
     /// [`QuantMatrix::gemv`] over an activation already quantized into `spare` (by the

@@ -45,7 +45,7 @@ use crate::sampling::device::DeviceSampler;
 use crate::sampling::Sampling;
 use crate::tuning;
 
-use matrix::{GemvInput, Matrix, QuantMatrix};
+use matrix::{Matrix, QuantMatrix};
 pub use matrix::{QuantLayer, QuantWeights};
 pub use plan::{Block, KernelChoice, LaunchPlan};
 pub(crate) use profile::median;
@@ -375,18 +375,13 @@ impl Decoder {
         match block {
             Block::Embed | Block::LmHead | Block::Argmax => 1,
             Block::Combine if self.plan.clustered() => 0,
-            Block::Qkv => self
-                .layers
-                .iter()
-                .map(|l| l.qkv_w.launches(GemvInput::Normed))
-                .sum(),
+            Block::Qkv => self.layers.iter().map(|l| l.qkv_w.launches(true)).sum(),
             // A combine that quantizes O's input leaves O its GEMVs only.
             Block::OProj => self
                 .layers
                 .iter()
                 .map(|l| {
-                    l.o_w.launches(GemvInput::Plain)
-                        - usize::from(step::combine_quantizes(&self.plan, &l.o_w))
+                    l.o_w.launches(false) - usize::from(step::combine_quantizes(&self.plan, &l.o_w))
                 })
                 .sum(),
             // A quantized gate/up before a dense down is followed by `silu_mul_in_place`.
@@ -395,21 +390,10 @@ impl Decoder {
                 .iter()
                 .map(|l| {
                     let silu = l.gate_up_w.dense().is_none() && l.down_w.dense().is_some();
-                    l.gate_up_w.launches(GemvInput::Normed) + usize::from(silu)
+                    l.gate_up_w.launches(true) + usize::from(silu)
                 })
                 .sum(),
-            // After a quantized gate/up, down's input is the SiLU product of `[gate; up]`.
-            Block::Down => self
-                .layers
-                .iter()
-                .map(|l| {
-                    let input = match l.gate_up_w {
-                        Matrix::Quant(_) => GemvInput::SiluMul,
-                        Matrix::Dense(_) => GemvInput::Plain,
-                    };
-                    l.down_w.launches(input)
-                })
-                .sum(),
+            Block::Down => self.layers.iter().map(|l| l.down_w.launches(false)).sum(),
             _ => self.cfg.num_layers,
         }
     }

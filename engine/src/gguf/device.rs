@@ -36,26 +36,6 @@ pub fn merges_runs() -> bool {
 /// The longest rows whose norm [`fuses_norm`] moves into the GEMV by default.
 pub const FUSED_NORM_MAX_COLS: usize = 2048;
 
-/// Whether the decode step's quantized down projection over `cols` columns (after a
-/// quantized gate/up GEMV) computes and quantizes `silu(gate) * up` inside the GEMV
-/// ([`DeviceQuantMatrix::gemv_silu_mul_fused`], `ACT = 2` in [`crate::kernels_quant`])
-/// rather than in a quantizer launch before it. As with [`fuses_norm`], every program
-/// then computes the whole input again, so only short rows take it: up to
-/// [`FUSED_SILU_MAX_COLS`] columns (docs/perf.md, "The SiLU product inside the down
-/// GEMV"). The environment's `TILEFUSE_QUANT_SILU_FUSED` (`1`: always, `0`: never)
-/// overrides it.
-pub fn fuses_silu(cols: usize) -> bool {
-    match std::env::var("TILEFUSE_QUANT_SILU_FUSED").ok().as_deref() {
-        Some("1") => true,
-        Some("0") => false,
-        _ => cols <= FUSED_SILU_MAX_COLS,
-    }
-}
-
-/// The longest rows whose SiLU product [`fuses_silu`] moves into the down GEMV by
-/// default.
-pub const FUSED_SILU_MAX_COLS: usize = 4096;
-
 /// A launch configuration of a quantized GEMV: rows and columns per tile, warps.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct QuantGemvConfig {
@@ -553,15 +533,7 @@ impl DeviceQuantMatrix {
         spare: &mut QuantSpare,
         serialized: bool,
     ) -> Result<()> {
-        self.launch_kernel(
-            dev,
-            cfg,
-            residual,
-            FusedInput::Quantized,
-            out,
-            spare,
-            serialized,
-        )
+        self.launch_kernel(dev, cfg, residual, None, out, spare, serialized)
     }
 
     /// `y = bf16(W · rmsnorm(a) + bias)` in one launch: each program quantizes the
@@ -599,63 +571,22 @@ impl DeviceQuantMatrix {
             dev,
             cfg,
             false,
-            FusedInput::Norm { a, norm_w, eps },
+            Some((a, norm_w, eps)),
             out,
             spare,
             serialized,
         )
     }
 
-    /// `y = bf16(y + bf16(W · x + bias))` with `x = bf16(bf16(silu(g)) * u)` of `act =
-    /// [g; u]` (each this matrix's `cols` long) in one launch: each program computes
-    /// and quantizes the blocks of `x` its tiles read (`ACT = 2` in
-    /// [`crate::kernels_quant`]), exactly as [`QuantSpare::quantize`] with
-    /// [`QuantVariant::SiluMulResidual`] would, so no quantizer runs before it. Where it
-    /// pays is the step's choice ([`fuses_silu`]).
-    pub fn gemv_silu_mul_fused(
-        &self,
-        dev: &Device,
-        cfg: QuantGemvConfig,
-        act: &Buffer<bf16>,
-        out: QuantOut<'_>,
-        spare: &mut QuantSpare,
-        serialized: bool,
-    ) -> Result<()> {
-        if matches!(out, QuantOut::Head { .. }) {
-            return Err(crate::error::EngineError::Option {
-                message: "an LM head does not take the SiLU product".into(),
-            });
-        }
-        if act.len() < 2 * self.cols {
-            return Err(crate::error::EngineError::Option {
-                message: format!(
-                    "a quantized down GEMV over {} columns takes `[gate; up]` of {}, not {}",
-                    self.cols,
-                    2 * self.cols,
-                    act.len()
-                ),
-            });
-        }
-        self.launch_kernel(
-            dev,
-            cfg,
-            true,
-            FusedInput::SiluMul { act },
-            out,
-            spare,
-            serialized,
-        )
-    }
-
-    /// The GEMV kernel over the activation in `spare`, or over an input it quantizes
-    /// itself (`input`).
+    /// The GEMV kernel over the activation in `spare`, or with `norm = Some((a, norm_w,
+    /// eps))` over RMSNorm of `a`, quantized in the kernel.
     #[allow(clippy::too_many_arguments)]
     fn launch_kernel(
         &self,
         dev: &Device,
         cfg: QuantGemvConfig,
         residual: bool,
-        input: FusedInput<'_>,
+        norm: Option<(&Buffer<bf16>, &Buffer<bf16>, f32)>,
         out: QuantOut<'_>,
         spare: &mut QuantSpare,
         serialized: bool,
@@ -678,11 +609,7 @@ impl DeviceQuantMatrix {
             cfg.block_k as i64,
             i64::from(residual && !head),
             i64::from(head),
-            match input {
-                FusedInput::Quantized => 0,
-                FusedInput::Norm { .. } => 1,
-                FusedInput::SiluMul { .. } => 2,
-            },
+            i64::from(norm.is_some()),
         ];
         let n = self.rows as i32;
         let k = self.cols as i32;
@@ -704,13 +631,8 @@ impl DeviceQuantMatrix {
             QuantBuffers::Q4K { .. } | QuantBuffers::Q6K { .. } => k / 8,
         };
         args.extend([(&spare.xq).into(), (&spare.xd).into()]);
-        // Over a quantized input `a` and `norm_w` are not read; the SiLU product reads
-        // its up half at `a + cols`, not through `norm_w`.
-        let (a, norm_w, eps) = match input {
-            FusedInput::Quantized => (&spare.bias, &spare.bias, 0.0),
-            FusedInput::Norm { a, norm_w, eps } => (a, norm_w, eps),
-            FusedInput::SiluMul { act } => (act, act, 0.0),
-        };
+        // Without the norm prologue `a` and `norm_w` are not read.
+        let (a, norm_w, eps) = norm.unwrap_or((&spare.bias, &spare.bias, 0.0));
         args.extend([a.into(), norm_w.into()]);
         let row0 = match out {
             QuantOut::Rows { y, row0, bias } => {
@@ -837,22 +759,6 @@ pub fn launch_q4_k_q6_k(
     ];
     Q4_K_Q6_K_GEMV.launch_dyn(dev, launch, &consts, &mut args)?;
     Ok(())
-}
-
-/// Where a quantized GEMV's int8 input comes from: the activation buffers of its
-/// [`QuantSpare`], or the kernel's own quantization of an input it computes.
-#[derive(Clone, Copy)]
-enum FusedInput<'a> {
-    /// Quantized before the launch (`ACT = 0`).
-    Quantized,
-    /// RMSNorm of `a` (`ACT = 1`).
-    Norm {
-        a: &'a Buffer<bf16>,
-        norm_w: &'a Buffer<bf16>,
-        eps: f32,
-    },
-    /// `bf16(bf16(silu(g)) * u)` of `act = [g; u]` (`ACT = 2`).
-    SiluMul { act: &'a Buffer<bf16> },
 }
 
 /// What a quantized GEMV does to its input before the dot products, and to its
