@@ -157,6 +157,46 @@ fn bench_runs_on_the_interpreter() {
     );
 }
 
+/// `bench --weights q8_0 --prompt N`: the quantized model's batched prefill (its
+/// matrices dequantized before each GEMM: one more launch a matrix and layer) after
+/// the bf16 one, in the same process.
+#[test]
+fn bench_times_a_quantized_models_prefill_beside_bf16() {
+    let out = tilefuse(&[
+        "bench",
+        "--preset",
+        "tiny-qwen3",
+        "--weights",
+        "q8_0",
+        "--prompt",
+        "12",
+        "--prefill-only",
+        "--device",
+        "cpu",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let launches = |label: &str| -> usize {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(label) && l.contains("12 tokens"))
+            .unwrap_or_else(|| panic!("no `{label}` line: {text}"));
+        let (_, rest) = line.split_once('(').unwrap();
+        rest.split_whitespace().next().unwrap().parse().unwrap()
+    };
+    let layers = tilefuse::engine::preset::config("tiny-qwen3")
+        .unwrap()
+        .num_layers;
+    assert_eq!(
+        launches("q8_0 prefill"),
+        launches("bf16 prefill") + 4 * layers
+    );
+}
+
 #[test]
 fn generate_reports_the_prompt_path_and_time_to_first_token() {
     for (flag, path) in [

@@ -420,8 +420,7 @@ impl Engine {
             logits: Vec::new(),
             prompt_time: Duration::ZERO,
             first_token_time: Duration::ZERO,
-            // A quantized model's prompt goes through decode steps (`Decoder::prefill_at`).
-            batched_prefill: opts.batched_prefill && !dec.is_quantized(),
+            batched_prefill: opts.batched_prefill,
             decode_time: Duration::ZERO,
             decode_steps: 0,
             used_graph: false,

@@ -111,8 +111,11 @@ fn store_head(
 }
 
 /// Every kernel description in this module, for tooling (offline assembly, inspection).
-pub fn all() -> [&'static tilefuse_dsl::runtime::KernelDef; 7] {
+pub fn all() -> [&'static tilefuse_dsl::runtime::KernelDef; 10] {
     [
+        &DEQUANTIZE_Q8_0,
+        &DEQUANTIZE_Q4_K,
+        &DEQUANTIZE_Q6_K,
         &QUANTIZE_ACT,
         &ATTENTION_COMBINE_QUANT,
         &Q8_0_GEMV,
@@ -1187,4 +1190,154 @@ pub fn q4_k_q6_k_gemv<const BLOCK_N: usize, const BLOCK_K: usize, const ACT: usi
         );
     }
     store(y + row0 + rows, (sums * inv_rms + b) as bf16, row_ok);
+}
+
+// Dequantization to bf16, for the batched prefill's GEMMs (`crate::prefill`): each
+// program writes a `[R, BLOCKS * 32]` tile of rows `row0 + ..` of a row-major `[.., k]`
+// bf16 matrix from the device layout ([`crate::gguf::quant::PackedMatrix`]), with the
+// host model's f32 operations (`PackedMatrix::dequantize`: llama.cpp's rounding), then
+// bf16 rounding. Element `32 blk + 4 hw + b` of a row is byte `b` of the block's
+// `hw`-th group of four, `hw = 4 half + w` (`half`: the block's 16-element half, `w`:
+// the word; see the layout's module docs). Grid `[rows / R, blocks / BLOCKS]`, rounded
+// up. Each waits for the kernels before it first: the decode step's buffers it writes
+// may still be read by them.
+
+/// The element offsets `[R, BLOCKS, 8, 4]` in `out` of a dequantized tile of rows
+/// `rows` and blocks `blk`: row `row0 + r`, element `32 blk + 4 hw + b`.
+#[tile_fn(crate = tilefuse_dsl)]
+fn dequant_offsets(rows: Tile<i32>, blk: Tile<i32>, row0: i32, k: i32) -> Tile<i32> {
+    let hw = arange(0, 8);
+    let b = arange(0, 4);
+    ((row0 + rows) * k)
+        .expand_dims(1)
+        .expand_dims(2)
+        .expand_dims(3)
+        + (blk * 32).expand_dims(0).expand_dims(2).expand_dims(3)
+        + (hw * 4).expand_dims(1)
+        + b
+}
+
+/// A Q8_0 matrix (`q: u32[n, k / 4]`, `d: f16[n, k / 32]`) as bf16 rows `row0..row0 +
+/// n` of `out` (`[.., k]`): `q * d`.
+#[kernel(crate = tilefuse_dsl, R = [4], BLOCKS = [8], num_warps = [4])]
+pub fn dequantize_q8_0<const R: usize, const BLOCKS: usize>(
+    q: Ptr<u32>,
+    d: Ptr<f16>,
+    out: Ptr<bf16>,
+    n: i32,
+    row0: i32,
+    #[multiple_of(8)] k_words: i32,
+) {
+    let blocks = k_words / 8;
+    let rows = program_id(0) * R + arange(0, R);
+    let blk = program_id(1) * BLOCKS + arange(0, BLOCKS);
+    let ok = (rows < n).expand_dims(1) & (blk < blocks).expand_dims(0);
+    let hw = arange(0, 8);
+    let b = arange(0, 4);
+    let word_at = (rows * k_words).expand_dims(1).expand_dims(2)
+        + (blk * 8).expand_dims(0).expand_dims(2)
+        + hw;
+    let ok3 = ok.expand_dims(2);
+    let words = load(q + word_at, ok3, 0);
+    let dd = load(
+        d + (rows * blocks).expand_dims(1) + blk.expand_dims(0),
+        ok,
+        0.0,
+    ) as f32;
+    wait_for_prior_kernels();
+    // Byte `b`, sign-extended.
+    let qv = ((words.expand_dims(3) << (24 - b * 8) as u32).bitcast::<i32>()) >> 24;
+    let v = (qv as f32) * dd.expand_dims(2).expand_dims(3);
+    let offs = dequant_offsets(rows, blk, row0, k_words * 4);
+    store(out + offs, v as bf16, ok3.expand_dims(3));
+}
+
+/// A Q4_K matrix (the arrays of [`q4_k_gemv`]) as bf16 rows `row0..row0 + n` of `out`
+/// (`[.., k]`): `(d * sc) * q - dmin * m`.
+#[kernel(crate = tilefuse_dsl, R = [4], BLOCKS = [8], num_warps = [4])]
+#[allow(clippy::too_many_arguments)]
+pub fn dequantize_q4_k<const R: usize, const BLOCKS: usize>(
+    q: Ptr<u32>,
+    scales: Ptr<u8>,
+    mins: Ptr<u8>,
+    d: Ptr<f16>,
+    dmin: Ptr<f16>,
+    out: Ptr<bf16>,
+    n: i32,
+    row0: i32,
+    #[multiple_of(32)] k_words: i32,
+) {
+    let blocks = k_words / 4;
+    let rows = program_id(0) * R + arange(0, R);
+    let blk = program_id(1) * BLOCKS + arange(0, BLOCKS);
+    let ok = (rows < n).expand_dims(1) & (blk < blocks).expand_dims(0);
+    let hw = arange(0, 8);
+    let b = arange(0, 4);
+    let word_at = (rows * k_words).expand_dims(1).expand_dims(2)
+        + (blk * 4).expand_dims(0).expand_dims(2)
+        + hw % 4;
+    let ok3 = ok.expand_dims(2);
+    let words = load(q + word_at, ok3, 0);
+    let s_at = (rows * blocks).expand_dims(1) + blk.expand_dims(0);
+    let sc = load(scales + s_at, ok, 0) as f32;
+    let m = load(mins + s_at, ok, 0) as f32;
+    let d_at = (rows * (blocks / 8)).expand_dims(1) + (blk / 8).expand_dims(0);
+    let dd = load(d + d_at, ok, 0.0) as f32;
+    let dm = load(dmin + d_at, ok, 0.0) as f32;
+    wait_for_prior_kernels();
+    let shift = ((hw / 4) * 4).expand_dims(1) + b * 8;
+    let nib = (words.expand_dims(3) >> shift as u32) & 15;
+    let scale = (dd * sc).expand_dims(2).expand_dims(3);
+    let min = (dm * m).expand_dims(2).expand_dims(3);
+    let v = scale * (nib as f32) - min;
+    let offs = dequant_offsets(rows, blk, row0, k_words * 8);
+    store(out + offs, v as bf16, ok3.expand_dims(3));
+}
+
+/// A Q6_K matrix (the arrays of [`q6_k_gemv`]) as bf16 rows `row0..row0 + n` of `out`
+/// (`[.., k]`): `(d * sc) * (q - 32)`, `q` the low nibble and two high bits.
+#[kernel(crate = tilefuse_dsl, R = [4], BLOCKS = [8], num_warps = [4])]
+#[allow(clippy::too_many_arguments)]
+pub fn dequantize_q6_k<const R: usize, const BLOCKS: usize>(
+    ql: Ptr<u32>,
+    qh: Ptr<u32>,
+    scales: Ptr<u8>,
+    d: Ptr<f16>,
+    out: Ptr<bf16>,
+    n: i32,
+    row0: i32,
+    #[multiple_of(32)] k_words: i32,
+) {
+    let blocks = k_words / 4;
+    let rows = program_id(0) * R + arange(0, R);
+    let blk = program_id(1) * BLOCKS + arange(0, BLOCKS);
+    let ok = (rows < n).expand_dims(1) & (blk < blocks).expand_dims(0);
+    let hw = arange(0, 8);
+    let b = arange(0, 4);
+    let half = hw / 4;
+    let w = hw % 4;
+    let ok3 = ok.expand_dims(2);
+    let lo_at = (rows * k_words).expand_dims(1).expand_dims(2)
+        + (blk * 4).expand_dims(0).expand_dims(2)
+        + w;
+    let lo = load(ql + lo_at, ok3, 0);
+    let hi_at = (rows * (2 * blocks)).expand_dims(1).expand_dims(2)
+        + (blk * 2).expand_dims(0).expand_dims(2)
+        + w / 2;
+    let hi = load(qh + hi_at, ok3, 0);
+    let s_at = (rows * (2 * blocks)).expand_dims(1).expand_dims(2)
+        + (blk * 2).expand_dims(0).expand_dims(2)
+        + half;
+    let sc = (load(scales + s_at, ok3, 128) as i32 - 128) as f32;
+    let d_at = (rows * (blocks / 8)).expand_dims(1) + (blk / 8).expand_dims(0);
+    let dd = load(d + d_at, ok, 0.0) as f32;
+    wait_for_prior_kernels();
+    let lo_shift = (half * 4).expand_dims(1) + b * 8;
+    let hi_shift = ((w % 2) * 4 + half * 2).expand_dims(1) + b * 8;
+    let q6 = ((lo.expand_dims(3) >> lo_shift as u32) & 15)
+        | (((hi.expand_dims(3) >> hi_shift as u32) & 3) << 4);
+    let scale = (dd.expand_dims(2) * sc).expand_dims(3);
+    let v = scale * ((q6.bitcast::<i32>() - 32) as f32);
+    let offs = dequant_offsets(rows, blk, row0, k_words * 8);
+    store(out + offs, v as bf16, ok3.expand_dims(3));
 }

@@ -506,14 +506,78 @@ fn engine_loads_a_gguf_file_and_decodes_like_the_reference() {
     }
     assert_eq!(out.tokens.len(), 4);
     // The file's matrices are read quantized, its Q6_K head too
-    // (`quant::head_reads_quantized`); its prompt went through decode steps.
+    // (`quant::head_reads_quantized`); its prompt went through the batched prefill
+    // (over the matrices dequantized to bf16).
     let dec = engine.decoder().expect("one device");
     assert!(dec.is_quantized());
     assert_eq!(
         dec.has_quant_head(),
         quant::head_reads_quantized(GgmlType::Q6_K)
     );
-    assert!(!out.batched_prefill);
+    assert!(out.batched_prefill);
+}
+
+/// The batched prefill of a quantized model (its matrices dequantized to bf16 before
+/// each GEMM, `PrefillWeight`) is bit for bit the dense model's prefill over the same
+/// weights dequantized on the host (both GEMMs read the same bf16 values): the logits of
+/// the last prompt position (the dense LM head in both) and the greedy token and
+/// position, over chunks that split the prompt unevenly. Decoding then continues from
+/// the prefilled cache with the quantized GEMVs (within the quantized step's tolerance
+/// of the dense step). On the interpreter, and on the GPU when there is one.
+#[test]
+fn a_quantized_models_prefill_is_the_dense_prefill_on_dequantized_weights() {
+    use tilefuse_dsl::runtime::testing::gpu_or_skip;
+    use tilefuse_dsl::runtime::Device;
+    use tilefuse_engine::decode::QuantWeights;
+    use tilefuse_engine::Decoder;
+
+    let f = GgufFile::open(fixture("tiny_qwen3.gguf")).unwrap();
+    let cfg = f.config().unwrap();
+    let mw = f.model_weights(&cfg).unwrap();
+    let mut qw = f.quant_weights(&cfg).unwrap();
+    qw.lm_head = None;
+    assert!(qw.layers.iter().all(|l| l.q.is_some() && l.down.is_some()));
+    let prompt: Vec<u32> = (0..11)
+        .map(|i| (i * 37 + 3) % cfg.vocab_size as u32)
+        .collect();
+    let mut devices = vec![Device::cpu()];
+    devices.extend(gpu_or_skip(
+        "a_quantized_models_prefill_is_the_dense_prefill_on_dequantized_weights",
+    ));
+    for dev in devices {
+        let mut dense = Decoder::with_quant(&cfg, &mw, &QuantWeights::default(), &dev, 16).unwrap();
+        let mut quant = Decoder::with_quant(&cfg, &mw, &qw, &dev, 16).unwrap();
+        assert!(quant.is_quantized() && !dense.is_quantized());
+        // Four runs of one type a layer (QKV: Q4_K, Q8_0, Q6_K; gate/up: Q4_K, Q8_0; O
+        // and down one each): the dequantization launches a chunk.
+        assert!(quant.prefill_dequant_launches() >= 4 * cfg.num_layers);
+        assert_eq!(dense.prefill_dequant_launches(), 0);
+        for chunk in [4, 16] {
+            let what = format!("{dev}, chunks of {chunk}");
+            dense.set_prefill_chunk(chunk).unwrap();
+            quant.set_prefill_chunk(chunk).unwrap();
+            dense.prefill(&prompt).unwrap();
+            quant.prefill(&prompt).unwrap();
+            let want = dense.read_logits().unwrap();
+            let got = quant.read_logits().unwrap();
+            assert!(want.iter().all(|v| v.is_finite()), "{what}");
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(g.to_bits(), w.to_bits(), "{what}: logit {i}: {g} vs {w}");
+            }
+            let state = quant.read_state().unwrap();
+            assert_eq!(state, dense.read_state().unwrap(), "{what}");
+            assert_eq!(state.1, prompt.len(), "{what}");
+            // The next step decodes from the prefilled cache.
+            let token = state.0;
+            let want = dense.forward(token, prompt.len()).unwrap();
+            let got = quant.forward(token, prompt.len()).unwrap();
+            let rel = common::rel_err(&got, &want);
+            assert!(
+                rel < 8e-2,
+                "{what}: the step after the prefill differs by {rel}"
+            );
+        }
+    }
 }
 
 #[test]

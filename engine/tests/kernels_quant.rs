@@ -759,3 +759,52 @@ fn q4_k_and_q6_k_runs_in_one_launch_match_two() {
         }
     }
 }
+
+/// The dequantization kernels the batched prefill runs (`dequantize_into`): rows
+/// `row0..row0 + n` of a larger NaN-poisoned bf16 matrix, bit for bit the host model of
+/// the device layout (`PackedMatrix::dequantize`, tied to the `gguf` package's
+/// dequantizer by `dequantizes_blocks_like_the_gguf_package` in `gguf.rs`) rounded to
+/// bf16; every other element untouched. Random blocks with extreme scales (f16's largest
+/// and a subnormal), shapes whose rows and blocks do not fill the kernels' tiles.
+#[test]
+fn dequantization_matches_the_host_model() {
+    let mut rng = Rng(0xde0);
+    let mut devices = vec![Device::cpu()];
+    devices.extend(gpu_or_skip("dequantization_matches_the_host_model"));
+    for dev in devices {
+        for ty in [GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K] {
+            let min_k = if ty == GgmlType::Q8_0 { 32 } else { 256 };
+            let mut shapes = vec![(5, min_k), (9, 1024 + min_k), (24, 512)];
+            if dev.is_cuda() {
+                shapes.extend([(4096, 1024), (1024, 3072)]);
+            }
+            for (n, k) in shapes {
+                let blocks = random_blocks(&mut rng, ty, n, k, true);
+                let packed = PackedMatrix::pack(ty, &blocks, n, k, "w").unwrap();
+                let m = DeviceQuantMatrix::upload(&dev, &packed).unwrap();
+                let (row0, total) = (3, n + 5);
+                let mut out = dev.alloc_filled(total * k, bf16::NAN).unwrap();
+                m.dequantize_into(&dev, &mut out, row0).unwrap();
+                let got = out.to_vec().unwrap();
+                let want = packed.dequantize();
+                for (i, g) in got.iter().enumerate() {
+                    let r = i / k;
+                    let w = if (row0..row0 + n).contains(&r) {
+                        bf16::from_f32(want[i - row0 * k])
+                    } else {
+                        bf16::NAN
+                    };
+                    assert_eq!(
+                        g.to_bits(),
+                        w.to_bits(),
+                        "{ty} {n}x{k} on {dev}: row {r}, column {}: {g} against {w}",
+                        i % k
+                    );
+                }
+                // Past the rows' end is an error, not a write out of bounds.
+                let mut short = dev.alloc_filled(n * k - 1, bf16::NAN).unwrap();
+                assert!(m.dequantize_into(&dev, &mut short, 0).is_err());
+            }
+        }
+    }
+}

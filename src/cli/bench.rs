@@ -171,20 +171,46 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     if args.prompt > 0 {
-        let (cfg, weights) = crate::engine::preset::load(&args.preset, args.seed)?;
-        let mut dec = crate::engine::Decoder::new(&cfg, &weights, &device, args.prompt)?;
-        drop(weights);
-        if let Some(chunk) = args.prefill_chunk {
-            dec.set_prefill_chunk(chunk)?;
-        }
+        let (cfg, dense_weights) = crate::engine::preset::load(&args.preset, args.seed)?;
         let mut rng = crate::engine::bench::Rng::new(args.seed ^ 0x9E1F);
         let prompt: Vec<u32> = (0..args.prompt)
             .map(|_| rng.next_u32() % cfg.vocab_size as u32)
             .collect();
         let reps = if device.is_cuda() { 10 } else { 1 };
+        let new_decoder = |quant: &crate::engine::decode::QuantWeights| {
+            let mut dec = crate::engine::Decoder::with_quant(
+                &cfg,
+                &dense_weights,
+                quant,
+                &device,
+                args.prompt,
+            )?;
+            if let Some(chunk) = args.prefill_chunk {
+                dec.set_prefill_chunk(chunk)?;
+            }
+            anyhow::Ok(dec)
+        };
+        // Quantized weights (drawn first: a preset whose shapes the format cannot
+        // hold fails before any timing): the bf16 prefill first, in the same process,
+        // then the quantized model's (its matrices dequantized before each GEMM).
+        let quant = weights.random_weights(&cfg, args.seed)?;
+        if weights != bench::WeightFormat::Bf16 {
+            let mut dense = new_decoder(&Default::default())?;
+            let timing = crate::engine::prefill::time_prefill(&mut dense, &prompt, reps)?;
+            super::write_stdout(&format!("bf16 {timing}\n"))?;
+        }
+        let mut dec = new_decoder(&quant)?;
+        drop(quant);
+        drop(dense_weights);
         let default = dec.prefiller()?.plan().clone();
         let timing = crate::engine::prefill::time_prefill(&mut dec, &prompt, reps)?;
-        super::write_stdout(&format!("{timing}\n  tiles {default}\n"))?;
+        // A quantized run names both formats.
+        let label = if weights == bench::WeightFormat::Bf16 {
+            String::new()
+        } else {
+            format!("{weights} ")
+        };
+        super::write_stdout(&format!("{label}{timing}\n  tiles {default}\n"))?;
         for spec in &args.prefill_tiles {
             let plan = default.with_tiles(spec)?;
             dec.prefiller()?.set_plan(plan.clone())?;

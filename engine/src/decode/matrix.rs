@@ -33,6 +33,14 @@ impl Matrix {
         }
     }
 
+    /// The matrix as the batched prefill reads it.
+    pub(crate) fn prefill_weight(&self) -> crate::prefill::PrefillWeight<'_> {
+        match self {
+            Matrix::Dense(w) => crate::prefill::PrefillWeight::dense(w),
+            Matrix::Quant(q) => crate::prefill::PrefillWeight::quant(q),
+        }
+    }
+
     /// The dense rows, or `None` for a quantized matrix.
     pub(crate) fn dense(&self) -> Option<&Buffer<bf16>> {
         match self {
@@ -149,6 +157,26 @@ impl QuantMatrix {
                 }
                 None => QuantGemvConfig::for_step_norm_fused(ty, rows, cols)?,
             };
+        }
+        Ok(())
+    }
+
+    /// `(rows, cols)` of the whole matrix (every run).
+    pub(crate) fn shape(&self) -> (usize, usize) {
+        let rows = self.parts.iter().map(|p| p.m.rows).sum();
+        (rows, self.parts[0].m.cols)
+    }
+
+    /// Runs of rows of one type (one dequantization launch each).
+    pub(crate) fn runs(&self) -> usize {
+        self.parts.len()
+    }
+
+    /// The whole matrix as bf16 rows into the row-major `out` (`[rows, cols]` or more),
+    /// one launch a run ([`DeviceQuantMatrix::dequantize_into`]).
+    pub(crate) fn dequantize_into(&self, dev: &Device, out: &mut Buffer<bf16>) -> Result<()> {
+        for p in &self.parts {
+            p.m.dequantize_into(dev, out, p.row0)?;
         }
         Ok(())
     }

@@ -45,7 +45,8 @@ use crate::sampling::device::DeviceSampler;
 use crate::sampling::Sampling;
 use crate::tuning;
 
-use matrix::{Matrix, QuantMatrix};
+use matrix::Matrix;
+pub(crate) use matrix::QuantMatrix;
 pub use matrix::{QuantLayer, QuantWeights};
 pub use plan::{Block, KernelChoice, LaunchPlan};
 pub(crate) use profile::median;
@@ -591,23 +592,10 @@ impl Decoder {
     }
 
     /// The model's device buffers (weights per layer, KV cache, RoPE tables, the step's
-    /// hidden state and `state`), lent to the batched prefill; an error for a quantized
-    /// model (the prefill's GEMMs read bf16 weights).
+    /// hidden state and `state`), lent to the batched prefill; quantized matrices are
+    /// lent as they are and dequantized one at a time before their GEMMs
+    /// ([`crate::prefill::PrefillWeight`]).
     pub fn prefill_view(&mut self) -> Result<ModelView<'_>> {
-        let dense = |m: &Matrix| -> Result<()> {
-            match m.dense() {
-                Some(_) => Ok(()),
-                None => Err(EngineError::Option {
-                    message: "the batched prefill reads bf16 weights; this model has quantized ones (its prompts go through decode steps)".into(),
-                }),
-            }
-        };
-        for l in &self.layers {
-            for m in [&l.qkv_w, &l.o_w, &l.gate_up_w, &l.down_w] {
-                dense(m)?;
-            }
-        }
-        let empty = &self.s.zeros;
         Ok(ModelView {
             embed: &self.embed,
             rope_cos: &self.rope_cos,
@@ -618,15 +606,15 @@ impl Decoder {
                 .iter_mut()
                 .map(|l| LayerView {
                     input_norm: &l.input_norm,
-                    qkv_w: l.qkv_w.dense().unwrap_or(empty),
+                    qkv_w: l.qkv_w.prefill_weight(),
                     qkv_b: &l.qkv_b,
                     q_norm: &l.q_norm,
                     k_norm: &l.k_norm,
-                    o_w: l.o_w.dense().unwrap_or(empty),
+                    o_w: l.o_w.prefill_weight(),
                     o_b: &l.o_b,
                     post_norm: &l.post_norm,
-                    gate_up_w: l.gate_up_w.dense().unwrap_or(empty),
-                    down_w: l.down_w.dense().unwrap_or(empty),
+                    gate_up_w: l.gate_up_w.prefill_weight(),
+                    down_w: l.down_w.prefill_weight(),
                     k_cache: &mut l.k_cache,
                     v_cache: &mut l.v_cache,
                 })
@@ -668,11 +656,6 @@ impl Decoder {
     /// prompt past the cache's capacity, an empty one or an id outside the vocabulary
     /// is an error before any work. Asynchronous on a GPU.
     pub fn prefill_at(&mut self, tokens: &[u32], start: usize) -> Result<()> {
-        if self.is_quantized() {
-            // No quantized GEMMs yet: the prompt goes through decode steps, which leave
-            // the same cache, logits and `state`.
-            return self.prefill_by_steps(tokens, start);
-        }
         self.prefiller()?;
         let mut p = self.prefiller.take().expect("made above");
         let ran = match self.prefill_view() {
@@ -684,9 +667,19 @@ impl Decoder {
         self.step_blocks(|b| matches!(b, Block::LmHead | Block::Argmax))
     }
 
-    /// [`Decoder::prefill_at`] as one decode step a token (what a quantized model's
-    /// prompt takes).
-    fn prefill_by_steps(&mut self, tokens: &[u32], start: usize) -> Result<()> {
+    /// Dequantization launches a prefill chunk adds to the prefill's own
+    /// ([`crate::prefill::Prefiller::launches_for`]): one a run of rows of one type of
+    /// each quantized matrix, every layer.
+    pub fn prefill_dequant_launches(&self) -> usize {
+        self.layers
+            .iter()
+            .flat_map(|l| [&l.qkv_w, &l.o_w, &l.gate_up_w, &l.down_w])
+            .map(|m| m.prefill_weight().dequant_launches())
+            .sum()
+    }
+
+    /// [`Decoder::prefill_at`] as one decode step a token.
+    pub fn prefill_by_steps(&mut self, tokens: &[u32], start: usize) -> Result<()> {
         if tokens.is_empty() {
             return Err(EngineError::EmptyPrompt);
         }

@@ -7,7 +7,10 @@ use tilefuse_dsl::runtime::{Buffer, Device, KernelArg, KernelDef, LaunchConfig};
 
 use super::quant::{GgmlType, PackedMatrix};
 use crate::error::Result;
-use crate::kernels_quant::{Q4_K_GEMV, Q4_K_Q6_K_GEMV, Q6_K_GEMV, Q8_0_GEMV, QUANTIZE_ACT};
+use crate::kernels_quant::{
+    DEQUANTIZE_Q4_K, DEQUANTIZE_Q6_K, DEQUANTIZE_Q8_0, Q4_K_GEMV, Q4_K_Q6_K_GEMV, Q6_K_GEMV,
+    Q8_0_GEMV, QUANTIZE_ACT,
+};
 
 /// Whether the decode step quantizes the RMSNorm input of a quantized QKV or gate/up
 /// GEMV over `cols` columns inside the GEMV ([`DeviceQuantMatrix::gemv_norm_fused`])
@@ -499,6 +502,56 @@ impl DeviceQuantMatrix {
             spare,
             false,
         )
+    }
+
+    /// Writes the matrix as bf16 into rows `row0..row0 + rows` of the row-major `[..,
+    /// cols]` matrix `out` ([`crate::kernels_quant::dequantize_q4_k`] and its twins:
+    /// [`PackedMatrix::dequantize`]'s values, rounded to bf16), for the batched prefill's
+    /// GEMMs. The launch waits for the kernels before it.
+    pub fn dequantize_into(&self, dev: &Device, out: &mut Buffer<bf16>, row0: usize) -> Result<()> {
+        if out.len() < (row0 + self.rows) * self.cols {
+            return Err(crate::error::EngineError::Option {
+                message: format!(
+                    "dequantizing a {}x{} matrix into rows {row0}.. of a buffer of {} elements",
+                    self.rows,
+                    self.cols,
+                    out.len()
+                ),
+            });
+        }
+        const R: usize = 4;
+        const BLOCKS: usize = 8;
+        let grid = [
+            self.rows.div_ceil(R) as u32,
+            (self.cols / 32).div_ceil(BLOCKS) as u32,
+            1,
+        ];
+        let launch = LaunchConfig::from(grid).num_warps(4);
+        let (n, row0) = (self.rows as i32, row0 as i32);
+        let (kernel, mut args, k_words): (&KernelDef, Vec<KernelArg<'_>>, usize) =
+            match &self.buffers {
+                QuantBuffers::Q8_0 { q, d } => (&DEQUANTIZE_Q8_0, vec![q.into(), d.into()], 4),
+                QuantBuffers::Q4K {
+                    q,
+                    scales,
+                    mins,
+                    d,
+                    dmin,
+                } => (
+                    &DEQUANTIZE_Q4_K,
+                    vec![q.into(), scales.into(), mins.into(), d.into(), dmin.into()],
+                    8,
+                ),
+                QuantBuffers::Q6K { ql, qh, scales, d } => (
+                    &DEQUANTIZE_Q6_K,
+                    vec![ql.into(), qh.into(), scales.into(), d.into()],
+                    8,
+                ),
+            };
+        let k_words = (self.cols / k_words) as i32;
+        args.extend([out.into(), n.into(), row0.into(), k_words.into()]);
+        kernel.launch_dyn(dev, launch, &[R as i64, BLOCKS as i64], &mut args)?;
+        Ok(())
     }
 
     /// Quantizes `a` in `variant` into `spare` ([`QuantSpare::quantize`]), then

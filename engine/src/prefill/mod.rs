@@ -15,6 +15,7 @@ use half::bf16;
 use tilefuse_dsl::runtime::{Buffer, Device, KernelArg, KernelDef, LaunchConfig};
 
 use crate::config::ModelConfig;
+use crate::decode::QuantMatrix;
 use crate::error::{EngineError, Result};
 
 mod plan;
@@ -40,6 +41,66 @@ const NORM_BLOCK: i64 = 1024;
 /// QK-norm/RoPE, attention.
 const LAUNCHES_PER_LAYER: usize = 8;
 
+/// A layer's matrix as the prefill reads it: bf16 rows in place, or a quantized matrix
+/// of the decode step, dequantized to bf16 into the prefill's scratch
+/// ([`crate::kernels_quant::dequantize_q4_k`] and its twins) just before its GEMM. The
+/// scratch holds one matrix at a time (the largest, `[2 * intermediate, hidden]`), so
+/// a quantized model keeps its small weights and the GEMMs read bf16 as a dense one's
+/// do; the dequantization adds one pass over the layer's weights a chunk.
+#[derive(Clone, Copy, Debug)]
+pub struct PrefillWeight<'a>(Weight<'a>);
+
+#[derive(Clone, Copy, Debug)]
+enum Weight<'a> {
+    Dense(&'a Buffer<bf16>),
+    Quant(&'a QuantMatrix),
+}
+
+impl<'a> PrefillWeight<'a> {
+    /// bf16 rows, read in place.
+    pub fn dense(w: &'a Buffer<bf16>) -> Self {
+        PrefillWeight(Weight::Dense(w))
+    }
+
+    /// A quantized matrix, dequantized before each GEMM over it.
+    pub(crate) fn quant(q: &'a QuantMatrix) -> Self {
+        PrefillWeight(Weight::Quant(q))
+    }
+
+    /// Elements of the scratch a GEMM over it needs (0 for bf16 rows).
+    fn scratch_len(&self) -> usize {
+        match self.0 {
+            Weight::Dense(_) => 0,
+            Weight::Quant(q) => {
+                let (rows, cols) = q.shape();
+                rows * cols
+            }
+        }
+    }
+
+    /// Launches the dequantization takes before each GEMM (0 for bf16 rows).
+    pub(crate) fn dequant_launches(&self) -> usize {
+        match self.0 {
+            Weight::Dense(_) => 0,
+            Weight::Quant(q) => q.runs(),
+        }
+    }
+
+    /// The bf16 rows a GEMM reads: these, or the matrix dequantized into `scratch`.
+    fn rows<'b>(self, dev: &Device, scratch: &'b mut Buffer<bf16>) -> Result<&'b Buffer<bf16>>
+    where
+        'a: 'b,
+    {
+        match self.0 {
+            Weight::Dense(w) => Ok(w),
+            Weight::Quant(q) => {
+                q.dequantize_into(dev, scratch)?;
+                Ok(scratch)
+            }
+        }
+    }
+}
+
 /// One layer's device buffers, lent to the prefill (the decode step's layout: fused
 /// `[q; k; v]` and `[gate; up]` rows, zero biases where the model has none, ones for
 /// absent QK-norm weights).
@@ -48,7 +109,7 @@ pub struct LayerView<'a> {
     /// Input RMSNorm weight, `[hidden]`.
     pub input_norm: &'a Buffer<bf16>,
     /// `[q_dim + 2 kv_dim, hidden]`.
-    pub qkv_w: &'a Buffer<bf16>,
+    pub qkv_w: PrefillWeight<'a>,
     /// `[q_dim + 2 kv_dim]`.
     pub qkv_b: &'a Buffer<bf16>,
     /// `[head_dim]`.
@@ -56,15 +117,15 @@ pub struct LayerView<'a> {
     /// `[head_dim]`.
     pub k_norm: &'a Buffer<bf16>,
     /// `[hidden, q_dim]`.
-    pub o_w: &'a Buffer<bf16>,
+    pub o_w: PrefillWeight<'a>,
     /// `[hidden]`.
     pub o_b: &'a Buffer<bf16>,
     /// Post-attention RMSNorm weight, `[hidden]`.
     pub post_norm: &'a Buffer<bf16>,
     /// `[2 * intermediate, hidden]`.
-    pub gate_up_w: &'a Buffer<bf16>,
+    pub gate_up_w: PrefillWeight<'a>,
     /// `[hidden, intermediate]`.
-    pub down_w: &'a Buffer<bf16>,
+    pub down_w: PrefillWeight<'a>,
     /// `[num_kv_heads, max_seq_len, head_dim]`.
     pub k_cache: &'a mut Buffer<bf16>,
     /// Same layout as `k_cache`.
@@ -121,6 +182,9 @@ pub struct Prefiller {
     partials: Buffer<f32>,
     /// Split-K arrival counters, one a tile; zero between launches.
     counters: Buffer<i32>,
+    /// A quantized matrix dequantized to bf16 for its GEMM (see [`PrefillWeight`]);
+    /// grown to the largest one the first time a model lends quantized weights.
+    dequantized: Buffer<bf16>,
 }
 
 impl Prefiller {
@@ -164,6 +228,7 @@ impl Prefiller {
             sms,
             partials: dev.zeros(1)?,
             counters: dev.zeros(1)?,
+            dequantized: dev.zeros(1)?,
         };
         // Sizes the split-K workspace for the default plan's splits.
         prefiller.set_plan(plan)?;
@@ -264,6 +329,16 @@ impl Prefiller {
                 ),
             });
         }
+        let scratch = m
+            .layers
+            .iter()
+            .flat_map(|l| [l.qkv_w, l.o_w, l.gate_up_w, l.down_w])
+            .map(|w| w.scratch_len())
+            .max()
+            .unwrap_or(0);
+        if scratch > self.dequantized.len() {
+            self.dequantized = self.dev.zeros(scratch)?;
+        }
         let ModelView {
             embed,
             rope_cos,
@@ -324,13 +399,14 @@ impl Prefiller {
             )?;
             for l in layers.iter_mut() {
                 rms_norm(dev, &self.x, l.input_norm, &mut self.xn, t, h, eps)?;
+                let qkv_w = l.qkv_w.rows(dev, &mut self.dequantized)?;
                 gemm(
                     dev,
                     &plan.qkv,
                     (self.sms, &mut self.partials, &mut self.counters),
                     [
                         (&self.xn).into(),
-                        l.qkv_w.into(),
+                        qkv_w.into(),
                         l.qkv_b.into(),
                         (&mut self.qkv).into(),
                     ],
@@ -379,13 +455,14 @@ impl Prefiller {
                         scale.into(),
                     ],
                 )?;
+                let o_w = l.o_w.rows(dev, &mut self.dequantized)?;
                 gemm(
                     dev,
                     &plan.o_proj,
                     (self.sms, &mut self.partials, &mut self.counters),
                     [
                         (&self.attn).into(),
-                        l.o_w.into(),
+                        o_w.into(),
                         l.o_b.into(),
                         (&mut self.x).into(),
                     ],
@@ -393,6 +470,7 @@ impl Prefiller {
                     1,
                 )?;
                 rms_norm(dev, &self.x, l.post_norm, &mut self.xn, t, h, eps)?;
+                let gate_up_w = l.gate_up_w.rows(dev, &mut self.dequantized)?;
                 launch_staged(
                     dev,
                     &PREFILL_GATE_UP,
@@ -401,20 +479,21 @@ impl Prefiller {
                     (plan.gate_up.num_warps, plan.gate_up.num_stages),
                     &mut [
                         (&self.xn).into(),
-                        l.gate_up_w.into(),
+                        gate_up_w.into(),
                         (&mut self.act).into(),
                         ti.into(),
                         im.into(),
                         h.into(),
                     ],
                 )?;
+                let down_w = l.down_w.rows(dev, &mut self.dequantized)?;
                 gemm(
                     dev,
                     &plan.down,
                     (self.sms, &mut self.partials, &mut self.counters),
                     [
                         (&self.act).into(),
-                        l.down_w.into(),
+                        down_w.into(),
                         zeros.into(),
                         (&mut self.x).into(),
                     ],
@@ -631,11 +710,12 @@ pub fn time_prefill(
         dec.read_state()?;
         runs_ms.push(t0.elapsed().as_secs_f64() * 1e3);
     }
+    let dequant = dec.prefill_dequant_launches();
     let p = dec.prefiller()?;
     Ok(PrefillTiming {
         prompt: prompt.len(),
         chunk: p.chunk(),
-        launches: p.launches_for(prompt.len()) + 2,
+        launches: p.launches_for(prompt.len()) + prompt.len().div_ceil(p.chunk()) * dequant + 2,
         runs_ms,
     })
 }
