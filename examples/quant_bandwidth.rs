@@ -14,7 +14,9 @@
 //! step's pair: the activation quantizer and the GEMV. `--sweep` adds every
 //! configuration's time; `--8b` times Qwen3-8B's shapes only; `--only Q4_K:4096x12288`
 //! one type and shape, `--config 8,1024,8` one launch configuration (with `--only`, one
-//! kernel for a profiler). Without a GPU it says so and exits 0.
+//! kernel for a profiler). `--dequant` times the batched prefill's dequantization to
+//! bf16 instead (`DeviceQuantMatrix::dequantize_into`, each compiled tile): the bytes
+//! it reads and writes against the copy ceiling. Without a GPU it says so and exits 0.
 //!
 //! Method (docs/perf.md, as `examples/bandwidth.rs`): CUDA events around CUDA-graph
 //! replays of launches that cycle through copies of the weights larger than 4x L2
@@ -51,7 +53,12 @@ fn main() {
         println!("quant_bandwidth: skipped: no CUDA device");
         return;
     }
-    if let Err(e) = run(&dev, sweep, only_8b) {
+    let ran = if std::env::args().any(|a| a == "--dequant") {
+        dequant(&dev, only_8b)
+    } else {
+        run(&dev, sweep, only_8b)
+    };
+    if let Err(e) = ran {
         eprintln!("quant_bandwidth: error: {e}");
         std::process::exit(1);
     }
@@ -192,6 +199,56 @@ fn run(dev: &Device, sweep: bool, only_8b: bool) -> Result<(), Box<dyn std::erro
         println!();
         for s in sweeps {
             println!("{s}");
+        }
+    }
+    Ok(())
+}
+
+/// `--dequant`: each type's dequantization to bf16 at each shape, every compiled tile.
+fn dequant(dev: &Device, only_8b: bool) -> Result<(), Box<dyn std::error::Error>> {
+    let info = dev.info()?;
+    let opts = TimingOptions {
+        warmup: 5,
+        reps: 30,
+    };
+    let ceiling = perf::copy_ceiling(dev, 1 << 30, opts)?;
+    println!(
+        "{} ({} SMs, L2 {} MiB); copy ceiling {:.0} GB/s",
+        info.name,
+        info.sm_count,
+        info.l2_bytes >> 20,
+        ceiling.gb_per_s()
+    );
+    println!();
+    println!("| type | shape | what | tile (rows, blocks) | µs | bytes read + written | GB/s | % of copy |");
+    println!("|---|---|---|---|---|---|---|---|");
+    let mut rng = Rng::new(28);
+    for ty in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0] {
+        for &(n, k, what) in SHAPES.iter().filter(|s| !only_8b || s.2.starts_with("8B")) {
+            let packed = PackedMatrix::pack(ty, &random_blocks(&mut rng, ty, n, k), n, k, what)?;
+            let bytes = packed.device_bytes() + 2 * n * k;
+            let copies = (4 * info.l2_bytes / bytes).clamp(2, 256) + 1;
+            let mats: Vec<DeviceQuantMatrix> = (0..copies)
+                .map(|_| DeviceQuantMatrix::upload(dev, &packed))
+                .collect::<Result<_, _>>()?;
+            let mut outs: Vec<Buffer<bf16>> = (0..copies)
+                .map(|_| dev.alloc_filled(n * k, bf16::NAN))
+                .collect::<Result<_, _>>()?;
+            for tile in [(1, 8), (1, 32), (4, 8), (4, 32), (16, 8), (16, 32)] {
+                let (stats, _method) = perf::time_graph(dev, copies, opts, |i| {
+                    mats[i]
+                        .dequantize_tile(dev, &mut outs[i], 0, tile)
+                        .map_err(|e| PerfError(e.to_string()))
+                })?;
+                let us = stats.median_us;
+                let gbs = bytes as f64 / (us * 1e-6) / 1e9;
+                println!(
+                    "| {ty} | {n}x{k} | {what} | {}, {} | {us:.2} | {bytes} | {gbs:.0} | {:.0}% |",
+                    tile.0,
+                    tile.1,
+                    100.0 * gbs / ceiling.gb_per_s()
+                );
+            }
         }
     }
     Ok(())

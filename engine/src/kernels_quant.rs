@@ -1219,7 +1219,7 @@ fn dequant_offsets(rows: Tile<i32>, blk: Tile<i32>, row0: i32, k: i32) -> Tile<i
 
 /// A Q8_0 matrix (`q: u32[n, k / 4]`, `d: f16[n, k / 32]`) as bf16 rows `row0..row0 +
 /// n` of `out` (`[.., k]`): `q * d`.
-#[kernel(crate = tilefuse_dsl, R = [4], BLOCKS = [8], num_warps = [4])]
+#[kernel(crate = tilefuse_dsl, R = [1, 4, 16], BLOCKS = [8, 32], num_warps = [4])]
 pub fn dequantize_q8_0<const R: usize, const BLOCKS: usize>(
     q: Ptr<u32>,
     d: Ptr<f16>,
@@ -1238,23 +1238,29 @@ pub fn dequantize_q8_0<const R: usize, const BLOCKS: usize>(
         + (blk * 8).expand_dims(0).expand_dims(2)
         + hw;
     let ok3 = ok.expand_dims(2);
-    let words = load(q + word_at, ok3, 0);
+    // Each element's word, in the store's layout (as in `dequantize_q4_k`).
+    let words = load(
+        q + word_at.expand_dims(3) + b * 0,
+        ok3.expand_dims(3) & (b >= 0),
+        0,
+    );
     let dd = load(
         d + (rows * blocks).expand_dims(1) + blk.expand_dims(0),
         ok,
         0.0,
     ) as f32;
     wait_for_prior_kernels();
-    // Byte `b`, sign-extended.
-    let qv = ((words.expand_dims(3) << (24 - b * 8) as u32).bitcast::<i32>()) >> 24;
-    let v = (qv as f32) * dd.expand_dims(2).expand_dims(3);
     let offs = dequant_offsets(rows, blk, row0, k_words * 4);
+    // Byte `b` (`offs & 3`), sign-extended.
+    let shift = (24 - ((offs & 3) << 3)) as u32;
+    let qv = ((words << shift).bitcast::<i32>()) >> 24;
+    let v = (qv as f32) * dd.expand_dims(2).expand_dims(3);
     store(out + offs, v as bf16, ok3.expand_dims(3));
 }
 
 /// A Q4_K matrix (the arrays of [`q4_k_gemv`]) as bf16 rows `row0..row0 + n` of `out`
 /// (`[.., k]`): `(d * sc) * q - dmin * m`.
-#[kernel(crate = tilefuse_dsl, R = [4], BLOCKS = [8], num_warps = [4])]
+#[kernel(crate = tilefuse_dsl, R = [1, 4, 16], BLOCKS = [8, 32], num_warps = [4])]
 #[allow(clippy::too_many_arguments)]
 pub fn dequantize_q4_k<const R: usize, const BLOCKS: usize>(
     q: Ptr<u32>,
@@ -1277,7 +1283,14 @@ pub fn dequantize_q4_k<const R: usize, const BLOCKS: usize>(
         + (blk * 4).expand_dims(0).expand_dims(2)
         + hw % 4;
     let ok3 = ok.expand_dims(2);
-    let words = load(q + word_at, ok3, 0);
+    // Each element's word, loaded in the store's layout (four elements a thread in
+    // element order; a word loaded once a tile would lay the tile out as the words
+    // and scatter the stores).
+    let words = load(
+        q + word_at.expand_dims(3) + b * 0,
+        ok3.expand_dims(3) & (b >= 0),
+        0,
+    );
     let s_at = (rows * blocks).expand_dims(1) + blk.expand_dims(0);
     let sc = load(scales + s_at, ok, 0) as f32;
     let m = load(mins + s_at, ok, 0) as f32;
@@ -1285,18 +1298,19 @@ pub fn dequantize_q4_k<const R: usize, const BLOCKS: usize>(
     let dd = load(d + d_at, ok, 0.0) as f32;
     let dm = load(dmin + d_at, ok, 0.0) as f32;
     wait_for_prior_kernels();
-    let shift = ((hw / 4) * 4).expand_dims(1) + b * 8;
-    let nib = (words.expand_dims(3) >> shift as u32) & 15;
+    let offs = dequant_offsets(rows, blk, row0, k_words * 8);
+    // Nibble `4 half + 8 b` of the word (`offs & 31 = 4 hw + b`).
+    let shift = (((offs & 16) >> 2) + ((offs & 3) << 3)) as u32;
+    let nib = (words >> shift) & 15;
     let scale = (dd * sc).expand_dims(2).expand_dims(3);
     let min = (dm * m).expand_dims(2).expand_dims(3);
-    let v = scale * (nib as f32) - min;
-    let offs = dequant_offsets(rows, blk, row0, k_words * 8);
+    let v = (nib as f32) * scale - min;
     store(out + offs, v as bf16, ok3.expand_dims(3));
 }
 
 /// A Q6_K matrix (the arrays of [`q6_k_gemv`]) as bf16 rows `row0..row0 + n` of `out`
 /// (`[.., k]`): `(d * sc) * (q - 32)`, `q` the low nibble and two high bits.
-#[kernel(crate = tilefuse_dsl, R = [4], BLOCKS = [8], num_warps = [4])]
+#[kernel(crate = tilefuse_dsl, R = [1, 4, 16], BLOCKS = [8, 32], num_warps = [4])]
 #[allow(clippy::too_many_arguments)]
 pub fn dequantize_q6_k<const R: usize, const BLOCKS: usize>(
     ql: Ptr<u32>,
@@ -1320,11 +1334,13 @@ pub fn dequantize_q6_k<const R: usize, const BLOCKS: usize>(
     let lo_at = (rows * k_words).expand_dims(1).expand_dims(2)
         + (blk * 4).expand_dims(0).expand_dims(2)
         + w;
-    let lo = load(ql + lo_at, ok3, 0);
+    // Each element's words, in the store's layout (as in `dequantize_q4_k`).
+    let ok4 = ok3.expand_dims(3) & (b >= 0);
+    let lo = load(ql + lo_at.expand_dims(3) + b * 0, ok4, 0);
     let hi_at = (rows * (2 * blocks)).expand_dims(1).expand_dims(2)
         + (blk * 2).expand_dims(0).expand_dims(2)
         + w / 2;
-    let hi = load(qh + hi_at, ok3, 0);
+    let hi = load(qh + hi_at.expand_dims(3) + b * 0, ok4, 0);
     let s_at = (rows * (2 * blocks)).expand_dims(1).expand_dims(2)
         + (blk * 2).expand_dims(0).expand_dims(2)
         + half;
@@ -1332,12 +1348,13 @@ pub fn dequantize_q6_k<const R: usize, const BLOCKS: usize>(
     let d_at = (rows * (blocks / 8)).expand_dims(1) + (blk / 8).expand_dims(0);
     let dd = load(d + d_at, ok, 0.0) as f32;
     wait_for_prior_kernels();
-    let lo_shift = (half * 4).expand_dims(1) + b * 8;
-    let hi_shift = ((w % 2) * 4 + half * 2).expand_dims(1) + b * 8;
-    let q6 = ((lo.expand_dims(3) >> lo_shift as u32) & 15)
-        | (((hi.expand_dims(3) >> hi_shift as u32) & 3) << 4);
-    let scale = (dd.expand_dims(2) * sc).expand_dims(3);
-    let v = scale * ((q6.bitcast::<i32>() - 32) as f32);
     let offs = dequant_offsets(rows, blk, row0, k_words * 8);
+    // `offs & 31 = 4 hw + b`: the low nibble at bit `4 half + 8 b` of word `w`, the
+    // high bits at `4 (w % 2) + 2 half + 8 b` of word `w / 2`.
+    let lo_shift = (((offs & 16) >> 2) + ((offs & 3) << 3)) as u32;
+    let hi_shift = (((offs & 4) + ((offs & 16) >> 3)) + ((offs & 3) << 3)) as u32;
+    let q6 = ((lo >> lo_shift) & 15) | (((hi >> hi_shift) & 3) << 4);
+    let scale = (dd.expand_dims(2) * sc).expand_dims(3);
+    let v = ((q6.bitcast::<i32>() - 32) as f32) * scale;
     store(out + offs, v as bf16, ok3.expand_dims(3));
 }

@@ -783,24 +783,33 @@ fn dequantization_matches_the_host_model() {
                 let packed = PackedMatrix::pack(ty, &blocks, n, k, "w").unwrap();
                 let m = DeviceQuantMatrix::upload(&dev, &packed).unwrap();
                 let (row0, total) = (3, n + 5);
-                let mut out = dev.alloc_filled(total * k, bf16::NAN).unwrap();
-                m.dequantize_into(&dev, &mut out, row0).unwrap();
-                let got = out.to_vec().unwrap();
                 let want = packed.dequantize();
-                for (i, g) in got.iter().enumerate() {
-                    let r = i / k;
-                    let w = if (row0..row0 + n).contains(&r) {
-                        bf16::from_f32(want[i - row0 * k])
-                    } else {
-                        bf16::NAN
-                    };
-                    assert_eq!(
-                        g.to_bits(),
-                        w.to_bits(),
-                        "{ty} {n}x{k} on {dev}: row {r}, column {}: {g} against {w}",
-                        i % k
-                    );
+                // The step's tile, then every compiled one.
+                let tiles = [(1, 8), (1, 32), (4, 8), (4, 32), (16, 8), (16, 32)];
+                for tile in std::iter::once(None).chain(tiles.into_iter().map(Some)) {
+                    let mut out = dev.alloc_filled(total * k, bf16::NAN).unwrap();
+                    match tile {
+                        None => m.dequantize_into(&dev, &mut out, row0).unwrap(),
+                        Some(t) => m.dequantize_tile(&dev, &mut out, row0, t).unwrap(),
+                    }
+                    let got = out.to_vec().unwrap();
+                    for (i, g) in got.iter().enumerate() {
+                        let r = i / k;
+                        let w = if (row0..row0 + n).contains(&r) {
+                            bf16::from_f32(want[i - row0 * k])
+                        } else {
+                            bf16::NAN
+                        };
+                        assert_eq!(
+                            g.to_bits(),
+                            w.to_bits(),
+                            "{ty} {n}x{k} tile {tile:?} on {dev}: row {r}, column {}: {g} against {w}",
+                            i % k
+                        );
+                    }
                 }
+                let mut out = dev.alloc_filled(total * k, bf16::NAN).unwrap();
+                assert!(m.dequantize_tile(&dev, &mut out, 0, (2, 8)).is_err());
                 // Past the rows' end is an error, not a write out of bounds.
                 let mut short = dev.alloc_filled(n * k - 1, bf16::NAN).unwrap();
                 assert!(m.dequantize_into(&dev, &mut short, 0).is_err());

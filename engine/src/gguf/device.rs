@@ -27,6 +27,19 @@ pub fn fuses_norm(cols: usize) -> bool {
     }
 }
 
+/// Rows and 32-element blocks a program of the dequantization kernels writes for a
+/// `[rows, cols]` matrix of type `ty` ([`DeviceQuantMatrix::dequantize_into`]): the
+/// fastest compiled tile alone on an H100 (`examples/quant_bandwidth.rs --dequant`,
+/// docs/perf.md "Batched prefill of quantized weights"): one row of 32 blocks, except
+/// Q4_K and Q8_0 matrices of 16M elements or more (Qwen3-8B's), 4 rows.
+pub fn dequant_tile(ty: GgmlType, rows: usize, cols: usize) -> (usize, usize) {
+    if ty != GgmlType::Q6_K && rows * cols >= 1 << 24 {
+        (4, 32)
+    } else {
+        (1, 32)
+    }
+}
+
 /// Whether the decode step's normed GEMV over a Q4_K run followed by a Q6_K run
 /// (Q4_K_M's QKV where `v` takes more bits), when it quantizes its input itself
 /// ([`fuses_norm`]), launches both runs as one ([`launch_q4_k_q6_k`]) where its
@@ -509,6 +522,27 @@ impl DeviceQuantMatrix {
     /// [`PackedMatrix::dequantize`]'s values, rounded to bf16), for the batched prefill's
     /// GEMMs. The launch waits for the kernels before it.
     pub fn dequantize_into(&self, dev: &Device, out: &mut Buffer<bf16>, row0: usize) -> Result<()> {
+        let tile = dequant_tile(self.ggml_type(), self.rows, self.cols);
+        self.dequantize_tile(dev, out, row0, tile)
+    }
+
+    /// [`DeviceQuantMatrix::dequantize_into`] with `(rows, blocks)` a program (compiled:
+    /// rows 1, 4 or 16; blocks of 32 elements 8 or 32), for measuring them
+    /// (`examples/quant_bandwidth.rs --dequant`).
+    pub fn dequantize_tile(
+        &self,
+        dev: &Device,
+        out: &mut Buffer<bf16>,
+        row0: usize,
+        (r, blocks): (usize, usize),
+    ) -> Result<()> {
+        if ![1, 4, 16].contains(&r) || ![8, 32].contains(&blocks) {
+            return Err(crate::error::EngineError::Option {
+                message: format!(
+                    "a dequantization tile of {r} rows and {blocks} blocks (compiled: 1, 4 or 16 rows; 8 or 32 blocks)"
+                ),
+            });
+        }
         if out.len() < (row0 + self.rows) * self.cols {
             return Err(crate::error::EngineError::Option {
                 message: format!(
@@ -519,11 +553,9 @@ impl DeviceQuantMatrix {
                 ),
             });
         }
-        const R: usize = 4;
-        const BLOCKS: usize = 8;
         let grid = [
-            self.rows.div_ceil(R) as u32,
-            (self.cols / 32).div_ceil(BLOCKS) as u32,
+            self.rows.div_ceil(r) as u32,
+            (self.cols / 32).div_ceil(blocks) as u32,
             1,
         ];
         let launch = LaunchConfig::from(grid).num_warps(4);
@@ -550,7 +582,7 @@ impl DeviceQuantMatrix {
             };
         let k_words = (self.cols / k_words) as i32;
         args.extend([out.into(), n.into(), row0.into(), k_words.into()]);
-        kernel.launch_dyn(dev, launch, &[R as i64, BLOCKS as i64], &mut args)?;
+        kernel.launch_dyn(dev, launch, &[r as i64, blocks as i64], &mut args)?;
         Ok(())
     }
 
