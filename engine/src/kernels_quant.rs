@@ -1219,7 +1219,7 @@ fn dequant_offsets(rows: Tile<i32>, blk: Tile<i32>, row0: i32, k: i32) -> Tile<i
 
 /// A Q8_0 matrix (`q: u32[n, k / 4]`, `d: f16[n, k / 32]`) as bf16 rows `row0..row0 +
 /// n` of `out` (`[.., k]`): `q * d`.
-#[kernel(crate = tilefuse_dsl, R = [1, 4, 16], BLOCKS = [8, 32], num_warps = [4])]
+#[kernel(crate = tilefuse_dsl, R = [1, 4], BLOCKS = [8, 32], num_warps = [4])]
 pub fn dequantize_q8_0<const R: usize, const BLOCKS: usize>(
     q: Ptr<u32>,
     d: Ptr<f16>,
@@ -1232,18 +1232,12 @@ pub fn dequantize_q8_0<const R: usize, const BLOCKS: usize>(
     let rows = program_id(0) * R + arange(0, R);
     let blk = program_id(1) * BLOCKS + arange(0, BLOCKS);
     let ok = (rows < n).expand_dims(1) & (blk < blocks).expand_dims(0);
-    let hw = arange(0, 8);
     let b = arange(0, 4);
-    let word_at = (rows * k_words).expand_dims(1).expand_dims(2)
-        + (blk * 8).expand_dims(0).expand_dims(2)
-        + hw;
     let ok3 = ok.expand_dims(2);
-    // Each element's word, in the store's layout (as in `dequantize_q4_k`).
-    let words = load(
-        q + word_at.expand_dims(3) + b * 0,
-        ok3.expand_dims(3) & (b >= 0),
-        0,
-    );
+    // Each element's word (element `e` of the row's `k` is byte `e % 4` of word
+    // `e / 4`), indexed from the element offsets as in `dequantize_q4_k`.
+    let e = dequant_offsets(rows, blk, 0, k_words * 4);
+    let words = load(q + (e >> 2), ok3.expand_dims(3) & (b >= 0), 0);
     let dd = load(
         d + (rows * blocks).expand_dims(1) + blk.expand_dims(0),
         ok,
@@ -1260,7 +1254,7 @@ pub fn dequantize_q8_0<const R: usize, const BLOCKS: usize>(
 
 /// A Q4_K matrix (the arrays of [`q4_k_gemv`]) as bf16 rows `row0..row0 + n` of `out`
 /// (`[.., k]`): `(d * sc) * q - dmin * m`.
-#[kernel(crate = tilefuse_dsl, R = [1, 4, 16], BLOCKS = [8, 32], num_warps = [4])]
+#[kernel(crate = tilefuse_dsl, R = [1, 4], BLOCKS = [8, 32], num_warps = [4])]
 #[allow(clippy::too_many_arguments)]
 pub fn dequantize_q4_k<const R: usize, const BLOCKS: usize>(
     q: Ptr<u32>,
@@ -1279,15 +1273,12 @@ pub fn dequantize_q4_k<const R: usize, const BLOCKS: usize>(
     let ok = (rows < n).expand_dims(1) & (blk < blocks).expand_dims(0);
     let hw = arange(0, 8);
     let b = arange(0, 4);
-    let word_at = (rows * k_words).expand_dims(1).expand_dims(2)
-        + (blk * 4).expand_dims(0).expand_dims(2)
-        + hw % 4;
     let ok3 = ok.expand_dims(2);
-    // Each element's word, loaded in the store's layout (four elements a thread in
-    // element order; a word loaded once a tile would lay the tile out as the words
-    // and scatter the stores).
+    // Each element's word (`e / 32` the row's block, `(e / 4) % 4` the word in it),
+    // indexed from the element offsets so that the load takes the store's layout.
+    let e = dequant_offsets(rows, blk, 0, k_words * 8);
     let words = load(
-        q + word_at.expand_dims(3) + b * 0,
+        q + ((e >> 5) << 2) + ((e >> 2) & 3),
         ok3.expand_dims(3) & (b >= 0),
         0,
     );
@@ -1310,7 +1301,7 @@ pub fn dequantize_q4_k<const R: usize, const BLOCKS: usize>(
 
 /// A Q6_K matrix (the arrays of [`q6_k_gemv`]) as bf16 rows `row0..row0 + n` of `out`
 /// (`[.., k]`): `(d * sc) * (q - 32)`, `q` the low nibble and two high bits.
-#[kernel(crate = tilefuse_dsl, R = [1, 4, 16], BLOCKS = [8, 32], num_warps = [4])]
+#[kernel(crate = tilefuse_dsl, R = [1, 4], BLOCKS = [8, 32], num_warps = [4])]
 #[allow(clippy::too_many_arguments)]
 pub fn dequantize_q6_k<const R: usize, const BLOCKS: usize>(
     ql: Ptr<u32>,
@@ -1329,18 +1320,14 @@ pub fn dequantize_q6_k<const R: usize, const BLOCKS: usize>(
     let hw = arange(0, 8);
     let b = arange(0, 4);
     let half = hw / 4;
-    let w = hw % 4;
     let ok3 = ok.expand_dims(2);
-    let lo_at = (rows * k_words).expand_dims(1).expand_dims(2)
-        + (blk * 4).expand_dims(0).expand_dims(2)
-        + w;
-    // Each element's words, in the store's layout (as in `dequantize_q4_k`).
+    // Each element's words, indexed from the element offsets as in `dequantize_q4_k`:
+    // the low nibbles' word `w = (e / 4) % 4` of the block `e / 32`, the high bits'
+    // `w / 2`.
+    let e = dequant_offsets(rows, blk, 0, k_words * 8);
     let ok4 = ok3.expand_dims(3) & (b >= 0);
-    let lo = load(ql + lo_at.expand_dims(3) + b * 0, ok4, 0);
-    let hi_at = (rows * (2 * blocks)).expand_dims(1).expand_dims(2)
-        + (blk * 2).expand_dims(0).expand_dims(2)
-        + w / 2;
-    let hi = load(qh + hi_at.expand_dims(3) + b * 0, ok4, 0);
+    let lo = load(ql + ((e >> 5) << 2) + ((e >> 2) & 3), ok4, 0);
+    let hi = load(qh + ((e >> 5) << 1) + ((e >> 3) & 1), ok4, 0);
     let s_at = (rows * (2 * blocks)).expand_dims(1).expand_dims(2)
         + (blk * 2).expand_dims(0).expand_dims(2)
         + half;

@@ -785,7 +785,7 @@ fn dequantization_matches_the_host_model() {
                 let (row0, total) = (3, n + 5);
                 let want = packed.dequantize();
                 // The step's tile, then every compiled one.
-                let tiles = [(1, 8), (1, 32), (4, 8), (4, 32), (16, 8), (16, 32)];
+                let tiles = [(1, 8), (1, 32), (4, 8), (4, 32)];
                 for tile in std::iter::once(None).chain(tiles.into_iter().map(Some)) {
                     let mut out = dev.alloc_filled(total * k, bf16::NAN).unwrap();
                     match tile {
@@ -809,7 +809,7 @@ fn dequantization_matches_the_host_model() {
                     }
                 }
                 let mut out = dev.alloc_filled(total * k, bf16::NAN).unwrap();
-                assert!(m.dequantize_tile(&dev, &mut out, 0, (2, 8)).is_err());
+                assert!(m.dequantize_tile(&dev, &mut out, 0, (16, 32)).is_err());
                 // Past the rows' end is an error, not a write out of bounds.
                 let mut short = dev.alloc_filled(n * k - 1, bf16::NAN).unwrap();
                 assert!(m.dequantize_into(&dev, &mut short, 0).is_err());

@@ -28,15 +28,15 @@ pub fn fuses_norm(cols: usize) -> bool {
 }
 
 /// Rows and 32-element blocks a program of the dequantization kernels writes for a
-/// `[rows, cols]` matrix of type `ty` ([`DeviceQuantMatrix::dequantize_into`]): the
-/// fastest compiled tile alone on an H100 (`examples/quant_bandwidth.rs --dequant`,
-/// docs/perf.md "Batched prefill of quantized weights"): one row of 32 blocks, except
-/// Q4_K and Q8_0 matrices of 16M elements or more (Qwen3-8B's), 4 rows.
-pub fn dequant_tile(ty: GgmlType, rows: usize, cols: usize) -> (usize, usize) {
-    if ty != GgmlType::Q6_K && rows * cols >= 1 << 24 {
-        (4, 32)
-    } else {
+/// matrix of type `ty` ([`DeviceQuantMatrix::dequantize_into`]): the fastest compiled
+/// tile alone on an H100 at Qwen3-0.6B's and Qwen3-8B's shapes, or within 2% of it
+/// (`examples/quant_bandwidth.rs --dequant`, docs/perf.md "Batched prefill of quantized
+/// weights"): Q4_K one row of 32 blocks, Q6_K and Q8_0 four rows.
+pub fn dequant_tile(ty: GgmlType) -> (usize, usize) {
+    if ty == GgmlType::Q4_K {
         (1, 32)
+    } else {
+        (4, 32)
     }
 }
 
@@ -522,12 +522,13 @@ impl DeviceQuantMatrix {
     /// [`PackedMatrix::dequantize`]'s values, rounded to bf16), for the batched prefill's
     /// GEMMs. The launch waits for the kernels before it.
     pub fn dequantize_into(&self, dev: &Device, out: &mut Buffer<bf16>, row0: usize) -> Result<()> {
-        let tile = dequant_tile(self.ggml_type(), self.rows, self.cols);
+        let tile = dequant_tile(self.ggml_type());
         self.dequantize_tile(dev, out, row0, tile)
     }
 
     /// [`DeviceQuantMatrix::dequantize_into`] with `(rows, blocks)` a program (compiled:
-    /// rows 1, 4 or 16; blocks of 32 elements 8 or 32), for measuring them
+    /// rows 1 or 4; blocks of 32 elements 8 or 32; 16 rows of 32 blocks spilled), for
+    /// measuring them
     /// (`examples/quant_bandwidth.rs --dequant`).
     pub fn dequantize_tile(
         &self,
@@ -536,10 +537,10 @@ impl DeviceQuantMatrix {
         row0: usize,
         (r, blocks): (usize, usize),
     ) -> Result<()> {
-        if ![1, 4, 16].contains(&r) || ![8, 32].contains(&blocks) {
+        if ![1, 4].contains(&r) || ![8, 32].contains(&blocks) {
             return Err(crate::error::EngineError::Option {
                 message: format!(
-                    "a dequantization tile of {r} rows and {blocks} blocks (compiled: 1, 4 or 16 rows; 8 or 32 blocks)"
+                    "a dequantization tile of {r} rows and {blocks} blocks (compiled: 1 or 4 rows; 8 or 32 blocks)"
                 ),
             });
         }
