@@ -244,27 +244,28 @@ impl Engine {
         quantized: bool,
     ) -> Result<Engine> {
         let path = path.as_ref();
+        if opts.tp != 1 && quantized {
+            return Err(EngineError::Option {
+                message: format!(
+                    "{}: a split model (tp {}) reads bf16 weights only; run a quantized \
+                     GGUF file on one device",
+                    path.display(),
+                    opts.tp
+                ),
+            });
+        }
         let file = crate::gguf::GgufFile::open(path)?;
         let cfg = file.config()?;
-        let weights = file.model_weights(&cfg)?;
         let quant = if quantized {
             file.quant_weights(&cfg)?
         } else {
             crate::decode::QuantWeights::default()
         };
+        // The matrices read quantized are not dequantized on the host.
+        let weights = file.model_weights_for(&cfg, &quant)?;
         let tokenizer = file.tokenizer()?;
         check_placement("the model", &cfg, &opts)?;
         if opts.tp != 1 {
-            if quantized {
-                return Err(EngineError::Option {
-                    message: format!(
-                        "{}: a split model (tp {}) reads bf16 weights only; run a quantized \
-                         GGUF file on one device",
-                        path.display(),
-                        opts.tp
-                    ),
-                });
-            }
             let mut engine = Engine::place(&cfg, &weights, opts)?;
             engine.tokenizer = tokenizer;
             return Ok(engine);

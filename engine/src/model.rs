@@ -126,6 +126,18 @@ impl<'a> ModelWeights<'a> {
     /// Checks that every tensor has the number of elements `cfg` implies
     /// (shapes are checked at load; this guards hand-built weights).
     pub fn validate(&self, cfg: &ModelConfig) -> Result<()> {
+        self.validate_with(cfg, &crate::decode::QuantWeights::default())
+    }
+
+    /// [`ModelWeights::validate`], where the matrices `quant` covers
+    /// ([`crate::decode::QuantWeights::covers`], and the LM head when `quant` has one)
+    /// may also be empty: the decoder reads them quantized
+    /// ([`crate::gguf::GgufFile::model_weights_for`] leaves them out).
+    pub fn validate_with(
+        &self,
+        cfg: &ModelConfig,
+        quant: &crate::decode::QuantWeights,
+    ) -> Result<()> {
         let (h, qd, kvd, hd, im, v) = (
             cfg.hidden_size,
             cfg.q_dim(),
@@ -167,12 +179,20 @@ impl<'a> ModelWeights<'a> {
             &[v, h],
         )?;
         check("model.norm.weight".into(), Some(&self.norm), &[h])?;
-        opt(
-            "lm_head.weight".into(),
-            !cfg.tie_word_embeddings,
-            &self.lm_head,
-            &[v, h],
-        )?;
+        // A matrix read quantized may be left out (empty).
+        let left_out = |covered: bool, t: &[bf16]| covered && t.is_empty();
+        let head_left_out = self
+            .lm_head
+            .as_deref()
+            .is_some_and(|t| left_out(quant.lm_head.is_some(), t));
+        if !head_left_out {
+            opt(
+                "lm_head.weight".into(),
+                !cfg.tie_word_embeddings,
+                &self.lm_head,
+                &[v, h],
+            )?;
+        }
         if self.layers.len() != cfg.num_layers {
             return Err(EngineError::Config {
                 path: "(in-memory weights)".into(),
@@ -185,11 +205,18 @@ impl<'a> ModelWeights<'a> {
         }
         for (i, l) in self.layers.iter().enumerate() {
             let n = |s: &str| format!("model.layers.{i}.{s}");
+            let covers = quant.covers(i);
+            let matrix = |part: usize, name: &str, t: &[bf16], shape: &[usize]| -> Result<()> {
+                if left_out(covers[part], t) {
+                    return Ok(());
+                }
+                check(n(name), Some(t), shape)
+            };
             check(n("input_layernorm.weight"), Some(&l.input_norm), &[h])?;
-            check(n("self_attn.q_proj.weight"), Some(&l.q_proj), &[qd, h])?;
-            check(n("self_attn.k_proj.weight"), Some(&l.k_proj), &[kvd, h])?;
-            check(n("self_attn.v_proj.weight"), Some(&l.v_proj), &[kvd, h])?;
-            check(n("self_attn.o_proj.weight"), Some(&l.o_proj), &[h, qd])?;
+            matrix(0, "self_attn.q_proj.weight", &l.q_proj, &[qd, h])?;
+            matrix(1, "self_attn.k_proj.weight", &l.k_proj, &[kvd, h])?;
+            matrix(2, "self_attn.v_proj.weight", &l.v_proj, &[kvd, h])?;
+            matrix(3, "self_attn.o_proj.weight", &l.o_proj, &[h, qd])?;
             opt(n("self_attn.q_proj.bias"), cfg.qkv_bias, &l.q_bias, &[qd])?;
             opt(n("self_attn.k_proj.bias"), cfg.qkv_bias, &l.k_bias, &[kvd])?;
             opt(n("self_attn.v_proj.bias"), cfg.qkv_bias, &l.v_bias, &[kvd])?;
@@ -201,9 +228,9 @@ impl<'a> ModelWeights<'a> {
                 Some(&l.post_attention_norm),
                 &[h],
             )?;
-            check(n("mlp.gate_proj.weight"), Some(&l.gate_proj), &[im, h])?;
-            check(n("mlp.up_proj.weight"), Some(&l.up_proj), &[im, h])?;
-            check(n("mlp.down_proj.weight"), Some(&l.down_proj), &[h, im])?;
+            matrix(4, "mlp.gate_proj.weight", &l.gate_proj, &[im, h])?;
+            matrix(5, "mlp.up_proj.weight", &l.up_proj, &[im, h])?;
+            matrix(6, "mlp.down_proj.weight", &l.down_proj, &[h, im])?;
         }
         Ok(())
     }

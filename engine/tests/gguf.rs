@@ -884,3 +884,77 @@ fn a_quantized_layer_has_no_timeline() {
         "{err}"
     );
 }
+
+/// Loading a quantized model dequantizes only what the decoder reads in bf16:
+/// `model_weights_for` leaves the matrices `QuantWeights::covers` (and the quantized
+/// head) empty, the decoder built from them decodes bit for bit as one built from every
+/// tensor dequantized, and a matrix left out that the decoder would read in bf16 is an
+/// error naming it.
+#[test]
+fn a_quantized_model_is_loaded_without_dequantizing_its_quantized_matrices() {
+    use tilefuse_dsl::runtime::Device;
+    use tilefuse_engine::Decoder;
+
+    let f = GgufFile::open(fixture("tiny_qwen3.gguf")).unwrap();
+    let cfg = f.config().unwrap();
+    let mut qw = f.quant_weights(&cfg).unwrap();
+    qw.lm_head = f
+        .packed_matrix("lm_head.weight", cfg.vocab_size, cfg.hidden_size, &cfg)
+        .unwrap();
+    assert!(qw.lm_head.is_some());
+    let lean = f.model_weights_for(&cfg, &qw).unwrap();
+    let full = f.model_weights(&cfg).unwrap();
+    let mut left_out = 0;
+    for (i, (l, w)) in lean.layers.iter().zip(&full.layers).enumerate() {
+        let covers = qw.covers(i);
+        let matrices = [
+            (&l.q_proj, &w.q_proj),
+            (&l.k_proj, &w.k_proj),
+            (&l.v_proj, &w.v_proj),
+            (&l.o_proj, &w.o_proj),
+            (&l.gate_proj, &w.gate_proj),
+            (&l.up_proj, &w.up_proj),
+            (&l.down_proj, &w.down_proj),
+        ];
+        for (part, (got, all)) in matrices.into_iter().enumerate() {
+            if covers[part] {
+                assert!(got.is_empty(), "layer {i} part {part}");
+                left_out += 1;
+            } else {
+                assert_eq!(got, all, "layer {i} part {part}");
+            }
+        }
+        assert_eq!(l.input_norm, w.input_norm);
+    }
+    assert!(left_out >= 4 * cfg.num_layers, "{left_out}");
+    assert!(lean.lm_head.as_ref().is_some_and(|h| h.is_empty()));
+    assert_eq!(lean.embed_tokens, full.embed_tokens);
+
+    let dev = Device::cpu();
+    let mut a = Decoder::with_quant(&cfg, &lean, &qw, &dev, 8).unwrap();
+    let mut b = Decoder::with_quant(&cfg, &full, &qw, &dev, 8).unwrap();
+    let mut token = 11u32;
+    for pos in 0..3 {
+        let (x, y) = (
+            a.forward(token, pos).unwrap(),
+            b.forward(token, pos).unwrap(),
+        );
+        assert!(
+            x.iter().zip(&y).all(|(p, q)| p.to_bits() == q.to_bits()),
+            "position {pos}"
+        );
+        token = a.read_state().unwrap().0;
+    }
+
+    // Without its quantized `q`, layer 0's QKV is read in bf16, and its `q_proj` was
+    // left out.
+    let mut dense_q = qw.clone();
+    dense_q.layers[0].q = None;
+    let err = Decoder::with_quant(&cfg, &lean, &dense_q, &dev, 8)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("model.layers.0.self_attn.q_proj.weight"),
+        "{err}"
+    );
+}

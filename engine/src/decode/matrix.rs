@@ -339,6 +339,26 @@ pub struct QuantLayer {
 }
 
 impl QuantWeights {
+    /// Which of layer `layer`'s dense matrices `[q, k, v, o, gate, up, down]` the
+    /// decoder reads quantized instead (a fused projection only when all its parts are
+    /// given): those it never needs in bf16.
+    pub fn covers(&self, layer: usize) -> [bool; 7] {
+        let Some(l) = self.layers.get(layer) else {
+            return [false; 7];
+        };
+        let qkv = l.q.is_some() && l.k.is_some() && l.v.is_some();
+        let gate_up = l.gate.is_some() && l.up.is_some();
+        [
+            qkv,
+            qkv,
+            qkv,
+            l.o.is_some(),
+            gate_up,
+            gate_up,
+            l.down.is_some(),
+        ]
+    }
+
     /// Bytes the quantized matrices hold in the device layout.
     pub fn device_bytes(&self) -> usize {
         let layer = |l: &QuantLayer| -> usize {

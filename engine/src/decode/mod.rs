@@ -174,7 +174,7 @@ impl Decoder {
         dev: &Device,
         max_seq_len: usize,
     ) -> Result<Decoder> {
-        w.validate(cfg)?;
+        w.validate_with(cfg, quant)?;
         check_quant(cfg, quant)?;
         let weights = DeviceWeights::upload(
             dev,

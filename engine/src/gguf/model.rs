@@ -392,6 +392,20 @@ impl GgufFile {
     /// Every weight of the model as bf16 (quantized tensors dequantized), checked
     /// against `cfg`: what the dense decoder and the host reference read.
     pub fn model_weights(&self, cfg: &ModelConfig) -> Result<ModelWeights<'static>> {
+        self.model_weights_for(cfg, &QuantWeights::default())
+    }
+
+    /// [`GgufFile::model_weights`] for a decoder that reads `quant`'s matrices
+    /// quantized: those it covers ([`QuantWeights::covers`], and an untied LM head
+    /// `quant` has) are left empty instead of dequantized, so loading a quantized model
+    /// costs host memory and time for its bf16 tensors only (the norms, biases, the
+    /// embedding). [`crate::Decoder::with_quant`] accepts them
+    /// ([`ModelWeights::validate_with`]).
+    pub fn model_weights_for(
+        &self,
+        cfg: &ModelConfig,
+        quant: &QuantWeights,
+    ) -> Result<ModelWeights<'static>> {
         let h = cfg.hidden_size;
         let (qd, kvd, hd, im, v) = (
             cfg.q_dim(),
@@ -414,12 +428,21 @@ impl GgufFile {
                         Ok(None)
                     }
                 };
+            let covers = quant.covers(i);
+            // A matrix read quantized is left empty.
+            let m = |part: usize, suffix: &str, shape: &[usize]| -> Result<Tensor<'static>> {
+                if covers[part] {
+                    Ok(Tensor::Owned(Vec::new()))
+                } else {
+                    t(suffix, shape)
+                }
+            };
             layers.push(LayerWeights {
                 input_norm: t("input_layernorm.weight", &[h])?,
-                q_proj: t("self_attn.q_proj.weight", &[qd, h])?,
-                k_proj: t("self_attn.k_proj.weight", &[kvd, h])?,
-                v_proj: t("self_attn.v_proj.weight", &[kvd, h])?,
-                o_proj: t("self_attn.o_proj.weight", &[h, qd])?,
+                q_proj: m(0, "self_attn.q_proj.weight", &[qd, h])?,
+                k_proj: m(1, "self_attn.k_proj.weight", &[kvd, h])?,
+                v_proj: m(2, "self_attn.v_proj.weight", &[kvd, h])?,
+                o_proj: m(3, "self_attn.o_proj.weight", &[h, qd])?,
                 q_bias: opt(cfg.qkv_bias, "self_attn.q_proj.bias", &[qd])?,
                 k_bias: opt(cfg.qkv_bias, "self_attn.k_proj.bias", &[kvd])?,
                 v_bias: opt(cfg.qkv_bias, "self_attn.v_proj.bias", &[kvd])?,
@@ -427,13 +450,15 @@ impl GgufFile {
                 q_norm: opt(cfg.qk_norm, "self_attn.q_norm.weight", &[hd])?,
                 k_norm: opt(cfg.qk_norm, "self_attn.k_norm.weight", &[hd])?,
                 post_attention_norm: t("post_attention_layernorm.weight", &[h])?,
-                gate_proj: t("mlp.gate_proj.weight", &[im, h])?,
-                up_proj: t("mlp.up_proj.weight", &[im, h])?,
-                down_proj: t("mlp.down_proj.weight", &[h, im])?,
+                gate_proj: m(4, "mlp.gate_proj.weight", &[im, h])?,
+                up_proj: m(5, "mlp.up_proj.weight", &[im, h])?,
+                down_proj: m(6, "mlp.down_proj.weight", &[h, im])?,
             });
         }
         let lm_head = if cfg.tie_word_embeddings {
             None
+        } else if quant.lm_head.is_some() {
+            Some(Tensor::Owned(Vec::new()))
         } else {
             Some(self.tensor_bf16("lm_head.weight", &[v, h], cfg)?)
         };
