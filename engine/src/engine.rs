@@ -261,10 +261,20 @@ impl Engine {
         } else {
             crate::decode::QuantWeights::default()
         };
+        if quantized {
+            // Counted at the quantized sizes, before anything else is read.
+            let need = crate::memory::MemoryNeed::for_quant_decoder(
+                &cfg,
+                &quant,
+                kv_positions(&cfg, &opts),
+            );
+            crate::memory::check_fits(&opts.device, "the model", &cfg, &need)?;
+        } else {
+            check_placement("the model", &cfg, &opts)?;
+        }
         // The matrices read quantized are not dequantized on the host.
         let weights = file.model_weights_for(&cfg, &quant)?;
         let tokenizer = file.tokenizer()?;
-        check_placement("the model", &cfg, &opts)?;
         if opts.tp != 1 {
             let mut engine = Engine::place(&cfg, &weights, opts)?;
             engine.tokenizer = tokenizer;

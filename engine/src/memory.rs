@@ -11,6 +11,7 @@
 use tilefuse_dsl::runtime::Device;
 
 use crate::config::ModelConfig;
+use crate::decode::QuantWeights;
 use crate::error::{EngineError, Result};
 use crate::tp::TpPlan;
 use crate::tuning;
@@ -45,6 +46,57 @@ impl MemoryNeed {
     pub fn for_rank(cfg: &ModelConfig, plan: &TpPlan, r: usize, max_seq_len: usize) -> MemoryNeed {
         let local = plan.rank_config(cfg, r);
         decoder_need(&local, cfg.vocab_size, max_seq_len)
+    }
+
+    /// A single-GPU decoder of `cfg` that reads `quant`'s matrices quantized
+    /// ([`crate::Decoder::with_quant`]): [`MemoryNeed::for_decoder`] with each matrix
+    /// it covers ([`QuantWeights::covers`], and a quantized LM head) at its quantized
+    /// size instead of bf16's, plus the batched prefill's scratch for the largest of
+    /// them dequantized (`prefill::PrefillWeight`).
+    pub fn for_quant_decoder(
+        cfg: &ModelConfig,
+        quant: &QuantWeights,
+        max_seq_len: usize,
+    ) -> MemoryNeed {
+        let mut need = decoder_need(cfg, cfg.vocab_size, max_seq_len);
+        let (h, qd, kvd, im, v) = (
+            cfg.hidden_size as u64,
+            cfg.q_dim() as u64,
+            cfg.kv_dim() as u64,
+            cfg.intermediate_size as u64,
+            cfg.vocab_size as u64,
+        );
+        let (mut dense, mut packed, mut scratch) = (0u64, 0u64, 0u64);
+        for (i, l) in quant.layers.iter().enumerate() {
+            let covers = quant.covers(i);
+            // Fused projections: (first part, elements, parts).
+            let fused = [
+                (0, (qd + 2 * kvd) * h, [&l.q, &l.k, &l.v].to_vec()),
+                (3, h * qd, vec![&l.o]),
+                (4, 2 * im * h, vec![&l.gate, &l.up]),
+                (6, h * im, vec![&l.down]),
+            ];
+            for (part, elements, parts) in fused {
+                if covers[part] {
+                    dense += 2 * elements;
+                    packed += parts
+                        .iter()
+                        .filter_map(|m| m.as_ref().map(|m| m.device_bytes() as u64))
+                        .sum::<u64>();
+                    scratch = scratch.max(2 * elements);
+                }
+            }
+        }
+        if let Some(head) = &quant.lm_head {
+            // A tied head keeps the bf16 table for the embedding rows.
+            if !cfg.tie_word_embeddings {
+                dense += 2 * v * h;
+            }
+            packed += head.device_bytes() as u64;
+        }
+        need.weights = need.weights - dense + packed;
+        need.workspace += scratch;
+        need
     }
 
     /// Everything, in bytes.

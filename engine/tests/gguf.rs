@@ -958,3 +958,44 @@ fn a_quantized_model_is_loaded_without_dequantizing_its_quantized_matrices() {
         "{err}"
     );
 }
+
+/// The memory a quantized model needs is counted at its quantized sizes (plus the
+/// prefill's scratch for the largest matrix in bf16): the tiny file's decoder needs
+/// less than the dense one by the bf16 bytes of the matrices it reads quantized, less
+/// their quantized bytes, less the scratch, and a device with room for it but not for
+/// the dense decoder is refused the dense one only.
+#[test]
+fn a_quantized_models_memory_is_counted_at_its_quantized_size() {
+    use tilefuse_engine::memory::{fits, MemoryNeed};
+
+    let f = GgufFile::open(fixture("tiny_qwen3.gguf")).unwrap();
+    let cfg = f.config().unwrap();
+    let mut qw = f.quant_weights(&cfg).unwrap();
+    qw.lm_head = f
+        .packed_matrix("lm_head.weight", cfg.vocab_size, cfg.hidden_size, &cfg)
+        .unwrap();
+    let dense = MemoryNeed::for_decoder(&cfg, 64);
+    let quant = MemoryNeed::for_quant_decoder(&cfg, &qw, 64);
+    let (h, qd, kvd, im, v) = (
+        cfg.hidden_size,
+        cfg.q_dim(),
+        cfg.kv_dim(),
+        cfg.intermediate_size,
+        cfg.vocab_size,
+    );
+    // Every layer's projections and the untied head are quantized in this file.
+    assert!(!cfg.tie_word_embeddings);
+    assert!((0..cfg.num_layers).all(|i| qw.covers(i) == [true; 7]));
+    let bf16_bytes = 2 * (cfg.num_layers * ((qd + 2 * kvd) * h + h * qd + 3 * im * h) + v * h);
+    assert_eq!(
+        quant.weights as usize,
+        dense.weights as usize - bf16_bytes + qw.device_bytes()
+    );
+    let scratch = 2 * ((qd + 2 * kvd) * h).max(h * qd).max(2 * im * h);
+    assert_eq!(quant.workspace as usize, dense.workspace as usize + scratch);
+    assert_eq!(quant.kv_cache, dense.kv_cache);
+    assert!(quant.total() < dense.total());
+    let free = quant.total();
+    assert!(fits("q", "gpu", &cfg, &quant, free, 2 * free).is_ok());
+    assert!(fits("d", "gpu", &cfg, &dense, free, 2 * free).is_err());
+}
