@@ -244,6 +244,8 @@ impl Engine {
         quantized: bool,
     ) -> Result<Engine> {
         let path = path.as_ref();
+        let file = crate::gguf::GgufFile::open(path)?;
+        let cfg = file.config()?;
         if opts.tp != 1 && quantized {
             return Err(EngineError::Option {
                 message: format!(
@@ -254,8 +256,6 @@ impl Engine {
                 ),
             });
         }
-        let file = crate::gguf::GgufFile::open(path)?;
-        let cfg = file.config()?;
         let quant = if quantized {
             file.quant_weights(&cfg)?
         } else {

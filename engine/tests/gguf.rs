@@ -999,3 +999,28 @@ fn a_quantized_models_memory_is_counted_at_its_quantized_size() {
     assert!(fits("q", "gpu", &cfg, &quant, free, 2 * free).is_ok());
     assert!(fits("d", "gpu", &cfg, &dense, free, 2 * free).is_err());
 }
+
+/// A quantized GGUF file on a split model is refused by name (split models read bf16),
+/// and the same file dequantized for the dense kernels splits.
+#[test]
+fn a_quantized_gguf_is_not_split() {
+    use tilefuse_dsl::runtime::Device;
+    use tilefuse_engine::{Engine, EngineOptions};
+
+    let opts = EngineOptions {
+        device: Device::cpu(),
+        max_seq_len: Some(16),
+        cuda_graph: false,
+        tp: 2,
+        ..EngineOptions::default()
+    };
+    let path = fixture("tiny_qwen3.gguf");
+    let err = Engine::load_gguf_as(&path, opts.clone(), true)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("split model (tp 2)") && err.contains("tiny_qwen3.gguf"),
+        "{err}"
+    );
+    assert!(Engine::load_gguf_as(&path, opts, false).is_ok());
+}
