@@ -86,20 +86,7 @@ fn random_blocks(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u
 }
 
 fn run(dev: &Device, sweep: bool, only_8b: bool) -> Result<(), Box<dyn std::error::Error>> {
-    let info = dev.info()?;
-    let opts = TimingOptions {
-        warmup: 5,
-        reps: 30,
-    };
-    let ceiling = perf::copy_ceiling(dev, 1 << 30, opts)?;
-    println!(
-        "{} ({} SMs, L2 {} MiB); copy ceiling {:.0} GB/s",
-        info.name,
-        info.sm_count,
-        info.l2_bytes >> 20,
-        ceiling.gb_per_s()
-    );
-    println!();
+    let (info, opts, ceiling) = device_and_ceiling(dev)?;
     println!("| type | shape | what | variant | config (n, k, warps) | µs | bytes | GB/s | % of copy | bf16 bytes | step's config µs | quantizer + GEMV µs |");
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut rng = Rng::new(27);
@@ -204,8 +191,10 @@ fn run(dev: &Device, sweep: bool, only_8b: bool) -> Result<(), Box<dyn std::erro
     Ok(())
 }
 
-/// `--dequant`: each type's dequantization to bf16 at each shape, every compiled tile.
-fn dequant(dev: &Device, only_8b: bool) -> Result<(), Box<dyn std::error::Error>> {
+/// The device, the timing options, and the copy ceiling measured with them (printed).
+fn device_and_ceiling(
+    dev: &Device,
+) -> Result<(perf::DeviceInfo, TimingOptions, perf::CopyCeiling), Box<dyn std::error::Error>> {
     let info = dev.info()?;
     let opts = TimingOptions {
         warmup: 5,
@@ -220,6 +209,12 @@ fn dequant(dev: &Device, only_8b: bool) -> Result<(), Box<dyn std::error::Error>
         ceiling.gb_per_s()
     );
     println!();
+    Ok((info, opts, ceiling))
+}
+
+/// `--dequant`: each type's dequantization to bf16 at each shape, every compiled tile.
+fn dequant(dev: &Device, only_8b: bool) -> Result<(), Box<dyn std::error::Error>> {
+    let (info, opts, ceiling) = device_and_ceiling(dev)?;
     println!("| type | shape | what | tile (rows, blocks) | µs | bytes read + written | GB/s | % of copy |");
     println!("|---|---|---|---|---|---|---|---|");
     let mut rng = Rng::new(28);

@@ -1202,16 +1202,13 @@ pub fn q4_k_q6_k_gemv<const BLOCK_N: usize, const BLOCK_K: usize, const ACT: usi
 // up. Each waits for the kernels before it first: the decode step's buffers it writes
 // may still be read by them.
 
-/// The element offsets `[R, BLOCKS, 8, 4]` in `out` of a dequantized tile of rows
-/// `rows` and blocks `blk`: row `row0 + r`, element `32 blk + 4 hw + b`.
+/// The element offsets `[R, BLOCKS, 8, 4]` of a dequantized tile of rows `rows` and
+/// blocks `blk` in a row-major `[.., k]` matrix: row `r`, element `32 blk + 4 hw + b`.
 #[tile_fn(crate = tilefuse_dsl)]
-fn dequant_offsets(rows: Tile<i32>, blk: Tile<i32>, row0: i32, k: i32) -> Tile<i32> {
+fn dequant_offsets(rows: Tile<i32>, blk: Tile<i32>, k: i32) -> Tile<i32> {
     let hw = arange(0, 8);
     let b = arange(0, 4);
-    ((row0 + rows) * k)
-        .expand_dims(1)
-        .expand_dims(2)
-        .expand_dims(3)
+    (rows * k).expand_dims(1).expand_dims(2).expand_dims(3)
         + (blk * 32).expand_dims(0).expand_dims(2).expand_dims(3)
         + (hw * 4).expand_dims(1)
         + b
@@ -1236,7 +1233,7 @@ pub fn dequantize_q8_0<const R: usize, const BLOCKS: usize>(
     let ok3 = ok.expand_dims(2);
     // Each element's word (element `e` of the row's `k` is byte `e % 4` of word
     // `e / 4`), indexed from the element offsets as in `dequantize_q4_k`.
-    let e = dequant_offsets(rows, blk, 0, k_words * 4);
+    let e = dequant_offsets(rows, blk, k_words * 4);
     let words = load(q + (e >> 2), ok3.expand_dims(3) & (b >= 0), 0);
     let dd = load(
         d + (rows * blocks).expand_dims(1) + blk.expand_dims(0),
@@ -1244,7 +1241,7 @@ pub fn dequantize_q8_0<const R: usize, const BLOCKS: usize>(
         0.0,
     ) as f32;
     wait_for_prior_kernels();
-    let offs = dequant_offsets(rows, blk, row0, k_words * 4);
+    let offs = e + row0 * (k_words * 4);
     // Byte `b` (`offs & 3`), sign-extended.
     let shift = (24 - ((offs & 3) << 3)) as u32;
     let qv = ((words << shift).bitcast::<i32>()) >> 24;
@@ -1271,12 +1268,11 @@ pub fn dequantize_q4_k<const R: usize, const BLOCKS: usize>(
     let rows = program_id(0) * R + arange(0, R);
     let blk = program_id(1) * BLOCKS + arange(0, BLOCKS);
     let ok = (rows < n).expand_dims(1) & (blk < blocks).expand_dims(0);
-    let hw = arange(0, 8);
     let b = arange(0, 4);
     let ok3 = ok.expand_dims(2);
     // Each element's word (`e / 32` the row's block, `(e / 4) % 4` the word in it),
     // indexed from the element offsets so that the load takes the store's layout.
-    let e = dequant_offsets(rows, blk, 0, k_words * 8);
+    let e = dequant_offsets(rows, blk, k_words * 8);
     let words = load(
         q + ((e >> 5) << 2) + ((e >> 2) & 3),
         ok3.expand_dims(3) & (b >= 0),
@@ -1289,7 +1285,7 @@ pub fn dequantize_q4_k<const R: usize, const BLOCKS: usize>(
     let dd = load(d + d_at, ok, 0.0) as f32;
     let dm = load(dmin + d_at, ok, 0.0) as f32;
     wait_for_prior_kernels();
-    let offs = dequant_offsets(rows, blk, row0, k_words * 8);
+    let offs = e + row0 * (k_words * 8);
     // Nibble `4 half + 8 b` of the word (`offs & 31 = 4 hw + b`).
     let shift = (((offs & 16) >> 2) + ((offs & 3) << 3)) as u32;
     let nib = (words >> shift) & 15;
@@ -1324,7 +1320,7 @@ pub fn dequantize_q6_k<const R: usize, const BLOCKS: usize>(
     // Each element's words, indexed from the element offsets as in `dequantize_q4_k`:
     // the low nibbles' word `w = (e / 4) % 4` of the block `e / 32`, the high bits'
     // `w / 2`.
-    let e = dequant_offsets(rows, blk, 0, k_words * 8);
+    let e = dequant_offsets(rows, blk, k_words * 8);
     let ok4 = ok3.expand_dims(3) & (b >= 0);
     let lo = load(ql + ((e >> 5) << 2) + ((e >> 2) & 3), ok4, 0);
     let hi = load(qh + ((e >> 5) << 1) + ((e >> 3) & 1), ok4, 0);
@@ -1335,7 +1331,7 @@ pub fn dequantize_q6_k<const R: usize, const BLOCKS: usize>(
     let d_at = (rows * (blocks / 8)).expand_dims(1) + (blk / 8).expand_dims(0);
     let dd = load(d + d_at, ok, 0.0) as f32;
     wait_for_prior_kernels();
-    let offs = dequant_offsets(rows, blk, row0, k_words * 8);
+    let offs = e + row0 * (k_words * 8);
     // `offs & 31 = 4 hw + b`: the low nibble at bit `4 half + 8 b` of word `w`, the
     // high bits at `4 (w % 2) + 2 half + 8 b` of word `w / 2`.
     let lo_shift = (((offs & 16) >> 2) + ((offs & 3) << 3)) as u32;

@@ -14,6 +14,22 @@ fn fixture(name: &str) -> PathBuf {
     common::fixtures_dir().join("gguf").join(name)
 }
 
+/// The tiny fixture, its config and its quantized matrices, the Q6_K head included
+/// (whatever `quant::head_reads_quantized` says for `Engine::load`).
+fn tiny_quant_weights() -> (
+    GgufFile,
+    tilefuse_engine::ModelConfig,
+    tilefuse_engine::decode::QuantWeights,
+) {
+    let f = GgufFile::open(fixture("tiny_qwen3.gguf")).unwrap();
+    let cfg = f.config().unwrap();
+    let mut qw = f.quant_weights(&cfg).unwrap();
+    qw.lm_head = f
+        .packed_matrix("lm_head.weight", cfg.vocab_size, cfg.hidden_size, &cfg)
+        .unwrap();
+    (f, cfg, qw)
+}
+
 fn expected_model() -> serde_json::Value {
     let path = fixture("tiny_qwen3.json");
     serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
@@ -700,14 +716,7 @@ fn quantized_step_matches_the_dense_step_on_dequantized_weights() {
         };
         let mut dense = Engine::load_gguf_as(&path, opts.clone(), false).unwrap();
         assert!(!dense.decoder().expect("one device").is_quantized());
-        // The file's quantized matrices, the Q6_K head included (whatever
-        // `quant::head_reads_quantized` says for `Engine::load`).
-        let f = GgufFile::open(&path).unwrap();
-        let cfg = f.config().unwrap();
-        let mut qw = f.quant_weights(&cfg).unwrap();
-        qw.lm_head = f
-            .packed_matrix("lm_head.weight", cfg.vocab_size, cfg.hidden_size, &cfg)
-            .unwrap();
+        let (f, cfg, qw) = tiny_quant_weights();
         assert_eq!(
             qw.lm_head.as_ref().map(|m| m.ggml_type()),
             Some(GgmlType::Q6_K)
@@ -895,12 +904,7 @@ fn a_quantized_model_is_loaded_without_dequantizing_its_quantized_matrices() {
     use tilefuse_dsl::runtime::Device;
     use tilefuse_engine::Decoder;
 
-    let f = GgufFile::open(fixture("tiny_qwen3.gguf")).unwrap();
-    let cfg = f.config().unwrap();
-    let mut qw = f.quant_weights(&cfg).unwrap();
-    qw.lm_head = f
-        .packed_matrix("lm_head.weight", cfg.vocab_size, cfg.hidden_size, &cfg)
-        .unwrap();
+    let (f, cfg, qw) = tiny_quant_weights();
     assert!(qw.lm_head.is_some());
     let lean = f.model_weights_for(&cfg, &qw).unwrap();
     let full = f.model_weights(&cfg).unwrap();
@@ -968,12 +972,7 @@ fn a_quantized_model_is_loaded_without_dequantizing_its_quantized_matrices() {
 fn a_quantized_models_memory_is_counted_at_its_quantized_size() {
     use tilefuse_engine::memory::{fits, MemoryNeed};
 
-    let f = GgufFile::open(fixture("tiny_qwen3.gguf")).unwrap();
-    let cfg = f.config().unwrap();
-    let mut qw = f.quant_weights(&cfg).unwrap();
-    qw.lm_head = f
-        .packed_matrix("lm_head.weight", cfg.vocab_size, cfg.hidden_size, &cfg)
-        .unwrap();
+    let (_, cfg, qw) = tiny_quant_weights();
     let dense = MemoryNeed::for_decoder(&cfg, 64);
     let quant = MemoryNeed::for_quant_decoder(&cfg, &qw, 64);
     let (h, qd, kvd, im, v) = (

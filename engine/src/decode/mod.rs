@@ -678,31 +678,6 @@ impl Decoder {
             .sum()
     }
 
-    /// [`Decoder::prefill_at`] as one decode step a token.
-    pub fn prefill_by_steps(&mut self, tokens: &[u32], start: usize) -> Result<()> {
-        if tokens.is_empty() {
-            return Err(EngineError::EmptyPrompt);
-        }
-        if start + tokens.len() > self.max_seq_len {
-            return Err(EngineError::TooLong {
-                prompt: start + tokens.len(),
-                new: 0,
-                max: self.max_seq_len,
-            });
-        }
-        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= self.cfg.vocab_size) {
-            return Err(EngineError::TokenOutOfRange {
-                token: bad,
-                vocab: self.cfg.vocab_size,
-            });
-        }
-        for (i, &t) in tokens.iter().enumerate() {
-            self.set_input(t, start + i)?;
-            self.step()?;
-        }
-        Ok(())
-    }
-
     /// Decodes `token` at `pos` and returns the logits for the next token (a
     /// convenience for tests and tools; [`crate::Engine`] drives steps directly).
     pub fn forward(&mut self, token: u32, pos: usize) -> Result<Vec<f32>> {
