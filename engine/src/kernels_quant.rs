@@ -111,8 +111,12 @@ fn store_head(
 }
 
 /// Every kernel description in this module, for tooling (offline assembly, inspection).
-pub fn all() -> [&'static tilefuse_dsl::runtime::KernelDef; 10] {
+pub fn all() -> [&'static tilefuse_dsl::runtime::KernelDef; 14] {
     [
+        &Q8_0_GEMV_TOKENS,
+        &Q4_K_GEMV_TOKENS,
+        &Q6_K_GEMV_TOKENS,
+        &QUANTIZE_SILU_MUL_ROWS,
         &DEQUANTIZE_Q8_0,
         &DEQUANTIZE_Q4_K,
         &DEQUANTIZE_Q6_K,
@@ -1190,6 +1194,829 @@ pub fn q4_k_q6_k_gemv<const BLOCK_N: usize, const BLOCK_K: usize, const ACT: usi
         );
     }
     store(y + row0 + rows, (sums * inv_rms + b) as bf16, row_ok);
+}
+
+// Multi-token GEMVs, for the batched prefill of short prompts (`crate::prefill`): the
+// quantized weights meet `T` tokens' int8 activations a program, so a chunk of `t`
+// tokens reads the weights `cdiv(t, T)` times instead of dequantizing them to bf16
+// for a GEMM (llama.cpp's `mul_mat_vec_q` over a few columns). Token `t`'s activation
+// is the `t`-th row of a row-major `[tokens, k]` input quantized by [`quantize_act`]
+// over `tokens * k` values (`k` is a multiple of 32, so no block straddles two rows),
+// and each token's sums are exactly the single-token GEMV's. Grid `[cdiv(n, BLOCK_N),
+// cdiv(tokens, T)]`; `y` is row-major with `ldy` elements a token, rows `row0 + ..`
+// written, `RESIDUAL = 1` adding into them.
+
+/// Token `t`'s output of a multi-token GEMV's row sums `sums` (bias `b` added), where
+/// `t < tokens`.
+#[tile_fn(crate = tilefuse_dsl)]
+#[allow(clippy::too_many_arguments)]
+fn store_token<const RESIDUAL: usize>(
+    y: Ptr<bf16>,
+    ldy: i32,
+    t: i32,
+    tokens: i32,
+    rows: Tile<i32>,
+    row_ok: Tile<bool>,
+    sums: Tile<f32>,
+    b: Tile<f32>,
+) {
+    let at = t * ldy + rows;
+    let ok = row_ok & (at >= 0) & (t < tokens);
+    let proj = (sums + b) as bf16;
+    if RESIDUAL == 1 {
+        let old = load(y + at, ok, 0.0) as f32;
+        store(y + at, (old + proj as f32) as bf16, ok);
+    } else {
+        store(y + at, proj, ok);
+    }
+}
+
+/// Token `t`'s Q8_0 tile sums for [`q8_0_gemv_tokens`] (zero past `tokens`).
+#[tile_fn(crate = tilefuse_dsl)]
+#[allow(clippy::too_many_arguments)]
+fn q8_0_token(
+    qt: Tile<u32>,
+    dt: Tile<f16>,
+    xq: Ptr<i32>,
+    xd: Ptr<f32>,
+    unused: Ptr<bf16>,
+    blk: Tile<i32>,
+    blk_ok: Tile<bool>,
+    w: Tile<i32>,
+    t: i32,
+    tokens: i32,
+    k_words: i32,
+) -> Tile<f32> {
+    let ok = blk_ok & (t < tokens);
+    q8_0_tile::<0>(
+        qt,
+        dt,
+        xq + t * k_words,
+        xd + t * (k_words / 8),
+        unused,
+        unused,
+        blk,
+        ok,
+        w,
+    )
+}
+
+/// `y[t] = bf16(W · x[t] + bias)` (with `RESIDUAL = 1`, added into `y[t]`) for `T`
+/// tokens a program over a Q8_0 matrix (the layout of [`q8_0_gemv`]; see the
+/// multi-token GEMVs above). `T` is 2, 4 or 8: the accumulators `acc0..` beyond it are
+/// never used.
+#[kernel(
+    crate = tilefuse_dsl,
+    BLOCK_N = [4, 8, 16],
+    BLOCK_K = [512, 1024],
+    T = [2, 4, 8],
+    RESIDUAL = [0, 1],
+    num_warps = [4]
+)]
+#[allow(clippy::too_many_arguments)]
+pub fn q8_0_gemv_tokens<
+    const BLOCK_N: usize,
+    const BLOCK_K: usize,
+    const T: usize,
+    const RESIDUAL: usize,
+>(
+    q: Ptr<u32>,
+    d: Ptr<f16>,
+    xq: Ptr<i32>,
+    xd: Ptr<f32>,
+    bias: Ptr<bf16>,
+    y: Ptr<bf16>,
+    n: i32,
+    row0: i32,
+    ldy: i32,
+    #[multiple_of(8)] k_words: i32,
+    tokens: i32,
+) {
+    let blocks = k_words / 8;
+    let rows = program_id(0) * BLOCK_N + arange(0, BLOCK_N);
+    let row_ok = rows < n;
+    let t0 = program_id(1) * T;
+    let grp = arange(0, BLOCK_K / 32);
+    let w = arange(0, 8);
+    let q_rows = (rows * k_words).expand_dims(1).expand_dims(2);
+    let d_rows = (rows * blocks).expand_dims(1);
+    let words = (grp * 8).expand_dims(1) + w.expand_dims(0);
+    let ok2 = row_ok.expand_dims(1);
+    let b = load(bias + row0 + rows, row_ok, 0.0) as f32;
+    wait_for_prior_kernels();
+    let mut acc0 = zeros::<f32>([BLOCK_N, BLOCK_K / 32]);
+    let mut acc1 = zeros::<f32>([BLOCK_N, BLOCK_K / 32]);
+    let mut acc2 = zeros::<f32>([BLOCK_N, BLOCK_K / 32]);
+    let mut acc3 = zeros::<f32>([BLOCK_N, BLOCK_K / 32]);
+    let mut acc4 = zeros::<f32>([BLOCK_N, BLOCK_K / 32]);
+    let mut acc5 = zeros::<f32>([BLOCK_N, BLOCK_K / 32]);
+    let mut acc6 = zeros::<f32>([BLOCK_N, BLOCK_K / 32]);
+    let mut acc7 = zeros::<f32>([BLOCK_N, BLOCK_K / 32]);
+    for g0 in (0..blocks).step_by(BLOCK_K / 32) {
+        let blk = g0 + grp;
+        let blk_ok = blk < blocks;
+        let ok = ok2 & blk_ok.expand_dims(0);
+        let qt = load(
+            q + q_rows + (g0 * 8 + words).expand_dims(0),
+            ok.expand_dims(2),
+            0,
+        );
+        let dt = load(d + d_rows + blk.expand_dims(0), ok, 0.0);
+        acc0 += q8_0_token(qt, dt, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words);
+        if T > 1 {
+            acc1 += q8_0_token(
+                qt,
+                dt,
+                xq,
+                xd,
+                bias,
+                blk,
+                blk_ok,
+                w,
+                t0 + 1,
+                tokens,
+                k_words,
+            );
+        }
+        if T > 2 {
+            acc2 += q8_0_token(
+                qt,
+                dt,
+                xq,
+                xd,
+                bias,
+                blk,
+                blk_ok,
+                w,
+                t0 + 2,
+                tokens,
+                k_words,
+            );
+            acc3 += q8_0_token(
+                qt,
+                dt,
+                xq,
+                xd,
+                bias,
+                blk,
+                blk_ok,
+                w,
+                t0 + 3,
+                tokens,
+                k_words,
+            );
+        }
+        if T > 4 {
+            acc4 += q8_0_token(
+                qt,
+                dt,
+                xq,
+                xd,
+                bias,
+                blk,
+                blk_ok,
+                w,
+                t0 + 4,
+                tokens,
+                k_words,
+            );
+            acc5 += q8_0_token(
+                qt,
+                dt,
+                xq,
+                xd,
+                bias,
+                blk,
+                blk_ok,
+                w,
+                t0 + 5,
+                tokens,
+                k_words,
+            );
+            acc6 += q8_0_token(
+                qt,
+                dt,
+                xq,
+                xd,
+                bias,
+                blk,
+                blk_ok,
+                w,
+                t0 + 6,
+                tokens,
+                k_words,
+            );
+            acc7 += q8_0_token(
+                qt,
+                dt,
+                xq,
+                xd,
+                bias,
+                blk,
+                blk_ok,
+                w,
+                t0 + 7,
+                tokens,
+                k_words,
+            );
+        }
+    }
+    store_token::<RESIDUAL>(y, ldy, t0, tokens, row0 + rows, row_ok, acc0.sum(1), b);
+    if T > 1 {
+        store_token::<RESIDUAL>(y, ldy, t0 + 1, tokens, row0 + rows, row_ok, acc1.sum(1), b);
+    }
+    if T > 2 {
+        store_token::<RESIDUAL>(y, ldy, t0 + 2, tokens, row0 + rows, row_ok, acc2.sum(1), b);
+        store_token::<RESIDUAL>(y, ldy, t0 + 3, tokens, row0 + rows, row_ok, acc3.sum(1), b);
+    }
+    if T > 4 {
+        store_token::<RESIDUAL>(y, ldy, t0 + 4, tokens, row0 + rows, row_ok, acc4.sum(1), b);
+        store_token::<RESIDUAL>(y, ldy, t0 + 5, tokens, row0 + rows, row_ok, acc5.sum(1), b);
+        store_token::<RESIDUAL>(y, ldy, t0 + 6, tokens, row0 + rows, row_ok, acc6.sum(1), b);
+        store_token::<RESIDUAL>(y, ldy, t0 + 7, tokens, row0 + rows, row_ok, acc7.sum(1), b);
+    }
+}
+
+/// Token `t`'s Q4_K tile sums for [`q4_k_gemv_tokens`] (zero past `tokens`).
+#[tile_fn(crate = tilefuse_dsl)]
+#[allow(clippy::too_many_arguments)]
+fn q4_k_token(
+    qt: Tile<u32>,
+    sc: Tile<u8>,
+    m: Tile<u8>,
+    dd: Tile<f16>,
+    dm: Tile<f16>,
+    xq: Ptr<i32>,
+    xd: Ptr<f32>,
+    unused: Ptr<bf16>,
+    blk: Tile<i32>,
+    blk_ok: Tile<bool>,
+    w: Tile<i32>,
+    t: i32,
+    tokens: i32,
+    k_words: i32,
+) -> Tile<f32> {
+    let ok = blk_ok & (t < tokens);
+    // A token's activation: `k / 4 = 2 k_words` words and `k / 32 = k_words / 4` blocks.
+    let x_words = xq + t * (2 * k_words);
+    let x_scales = xd + t * (k_words / 4);
+    q4_k_tile::<0>(
+        qt, sc, m, dd, dm, x_words, x_scales, unused, unused, blk, ok, w,
+    )
+}
+
+/// [`q8_0_gemv_tokens`] over a Q4_K matrix (the layout of [`q4_k_gemv`]).
+#[kernel(
+    crate = tilefuse_dsl,
+    BLOCK_N = [4, 8, 16],
+    BLOCK_K = [512, 1024],
+    T = [2, 4, 8],
+    RESIDUAL = [0, 1],
+    num_warps = [4]
+)]
+#[allow(clippy::too_many_arguments)]
+pub fn q4_k_gemv_tokens<
+    const BLOCK_N: usize,
+    const BLOCK_K: usize,
+    const T: usize,
+    const RESIDUAL: usize,
+>(
+    q: Ptr<u32>,
+    scales: Ptr<u8>,
+    mins: Ptr<u8>,
+    d: Ptr<f16>,
+    dmin: Ptr<f16>,
+    xq: Ptr<i32>,
+    xd: Ptr<f32>,
+    bias: Ptr<bf16>,
+    y: Ptr<bf16>,
+    n: i32,
+    row0: i32,
+    ldy: i32,
+    #[multiple_of(32)] k_words: i32,
+    tokens: i32,
+) {
+    let blocks = k_words / 4;
+    let rows = program_id(0) * BLOCK_N + arange(0, BLOCK_N);
+    let row_ok = rows < n;
+    let t0 = program_id(1) * T;
+    let grp = arange(0, BLOCK_K / 32);
+    let w = arange(0, 4);
+    let q_rows = (rows * k_words).expand_dims(1).expand_dims(2);
+    let s_rows = (rows * blocks).expand_dims(1);
+    let d_rows = (rows * (blocks / 8)).expand_dims(1);
+    let words = (grp * 4).expand_dims(1) + w.expand_dims(0);
+    let ok2 = row_ok.expand_dims(1);
+    let b = load(bias + row0 + rows, row_ok, 0.0) as f32;
+    wait_for_prior_kernels();
+    let mut acc0 = zeros::<f32>([BLOCK_N, BLOCK_K / 32]);
+    let mut acc1 = zeros::<f32>([BLOCK_N, BLOCK_K / 32]);
+    let mut acc2 = zeros::<f32>([BLOCK_N, BLOCK_K / 32]);
+    let mut acc3 = zeros::<f32>([BLOCK_N, BLOCK_K / 32]);
+    let mut acc4 = zeros::<f32>([BLOCK_N, BLOCK_K / 32]);
+    let mut acc5 = zeros::<f32>([BLOCK_N, BLOCK_K / 32]);
+    let mut acc6 = zeros::<f32>([BLOCK_N, BLOCK_K / 32]);
+    let mut acc7 = zeros::<f32>([BLOCK_N, BLOCK_K / 32]);
+    for g0 in (0..blocks).step_by(BLOCK_K / 32) {
+        let blk = g0 + grp;
+        let blk_ok = blk < blocks;
+        let ok = ok2 & blk_ok.expand_dims(0);
+        let qt = load(
+            q + q_rows + (g0 * 4 + words).expand_dims(0),
+            ok.expand_dims(2),
+            0,
+        );
+        let sct = load(scales + s_rows + blk.expand_dims(0), ok, 0);
+        let mt = load(mins + s_rows + blk.expand_dims(0), ok, 0);
+        let sb = (blk / 8).expand_dims(0);
+        let dt = load(d + d_rows + sb, ok, 0.0);
+        let dmint = load(dmin + d_rows + sb, ok, 0.0);
+        acc0 += q4_k_token(
+            qt, sct, mt, dt, dmint, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words,
+        );
+        if T > 1 {
+            acc1 += q4_k_token(
+                qt,
+                sct,
+                mt,
+                dt,
+                dmint,
+                xq,
+                xd,
+                bias,
+                blk,
+                blk_ok,
+                w,
+                t0 + 1,
+                tokens,
+                k_words,
+            );
+        }
+        if T > 2 {
+            acc2 += q4_k_token(
+                qt,
+                sct,
+                mt,
+                dt,
+                dmint,
+                xq,
+                xd,
+                bias,
+                blk,
+                blk_ok,
+                w,
+                t0 + 2,
+                tokens,
+                k_words,
+            );
+            acc3 += q4_k_token(
+                qt,
+                sct,
+                mt,
+                dt,
+                dmint,
+                xq,
+                xd,
+                bias,
+                blk,
+                blk_ok,
+                w,
+                t0 + 3,
+                tokens,
+                k_words,
+            );
+        }
+        if T > 4 {
+            acc4 += q4_k_token(
+                qt,
+                sct,
+                mt,
+                dt,
+                dmint,
+                xq,
+                xd,
+                bias,
+                blk,
+                blk_ok,
+                w,
+                t0 + 4,
+                tokens,
+                k_words,
+            );
+            acc5 += q4_k_token(
+                qt,
+                sct,
+                mt,
+                dt,
+                dmint,
+                xq,
+                xd,
+                bias,
+                blk,
+                blk_ok,
+                w,
+                t0 + 5,
+                tokens,
+                k_words,
+            );
+            acc6 += q4_k_token(
+                qt,
+                sct,
+                mt,
+                dt,
+                dmint,
+                xq,
+                xd,
+                bias,
+                blk,
+                blk_ok,
+                w,
+                t0 + 6,
+                tokens,
+                k_words,
+            );
+            acc7 += q4_k_token(
+                qt,
+                sct,
+                mt,
+                dt,
+                dmint,
+                xq,
+                xd,
+                bias,
+                blk,
+                blk_ok,
+                w,
+                t0 + 7,
+                tokens,
+                k_words,
+            );
+        }
+    }
+    store_token::<RESIDUAL>(y, ldy, t0, tokens, row0 + rows, row_ok, acc0.sum(1), b);
+    if T > 1 {
+        store_token::<RESIDUAL>(y, ldy, t0 + 1, tokens, row0 + rows, row_ok, acc1.sum(1), b);
+    }
+    if T > 2 {
+        store_token::<RESIDUAL>(y, ldy, t0 + 2, tokens, row0 + rows, row_ok, acc2.sum(1), b);
+        store_token::<RESIDUAL>(y, ldy, t0 + 3, tokens, row0 + rows, row_ok, acc3.sum(1), b);
+    }
+    if T > 4 {
+        store_token::<RESIDUAL>(y, ldy, t0 + 4, tokens, row0 + rows, row_ok, acc4.sum(1), b);
+        store_token::<RESIDUAL>(y, ldy, t0 + 5, tokens, row0 + rows, row_ok, acc5.sum(1), b);
+        store_token::<RESIDUAL>(y, ldy, t0 + 6, tokens, row0 + rows, row_ok, acc6.sum(1), b);
+        store_token::<RESIDUAL>(y, ldy, t0 + 7, tokens, row0 + rows, row_ok, acc7.sum(1), b);
+    }
+}
+
+/// Token `t`'s Q6_K tile sums for [`q6_k_gemv_tokens`] (zero past `tokens`).
+#[tile_fn(crate = tilefuse_dsl)]
+#[allow(clippy::too_many_arguments)]
+fn q6_k_token(
+    lt: Tile<u32>,
+    ht: Tile<u32>,
+    sc0: Tile<u8>,
+    sc1: Tile<u8>,
+    dd: Tile<f16>,
+    xq: Ptr<i32>,
+    xd: Ptr<f32>,
+    unused: Ptr<bf16>,
+    blk: Tile<i32>,
+    blk_ok: Tile<bool>,
+    p: Tile<i32>,
+    i: Tile<i32>,
+    t: i32,
+    tokens: i32,
+    k_words: i32,
+) -> Tile<f32> {
+    let ok = blk_ok & (t < tokens);
+    let x_words = xq + t * (2 * k_words);
+    let x_scales = xd + t * (k_words / 4);
+    q6_k_tile::<0>(
+        lt, ht, sc0, sc1, dd, x_words, x_scales, unused, unused, blk, ok, p, i,
+    )
+}
+
+/// [`q8_0_gemv_tokens`] over a Q6_K matrix (the layout of [`q6_k_gemv`]).
+#[kernel(
+    crate = tilefuse_dsl,
+    BLOCK_N = [4, 8, 16],
+    BLOCK_K = [512, 1024],
+    T = [2, 4, 8],
+    RESIDUAL = [0, 1],
+    num_warps = [4]
+)]
+#[allow(clippy::too_many_arguments)]
+pub fn q6_k_gemv_tokens<
+    const BLOCK_N: usize,
+    const BLOCK_K: usize,
+    const T: usize,
+    const RESIDUAL: usize,
+>(
+    ql: Ptr<u32>,
+    qh: Ptr<u32>,
+    scales: Ptr<u8>,
+    d: Ptr<f16>,
+    xq: Ptr<i32>,
+    xd: Ptr<f32>,
+    bias: Ptr<bf16>,
+    y: Ptr<bf16>,
+    n: i32,
+    row0: i32,
+    ldy: i32,
+    #[multiple_of(32)] k_words: i32,
+    tokens: i32,
+) {
+    let blocks = k_words / 4;
+    let rows = program_id(0) * BLOCK_N + arange(0, BLOCK_N);
+    let row_ok = rows < n;
+    let t0 = program_id(1) * T;
+    let grp = arange(0, BLOCK_K / 32);
+    let p = arange(0, 2);
+    let i = arange(0, 2);
+    let l_rows = (rows * k_words)
+        .expand_dims(1)
+        .expand_dims(2)
+        .expand_dims(3);
+    let h_rows = (rows * (2 * blocks)).expand_dims(1).expand_dims(2);
+    let s_rows = (rows * (2 * blocks)).expand_dims(1);
+    let d_rows = (rows * (blocks / 8)).expand_dims(1);
+    let l_words = (grp * 4).expand_dims(1).expand_dims(2) + (p * 2).expand_dims(1) + i;
+    let h_words = (grp * 2).expand_dims(1) + p.expand_dims(0);
+    let ok2 = row_ok.expand_dims(1);
+    let b = load(bias + row0 + rows, row_ok, 0.0) as f32;
+    wait_for_prior_kernels();
+    let mut acc0 = zeros::<f32>([BLOCK_N, BLOCK_K / 32, 2]);
+    let mut acc1 = zeros::<f32>([BLOCK_N, BLOCK_K / 32, 2]);
+    let mut acc2 = zeros::<f32>([BLOCK_N, BLOCK_K / 32, 2]);
+    let mut acc3 = zeros::<f32>([BLOCK_N, BLOCK_K / 32, 2]);
+    let mut acc4 = zeros::<f32>([BLOCK_N, BLOCK_K / 32, 2]);
+    let mut acc5 = zeros::<f32>([BLOCK_N, BLOCK_K / 32, 2]);
+    let mut acc6 = zeros::<f32>([BLOCK_N, BLOCK_K / 32, 2]);
+    let mut acc7 = zeros::<f32>([BLOCK_N, BLOCK_K / 32, 2]);
+    for g0 in (0..blocks).step_by(BLOCK_K / 32) {
+        let blk = g0 + grp;
+        let blk_ok = blk < blocks;
+        let ok = ok2 & blk_ok.expand_dims(0);
+        let lt = load(
+            ql + l_rows + (g0 * 4 + l_words).expand_dims(0),
+            ok.expand_dims(2).expand_dims(3),
+            0,
+        );
+        let ht = load(
+            qh + h_rows + (g0 * 2 + h_words).expand_dims(0),
+            ok.expand_dims(2),
+            0,
+        );
+        let sc0 = load(scales + s_rows + (blk * 2).expand_dims(0), ok, 128);
+        let sc1 = load(scales + s_rows + (blk * 2 + 1).expand_dims(0), ok, 128);
+        let dt = load(d + d_rows + (blk / 8).expand_dims(0), ok, 0.0);
+        acc0 += q6_k_token(
+            lt, ht, sc0, sc1, dt, xq, xd, bias, blk, blk_ok, p, i, t0, tokens, k_words,
+        );
+        if T > 1 {
+            acc1 += q6_k_token(
+                lt,
+                ht,
+                sc0,
+                sc1,
+                dt,
+                xq,
+                xd,
+                bias,
+                blk,
+                blk_ok,
+                p,
+                i,
+                t0 + 1,
+                tokens,
+                k_words,
+            );
+        }
+        if T > 2 {
+            acc2 += q6_k_token(
+                lt,
+                ht,
+                sc0,
+                sc1,
+                dt,
+                xq,
+                xd,
+                bias,
+                blk,
+                blk_ok,
+                p,
+                i,
+                t0 + 2,
+                tokens,
+                k_words,
+            );
+            acc3 += q6_k_token(
+                lt,
+                ht,
+                sc0,
+                sc1,
+                dt,
+                xq,
+                xd,
+                bias,
+                blk,
+                blk_ok,
+                p,
+                i,
+                t0 + 3,
+                tokens,
+                k_words,
+            );
+        }
+        if T > 4 {
+            acc4 += q6_k_token(
+                lt,
+                ht,
+                sc0,
+                sc1,
+                dt,
+                xq,
+                xd,
+                bias,
+                blk,
+                blk_ok,
+                p,
+                i,
+                t0 + 4,
+                tokens,
+                k_words,
+            );
+            acc5 += q6_k_token(
+                lt,
+                ht,
+                sc0,
+                sc1,
+                dt,
+                xq,
+                xd,
+                bias,
+                blk,
+                blk_ok,
+                p,
+                i,
+                t0 + 5,
+                tokens,
+                k_words,
+            );
+            acc6 += q6_k_token(
+                lt,
+                ht,
+                sc0,
+                sc1,
+                dt,
+                xq,
+                xd,
+                bias,
+                blk,
+                blk_ok,
+                p,
+                i,
+                t0 + 6,
+                tokens,
+                k_words,
+            );
+            acc7 += q6_k_token(
+                lt,
+                ht,
+                sc0,
+                sc1,
+                dt,
+                xq,
+                xd,
+                bias,
+                blk,
+                blk_ok,
+                p,
+                i,
+                t0 + 7,
+                tokens,
+                k_words,
+            );
+        }
+    }
+    store_token::<RESIDUAL>(
+        y,
+        ldy,
+        t0,
+        tokens,
+        row0 + rows,
+        row_ok,
+        acc0.sum(2).sum(1),
+        b,
+    );
+    if T > 1 {
+        store_token::<RESIDUAL>(
+            y,
+            ldy,
+            t0 + 1,
+            tokens,
+            row0 + rows,
+            row_ok,
+            acc1.sum(2).sum(1),
+            b,
+        );
+    }
+    if T > 2 {
+        store_token::<RESIDUAL>(
+            y,
+            ldy,
+            t0 + 2,
+            tokens,
+            row0 + rows,
+            row_ok,
+            acc2.sum(2).sum(1),
+            b,
+        );
+        store_token::<RESIDUAL>(
+            y,
+            ldy,
+            t0 + 3,
+            tokens,
+            row0 + rows,
+            row_ok,
+            acc3.sum(2).sum(1),
+            b,
+        );
+    }
+    if T > 4 {
+        store_token::<RESIDUAL>(
+            y,
+            ldy,
+            t0 + 4,
+            tokens,
+            row0 + rows,
+            row_ok,
+            acc4.sum(2).sum(1),
+            b,
+        );
+        store_token::<RESIDUAL>(
+            y,
+            ldy,
+            t0 + 5,
+            tokens,
+            row0 + rows,
+            row_ok,
+            acc5.sum(2).sum(1),
+            b,
+        );
+        store_token::<RESIDUAL>(
+            y,
+            ldy,
+            t0 + 6,
+            tokens,
+            row0 + rows,
+            row_ok,
+            acc6.sum(2).sum(1),
+            b,
+        );
+        store_token::<RESIDUAL>(
+            y,
+            ldy,
+            t0 + 7,
+            tokens,
+            row0 + rows,
+            row_ok,
+            acc7.sum(2).sum(1),
+            b,
+        );
+    }
+}
+
+/// The down projection's input for [`q8_0_gemv_tokens`] and its twins: row `r` of
+/// `gu` (`[rows, 2 * inter]`, a gate/up GEMV's `[g; u]` a token) becomes
+/// `bf16(bf16(silu(g)) * u)` quantized as [`quantize_act`] `MODE = 2` quantizes it,
+/// into row `r` of the `[rows, inter]` activation (`xq`, `xd`). Grid `[inter / B,
+/// rows]`, rounded up.
+#[kernel(crate = tilefuse_dsl, B = [256], num_warps = [4])]
+pub fn quantize_silu_mul_rows<const B: usize>(
+    gu: Ptr<bf16>,
+    xq: Ptr<i32>,
+    xd: Ptr<f32>,
+    #[multiple_of(32)] inter: i32,
+) {
+    let r = program_id(1);
+    let local = program_id(0) * (B / 32) + arange(0, B / 32);
+    let h = arange(0, 2);
+    let w = arange(0, 4);
+    let b = arange(0, 4);
+    let e = (local * 32).expand_dims(1).expand_dims(2).expand_dims(3)
+        + (h * 16).expand_dims(1).expand_dims(2)
+        + (w * 4).expand_dims(1)
+        + b;
+    let ok = e < inter;
+    wait_for_prior_kernels();
+    let row = gu + r * (2 * inter);
+    let g = load(row + e, ok, 0.0) as f32;
+    let u = load(row + inter + e, ok, 0.0) as f32;
+    let x = ((g / (1.0 + exp(-g))) as bf16 as f32 * u) as bf16 as f32;
+    let blk = r * (inter / 32) + local;
+    store_blocks(x, blk, local * 32 < inter, xq, xd);
 }
 
 // Dequantization to bf16, for the batched prefill's GEMMs (`crate::prefill`): each

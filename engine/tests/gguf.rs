@@ -572,6 +572,9 @@ fn a_quantized_models_prefill_is_the_dense_prefill_on_dequantized_weights() {
             let what = format!("{dev}, chunks of {chunk}");
             dense.set_prefill_chunk(chunk).unwrap();
             quant.set_prefill_chunk(chunk).unwrap();
+            // Every chunk dequantizes its matrices for the GEMMs (short chunks would
+            // take the multi-token GEMVs: the next test).
+            quant.prefiller().unwrap().set_quant_gemv_tokens(0);
             dense.prefill(&prompt).unwrap();
             quant.prefill(&prompt).unwrap();
             let want = dense.read_logits().unwrap();
@@ -592,6 +595,85 @@ fn a_quantized_models_prefill_is_the_dense_prefill_on_dequantized_weights() {
                 rel < 8e-2,
                 "{what}: the step after the prefill differs by {rel}"
             );
+        }
+    }
+}
+
+/// Short chunks of a quantized model take the multi-token GEMVs (int8 activations, as
+/// the decode step's GEMVs): the prefill then agrees with the quantized model's own
+/// token-by-token steps and with the dense prefill on the dequantized weights within
+/// the quantization of the activations, over chunks that split the prompt unevenly and
+/// a chunk longer than the multi-token GEMVs take (which dequantizes), and decodes on.
+#[test]
+fn a_quantized_models_short_chunks_take_the_multi_token_gemvs() {
+    use tilefuse_dsl::runtime::testing::gpu_or_skip;
+    use tilefuse_dsl::runtime::Device;
+    use tilefuse_engine::decode::QuantWeights;
+    use tilefuse_engine::Decoder;
+
+    let f = GgufFile::open(fixture("tiny_qwen3.gguf")).unwrap();
+    let cfg = f.config().unwrap();
+    let mw = f.model_weights(&cfg).unwrap();
+    let mut qw = f.quant_weights(&cfg).unwrap();
+    qw.lm_head = None;
+    let prompt: Vec<u32> = (0..13)
+        .map(|i| (i * 53 + 5) % cfg.vocab_size as u32)
+        .collect();
+    let mut devices = vec![Device::cpu()];
+    devices.extend(gpu_or_skip(
+        "a_quantized_models_short_chunks_take_the_multi_token_gemvs",
+    ));
+    for dev in devices {
+        let mut dense = Decoder::with_quant(&cfg, &mw, &QuantWeights::default(), &dev, 32).unwrap();
+        let mut quant = Decoder::with_quant(&cfg, &mw, &qw, &dev, 32).unwrap();
+        // The quantized model token by token (decode steps).
+        let mut steps = Vec::new();
+        for (pos, &t) in prompt.iter().enumerate() {
+            steps = quant.forward(t, pos).unwrap();
+        }
+        dense.set_prefill_chunk(8).unwrap();
+        dense.prefill(&prompt).unwrap();
+        let dense_logits = dense.read_logits().unwrap();
+        // (chunk, longest chunk for the multi-token GEMVs): chunks of 8 and 5, both
+        // short; the 8 dequantized and the 5 short; one chunk of 13, dequantized; chunks
+        // of 5, 5 and 3, short (4 and 8 tokens a program); one short chunk of 13, longer
+        // than the room the first short chunks allocated.
+        let mut all_short: Option<Vec<f32>> = None;
+        for (chunk, short) in [(8, 32), (8, 5), (13, 0), (5, 32), (13, 32)] {
+            let what = format!("{dev}, chunks of {chunk}, multi-token GEMVs up to {short}");
+            quant.set_prefill_chunk(chunk).unwrap();
+            quant.prefiller().unwrap().set_quant_gemv_tokens(short);
+            quant.prefill(&prompt).unwrap();
+            let got = quant.read_logits().unwrap();
+            assert!(got.iter().all(|v| v.is_finite()), "{what}");
+            let vs_steps = common::rel_err(&got, &steps);
+            let vs_dense = common::rel_err(&got, &dense_logits);
+            assert!(
+                vs_steps < 3e-2,
+                "{what}: against the quantized steps {vs_steps}"
+            );
+            assert!(
+                vs_dense < 8e-2,
+                "{what}: against the dense prefill {vs_dense}"
+            );
+            // A token's sums do not depend on the chunk it is in.
+            if short >= 8 {
+                match &all_short {
+                    None => all_short = Some(got.clone()),
+                    Some(first) => assert!(
+                        got.iter()
+                            .zip(first)
+                            .all(|(g, f)| g.to_bits() == f.to_bits()),
+                        "{what}: not the logits of the other short chunks"
+                    ),
+                }
+            }
+            let state = quant.read_state().unwrap();
+            assert_eq!(state.1, prompt.len(), "{what}");
+            // The next step decodes from the prefilled cache.
+            let next = quant.forward(state.0, prompt.len()).unwrap();
+            assert!(next.iter().all(|v| v.is_finite()), "{what}");
+            eprintln!("{what}: relative error against the steps {vs_steps:.2e}, against the dense prefill {vs_dense:.2e}");
         }
     }
 }

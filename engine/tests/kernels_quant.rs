@@ -817,3 +817,175 @@ fn dequantization_matches_the_host_model() {
         }
     }
 }
+
+/// The multi-token GEMVs of the short prefill (`gemv_tokens`, `q4_k_gemv_tokens` and
+/// its twins): for every token, rows `row0..` of its output row are the single-token
+/// GEMV's over that token's activation at the same tile (plain and residual); the
+/// other columns of `y` (`ldy` wider than the rows) are left alone. The int8 rows
+/// (`QuantRows`: the flat quantizer over `tokens x k`, and the SiLU product a row) are
+/// the host quantizer's, bit for bit.
+#[test]
+fn multi_token_gemvs_match_the_single_token_gemv() {
+    use tilefuse_engine::gguf::device::{QuantRows, TokensTile};
+    let mut rng = Rng(0x70ce_5eed);
+    let mut devices = vec![Device::cpu()];
+    devices.extend(gpu_or_skip("multi_token_gemvs_match_the_single_token_gemv"));
+    for dev in devices {
+        for ty in [GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K] {
+            let min_k = if ty == GgmlType::Q8_0 { 32 } else { 256 };
+            let mut shapes = vec![(24, 512), (9, 1024 + min_k)];
+            let mut token_counts = vec![1, 3, 8, 11];
+            if dev.is_cuda() {
+                shapes.push((1024, 3072));
+                token_counts.push(32);
+            }
+            for (n, k) in shapes {
+                let c = case(&mut rng, ty, n, k);
+                let m = DeviceQuantMatrix::upload(&dev, &c.packed).unwrap();
+                let bias = dev.upload(&c.bias).unwrap();
+                let mut spare = QuantSpare::new(&dev, k).unwrap();
+                let (row0, ldy) = (3, n + 7);
+                for &tokens in &token_counts {
+                    // Row t of the input: fresh values, one block of zeros in row 0.
+                    let mut a: Vec<bf16> = (0..tokens * k)
+                        .map(|_| bf16::from_f32(rng.unit() * 3.0))
+                        .collect();
+                    a[..32].fill(bf16::ZERO);
+                    let gate_up: Vec<bf16> = (0..tokens * 2 * k)
+                        .map(|_| bf16::from_f32(rng.unit() * 4.0))
+                        .collect();
+                    let old: Vec<bf16> = (0..tokens * ldy)
+                        .map(|_| bf16::from_f32(rng.unit() * 4.0))
+                        .collect();
+                    let a_dev = dev.upload(&a).unwrap();
+                    let mut rows = QuantRows::new(&dev, tokens, k).unwrap();
+
+                    // The int8 rows against the host's quantizer.
+                    rows.quantize(&dev, &a_dev, tokens, k).unwrap();
+                    let flat: Vec<f32> = a.iter().map(|v| v.to_f32()).collect();
+                    let (hq, hd) = host_quantize(&flat);
+                    let (xq, xd) = rows.activation();
+                    assert_eq!(
+                        &xq.to_vec().unwrap()[..tokens * k / 4],
+                        &hq[..],
+                        "{ty} rows on {dev}"
+                    );
+                    assert_eq!(
+                        &xd.to_vec().unwrap()[..tokens * k / 32],
+                        &hd[..],
+                        "{ty} row scales on {dev}"
+                    );
+                    let gu_dev = dev.upload(&gate_up).unwrap();
+                    rows.quantize_silu_mul(&dev, &gu_dev, tokens, k).unwrap();
+                    let silu: Vec<f32> = (0..tokens * k)
+                        .map(|e| {
+                            let (t, j) = (e / k, e % k);
+                            let row = &gate_up[t * 2 * k..];
+                            bf16::from_f32(silu_mul_f32(row[j], row[k + j])).to_f32()
+                        })
+                        .collect();
+                    let (hq, hd) = host_quantize(&silu);
+                    let (xq, xd) = rows.activation();
+                    assert_eq!(
+                        &xq.to_vec().unwrap()[..tokens * k / 4],
+                        &hq[..],
+                        "{ty} SiLU rows on {dev}"
+                    );
+                    assert_eq!(
+                        &xd.to_vec().unwrap()[..tokens * k / 32],
+                        &hd[..],
+                        "{ty} SiLU scales on {dev}"
+                    );
+                    rows.quantize(&dev, &a_dev, tokens, k).unwrap();
+
+                    let mut bias_rows = vec![bf16::ZERO; row0];
+                    bias_rows.extend(&c.bias);
+                    let bias_rows = dev.upload(&bias_rows).unwrap();
+                    for (block_n, block_k, t) in
+                        [(4, 512, 2), (8, 1024, 4), (16, 512, 8), (8, 1024, 8)]
+                    {
+                        let tile = TokensTile {
+                            block_n,
+                            block_k,
+                            tokens: t,
+                        };
+                        let cfg = QuantGemvConfig {
+                            block_n,
+                            block_k,
+                            num_warps: 4,
+                        };
+                        for residual in [false, true] {
+                            let what = format!("{ty} {n}x{k} {tokens} tokens {tile:?} residual={residual} on {dev}");
+                            let start: Vec<bf16> = if residual {
+                                old.clone()
+                            } else {
+                                vec![bf16::NAN; tokens * ldy]
+                            };
+                            let mut y = dev.upload(&start).unwrap();
+                            m.gemv_tokens(
+                                &dev, tile, &rows, &bias_rows, &mut y, row0, ldy, residual,
+                            )
+                            .unwrap_or_else(|e| panic!("{what}: {e}"));
+                            let got = y.to_vec().unwrap();
+                            for tok in 0..tokens {
+                                let a_t = dev.upload(&a[tok * k..(tok + 1) * k]).unwrap();
+                                let mut y_t = dev
+                                    .upload(&start[tok * ldy + row0..tok * ldy + row0 + n])
+                                    .unwrap();
+                                m.gemv(
+                                    &dev, cfg, &a_t, None, &bias, &mut y_t, residual, &mut spare,
+                                )
+                                .unwrap();
+                                let want = y_t.to_vec().unwrap();
+                                let row = &got[tok * ldy..(tok + 1) * ldy];
+                                for r in 0..n {
+                                    assert_eq!(
+                                        row[row0 + r].to_bits(),
+                                        want[r].to_bits(),
+                                        "{what}: token {tok} row {r}: {} against {}",
+                                        row[row0 + r],
+                                        want[r]
+                                    );
+                                }
+                                for col in (0..row0).chain(row0 + n..ldy) {
+                                    assert_eq!(
+                                        row[col].to_bits(),
+                                        start[tok * ldy + col].to_bits(),
+                                        "{what}: token {tok} column {col} outside the rows was written"
+                                    );
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    // A tile the kernels are not compiled for, and an output too short, are errors.
+    let dev = Device::cpu();
+    let c = case(&mut rng, GgmlType::Q8_0, 8, 64);
+    let m = DeviceQuantMatrix::upload(&dev, &c.packed).unwrap();
+    let mut rows = QuantRows::new(&dev, 2, 64).unwrap();
+    let a = dev.upload(&vec![bf16::ONE; 128]).unwrap();
+    rows.quantize(&dev, &a, 2, 64).unwrap();
+    let bias = dev.upload(&c.bias).unwrap();
+    let mut y = dev.alloc_filled(16, bf16::NAN).unwrap();
+    let odd = TokensTile {
+        block_n: 8,
+        block_k: 1024,
+        tokens: 3,
+    };
+    let err = m
+        .gemv_tokens(&dev, odd, &rows, &bias, &mut y, 0, 8, false)
+        .unwrap_err();
+    assert!(err.to_string().contains("3 tokens a program"), "{err}");
+    let mut short = dev.alloc_filled(15, bf16::NAN).unwrap();
+    let tile = TokensTile::for_tokens(2);
+    assert!(m
+        .gemv_tokens(&dev, tile, &rows, &bias, &mut short, 0, 8, false)
+        .is_err());
+    assert!(
+        rows.quantize(&dev, &a, 3, 64).is_err(),
+        "more rows than the room"
+    );
+}

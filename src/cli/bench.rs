@@ -92,6 +92,13 @@ pub struct BenchArgs {
     /// Time the prefill only (no decode modes).
     #[arg(long, requires = "prompt")]
     pub prefill_only: bool,
+    /// With quantized `--weights`: chunks of up to this many tokens read the quantized
+    /// matrices with the multi-token GEMVs (default: the engine's, or the environment's
+    /// `TILEFUSE_QUANT_PREFILL_TOKENS`; 0: every chunk dequantizes them for the GEMMs).
+    /// When the prompt takes them, the prefill with every matrix dequantized is timed
+    /// after it, in the same process.
+    #[arg(long, requires = "prompt")]
+    pub quant_gemv_tokens: Option<usize>,
     /// With quantized `--weights`: also time these variants of the step against its
     /// default inside the captured graph, interleaved over rounds (repeatable; `;`-
     /// separated entries: `head=quant` or `head=bf16` for the LM head's format,
@@ -188,6 +195,9 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
             if let Some(chunk) = args.prefill_chunk {
                 dec.set_prefill_chunk(chunk)?;
             }
+            if let Some(tokens) = args.quant_gemv_tokens {
+                dec.prefiller()?.set_quant_gemv_tokens(tokens);
+            }
             anyhow::Ok(dec)
         };
         // Quantized weights (drawn first: a preset whose shapes the format cannot
@@ -211,6 +221,19 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
             format!("{weights} ")
         };
         super::write_stdout(&format!("{label}{timing}\n  tiles {default}\n"))?;
+        // A chunk short enough for the multi-token GEMVs: the same prompt with every
+        // matrix dequantized for the GEMMs, for comparison.
+        let p = dec.prefiller()?;
+        let (short, chunk) = (p.quant_gemv_tokens(), p.chunk());
+        let last = args.prompt - (args.prompt.div_ceil(chunk) - 1) * chunk;
+        if weights != bench::WeightFormat::Bf16 && short > 0 && last.min(chunk) <= short {
+            p.set_quant_gemv_tokens(0);
+            let timing = crate::engine::prefill::time_prefill(&mut dec, &prompt, reps)?;
+            super::write_stdout(&format!(
+                "{label}{timing}\n  every matrix dequantized for the GEMMs (multi-token GEMVs: chunks of up to {short} tokens above)\n"
+            ))?;
+            dec.prefiller()?.set_quant_gemv_tokens(short);
+        }
         for spec in &args.prefill_tiles {
             let plan = default.with_tiles(spec)?;
             dec.prefiller()?.set_plan(plan.clone())?;

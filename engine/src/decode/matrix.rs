@@ -10,8 +10,8 @@ use tilefuse_dsl::runtime::{Buffer, Device, LaunchConfig};
 
 use crate::error::{EngineError, Result};
 use crate::gguf::device::{
-    launch_q4_k_q6_k, DeviceQuantMatrix, QuantGemvConfig, QuantOut, QuantSpare, QuantTiles,
-    QuantVariant,
+    launch_q4_k_q6_k, DeviceQuantMatrix, QuantGemvConfig, QuantOut, QuantRows, QuantSpare,
+    QuantTiles, QuantVariant, TokensTile,
 };
 use crate::gguf::quant::{GgmlType, PackedMatrix};
 
@@ -177,6 +177,26 @@ impl QuantMatrix {
     pub(crate) fn dequantize_into(&self, dev: &Device, out: &mut Buffer<bf16>) -> Result<()> {
         for p in &self.parts {
             p.m.dequantize_into(dev, out, p.row0)?;
+        }
+        Ok(())
+    }
+
+    /// The multi-token GEMV over every run ([`DeviceQuantMatrix::gemv_tokens`]): `y[t]
+    /// = bf16(W · x[t] + bias)` for each quantized row `t` of `x`, `ldy` elements a
+    /// token; with `residual`, added into `y[t]`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn gemv_tokens(
+        &self,
+        dev: &Device,
+        tile: TokensTile,
+        x: &QuantRows,
+        bias: &Buffer<bf16>,
+        y: &mut Buffer<bf16>,
+        ldy: usize,
+        residual: bool,
+    ) -> Result<()> {
+        for p in &self.parts {
+            p.m.gemv_tokens(dev, tile, x, bias, y, p.row0, ldy, residual)?;
         }
         Ok(())
     }

@@ -667,9 +667,11 @@ impl Decoder {
         self.step_blocks(|b| matches!(b, Block::LmHead | Block::Argmax))
     }
 
-    /// Dequantization launches a prefill chunk adds to the prefill's own
-    /// ([`crate::prefill::Prefiller::launches_for`]): one a run of rows of one type of
-    /// each quantized matrix, every layer.
+    /// Launches a prefill chunk adds to the prefill's own
+    /// ([`crate::prefill::Prefiller::launches_for`]) for its quantized matrices: one a
+    /// run of rows of one type of each, every layer (its dequantization before a GEMM;
+    /// or, in a short chunk, where a quantizer and one multi-token GEMV a run replace
+    /// the GEMM, the same count).
     pub fn prefill_dequant_launches(&self) -> usize {
         self.layers
             .iter()

@@ -8,8 +8,8 @@ use tilefuse_dsl::runtime::{Buffer, Device, KernelArg, KernelDef, LaunchConfig};
 use super::quant::{GgmlType, PackedMatrix};
 use crate::error::Result;
 use crate::kernels_quant::{
-    DEQUANTIZE_Q4_K, DEQUANTIZE_Q6_K, DEQUANTIZE_Q8_0, Q4_K_GEMV, Q4_K_Q6_K_GEMV, Q6_K_GEMV,
-    Q8_0_GEMV, QUANTIZE_ACT,
+    DEQUANTIZE_Q4_K, DEQUANTIZE_Q6_K, DEQUANTIZE_Q8_0, Q4_K_GEMV, Q4_K_GEMV_TOKENS, Q4_K_Q6_K_GEMV,
+    Q6_K_GEMV, Q6_K_GEMV_TOKENS, Q8_0_GEMV, Q8_0_GEMV_TOKENS, QUANTIZE_ACT, QUANTIZE_SILU_MUL_ROWS,
 };
 
 /// Whether the decode step quantizes the RMSNorm input of a quantized QKV or gate/up
@@ -51,6 +51,162 @@ pub fn merges_runs() -> bool {
 
 /// The longest rows whose norm [`fuses_norm`] moves into the GEMV by default.
 pub const FUSED_NORM_MAX_COLS: usize = 2048;
+
+/// A launch configuration of the multi-token GEMVs
+/// ([`crate::kernels_quant::q4_k_gemv_tokens`] and its twins): rows and columns per
+/// tile, tokens per program.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TokensTile {
+    /// Rows per program (`BLOCK_N`: 4, 8 or 16).
+    pub block_n: usize,
+    /// Columns per tile (`BLOCK_K`: 512 or 1024).
+    pub block_k: usize,
+    /// Tokens per program (`T`: 2, 4 or 8).
+    pub tokens: usize,
+}
+
+impl TokensTile {
+    /// The tile for a chunk of `tokens`: 8 rows of 1024 columns, and the fewest
+    /// compiled tokens a program that cover the chunk, at most 8.
+    pub fn for_tokens(tokens: usize) -> TokensTile {
+        let t = [2, 4, 8].into_iter().find(|&t| t >= tokens).unwrap_or(8);
+        TokensTile {
+            block_n: 8,
+            block_k: 1024,
+            tokens: t,
+        }
+    }
+
+    /// Whether the kernels are compiled for this tile.
+    pub fn compiled(&self) -> bool {
+        [4, 8, 16].contains(&self.block_n)
+            && [512, 1024].contains(&self.block_k)
+            && [2, 4, 8].contains(&self.tokens)
+    }
+}
+
+/// `tokens` rows of int8 activations, each `cols` long (a multiple of 32), as
+/// [`crate::kernels_quant::quantize_act`] writes them: the input of the multi-token
+/// GEMVs ([`DeviceQuantMatrix::gemv_tokens`]).
+#[derive(Debug)]
+pub struct QuantRows {
+    /// Rows the buffers hold room for, at [`QuantRows::cols`] each.
+    capacity: usize,
+    /// Columns a row has room for.
+    cols: usize,
+    /// Rows written by the last quantization.
+    rows: usize,
+    /// Columns of each written row.
+    width: usize,
+    /// `[capacity * cols / 4]` int8 values, four a word.
+    xq: Buffer<i32>,
+    /// `[capacity * cols / 32]` block scales.
+    xd: Buffer<f32>,
+}
+
+impl QuantRows {
+    /// Room for `rows` rows of up to `cols` columns (rounded up to 32) on `dev`.
+    pub fn new(dev: &Device, rows: usize, cols: usize) -> Result<Self> {
+        let cols = cols.div_ceil(32) * 32;
+        Ok(QuantRows {
+            capacity: rows,
+            cols,
+            rows: 0,
+            width: 0,
+            xq: dev.zeros((rows * cols / 4).max(1))?,
+            xd: dev.zeros((rows * cols / 32).max(1))?,
+        })
+    }
+
+    /// Rows and columns of room.
+    pub fn room(&self) -> (usize, usize) {
+        (self.capacity, self.cols)
+    }
+
+    fn check(&self, rows: usize, cols: usize, what: &str) -> Result<()> {
+        if rows == 0 || rows > self.capacity || cols > self.cols || cols % 32 != 0 {
+            return Err(crate::error::EngineError::Option {
+                message: format!(
+                    "quantizing {rows} rows of {cols} columns ({what}) into room for {} rows of {} (columns a multiple of 32)",
+                    self.capacity, self.cols
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Quantizes the `rows` rows of the row-major `[rows, cols]` bf16 matrix `a`
+    /// ([`crate::kernels_quant::quantize_act`] `MODE = 0` over `rows * cols` values: no
+    /// block straddles two rows).
+    pub fn quantize(
+        &mut self,
+        dev: &Device,
+        a: &Buffer<bf16>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<()> {
+        self.check(rows, cols, "a bf16 input")?;
+        if a.len() < rows * cols {
+            return Err(crate::error::EngineError::Option {
+                message: format!(
+                    "quantizing {rows} rows of {cols} columns from a buffer of {}",
+                    a.len()
+                ),
+            });
+        }
+        const B: usize = 256;
+        let len = rows * cols;
+        let launch = LaunchConfig::from(len.div_ceil(B) as u32).num_warps(4);
+        let mut args: Vec<KernelArg<'_>> = vec![
+            a.into(),
+            a.into(),
+            (&mut self.xq).into(),
+            (&mut self.xd).into(),
+            (len as i32).into(),
+            0.0f32.into(),
+        ];
+        QUANTIZE_ACT.launch_dyn(dev, launch, &[B as i64, 0], &mut args)?;
+        (self.rows, self.width) = (rows, cols);
+        Ok(())
+    }
+
+    /// Quantizes `bf16(bf16(silu(g)) * u)` of each of the `rows` rows of `gu`
+    /// (`[rows, 2 * inter]`, `[g; u]` a row: a gate/up projection's output), `inter`
+    /// columns a row ([`crate::kernels_quant::quantize_silu_mul_rows`]).
+    pub fn quantize_silu_mul(
+        &mut self,
+        dev: &Device,
+        gu: &Buffer<bf16>,
+        rows: usize,
+        inter: usize,
+    ) -> Result<()> {
+        self.check(rows, inter, "a SiLU product")?;
+        if gu.len() < rows * 2 * inter {
+            return Err(crate::error::EngineError::Option {
+                message: format!(
+                    "the SiLU product of {rows} rows of 2 x {inter} columns from a buffer of {}",
+                    gu.len()
+                ),
+            });
+        }
+        const B: usize = 256;
+        let launch = LaunchConfig::from([inter.div_ceil(B) as u32, rows as u32, 1]).num_warps(4);
+        let mut args: Vec<KernelArg<'_>> = vec![
+            gu.into(),
+            (&mut self.xq).into(),
+            (&mut self.xd).into(),
+            (inter as i32).into(),
+        ];
+        QUANTIZE_SILU_MUL_ROWS.launch_dyn(dev, launch, &[B as i64], &mut args)?;
+        (self.rows, self.width) = (rows, inter);
+        Ok(())
+    }
+
+    /// The activation buffers (`xq`, `xd`), for reading back in tests.
+    pub fn activation(&self) -> (&Buffer<i32>, &Buffer<f32>) {
+        (&self.xq, &self.xd)
+    }
+}
 
 /// A launch configuration of a quantized GEMV: rows and columns per tile, warps.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -515,6 +671,85 @@ impl DeviceQuantMatrix {
             spare,
             false,
         )
+    }
+
+    /// For each row `t` of `x` (quantized rows of this matrix's `cols`, see
+    /// [`QuantRows`]): `y[t] = bf16(W · x[t] + bias)` into rows `row0..row0 + rows` of
+    /// the row-major `y` (`ldy` elements a token; `bias` indexed like one row of `y`);
+    /// with `residual`, `y[t] = bf16(y[t] + bf16(W · x[t] + bias))`. One launch, `tile`
+    /// tokens a program ([`crate::kernels_quant::q4_k_gemv_tokens`] and its twins).
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemv_tokens(
+        &self,
+        dev: &Device,
+        tile: TokensTile,
+        x: &QuantRows,
+        bias: &Buffer<bf16>,
+        y: &mut Buffer<bf16>,
+        row0: usize,
+        ldy: usize,
+        residual: bool,
+    ) -> Result<()> {
+        let tokens = x.rows;
+        if !tile.compiled()
+            || x.width != self.cols
+            || tokens == 0
+            || row0 + self.rows > ldy
+            || y.len() < tokens * ldy
+            || bias.len() < row0 + self.rows
+        {
+            return Err(crate::error::EngineError::Option {
+                message: format!(
+                    "a multi-token GEMV of a {}x{} matrix at {} rows, {} columns, {} tokens a program (compiled: 4, 8 or 16; 512 or 1024; 2, 4 or 8) over {} quantized rows of {} columns into rows {row0}.. of {} elements, {ldy} a token, bias of {}",
+                    self.rows, self.cols, tile.block_n, tile.block_k, tile.tokens, tokens, x.width, y.len(), bias.len()
+                ),
+            });
+        }
+        let grid = [
+            self.rows.div_ceil(tile.block_n) as u32,
+            tokens.div_ceil(tile.tokens) as u32,
+            1,
+        ];
+        let launch = LaunchConfig::from(grid).num_warps(4);
+        let (kernel, mut args, per_word): (&KernelDef, Vec<KernelArg<'_>>, usize) =
+            match &self.buffers {
+                QuantBuffers::Q8_0 { q, d } => (&Q8_0_GEMV_TOKENS, vec![q.into(), d.into()], 4),
+                QuantBuffers::Q4K {
+                    q,
+                    scales,
+                    mins,
+                    d,
+                    dmin,
+                } => (
+                    &Q4_K_GEMV_TOKENS,
+                    vec![q.into(), scales.into(), mins.into(), d.into(), dmin.into()],
+                    8,
+                ),
+                QuantBuffers::Q6K { ql, qh, scales, d } => (
+                    &Q6_K_GEMV_TOKENS,
+                    vec![ql.into(), qh.into(), scales.into(), d.into()],
+                    8,
+                ),
+            };
+        args.extend([
+            (&x.xq).into(),
+            (&x.xd).into(),
+            bias.into(),
+            y.into(),
+            (self.rows as i32).into(),
+            (row0 as i32).into(),
+            (ldy as i32).into(),
+            ((self.cols / per_word) as i32).into(),
+            (tokens as i32).into(),
+        ]);
+        let consts = [
+            tile.block_n as i64,
+            tile.block_k as i64,
+            tile.tokens as i64,
+            i64::from(residual),
+        ];
+        kernel.launch_dyn(dev, launch, &consts, &mut args)?;
+        Ok(())
     }
 
     /// Writes the matrix as bf16 into rows `row0..row0 + rows` of the row-major `[..,

@@ -17,6 +17,7 @@ use tilefuse_dsl::runtime::{Buffer, Device, KernelArg, KernelDef, LaunchConfig};
 use crate::config::ModelConfig;
 use crate::decode::QuantMatrix;
 use crate::error::{EngineError, Result};
+use crate::gguf::device::{QuantRows, TokensTile};
 
 mod plan;
 use crate::prefill_kernels::{
@@ -30,6 +31,14 @@ pub use plan::{PrefillPlan, TileChoice, LONG_CHUNK};
 /// (docs/perf.md, "Batched prefill: operands through the ring, tile sweep"); the
 /// chunk's activations take about 26 KB a token for Qwen3-0.6B.
 pub const DEFAULT_CHUNK: usize = 8192;
+
+/// Chunks of up to this many tokens read a quantized matrix with the multi-token
+/// GEMVs ([`crate::kernels_quant::q4_k_gemv_tokens`] and its twins: the weights read
+/// once for every 8 tokens) instead of dequantizing it for a GEMM, unless set otherwise
+/// ([`Prefiller::set_quant_gemv_tokens`], or the environment's
+/// `TILEFUSE_QUANT_PREFILL_TOKENS`). Where the two meet: docs/perf.md, "Short prompts
+/// of quantized models".
+pub const QUANT_GEMV_TOKENS: usize = 32;
 
 /// Rows per program of [`crate::prefill_kernels::prefill_qk_rope`].
 const ROPE_ROWS: i64 = 16;
@@ -75,6 +84,14 @@ impl<'a> PrefillWeight<'a> {
                 let (rows, cols) = q.shape();
                 rows * cols
             }
+        }
+    }
+
+    /// The quantized matrix, if these are not bf16 rows.
+    fn quantized(&self) -> Option<&'a QuantMatrix> {
+        match self.0 {
+            Weight::Dense(_) => None,
+            Weight::Quant(q) => Some(q),
         }
     }
 
@@ -185,6 +202,22 @@ pub struct Prefiller {
     /// A quantized matrix dequantized to bf16 for its GEMM (see [`PrefillWeight`]);
     /// grown to the largest one the first time a model lends quantized weights.
     dequantized: Buffer<bf16>,
+    /// Chunks of at most this many tokens take the multi-token GEMVs over quantized
+    /// matrices ([`QUANT_GEMV_TOKENS`]); 0: never.
+    quant_gemv_tokens: usize,
+    /// Their buffers, allocated the first time a model lends quantized weights.
+    short: Option<ShortChunk>,
+}
+
+/// What a short chunk over quantized matrices needs besides the chunk's activations:
+/// the int8 rows the multi-token GEMVs read, the gate/up output (`[g; u]` a token)
+/// that the down projection's quantizer turns into its input, and a zero bias for the
+/// gate/up rows.
+#[derive(Debug)]
+struct ShortChunk {
+    rows: QuantRows,
+    gate_up: Buffer<bf16>,
+    zeros: Buffer<bf16>,
 }
 
 impl Prefiller {
@@ -229,6 +262,8 @@ impl Prefiller {
             partials: dev.zeros(1)?,
             counters: dev.zeros(1)?,
             dequantized: dev.zeros(1)?,
+            quant_gemv_tokens: quant_gemv_tokens_from_env()?,
+            short: None,
         };
         // Sizes the split-K workspace for the default plan's splits.
         prefiller.set_plan(plan)?;
@@ -247,6 +282,18 @@ impl Prefiller {
         .iter()
         .map(|(c, n)| c.split_room(self.chunk, *n, self.sms))
         .fold((1, 1), |(p, c), (q, d)| (p.max(q), c.max(d)))
+    }
+
+    /// Reads quantized matrices with the multi-token GEMVs in chunks of at most
+    /// `tokens` tokens (0: always dequantize them for the GEMMs); see
+    /// [`QUANT_GEMV_TOKENS`].
+    pub fn set_quant_gemv_tokens(&mut self, tokens: usize) {
+        self.quant_gemv_tokens = tokens;
+    }
+
+    /// The longest chunk that reads quantized matrices with the multi-token GEMVs.
+    pub fn quant_gemv_tokens(&self) -> usize {
+        self.quant_gemv_tokens
     }
 
     /// Tokens per chunk.
@@ -339,6 +386,23 @@ impl Prefiller {
         if scratch > self.dequantized.len() {
             self.dequantized = self.dev.zeros(scratch)?;
         }
+        // Room for the longest short chunk: regrown when the chunk, the limit or the
+        // model's widths outgrow what an earlier prefill allocated.
+        let short_rows = self.quant_gemv_tokens.min(self.chunk);
+        let (h, im) = (cfg.hidden_size, cfg.intermediate_size);
+        let cols = h.max(cfg.q_dim()).max(im);
+        let outgrown = self.short.as_ref().is_none_or(|s| {
+            let (rows, room) = s.rows.room();
+            rows < short_rows || room < cols || s.zeros.len() < 2 * im
+        });
+        if scratch > 0 && short_rows > 0 && outgrown {
+            self.short = None;
+            self.short = Some(ShortChunk {
+                rows: QuantRows::new(&self.dev, short_rows, cols)?,
+                gate_up: self.dev.zeros(short_rows * 2 * im)?,
+                zeros: self.dev.zeros(2 * im)?,
+            });
+        }
         let ModelView {
             embed,
             rope_cos,
@@ -374,6 +438,13 @@ impl Prefiller {
             let p0 = (start + ci * self.chunk) as i32;
             let t = chunk.len();
             let ti = t as i32;
+            // Quantized matrices of a short chunk take the multi-token GEMVs.
+            let short = match &mut self.short {
+                Some(s) if t <= self.quant_gemv_tokens => Some(s),
+                _ => None,
+            };
+            let mut short = short;
+            let tile = TokensTile::for_tokens(t);
             let attn = if t >= LONG_CHUNK {
                 &plan.attention
             } else {
@@ -399,20 +470,33 @@ impl Prefiller {
             )?;
             for l in layers.iter_mut() {
                 rms_norm(dev, &self.x, l.input_norm, &mut self.xn, t, h, eps)?;
-                let qkv_w = l.qkv_w.rows(dev, &mut self.dequantized)?;
-                gemm(
-                    dev,
-                    &plan.qkv,
-                    (self.sms, &mut self.partials, &mut self.counters),
-                    [
-                        (&self.xn).into(),
-                        qkv_w.into(),
-                        l.qkv_b.into(),
-                        (&mut self.qkv).into(),
-                    ],
-                    (ti, qkv_dim, h),
-                    0,
-                )?;
+                if let (Some(q), Some(s)) = (l.qkv_w.quantized(), short.as_deref_mut()) {
+                    s.rows.quantize(dev, &self.xn, t, h as usize)?;
+                    q.gemv_tokens(
+                        dev,
+                        tile,
+                        &s.rows,
+                        l.qkv_b,
+                        &mut self.qkv,
+                        qkv_dim as usize,
+                        false,
+                    )?;
+                } else {
+                    let qkv_w = l.qkv_w.rows(dev, &mut self.dequantized)?;
+                    gemm(
+                        dev,
+                        &plan.qkv,
+                        (self.sms, &mut self.partials, &mut self.counters),
+                        [
+                            (&self.xn).into(),
+                            qkv_w.into(),
+                            l.qkv_b.into(),
+                            (&mut self.qkv).into(),
+                        ],
+                        (ti, qkv_dim, h),
+                        0,
+                    )?;
+                }
                 launch(
                     dev,
                     &PREFILL_QK_ROPE,
@@ -455,51 +539,67 @@ impl Prefiller {
                         scale.into(),
                     ],
                 )?;
-                let o_w = l.o_w.rows(dev, &mut self.dequantized)?;
-                gemm(
-                    dev,
-                    &plan.o_proj,
-                    (self.sms, &mut self.partials, &mut self.counters),
-                    [
-                        (&self.attn).into(),
-                        o_w.into(),
-                        l.o_b.into(),
-                        (&mut self.x).into(),
-                    ],
-                    (ti, h, qd),
-                    1,
-                )?;
+                if let (Some(q), Some(s)) = (l.o_w.quantized(), short.as_deref_mut()) {
+                    s.rows.quantize(dev, &self.attn, t, qd as usize)?;
+                    q.gemv_tokens(dev, tile, &s.rows, l.o_b, &mut self.x, h as usize, true)?;
+                } else {
+                    let o_w = l.o_w.rows(dev, &mut self.dequantized)?;
+                    gemm(
+                        dev,
+                        &plan.o_proj,
+                        (self.sms, &mut self.partials, &mut self.counters),
+                        [
+                            (&self.attn).into(),
+                            o_w.into(),
+                            l.o_b.into(),
+                            (&mut self.x).into(),
+                        ],
+                        (ti, h, qd),
+                        1,
+                    )?;
+                }
                 rms_norm(dev, &self.x, l.post_norm, &mut self.xn, t, h, eps)?;
-                let gate_up_w = l.gate_up_w.rows(dev, &mut self.dequantized)?;
-                launch_staged(
-                    dev,
-                    &PREFILL_GATE_UP,
-                    gemm_grid(&plan.gate_up, t, im),
-                    &plan.gate_up.consts,
-                    (plan.gate_up.num_warps, plan.gate_up.num_stages),
-                    &mut [
-                        (&self.xn).into(),
-                        gate_up_w.into(),
-                        (&mut self.act).into(),
-                        ti.into(),
-                        im.into(),
-                        h.into(),
-                    ],
-                )?;
-                let down_w = l.down_w.rows(dev, &mut self.dequantized)?;
-                gemm(
-                    dev,
-                    &plan.down,
-                    (self.sms, &mut self.partials, &mut self.counters),
-                    [
-                        (&self.act).into(),
-                        down_w.into(),
-                        zeros.into(),
-                        (&mut self.x).into(),
-                    ],
-                    (ti, h, im),
-                    1,
-                )?;
+                // The MLP takes the multi-token GEMVs only with both matrices quantized:
+                // the down projection's quantizer computes the SiLU product itself.
+                let mlp = (l.gate_up_w.quantized(), l.down_w.quantized());
+                if let (Some(gu), Some(down), Some(s)) = (mlp.0, mlp.1, short.as_deref_mut()) {
+                    let im = im as usize;
+                    s.rows.quantize(dev, &self.xn, t, h as usize)?;
+                    gu.gemv_tokens(dev, tile, &s.rows, &s.zeros, &mut s.gate_up, 2 * im, false)?;
+                    s.rows.quantize_silu_mul(dev, &s.gate_up, t, im)?;
+                    down.gemv_tokens(dev, tile, &s.rows, zeros, &mut self.x, h as usize, true)?;
+                } else {
+                    let gate_up_w = l.gate_up_w.rows(dev, &mut self.dequantized)?;
+                    launch_staged(
+                        dev,
+                        &PREFILL_GATE_UP,
+                        gemm_grid(&plan.gate_up, t, im),
+                        &plan.gate_up.consts,
+                        (plan.gate_up.num_warps, plan.gate_up.num_stages),
+                        &mut [
+                            (&self.xn).into(),
+                            gate_up_w.into(),
+                            (&mut self.act).into(),
+                            ti.into(),
+                            im.into(),
+                            h.into(),
+                        ],
+                    )?;
+                    let down_w = l.down_w.rows(dev, &mut self.dequantized)?;
+                    gemm(
+                        dev,
+                        &plan.down,
+                        (self.sms, &mut self.partials, &mut self.counters),
+                        [
+                            (&self.act).into(),
+                            down_w.into(),
+                            zeros.into(),
+                            (&mut self.x).into(),
+                        ],
+                        (ti, h, im),
+                        1,
+                    )?;
+                }
             }
             last = (ti - 1, p0 + ti - 1);
         }
@@ -718,4 +818,15 @@ pub fn time_prefill(
         launches: p.launches_for(prompt.len()) + prompt.len().div_ceil(p.chunk()) * dequant + 2,
         runs_ms,
     })
+}
+
+/// The longest chunk that takes the multi-token GEMVs: the environment's
+/// `TILEFUSE_QUANT_PREFILL_TOKENS` if set (0: never), else [`QUANT_GEMV_TOKENS`].
+fn quant_gemv_tokens_from_env() -> Result<usize> {
+    match std::env::var("TILEFUSE_QUANT_PREFILL_TOKENS") {
+        Err(_) => Ok(QUANT_GEMV_TOKENS),
+        Ok(v) => v.trim().parse().map_err(|_| EngineError::Option {
+            message: format!("TILEFUSE_QUANT_PREFILL_TOKENS={v:?}: expected a number of tokens"),
+        }),
+    }
 }
