@@ -16,7 +16,10 @@
 //! one type and shape, `--config 8,1024,8` one launch configuration (with `--only`, one
 //! kernel for a profiler). `--dequant` times the batched prefill's dequantization to
 //! bf16 instead (`DeviceQuantMatrix::dequantize_into`, each compiled tile): the bytes
-//! it reads and writes against the copy ceiling. Without a GPU it says so and exits 0.
+//! it reads and writes against the copy ceiling. `--tokens` times the short prefill's
+//! multi-token GEMVs instead (`DeviceQuantMatrix::gemv_tokens`, every compiled tile, for
+//! 2, 4, 8 and 32 tokens): the weights' bytes a pass against the copy ceiling, and the
+//! time a token. Without a GPU it says so and exits 0.
 //!
 //! Method (docs/perf.md, as `examples/bandwidth.rs`): CUDA events around CUDA-graph
 //! replays of launches that cycle through copies of the weights larger than 4x L2
@@ -28,7 +31,7 @@ mod args;
 use tilefuse::dsl::runtime::timing::{self as perf, TimingOptions};
 use tilefuse::engine::bench::{PerfError, Rng};
 use tilefuse::engine::gguf::device::{
-    DeviceQuantMatrix, QuantGemvConfig, QuantOut, QuantSpare, QuantVariant,
+    DeviceQuantMatrix, QuantGemvConfig, QuantOut, QuantRows, QuantSpare, QuantVariant, TokensTile,
 };
 use tilefuse::engine::gguf::quant::{GgmlType, PackedMatrix};
 use tilefuse::prelude::*;
@@ -55,6 +58,8 @@ fn main() {
     }
     let ran = if std::env::args().any(|a| a == "--dequant") {
         dequant(&dev, only_8b)
+    } else if std::env::args().any(|a| a == "--tokens") {
+        tokens(&dev, only_8b)
     } else {
         run(&dev, sweep, only_8b)
     };
@@ -242,6 +247,78 @@ fn dequant(dev: &Device, only_8b: bool) -> Result<(), Box<dyn std::error::Error>
                     tile.0,
                     tile.1,
                     100.0 * gbs / ceiling.gb_per_s()
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `--tokens`: the multi-token GEMVs at each shape, every compiled tile, over 2, 4, 8
+/// and 32 tokens (one launch: `cdiv(tokens, T)` passes over the weights).
+fn tokens(dev: &Device, only_8b: bool) -> Result<(), Box<dyn std::error::Error>> {
+    let (info, opts, ceiling) = device_and_ceiling(dev)?;
+    println!("| type | shape | what | tokens | tile (rows, cols, tokens a program) | µs | µs a token | weight bytes | GB/s a pass | % of copy a pass | for_shape's tile µs |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    let mut rng = Rng::new(29);
+    for ty in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0] {
+        for &(n, k, what) in SHAPES.iter().filter(|s| !only_8b || s.2.starts_with("8B")) {
+            let packed = PackedMatrix::pack(ty, &random_blocks(&mut rng, ty, n, k), n, k, what)?;
+            let bytes = packed.device_bytes();
+            let copies = (4 * info.l2_bytes / bytes).clamp(2, 256) + 1;
+            let mats: Vec<DeviceQuantMatrix> = (0..copies)
+                .map(|_| DeviceQuantMatrix::upload(dev, &packed))
+                .collect::<Result<_, _>>()?;
+            let bias = dev.upload(&vec![bf16::from_f32(0.0); n])?;
+            for tokens in [2, 4, 8, 32] {
+                let a: Vec<bf16> = (0..tokens * k)
+                    .map(|_| bf16::from_f32(rng.unit() * 2.0))
+                    .collect();
+                let a = dev.upload(&a)?;
+                let mut rows = QuantRows::new(dev, tokens, k)?;
+                rows.quantize(dev, &a, tokens, k)?;
+                let mut ys: Vec<Buffer<bf16>> = (0..copies)
+                    .map(|_| dev.alloc_filled(tokens * n, bf16::from_f32(1.0)))
+                    .collect::<Result<_, _>>()?;
+                let chosen = TokensTile::for_shape(n, tokens);
+                let mut best: Option<(f64, TokensTile)> = None;
+                let mut chosen_us = f64::NAN;
+                for block_n in [4, 8, 16] {
+                    for block_k in [512, 1024] {
+                        for t in [2, 4, 8] {
+                            let tile = TokensTile {
+                                block_n,
+                                block_k,
+                                tokens: t,
+                            };
+                            if t > tokens.next_power_of_two() {
+                                continue;
+                            }
+                            let (stats, _method) = perf::time_graph(dev, copies, opts, |i| {
+                                mats[i]
+                                    .gemv_tokens(dev, tile, &rows, &bias, &mut ys[i], 0, n, false)
+                                    .map_err(|e| PerfError(e.to_string()))
+                            })?;
+                            let us = stats.median_us;
+                            if tile == chosen {
+                                chosen_us = us;
+                            }
+                            if best.is_none_or(|(b, _)| us < b) {
+                                best = Some((us, tile));
+                            }
+                        }
+                    }
+                }
+                let (us, tile) = best.expect("at least one tile");
+                let passes = tokens.div_ceil(tile.tokens);
+                let gbs = (bytes * passes) as f64 / (us * 1e-6) / 1e9;
+                println!(
+                    "| {ty} | {n}x{k} | {what} | {tokens} | {}, {}, {} | {us:.2} | {:.2} | {bytes} | {gbs:.0} | {:.0}% | {chosen_us:.2} |",
+                    tile.block_n,
+                    tile.block_k,
+                    tile.tokens,
+                    us / tokens as f64,
+                    100.0 * gbs / ceiling.gb_per_s(),
                 );
             }
         }

@@ -181,14 +181,13 @@ impl QuantMatrix {
         Ok(())
     }
 
-    /// The multi-token GEMV over every run ([`DeviceQuantMatrix::gemv_tokens`]): `y[t]
-    /// = bf16(W · x[t] + bias)` for each quantized row `t` of `x`, `ldy` elements a
-    /// token; with `residual`, added into `y[t]`.
-    #[allow(clippy::too_many_arguments)]
+    /// The multi-token GEMV over every run ([`DeviceQuantMatrix::gemv_tokens`], each
+    /// at [`TokensTile::for_shape`]'s tile): `y[t] = bf16(W · x[t] + bias)` for each
+    /// quantized row `t` of `x`, `ldy` elements a token; with `residual`, added into
+    /// `y[t]`.
     pub(crate) fn gemv_tokens(
         &self,
         dev: &Device,
-        tile: TokensTile,
         x: &QuantRows,
         bias: &Buffer<bf16>,
         y: &mut Buffer<bf16>,
@@ -196,6 +195,7 @@ impl QuantMatrix {
         residual: bool,
     ) -> Result<()> {
         for p in &self.parts {
+            let tile = TokensTile::for_shape(p.m.rows, x.rows());
             p.m.gemv_tokens(dev, tile, x, bias, y, p.row0, ldy, residual)?;
         }
         Ok(())

@@ -66,14 +66,23 @@ pub struct TokensTile {
 }
 
 impl TokensTile {
-    /// The tile for a chunk of `tokens`: 8 rows of 1024 columns, and the fewest
-    /// compiled tokens a program that cover the chunk, at most 8.
-    pub fn for_tokens(tokens: usize) -> TokensTile {
-        let t = [2, 4, 8].into_iter().find(|&t| t >= tokens).unwrap_or(8);
+    /// The tile for a chunk of `tokens` over a matrix of `rows` rows, the fastest or
+    /// within a few percent of it alone on an H200 at Qwen3-0.6B's and Qwen3-8B's
+    /// shapes (`examples/quant_bandwidth.rs --tokens`, docs/perf.md "Short prompts of
+    /// quantized models"): matrices of fewer than 2048 rows take more programs (4 or 8
+    /// rows, 2 tokens a program) up to 8 tokens; the others 16 rows of 1024 columns and
+    /// the fewest compiled tokens a program that cover the chunk, at most 8.
+    pub fn for_shape(rows: usize, tokens: usize) -> TokensTile {
+        let covering = [2, 4, 8].into_iter().find(|&t| t >= tokens).unwrap_or(8);
+        let (block_n, tokens) = match (rows < 2048, tokens) {
+            (true, 0..=4) => (4, 2),
+            (true, 5..=8) => (8, 2),
+            _ => (16, covering),
+        };
         TokensTile {
-            block_n: 8,
+            block_n,
             block_k: 1024,
-            tokens: t,
+            tokens,
         }
     }
 
@@ -100,7 +109,8 @@ pub struct QuantRows {
     width: usize,
     /// `[capacity * cols / 4]` int8 values, four a word.
     xq: Buffer<i32>,
-    /// `[capacity * cols / 32]` block scales.
+    /// `[3 * capacity * cols / 32]`: the written rows' block scales, then their half
+    /// sums (`kernels_quant::store_blocks`).
     xd: Buffer<f32>,
 }
 
@@ -114,13 +124,19 @@ impl QuantRows {
             rows: 0,
             width: 0,
             xq: dev.zeros((rows * cols / 4).max(1))?,
-            xd: dev.zeros((rows * cols / 32).max(1))?,
+            // Each block's scale, then its two half sums ([`QuantSpare`]).
+            xd: dev.zeros((3 * rows * cols / 32).max(1))?,
         })
     }
 
     /// Rows and columns of room.
     pub fn room(&self) -> (usize, usize) {
         (self.capacity, self.cols)
+    }
+
+    /// Rows the last quantization wrote.
+    pub fn rows(&self) -> usize {
+        self.rows
     }
 
     fn check(&self, rows: usize, cols: usize, what: &str) -> Result<()> {
@@ -1145,7 +1161,7 @@ pub struct QuantSpare {
     cols: usize,
     /// `[cols / 4]` int8 values, four a word.
     xq: Buffer<i32>,
-    /// `[cols / 32]` block scales.
+    /// `[3 * cols / 32]`: the block scales, then each block's two half sums.
     xd: Buffer<f32>,
     logits: Buffer<f32>,
     part_val: Buffer<f32>,
@@ -1162,7 +1178,8 @@ impl QuantSpare {
         Ok(QuantSpare {
             cols,
             xq: dev.zeros(cols / 4)?,
-            xd: dev.zeros(cols / 32)?,
+            // Each block's scale, then its two half sums (`kernels_quant::store_blocks`).
+            xd: dev.zeros(3 * cols / 32)?,
             logits: dev.zeros(1)?,
             part_val: dev.zeros(1)?,
             part_idx: dev.zeros(1)?,

@@ -17,7 +17,7 @@ use tilefuse_dsl::runtime::{Buffer, Device, KernelArg, KernelDef, LaunchConfig};
 use crate::config::ModelConfig;
 use crate::decode::QuantMatrix;
 use crate::error::{EngineError, Result};
-use crate::gguf::device::{QuantRows, TokensTile};
+use crate::gguf::device::QuantRows;
 
 mod plan;
 use crate::prefill_kernels::{
@@ -444,7 +444,6 @@ impl Prefiller {
                 _ => None,
             };
             let mut short = short;
-            let tile = TokensTile::for_tokens(t);
             let attn = if t >= LONG_CHUNK {
                 &plan.attention
             } else {
@@ -474,7 +473,6 @@ impl Prefiller {
                     s.rows.quantize(dev, &self.xn, t, h as usize)?;
                     q.gemv_tokens(
                         dev,
-                        tile,
                         &s.rows,
                         l.qkv_b,
                         &mut self.qkv,
@@ -541,7 +539,7 @@ impl Prefiller {
                 )?;
                 if let (Some(q), Some(s)) = (l.o_w.quantized(), short.as_deref_mut()) {
                     s.rows.quantize(dev, &self.attn, t, qd as usize)?;
-                    q.gemv_tokens(dev, tile, &s.rows, l.o_b, &mut self.x, h as usize, true)?;
+                    q.gemv_tokens(dev, &s.rows, l.o_b, &mut self.x, h as usize, true)?;
                 } else {
                     let o_w = l.o_w.rows(dev, &mut self.dequantized)?;
                     gemm(
@@ -565,9 +563,9 @@ impl Prefiller {
                 if let (Some(gu), Some(down), Some(s)) = (mlp.0, mlp.1, short.as_deref_mut()) {
                     let im = im as usize;
                     s.rows.quantize(dev, &self.xn, t, h as usize)?;
-                    gu.gemv_tokens(dev, tile, &s.rows, &s.zeros, &mut s.gate_up, 2 * im, false)?;
+                    gu.gemv_tokens(dev, &s.rows, &s.zeros, &mut s.gate_up, 2 * im, false)?;
                     s.rows.quantize_silu_mul(dev, &s.gate_up, t, im)?;
-                    down.gemv_tokens(dev, tile, &s.rows, zeros, &mut self.x, h as usize, true)?;
+                    down.gemv_tokens(dev, &s.rows, zeros, &mut self.x, h as usize, true)?;
                 } else {
                     let gate_up_w = l.gate_up_w.rows(dev, &mut self.dequantized)?;
                     launch_staged(
