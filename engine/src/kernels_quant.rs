@@ -12,10 +12,12 @@
 //! (`xq[8 j + w]` holds elements `32 j + 4 w .. + 4`, byte `b` element `32 j + 4 w + b`),
 //! and, after the `k / 32` scales, the sums of `q` over each block's 16-element halves
 //! (`xd[k / 32 + 2 j + h]`, exact in f32), as llama.cpp's `q8_1` keeps a block's sum:
-//! the K-quant GEMVs need them for Q4_K's mins and Q6_K's offset of 32, and loading
-//! them (as the block scales are, broadcast over the tile's rows) halves their `dot4`s
-//! against summing the words with `0x01010101` themselves (docs/perf.md, "Stored block
-//! sums"). It computes the GEMV's input first, so the step needs no other kernel for it:
+//! the Q4_K GEMVs load a block's (for its mins, broadcast over the tile's rows as the
+//! block scales are) instead of summing the words by `dot4` with `0x01010101`, half
+//! their `dot4`s; the Q6_K GEMVs still sum each half's words themselves (for the offset
+//! of 32): loading the half sums took their 16-row tiles past 128 registers and was
+//! slower (docs/perf.md, "Stored block sums"). It computes the GEMV's input first, so
+//! the step needs no other kernel for it:
 //!
 //! - `MODE = 0`: `x = a`;
 //! - `MODE = 1`: `x = (a * inv_rms) * norm_w` with `inv_rms = 1 / sqrt(mean(a²) + eps)`
@@ -805,7 +807,6 @@ fn q6_k_tile<const ACT: usize>(
     dd: Tile<f16>,
     xq: Ptr<i32>,
     xd: Ptr<f32>,
-    xs: Ptr<f32>,
     a: Ptr<bf16>,
     norm_w: Ptr<bf16>,
     blk: Tile<i32>,
@@ -847,23 +848,12 @@ fn q6_k_tile<const ACT: usize>(
     // threads) are summed once, after the loop.
     let dot_lo = dot4(lo, x_lo3, 0).sum(3);
     let dot_hi = dot4(hi, x_hi3, 0).sum(3);
-    // The 6-bit values are offset by 32: each word pair takes half of its half's
-    // `32 Σ x` (the pairs' integer sums add up to the same total), from the quantizer's
-    // stored half sums, or, with the norm inside, by `dot4` with ones.
-    let mut s_lo = dot_lo & 0;
-    let mut s_hi = dot_hi & 0;
-    if ACT == 0 {
-        let lo_sum = load(xs + blk * 2, blk_ok, 0.0) as i32;
-        let hi_sum = load(xs + blk * 2 + 1, blk_ok, 0.0) as i32;
-        s_lo = s_lo + lo_sum.expand_dims(0).expand_dims(2);
-        s_hi = s_hi + hi_sum.expand_dims(0).expand_dims(2);
-    } else {
-        let ones = (lt & 0) | 0x0101_0101;
-        s_lo = s_lo + dot4(ones, x_lo3, 0).sum(3).sum(2).expand_dims(2);
-        s_hi = s_hi + dot4(ones, x_hi3, 0).sum(3).sum(2).expand_dims(2);
-    }
-    let isum = (dot_lo - s_lo * 16) * (sc0 as i32 - 128).expand_dims(2)
-        + (dot_hi - s_hi * 16) * (sc1 as i32 - 128).expand_dims(2);
+    // The halves' sums of `x` by `dot4` with ones, as in `q4_k_tile`.
+    let ones = (lt & 0) | 0x0101_0101;
+    let s_lo = dot4(ones, x_lo3, 0).sum(3);
+    let s_hi = dot4(ones, x_hi3, 0).sum(3);
+    let isum = (dot_lo - s_lo * 32) * (sc0 as i32 - 128).expand_dims(2)
+        + (dot_hi - s_hi * 32) * (sc1 as i32 - 128).expand_dims(2);
     (isum as f32) * (dd as f32).expand_dims(2) * x_d.expand_dims(0).expand_dims(2)
 }
 
@@ -905,7 +895,6 @@ fn q6_k_row_sums<const BLOCK_K: usize, const ACT: usize>(
         d_first,
         xq,
         xd,
-        xd + blocks,
         a,
         norm_w,
         grp,
@@ -930,22 +919,7 @@ fn q6_k_row_sums<const BLOCK_K: usize, const ACT: usize>(
         let sc0 = load(scales + s_rows + (blk * 2).expand_dims(0), ok, 128);
         let sc1 = load(scales + s_rows + (blk * 2 + 1).expand_dims(0), ok, 128);
         let dt = load(d + d_rows + (blk / 8).expand_dims(0), ok, 0.0);
-        acc += q6_k_tile::<ACT>(
-            lt,
-            ht,
-            sc0,
-            sc1,
-            dt,
-            xq,
-            xd,
-            xd + blocks,
-            a,
-            norm_w,
-            blk,
-            blk_ok,
-            p,
-            i,
-        );
+        acc += q6_k_tile::<ACT>(lt, ht, sc0, sc1, dt, xq, xd, a, norm_w, blk, blk_ok, p, i);
     }
     acc.sum(2).sum(1)
 }
@@ -1003,7 +977,6 @@ fn q6_k_row_sums_prefetch<const BLOCK_K: usize, const ACT: usize>(
         d_first,
         xq,
         xd,
-        xd + blocks,
         a,
         norm_w,
         grp,
@@ -1036,7 +1009,6 @@ fn q6_k_row_sums_prefetch<const BLOCK_K: usize, const ACT: usize>(
             dt,
             xq,
             xd,
-            xd + blocks,
             a,
             norm_w,
             blk,
@@ -1774,10 +1746,8 @@ fn q6_k_token(
     let ok = blk_ok & (t < tokens);
     let x_words = xq + t * (2 * k_words);
     let x_scales = xd + t * (k_words / 4);
-    // The half sums follow every token's scales.
-    let x_sums = xd + tokens * (k_words / 4) + t * (k_words / 2);
     q6_k_tile::<0>(
-        lt, ht, sc0, sc1, dd, x_words, x_scales, x_sums, unused, unused, blk, ok, p, i,
+        lt, ht, sc0, sc1, dd, x_words, x_scales, unused, unused, blk, ok, p, i,
     )
 }
 
