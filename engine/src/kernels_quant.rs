@@ -9,15 +9,12 @@
 //! splits, and the normed inputs that the GEMVs' `ACT = 1` variant quantizes itself)
 //! and writes, for each 32-element block `j` of the activation `x`: `xd[j] = max|x| / 127` (f32) and the int8
 //! values `q = floor(x * 127 / max|x| + 0.5)` four to a word in element order
-//! (`xq[8 j + w]` holds elements `32 j + 4 w .. + 4`, byte `b` element `32 j + 4 w + b`),
-//! and, after the `k / 32` scales, the sums of `q` over each block's 16-element halves
-//! (`xd[k / 32 + 2 j + h]`, exact in f32), as llama.cpp's `q8_1` keeps a block's sum:
-//! the Q4_K GEMVs load a block's (for its mins, broadcast over the tile's rows as the
-//! block scales are) instead of summing the words by `dot4` with `0x01010101`, half
-//! their `dot4`s; the Q6_K GEMVs still sum each half's words themselves (for the offset
-//! of 32): loading the half sums took their 16-row tiles past 128 registers and was
-//! slower (docs/perf.md, "Stored block sums"). It computes the GEMV's input first, so
-//! the step needs no other kernel for it:
+//! (`xq[8 j + w]` holds elements `32 j + 4 w .. + 4`, byte `b` element `32 j + 4 w + b`).
+//! The K-quant GEMVs take the sums of `q` they need (a block's, or each 16-element
+//! half's) by `dot4` with `0x01010101` from the words they already hold: a loaded sum
+//! would arrive in another layout and cross shared memory every iteration
+//! (docs/perf.md, "Scale loads in the weight tile's layout"). It computes the GEMV's
+//! input first, so the step needs no other kernel for it:
 //!
 //! - `MODE = 0`: `x = a`;
 //! - `MODE = 1`: `x = (a * inv_rms) * norm_w` with `inv_rms = 1 / sqrt(mean(a²) + eps)`
@@ -186,34 +183,21 @@ fn inv_step(amax: Tile<f32>) -> Tile<f32> {
 }
 
 /// Stores `x` (`[blocks, 2, 4, 4]`: blocks `blk` of 32 values in element order) as int8
-/// blocks, four values a word in `xq`, each block's scale in `xd` and, after the
-/// `total` blocks' scales, the sums of each block's two 16-value halves (`xd[total + 2
-/// blk + h]`, exact in f32), where `blk_ok`: what [`quantize_act`] and
-/// [`attention_combine_quant`] write.
+/// blocks, four values a word in `xq` and each block's scale in `xd`, where `blk_ok`:
+/// what [`quantize_act`] and [`attention_combine_quant`] write.
 #[tile_fn(crate = tilefuse_dsl)]
-fn store_blocks(
-    x: Tile<f32>,
-    blk: Tile<i32>,
-    blk_ok: Tile<bool>,
-    xq: Ptr<i32>,
-    xd: Ptr<f32>,
-    total: i32,
-) {
+fn store_blocks(x: Tile<f32>, blk: Tile<i32>, blk_ok: Tile<bool>, xq: Ptr<i32>, xd: Ptr<f32>) {
     let h = arange(0, 2);
     let w = arange(0, 4);
-    let b = arange(0, 4);
     let amax = abs(x).max(3).max(2).max(1);
     let inv = inv_step(amax).expand_dims(1).expand_dims(2).expand_dims(3);
-    let q = floor(x * inv + 0.5) as i32;
-    let words = (((q as u32) & 255) << (b * 8) as u32)
-        .sum(3)
-        .bitcast::<i32>();
     let w_offs = (blk * 8).expand_dims(1).expand_dims(2) + (h * 4).expand_dims(1) + w;
-    let ok2 = blk_ok.expand_dims(1);
-    store(xq + w_offs, words, ok2.expand_dims(2));
+    store(
+        xq + w_offs,
+        pack_words4(x, inv),
+        blk_ok.expand_dims(1).expand_dims(2),
+    );
     store(xd + blk, amax / 127.0, blk_ok);
-    let halves = (blk * 2).expand_dims(1) + h;
-    store(xd + total + halves, q.sum(3).sum(2) as f32, ok2);
 }
 
 /// Quantizes a GEMV's input to int8 blocks of 32 (see the module docs): `xq` (four
@@ -252,7 +236,7 @@ pub fn quantize_act<const B: usize, const MODE: usize>(
         let inv_rms = inv_rms_of::<1024>(a, k, eps);
         x = head_norm(x, load(norm_w + e, ok, 0.0) as f32, inv_rms);
     }
-    store_blocks(x, blk, blk * 32 < k, xq, xd, k / 32);
+    store_blocks(x, blk, blk * 32 < k, xq, xd);
 }
 
 /// Decode attention's second pass for a quantized O projection:
@@ -282,15 +266,7 @@ pub fn attention_combine_quant<const D: usize, const S: usize, const DC: usize>(
     let o = crate::kernels::merge_splits::<D, S>(part_m, part_l, part_acc, splits, head, d);
     store(out + head * D + d, o);
     let blk = (head * D + program_id(1) * DC) / 32 + arange(0, DC / 32);
-    let total = num_programs(0) * (D / 32) as i32;
-    store_blocks(
-        o.reshape([DC / 32, 2, 4, 4]) as f32,
-        blk,
-        blk >= 0,
-        xq,
-        xd,
-        total,
-    );
+    store_blocks(o.reshape([DC / 32, 2, 4, 4]) as f32, blk, blk >= 0, xq, xd);
     crate::kernels::store_stamps(stamps, stamp_at, t_entry, t_wait);
 }
 
@@ -464,7 +440,6 @@ fn q4_k_tile<const ACT: usize>(
     dm: Tile<f16>,
     xq: Ptr<i32>,
     xd: Ptr<f32>,
-    xs: Ptr<f32>,
     a: Ptr<bf16>,
     norm_w: Ptr<bf16>,
     blk: Tile<i32>,
@@ -497,24 +472,14 @@ fn q4_k_tile<const ACT: usize>(
     let lo = qt & 0x0F0F_0F0F;
     let hi = (qt >> 4) & 0x0F0F_0F0F;
     let dots = dot4(hi, x_hi3, dot4(lo, x_lo3, 0)).sum(2);
+    // The block's sum of `x` by `dot4` with ones (a weight-shaped tile, so that it is
+    // laid out as `dots`; the compiler folds it to a constant).
+    let ones = (qt & 0) | 0x0101_0101;
+    let x_sum = dot4(ones, x_hi3, dot4(ones, x_lo3, 0)).sum(2);
     // `dots`-derived operands first: the scales are then loaded in its layout.
-    let scaled_q = ((dots * (sc as i32)) as f32) * (dd as f32);
-    // The block's sum of `x` times the min: an exact product in f32 either way, so the
-    // same value from the quantizer's stored sums as from `dot4` with ones.
-    let mut mins = scaled_q;
-    if ACT == 0 {
-        let x_sum = load(xs + blk * 2, blk_ok, 0.0) + load(xs + blk * 2 + 1, blk_ok, 0.0);
-        // (`dots`-derived first, so that `m` is loaded in its layout.)
-        let m_dots = (dots & 0) + (m as i32);
-        mins = ((m_dots as f32) * x_sum.expand_dims(0)) * (dm as f32);
-    } else {
-        // A weight-shaped tile of ones, so that the sums are laid out as `dots` (the
-        // compiler folds it to a constant).
-        let ones = (qt & 0) | 0x0101_0101;
-        let x_sum = dot4(ones, x_hi3, dot4(ones, x_lo3, 0)).sum(2);
-        mins = ((x_sum * (m as i32)) as f32) * (dm as f32);
-    }
-    (scaled_q - mins) * x_d.expand_dims(0)
+    let scaled =
+        ((dots * (sc as i32)) as f32) * (dd as f32) - ((x_sum * (m as i32)) as f32) * (dm as f32);
+    scaled * x_d.expand_dims(0)
 }
 
 /// A program's Q4_K row sums (`[n]`, before `inv_rms`): the first tile (loaded by the
@@ -553,7 +518,6 @@ fn q4_k_row_sums<const BLOCK_K: usize, const ACT: usize>(
         dmin_first,
         xq,
         xd,
-        xd + blocks,
         a,
         norm_w,
         grp,
@@ -574,21 +538,7 @@ fn q4_k_row_sums<const BLOCK_K: usize, const ACT: usize>(
         let sb = (blk / 8).expand_dims(0);
         let dt = load(d + d_rows + sb, ok, 0.0);
         let dmint = load(dmin + d_rows + sb, ok, 0.0);
-        acc += q4_k_tile::<ACT>(
-            qt,
-            sct,
-            mt,
-            dt,
-            dmint,
-            xq,
-            xd,
-            xd + blocks,
-            a,
-            norm_w,
-            blk,
-            blk_ok,
-            w,
-        );
+        acc += q4_k_tile::<ACT>(qt, sct, mt, dt, dmint, xq, xd, a, norm_w, blk, blk_ok, w);
     }
     acc.sum(1)
 }
@@ -643,7 +593,6 @@ fn q4_k_row_sums_prefetch<const BLOCK_K: usize, const ACT: usize>(
         dmin_first,
         xq,
         xd,
-        xd + blocks,
         a,
         norm_w,
         grp,
@@ -671,7 +620,6 @@ fn q4_k_row_sums_prefetch<const BLOCK_K: usize, const ACT: usize>(
             dmint,
             xq,
             xd,
-            xd + blocks,
             a,
             norm_w,
             blk,
@@ -1512,10 +1460,8 @@ fn q4_k_token(
     // A token's activation: `k / 4 = 2 k_words` words and `k / 32 = k_words / 4` blocks.
     let x_words = xq + t * (2 * k_words);
     let x_scales = xd + t * (k_words / 4);
-    // The half sums follow every token's scales.
-    let x_sums = xd + tokens * (k_words / 4) + t * (k_words / 2);
     q4_k_tile::<0>(
-        qt, sc, m, dd, dm, x_words, x_scales, x_sums, unused, unused, blk, ok, w,
+        qt, sc, m, dd, dm, x_words, x_scales, unused, unused, blk, ok, w,
     )
 }
 
@@ -2070,8 +2016,7 @@ pub fn quantize_silu_mul_rows<const B: usize>(
     let u = load(row + inter + e, ok, 0.0) as f32;
     let x = ((g / (1.0 + exp(-g))) as bf16 as f32 * u) as bf16 as f32;
     let blk = r * (inter / 32) + local;
-    let total = num_programs(1) * (inter / 32);
-    store_blocks(x, blk, local * 32 < inter, xq, xd, total);
+    store_blocks(x, blk, local * 32 < inter, xq, xd);
 }
 
 // Dequantization to bf16, for the batched prefill's GEMMs (`crate::prefill`): each

@@ -109,8 +109,7 @@ pub struct QuantRows {
     width: usize,
     /// `[capacity * cols / 4]` int8 values, four a word.
     xq: Buffer<i32>,
-    /// `[3 * capacity * cols / 32]`: the written rows' block scales, then their half
-    /// sums (`kernels_quant::store_blocks`).
+    /// `[capacity * cols / 32]` block scales.
     xd: Buffer<f32>,
 }
 
@@ -124,8 +123,7 @@ impl QuantRows {
             rows: 0,
             width: 0,
             xq: dev.zeros((rows * cols / 4).max(1))?,
-            // Each block's scale, then its two half sums ([`QuantSpare`]).
-            xd: dev.zeros((3 * rows * cols / 32).max(1))?,
+            xd: dev.zeros((rows * cols / 32).max(1))?,
         })
     }
 
@@ -1161,7 +1159,7 @@ pub struct QuantSpare {
     cols: usize,
     /// `[cols / 4]` int8 values, four a word.
     xq: Buffer<i32>,
-    /// `[3 * cols / 32]`: the block scales, then each block's two half sums.
+    /// `[cols / 32]` block scales.
     xd: Buffer<f32>,
     logits: Buffer<f32>,
     part_val: Buffer<f32>,
@@ -1178,8 +1176,7 @@ impl QuantSpare {
         Ok(QuantSpare {
             cols,
             xq: dev.zeros(cols / 4)?,
-            // Each block's scale, then its two half sums (`kernels_quant::store_blocks`).
-            xd: dev.zeros(3 * cols / 32)?,
+            xd: dev.zeros(cols / 32)?,
             logits: dev.zeros(1)?,
             part_val: dev.zeros(1)?,
             part_idx: dev.zeros(1)?,
