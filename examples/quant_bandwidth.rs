@@ -18,8 +18,11 @@
 //! bf16 instead (`DeviceQuantMatrix::dequantize_into`, each compiled tile): the bytes
 //! it reads and writes against the copy ceiling. `--tokens` times the short prefill's
 //! multi-token GEMVs instead (`DeviceQuantMatrix::gemv_tokens`, every compiled tile, for
-//! 2, 4, 8 and 32 tokens): the weights' bytes a pass against the copy ceiling, and the
-//! time a token. Without a GPU it says so and exits 0.
+//! 2, 4, 8 and 32 tokens): the best tile's time, the time a token, and the weights' bytes
+//! read once over that time against the copy ceiling (the chunk's floor: a launch reads
+//! them once a group of `T` tokens, the later groups partly from L2), beside the time of
+//! the tile the prefill picks (`TokensTile::for_shape`). Without a GPU it says so and
+//! exits 0.
 //!
 //! Method (docs/perf.md, as `examples/bandwidth.rs`): CUDA events around CUDA-graph
 //! replays of launches that cycle through copies of the weights larger than 4x L2
@@ -258,7 +261,7 @@ fn dequant(dev: &Device, only_8b: bool) -> Result<(), Box<dyn std::error::Error>
 /// and 32 tokens (one launch: `cdiv(tokens, T)` passes over the weights).
 fn tokens(dev: &Device, only_8b: bool) -> Result<(), Box<dyn std::error::Error>> {
     let (info, opts, ceiling) = device_and_ceiling(dev)?;
-    println!("| type | shape | what | tokens | tile (rows, cols, tokens a program) | µs | µs a token | weight bytes | GB/s a pass | % of copy a pass | for_shape's tile µs |");
+    println!("| type | shape | what | tokens | tile (rows, cols, tokens a program) | µs | µs a token | weight bytes | GB/s (weights once) | % of copy | for_shape's tile µs |");
     println!("|---|---|---|---|---|---|---|---|---|---|---|");
     let mut rng = Rng::new(29);
     for ty in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0] {
@@ -310,8 +313,7 @@ fn tokens(dev: &Device, only_8b: bool) -> Result<(), Box<dyn std::error::Error>>
                     }
                 }
                 let (us, tile) = best.expect("at least one tile");
-                let passes = tokens.div_ceil(tile.tokens);
-                let gbs = (bytes * passes) as f64 / (us * 1e-6) / 1e9;
+                let gbs = bytes as f64 / (us * 1e-6) / 1e9;
                 println!(
                     "| {ty} | {n}x{k} | {what} | {tokens} | {}, {}, {} | {us:.2} | {:.2} | {bytes} | {gbs:.0} | {:.0}% | {chosen_us:.2} |",
                     tile.block_n,
