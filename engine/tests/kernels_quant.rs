@@ -901,12 +901,15 @@ fn multi_token_gemvs_match_the_single_token_gemv() {
                     let mut bias_rows = vec![bf16::ZERO; row0];
                     bias_rows.extend(&c.bias);
                     let bias_rows = dev.upload(&bias_rows).unwrap();
+                    // Every tile `TokensTile::for_shape` picks, and two others.
                     for (block_n, block_k, t) in [
                         (4, 512, 2),
                         (4, 1024, 2),
+                        (8, 1024, 2),
                         (8, 1024, 4),
                         (16, 512, 8),
                         (16, 1024, 2),
+                        (16, 1024, 4),
                         (16, 1024, 8),
                     ] {
                         let tile = TokensTile {

@@ -1250,6 +1250,30 @@ mod tests {
     use super::*;
 
     #[test]
+    fn short_chunks_pick_compiled_tiles_that_cover_them() {
+        for rows in [1, 8, 1024, 2047, 2048, 4096, 6144, 24576] {
+            for tokens in 1..=40 {
+                let tile = TokensTile::for_shape(rows, tokens);
+                assert!(tile.compiled(), "{rows} rows, {tokens} tokens: {tile:?}");
+                // A program takes as many tokens as cover the chunk, or 8 (more
+                // programs along the tokens); small matrices take 2 up to 8 tokens.
+                let want = if rows < 2048 && tokens <= 8 {
+                    2
+                } else {
+                    tokens.next_power_of_two().clamp(2, 8)
+                };
+                assert_eq!(tile.tokens, want, "{rows} rows, {tokens} tokens");
+            }
+        }
+        assert!(!TokensTile {
+            block_n: 8,
+            block_k: 1024,
+            tokens: 3
+        }
+        .compiled());
+    }
+
+    #[test]
     fn the_step_picks_compiled_configurations() {
         // Qwen3-0.6B's and Qwen3-8B's shapes (and the runs of one type in them).
         let shapes = [
