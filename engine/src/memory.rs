@@ -5,8 +5,10 @@
 //! The counts follow what [`crate::Decoder::new`] allocates: the weights in the
 //! kernels' layout (fused `[q; k; v]` and `[gate; up]` rows; a zero bias and unit
 //! QK-norm weights where the model has none), the KV cache, RoPE tables and the
-//! step's scratch buffers, plus [`RESERVE_BYTES`] for what is not counted (kernel
-//! images, CUDA graphs, allocation granularity).
+//! step's scratch buffers, the batched prefill's chunk activations
+//! ([`crate::prefill::Prefiller`]), plus [`RESERVE_BYTES`] for what is not counted
+//! (kernel images, CUDA graphs, the prefill's split-K partials, allocation
+//! granularity).
 
 use tilefuse_dsl::runtime::Device;
 
@@ -31,6 +33,11 @@ pub struct MemoryNeed {
     pub kv_cache: u64,
     /// RoPE tables, step buffers, and [`RESERVE_BYTES`].
     pub workspace: u64,
+    /// The batched prefill's activations for a chunk of
+    /// [`crate::prefill::DEFAULT_CHUNK`] tokens (at most `max_seq_len`), and, with
+    /// quantized matrices, the short chunks' int8 rows; 0 for a tensor-parallel rank,
+    /// which has no batched prefill.
+    pub prefill: u64,
     /// KV-cache positions counted.
     pub max_seq_len: usize,
 }
@@ -38,7 +45,10 @@ pub struct MemoryNeed {
 impl MemoryNeed {
     /// A single-GPU decoder of `cfg` with a KV cache of `max_seq_len` positions.
     pub fn for_decoder(cfg: &ModelConfig, max_seq_len: usize) -> MemoryNeed {
-        decoder_need(cfg, cfg.vocab_size, max_seq_len)
+        MemoryNeed {
+            prefill: prefill_need(cfg, max_seq_len),
+            ..decoder_need(cfg, cfg.vocab_size, max_seq_len)
+        }
     }
 
     /// Rank `r`'s decoder under `plan`: its shard of every layer, its KV heads, its
@@ -58,7 +68,7 @@ impl MemoryNeed {
         quant: &QuantWeights,
         max_seq_len: usize,
     ) -> MemoryNeed {
-        let mut need = decoder_need(cfg, cfg.vocab_size, max_seq_len);
+        let mut need = MemoryNeed::for_decoder(cfg, max_seq_len);
         let (h, qd, kvd, im, v) = (
             cfg.hidden_size as u64,
             cfg.q_dim() as u64,
@@ -96,22 +106,31 @@ impl MemoryNeed {
         }
         need.weights = need.weights - dense + packed;
         need.workspace += scratch;
+        if scratch > 0 {
+            // The short chunks' room (`gguf::device::QuantRows`: a byte a value and an
+            // f32 scale a block), their gate/up output and its zero bias.
+            let rows = crate::prefill::QUANT_GEMV_TOKENS.min(max_seq_len) as u64;
+            let cols = h.max(qd).max(im).next_multiple_of(32);
+            need.prefill += rows * cols + rows * cols / 8 + 2 * rows * 2 * im + 2 * 2 * im;
+        }
         need
     }
 
     /// Everything, in bytes.
     pub fn total(&self) -> u64 {
-        self.weights + self.kv_cache + self.workspace
+        self.weights + self.kv_cache + self.workspace + self.prefill
     }
 
-    /// `weights 15.26 GiB + KV cache 576.0 MiB (4096 positions) + workspace 262.3 MiB`.
+    /// `weights 15.26 GiB + KV cache 576.0 MiB (4096 positions) + workspace 262.3 MiB +
+    /// prefill 283.0 MiB`.
     pub fn breakdown(&self) -> String {
         format!(
-            "weights {} + KV cache {} ({} positions) + workspace {}",
+            "weights {} + KV cache {} ({} positions) + workspace {} + prefill {}",
             human(self.weights),
             human(self.kv_cache),
             self.max_seq_len,
-            human(self.workspace)
+            human(self.workspace),
+            human(self.prefill)
         )
     }
 }
@@ -123,6 +142,20 @@ fn human(bytes: u64) -> String {
     } else {
         format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
     }
+}
+
+/// The batched prefill's chunk activations ([`crate::prefill::Prefiller::new`]): for
+/// each of a chunk's tokens its id, the residual stream and its norm, the fused QKV
+/// output, the rotated queries, the attention output and the MLP's activation, bf16.
+fn prefill_need(cfg: &ModelConfig, max_seq_len: usize) -> u64 {
+    let chunk = crate::prefill::DEFAULT_CHUNK.min(max_seq_len) as u64;
+    let (h, qd, im) = (
+        cfg.hidden_size as u64,
+        cfg.q_dim() as u64,
+        cfg.intermediate_size as u64,
+    );
+    let qkv = qd + 2 * cfg.kv_dim() as u64;
+    chunk * (4 + 2 * (2 * h + qkv + 2 * qd + im))
 }
 
 /// The decoder's allocations for `cfg` (whose `vocab_size` is the LM head's rows)
@@ -158,6 +191,7 @@ fn decoder_need(cfg: &ModelConfig, embed_vocab: usize, max_seq_len: usize) -> Me
         weights,
         kv_cache,
         workspace: rope + activations + attention_parts + lm_head + stamps + RESERVE_BYTES,
+        prefill: 0,
         max_seq_len,
     }
 }
@@ -199,10 +233,12 @@ pub fn fits(
     if need.total() <= free {
         return Ok(());
     }
-    let hint = if need.weights + need.workspace <= free {
-        // The weights fit; the cache is what is too long.
+    let hint = if need.weights + need.workspace + need.prefill <= free {
+        // The weights fit; the cache is what is too long (a shorter cache's prefill
+        // chunk takes no more than this one's).
         let per_position = need.kv_cache / need.max_seq_len.max(1) as u64;
-        let positions = (free - need.weights - need.workspace) / per_position.max(1);
+        let rest = free - need.weights - need.workspace - need.prefill;
+        let positions = rest / per_position.max(1);
         format!("; a KV cache of at most {positions} positions fits (--max-seq-len)")
     } else {
         // Split the model over enough GPUs of this size, if the shapes allow.
@@ -279,6 +315,40 @@ mod tests {
             assert!(rank.total() < free, "{}", rank.breakdown());
             assert!(rank.weights < need.weights / 2 + (2 << 30));
         }
+    }
+
+    #[test]
+    fn the_prefill_chunk_is_counted() {
+        let cfg = preset::config("qwen3-8b").unwrap();
+        // A token's id, x and its norm (4096 each), QKV (6144), queries and attention
+        // output (4096 each), the MLP's activation (12288); chunks of 8192 tokens, or
+        // the cache's length when shorter.
+        let per_token = 4 + 2 * (2 * 4096 + 6144 + 2 * 4096 + 12288);
+        let long = MemoryNeed::for_decoder(&cfg, 16384);
+        assert_eq!(long.prefill, 8192 * per_token);
+        assert_eq!(
+            MemoryNeed::for_decoder(&cfg, 1000).prefill,
+            1000 * per_token
+        );
+        assert!(
+            long.breakdown().contains("+ prefill 544.0 MiB"),
+            "{}",
+            long.breakdown()
+        );
+        assert_eq!(
+            long.total(),
+            long.weights + long.kv_cache + long.workspace + long.prefill
+        );
+        // A split model has no batched prefill.
+        let plan = TpPlan::new(&cfg, 2).unwrap();
+        assert_eq!(MemoryNeed::for_rank(&cfg, &plan, 0, 16384).prefill, 0);
+        // A GPU with room for everything but the chunk is refused, naming it.
+        let free = long.total() - long.prefill / 2;
+        let e = fits("qwen3-8b", "x", &cfg, &long, free, GB80)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("prefill 544.0 MiB"), "{e}");
+        assert!(fits("qwen3-8b", "x", &cfg, &long, long.total(), GB80).is_ok());
     }
 
     #[test]

@@ -1061,7 +1061,8 @@ fn a_quantized_model_is_loaded_without_dequantizing_its_quantized_matrices() {
 }
 
 /// The memory a quantized model needs is counted at its quantized sizes (plus the
-/// prefill's scratch for the largest matrix in bf16): the tiny file's decoder needs
+/// prefill's scratch for the largest matrix in bf16, and the short chunks' int8 rows):
+/// the tiny file's decoder needs
 /// less than the dense one by the bf16 bytes of the matrices it reads quantized, less
 /// their quantized bytes, less the scratch, and a device with room for it but not for
 /// the dense decoder is refused the dense one only.
@@ -1089,6 +1090,11 @@ fn a_quantized_models_memory_is_counted_at_its_quantized_size() {
     );
     let scratch = 2 * ((qd + 2 * kvd) * h).max(h * qd).max(2 * im * h);
     assert_eq!(quant.workspace as usize, dense.workspace as usize + scratch);
+    // The short chunks' int8 rows (32 tokens, at most the cache's 64 positions) of the
+    // widest input, their gate/up output and its zero bias.
+    let (rows, cols) = (32, h.max(qd).max(im).next_multiple_of(32));
+    let short = rows * cols + rows * cols / 8 + 4 * rows * im + 4 * im;
+    assert_eq!(quant.prefill as usize, dense.prefill as usize + short);
     assert_eq!(quant.kv_cache, dense.kv_cache);
     assert!(quant.total() < dense.total());
     let free = quant.total();
