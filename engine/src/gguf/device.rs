@@ -66,9 +66,9 @@ pub struct TokensTile {
 }
 
 impl TokensTile {
-    /// The tile for a chunk of `tokens` over a matrix of `rows` rows, the fastest or
-    /// within a few percent of it alone on an H200 at Qwen3-0.6B's and Qwen3-8B's
-    /// shapes (`examples/quant_bandwidth.rs --tokens`, docs/perf.md "Short prompts of
+    /// The tile for a chunk of `tokens` over a matrix of `rows` rows, read off the
+    /// fastest tiles alone on an H200 at Qwen3-0.6B's and Qwen3-8B's shapes
+    /// (`examples/quant_bandwidth.rs --tokens`, docs/perf.md "Short prompts of
     /// quantized models"): matrices of fewer than 2048 rows take more programs (4 or 8
     /// rows, 2 tokens a program) up to 8 tokens; the others 16 rows of 1024 columns and
     /// the fewest compiled tokens a program that cover the chunk, at most 8.

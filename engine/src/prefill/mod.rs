@@ -439,11 +439,10 @@ impl Prefiller {
             let t = chunk.len();
             let ti = t as i32;
             // Quantized matrices of a short chunk take the multi-token GEMVs.
-            let short = match &mut self.short {
+            let mut short = match &mut self.short {
                 Some(s) if t <= self.quant_gemv_tokens => Some(s),
                 _ => None,
             };
-            let mut short = short;
             let attn = if t >= LONG_CHUNK {
                 &plan.attention
             } else {
