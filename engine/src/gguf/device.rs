@@ -632,6 +632,29 @@ impl DeviceQuantMatrix {
         }
     }
 
+    /// The arrays every kernel over this matrix takes first, in the device layout's
+    /// order, and `k_words`: the 32-bit words of quantized values a row (Q8_0 four
+    /// values a word, Q4_K and Q6_K eight).
+    fn weight_args(&self) -> (Vec<KernelArg<'_>>, i32) {
+        let (args, per_word): (Vec<KernelArg<'_>>, usize) = match &self.buffers {
+            QuantBuffers::Q8_0 { q, d } => (vec![q.into(), d.into()], 4),
+            QuantBuffers::Q4K {
+                q,
+                scales,
+                mins,
+                d,
+                dmin,
+            } => (
+                vec![q.into(), scales.into(), mins.into(), d.into(), dmin.into()],
+                8,
+            ),
+            QuantBuffers::Q6K { ql, qh, scales, d } => {
+                (vec![ql.into(), qh.into(), scales.into(), d.into()], 8)
+            }
+        };
+        (args, (self.cols / per_word) as i32)
+    }
+
     /// `y = bf16(W · a + bias)`; with `residual`, `y = bf16(y + bf16(W · a + bias))`;
     /// with `norm = Some((norm_w, eps))`, `a` goes through RMSNorm first (`a: [cols]`,
     /// `norm_w: [cols]`, `bias`, `y: [rows]`). A norm and a residual together are an
@@ -725,26 +748,12 @@ impl DeviceQuantMatrix {
             1,
         ];
         let launch = LaunchConfig::from(grid).num_warps(4);
-        let (kernel, mut args, per_word): (&KernelDef, Vec<KernelArg<'_>>, usize) =
-            match &self.buffers {
-                QuantBuffers::Q8_0 { q, d } => (&Q8_0_GEMV_TOKENS, vec![q.into(), d.into()], 4),
-                QuantBuffers::Q4K {
-                    q,
-                    scales,
-                    mins,
-                    d,
-                    dmin,
-                } => (
-                    &Q4_K_GEMV_TOKENS,
-                    vec![q.into(), scales.into(), mins.into(), d.into(), dmin.into()],
-                    8,
-                ),
-                QuantBuffers::Q6K { ql, qh, scales, d } => (
-                    &Q6_K_GEMV_TOKENS,
-                    vec![ql.into(), qh.into(), scales.into(), d.into()],
-                    8,
-                ),
-            };
+        let kernel = match self.buffers {
+            QuantBuffers::Q8_0 { .. } => &Q8_0_GEMV_TOKENS,
+            QuantBuffers::Q4K { .. } => &Q4_K_GEMV_TOKENS,
+            QuantBuffers::Q6K { .. } => &Q6_K_GEMV_TOKENS,
+        };
+        let (mut args, k_words) = self.weight_args();
         args.extend([
             (&x.xq).into(),
             (&x.xd).into(),
@@ -753,7 +762,7 @@ impl DeviceQuantMatrix {
             (self.rows as i32).into(),
             (row0 as i32).into(),
             (ldy as i32).into(),
-            ((self.cols / per_word) as i32).into(),
+            k_words.into(),
             (tokens as i32).into(),
         ]);
         let consts = [
@@ -810,27 +819,12 @@ impl DeviceQuantMatrix {
         ];
         let launch = LaunchConfig::from(grid).num_warps(4);
         let (n, row0) = (self.rows as i32, row0 as i32);
-        let (kernel, mut args, k_words): (&KernelDef, Vec<KernelArg<'_>>, usize) =
-            match &self.buffers {
-                QuantBuffers::Q8_0 { q, d } => (&DEQUANTIZE_Q8_0, vec![q.into(), d.into()], 4),
-                QuantBuffers::Q4K {
-                    q,
-                    scales,
-                    mins,
-                    d,
-                    dmin,
-                } => (
-                    &DEQUANTIZE_Q4_K,
-                    vec![q.into(), scales.into(), mins.into(), d.into(), dmin.into()],
-                    8,
-                ),
-                QuantBuffers::Q6K { ql, qh, scales, d } => (
-                    &DEQUANTIZE_Q6_K,
-                    vec![ql.into(), qh.into(), scales.into(), d.into()],
-                    8,
-                ),
-            };
-        let k_words = (self.cols / k_words) as i32;
+        let kernel = match self.buffers {
+            QuantBuffers::Q8_0 { .. } => &DEQUANTIZE_Q8_0,
+            QuantBuffers::Q4K { .. } => &DEQUANTIZE_Q4_K,
+            QuantBuffers::Q6K { .. } => &DEQUANTIZE_Q6_K,
+        };
+        let (mut args, k_words) = self.weight_args();
         args.extend([out.into(), n.into(), row0.into(), k_words.into()]);
         kernel.launch_dyn(dev, launch, &[r as i64, blocks as i64], &mut args)?;
         Ok(())
@@ -947,24 +941,7 @@ impl DeviceQuantMatrix {
             i64::from(norm.is_some()),
         ];
         let n = self.rows as i32;
-        let k = self.cols as i32;
-        let mut args: Vec<KernelArg<'_>> = match &self.buffers {
-            QuantBuffers::Q8_0 { q, d } => vec![q.into(), d.into()],
-            QuantBuffers::Q4K {
-                q,
-                scales,
-                mins,
-                d,
-                dmin,
-            } => vec![q.into(), scales.into(), mins.into(), d.into(), dmin.into()],
-            QuantBuffers::Q6K { ql, qh, scales, d } => {
-                vec![ql.into(), qh.into(), scales.into(), d.into()]
-            }
-        };
-        let k_words = match self.buffers {
-            QuantBuffers::Q8_0 { .. } => k / 4,
-            QuantBuffers::Q4K { .. } | QuantBuffers::Q6K { .. } => k / 8,
-        };
+        let (mut args, k_words) = self.weight_args();
         args.extend([(&spare.xq).into(), (&spare.xd).into()]);
         // Without the norm prologue `a` and `norm_w` are not read.
         let (a, norm_w, eps) = norm.unwrap_or((&spare.bias, &spare.bias, 0.0));
