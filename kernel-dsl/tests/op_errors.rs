@@ -5,6 +5,7 @@
 //! - `bitcast`: `x.bitcast::<T>()`: widths that differ, `bool`, pointers, a missing target type.
 //! - `dot4`: `dot4(a, b, acc)`: operands that are not 32-bit integer words, an accumulator that is not `i32`, the wrong arity.
 //! - `unroll`: `.unroll(n)` on a loop range: a factor other than two, a body with a `dot` or an inner loop.
+//! - `stages`: `.stages(n)` on a loop range: a count outside 2..=8 or not a literal, a body with a `dot` or an inner loop, together with `.unroll(2)`.
 //! - `tensor_descriptors`: `make_tensor_descriptor` and `desc.load`: a base or size that is not a parameter, a last stride other than 1, a descriptor used as a value.
 
 use tilefuse_dsl::{compile_source, Specialization};
@@ -258,6 +259,52 @@ mod unroll {
                 let next = load(x + k0 + 64 + offs, k0 + 64 + offs < n, 0.0);
                 s += cur;
                 cur = next;
+            }
+            store(y + offs, s);
+        }";
+        let spec = tilefuse_dsl::Specialization {
+            consts: vec![],
+            num_warps: 2,
+            num_stages: None,
+        };
+        tilefuse_dsl::compile_source(src, &spec).expect("compiles");
+    }
+}
+
+/// `.stages(n)` on a `for` range (Triton's `tl.range(.., num_stages=n)`): a literal count
+/// from 2 to 8, on a loop the code generator can stage.
+mod stages {
+    const PARAMS: &str = "x: Ptr<f32>, a: Ptr<bf16>, n: i32";
+
+    #[test]
+    fn a_literal_from_two_to_eight() {
+        for f in ["1", "9", "0", "n"] {
+            let body = format!("let mut s = 0.0; for i in (0..n).step_by(4).stages({f}) {{ s += load(x + i); }} store(x, s);");
+            super::check_in(PARAMS, &body, &["`.stages(n)` takes a literal from 2 to 8"]);
+        }
+    }
+
+    #[test]
+    fn not_around_a_dot_an_inner_loop_or_an_unroll() {
+        let dot = "let mut acc = zeros::<f32>([16, 16]); for i in (0..n).step_by(16).stages(3) { let t = load(a + i + arange(0, 16).expand_dims(1) * 16 + arange(0, 16).expand_dims(0)); acc = dot(t, t, acc); } store(x + arange(0, 16), acc.sum(1));";
+        super::check_in(
+            PARAMS,
+            dot,
+            &["`.stages(n)` needs a loop without a `dot`", "num_stages"],
+        );
+        let inner = "let mut s = 0.0; for i in (0..n).stages(2) { for j in 0..n { s += load(x + i + j); } } store(x, s);";
+        super::check_in(PARAMS, inner, &["without an inner loop"]);
+        let both = "let mut s = 0.0; for i in (0..n).unroll(2).stages(2) { s += load(x + i); } store(x, s);";
+        super::check_in(PARAMS, both, &["without `.unroll(2)`"]);
+    }
+
+    #[test]
+    fn a_staged_loop_compiles() {
+        let src = "#[kernel] fn k(x: Ptr<f32>, y: Ptr<f32>, n: i32) {
+            let offs = arange(0, 64);
+            let mut s = zeros::<f32>([64]);
+            for k0 in (0..n).step_by(64).stages(4) {
+                s += load(x + k0 + offs, k0 + offs < n);
             }
             store(y + offs, s);
         }";

@@ -416,8 +416,29 @@ impl Lower {
         let Pat::Ident(pi) = &*f.pat else {
             return self.err(f.pat.span(), "the loop variable is a single name");
         };
-        // `.unroll(2)` last: a code generation hint (docs/language.md).
-        let (iter, unroll) = match &*f.expr {
+        // `.stages(n)` or `.unroll(2)` last: code generation hints (docs/language.md).
+        let (expr, stages) = match &*f.expr {
+            SynExpr::MethodCall(m) if m.method == "stages" => {
+                let n = match m.args.first() {
+                    Some(SynExpr::Lit(syn::ExprLit {
+                        lit: syn::Lit::Int(n),
+                        ..
+                    })) if m.args.len() == 1 => n.base10_parse::<u32>().ok(),
+                    _ => None,
+                };
+                match n {
+                    Some(n) if (2..=8).contains(&n) => (&*m.receiver, n),
+                    _ => {
+                        return self.err(
+                            m.span(),
+                            "`.stages(n)` takes a literal from 2 to 8: `(start..end).step_by(step).stages(3)`",
+                        )
+                    }
+                }
+            }
+            other => (other, 0),
+        };
+        let (iter, unroll) = match expr {
             SynExpr::MethodCall(m) if m.method == "unroll" => {
                 let two = matches!(
                     m.args.first(),
@@ -509,6 +530,7 @@ impl Lower {
             carried: out,
             body,
             unroll,
+            stages,
             loc: loop_loc,
         });
         Ok(())

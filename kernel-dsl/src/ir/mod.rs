@@ -909,6 +909,10 @@ pub enum Stmt {
         /// loop, the second copy reading the first copy's carried values where they were
         /// computed (a hint; the interpreter ignores it).
         unroll: bool,
+        /// `.stages(n)` on the range (Triton's `tl.range(.., num_stages=n)`): the body's
+        /// loads are copied into shared memory `n - 1` iterations ahead (a hint; the
+        /// interpreter ignores it). 0 without the hint.
+        stages: u32,
         /// The statement's location.
         loc: Loc,
     },

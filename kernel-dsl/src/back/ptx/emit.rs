@@ -1078,6 +1078,7 @@ impl<'k> Emitter<'k> {
                 carried,
                 body,
                 unroll,
+                stages,
                 loc,
             } => {
                 self.loc = *loc;
@@ -1088,7 +1089,7 @@ impl<'k> Emitter<'k> {
                 let t = super::regs::int_ty(ity);
                 let idx = self.reg(rk(ity));
                 self.vals[index.index()] = Some(vec![idx.clone()]);
-                let plan = self.pipeline_plan(*index, carried, body);
+                let plan = self.pipeline_plan(*index, carried, body, *stages);
                 let params = self.loop_params(carried)?;
                 let (head, exit) = (self.new_label("loop"), self.new_label("end"));
                 let (s0, e0, st) = (self.scalar(*start), self.scalar(*end), self.scalar(*step));
@@ -1213,6 +1214,11 @@ impl<'k> Emitter<'k> {
         self.loc = self.k.value(v).loc;
         if self.in_ring(v) {
             // A `dot` operand the ring of a pipelined loop already holds.
+            return Ok(());
+        }
+        if let Some(regs) = self.staged_read(v)? {
+            // A load of a `.stages(n)` loop: this thread copied it ahead.
+            self.vals[v.index()] = Some(regs);
             return Ok(());
         }
         let ty = self.k.ty(v).clone();

@@ -354,6 +354,77 @@ fn gpu_gemv_prefetch() {
     }
 }
 
+/// A GEMV-like loop of `.stages(n)`: bf16 weights (16-bit groups), `u32` words through a
+/// carried pointer tile, an `f32` row vector, all masked with no `other` and so copied
+/// ahead; a `u8` tile (1-byte groups) and a load with a non-zero `other` stay plain.
+pub(crate) const GEMV_STAGED: &str = r#"
+fn gemv_staged<const BLOCK_N: usize, const BLOCK_K: usize>(w: Ptr<bf16>, q: Ptr<u32>, s: Ptr<u8>, x: Ptr<f32>, y: Ptr<f32>, n: i32, #[multiple_of(8)] k: i32) {
+    let rows = program_id(0) * BLOCK_N + arange(0, BLOCK_N);
+    let row_ok = rows < n;
+    let at = rows.expand_dims(1) * k;
+    let mut qp = q + at + arange(0, BLOCK_K).expand_dims(0);
+    let mut acc = zeros::<f32>([BLOCK_N]);
+    for k0 in (0..k).step_by(BLOCK_K).stages(3) {
+        let c = k0 + arange(0, BLOCK_K);
+        let m = row_ok.expand_dims(1) & (c < k).expand_dims(0);
+        let wt = load(w + at + c.expand_dims(0), m) as f32;
+        let qt = load(qp, m);
+        let st = load(s + at + c.expand_dims(0), m, 0) as f32;
+        let xs = load(x + c, c < k);
+        let xo = load(x + c, c < k, 2.0);
+        acc += (wt * xs.expand_dims(0) + ((qt & 255) as f32) * st - xo.expand_dims(0) * 0.5).sum(1);
+        qp = qp + BLOCK_K;
+    }
+    store(y + rows, acc, row_ok);
+}
+"#;
+
+#[test]
+fn gpu_gemv_staged() {
+    let mut r = Rng(21);
+    // Trip counts of 1 (fewer than the copies ahead), 2, 3 and 9; edges on both axes;
+    // two, three and four stages.
+    for (stages, bn, bk, n, k, warps) in [
+        (3, 4, 256, 37, 1000, 4),
+        (3, 8, 64, 9, 8, 4),
+        (2, 16, 128, 64, 520, 8),
+        (4, 4, 64, 13, 192, 4),
+        (4, 2, 128, 5, 1096, 2),
+    ] {
+        let src = GEMV_STAGED.replace(".stages(3)", &format!(".stages({stages})"));
+        let d = def(
+            leak(src),
+            &[("BLOCK_N", bn as i64), ("BLOCK_K", bk as i64)],
+            warps,
+        );
+        let q: Vec<u32> = r
+            .vec(n * k, 1.0)
+            .iter()
+            .map(|v| (v.abs() * 1e6) as u32)
+            .collect();
+        let s: Vec<u8> = r
+            .vec(n * k, 1.0)
+            .iter()
+            .map(|v| (v.abs() * 200.0) as u8)
+            .collect();
+        let data = [
+            Data::Bf16(r.bf(n * k)),
+            Data::U32(q),
+            Data::U8(s),
+            Data::F32(r.vec(k, 1.0)),
+            Data::F32(vec![f32::NAN; n]),
+            Data::S(Scalar::I32(n as i32)),
+            Data::S(Scalar::I32(k as i32)),
+        ];
+        let grid = [(n as u32).div_ceil(bn as u32), 1, 1];
+        diff("gemv_staged", d, grid, &data, 1e-4);
+    }
+}
+
+fn leak(s: String) -> &'static str {
+    Box::leak(s.into_boxed_str())
+}
+
 const ARGMAX: &str = r#"
 fn argmax_rows<const R: usize, const C: usize>(x: Ptr<f32>, out: Ptr<i32>, first: Ptr<i32>) {
     let rows = arange(0, R);

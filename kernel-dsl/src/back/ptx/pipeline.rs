@@ -14,6 +14,16 @@
 //! Anything else (an operand that is computed, cast or used twice, a load with a
 //! non-zero `other`, a loop containing another loop, loads narrower than 4 bytes a
 //! thread) keeps the plain path: registers, then swizzled stores before each `dot`.
+//!
+//! A loop marked `.stages(n)` (Triton's `tl.range(.., num_stages=n)`) stages its other
+//! loads the same way, without a `dot`: each thread copies its own vector groups of a
+//! load (4, 8 or 16 bytes) with `cp.async` into its own slots of a stage, `n - 1`
+//! iterations ahead, and the load itself becomes a read of those slots. No thread reads
+//! another's slots, so the ring needs no barrier: `cp.async.wait_group` makes a thread's
+//! own copies visible to it. The bytes in flight then cost shared memory instead of
+//! registers (the quantized GEMVs' case: docs/perf.md, "Loads staged ahead"). Loads that
+//! do not qualify (narrower than 4 bytes a group, a non-zero `other`, an address that
+//! depends on another load) stay plain loads.
 
 use std::collections::{HashMap, HashSet};
 
@@ -39,6 +49,22 @@ pub struct RingLoad {
     /// Copied by the tensor-memory engine instead of `cp.async` (a descriptor's load on
     /// sm_90a whose staging is a sequence of boxes).
     tma: Option<TmaCopy>,
+}
+
+/// A load of a `.stages(n)` loop, copied ahead by the thread that reads it: group `j`
+/// of a thread (the `j`-th vector of `width` elements it holds) sits at `at + (j *
+/// threads + tid) * bytes` in a stage, so a warp's copies and reads are contiguous.
+#[derive(Clone, Debug)]
+pub struct StagedLoad {
+    value: ValueId,
+    ptr: ValueId,
+    mask: Option<ValueId>,
+    /// Byte offset of the load's slots inside one stage.
+    at: u32,
+    /// Elements per copy.
+    width: usize,
+    /// Bytes per copy: 4, 8 or 16.
+    bytes: u32,
 }
 
 /// A ring load copied with `cp.async.bulk.tensor`: the boxes of one two-dimensional
@@ -78,6 +104,8 @@ struct Whole {
 #[derive(Clone, Debug)]
 pub struct Plan {
     loads: Vec<RingLoad>,
+    /// Loads of a `.stages(n)` loop, each thread copying its own groups.
+    staged: Vec<StagedLoad>,
     /// Body values the pointers and masks need, in program order.
     slice: Vec<ValueId>,
     /// Carried values the pointers and masks depend on.
@@ -128,6 +156,8 @@ pub struct Ring {
     /// With copy-engine loads: the read stage's mbarrier, the write stage's, the phase
     /// parity the readers wait for, and each tensor map's generic address.
     barriers: Option<Barriers>,
+    /// Per staged load: `tid * bytes`, the thread's first slot.
+    slots: Vec<String>,
 }
 
 /// The registers of a ring's mbarriers (`Plan::barriers_at`).
@@ -218,8 +248,12 @@ impl Emitter<'_> {
         index: ValueId,
         carried: &[Carried],
         body: &crate::ir::Block,
+        stages: u32,
     ) -> Option<Plan> {
         let k = self.k;
+        if stages >= 2 {
+            return self.staged_plan(index, carried, body, stages);
+        }
         if k.num_stages < 2 || body.stmts.iter().any(|s| matches!(s, Stmt::For { .. })) {
             return None;
         }
@@ -289,51 +323,26 @@ impl Emitter<'_> {
         }
         // The slice: body values, carried values and the index the pointers and masks
         // (and the carried values' next values) depend on.
-        let params: HashMap<ValueId, &Carried> = carried.iter().map(|c| (c.param, c)).collect();
         let mut need: HashSet<ValueId> = HashSet::new();
         let mut used_params: Vec<Carried> = Vec::new();
         // (A copy-engine load needs only its block's origin.)
-        let mut todo: Vec<ValueId> = loads
+        let roots: Vec<ValueId> = loads
             .iter()
             .flat_map(|l| match &l.tma {
                 Some(t) => t.origin.to_vec(),
                 None => std::iter::once(l.ptr).chain(l.mask).collect(),
             })
             .collect();
-        while let Some(v) = todo.pop() {
-            if v == index || !need.insert(v) {
-                continue;
-            }
-            if let Some(c) = params.get(&v) {
-                if self.rk_of(v) == Rk::H {
-                    return None;
-                }
-                used_params.push((*c).clone());
-                todo.push(c.next);
-                continue;
-            }
-            if !top.contains_key(&v) {
-                // Defined before the loop: available. Inside a branch of the body: refuse.
-                if self.defined_in(body, v) {
-                    return None;
-                }
-                continue;
-            }
-            let Def::Expr(e) = &k.value(v).def else {
-                return None;
-            };
-            if matches!(
-                e,
-                Expr::Load { .. }
-                    | Expr::Atomic { .. }
-                    | Expr::Dot { .. }
-                    | Expr::ClusterGather { .. }
-                    | Expr::GlobalTimer
-                    | Expr::SmId
-            ) {
-                return None;
-            }
-            todo.extend(e.operands());
+        if !self.ahead_slice(
+            roots,
+            index,
+            carried,
+            body,
+            &top,
+            &mut need,
+            &mut used_params,
+        ) {
+            return None;
         }
         // The `wgmma` dot that may run across iterations.
         let async_dot = loads.first().filter(|_| wgmma).and_then(|ld| {
@@ -381,6 +390,7 @@ impl Emitter<'_> {
         used_params.dedup_by_key(|c| c.param);
         Some(Plan {
             loads,
+            staged: Vec::new(),
             slice,
             carried: used_params,
             stage_bytes,
@@ -391,6 +401,248 @@ impl Emitter<'_> {
             late,
             barriers_at: tma.then_some(buffers * stage_bytes),
         })
+    }
+
+    /// Adds to `need` the values that `roots` depend on inside the loop, and to `used`
+    /// the carried values among them, so that they can be computed for a later
+    /// iteration. False where they cannot: a dependence on a load, an atomic, a `dot`,
+    /// a clock, a value defined inside a branch of the body, or a carried 16-bit tile.
+    #[allow(clippy::too_many_arguments)]
+    fn ahead_slice(
+        &self,
+        mut todo: Vec<ValueId>,
+        index: ValueId,
+        carried: &[Carried],
+        body: &crate::ir::Block,
+        top: &HashMap<ValueId, usize>,
+        need: &mut HashSet<ValueId>,
+        used: &mut Vec<Carried>,
+    ) -> bool {
+        let k = self.k;
+        while let Some(v) = todo.pop() {
+            if v == index || !need.insert(v) {
+                continue;
+            }
+            if let Some(c) = carried.iter().find(|c| c.param == v) {
+                if self.rk_of(v) == Rk::H {
+                    return false;
+                }
+                used.push(c.clone());
+                todo.push(c.next);
+                continue;
+            }
+            if !top.contains_key(&v) {
+                // Defined before the loop: available. Inside a branch of the body: refuse.
+                if self.defined_in(body, v) {
+                    return false;
+                }
+                continue;
+            }
+            let Def::Expr(e) = &k.value(v).def else {
+                return false;
+            };
+            if matches!(
+                e,
+                Expr::Load { .. }
+                    | Expr::Atomic { .. }
+                    | Expr::Dot { .. }
+                    | Expr::ClusterGather { .. }
+                    | Expr::GlobalTimer
+                    | Expr::SmId
+            ) {
+                return false;
+            }
+            todo.extend(e.operands());
+        }
+        true
+    }
+
+    /// The plan of a `.stages(n)` loop: every top-level load of the body whose groups
+    /// are 4, 8 or 16 bytes, whose `other` is zero and whose address and mask can be
+    /// computed ahead is copied by its own threads `n - 1` iterations ahead. The ring
+    /// has a buffer more than `n` where shared memory allows, so a slot is refilled two
+    /// iterations after it was last read.
+    fn staged_plan(
+        &mut self,
+        index: ValueId,
+        carried: &[Carried],
+        body: &crate::ir::Block,
+        stages: u32,
+    ) -> Option<Plan> {
+        let k = self.k;
+        let top: HashMap<ValueId, usize> = body
+            .stmts
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| match s {
+                Stmt::Let(v) => Some((*v, i)),
+                _ => None,
+            })
+            .collect();
+        let threads = k.threads_per_program();
+        let mut need: HashSet<ValueId> = HashSet::new();
+        let mut used_params: Vec<Carried> = Vec::new();
+        let mut staged = Vec::new();
+        let mut at = 0u32;
+        for s in &body.stmts {
+            let Stmt::Let(x) = s else { continue };
+            let Def::Expr(Expr::Load { ptr, mask, other }) = &k.value(*x).def else {
+                continue;
+            };
+            let ty = k.ty(*x);
+            let Some(dt) = ty.dtype() else { continue };
+            if ty.is_scalar() || dt == DType::Bool || other.is_some_and(|o| !is_zero(k, o)) {
+                continue;
+            }
+            let l = self.layout_of(*x);
+            let width = self.vec_width(*ptr, *mask, &l, dt);
+            self.narrowed = None;
+            let bytes = (width * dt.size_bytes()) as u32;
+            if !matches!(bytes, 4 | 8 | 16) || l.nregs() % width != 0 {
+                continue;
+            }
+            let (mut n2, mut u2) = (need.clone(), used_params.clone());
+            let roots = std::iter::once(*ptr).chain(*mask).collect();
+            if !self.ahead_slice(roots, index, carried, body, &top, &mut n2, &mut u2) {
+                continue;
+            }
+            (need, used_params) = (n2, u2);
+            at = at.next_multiple_of(16);
+            staged.push(StagedLoad {
+                value: *x,
+                ptr: *ptr,
+                mask: *mask,
+                at,
+                width,
+                bytes,
+            });
+            at += (l.nregs() / width) as u32 * threads * bytes;
+        }
+        if staged.is_empty() {
+            return None;
+        }
+        let stage_bytes = at.next_multiple_of(128);
+        let limit = self.target.max_shared_bytes() - 16 * 1024;
+        let mut buffers = stages + 1;
+        while buffers > 2 && buffers * stage_bytes > limit {
+            buffers -= 1;
+        }
+        if buffers * stage_bytes > limit {
+            return None;
+        }
+        let lead = (stages - 1).min(buffers - 1);
+        let mut slice: Vec<ValueId> = need
+            .iter()
+            .copied()
+            .filter(|v| top.contains_key(v))
+            .collect();
+        slice.sort_by_key(|v| top[v]);
+        used_params.sort_by_key(|c| c.param);
+        used_params.dedup_by_key(|c| c.param);
+        Some(Plan {
+            loads: Vec::new(),
+            staged,
+            slice,
+            carried: used_params,
+            stage_bytes,
+            wgmma: false,
+            buffers,
+            lead,
+            async_dot: None,
+            late: false,
+            barriers_at: None,
+        })
+    }
+
+    /// A staged load's value in the iteration being emitted, read from this thread's
+    /// slots of the stage the ring reads (`None`: `v` is not staged).
+    pub fn staged_read(&mut self, v: ValueId) -> Res<Option<Vec<String>>> {
+        let Some((read, slot, ld)) = self.rings.iter().rev().find_map(|r| {
+            let i = r.plan.staged.iter().position(|l| l.value == v)?;
+            Some((r.read.clone(), r.slots[i].clone(), r.plan.staged[i].clone()))
+        }) else {
+            return Ok(None);
+        };
+        let dt = self.k.ty(v).dtype().unwrap_or(DType::I32);
+        let kind = rk(dt);
+        let n = self.layout_of(v).nregs();
+        let threads = self.k.threads_per_program();
+        let base = self.reg(Rk::R);
+        self.ins(format!("add.u32 {base}, {read}, {slot}"));
+        let mut out = Vec::new();
+        for j in 0..n / ld.width {
+            let off = ld.at + j as u32 * threads * ld.bytes;
+            if kind == Rk::H {
+                // Halves travel as packed 32-bit words, as from a global load.
+                let words: Vec<String> = (0..ld.width / 2).map(|_| self.reg(Rk::R)).collect();
+                self.ins(format!(
+                    "ld.shared{}.b32 {}, [{base}+{off}]",
+                    Self::vsuf(words.len()),
+                    Self::regs_list(&words)
+                ));
+                let halves: Vec<String> = (0..ld.width).map(|_| self.reg(Rk::H)).collect();
+                self.unpack_halves(&words, &halves);
+                out.extend(halves);
+            } else {
+                let ds: Vec<String> = (0..ld.width).map(|_| self.reg(kind)).collect();
+                self.ins(format!(
+                    "ld.shared{}.{} {}, [{base}+{off}]",
+                    Self::vsuf(ld.width),
+                    super::regs::mem_ty(dt),
+                    Self::regs_list(&ds)
+                ));
+                out.extend(ds);
+            }
+        }
+        Ok(Some(out))
+    }
+
+    /// The copies of the staged loads for the iteration `pipeline_issue` has bound.
+    fn staged_issue(&mut self, r: &Ring, live: &str, record: bool) -> Res<()> {
+        let threads = self.k.threads_per_program();
+        for (ld, slot) in r.plan.staged.clone().iter().zip(r.slots.clone()) {
+            let l = self.layout_of(ld.value);
+            let ptrs = self.tile(ld.ptr, &l)?;
+            let masks = match ld.mask {
+                Some(m) => Some(self.tile(m, &l)?),
+                None => None,
+            };
+            if record {
+                let dtype = self.k.ty(ld.value).dtype().unwrap_or(DType::I32);
+                self.accesses.push(Access {
+                    kind: AccessKind::Load,
+                    ptr: ld.ptr,
+                    loc: self.k.value(ld.value).loc,
+                    dtype,
+                    width: ld.width,
+                    elements: ptrs.len(),
+                    narrowed: None,
+                });
+            }
+            let base = self.reg(Rk::R);
+            self.ins(format!("add.u32 {base}, {}, {slot}", r.write));
+            // `.cg` (L2 only) takes 16-byte copies alone.
+            let cache = if ld.bytes == 16 { "cg" } else { "ca" };
+            for (j, g) in (0..ptrs.len()).step_by(ld.width).enumerate() {
+                let on = match &masks {
+                    Some(m) => {
+                        let p = self.reg(Rk::P);
+                        self.ins(format!("and.pred {p}, {live}, {}", m[g]));
+                        p
+                    }
+                    None => live.to_string(),
+                };
+                let size = self.reg(Rk::R);
+                self.ins(format!("selp.u32 {size}, {}, 0, {on}", ld.bytes));
+                self.ins(format!(
+                    "cp.async.{cache}.shared.global [{base}+{}], [{}], {}, {size}",
+                    ld.at + j as u32 * threads * ld.bytes,
+                    ptrs[g],
+                    ld.bytes
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Whether `v` is defined somewhere inside `b` (nested blocks included).
@@ -443,6 +695,12 @@ impl Emitter<'_> {
         let (read, write) = (self.reg(Rk::R), self.reg(Rk::R));
         self.ins(format!("mov.u32 {read}, {ring}"));
         self.ins(format!("mov.u32 {write}, {ring}"));
+        let mut slots = Vec::new();
+        for ld in &plan.staged {
+            let slot = self.reg(Rk::R);
+            self.ins(format!("mul.lo.u32 {slot}, {}, {}", self.tid, ld.bytes));
+            slots.push(slot);
+        }
         let r = Ring {
             plan,
             ahead,
@@ -454,6 +712,7 @@ impl Emitter<'_> {
             end: end.to_string(),
             step: step.to_string(),
             barriers,
+            slots,
         };
         for _ in 0..lead {
             self.pipeline_issue(&r, false)?;
@@ -466,7 +725,7 @@ impl Emitter<'_> {
     /// read (in the late order, [`Plan::late`], they wait for [`Self::pipeline_late`]).
     pub fn pipeline_iteration(&mut self, r: &Ring) -> Res<()> {
         let copies = r.plan.loads.iter().any(|l| l.tma.is_none());
-        if copies {
+        if copies || !r.plan.staged.is_empty() {
             self.ins(format!("cp.async.wait_group {}", r.plan.lead - 1));
             if r.plan.wgmma {
                 // `wgmma` reads shared memory through the async proxy: make this
@@ -488,7 +747,8 @@ impl Emitter<'_> {
         // Without `cp.async` copies, and with the refill after the running group's
         // barrier (the late order), no thread needs the others here: each waited for
         // its stage on the mbarrier.
-        if copies || !r.plan.late {
+        // Staged loads alone need none either: each thread reads its own copies.
+        if copies || (!r.plan.late && !r.plan.loads.is_empty()) {
             self.ins("bar.sync 0");
         }
         if r.plan.late {
@@ -657,7 +917,8 @@ impl Emitter<'_> {
                 ));
             }
         }
-        if r.plan.loads.iter().any(|l| l.tma.is_none()) {
+        self.staged_issue(r, &live, record)?;
+        if r.plan.loads.iter().any(|l| l.tma.is_none()) || !r.plan.staged.is_empty() {
             self.ins("cp.async.commit_group");
         }
         // The carried values one iteration on (all read before any is overwritten).

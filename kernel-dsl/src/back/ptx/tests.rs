@@ -1464,3 +1464,55 @@ fn loads_keep_their_width_beside_a_reduced_operand() {
     assert_eq!(widths[..2], [4, 4], "{widths:?}");
     assert_eq!(p.ptx.matches("ld.global.v4.b32").count(), 3, "{}", p.ptx);
 }
+
+#[test]
+fn staged_loops_copy_their_loads_ahead_without_barriers() {
+    // `.stages(n)`: the loads that qualify (bf16 weights, `u32` words through a carried
+    // pointer tile, the `f32` row vector) become per-thread `cp.async` copies `n - 1`
+    // iterations ahead and reads of the thread's own slots; the `u8` tile and the load
+    // with a non-zero `other` stay global loads. No thread reads another's slots, so
+    // the loop has no barrier.
+    for (stages, bn, bk, warps) in [(3, 4, 256, 4), (2, 16, 128, 8), (4, 8, 64, 4)] {
+        let src =
+            super::gpu_tests::GEMV_STAGED.replace(".stages(3)", &format!(".stages({stages})"));
+        let src =
+            format!("#[kernel(BLOCK_N = [{bn}], BLOCK_K = [{bk}], num_warps = [{warps}])]\n{src}");
+        let spec = crate::Specialization {
+            consts: vec![("BLOCK_N".into(), bn), ("BLOCK_K".into(), bk)],
+            num_warps: warps,
+            num_stages: None,
+        };
+        let k = crate::compile_source(&src, &spec).expect("compiles");
+        let p = check(&k);
+        let parts: Vec<&str> = p.ptx.split("$L_loop_").collect();
+        assert_eq!(parts.len(), 3, "one loop:\n{}", numbered(&p.ptx));
+        let (before, body) = (parts[0], parts[1]);
+        let copies = |s: &str| s.matches("cp.async.c").count();
+        // Before the loop: `n - 1` iterations' copies of the three staged loads.
+        let per_iteration = copies(body);
+        assert!(per_iteration >= 3, "{}", numbered(&p.ptx));
+        assert_eq!(
+            copies(before),
+            (stages as usize - 1) * per_iteration,
+            "{}",
+            numbered(&p.ptx)
+        );
+        assert!(
+            body.contains(&format!("cp.async.wait_group {}", stages - 2)),
+            "{}",
+            numbered(&p.ptx)
+        );
+        assert!(body.contains("ld.shared"), "{}", numbered(&p.ptx));
+        assert!(!body.contains("bar.sync"), "{}", numbered(&p.ptx));
+        // What stays plain: the bytes and the load with `other = 2.0`.
+        let global = |ty: &str| {
+            body.lines()
+                .any(|l| l.contains("ld.global") && l.contains(ty))
+        };
+        assert!(global(".u8 "), "{}", numbered(&p.ptx));
+        assert!(global(".f32 "), "{}", numbered(&p.ptx));
+        assert!(!global(".b32 ") && !global(".b16 "), "{}", numbered(&p.ptx));
+        assert!(p.ptx.contains("cp.async.wait_all"));
+        assert!(p.shared_bytes > 0);
+    }
+}

@@ -85,8 +85,18 @@ impl Infer<'_> {
                 carried,
                 body,
                 unroll,
+                stages,
                 loc,
-            } => self.for_stmt(*index, *start, *end, *step, carried, body, *unroll, *loc),
+            } => self.for_stmt(
+                *index,
+                *start,
+                *end,
+                *step,
+                carried,
+                body,
+                (*unroll, *stages),
+                *loc,
+            ),
             Stmt::While {
                 cond_body,
                 cond,
@@ -113,9 +123,38 @@ impl Infer<'_> {
         step: ValueId,
         carried: &[Carried],
         body: &Block,
-        unroll: bool,
+        (unroll, stages): (bool, u32),
         loc: Loc,
     ) -> R<()> {
+        if stages > 0 {
+            let mut why = None;
+            if unroll {
+                why = Some("`.unroll(2)` (a staged loop's loads are already ahead)");
+            }
+            body.visit(&mut |s| match s {
+                Stmt::For { .. } | Stmt::While { .. } => {
+                    why.get_or_insert("an inner loop");
+                }
+                Stmt::Let(v) => match &self.src.value(*v).def {
+                    Def::Expr(Expr::Dot { .. }) => {
+                        why.get_or_insert(
+                            "a `dot` (its operands are pipelined by the kernel's `num_stages`)",
+                        );
+                    }
+                    Def::Expr(Expr::ClusterGather { .. }) => {
+                        why.get_or_insert("a `cluster_gather`");
+                    }
+                    _ => {}
+                },
+                _ => {}
+            });
+            if let Some(why) = why {
+                return Err(CompileError::new(
+                    loc,
+                    format!("`.stages(n)` needs a loop without {why}"),
+                ));
+            }
+        }
         if unroll {
             let mut why = None;
             body.visit(&mut |s| match s {
@@ -166,6 +205,7 @@ impl Infer<'_> {
             carried: out,
             body,
             unroll,
+            stages,
             loc,
         });
         Ok(())
