@@ -5,7 +5,7 @@
 //! - `bitcast`: `x.bitcast::<T>()`: widths that differ, `bool`, pointers, a missing target type.
 //! - `dot4`: `dot4(a, b, acc)`: operands that are not 32-bit integer words, an accumulator that is not `i32`, the wrong arity.
 //! - `unroll`: `.unroll(n)` on a loop range: a factor other than two, a body with a `dot` or an inner loop.
-//! - `stages`: `.stages(n)` on a loop range: a count outside 2..=8 or not a literal, a body with a `dot` or an inner loop, together with `.unroll(2)`.
+//! - `stages`: `.stages(n)` on a loop range: a count outside 0..=8 or not a compile-time constant, a body with a `dot` or an inner loop, together with `.unroll(2)`.
 //! - `tensor_descriptors`: `make_tensor_descriptor` and `desc.load`: a base or size that is not a parameter, a last stride other than 1, a descriptor used as a value.
 
 use tilefuse_dsl::{compile_source, Specialization};
@@ -271,17 +271,19 @@ mod unroll {
     }
 }
 
-/// `.stages(n)` on a `for` range (Triton's `tl.range(.., num_stages=n)`): a literal count
-/// from 2 to 8, on a loop the code generator can stage.
+/// `.stages(n)` on a `for` range (Triton's `tl.range(.., num_stages=n)`): a constant count
+/// from 0 to 8 (0 and 1 leave the loop plain), on a loop the code generator can stage.
 mod stages {
     const PARAMS: &str = "x: Ptr<f32>, a: Ptr<bf16>, n: i32";
 
     #[test]
-    fn a_literal_from_two_to_eight() {
-        for f in ["1", "9", "0", "n"] {
+    fn a_constant_from_zero_to_eight() {
+        for f in ["9", "-1"] {
             let body = format!("let mut s = 0.0; for i in (0..n).step_by(4).stages({f}) {{ s += load(x + i); }} store(x, s);");
-            super::check_in(PARAMS, &body, &["`.stages(n)` takes a literal from 2 to 8"]);
+            super::check_in(PARAMS, &body, &["`.stages(n)` takes a count from 0 to 8"]);
         }
+        let body = "let mut s = 0.0; for i in (0..n).step_by(4).stages(n) { s += load(x + i); } store(x, s);";
+        super::check_in(PARAMS, body, &["must be a compile-time constant"]);
     }
 
     #[test]

@@ -419,22 +419,18 @@ impl Lower {
         // `.stages(n)` or `.unroll(2)` last: code generation hints (docs/language.md).
         let (expr, stages) = match &*f.expr {
             SynExpr::MethodCall(m) if m.method == "stages" => {
-                let n = match m.args.first() {
-                    Some(SynExpr::Lit(syn::ExprLit {
-                        lit: syn::Lit::Int(n),
-                        ..
-                    })) if m.args.len() == 1 => n.base10_parse::<u32>().ok(),
-                    _ => None,
+                let Some(arg) = m.args.first().filter(|_| m.args.len() == 1) else {
+                    return self.err(m.span(), "`.stages(n)` takes one count");
                 };
-                match n {
-                    Some(n) if (2..=8).contains(&n) => (&*m.receiver, n),
-                    _ => {
-                        return self.err(
-                            m.span(),
-                            "`.stages(n)` takes a literal from 2 to 8: `(start..end).step_by(step).stages(3)`",
-                        )
-                    }
+                let n = self.const_int(arg, "the count of `.stages(n)`")?;
+                if !(0..=8).contains(&n) {
+                    return self.err(
+                        m.span(),
+                        format!("`.stages(n)` takes a count from 0 to 8 (0 and 1: no copies ahead), got {n}"),
+                    );
                 }
+                // One stage is the plain loop: a constant can switch staging off.
+                (&*m.receiver, if n < 2 { 0 } else { n as u32 })
             }
             other => (other, 0),
         };

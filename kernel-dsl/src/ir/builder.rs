@@ -18,8 +18,6 @@ pub struct Builder {
     blocks: Vec<Vec<Stmt>>,
     /// The next `for_` is unrolled by two ([`Builder::unroll_next_loop`]).
     unroll_next: bool,
-    /// The next `for_` stages its loads ([`Builder::stage_next_loop`]).
-    stages_next: u32,
 }
 
 impl Builder {
@@ -39,13 +37,7 @@ impl Builder {
             },
             blocks: vec![vec![]],
             unroll_next: false,
-            stages_next: 0,
         }
-    }
-
-    /// Marks the next [`Builder::for_`] as `.stages(n)`.
-    pub fn stage_next_loop(&mut self, n: u32) {
-        self.stages_next = n;
     }
 
     /// Marks the next [`Builder::for_`] as `.unroll(2)`.
@@ -309,7 +301,6 @@ impl Builder {
             })
             .collect::<Vec<_>>();
         let results = carried.iter().map(|c| c.result).collect();
-        let stages = std::mem::take(&mut self.stages_next);
         self.push(Stmt::For {
             index,
             start,
@@ -318,7 +309,7 @@ impl Builder {
             carried,
             body: Block { stmts },
             unroll: self.unroll_next,
-            stages,
+            stages: 0,
             loc: Loc::default(),
         });
         self.unroll_next = false;

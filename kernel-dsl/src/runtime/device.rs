@@ -528,6 +528,41 @@ pub(crate) trait ErasedBuffer {
     fn device_addr(&self) -> Option<u64>;
 }
 
+/// A buffer read as elements of another type: the same bytes, `len` elements of `dtype`
+/// ([`crate::runtime::KernelArg::read_as`]).
+pub(crate) struct Reinterpreted<'a> {
+    pub(crate) inner: &'a dyn ErasedBuffer,
+    pub(crate) dtype: DType,
+    pub(crate) len: usize,
+}
+
+impl ErasedBuffer for Reinterpreted<'_> {
+    fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn device(&self) -> &Device {
+        self.inner.device()
+    }
+
+    fn host_bytes(&self) -> Option<&[u8]> {
+        self.inner.host_bytes()
+    }
+
+    fn host_bytes_mut(&mut self) -> Option<&mut [u8]> {
+        // Read only: `KernelArg::read_as` passes it for reading.
+        None
+    }
+
+    fn device_addr(&self) -> Option<u64> {
+        self.inner.device_addr()
+    }
+}
+
 impl<T: Element> ErasedBuffer for Buffer<T> {
     fn dtype(&self) -> DType {
         T::DTYPE

@@ -1543,3 +1543,89 @@ fn gpu_transposing_store() {
     }
     diff("transposing_store", d, [1, 1, 1], &data, 0.0);
 }
+
+/// Rows of `u32` words summed, the loop plain (`.stages(1)`) or staged two to four
+/// deep, with or without a 4-byte side load a tile (a scale word every 64 words, as the
+/// Q4_K GEMV's; `SIDE = 1`), or the words' load masked (`SIDE = 2`): GB/s against the copy ceiling, to see what staging costs or gains
+/// apart from any kernel around it. `cargo test --release -p tilefuse-dsl --lib --
+/// --ignored staged_stream_bandwidth --nocapture` on a GPU (docs/perf.md, "Loads staged
+/// ahead").
+#[test]
+#[ignore = "a measurement: run by hand on a GPU"]
+fn staged_stream_bandwidth() {
+    use crate::runtime::timing::{copy_ceiling, time_events, TimingOptions};
+    use crate::runtime::KernelArg;
+    const SRC: &str = r#"
+fn rowsum<const BN: usize, const BK: usize, const S: usize, const SIDE: usize>(w: Ptr<u32>, s: Ptr<u32>, y: Ptr<f32>, n: i32, #[multiple_of(1024)] k: i32) {
+    let rows = program_id(0) * BN + arange(0, BN);
+    let at = rows.expand_dims(1) * k;
+    let mut tot = zeros::<f32>([BN]);
+    for k0 in (0..k).step_by(BK).stages(S) {
+        let c = (k0 + arange(0, BK)).expand_dims(0);
+        let mut wt = load(w + at + c);
+        if SIDE == 2 {
+            wt = load(w + at + c, c < k);
+        }
+        let mut v = (wt & 255) as f32;
+        if SIDE == 1 {
+            v = v * (load(s + (at + c) / 64) & 7) as f32;
+        }
+        tot += v.sum(1);
+    }
+    store(y + rows, tot);
+}
+"#;
+    struct Fail(String);
+    impl From<crate::runtime::RuntimeError> for Fail {
+        fn from(e: crate::runtime::RuntimeError) -> Fail {
+            Fail(e.to_string())
+        }
+    }
+    let Some(dev) = gpu_or_skip("staged_stream_bandwidth") else {
+        return;
+    };
+    let (n, k) = (8192usize, 8192usize);
+    let mut r = Rng(5);
+    let w: Vec<u32> = r
+        .vec(n * k, 1.0)
+        .iter()
+        .map(|v| (v.abs() * 1e5) as u32)
+        .collect();
+    let s: Vec<u32> = w.iter().step_by(64).map(|x| x >> 3).collect();
+    let wb = dev.upload(&w).unwrap();
+    let sb = dev.upload(&s).unwrap();
+    let mut yb = dev.alloc_filled(n, f32::NAN).unwrap();
+    let ceiling = copy_ceiling(&dev, 1 << 30, TimingOptions::default())
+        .unwrap()
+        .bytes_per_s();
+    println!("copy ceiling {:.0} GB/s", ceiling / 1e9);
+    for (bn, bk, warps) in [(16, 256, 4), (8, 512, 4), (16, 512, 8)] {
+        for side in [0, 2, 1] {
+            for stages in [1, 2, 3, 4] {
+                let consts = [("BN", bn), ("BK", bk), ("S", stages), ("SIDE", side)];
+                let d = def(SRC, &consts, warps);
+                let grid = [(n / bn as usize) as u32, 1, 1];
+                let stats = time_events(&dev, 20, TimingOptions::default(), |_| {
+                    let mut args = [
+                        KernelArg::read(&wb),
+                        KernelArg::read(&sb),
+                        KernelArg::write(&mut yb),
+                        KernelArg::from(n as i32),
+                        KernelArg::from(k as i32),
+                    ];
+                    d.launch_dyn(&dev, grid, &[bn, bk, stages, side], &mut args)
+                        .map_err(|e| Fail(e.to_string()))
+                })
+                .unwrap_or_else(|e| panic!("{}", e.0));
+                let bytes = (n * k * 4 + if side == 1 { n * k / 16 } else { 0 }) as u64;
+                println!(
+                    "{bn} x {bk}, {warps} warps, side {side}, stages {stages}: {:.2} us, {:.0} GB/s ({:.0}% of copy), {} B shared",
+                    stats.median_us,
+                    stats.gb_per_s(bytes),
+                    100.0 * stats.bytes_per_s(bytes) / ceiling,
+                    d.variants[0].shared_bytes
+                );
+            }
+        }
+    }
+}

@@ -480,6 +480,7 @@ impl Emitter<'_> {
             })
             .collect();
         let threads = k.threads_per_program();
+        let uses = self.use_counts();
         let mut need: HashSet<ValueId> = HashSet::new();
         let mut used_params: Vec<Carried> = Vec::new();
         let mut staged = Vec::new();
@@ -491,7 +492,11 @@ impl Emitter<'_> {
             };
             let ty = k.ty(*x);
             let Some(dt) = ty.dtype() else { continue };
-            if ty.is_scalar() || dt == DType::Bool || other.is_some_and(|o| !is_zero(k, o)) {
+            if ty.is_scalar()
+                || dt == DType::Bool
+                || uses[x.index()] == 0
+                || other.is_some_and(|o| !is_zero(k, o))
+            {
                 continue;
             }
             let l = self.layout_of(*x);
@@ -624,21 +629,23 @@ impl Emitter<'_> {
             // `.cg` (L2 only) takes 16-byte copies alone.
             let cache = if ld.bytes == 16 { "cg" } else { "ca" };
             for (j, g) in (0..ptrs.len()).step_by(ld.width).enumerate() {
-                let on = match &masks {
-                    Some(m) => {
-                        let p = self.reg(Rk::P);
-                        self.ins(format!("and.pred {p}, {live}, {}", m[g]));
-                        p
-                    }
-                    None => live.to_string(),
+                let at = ld.at + j as u32 * threads * ld.bytes;
+                let Some(m) = &masks else {
+                    // Unmasked: a copy past the loop's end is skipped (its stage is never
+                    // read), no zero fill needed.
+                    self.ins(format!(
+                        "@{live} cp.async.{cache}.shared.global [{base}+{at}], [{}], {}",
+                        ptrs[g], ld.bytes
+                    ));
+                    continue;
                 };
+                let on = self.reg(Rk::P);
+                self.ins(format!("and.pred {on}, {live}, {}", m[g]));
                 let size = self.reg(Rk::R);
                 self.ins(format!("selp.u32 {size}, {}, 0, {on}", ld.bytes));
                 self.ins(format!(
-                    "cp.async.{cache}.shared.global [{base}+{}], [{}], {}, {size}",
-                    ld.at + j as u32 * threads * ld.bytes,
-                    ptrs[g],
-                    ld.bytes
+                    "cp.async.{cache}.shared.global [{base}+{at}], [{}], {}, {size}",
+                    ptrs[g], ld.bytes
                 ));
             }
         }

@@ -22,6 +22,7 @@ impl KernelDef {
             iargs.push(match &mut arg.0 {
                 ArgRepr::Scalar(s) => interp::Arg::Scalar(*s),
                 ArgRepr::Read(b) => interp::Arg::Read(b.host_bytes().ok_or_else(missing)?),
+                ArgRepr::ReadAs(b) => interp::Arg::Read(b.host_bytes().ok_or_else(missing)?),
                 ArgRepr::Write(b) => {
                     if param.written {
                         interp::Arg::Write(b.host_bytes_mut().ok_or_else(missing)?)

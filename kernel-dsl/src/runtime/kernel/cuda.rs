@@ -158,6 +158,9 @@ impl KernelDef {
                 ArgRepr::Read(b) => {
                     slot.copy_from_slice(&b.device_addr().unwrap_or(0).to_ne_bytes())
                 }
+                ArgRepr::ReadAs(b) => {
+                    slot.copy_from_slice(&b.device_addr().unwrap_or(0).to_ne_bytes())
+                }
                 ArgRepr::Write(b) => {
                     slot.copy_from_slice(&b.device_addr().unwrap_or(0).to_ne_bytes())
                 }

@@ -543,6 +543,8 @@ fn scalar_text(s: Scalar) -> String {
 
 enum ArgRepr<'a> {
     Read(&'a dyn ErasedBuffer),
+    /// A read-only buffer seen as elements of another type.
+    ReadAs(crate::runtime::device::Reinterpreted<'a>),
     Write(&'a mut dyn ErasedBuffer),
     Scalar(Scalar),
 }
@@ -552,6 +554,7 @@ impl ArgRepr<'_> {
     fn buffer(&self) -> Option<(&dyn ErasedBuffer, bool)> {
         match self {
             ArgRepr::Read(b) => Some((*b, false)),
+            ArgRepr::ReadAs(b) => Some((b, false)),
             ArgRepr::Write(b) => Some((&**b, true)),
             ArgRepr::Scalar(_) => None,
         }
@@ -566,6 +569,46 @@ impl<'a> KernelArg<'a> {
     /// A buffer the kernel only reads.
     pub fn read<T: Element>(buf: &'a Buffer<T>) -> KernelArg<'a> {
         KernelArg(ArgRepr::Read(buf))
+    }
+
+    /// A buffer the kernel only reads, seen as elements of `U`: its bytes, little-endian,
+    /// `len * size_of::<T>() / size_of::<U>()` of them. An error where `U`'s size does not
+    /// divide the buffer's bytes. For a kernel that reads an array of bytes a 32-bit
+    /// word at a time (a load of 4 bytes a thread can be staged ahead with `cp.async`,
+    /// one of a byte cannot: `.stages(n)` in docs/language.md).
+    ///
+    /// ```
+    /// use tilefuse_dsl::runtime::{Device, KernelArg};
+    /// let dev = Device::cpu();
+    /// let bytes = dev.upload(&[1u8, 0, 0, 0, 2, 0, 0, 0]).unwrap();
+    /// let words = KernelArg::read_as::<u32, u8>(&bytes).unwrap();
+    /// assert_eq!(format!("{words:?}"), "&Buffer<u8>[8] as u32[2]");
+    /// assert!(KernelArg::read_as::<u32, u8>(&dev.upload(&[1u8, 2, 3]).unwrap()).is_err());
+    /// ```
+    pub fn read_as<U: Element, T: Element>(
+        buf: &'a Buffer<T>,
+    ) -> Result<KernelArg<'a>, LaunchError> {
+        let bytes = buf.len() * T::DTYPE.size_bytes();
+        let size = U::DTYPE.size_bytes();
+        if bytes % size != 0 {
+            return Err(LaunchError::Arg {
+                kernel: "(any)".into(),
+                param: "(read_as)".into(),
+                message: format!(
+                    "a buffer of {} {} ({bytes} bytes) cannot be read as {}: {size} does not divide {bytes}",
+                    buf.len(),
+                    T::DTYPE,
+                    U::DTYPE
+                ),
+            });
+        }
+        Ok(KernelArg(ArgRepr::ReadAs(
+            crate::runtime::device::Reinterpreted {
+                inner: buf,
+                dtype: U::DTYPE,
+                len: bytes / size,
+            },
+        )))
     }
 
     /// A buffer the kernel may write.
@@ -583,6 +626,14 @@ impl std::fmt::Debug for KernelArg<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match &self.0 {
             ArgRepr::Read(b) => write!(f, "&Buffer<{}>[{}]", b.dtype(), b.len()),
+            ArgRepr::ReadAs(b) => write!(
+                f,
+                "&Buffer<{}>[{}] as {}[{}]",
+                b.inner.dtype(),
+                b.inner.len(),
+                b.dtype,
+                b.len
+            ),
             ArgRepr::Write(b) => write!(f, "&mut Buffer<{}>[{}]", b.dtype(), b.len()),
             ArgRepr::Scalar(s) => f.write_str(&scalar_text(*s)),
         }
