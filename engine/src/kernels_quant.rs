@@ -635,73 +635,6 @@ fn q4_k_row_sums_prefetch<const BLOCK_K: usize, const ACT: usize>(
     acc.sum(1)
 }
 
-/// [`q4_k_row_sums`] with the loop's loads staged `STAGES - 1` tiles ahead
-/// (`.stages(n)`: each thread's copies go to shared memory, not registers). Its
-/// scales and mins are read a 32-bit word at a time (`scale_words`, `min_words`: the
-/// same bytes), four blocks a word, since a copy ahead takes 4 bytes or more a thread;
-/// `d` and `dmin` (a super-block's, one 32-byte sector a row for 4096 columns) stay
-/// plain loads that the first tile brought into L1.
-#[tile_fn(crate = tilefuse_dsl)]
-#[allow(clippy::too_many_arguments)]
-fn q4_k_row_sums_staged<const BLOCK_K: usize, const ACT: usize, const STAGES: usize>(
-    q_first: Tile<u32>,
-    sc_first: Tile<u8>,
-    m_first: Tile<u8>,
-    d_first: Tile<f16>,
-    dmin_first: Tile<f16>,
-    q: Ptr<u32>,
-    scale_words: Ptr<u32>,
-    min_words: Ptr<u32>,
-    d: Ptr<f16>,
-    dmin: Ptr<f16>,
-    xq: Ptr<i32>,
-    xd: Ptr<f32>,
-    a: Ptr<bf16>,
-    norm_w: Ptr<bf16>,
-    q_rows: Tile<i32>,
-    s_rows: Tile<i32>,
-    d_rows: Tile<i32>,
-    words: Tile<i32>,
-    ok2: Tile<bool>,
-    blocks: i32,
-    grp: Tile<i32>,
-    w: Tile<i32>,
-) -> Tile<f32> {
-    let mut acc = q4_k_tile::<ACT>(
-        q_first,
-        sc_first,
-        m_first,
-        d_first,
-        dmin_first,
-        xq,
-        xd,
-        a,
-        norm_w,
-        grp,
-        grp < blocks,
-        w,
-    );
-    for g0 in (BLOCK_K / 32..blocks).step_by(BLOCK_K / 32).stages(STAGES) {
-        let blk = g0 + grp;
-        let blk_ok = blk < blocks;
-        let ok = ok2 & blk_ok.expand_dims(0);
-        let qt = load(
-            q + q_rows + (g0 * 4 + words).expand_dims(0),
-            ok.expand_dims(2),
-        );
-        // Rows start on a word (`blocks` is a multiple of 8).
-        let at = s_rows + blk.expand_dims(0);
-        let shift = ((blk & 3) * 8).expand_dims(0) as u32;
-        let sct = ((load(scale_words + at / 4, ok) >> shift) & 255) as u8;
-        let mt = ((load(min_words + at / 4, ok) >> shift) & 255) as u8;
-        let sb = (blk / 8).expand_dims(0);
-        let dt = load(d + d_rows + sb, ok, 0.0);
-        let dmint = load(dmin + d_rows + sb, ok, 0.0);
-        acc += q4_k_tile::<ACT>(qt, sct, mt, dt, dmint, xq, xd, a, norm_w, blk, blk_ok, w);
-    }
-    acc.sum(1)
-}
-
 /// `y = bf16(W · x + bias)` for a Q4_K matrix `W` of shape `[n, k]` with
 /// `k = 8 * k_words` (`q: u32[n, k_words]`, `scales`, `mins: u8[n, k / 32]`, `d`,
 /// `dmin: f16[n, k / 256]`) and `x` quantized by [`quantize_act`]; the residual and
@@ -714,7 +647,6 @@ fn q4_k_row_sums_staged<const BLOCK_K: usize, const ACT: usize, const STAGES: us
     RESIDUAL = [0, 1],
     HEAD = [0, 1],
     ACT = [0, 1],
-    STAGES = [1, 2, 3, 4],
     skip(HEAD = 1, RESIDUAL = 1),
     // The norm prologue is for the QKV and gate/up projections (no residual, no head).
     skip(ACT = 1, HEAD = 1),
@@ -722,10 +654,7 @@ fn q4_k_row_sums_staged<const BLOCK_K: usize, const ACT: usize, const STAGES: us
     // Long tiles are for wide matrices (few rows), many rows for tall ones.
     skip(BLOCK_K = 2048, BLOCK_N = [8, 16, 32]),
     skip(BLOCK_K = 1024, BLOCK_N = 32),
-    skip(BLOCK_K = 2048, HEAD = 1),
-    // Tiles staged ahead: the step's tiles.
-    skip(STAGES = [2, 3, 4], BLOCK_N = [1, 2, 32]),
-    skip(STAGES = [2, 3, 4], BLOCK_K = [256, 2048])
+    skip(BLOCK_K = 2048, HEAD = 1)
 )]
 pub fn q4_k_gemv<
     const BLOCK_N: usize,
@@ -733,15 +662,12 @@ pub fn q4_k_gemv<
     const RESIDUAL: usize,
     const HEAD: usize,
     const ACT: usize,
-    const STAGES: usize,
 >(
     q: Ptr<u32>,
     scales: Ptr<u8>,
     mins: Ptr<u8>,
     d: Ptr<f16>,
     dmin: Ptr<f16>,
-    scale_words: Ptr<u32>,
-    min_words: Ptr<u32>,
     xq: Ptr<i32>,
     xd: Ptr<f32>,
     a: Ptr<bf16>,
@@ -790,32 +716,7 @@ pub fn q4_k_gemv<
     // The 16-row residual tiles (the 4096-row O and down matrices of an 8B model)
     // keep a tile in flight (docs/perf.md, "Prefetching loops unrolled by two").
     let mut sums = zeros::<f32>([BLOCK_N]);
-    if STAGES > 1 {
-        sums = q4_k_row_sums_staged::<BLOCK_K, ACT, STAGES>(
-            q_first,
-            sc_first,
-            m_first,
-            d_first,
-            dmin_first,
-            q,
-            scale_words,
-            min_words,
-            d,
-            dmin,
-            xq,
-            xd,
-            a,
-            norm_w,
-            q_rows,
-            s_rows,
-            d_rows,
-            words,
-            ok2,
-            blocks,
-            grp,
-            w,
-        );
-    } else if (RESIDUAL == 1) & (BLOCK_N == 16) {
+    if (RESIDUAL == 1) & (BLOCK_N == 16) {
         sums = q4_k_row_sums_prefetch::<BLOCK_K, ACT>(
             q_first, sc_first, m_first, d_first, dmin_first, q, scales, mins, d, dmin, xq, xd, a,
             norm_w, q_rows, s_rows, d_rows, words, ok2, blocks, grp, w,

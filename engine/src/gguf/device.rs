@@ -933,7 +933,7 @@ impl DeviceQuantMatrix {
         if serialized {
             launch = launch.serialized();
         }
-        let mut consts = vec![
+        let consts = [
             cfg.block_n as i64,
             cfg.block_k as i64,
             i64::from(residual && !head),
@@ -942,12 +942,6 @@ impl DeviceQuantMatrix {
         ];
         let n = self.rows as i32;
         let (mut args, k_words) = self.weight_args();
-        if let QuantBuffers::Q4K { scales, mins, .. } = &self.buffers {
-            // The staged loop reads the scale and min bytes a word at a time.
-            consts.push(q4_k_stages(cfg));
-            args.insert(5, KernelArg::read_as::<u32, u8>(scales)?);
-            args.insert(6, KernelArg::read_as::<u32, u8>(mins)?);
-        }
         args.extend([(&spare.xq).into(), (&spare.xd).into()]);
         // Without the norm prologue `a` and `norm_w` are not read.
         let (a, norm_w, eps) = norm.unwrap_or((&spare.bias, &spare.bias, 0.0));
@@ -981,26 +975,6 @@ impl DeviceQuantMatrix {
         args.extend([n.into(), row0.into(), k_words.into(), eps.into()]);
         self.kernel().launch_dyn(dev, launch, &consts, &mut args)?;
         Ok(())
-    }
-}
-
-/// Tiles a Q4_K GEMV at `cfg` stages ahead (`STAGES` of [`crate::kernels_quant::q4_k_gemv`];
-/// 1: the plain loop): `TILEFUSE_Q4K_STAGES` (1 to 4) where that tile is compiled with
-/// staging (8 or 16 rows... see the kernel's `skip` list), else 1.
-pub fn q4_k_stages(cfg: QuantGemvConfig) -> i64 {
-    static STAGES: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
-    let stages = *STAGES.get_or_init(|| {
-        std::env::var("TILEFUSE_Q4K_STAGES")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .filter(|s| (1..=4).contains(s))
-            .unwrap_or(1)
-    });
-    let staged = [4, 8, 16].contains(&cfg.block_n) && [512, 1024].contains(&cfg.block_k);
-    if staged {
-        stages
-    } else {
-        1
     }
 }
 

@@ -101,6 +101,14 @@ pub enum LaunchError {
         /// What is wrong.
         message: String,
     },
+    /// A buffer cannot be seen as elements of another type
+    /// ([`KernelArg::read_as`](super::KernelArg::read_as)): its bytes are not a whole
+    /// number of them.
+    #[error("{message}")]
+    Reinterpret {
+        /// The buffer's length and types.
+        message: String,
+    },
     /// The number of arguments does not match the kernel's parameters.
     #[error("kernel `{kernel}` takes {expected} arguments ({params}), got {got}")]
     ArgCount {

@@ -591,9 +591,7 @@ impl<'a> KernelArg<'a> {
         let bytes = buf.len() * T::DTYPE.size_bytes();
         let size = U::DTYPE.size_bytes();
         if bytes % size != 0 {
-            return Err(LaunchError::Arg {
-                kernel: "(any)".into(),
-                param: "(read_as)".into(),
+            return Err(LaunchError::Reinterpret {
                 message: format!(
                     "a buffer of {} {} ({bytes} bytes) cannot be read as {}: {size} does not divide {bytes}",
                     buf.len(),

@@ -438,3 +438,44 @@ fn hopper_only_variants_name_what_they_need() {
     let why = clustered.needs_newer_gpu(8).expect("clusters");
     assert!(why.contains("clusters of [2, 1, 1]"), "{why}");
 }
+
+#[test]
+fn a_byte_buffer_read_as_words_reaches_the_kernel_as_its_bytes() {
+    // Four bytes a word, little-endian: the kernel sees the same memory as `u32`s, and a
+    // signature check counts the words.
+    let src = "fn words<const B: usize>(w: Ptr<u32>, out: Ptr<u32>, n: i32) {
+        let i = arange(0, B);
+        store(out + i, load(w + i, i < n) >> 8, i < n);
+    }";
+    let d = crate::testing::def_with(src, &[("B", 4)], 1, false);
+    let dev = Device::cpu();
+    let bytes: Vec<u8> = (1..=16).collect();
+    let b = dev.upload(&bytes).unwrap();
+    let mut out = dev.alloc_filled(4, u32::MAX).unwrap();
+    let mut args = [
+        KernelArg::read_as::<u32, u8>(&b).unwrap(),
+        KernelArg::write(&mut out),
+        KernelArg::from(4i32),
+    ];
+    d.launch_dyn(&dev, [1, 1, 1], &[4], &mut args).unwrap();
+    let want: Vec<u32> = bytes
+        .chunks(4)
+        .map(|c| u32::from_le_bytes(c.try_into().unwrap()) >> 8)
+        .collect();
+    assert_eq!(out.to_vec().unwrap(), want);
+    // As bytes, the same buffer is the wrong element type for `w`.
+    let mut args = [
+        KernelArg::read(&b),
+        KernelArg::write(&mut out),
+        KernelArg::from(4i32),
+    ];
+    let e = d.launch_dyn(&dev, [1, 1, 1], &[4], &mut args).unwrap_err();
+    assert!(e.to_string().contains('w'), "{e}");
+    let odd = dev.upload(&[1u8, 2, 3, 4, 5]).unwrap();
+    let e = KernelArg::read_as::<u32, u8>(&odd).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("5 u8 (5 bytes) cannot be read as u32"),
+        "{e}"
+    );
+}
