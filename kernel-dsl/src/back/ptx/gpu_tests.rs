@@ -1629,3 +1629,58 @@ fn rowsum<const BN: usize, const BK: usize, const S: usize, const SIDE: usize>(w
         }
     }
 }
+
+/// A loaded 1-D tile broadcast into a 3-D tile laid out by a `dot4` reduction, with one
+/// row a program (the Q6_K GEMV's stored half sums, docs/perf.md "Stored block sums (not
+/// kept)": that build's LM-head case differed from the interpreter on an H200 at 1 x 256
+/// over 4 warps).
+const SUMS_BROADCAST: &str = r#"
+fn sums_broadcast<const BN: usize, const G: usize>(lt: Ptr<u32>, xs: Ptr<f32>, y: Ptr<i32>, s_out: Ptr<i32>) {
+    let r = arange(0, BN);
+    let g = arange(0, G);
+    let p = arange(0, 2);
+    let i = arange(0, 2);
+    let rg = (r * (G * 4)).expand_dims(1) + (g * 4).expand_dims(0);
+    let offs = rg.expand_dims(2).expand_dims(3) + (p * 2).expand_dims(1) + i;
+    let t = load(lt + offs);
+    let lo = t & 0x0F0F_0F0F;
+    let d = dot4(lo, lo, 0).sum(3);
+    let s = (d & 0) + (load(xs + g * 2) as i32).expand_dims(0).expand_dims(2);
+    let out = (d - s * 16) * 3;
+    let at = (r * (G * 2)).expand_dims(1).expand_dims(2) + (g * 2).expand_dims(0).expand_dims(2) + p.expand_dims(0).expand_dims(1);
+    store(y + at, out);
+    store(s_out + at, s);
+}
+"#;
+
+#[test]
+fn gpu_sums_broadcast() {
+    let mut r = Rng(31);
+    for (bn, g, warps) in [
+        (1, 8, 4),
+        (1, 8, 1),
+        (2, 8, 4),
+        (1, 32, 4),
+        (4, 8, 4),
+        (1, 4, 4),
+    ] {
+        let d = def(SUMS_BROADCAST, &[("BN", bn as i64), ("G", g as i64)], warps);
+        let words: Vec<u32> = r
+            .vec(bn * g * 4, 1.0)
+            .iter()
+            .map(|v| (v.abs() * 4e9) as u32)
+            .collect();
+        let sums: Vec<f32> = r
+            .vec(g * 2, 1.0)
+            .iter()
+            .map(|v| (v * 1000.0).round())
+            .collect();
+        let data = [
+            Data::U32(words),
+            Data::F32(sums),
+            Data::I32(vec![i32::MIN; bn * g * 2]),
+            Data::I32(vec![i32::MIN; bn * g * 2]),
+        ];
+        diff("sums_broadcast", d, [1, 1, 1], &data, 0.0);
+    }
+}
