@@ -654,7 +654,11 @@ fn q4_k_row_sums_prefetch<const BLOCK_K: usize, const ACT: usize>(
     // Long tiles are for wide matrices (few rows), many rows for tall ones.
     skip(BLOCK_K = 2048, BLOCK_N = [8, 16, 32]),
     skip(BLOCK_K = 1024, BLOCK_N = 32),
-    skip(BLOCK_K = 2048, HEAD = 1)
+    skip(BLOCK_K = 2048, HEAD = 1),
+    // The tall matrices' tile (8B gate+up) at 80 registers instead of 107: six programs
+    // an SM instead of four, 80% -> 85% of the copy ceiling on an H200 (docs/perf.md,
+    // "A register cap on the Q4_K GEMV"); the tiles that keep a tile in flight lose.
+    max_registers(80, BLOCK_N = 16, BLOCK_K = 1024, RESIDUAL = 0, HEAD = 0, ACT = 0, num_warps = 4)
 )]
 pub fn q4_k_gemv<
     const BLOCK_N: usize,

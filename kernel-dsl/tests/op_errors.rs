@@ -395,3 +395,43 @@ mod tensor_descriptors {
         );
     }
 }
+
+/// `max_registers(N, NAME = v, ..)` in the attribute: a limit from 16 to 255 for the
+/// variants the pairs select (checked as `skip`'s), applied to their PTX's `.maxnreg`.
+mod max_registers {
+    use tilefuse_dsl::{compile_source, Specialization};
+
+    const SRC: &str =
+        "fn k<const B: usize>(x: Ptr<f32>) { store(x + arange(0, B), zeros::<f32>([B])); }";
+
+    fn compile(attr: &str, b: i64) -> Result<tilefuse_dsl::ir::Kernel, String> {
+        let spec = Specialization {
+            consts: vec![("B".into(), b)],
+            num_warps: 4,
+            num_stages: None,
+        };
+        compile_source(&format!("#[kernel({attr})] {SRC}"), &spec).map_err(|e| e.message)
+    }
+
+    #[test]
+    fn the_selected_variants_take_the_limit() {
+        let attr = "B = [64, 128], num_warps = [4], max_registers(80, B = 128)";
+        assert_eq!(compile(attr, 128).unwrap().max_registers, Some(80));
+        assert_eq!(compile(attr, 64).unwrap().max_registers, None);
+        let all = "B = [64, 128], max_registers(96)";
+        assert_eq!(compile(all, 64).unwrap().max_registers, Some(96));
+    }
+
+    #[test]
+    fn a_limit_out_of_range_or_an_unknown_name_is_an_error() {
+        let e = compile("B = [64], max_registers(8)", 64).unwrap_err();
+        assert!(
+            e.contains("max_registers must be from 16 to 255, got 8"),
+            "{e}"
+        );
+        let e = compile("B = [64], max_registers(80, C = 1)", 64).unwrap_err();
+        assert!(e.contains("`max_registers` names `C`"), "{e}");
+        let e = compile("B = [64], max_registers(80, B = 32)", 64).unwrap_err();
+        assert!(e.contains("`max_registers` selects B = 32"), "{e}");
+    }
+}

@@ -171,6 +171,7 @@ impl Lower {
             num_warps: spec.num_warps,
             num_stages: spec.num_stages.unwrap_or(ast.num_stages[0]),
             cluster,
+            max_registers: ast.register_cap(spec),
             values: std::mem::take(&mut self.values),
             body,
             view_loads: std::mem::take(&mut self.view_loads),

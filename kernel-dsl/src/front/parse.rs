@@ -85,6 +85,10 @@ pub struct KernelAst {
     /// a list of `(name, value)` pairs that together exclude every specialization they
     /// all match (`num_warps` and `num_stages` by those names).
     pub skips: Vec<Vec<(String, i64)>>,
+    /// Register limits (`max_registers(N, NAME = v, ..)`): a specialization that every
+    /// pair of an entry matches (as `skip` matches) is compiled with at most `N`
+    /// registers a thread; the first matching entry applies.
+    pub register_caps: Vec<(u32, Vec<(String, i64)>)>,
     /// Run-time parameters in order.
     pub params: Vec<ParamDecl>,
     /// The body.
@@ -211,6 +215,16 @@ impl KernelAst {
     }
 }
 
+impl KernelAst {
+    /// The register limit of `spec` (`max_registers(..)` in the attribute), if any.
+    pub fn register_cap(&self, spec: &crate::Specialization) -> Option<u32> {
+        self.register_caps
+            .iter()
+            .find(|(_, pairs)| skip_matches(pairs, spec))
+            .map(|(n, _)| *n)
+    }
+}
+
 fn skip_matches(skip: &[(String, i64)], spec: &crate::Specialization) -> bool {
     skip.iter().all(|(name, v)| {
         if name == "num_warps" {
@@ -230,6 +244,8 @@ struct AttrEntry {
     values: Vec<(i64, Span)>,
     crate_path: Option<syn::Path>,
     skip: Option<Vec<SkipPair>>,
+    /// `max_registers(N, NAME = v, ..)`: the limit, its span and the variants it is for.
+    cap: Option<(i64, Span, Vec<SkipPair>)>,
     cluster: Option<Vec<(Ident, ClusterExtent)>>,
     /// `T = [f32, bf16]`: the dtypes of a type parameter.
     dtypes: Option<Vec<(DType, Span)>>,
@@ -288,6 +304,7 @@ impl Parse for AttrEntry {
                 values: Vec::new(),
                 crate_path: Some(path),
                 skip: None,
+                cap: None,
                 cluster: None,
                 dtypes: None,
             });
@@ -303,7 +320,30 @@ impl Parse for AttrEntry {
                 values: Vec::new(),
                 crate_path: None,
                 skip: None,
+                cap: None,
                 cluster: Some(pairs.into_iter().map(|p| (p.axis, p.extent)).collect()),
+                dtypes: None,
+            });
+        }
+        if name == "max_registers" && input.peek(syn::token::Paren) {
+            let inner;
+            syn::parenthesized!(inner in input);
+            let limit: Expr = inner.parse()?;
+            let n = int_literal(&limit)?;
+            let mut pairs = Vec::new();
+            while inner.parse::<Option<Token![,]>>()?.is_some() && !inner.is_empty() {
+                pairs.push(inner.parse::<SkipPair>()?);
+            }
+            if !inner.is_empty() {
+                return Err(inner.error("expected `max_registers(N, NAME = v, ..)`"));
+            }
+            return Ok(AttrEntry {
+                name,
+                values: Vec::new(),
+                crate_path: None,
+                skip: None,
+                cap: Some((n, limit.span(), pairs)),
+                cluster: None,
                 dtypes: None,
             });
         }
@@ -323,6 +363,7 @@ impl Parse for AttrEntry {
                 values: Vec::new(),
                 crate_path: None,
                 skip: Some(pairs.into_iter().collect()),
+                cap: None,
                 cluster: None,
                 dtypes: None,
             });
@@ -335,6 +376,7 @@ impl Parse for AttrEntry {
                 values: Vec::new(),
                 crate_path: None,
                 skip: None,
+                cap: None,
                 cluster: None,
                 dtypes: Some(dtypes),
             });
@@ -351,6 +393,7 @@ impl Parse for AttrEntry {
             values,
             crate_path: None,
             skip: None,
+            cap: None,
             cluster: None,
             dtypes: None,
         })
@@ -479,6 +522,7 @@ pub fn parse_kernel(attr: TokenStream, item: &ItemFn) -> syn::Result<KernelAst> 
     let mut num_stages: Vec<u32> = Vec::new();
     let mut crate_path = None;
     let mut skip_entries = Vec::new();
+    let mut cap_entries: Vec<(u32, Vec<SkipPair>)> = Vec::new();
     let one = |span| ClusterExtent::Lit(1, span);
     let mut cluster = [
         one(sig.ident.span()),
@@ -556,6 +600,16 @@ pub fn parse_kernel(attr: TokenStream, item: &ItemFn) -> syn::Result<KernelAst> 
         }
         if let Some(pairs) = entry.skip {
             skip_entries.push((entry.name.span(), pairs));
+            continue;
+        }
+        if let Some((n, span, pairs)) = entry.cap {
+            if !(16..=255).contains(&n) {
+                return Err(syn::Error::new(
+                    span,
+                    format!("max_registers must be from 16 to 255, got {n}"),
+                ));
+            }
+            cap_entries.push((n as u32, pairs));
             continue;
         }
         let name = entry.name.to_string();
@@ -642,10 +696,9 @@ pub fn parse_kernel(attr: TokenStream, item: &ItemFn) -> syn::Result<KernelAst> 
     if num_stages.is_empty() {
         num_stages.push(DEFAULT_NUM_STAGES);
     }
-    let mut skips = Vec::new();
-    for (span, pairs) in skip_entries {
-        // A list of values skips each of them: the entry expands into the product of
-        // single-valued skips.
+    // A list of values selects each of them: an entry expands into the product of
+    // single-valued entries.
+    let expand = |pairs: Vec<SkipPair>, what: &str| -> syn::Result<Vec<Vec<(String, i64)>>> {
         let mut expanded: Vec<Vec<(String, i64)>> = vec![Vec::new()];
         let mut named: Vec<String> = Vec::new();
         for SkipPair { name, values } in pairs {
@@ -660,14 +713,19 @@ pub fn parse_kernel(attr: TokenStream, item: &ItemFn) -> syn::Result<KernelAst> 
                 } else {
                     return Err(syn::Error::new(
                         name.span(),
-                        format!("`skip` names `{key}`, which is neither a const generic of this kernel nor `num_warps` or `num_stages`"),
+                        format!("`{what}` names `{key}`, which is neither a const generic of this kernel nor `num_warps` or `num_stages`"),
                     ));
                 };
                 if !listed {
                     return Err(syn::Error::new(
                         v_span,
                         format!(
-                            "`skip` excludes {key} = {v}, which is not among the listed values"
+                            "`{what}` {} {key} = {v}, which is not among the listed values",
+                            if what == "skip" {
+                                "excludes"
+                            } else {
+                                "selects"
+                            }
                         ),
                     ));
                 }
@@ -675,7 +733,7 @@ pub fn parse_kernel(attr: TokenStream, item: &ItemFn) -> syn::Result<KernelAst> 
             if named.contains(&key) {
                 return Err(syn::Error::new(
                     name.span(),
-                    format!("`skip` names `{key}` twice"),
+                    format!("`{what}` names `{key}` twice"),
                 ));
             }
             named.push(key.clone());
@@ -693,7 +751,15 @@ pub fn parse_kernel(attr: TokenStream, item: &ItemFn) -> syn::Result<KernelAst> 
                 })
                 .collect();
         }
-        skips.extend(expanded.into_iter().map(|skip| (span, skip)));
+        Ok(expanded)
+    };
+    let mut skips = Vec::new();
+    for (span, pairs) in skip_entries {
+        skips.extend(expand(pairs, "skip")?.into_iter().map(|skip| (span, skip)));
+    }
+    let mut register_caps = Vec::new();
+    for (n, pairs) in cap_entries {
+        register_caps.extend(expand(pairs, "max_registers")?.into_iter().map(|p| (n, p)));
     }
     let skips: Vec<Vec<(String, i64)>> = {
         let probe = KernelAst {
@@ -702,6 +768,7 @@ pub fn parse_kernel(attr: TokenStream, item: &ItemFn) -> syn::Result<KernelAst> 
             num_warps: num_warps.clone(),
             num_stages: num_stages.clone(),
             skips: skips.iter().map(|(_, s)| s.clone()).collect(),
+            register_caps: Vec::new(),
             types: Vec::new(),
             bound_types: Vec::new(),
             helpers: Vec::new(),
@@ -798,6 +865,7 @@ pub fn parse_kernel(attr: TokenStream, item: &ItemFn) -> syn::Result<KernelAst> 
         num_warps,
         num_stages,
         skips,
+        register_caps,
         params,
         body: (*item.block).clone(),
         crate_path,

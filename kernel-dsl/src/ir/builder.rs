@@ -31,6 +31,7 @@ impl Builder {
                 num_warps,
                 num_stages: 1,
                 cluster: [1, 1, 1],
+                max_registers: None,
                 values: vec![],
                 body: Block::default(),
                 view_loads: vec![],

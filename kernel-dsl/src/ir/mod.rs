@@ -77,6 +77,9 @@ pub struct Kernel {
     /// The grid must be a multiple of it; [`Expr::ClusterGather`] exchanges tiles
     /// between the programs of one cluster.
     pub cluster: [u32; 3],
+    /// At most this many registers a thread (`max_registers(..)` in the attribute;
+    /// `None`: what one program per SM may use).
+    pub max_registers: Option<u32>,
     /// The value arena.
     pub values: Vec<Value>,
     /// The kernel body.

@@ -276,7 +276,8 @@ pub fn compile(kernel: &Kernel, target: Target) -> Result<PtxKernel, CompileErro
     let _ = writeln!(
         ptx,
         ".maxntid {threads}, 1, 1\n.maxnreg {}\n{{",
-        (65536 / threads.max(1)).min(255) / 8 * 8
+        ((65536 / threads.max(1)).min(255) / 8 * 8)
+            .min(kernel.max_registers.map_or(255, |r| r as usize))
     );
     ptx.push_str(&e.decls());
     if target.hopper() && e.code.contains(emit::WAIT_MARKER) {

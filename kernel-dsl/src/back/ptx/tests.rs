@@ -1516,3 +1516,19 @@ fn staged_loops_copy_their_loads_ahead_without_barriers() {
         assert!(p.shared_bytes > 0);
     }
 }
+
+#[test]
+fn a_register_limit_caps_maxnreg() {
+    let src = "#[kernel(B = [256], num_warps = [4], max_registers(80, B = 256))]
+        fn k<const B: usize>(x: Ptr<f32>) { let i = arange(0, B); store(x + i, load(x + i) * 2.0); }";
+    let spec = crate::Specialization {
+        consts: vec![("B".into(), 256)],
+        num_warps: 4,
+        num_stages: None,
+    };
+    let k = crate::compile_source(src, &spec).expect("compiles");
+    assert!(check(&k).ptx.contains(".maxnreg 80\n"));
+    let plain =
+        crate::compile_source(&src.replace(", max_registers(80, B = 256)", ""), &spec).unwrap();
+    assert!(check(&plain).ptx.contains(".maxnreg 248\n"));
+}

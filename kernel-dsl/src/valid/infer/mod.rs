@@ -57,6 +57,7 @@ pub fn infer(kernel: &Kernel) -> R<Kernel> {
         num_warps: kernel.num_warps,
         num_stages: kernel.num_stages,
         cluster: kernel.cluster,
+        max_registers: kernel.max_registers,
         values: cx.out,
         body,
         view_loads,
