@@ -180,6 +180,36 @@ fn is_zero(k: &crate::ir::Kernel, v: ValueId) -> bool {
     }
 }
 
+/// The body's top-level `let`s and their positions.
+fn top_lets(body: &crate::ir::Block) -> HashMap<ValueId, usize> {
+    body.stmts
+        .iter()
+        .enumerate()
+        .filter_map(|(i, s)| match s {
+            Stmt::Let(v) => Some((*v, i)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The body values of `need` in program order (the slice re-emitted for a later
+/// iteration); `used` sorted and deduplicated by parameter.
+fn ordered_slice(
+    need: &HashSet<ValueId>,
+    top: &HashMap<ValueId, usize>,
+    used: &mut Vec<Carried>,
+) -> Vec<ValueId> {
+    let mut slice: Vec<ValueId> = need
+        .iter()
+        .copied()
+        .filter(|v| top.contains_key(v))
+        .collect();
+    slice.sort_by_key(|v| top[v]);
+    used.sort_by_key(|c| c.param);
+    used.dedup_by_key(|c| c.param);
+    slice
+}
+
 impl Emitter<'_> {
     /// Uses of every value anywhere in the kernel.
     fn use_counts(&self) -> Vec<usize> {
@@ -257,15 +287,7 @@ impl Emitter<'_> {
         if k.num_stages < 2 || body.stmts.iter().any(|s| matches!(s, Stmt::For { .. })) {
             return None;
         }
-        let top: HashMap<ValueId, usize> = body
-            .stmts
-            .iter()
-            .enumerate()
-            .filter_map(|(i, s)| match s {
-                Stmt::Let(v) => Some((*v, i)),
-                _ => None,
-            })
-            .collect();
+        let top = top_lets(body);
         let uses = self.use_counts();
         let mut loads = Vec::new();
         let mut at = 0u32;
@@ -380,14 +402,7 @@ impl Emitter<'_> {
         };
         let async_dot = async_dot.filter(|_| lead >= 1);
         let lead = lead.max(1);
-        let mut slice: Vec<ValueId> = need
-            .iter()
-            .copied()
-            .filter(|v| top.contains_key(v))
-            .collect();
-        slice.sort_by_key(|v| top[v]);
-        used_params.sort_by_key(|c| c.param);
-        used_params.dedup_by_key(|c| c.param);
+        let slice = ordered_slice(&need, &top, &mut used_params);
         Some(Plan {
             loads,
             staged: Vec::new(),
@@ -470,15 +485,7 @@ impl Emitter<'_> {
         stages: u32,
     ) -> Option<Plan> {
         let k = self.k;
-        let top: HashMap<ValueId, usize> = body
-            .stmts
-            .iter()
-            .enumerate()
-            .filter_map(|(i, s)| match s {
-                Stmt::Let(v) => Some((*v, i)),
-                _ => None,
-            })
-            .collect();
+        let top = top_lets(body);
         let threads = k.threads_per_program();
         let uses = self.use_counts();
         let mut need: HashSet<ValueId> = HashSet::new();
@@ -536,14 +543,7 @@ impl Emitter<'_> {
             return None;
         }
         let lead = (stages - 1).min(buffers - 1);
-        let mut slice: Vec<ValueId> = need
-            .iter()
-            .copied()
-            .filter(|v| top.contains_key(v))
-            .collect();
-        slice.sort_by_key(|v| top[v]);
-        used_params.sort_by_key(|c| c.param);
-        used_params.dedup_by_key(|c| c.param);
+        let slice = ordered_slice(&need, &top, &mut used_params);
         Some(Plan {
             loads: Vec::new(),
             staged,

@@ -114,6 +114,29 @@ impl Infer<'_> {
         }
     }
 
+    /// What in a loop body keeps the code generator from applying a loop hint
+    /// (`.unroll(2)`, `.stages(n)`): an inner loop, a `dot` (described by `dot`) or a
+    /// `cluster_gather`, the first met.
+    fn hint_obstacle(&self, body: &Block, dot: &'static str) -> Option<&'static str> {
+        let mut why = None;
+        body.visit(&mut |s| match s {
+            Stmt::For { .. } | Stmt::While { .. } => {
+                why.get_or_insert("an inner loop");
+            }
+            Stmt::Let(v) => match &self.src.value(*v).def {
+                Def::Expr(Expr::Dot { .. }) => {
+                    why.get_or_insert(dot);
+                }
+                Def::Expr(Expr::ClusterGather { .. }) => {
+                    why.get_or_insert("a `cluster_gather`");
+                }
+                _ => {}
+            },
+            _ => {}
+        });
+        why
+    }
+
     #[allow(clippy::too_many_arguments)]
     pub(super) fn for_stmt(
         &mut self,
@@ -127,27 +150,14 @@ impl Infer<'_> {
         loc: Loc,
     ) -> R<()> {
         if stages > 0 {
-            let mut why = None;
-            if unroll {
-                why = Some("`.unroll(2)` (a staged loop's loads are already ahead)");
-            }
-            body.visit(&mut |s| match s {
-                Stmt::For { .. } | Stmt::While { .. } => {
-                    why.get_or_insert("an inner loop");
-                }
-                Stmt::Let(v) => match &self.src.value(*v).def {
-                    Def::Expr(Expr::Dot { .. }) => {
-                        why.get_or_insert(
-                            "a `dot` (its operands are pipelined by the kernel's `num_stages`)",
-                        );
-                    }
-                    Def::Expr(Expr::ClusterGather { .. }) => {
-                        why.get_or_insert("a `cluster_gather`");
-                    }
-                    _ => {}
-                },
-                _ => {}
-            });
+            let why = if unroll {
+                Some("`.unroll(2)` (a staged loop's loads are already ahead)")
+            } else {
+                self.hint_obstacle(
+                    body,
+                    "a `dot` (its operands are pipelined by the kernel's `num_stages`)",
+                )
+            };
             if let Some(why) = why {
                 return Err(CompileError::new(
                     loc,
@@ -156,25 +166,8 @@ impl Infer<'_> {
             }
         }
         if unroll {
-            let mut why = None;
-            body.visit(&mut |s| match s {
-                Stmt::For { .. } | Stmt::While { .. } => {
-                    why.get_or_insert("an inner loop");
-                }
-                Stmt::Let(v) => match &self.src.value(*v).def {
-                    Def::Expr(Expr::Dot { .. }) => {
-                        why.get_or_insert(
-                            "a `dot` (its loads are pipelined instead: `num_stages`)",
-                        );
-                    }
-                    Def::Expr(Expr::ClusterGather { .. }) => {
-                        why.get_or_insert("a `cluster_gather`");
-                    }
-                    _ => {}
-                },
-                _ => {}
-            });
-            if let Some(why) = why {
+            let dot = "a `dot` (its loads are pipelined instead: `num_stages`)";
+            if let Some(why) = self.hint_obstacle(body, dot) {
                 return Err(CompileError::new(
                     loc,
                     format!("`.unroll(2)` needs a loop body without {why}"),
