@@ -658,7 +658,11 @@ fn q4_k_row_sums_prefetch<const BLOCK_K: usize, const ACT: usize>(
     // The tall matrices' tile (8B gate+up) at 80 registers instead of 107: six programs
     // an SM instead of four, 80% -> 85% of the copy ceiling on an H200 (docs/perf.md,
     // "A register cap on the Q4_K GEMV"); the tiles that keep a tile in flight lose.
-    max_registers(80, BLOCK_N = 16, BLOCK_K = 1024, RESIDUAL = 0, HEAD = 0, ACT = 0, num_warps = 4)
+    max_registers(80, BLOCK_N = 16, BLOCK_K = 1024, RESIDUAL = 0, HEAD = 0, ACT = 0, num_warps = 4),
+    // The square and wide matrices' tile (8B O and down) at 64 registers instead of 72:
+    // eight programs an SM, so the 1024 programs of 4096 rows run in one wave of 132
+    // SMs, not two (docs/perf.md, "Register limits by tile").
+    max_registers(64, BLOCK_N = 4, BLOCK_K = 2048, HEAD = 0, ACT = 0, num_warps = 4)
 )]
 pub fn q4_k_gemv<
     const BLOCK_N: usize,

@@ -264,11 +264,13 @@ impl QuantGemvConfig {
     ///   stays over the SMs), else 8 rows of 1024 columns over 4 warps;
     /// - 16384 rows or more (Qwen3-8B's gate/up): 16 rows of 1024 columns over 4 warps
     ///   (1.9% off the 8B step; at 0.6B's 6144 rows, +0.4%);
-    /// - as long as tall or longer (8B's O and down, residual GEMVs): Q4_K and Q6_K 16
-    ///   rows of 1024 columns over 8 warps, whose residual variants keep the next tile
-    ///   in flight (5.5% off the 8B step against 8 rows, docs/perf.md "Prefetching loops
-    ///   unrolled by two"); Q8_0 8 rows of 1024 columns over 8 warps;
-    /// - else (QKV) 8 rows of 1024 columns over 4 warps.
+    /// - as long as tall or longer (8B's O and down, residual GEMVs): Q4_K 4 rows of
+    ///   2048 columns over 4 warps, at 64 registers (one wave of 1024 programs at 4096
+    ///   rows, docs/perf.md "Register limits by tile"); Q6_K 16 rows of 1024 columns
+    ///   over 8 warps, whose residual variant keeps the next tile in flight (docs/perf.md
+    ///   "Prefetching loops unrolled by two"); Q8_0 4 rows of 2048 columns over 4 warps;
+    /// - else (QKV) 8 rows of 1024 columns over 4 warps (Q8_0 with 2048 columns or more:
+    ///   4 rows of 2048 columns over 4 warps).
     ///
     /// The environment's overrides are applied by [`QuantGemvConfig::for_step`].
     pub fn for_shape(ty: GgmlType, rows: usize, cols: usize) -> QuantGemvConfig {
@@ -278,11 +280,13 @@ impl QuantGemvConfig {
             } else {
                 (8, 1024, 4)
             }
+        } else if ty == GgmlType::Q8_0 && cols >= 2048 {
+            (4, 2048, 4)
         } else if rows >= 16384 {
             (16, 1024, 4)
         } else if cols >= rows {
-            if ty == GgmlType::Q8_0 {
-                (8, 1024, 8)
+            if ty == GgmlType::Q4_K {
+                (4, 2048, 4)
             } else {
                 (16, 1024, 8)
             }
@@ -1276,13 +1280,19 @@ mod tests {
         assert!(QuantGemvConfig::HEAD.check(true).is_ok());
         let tall = QuantGemvConfig::for_shape(GgmlType::Q4_K, 24576, 4096);
         assert_eq!((tall.block_n, tall.num_warps), (16, 4));
-        // O and down at 8B: 16 rows for the K-quants (the prefetching residual loop).
+        // O and down at 8B: Q4_K in one wave of 4-row programs, Q6_K 16 rows (the
+        // prefetching residual loop).
         let wide = QuantGemvConfig::for_shape(GgmlType::Q4_K, 4096, 12288);
-        assert_eq!((wide.block_n, wide.num_warps), (16, 8));
+        assert_eq!((wide.block_n, wide.block_k, wide.num_warps), (4, 2048, 4));
         let square = QuantGemvConfig::for_shape(GgmlType::Q6_K, 4096, 4096);
         assert_eq!((square.block_n, square.num_warps), (16, 8));
-        let wide = QuantGemvConfig::for_shape(GgmlType::Q8_0, 4096, 12288);
-        assert_eq!((wide.block_n, wide.num_warps), (8, 8));
+        for (rows, cols) in [(4096, 12288), (24576, 4096), (6144, 4096)] {
+            let cfg = QuantGemvConfig::for_shape(GgmlType::Q8_0, rows, cols);
+            assert_eq!((cfg.block_n, cfg.block_k, cfg.num_warps), (4, 2048, 4));
+        }
+        // Qwen3-0.6B's shapes keep theirs: 1024 columns are one 2048-column tile's half.
+        let qkv = QuantGemvConfig::for_shape(GgmlType::Q8_0, 4096, 1024);
+        assert_eq!((qkv.block_n, qkv.block_k), (8, 1024));
         // Qwen3-0.6B's gate/up keeps 8 rows (16 measured 0.4% slower there).
         assert_eq!(
             QuantGemvConfig::for_shape(GgmlType::Q4_K, 6144, 1024).block_n,

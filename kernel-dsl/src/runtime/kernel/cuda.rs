@@ -22,8 +22,22 @@ impl KernelDef {
         if target == Target::Sm90a && (!sm90a_enabled() || portable) {
             target = Target::Sm90;
         }
-        let ptx = variant.ptx(target);
         let describe = variant.describe(self.const_names, self.has_stage_axis());
+        let ptx = match register_override(self.name, &describe) {
+            Err(message) => {
+                return Err(LaunchError::Config {
+                    kernel: self.name.into(),
+                    message,
+                })
+            }
+            Ok(Some(limit)) => {
+                // Never above what one program an SM can hold (as the code generator caps).
+                let threads = (variant.num_warps * 32).max(1);
+                let most = (65536 / threads).min(255) / 8 * 8;
+                std::borrow::Cow::Owned(with_register_limit(variant.ptx(target), limit.min(most)))
+            }
+            Ok(None) => std::borrow::Cow::Borrowed(variant.ptx(target)),
+        };
         if let Some(why) = variant.needs_newer_gpu(major) {
             return Err(LaunchError::Config {
                 kernel: self.name.into(),
@@ -55,7 +69,7 @@ impl KernelDef {
         };
         let module = dev
             .context()
-            .load_module(CudaPtx::from_src(ptx))
+            .load_module(CudaPtx::from_src(ptx.into_owned()))
             .map_err(driver_err(format!(
                 "loading the {} PTX of [{describe}]",
                 target.name()
@@ -268,6 +282,72 @@ impl KernelDef {
         }
         .map_err(driver_err("launching"))
     }
+}
+
+/// The register limit `TILEFUSE_MAX_REGISTERS` sets for a variant, if any: a tuning
+/// knob that sweeps `max_registers` without a rebuild (docs/language.md, "Register
+/// limits at run time"). The value is `;`-separated rules, `kernel=N` or
+/// `kernel[NAME=v,..]=N`, the bracketed pairs matched against the variant's constants and
+/// `num_warps`; the first matching rule applies and replaces the attribute's limit.
+fn register_override(kernel: &str, describe: &str) -> Result<Option<u32>, String> {
+    static RULES: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let rules = RULES.get_or_init(|| std::env::var("TILEFUSE_MAX_REGISTERS").unwrap_or_default());
+    register_rule(rules, kernel, describe)
+        .map_err(|why| format!("TILEFUSE_MAX_REGISTERS={rules:?}: {why}"))
+}
+
+/// The first rule of `rules` (see [`register_override`]) that selects `kernel` with this
+/// variant description (`NAME=v, .., num_warps=w`).
+pub(super) fn register_rule(
+    rules: &str,
+    kernel: &str,
+    describe: &str,
+) -> Result<Option<u32>, String> {
+    let have: Vec<&str> = describe.split(", ").collect();
+    for rule in rules.split(';').map(str::trim).filter(|r| !r.is_empty()) {
+        let (target, limit) = rule
+            .rsplit_once('=')
+            .ok_or_else(|| format!("rule `{rule}` is not `kernel=N` or `kernel[NAME=v,..]=N`"))?;
+        let limit: u32 = limit
+            .trim()
+            .parse()
+            .ok()
+            .filter(|n| (16..=255).contains(n))
+            .ok_or_else(|| format!("rule `{rule}`: the limit must be from 16 to 255"))?;
+        let (name, pairs) = match target.split_once('[') {
+            None => (target.trim(), ""),
+            Some((name, rest)) => (
+                name.trim(),
+                rest.strip_suffix(']')
+                    .ok_or_else(|| format!("rule `{rule}`: `[` without a closing `]`"))?,
+            ),
+        };
+        let mut selects = name == kernel;
+        for pair in pairs.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (k, v) = pair
+                .split_once('=')
+                .ok_or_else(|| format!("rule `{rule}`: `{pair}` is not `NAME=v`"))?;
+            let want = format!("{}={}", k.trim(), v.trim());
+            selects &= have.contains(&want.as_str());
+        }
+        if selects {
+            return Ok(Some(limit));
+        }
+    }
+    Ok(None)
+}
+
+/// `ptx` with its `.maxnreg` directives set to `limit`.
+pub(super) fn with_register_limit(ptx: &str, limit: u32) -> String {
+    let mut out = String::with_capacity(ptx.len());
+    for line in ptx.split_inclusive('\n') {
+        if line.starts_with(".maxnreg ") {
+            let _ = writeln!(out, ".maxnreg {limit}");
+        } else {
+            out.push_str(line);
+        }
+    }
+    out
 }
 
 /// Whether sm_90a modules may be used (`TILEFUSE_SM90A=0` turns them off, so that the

@@ -479,3 +479,38 @@ fn a_byte_buffer_read_as_words_reaches_the_kernel_as_its_bytes() {
         "{e}"
     );
 }
+
+#[test]
+fn register_rules_select_variants_by_kernel_and_constants() {
+    use super::cuda::register_rule;
+    let d = "BLOCK_N=16, BLOCK_K=1024, num_warps=4";
+    assert_eq!(register_rule("", "gemv", d), Ok(None));
+    assert_eq!(register_rule("gemv=80", "gemv", d), Ok(Some(80)));
+    assert_eq!(register_rule("other=80", "gemv", d), Ok(None));
+    // Pairs must all match; the first matching rule wins.
+    let rules = "gemv[BLOCK_N=16, num_warps=8]=72; gemv[BLOCK_K=1024]=96; gemv=64";
+    assert_eq!(register_rule(rules, "gemv", d), Ok(Some(96)));
+    let d8 = "BLOCK_N=16, BLOCK_K=512, num_warps=8";
+    assert_eq!(register_rule(rules, "gemv", d8), Ok(Some(72)));
+    // A pair's value is matched whole: BLOCK_N=1 is not BLOCK_N=16.
+    assert_eq!(register_rule("gemv[BLOCK_N=1]=72", "gemv", d), Ok(None));
+    for (bad, says) in [
+        ("gemv", "is not `kernel=N`"),
+        ("gemv=8", "from 16 to 255"),
+        ("gemv=eighty", "from 16 to 255"),
+        ("gemv[BLOCK_N=16=80", "closing `]`"),
+        ("gemv[BLOCK_N]=80", "`BLOCK_N` is not `NAME=v`"),
+    ] {
+        let e = register_rule(bad, "gemv", d).unwrap_err();
+        assert!(e.contains(says), "{bad}: {e}");
+    }
+}
+
+#[test]
+fn a_register_limit_rewrites_every_maxnreg_line_only() {
+    use super::cuda::with_register_limit;
+    let ptx =
+        ".entry k(\n)\n.maxntid 128, 1, 1\n.maxnreg 248\n{\n\tmov.u32 %r1, 1; // .maxnreg 9\n}\n";
+    let out = with_register_limit(ptx, 80);
+    assert_eq!(out, ptx.replace(".maxnreg 248\n", ".maxnreg 80\n"));
+}
