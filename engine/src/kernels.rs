@@ -474,9 +474,8 @@ pub fn rms_norm_gate_up<
 /// stores the rotated queries in `q_out`, for inspection.
 ///
 /// When no split holds more than one `BS`-position tile, each program also asks L2 for
-/// its share of the first `prefetch_len` elements of `prefetch_w` and of the first
-/// `prefetch_words_len` of `prefetch_words` (`prefetch_range`, none when 0) once past
-/// its wait.
+/// its share of the first `prefetch_len` elements of `prefetch_w` (`prefetch_range`,
+/// none when 0) once past its wait.
 ///
 /// Scores round like the reference (`bf16(bf16(q·k) * scale)`); the probabilities stay
 /// f32 (the reference rounds the normalized probabilities, which a split pass cannot).
@@ -536,8 +535,6 @@ pub fn attention_split<
     scale: f32,
     prefetch_w: Ptr<bf16>,
     prefetch_len: i32,
-    prefetch_words: Ptr<u32>,
-    prefetch_words_len: i32,
     stamps: Ptr<i64>,
     stamp_at: i32,
 ) {
@@ -612,18 +609,6 @@ pub fn attention_split<
         let per = cdiv(cdiv(prefetch_len, programs), 64) * 64;
         let first = minimum(me * per, prefetch_len);
         prefetch_range(prefetch_w + first, minimum(per, prefetch_len - first));
-    }
-    // The same for a quantized matrix's packed words (the decode step names the O
-    // projection's, read two launches later).
-    if (prefetch_words_len > 0) & (per_split <= BS) {
-        let programs = num_programs(0) * num_programs(1) * num_programs(2);
-        let me = (program_id(2) * num_programs(1) + split) * num_programs(0) + kv_head;
-        let per = cdiv(cdiv(prefetch_words_len, programs), 32) * 32;
-        let first = minimum(me * per, prefetch_words_len);
-        prefetch_range(
-            prefetch_words + first,
-            minimum(per, prefetch_words_len - first),
-        );
     }
 
     // Queries `[G, 4, D / 4]`: QK-norm and RoPE, each element with its RoPE partner.

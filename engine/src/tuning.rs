@@ -350,21 +350,6 @@ pub const ATTENTION_STAGES: usize = 1;
 /// Llama-3.2-1B's 64 MiB.
 pub const ATTENTION_PREFETCH_BYTES: usize = 4 << 20;
 
-/// Bytes of a quantized O projection's packed words (its first run's main array: Q4_K
-/// and Q8_0 quants, Q6_K low nibbles) that the decode step's attention launch asks L2
-/// for, under the same condition as [`ATTENTION_PREFETCH_BYTES`]; the O GEMV, two
-/// launches later, then reads them from L2. `TILEFUSE_PREFETCH_WORDS=KiB` overrides it
-/// (0 turns it off). Measured in docs/perf.md, "The O projection's words prefetched".
-pub const ATTENTION_PREFETCH_WORD_BYTES: usize = 0;
-
-/// [`ATTENTION_PREFETCH_WORD_BYTES`], or `TILEFUSE_PREFETCH_WORDS` (KiB) when set.
-pub fn attention_prefetch_word_bytes() -> usize {
-    std::env::var("TILEFUSE_PREFETCH_WORDS")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .map_or(ATTENTION_PREFETCH_WORD_BYTES, |kib| kib << 10)
-}
-
 /// [`ATTENTION_PREFETCH_BYTES`], or `TILEFUSE_PREFETCH` (KiB) when set.
 pub fn attention_prefetch_bytes() -> usize {
     std::env::var("TILEFUSE_PREFETCH")

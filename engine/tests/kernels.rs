@@ -757,8 +757,6 @@ fn check_attention(
 
     let up = |v: &[bf16]| dev.upload(v).unwrap();
     let (qkv_b, qw_b, kw_b) = (up(&qkv), up(&qw), up(&kw));
-    // Words for the second prefetch range (an odd count: the last share is short).
-    let words_b = dev.upload(&(0..4099u32).collect::<Vec<_>>()).unwrap();
     let (cos_b, sin_b) = (dev.upload(&cos).unwrap(), dev.upload(&sin).unwrap());
     let state = dev.upload(&[0i32, pos as i32]).unwrap();
     for &(splits, min_chunk) in splits_list {
@@ -813,8 +811,6 @@ fn check_attention(
             // Prefetch the projection: the interpreter checks the ranges.
             prefetch_w: &qkv_b,
             prefetch_len: qkv_b.len() as i32,
-            prefetch_words: &words_b,
-            prefetch_words_len: words_b.len() as i32,
             stamps: &mut split_stamps,
             stamp_at: 1,
         }

@@ -376,8 +376,6 @@ pub struct AttentionWorkload {
     pub head_dim: usize,
     sets: Vec<(Buffer<bf16>, Buffer<bf16>, Buffer<bf16>)>,
     norm_w: Buffer<bf16>,
-    /// The word prefetch's operand (none asked for).
-    no_words: Buffer<u32>,
     rope_cos: Buffer<f32>,
     rope_sin: Buffer<f32>,
     q: Buffer<bf16>,
@@ -432,7 +430,6 @@ impl AttentionWorkload {
             head_dim,
             sets: s,
             norm_w: dev.upload(&rng.bf16_vec(head_dim, 1.5))?,
-            no_words: dev.zeros(1)?,
             rope_cos: dev.upload(&angles.iter().map(|a| a.cos()).collect::<Vec<_>>())?,
             rope_sin: dev.upload(&angles.iter().map(|a| a.sin()).collect::<Vec<_>>())?,
             q: dev.alloc_filled(num_heads * head_dim, bf16::NAN)?,
@@ -497,8 +494,6 @@ impl AttentionWorkload {
             scale: (d as f32).powf(-0.5),
             prefetch_w: &self.norm_w,
             prefetch_len: 0,
-            prefetch_words: &self.no_words,
-            prefetch_words_len: 0,
             stamps: &mut self.stamps,
             stamp_at: -1,
         }

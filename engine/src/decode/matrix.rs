@@ -10,8 +10,8 @@ use tilefuse_dsl::runtime::{Buffer, Device, LaunchConfig};
 
 use crate::error::{EngineError, Result};
 use crate::gguf::device::{
-    launch_q4_k_q6_k, DeviceQuantMatrix, QuantBuffers, QuantGemvConfig, QuantOut, QuantRows,
-    QuantSpare, QuantTiles, QuantVariant, TokensTile,
+    launch_q4_k_q6_k, DeviceQuantMatrix, QuantGemvConfig, QuantOut, QuantRows, QuantSpare,
+    QuantTiles, QuantVariant, TokensTile,
 };
 use crate::gguf::quant::{GgmlType, PackedMatrix};
 
@@ -46,14 +46,6 @@ impl Matrix {
         match self {
             Matrix::Dense(w) => Some(w),
             Matrix::Quant(_) => None,
-        }
-    }
-
-    /// The quantized rows, or `None` for a dense matrix.
-    pub(crate) fn quant(&self) -> Option<&QuantMatrix> {
-        match self {
-            Matrix::Dense(_) => None,
-            Matrix::Quant(q) => Some(q),
         }
     }
 
@@ -103,15 +95,6 @@ pub(crate) struct QuantMatrix {
 }
 
 impl QuantMatrix {
-    /// The first run's largest array of packed words (Q8_0 and Q4_K quants, Q6_K low
-    /// nibbles), the start of what a GEMV over the matrix streams.
-    pub(crate) fn lead_words(&self) -> &Buffer<u32> {
-        match &self.parts[0].m.buffers {
-            QuantBuffers::Q8_0 { q, .. } | QuantBuffers::Q4K { q, .. } => q,
-            QuantBuffers::Q6K { ql, .. } => ql,
-        }
-    }
-
     /// Uploads the row blocks `blocks` (stacked in order, equal columns), merging
     /// neighbours of one type into one run; each run launches as
     /// [`QuantGemvConfig::for_step`] says (`head`: the LM head).

@@ -101,8 +101,6 @@ struct Scratch {
     part_idx: Buffer<i32>,
     /// A zero bias as long as the longest projection, for layers without one.
     zeros: Buffer<bf16>,
-    /// One zero word: the attention's word prefetch when it has none to ask for.
-    zero_words: Buffer<u32>,
     /// The layer kernels' timeline stamps (see [`Decoder::timeline`]); 4 values a
     /// program of the stamped layer, unwritten otherwise.
     stamps: Buffer<i64>,
@@ -268,7 +266,6 @@ impl Decoder {
             part_val: dev.zeros(v)?,
             part_idx: dev.zeros(v)?,
             zeros: dev.zeros(zeros_len)?,
-            zero_words: dev.zeros(1)?,
             // Room for any plan's layer (every grid at its most programs).
             stamps: dev.alloc_filled(
                 4 * (qkv_dim

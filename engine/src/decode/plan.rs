@@ -102,9 +102,6 @@ pub struct LaunchPlan {
     /// Bytes of each layer's gate/up weights that `attention_split` asks L2 for (see
     /// [`tuning::attention_prefetch_bytes`]).
     pub prefetch_bytes: usize,
-    /// Bytes of each layer's quantized O words that `attention_split` asks L2 for (see
-    /// [`tuning::attention_prefetch_word_bytes`]).
-    pub prefetch_word_bytes: usize,
 }
 
 /// The GEMVs' tiles on the interpreter (small tiles: less masked work per program).
@@ -161,7 +158,6 @@ impl LaunchPlan {
             splits: 0,
             min_chunk: if gpu { tuning::ATTENTION_MIN_CHUNK } else { 1 },
             prefetch_bytes: tuning::attention_prefetch_bytes(),
-            prefetch_word_bytes: tuning::attention_prefetch_word_bytes(),
         };
         // The split count is fixed for the graph's sake (the same at every position):
         // on the GPU by the one rule for the cache's capacity; the interpreter gets two,

@@ -263,13 +263,6 @@ impl<W: FnMut(Block) -> bool> Step<'_, W> {
                 Some(w) => (w, w.len().min(plan.prefetch_bytes / 2) as i32),
                 None => (&s.zeros, 0),
             };
-            let (prefetch_words, prefetch_words_len) = match l.o_w.quant() {
-                Some(q) if plan.prefetch_word_bytes > 0 => {
-                    let words = q.lead_words();
-                    (words, words.len().min(plan.prefetch_word_bytes / 4) as i32)
-                }
-                _ => (&s.zero_words, 0),
-            };
             AttentionSplitArgs {
                 qkv: &s.qkv,
                 q_norm_w: &l.q_norm,
@@ -292,8 +285,6 @@ impl<W: FnMut(Block) -> bool> Step<'_, W> {
                 scale: (c.head_dim as f32).powf(-0.5),
                 prefetch_w,
                 prefetch_len,
-                prefetch_words,
-                prefetch_words_len,
                 stamps: &mut s.stamps,
                 stamp_at,
             }
