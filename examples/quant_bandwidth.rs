@@ -95,8 +95,8 @@ fn random_blocks(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u
 
 fn run(dev: &Device, sweep: bool, only_8b: bool) -> Result<(), Box<dyn std::error::Error>> {
     let (info, opts, ceiling) = device_and_ceiling(dev)?;
-    println!("| type | shape | what | variant | config (n, k, warps) | µs | bytes | GB/s | % of copy | bf16 bytes | step's config µs | quantizer + GEMV µs |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("| type | shape | what | variant | config (n, k, warps) | µs | bytes | GB/s | % of copy | bf16 bytes | step's config µs | quantizer + GEMV µs | programs an SM, waves |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut rng = Rng::new(27);
     let mut sweeps = Vec::new();
     // `--only TYPE:NxK` and `--config N,K,WARPS`.
@@ -161,7 +161,10 @@ fn run(dev: &Device, sweep: bool, only_8b: bool) -> Result<(), Box<dyn std::erro
                         chosen_us = us;
                     }
                     if sweep {
-                        sweeps.push(format!("{ty} {n}x{k} {variant} {cfg:?}: {us:.2} µs"));
+                        sweeps.push(format!(
+                            "{ty} {n}x{k} {variant} {cfg:?}: {us:.2} µs ({})",
+                            waves(&mats[0], dev, cfg, residual, info.sm_count)?
+                        ));
                     }
                     if best.is_none_or(|(b, _)| us < b) {
                         best = Some((us, cfg));
@@ -178,14 +181,15 @@ fn run(dev: &Device, sweep: bool, only_8b: bool) -> Result<(), Box<dyn std::erro
                         .map_err(|e| PerfError(e.to_string()))
                 })?;
                 println!(
-                    "| {ty} | {n}x{k} | {what} | {} | {}, {}, {} | {us:.2} | {bytes} | {gbs:.0} | {:.0}% | {} | {chosen_us:.2} | {:.2} |",
+                    "| {ty} | {n}x{k} | {what} | {} | {}, {}, {} | {us:.2} | {bytes} | {gbs:.0} | {:.0}% | {} | {chosen_us:.2} | {:.2} | {} |",
                     variant,
                     cfg.block_n,
                     cfg.block_k,
                     cfg.num_warps,
                     100.0 * gbs / ceiling.gb_per_s(),
                     2 * n * k,
-                    pair.median_us
+                    pair.median_us,
+                    waves(&mats[0], dev, cfg, residual, info.sm_count)?
                 );
             }
         }
@@ -200,6 +204,20 @@ fn run(dev: &Device, sweep: bool, only_8b: bool) -> Result<(), Box<dyn std::erro
 }
 
 /// The device, the timing options, and the copy ceiling measured with them (printed).
+/// Programs an SM and waves of a configuration's grid, in words.
+fn waves(
+    m: &DeviceQuantMatrix,
+    dev: &Device,
+    cfg: QuantGemvConfig,
+    residual: bool,
+    sms: usize,
+) -> Result<String, Box<dyn std::error::Error>> {
+    Ok(match m.waves(dev, cfg, residual, sms)? {
+        Some((per_sm, waves)) => format!("{per_sm}, {waves:.2}"),
+        None => "-".into(),
+    })
+}
+
 fn device_and_ceiling(
     dev: &Device,
 ) -> Result<(perf::DeviceInfo, TimingOptions, perf::CopyCeiling), Box<dyn std::error::Error>> {

@@ -46,9 +46,12 @@ fn summarizes_every_kernel_of_the_examples() {
     );
     assert!(out.contains("load   w "), "{out}");
     assert!(out.contains("shared memory: 16 bytes"), "{out}");
-    // Either ptxas' report for both targets or how to get it.
+    // Either ptxas' report for both targets, each with the programs an SM holds, or
+    // how to get it.
     assert!(
-        (out.contains("sm_80: ") && out.contains("sm_90: "))
+        (out.contains("sm_80: ")
+            && out.contains("sm_90: ")
+            && out.contains(" programs an SM (bound by "))
             || out.contains("ptxas: not available"),
         "{out}"
     );

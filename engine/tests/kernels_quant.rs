@@ -997,3 +997,50 @@ fn multi_token_gemvs_match_the_single_token_gemv() {
         "more rows than the room"
     );
 }
+
+/// The register limits of `q4_k_gemv`'s attribute reach the loaded modules, and the
+/// driver's programs an SM agree with the offline occupancy model that `tilefuse
+/// inspect` prints (`tilefuse_dsl::back::ptx::occupancy`), at the step's 8B tiles.
+#[test]
+fn register_limits_reach_the_driver_and_its_occupancy_matches_the_model() {
+    use tilefuse_dsl::back::ptx::{occupancy::occupancy, Target};
+    let Some(gpu) = gpu_or_skip("register_limits_reach_the_driver") else {
+        return;
+    };
+    let (major, minor) = gpu.as_cuda().expect("a CUDA device").compute_capability();
+    let target = match (major, minor) {
+        (8, 0) => Target::Sm80,
+        (9, 0) => Target::Sm90,
+        // Other parts of these families hold fewer threads an SM than the model's.
+        _ => return,
+    };
+    let def = &tilefuse_engine::kernels_quant::Q4_K_GEMV;
+    // (BLOCK_N, BLOCK_K, RESIDUAL, warps, the attribute's limit)
+    for (n, k, residual, warps, limit) in [
+        (4, 2048, 1, 4, Some(64)),
+        (4, 2048, 0, 4, Some(64)),
+        (16, 1024, 0, 4, Some(80)),
+        (16, 1024, 1, 8, None),
+        (8, 1024, 0, 4, None),
+    ] {
+        let consts = [n, k, residual, 0, 0];
+        let what = format!("q4_k_gemv {n} x {k}, residual {residual}, {warps} warps");
+        let regs = def
+            .registers_per_thread(&gpu, &consts, Some(warps))
+            .unwrap()
+            .expect("a GPU answers");
+        if let Some(limit) = limit {
+            assert!(
+                regs <= limit,
+                "{what}: {regs} registers over the limit {limit}"
+            );
+        }
+        let variant = def.variant(&consts, Some(warps)).unwrap();
+        let per_sm = def
+            .programs_per_sm(&gpu, &consts, Some(warps))
+            .unwrap()
+            .expect("a GPU answers");
+        let model = occupancy(target, regs, warps * 32, variant.shared_bytes);
+        assert_eq!(per_sm, model.programs, "{what}: {regs} registers, {model}");
+    }
+}

@@ -10,7 +10,7 @@ use clap::{Args, ValueEnum};
 use syn::spanned::Spanned;
 use syn::visit::Visit;
 
-use crate::dsl::back::ptx::{self, ptxas, AccessKind, PtxKernel, Target};
+use crate::dsl::back::ptx::{self, occupancy, ptxas, AccessKind, PtxKernel, Target};
 use crate::dsl::front::{find_kernels_with, tile_fns, FoundKernel, SpanTable};
 use crate::dsl::ir::{Kernel, Loc};
 use crate::dsl::{specialize, Specialization};
@@ -601,6 +601,23 @@ fn hopper_only(kernel: &Kernel) -> bool {
         || ptx::compile(kernel, Target::Sm90).is_ok_and(|p| !ptx::has_sm80_module(kernel, &p))
 }
 
+/// Programs of `kernel` one SM of `t` holds with ptxas' register count (the larger of
+/// the compiler's and ptxas' shared memory).
+fn occupancy_of(
+    t: Target,
+    registers: u32,
+    kernel: &Kernel,
+    p: &PtxKernel,
+    r: &ptxas::Report,
+) -> occupancy::Occupancy {
+    occupancy::occupancy(
+        t,
+        registers,
+        kernel.threads_per_program(),
+        p.shared_bytes.max(r.shared_bytes),
+    )
+}
+
 fn write_ptxas(
     out: &mut String,
     kernel: &Kernel,
@@ -648,6 +665,8 @@ fn write_ptxas(
                 "  <- spills or a stack frame: local memory traffic"
             }
         );
+        let occupancy = occupancy_of(t, r.registers, kernel, &p, &r);
+        let _ = writeln!(out, "      {occupancy}");
         if full {
             for l in r.log.lines() {
                 let _ = writeln!(out, "      | {l}");

@@ -636,6 +636,33 @@ impl DeviceQuantMatrix {
         }
     }
 
+    /// Programs of the plain GEMV (`residual`: the residual one) at `cfg` one SM of
+    /// `dev` holds at once, and the waves its grid over this matrix takes on `sms` SMs
+    /// (`None` on the interpreter): a grid just past a whole wave pays a mostly empty
+    /// second one (docs/perf.md, "Register limits by tile").
+    pub fn waves(
+        &self,
+        dev: &Device,
+        cfg: QuantGemvConfig,
+        residual: bool,
+        sms: usize,
+    ) -> Result<Option<(u32, f64)>> {
+        let consts = [
+            cfg.block_n as i64,
+            cfg.block_k as i64,
+            i64::from(residual),
+            0,
+            0,
+        ];
+        let per_sm = self
+            .kernel()
+            .programs_per_sm(dev, &consts, Some(cfg.num_warps))?;
+        Ok(per_sm.map(|p| {
+            let slots = f64::from(p.max(1)) * sms.max(1) as f64;
+            (p, f64::from(cfg.grid(self.rows)) / slots)
+        }))
+    }
+
     /// The arrays every kernel over this matrix takes first, in the device layout's
     /// order, and `k_words`: the 32-bit words of quantized values a row (Q8_0 four
     /// values a word, Q4_K and Q6_K eight).

@@ -35,6 +35,7 @@ mod emit;
 mod layout;
 mod memory;
 mod more_ops;
+pub mod occupancy;
 mod pipeline;
 pub mod ptxas;
 mod reduce;

@@ -118,6 +118,43 @@ impl KernelDef {
         Ok(f)
     }
 
+    /// Programs of `variant` one SM holds at once, as the driver computes it for the
+    /// loaded function (its registers, shared memory and threads).
+    pub(super) fn cuda_programs_per_sm(
+        &self,
+        dev: &CudaDevice,
+        variant: &'static Variant,
+    ) -> Result<u32, LaunchError> {
+        let f = self.cuda_function(dev, variant, false)?;
+        f.occupancy_max_active_blocks_per_multiprocessor(
+            variant.num_warps * 32,
+            variant.dynamic_shared_bytes() as usize,
+            None,
+        )
+        .map_err(|source| LaunchError::Driver {
+            kernel: self.name.to_string(),
+            what: "asking the occupancy of a variant".into(),
+            source,
+        })
+    }
+
+    /// Registers a thread of the loaded `variant` uses (ptxas' count, as the driver
+    /// reports it).
+    pub(super) fn cuda_registers(
+        &self,
+        dev: &CudaDevice,
+        variant: &'static Variant,
+    ) -> Result<u32, LaunchError> {
+        let f = self.cuda_function(dev, variant, false)?;
+        f.num_regs()
+            .map(|r| r.max(0) as u32)
+            .map_err(|source| LaunchError::Driver {
+                kernel: self.name.to_string(),
+                what: "asking the registers of a variant".into(),
+                source,
+            })
+    }
+
     /// Queues the kernel on the device's stream.
     pub(super) fn run_cuda(
         &self,

@@ -367,6 +367,39 @@ impl KernelDef {
         describe(self.const_names, consts, num_warps, None)
     }
 
+    /// Programs of the variant for `consts` and `num_warps` that one SM of `dev` holds
+    /// at once (the driver's occupancy of the loaded module, so `max_registers` and
+    /// `TILEFUSE_MAX_REGISTERS` count); `None` on the interpreter. A grid of more than
+    /// this times the SM count runs in more than one wave.
+    pub fn programs_per_sm(
+        &self,
+        dev: &Device,
+        consts: &[i64],
+        num_warps: Option<u32>,
+    ) -> Result<Option<u32>, LaunchError> {
+        let variant = self.variant(consts, num_warps)?;
+        match dev.as_cuda() {
+            Some(cuda) => self.cuda_programs_per_sm(cuda, variant).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Registers a thread of the variant for `consts` and `num_warps` uses on `dev`
+    /// (Triton's `n_regs`: ptxas' count for the loaded module, after `max_registers`
+    /// and `TILEFUSE_MAX_REGISTERS`); `None` on the interpreter.
+    pub fn registers_per_thread(
+        &self,
+        dev: &Device,
+        consts: &[i64],
+        num_warps: Option<u32>,
+    ) -> Result<Option<u32>, LaunchError> {
+        let variant = self.variant(consts, num_warps)?;
+        match dev.as_cuda() {
+            Some(cuda) => self.cuda_registers(cuda, variant).map(Some),
+            None => Ok(None),
+        }
+    }
+
     /// Whether the variants differ in `num_stages` (the attribute listed several): then
     /// descriptions of variants name it.
     pub fn has_stage_axis(&self) -> bool {

@@ -514,3 +514,20 @@ fn a_register_limit_rewrites_every_maxnreg_line_only() {
     let out = with_register_limit(ptx, 80);
     assert_eq!(out, ptx.replace(".maxnreg 248\n", ".maxnreg 80\n"));
 }
+
+#[test]
+fn occupancy_questions_have_no_answer_on_the_interpreter_and_name_bad_variants() {
+    let cpu = Device::Cpu;
+    assert_eq!(ADD.programs_per_sm(&cpu, &[256], Some(8)).unwrap(), None);
+    assert_eq!(ADD.registers_per_thread(&cpu, &[1024], None).unwrap(), None);
+    let e = ADD
+        .programs_per_sm(&cpu, &[512], None)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("BLOCK=512"), "{e}");
+    let e = ADD
+        .registers_per_thread(&cpu, &[1024], Some(8))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("num_warps=8"), "{e}");
+}
