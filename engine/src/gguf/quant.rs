@@ -336,17 +336,66 @@ fn high_bits_at(e: usize) -> (usize, u32) {
     (block * 2 + p, (8 * b + 2 * (2 * lane + h)) as u32)
 }
 
-/// Packs `fields[e]` (each below `1 << bits`) into words at the places `at(e)` gives.
-fn pack_fields(fields: &[u32], bits: u32, at: fn(usize) -> (usize, u32)) -> Vec<u32> {
-    let mut out = vec![0u32; fields.len() * bits as usize / 32];
-    for (e, &v) in fields.iter().enumerate() {
+/// Packs field `value(e)` (below `1 << bits`) of each of a block's `n` elements into the
+/// block's words, at the places `at(e)` gives. Every layout here repeats whole blocks
+/// (a block's elements land in the block's own words), so the element index is the
+/// block's own.
+fn pack_block(
+    out: &mut [u32],
+    n: usize,
+    bits: u32,
+    at: fn(usize) -> (usize, u32),
+    value: impl Fn(usize) -> u32,
+) {
+    debug_assert_eq!(out.len(), n * bits as usize / 32);
+    out.fill(0);
+    for e in 0..n {
         let (w, shift) = at(e);
-        out[w] |= v << shift;
+        out[w] |= value(e) << shift;
     }
-    out
 }
 
-/// Field `e` (of `bits` bits) of the words packed by [`pack_fields`] with `at`.
+/// Super-blocks below which a matrix packs on one thread.
+const PACK_BLOCKS_PER_THREAD: usize = 1 << 12;
+
+/// Runs `pack(block, words, extra)` for each `block_bytes` block of `bytes`, with its own
+/// `words.1` elements of `words.0` and `extra.1` of `extra.0`, spread over the machine's
+/// threads in contiguous runs of blocks.
+fn in_parallel<W: Send, E: Send>(
+    bytes: &[u8],
+    block_bytes: usize,
+    words: (&mut [W], usize),
+    extra: (&mut [E], usize),
+    pack: impl Fn(&[u8], &mut [W], &mut [E]) + Sync,
+) {
+    let blocks = bytes.len() / block_bytes;
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let per = blocks.div_ceil(threads).max(PACK_BLOCKS_PER_THREAD).max(1);
+    let run = |src: &[u8], w: &mut [W], x: &mut [E]| {
+        let parts = src
+            .chunks_exact(block_bytes)
+            .zip(w.chunks_exact_mut(words.1))
+            .zip(x.chunks_exact_mut(extra.1));
+        for ((b, w), x) in parts {
+            pack(b, w, x);
+        }
+    };
+    if blocks <= per {
+        return run(bytes, words.0, extra.0);
+    }
+    std::thread::scope(|s| {
+        let runs = bytes
+            .chunks(per * block_bytes)
+            .zip(words.0.chunks_mut(per * words.1))
+            .zip(extra.0.chunks_mut(per * extra.1));
+        for ((src, w), x) in runs {
+            let run = &run;
+            s.spawn(move || run(src, w, x));
+        }
+    });
+}
+
+/// Field `e` (of `bits` bits) of the words packed by [`pack_block`] with `at`.
 fn field(words: &[u32], e: usize, bits: u32, at: fn(usize) -> (usize, u32)) -> u32 {
     let (w, shift) = at(e);
     (words[w] >> shift) & ((1u32 << bits) - 1)
@@ -380,52 +429,61 @@ impl PackedMatrix {
                 ),
             });
         }
-        let n = rows * cols;
-        let blocks = bytes.chunks_exact(block_bytes);
+        let blocks = bytes.len() / block_bytes;
+        // The super-blocks are independent and each fills its own stretch of every
+        // array, so they pack in parallel, each in its own elements' order.
         Ok(match ty {
             GgmlType::Q8_0 => {
-                let mut q = Vec::with_capacity(n);
-                let mut d = Vec::with_capacity(n / 32);
-                for b in blocks {
-                    d.push(f16::from_le_bytes([b[0], b[1]]));
-                    q.extend(b[2..34].iter().map(|&v| u32::from(v)));
-                }
-                PackedMatrix::Q8_0 {
-                    rows,
-                    cols,
-                    q: pack_fields(&q, 8, byte_at),
-                    d,
-                }
+                let (mut q, mut d) = (vec![0u32; blocks * 8], vec![f16::ZERO; blocks]);
+                in_parallel(
+                    bytes,
+                    block_bytes,
+                    (q.as_mut_slice(), 8),
+                    (d.as_mut_slice(), 1),
+                    |b, q, d| {
+                        d[0] = f16::from_le_bytes([b[0], b[1]]);
+                        pack_block(q, 32, 8, byte_at, |e| u32::from(b[2 + e]));
+                    },
+                );
+                PackedMatrix::Q8_0 { rows, cols, q, d }
             }
             GgmlType::Q4_K => {
-                let (mut q, mut scales, mut mins) = (
-                    Vec::with_capacity(n),
-                    Vec::with_capacity(n / 32),
-                    Vec::with_capacity(n / 32),
+                let mut q = vec![0u32; blocks * 32];
+                // Per super-block: 8 scales, 8 mins, then `d` and `dmin` (split below).
+                let mut meta = vec![0u8; blocks * 20];
+                in_parallel(
+                    bytes,
+                    block_bytes,
+                    (q.as_mut_slice(), 32),
+                    (meta.as_mut_slice(), 20),
+                    |b, q, meta| {
+                        let (sc, m) = q4k_scale_min(&b[4..16]);
+                        meta[..8].copy_from_slice(&sc);
+                        meta[8..16].copy_from_slice(&m);
+                        meta[16..20].copy_from_slice(&b[..4]);
+                        let qs = &b[16..144];
+                        // Element order: chunk c of 64 is bytes c*32.. low nibbles, then high.
+                        pack_block(q, 256, 4, nibble_at, |e| {
+                            let (c, nib, i) = (e / 64, (e / 32) % 2, e % 32);
+                            u32::from((qs[c * 32 + i] >> (4 * nib)) & 15)
+                        });
+                    },
                 );
-                let (mut d, mut dmin) = (Vec::with_capacity(n / 256), Vec::with_capacity(n / 256));
-                for b in blocks {
-                    d.push(f16::from_le_bytes([b[0], b[1]]));
-                    dmin.push(f16::from_le_bytes([b[2], b[3]]));
-                    let (sc, m) = q4k_scale_min(&b[4..16]);
-                    scales.extend_from_slice(&sc);
-                    mins.extend_from_slice(&m);
-                    let qs = &b[16..144];
-                    // Element order: chunk c of 64 is bytes c*32.. low nibbles, then high.
-                    for c in 0..4 {
-                        for nib in 0..2 {
-                            q.extend(
-                                qs[c * 32..c * 32 + 32]
-                                    .iter()
-                                    .map(|&v| u32::from((v >> (4 * nib)) & 15)),
-                            );
-                        }
-                    }
+                let (mut scales, mut mins) = (
+                    Vec::with_capacity(blocks * 8),
+                    Vec::with_capacity(blocks * 8),
+                );
+                let (mut d, mut dmin) = (Vec::with_capacity(blocks), Vec::with_capacity(blocks));
+                for m in meta.chunks_exact(20) {
+                    scales.extend_from_slice(&m[..8]);
+                    mins.extend_from_slice(&m[8..16]);
+                    d.push(f16::from_le_bytes([m[16], m[17]]));
+                    dmin.push(f16::from_le_bytes([m[18], m[19]]));
                 }
                 PackedMatrix::Q4K {
                     rows,
                     cols,
-                    q: pack_fields(&q, 4, nibble_at),
+                    q,
                     scales,
                     mins,
                     d,
@@ -433,29 +491,51 @@ impl PackedMatrix {
                 }
             }
             GgmlType::Q6_K => {
-                let (mut lo, mut hi, mut scales, mut d) = (
-                    Vec::with_capacity(n),
-                    Vec::with_capacity(n),
-                    Vec::with_capacity(n / 16),
-                    Vec::with_capacity(n / 256),
+                // Per super-block: 32 low-nibble words, then 16 high-bit words.
+                let mut words = vec![0u32; blocks * 48];
+                // Per super-block: 16 scales, then `d`.
+                let mut meta = vec![0u8; blocks * 18];
+                in_parallel(
+                    bytes,
+                    block_bytes,
+                    (words.as_mut_slice(), 48),
+                    (meta.as_mut_slice(), 18),
+                    |b, words, meta| {
+                        let (ql, qh) = (&b[..128], &b[128..192]);
+                        let (lo, hi) = words.split_at_mut(32);
+                        pack_block(lo, 256, 4, nibble_at, |e| {
+                            let (h, g, l) = (e / 128, (e / 32) % 4, e % 32);
+                            u32::from((ql[h * 64 + (g % 2) * 32 + l] >> (4 * (g / 2))) & 15)
+                        });
+                        pack_block(hi, 256, 2, high_bits_at, |e| {
+                            let (h, g, l) = (e / 128, (e / 32) % 4, e % 32);
+                            u32::from((qh[h * 32 + l] >> (2 * g)) & 3)
+                        });
+                        for (o, &v) in meta[..16].iter_mut().zip(&b[192..208]) {
+                            *o = v ^ 0x80;
+                        }
+                        meta[16..18].copy_from_slice(&b[208..210]);
+                    },
                 );
-                for b in blocks {
-                    let (ql, qh) = (&b[..128], &b[128..192]);
-                    for e in 0..256 {
-                        let (h, g, l) = (e / 128, (e / 32) % 4, e % 32);
-                        lo.push(u32::from(
-                            (ql[h * 64 + (g % 2) * 32 + l] >> (4 * (g / 2))) & 15,
-                        ));
-                        hi.push(u32::from((qh[h * 32 + l] >> (2 * g)) & 3));
-                    }
-                    scales.extend(b[192..208].iter().map(|&v| v ^ 0x80));
-                    d.push(f16::from_le_bytes([b[208], b[209]]));
+                let (mut ql, mut qh) = (
+                    Vec::with_capacity(blocks * 32),
+                    Vec::with_capacity(blocks * 16),
+                );
+                for w in words.chunks_exact(48) {
+                    ql.extend_from_slice(&w[..32]);
+                    qh.extend_from_slice(&w[32..]);
+                }
+                let (mut scales, mut d) =
+                    (Vec::with_capacity(blocks * 16), Vec::with_capacity(blocks));
+                for m in meta.chunks_exact(18) {
+                    scales.extend_from_slice(&m[..16]);
+                    d.push(f16::from_le_bytes([m[16], m[17]]));
                 }
                 PackedMatrix::Q6K {
                     rows,
                     cols,
-                    ql: pack_fields(&lo, 4, nibble_at),
-                    qh: pack_fields(&hi, 2, high_bits_at),
+                    ql,
+                    qh,
                     scales,
                     d,
                 }
@@ -623,6 +703,52 @@ impl PackedMatrix {
             PackedMatrix::Q6K {
                 ql, qh, scales, d, ..
             } => 4 * (ql.len() + qh.len()) + scales.len() + 2 * d.len(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A matrix large enough to be packed over several threads packs to the rows packed
+    /// one by one (on one thread each) and stacked: the runs of blocks split anywhere.
+    #[test]
+    fn a_matrix_packed_over_threads_equals_its_rows_packed_alone() {
+        let (rows, cols) = (96, 256 * 128);
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        for ty in [GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K] {
+            let (block, size) = ty.block().unwrap();
+            let row_bytes = cols / block as usize * size as usize;
+            let bytes: Vec<u8> = (0..rows * row_bytes)
+                .map(|_| {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    (state >> 24) as u8
+                })
+                .collect();
+            // Finite scales (a NaN is unequal to itself); random bytes everywhere else.
+            let mut bytes = bytes;
+            let scale = f16::from_f32(0.01).to_le_bytes();
+            for b in bytes.chunks_exact_mut(size as usize) {
+                match ty {
+                    GgmlType::Q8_0 => b[..2].copy_from_slice(&scale),
+                    GgmlType::Q4_K => {
+                        b[..2].copy_from_slice(&scale);
+                        b[2..4].copy_from_slice(&scale);
+                    }
+                    _ => b[208..].copy_from_slice(&scale),
+                }
+            }
+            assert!(rows * cols / 256 > 2 * PACK_BLOCKS_PER_THREAD);
+            let whole = PackedMatrix::pack(ty, &bytes, rows, cols, "whole").unwrap();
+            let parts: Vec<PackedMatrix> = bytes
+                .chunks(row_bytes)
+                .map(|r| PackedMatrix::pack(ty, r, 1, cols, "row").unwrap())
+                .collect();
+            let stacked = PackedMatrix::concat_rows(&parts.iter().collect::<Vec<_>>()).unwrap();
+            assert!(whole == stacked, "{ty}: packed whole and by rows differ");
         }
     }
 }
