@@ -104,6 +104,13 @@ impl Target {
     }
 }
 
+/// The most registers a thread of a `threads`-thread program may use so that one
+/// program fits an SM (65536 registers, at most 255 a thread, in steps of 8): the
+/// `.maxnreg` a kernel gets unless `max_registers` asks for fewer.
+pub fn register_ceiling(threads: u32) -> u32 {
+    (65536 / threads.max(1)).min(255) / 8 * 8
+}
+
 /// A compiled kernel.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PtxKernel {
@@ -271,14 +278,12 @@ pub fn compile(kernel: &Kernel, target: Target) -> Result<PtxKernel, CompileErro
     }
     let _ = writeln!(ptx, "{}\n)", params.join(",\n"));
     // Without `.maxnreg`, ptxas sometimes caps a kernel at 64 registers and spills to
-    // reach an occupancy it guesses; allow what one program per SM can use instead
-    // (65536 registers per SM, at most 255 per thread).
-    let threads = kernel.threads_per_program() as usize;
+    // reach an occupancy it guesses; allow what one program per SM can use instead.
+    let threads = kernel.threads_per_program();
     let _ = writeln!(
         ptx,
         ".maxntid {threads}, 1, 1\n.maxnreg {}\n{{",
-        ((65536 / threads.max(1)).min(255) / 8 * 8)
-            .min(kernel.max_registers.map_or(255, |r| r as usize))
+        register_ceiling(threads).min(kernel.max_registers.unwrap_or(255))
     );
     ptx.push_str(&e.decls());
     if target.hopper() && e.code.contains(emit::WAIT_MARKER) {

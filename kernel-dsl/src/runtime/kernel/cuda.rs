@@ -32,8 +32,7 @@ impl KernelDef {
             }
             Ok(Some(limit)) => {
                 // Never above what one program an SM can hold (as the code generator caps).
-                let threads = (variant.num_warps * 32).max(1);
-                let most = (65536 / threads).min(255) / 8 * 8;
+                let most = crate::back::ptx::register_ceiling(variant.num_warps * 32);
                 std::borrow::Cow::Owned(with_register_limit(variant.ptx(target), limit.min(most)))
             }
             Ok(None) => std::borrow::Cow::Borrowed(variant.ptx(target)),
@@ -118,39 +117,26 @@ impl KernelDef {
         Ok(f)
     }
 
-    /// Programs of `variant` one SM holds at once, as the driver computes it for the
-    /// loaded function (its registers, shared memory and threads).
-    pub(super) fn cuda_programs_per_sm(
+    /// `ask(function, variant)` of the loaded variant for `consts` and `num_warps`
+    /// (`what`: the question, for errors), or `None` on the interpreter.
+    pub(super) fn ask_driver(
         &self,
-        dev: &CudaDevice,
-        variant: &'static Variant,
-    ) -> Result<u32, LaunchError> {
-        let f = self.cuda_function(dev, variant, false)?;
-        f.occupancy_max_active_blocks_per_multiprocessor(
-            variant.num_warps * 32,
-            variant.dynamic_shared_bytes() as usize,
-            None,
-        )
-        .map_err(|source| LaunchError::Driver {
-            kernel: self.name.to_string(),
-            what: "asking the occupancy of a variant".into(),
-            source,
-        })
-    }
-
-    /// Registers a thread of the loaded `variant` uses (ptxas' count, as the driver
-    /// reports it).
-    pub(super) fn cuda_registers(
-        &self,
-        dev: &CudaDevice,
-        variant: &'static Variant,
-    ) -> Result<u32, LaunchError> {
-        let f = self.cuda_function(dev, variant, false)?;
-        f.num_regs()
-            .map(|r| r.max(0) as u32)
+        dev: &Device,
+        consts: &[i64],
+        num_warps: Option<u32>,
+        what: &str,
+        ask: impl FnOnce(&CudaFunction, &Variant) -> Result<u32, cudarc::driver::DriverError>,
+    ) -> Result<Option<u32>, LaunchError> {
+        let variant = self.variant(consts, num_warps)?;
+        let Some(cuda) = dev.as_cuda() else {
+            return Ok(None);
+        };
+        let f = self.cuda_function(cuda, variant, false)?;
+        ask(&f, variant)
+            .map(Some)
             .map_err(|source| LaunchError::Driver {
                 kernel: self.name.to_string(),
-                what: "asking the registers of a variant".into(),
+                what: format!("asking {what} of a variant"),
                 source,
             })
     }

@@ -377,11 +377,13 @@ impl KernelDef {
         consts: &[i64],
         num_warps: Option<u32>,
     ) -> Result<Option<u32>, LaunchError> {
-        let variant = self.variant(consts, num_warps)?;
-        match dev.as_cuda() {
-            Some(cuda) => self.cuda_programs_per_sm(cuda, variant).map(Some),
-            None => Ok(None),
-        }
+        self.ask_driver(dev, consts, num_warps, "the occupancy", |f, v| {
+            f.occupancy_max_active_blocks_per_multiprocessor(
+                v.num_warps * 32,
+                v.dynamic_shared_bytes() as usize,
+                None,
+            )
+        })
     }
 
     /// Registers a thread of the variant for `consts` and `num_warps` uses on `dev`
@@ -393,11 +395,9 @@ impl KernelDef {
         consts: &[i64],
         num_warps: Option<u32>,
     ) -> Result<Option<u32>, LaunchError> {
-        let variant = self.variant(consts, num_warps)?;
-        match dev.as_cuda() {
-            Some(cuda) => self.cuda_registers(cuda, variant).map(Some),
-            None => Ok(None),
-        }
+        self.ask_driver(dev, consts, num_warps, "the registers", |f, _| {
+            f.num_regs().map(|r| r.max(0) as u32)
+        })
     }
 
     /// Whether the variants differ in `num_stages` (the attribute listed several): then
