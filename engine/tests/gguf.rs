@@ -826,7 +826,8 @@ fn quantized_step_matches_the_dense_step_on_dequantized_weights() {
         // at these short rows (`gguf::device::fuses_norm`), O's is written by the
         // attention combine as it merges the splits (`attention_combine_quant`). QKV
         // takes two more launches and gate/up one more (runs of one type).
-        assert!(tilefuse_engine::gguf::device::fuses_norm(cfg.hidden_size));
+        let qkv_rows = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim;
+        assert!(tilefuse_engine::gguf::device::fuses_norm(qkv_rows, cfg.hidden_size).unwrap());
         assert_eq!(
             quant.kernels_per_step(),
             dense.decoder().expect("one device").kernels_per_step() + 4 * cfg.num_layers

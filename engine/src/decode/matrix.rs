@@ -128,7 +128,8 @@ impl QuantMatrix {
                 message: "a quantized matrix needs at least one block of rows".into(),
             });
         }
-        let fuses_norm = !head && crate::gguf::device::fuses_norm(parts[0].m.cols);
+        let rows = parts.iter().map(|p| p.m.rows).sum();
+        let fuses_norm = !head && crate::gguf::device::fuses_norm(rows, parts[0].m.cols)?;
         Ok(QuantMatrix {
             parts,
             head,

@@ -13,18 +13,47 @@ use crate::kernels_quant::{
 };
 
 /// Whether the decode step quantizes the RMSNorm input of a quantized QKV or gate/up
-/// GEMV over `cols` columns inside the GEMV ([`DeviceQuantMatrix::gemv_norm_fused`])
-/// rather than in a quantizer launch before it. Every program then quantizes the whole
-/// input again, which costs less than a launch only where the rows are short:
-/// up to [`FUSED_NORM_MAX_COLS`] columns (docs/perf.md, "The norm inside the quantized
-/// GEMV"). The environment's `TILEFUSE_QUANT_NORM_FUSED` (`1`: always, `0`: never)
-/// overrides it.
-pub fn fuses_norm(cols: usize) -> bool {
-    match std::env::var("TILEFUSE_QUANT_NORM_FUSED").ok().as_deref() {
-        Some("1") => true,
-        Some("0") => false,
-        _ => cols <= FUSED_NORM_MAX_COLS,
+/// GEMV over a `[rows, cols]` matrix (every run) inside the GEMV
+/// ([`DeviceQuantMatrix::gemv_norm_fused`]) rather than in a quantizer launch before it.
+/// Every program then quantizes the whole input again, which costs less than a launch
+/// only where the rows are short: up to [`FUSED_NORM_MAX_COLS`] columns (docs/perf.md,
+/// "The norm inside the quantized GEMV"). The environment's `TILEFUSE_QUANT_NORM_FUSED`
+/// overrides it: `1` always, `0` never, or `ROWSxCOLS` shapes separated by `,` for
+/// exactly those matrices. A malformed value is an error that quotes it.
+pub fn fuses_norm(rows: usize, cols: usize) -> Result<bool> {
+    match std::env::var("TILEFUSE_QUANT_NORM_FUSED") {
+        Ok(v) => norm_fused_policy(&v, rows, cols),
+        Err(_) => Ok(cols <= FUSED_NORM_MAX_COLS),
     }
+}
+
+/// [`fuses_norm`] under the override `v`.
+fn norm_fused_policy(v: &str, rows: usize, cols: usize) -> Result<bool> {
+    match v.trim() {
+        "1" => return Ok(true),
+        "0" => return Ok(false),
+        _ => {}
+    }
+    let mut hit = false;
+    for shape in v.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let parsed = shape.split_once('x').and_then(|(r, c)| {
+            Some((
+                r.trim().parse::<usize>().ok()?,
+                c.trim().parse::<usize>().ok()?,
+            ))
+        });
+        match parsed {
+            Some(rc) => hit |= rc == (rows, cols),
+            None => {
+                return Err(crate::error::EngineError::Option {
+                    message: format!(
+                        "TILEFUSE_QUANT_NORM_FUSED=`{v}`: expected 1, 0 or ROWSxCOLS shapes separated by `,` (`{shape}`)"
+                    ),
+                })
+            }
+        }
+    }
+    Ok(hit)
 }
 
 /// Rows and 32-element blocks a program of the dequantization kernels writes for a
@@ -1256,6 +1285,19 @@ impl QuantSpare {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_norm_fused_override_names_shapes_and_quotes_bad_ones() {
+        assert!(norm_fused_policy("1", 6144, 4096).unwrap());
+        assert!(!norm_fused_policy("0", 1024, 1024).unwrap());
+        assert!(norm_fused_policy("6144x4096", 6144, 4096).unwrap());
+        assert!(norm_fused_policy("4096x1024, 6144x4096", 6144, 4096).unwrap());
+        assert!(!norm_fused_policy("6144x4096", 24576, 4096).unwrap());
+        let err = norm_fused_policy("6144by4096", 6144, 4096)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("`6144by4096`"), "{err}");
+    }
 
     #[test]
     fn short_chunks_pick_compiled_tiles_that_cover_them() {

@@ -3,10 +3,24 @@
 
 use super::emit::{Emitter, Res};
 use super::regs::{bit_ty, f32_imm, int_ty, rk, Rk};
-use crate::ir::{BinaryOp, CmpOp, DType, Expr, Literal, ParamKind, UnaryOp, ValueId};
+use crate::ir::{BinaryOp, CmpOp, DType, Def, Expr, Kernel, Literal, ParamKind, UnaryOp, ValueId};
 
 const LOG2E: f32 = std::f32::consts::LOG2_E;
 const LN2: f32 = std::f32::consts::LN_2;
+
+/// The integer constant every element of `v` holds (a literal, or a splat, broadcast
+/// or new axis of one), if it is one.
+fn int_constant(k: &Kernel, v: ValueId) -> Option<i64> {
+    match &k.value(v).def {
+        Def::Expr(
+            Expr::Splat { value, .. }
+            | Expr::Broadcast { value, .. }
+            | Expr::ExpandDims { value, .. },
+        ) => int_constant(k, *value),
+        Def::Expr(Expr::Literal(Literal::Int(c, _))) => Some(*c),
+        _ => None,
+    }
+}
 
 impl Emitter<'_> {
     /// One element of an elementwise expression (also scalar leaves), from operand registers.
@@ -61,8 +75,11 @@ impl Emitter<'_> {
                 let dt = self.val_dt(*arg)?;
                 self.unary(*op, dt, &a[0])
             }
-            Expr::Binary { op, lhs, .. } => {
+            Expr::Binary { op, lhs, rhs } => {
                 let dt = self.val_dt(*lhs)?;
+                if let Some(d) = self.by_power_of_two(*op, dt, &a[0], int_constant(self.k, *rhs)) {
+                    return Ok(d);
+                }
                 self.binary(*op, dt, &a[0], &a[1])
             }
             Expr::Compare { op, lhs, .. } => {
@@ -257,6 +274,62 @@ impl Emitter<'_> {
             UnaryOp::Ceil => self.ins(format!("cvt.rpi.f32.f32 {d}, {x}")),
         }
         Ok(self.down(dt, &d))
+    }
+
+    /// Integer `a / c` or `a % c` for a constant power of two `c > 1` as shifts and
+    /// masks, truncating toward zero as `div`/`rem` do; `None` for anything else.
+    /// ptxas expands `div.s32` by an immediate into the full division routine (a
+    /// reciprocal, two multiplies and fix-ups: about 20 instructions; test
+    /// `division_by_a_power_of_two_is_shifts`), so the compiler strength-reduces it.
+    fn by_power_of_two(
+        &mut self,
+        op: BinaryOp,
+        dt: DType,
+        a: &str,
+        c: Option<i64>,
+    ) -> Option<String> {
+        let c = c?;
+        if !matches!(op, BinaryOp::Div | BinaryOp::Rem) || !dt.is_int() || c <= 1 {
+            return None;
+        }
+        if c.count_ones() != 1 {
+            return None;
+        }
+        let bits = if dt == DType::I64 { 64 } else { 32 };
+        let shift = c.trailing_zeros();
+        // `c` must be representable in the type (u8 values live in 32-bit registers).
+        if dt == DType::U8 && shift >= 8 || dt == DType::I32 && shift >= 31 || shift >= 63 {
+            return None;
+        }
+        let (t, bt) = (int_ty(dt), bit_ty(dt));
+        let d = self.reg(rk(dt));
+        if !dt.is_signed_int() {
+            match op {
+                BinaryOp::Div => self.ins(format!("shr.{t} {d}, {a}, {shift}")),
+                _ => self.ins(format!("and.{bt} {d}, {a}, {}", c - 1)),
+            }
+            return Some(d);
+        }
+        // Round toward zero: add `c - 1` to negative dividends before the arithmetic
+        // shift (the sign spread over the low `shift` bits).
+        let u = if bits == 64 { "u64" } else { "u32" };
+        let bias = self.reg(rk(dt));
+        self.ins(format!("shr.{t} {bias}, {a}, {}", bits - 1));
+        self.ins(format!("shr.{u} {bias}, {bias}, {}", bits - shift));
+        self.ins(format!("add.{t} {bias}, {a}, {bias}"));
+        match op {
+            BinaryOp::Div => self.ins(format!("shr.{t} {d}, {bias}, {shift}")),
+            _ => {
+                let mask = if bits == 64 {
+                    format!("{:#x}", !(c as u64 - 1))
+                } else {
+                    format!("{:#x}", !(c as u32 - 1))
+                };
+                self.ins(format!("and.{bt} {bias}, {bias}, {mask}"));
+                self.ins(format!("sub.{t} {d}, {a}, {bias}"));
+            }
+        }
+        Some(d)
     }
 
     fn binary(&mut self, op: BinaryOp, dt: DType, a: &str, b: &str) -> Res<String> {

@@ -1684,3 +1684,135 @@ fn gpu_sums_broadcast() {
         diff("sums_broadcast", d, [1, 1, 1], &data, 0.0);
     }
 }
+
+const POW2_DIV: &str = r#"
+fn pow2_div<const C: usize>(x: Ptr<i32>, out: Ptr<i32>, n: i32) {
+    let i = program_id(0) * 128 + arange(0, 128);
+    let ok = i < n;
+    let v = load(x + i, ok, 0);
+    let o = out + i * 9;
+    store(o, v / C, ok);
+    store(o + 1, v % C, ok);
+    store(o + 2, ((v as u32) / (C as u32)).bitcast::<i32>(), ok);
+    store(o + 3, ((v as u32) % (C as u32)).bitcast::<i32>(), ok);
+    let w = (v as i64) * 3;
+    store(o + 4, (w / (C as i64)) as i32, ok);
+    store(o + 5, (w % (C as i64)) as i32, ok);
+    store(o + 6, ((v as u8) / 8) as i32, ok);
+    store(o + 7, ((v as u8) % 16) as i32, ok);
+    // A divisor that is not a power of two keeps the division instruction.
+    store(o + 8, v / 3 + v % 6, ok);
+}
+"#;
+
+/// Values an integer division by a constant must get right: signs, zero, the extremes,
+/// multiples of the divisor and their neighbours, then seeded random ones.
+fn division_inputs() -> Vec<i32> {
+    let mut x = vec![
+        0,
+        1,
+        -1,
+        7,
+        -7,
+        8,
+        -8,
+        9,
+        -9,
+        i32::MAX,
+        i32::MIN,
+        i32::MIN + 1,
+    ];
+    for k in [1, 2, 3, 6, 10, 20, 30] {
+        for d in [-1, 0, 1] {
+            x.push((1i32 << k) + d);
+            x.push(-(1i32 << k) + d);
+        }
+    }
+    let mut r = Rng(41);
+    while x.len() < 300 {
+        x.push((r.f() * 2.0e9) as i32);
+    }
+    x
+}
+
+/// Integer `/` and `%` by a constant power of two (emitted as shifts and masks,
+/// `Emitter::by_power_of_two`) on the GPU against the interpreter, over i32, u32, i64
+/// and u8, for divisors 1 to 2^30.
+#[test]
+fn gpu_division_by_powers_of_two() {
+    let x = division_inputs();
+    let n = x.len();
+    for c in [1i64, 2, 8, 64, 1 << 30] {
+        let d = def(POW2_DIV, &[("C", c)], 4);
+        let data = [
+            Data::I32(x.clone()),
+            Data::I32(vec![i32::MIN; 9 * n]),
+            Data::S(Scalar::I32(n as i32)),
+        ];
+        diff(
+            &format!("pow2_div C={c}"),
+            d,
+            [n.div_ceil(128) as u32, 1, 1],
+            &data,
+            0.0,
+        );
+    }
+}
+
+/// The interpreter's `/` and `%` (the reference semantics the shifts must reproduce):
+/// Rust's, truncating toward zero, for the same kernel and inputs.
+#[test]
+fn the_interpreter_divides_integers_as_rust_does() {
+    let x = division_inputs();
+    let n = x.len();
+    for c in [1i64, 2, 8, 64, 1 << 30] {
+        let d = def(POW2_DIV, &[("C", c)], 4);
+        let data = [
+            Data::I32(x.clone()),
+            Data::I32(vec![i32::MIN; 9 * n]),
+            Data::S(Scalar::I32(n as i32)),
+        ];
+        let got = run_on(&Device::cpu(), d, [n.div_ceil(128) as u32, 1, 1], &data);
+        let Data::I32(out) = &got[1] else {
+            panic!("unexpected buffer kind")
+        };
+        let c32 = c as i32;
+        for (j, &v) in x.iter().enumerate() {
+            let w = v as i64 * 3;
+            let want = [
+                v / c32,
+                v % c32,
+                ((v as u32) / (c as u32)) as i32,
+                ((v as u32) % (c as u32)) as i32,
+                (w / c) as i32,
+                (w % c) as i32,
+                ((v as u8) / 8) as i32,
+                ((v as u8) % 16) as i32,
+                v / 3 + v % 6,
+            ];
+            assert_eq!(out[9 * j..9 * j + 9], want, "x = {v}, C = {c}");
+        }
+    }
+}
+
+/// The code those divisions become: no `div`/`rem` instruction for a power of two, and
+/// exactly the two of the `/ 3` and `% 6` beside them (no GPU needed).
+#[test]
+fn division_by_a_power_of_two_is_shifts() {
+    for c in [2i64, 64] {
+        let d = def(POW2_DIV, &[("C", c)], 4);
+        for ptx in [
+            d.variants[0].ptx_sm80.as_str(),
+            d.variants[0].ptx_sm90.as_str(),
+        ] {
+            let divisions = ptx
+                .lines()
+                .filter(|l| {
+                    l.trim_start().starts_with("div.") || l.trim_start().starts_with("rem.")
+                })
+                .collect::<Vec<_>>();
+            assert_eq!(divisions.len(), 2, "C = {c}: {divisions:?}");
+            assert!(divisions.iter().all(|l| l.contains("s32")), "{divisions:?}");
+        }
+    }
+}
