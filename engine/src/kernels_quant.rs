@@ -470,8 +470,10 @@ fn q4_k_tile<const ACT: usize>(
     let x_lo3 = x_lo.expand_dims(0);
     let x_hi3 = x_hi.expand_dims(0);
     let lo = qt & 0x0F0F_0F0F;
-    let hi = (qt >> 4) & 0x0F0F_0F0F;
-    let dots = dot4(hi, x_hi3, dot4(lo, x_lo3, 0)).sum(2);
+    // The high nibbles in place: 16 times their values, byte by byte, so one mask
+    // replaces a shift and a mask a word, and the sum is exactly 16 times theirs.
+    let hi16 = qt & 0xF0F0_F0F0;
+    let dots = dot4(lo, x_lo3, 0).sum(2) + (dot4(hi16, x_hi3, 0).sum(2) >> 4);
     // The block's sum of `x` by `dot4` with ones (a weight-shaped tile, so that it is
     // laid out as `dots`; the compiler folds it to a constant).
     let ones = (qt & 0) | 0x0101_0101;
