@@ -236,7 +236,9 @@ fn check_type(ty: GgmlType, seed: u64) {
     devices.extend(gpu_or_skip(&test));
     for dev in devices {
         let min_k = if ty == GgmlType::Q8_0 { 32 } else { 256 };
-        let mut shapes = vec![(5, min_k), (24, 512), (9, 1024 + min_k)];
+        // (16, 2048): whole tiles, so the Q4_K GEMV's unmasked variant (`EVEN`) runs at
+        // the 8-row and 16-row 1024-column configurations; the others are ragged.
+        let mut shapes = vec![(5, min_k), (24, 512), (9, 1024 + min_k), (16, 2048)];
         let mut configs = vec![
             QuantGemvConfig {
                 block_n: 1,
@@ -286,6 +288,8 @@ fn check_type(ty: GgmlType, seed: u64) {
             configs.push(QuantGemvConfig::for_shape(ty, 4096, 12288));
             configs.dedup();
         }
+        // Launches of the unmasked Q4_K variant and of the masked one at the same tiles.
+        let (mut unmasked, mut masked) = (0, 0);
         for &(n, k) in &shapes {
             let mut c = case(&mut rng, ty, n, k);
             // A block of zeros and one of a single huge value: their scales' extremes.
@@ -328,6 +332,13 @@ fn check_type(ty: GgmlType, seed: u64) {
                         (_, true) => (&inputs[2], Some(&silu_f32[..])),
                         _ => (&inputs[0], Some(&plain_f32[..])),
                     };
+                    if ty == GgmlType::Q4_K && !norm && cfg.block_n == 8 && cfg.block_k == 1024 {
+                        if m.reads_unmasked(cfg, residual) {
+                            unmasked += 1;
+                        } else {
+                            masked += 1;
+                        }
+                    }
                     let norm_arg = norm.then_some((&norm_w, EPS));
                     let mut y = if residual {
                         dev.upload(&c.old).unwrap()
@@ -367,6 +378,12 @@ fn check_type(ty: GgmlType, seed: u64) {
                 }
                 check_norm_fused(&dev, &m, &c, n, k, cfg, &a, &norm_w, &bias, &inputs[1]);
             }
+        }
+        if ty == GgmlType::Q4_K {
+            assert!(
+                unmasked > 0 && masked > 0,
+                "{dev}: unmasked {unmasked}, masked {masked}"
+            );
         }
     }
 }
@@ -1023,7 +1040,7 @@ fn register_limits_reach_the_driver_and_its_occupancy_matches_the_model() {
         (16, 1024, 1, 8, None),
         (8, 1024, 0, 4, None),
     ] {
-        let consts = [n, k, residual, 0, 0];
+        let consts = [n, k, residual, 0, 0, 0];
         let what = format!("q4_k_gemv {n} x {k}, residual {residual}, {warps} warps");
         let regs = def
             .registers_per_thread(&gpu, &consts, Some(warps))

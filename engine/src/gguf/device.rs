@@ -676,13 +676,7 @@ impl DeviceQuantMatrix {
         residual: bool,
         sms: usize,
     ) -> Result<Option<(u32, f64)>> {
-        let consts = [
-            cfg.block_n as i64,
-            cfg.block_k as i64,
-            i64::from(residual),
-            0,
-            0,
-        ];
+        let consts = self.gemv_consts(cfg, residual, false, false);
         let per_sm = self
             .kernel()
             .programs_per_sm(dev, &consts, Some(cfg.num_warps))?;
@@ -690,6 +684,34 @@ impl DeviceQuantMatrix {
             let slots = f64::from(p.max(1)) * sms.max(1) as f64;
             (p, f64::from(cfg.grid(self.rows)) / slots)
         }))
+    }
+
+    /// Whether the GEMV over this matrix at `cfg` (no norm, no LM head) runs the
+    /// variant whose loads take no masks (`EVEN = 1` of [`crate::kernels_quant::q4_k_gemv`]).
+    pub fn reads_unmasked(&self, cfg: QuantGemvConfig, residual: bool) -> bool {
+        self.gemv_consts(cfg, residual, false, false).get(5) == Some(&1)
+    }
+
+    /// The compile-time constants of this matrix's GEMV variant at `cfg`: `BLOCK_N`,
+    /// `BLOCK_K`, `RESIDUAL`, `HEAD`, `ACT`, and for Q4_K `EVEN`, 1 where every row of
+    /// every program exists and the rows are whole tiles long (then the kernel's loads
+    /// take no masks: docs/perf.md, "Loads without masks") and that variant is compiled.
+    fn gemv_consts(&self, cfg: QuantGemvConfig, residual: bool, head: bool, act: bool) -> Vec<i64> {
+        let mut consts = vec![
+            cfg.block_n as i64,
+            cfg.block_k as i64,
+            i64::from(residual),
+            i64::from(head),
+            i64::from(act),
+        ];
+        if let QuantBuffers::Q4K { .. } = self.buffers {
+            let whole = self.rows % cfg.block_n == 0 && self.cols % cfg.block_k == 0;
+            consts.push(1);
+            if !whole || Q4_K_GEMV.variant(&consts, Some(cfg.num_warps)).is_err() {
+                consts[5] = 0;
+            }
+        }
+        consts
     }
 
     /// The arrays every kernel over this matrix takes first, in the device layout's
@@ -993,13 +1015,7 @@ impl DeviceQuantMatrix {
         if serialized {
             launch = launch.serialized();
         }
-        let consts = [
-            cfg.block_n as i64,
-            cfg.block_k as i64,
-            i64::from(residual && !head),
-            i64::from(head),
-            i64::from(norm.is_some()),
-        ];
+        let consts = self.gemv_consts(cfg, residual && !head, head, norm.is_some());
         let n = self.rows as i32;
         let (mut args, k_words) = self.weight_args();
         args.extend([(&spare.xq).into(), (&spare.xd).into()]);

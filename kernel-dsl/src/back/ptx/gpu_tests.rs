@@ -1816,3 +1816,41 @@ fn division_by_a_power_of_two_is_shifts() {
         }
     }
 }
+
+const TRUE_MASKS: &str = r#"
+fn true_masks<const B: usize>(x: Ptr<f32>, out: Ptr<f32>, n: i32) {
+    let i = program_id(0) * B + arange(0, B);
+    let always = full([B], true) & (full([B], true) | (i < n));
+    let v = load(x + i, always, 1.0);
+    store(out + i, v * 2.0, always);
+    store(out + B * num_programs(0) + i, v, i < n);
+}
+"#;
+
+/// A mask that is `true` by construction (`full(.., true)`, `&` of two, `|` with one)
+/// takes no predicate: the load and the first store are unpredicated in the PTX, the
+/// masked store keeps its predicate; on the GPU the results equal the interpreter's.
+#[test]
+fn constant_true_masks_take_no_predicate() {
+    let d = def(TRUE_MASKS, &[("B", 128)], 4);
+    let ptx = d.variants[0].ptx_sm90.as_str();
+    let predicated = |op: &str| {
+        ptx.lines()
+            .filter(|l| l.contains(op))
+            .filter(|l| l.trim_start().starts_with('@'))
+            .count()
+    };
+    assert_eq!(predicated("ld.global"), 0, "{ptx}");
+    assert!(
+        predicated("st.global") > 0,
+        "the `i < n` store keeps its mask"
+    );
+    let mut r = Rng(43);
+    let n = 256;
+    let data = [
+        Data::F32(r.vec(n, 1.0)),
+        Data::F32(vec![f32::NAN; 2 * n]),
+        Data::S(Scalar::I32(n as i32)),
+    ];
+    diff("true_masks", d, [2, 1, 1], &data, 0.0);
+}

@@ -131,6 +131,8 @@ impl Emitter<'_> {
         other: Option<ValueId>,
         l: Option<&Layout>,
     ) -> Res<Vec<String>> {
+        let mask = mask.filter(|&m| !always_true(self.k, m));
+        let other = other.filter(|_| mask.is_some());
         let dt = self.val_dt(v)?;
         // A pointer that may come from several parameters takes the most careful of
         // their qualifiers (`.cg` before an ordinary load before `.nc`).
@@ -226,6 +228,7 @@ impl Emitter<'_> {
     /// `prefetch.global.L2` of each element's address (one per vector group: the
     /// elements of a group share a line), by its owner thread only.
     pub fn prefetch(&mut self, ptr: ValueId, mask: Option<ValueId>) -> Res<()> {
+        let mask = mask.filter(|&m| !always_true(self.k, m));
         let (ptrs, masks, owner, vw) = if self.k.ty(ptr).is_scalar() {
             let tid0 = self.tid0.clone();
             let m = mask.map(|m| vec![self.scalar(m)]);
@@ -327,6 +330,7 @@ impl Emitter<'_> {
 
     /// Stores a tile or scalar; each element is written by its owner thread only.
     pub fn store(&mut self, ptr: ValueId, value: ValueId, mask: Option<ValueId>) -> Res<()> {
+        let mask = mask.filter(|&m| !always_true(self.k, m));
         let dt = self.ptr_dt(ptr)?;
         let kind = rk(dt);
         let (ptrs, vals, masks, owner, vw) = if self.k.ty(ptr).is_scalar() {
@@ -533,5 +537,32 @@ impl Emitter<'_> {
         }
         self.ins("fence.acq_rel.gpu");
         Ok(out)
+    }
+}
+
+/// Whether the mask `v` holds `true` in every element by construction: a `true`
+/// literal, a splat, broadcast or new axis of one, `&` of two such, or `|` with one.
+/// Such a load or store takes no predicate and zeroes no destination (a kernel's
+/// `full(.., true)` for shapes it knows divisible, as Triton's `EVEN_K`).
+pub(super) fn always_true(k: &crate::ir::Kernel, v: ValueId) -> bool {
+    use crate::ir::{BinaryOp, Def, Expr, Literal};
+    match &k.value(v).def {
+        Def::Expr(Expr::Literal(Literal::Bool(b))) => *b,
+        Def::Expr(
+            Expr::Splat { value, .. }
+            | Expr::Broadcast { value, .. }
+            | Expr::ExpandDims { value, .. },
+        ) => always_true(k, *value),
+        Def::Expr(Expr::Binary {
+            op: BinaryOp::And,
+            lhs,
+            rhs,
+        }) => always_true(k, *lhs) && always_true(k, *rhs),
+        Def::Expr(Expr::Binary {
+            op: BinaryOp::Or,
+            lhs,
+            rhs,
+        }) => always_true(k, *lhs) || always_true(k, *rhs),
+        _ => false,
     }
 }
