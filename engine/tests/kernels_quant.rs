@@ -237,7 +237,7 @@ fn check_type(ty: GgmlType, seed: u64) {
     for dev in devices {
         let min_k = if ty == GgmlType::Q8_0 { 32 } else { 256 };
         // (16, 2048): whole tiles, so the Q4_K GEMV's unmasked variant (`EVEN`) runs at
-        // the 8-row and 16-row 1024-column configurations; the others are ragged.
+        // the 8-row 1024-column configuration; the others are ragged or masked.
         let mut shapes = vec![(5, min_k), (24, 512), (9, 1024 + min_k), (16, 2048)];
         let mut configs = vec![
             QuantGemvConfig {
@@ -309,6 +309,17 @@ fn check_type(ty: GgmlType, seed: u64) {
                 .collect();
             let gate_up = dev.upload(&c.gate_up).unwrap();
             let m = DeviceQuantMatrix::upload(&dev, &c.packed).unwrap();
+            if ty == GgmlType::Q4_K && (n, k) == (16, 2048) {
+                // Unmasked where compiled: 8 rows, not 16 (docs/perf.md, "Loads without
+                // masks").
+                let tile = |block_n| QuantGemvConfig {
+                    block_n,
+                    block_k: 1024,
+                    num_warps: 4,
+                };
+                assert!(m.reads_unmasked(tile(8), false) && m.reads_unmasked(tile(8), true));
+                assert!(!m.reads_unmasked(tile(16), false));
+            }
             let a = dev.upload(&c.a).unwrap();
             let bias = dev.upload(&c.bias).unwrap();
             let norm_w = dev.upload(&c.norm_w).unwrap();
