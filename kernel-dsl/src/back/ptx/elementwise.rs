@@ -8,16 +8,25 @@ use crate::ir::{BinaryOp, CmpOp, DType, Def, Expr, Kernel, Literal, ParamKind, U
 const LOG2E: f32 = std::f32::consts::LOG2_E;
 const LN2: f32 = std::f32::consts::LN_2;
 
-/// The integer constant every element of `v` holds (a literal, or a splat, broadcast
-/// or new axis of one), if it is one.
-fn int_constant(k: &Kernel, v: ValueId) -> Option<i64> {
+/// The literal every element of `v` holds (a literal, or a splat, broadcast or new
+/// axis of one), if it is one: what a division by a constant and a constant mask
+/// (`memory::always_true`) look for.
+pub(super) fn uniform_literal(k: &Kernel, v: ValueId) -> Option<Literal> {
     match &k.value(v).def {
         Def::Expr(
             Expr::Splat { value, .. }
             | Expr::Broadcast { value, .. }
             | Expr::ExpandDims { value, .. },
-        ) => int_constant(k, *value),
-        Def::Expr(Expr::Literal(Literal::Int(c, _))) => Some(*c),
+        ) => uniform_literal(k, *value),
+        Def::Expr(Expr::Literal(lit)) => Some(*lit),
+        _ => None,
+    }
+}
+
+/// The integer constant every element of `v` holds, if it is one.
+fn int_constant(k: &Kernel, v: ValueId) -> Option<i64> {
+    match uniform_literal(k, v)? {
+        Literal::Int(c, _) => Some(c),
         _ => None,
     }
 }

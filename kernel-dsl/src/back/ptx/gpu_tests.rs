@@ -1740,23 +1740,31 @@ fn division_inputs() -> Vec<i32> {
 /// and u8, for divisors 1 to 2^30.
 #[test]
 fn gpu_division_by_powers_of_two() {
+    for (c, d, grid, data) in division_cases() {
+        diff(&format!("pow2_div C={c}"), d, grid, &data, 0.0);
+    }
+}
+
+/// `POW2_DIV` at each divisor tested, its grid and its buffers (outputs poisoned).
+fn division_cases() -> Vec<(i64, &'static KernelDef, [u32; 3], [Data; 3])> {
     let x = division_inputs();
     let n = x.len();
-    for c in [1i64, 2, 8, 64, 1 << 30] {
-        let d = def(POW2_DIV, &[("C", c)], 4);
-        let data = [
-            Data::I32(x.clone()),
-            Data::I32(vec![i32::MIN; 9 * n]),
-            Data::S(Scalar::I32(n as i32)),
-        ];
-        diff(
-            &format!("pow2_div C={c}"),
-            d,
-            [n.div_ceil(128) as u32, 1, 1],
-            &data,
-            0.0,
-        );
-    }
+    [1i64, 2, 8, 64, 1 << 30]
+        .into_iter()
+        .map(|c| {
+            let data = [
+                Data::I32(x.clone()),
+                Data::I32(vec![i32::MIN; 9 * n]),
+                Data::S(Scalar::I32(n as i32)),
+            ];
+            (
+                c,
+                def(POW2_DIV, &[("C", c)], 4),
+                [n.div_ceil(128) as u32, 1, 1],
+                data,
+            )
+        })
+        .collect()
 }
 
 /// The interpreter's `/` and `%` (the reference semantics the shifts must reproduce):
@@ -1764,15 +1772,8 @@ fn gpu_division_by_powers_of_two() {
 #[test]
 fn the_interpreter_divides_integers_as_rust_does() {
     let x = division_inputs();
-    let n = x.len();
-    for c in [1i64, 2, 8, 64, 1 << 30] {
-        let d = def(POW2_DIV, &[("C", c)], 4);
-        let data = [
-            Data::I32(x.clone()),
-            Data::I32(vec![i32::MIN; 9 * n]),
-            Data::S(Scalar::I32(n as i32)),
-        ];
-        let got = run_on(&Device::cpu(), d, [n.div_ceil(128) as u32, 1, 1], &data);
+    for (c, d, grid, data) in division_cases() {
+        let got = run_on(&Device::cpu(), d, grid, &data);
         let Data::I32(out) = &got[1] else {
             panic!("unexpected buffer kind")
         };

@@ -546,13 +546,10 @@ impl Emitter<'_> {
 /// `full(.., true)` for shapes it knows divisible, as Triton's `EVEN_K`).
 pub(super) fn always_true(k: &crate::ir::Kernel, v: ValueId) -> bool {
     use crate::ir::{BinaryOp, Def, Expr, Literal};
+    if let Some(lit) = super::elementwise::uniform_literal(k, v) {
+        return lit == Literal::Bool(true);
+    }
     match &k.value(v).def {
-        Def::Expr(Expr::Literal(Literal::Bool(b))) => *b,
-        Def::Expr(
-            Expr::Splat { value, .. }
-            | Expr::Broadcast { value, .. }
-            | Expr::ExpandDims { value, .. },
-        ) => always_true(k, *value),
         Def::Expr(Expr::Binary {
             op: BinaryOp::And,
             lhs,
