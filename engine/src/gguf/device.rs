@@ -56,6 +56,30 @@ fn norm_fused_policy(v: &str, rows: usize, cols: usize) -> Result<bool> {
     Ok(hit)
 }
 
+/// Whether a Q4_K GEMV of `block_n` rows a program may run its unmasked variant
+/// (`EVEN = 1`, [`DeviceQuantMatrix::reads_unmasked`]) where the shape allows and the
+/// variant is compiled (4- and 8-row tiles: docs/perf.md, "Loads without masks").
+/// `TILEFUSE_QUANT_EVEN` restricts it for measurements: `0` never, `1` wherever
+/// compiled, or the row counts separated by `,`. A malformed value reads as unset.
+pub fn unmasked_rows_allowed(block_n: usize) -> bool {
+    even_policy(
+        std::env::var("TILEFUSE_QUANT_EVEN").ok().as_deref(),
+        block_n,
+    )
+}
+
+/// [`unmasked_rows_allowed`] under the override `v` (`None`: unset).
+fn even_policy(v: Option<&str>, block_n: usize) -> bool {
+    match v.map(str::trim) {
+        None | Some("1") => true,
+        Some("0") => false,
+        Some(list) => {
+            let rows: Option<Vec<usize>> = list.split(',').map(|r| r.trim().parse().ok()).collect();
+            rows.is_none_or(|rows| rows.contains(&block_n))
+        }
+    }
+}
+
 /// Rows and 32-element blocks a program of the dequantization kernels writes for a
 /// matrix of type `ty` ([`DeviceQuantMatrix::dequantize_into`]): the fastest compiled
 /// tile alone on an H100 at Qwen3-0.6B's and Qwen3-8B's shapes, or within 2% of it
@@ -707,7 +731,8 @@ impl DeviceQuantMatrix {
         if let QuantBuffers::Q4K { .. } = self.buffers {
             let whole = self.rows % cfg.block_n == 0 && self.cols % cfg.block_k == 0;
             consts.push(1);
-            if !whole || Q4_K_GEMV.variant(&consts, Some(cfg.num_warps)).is_err() {
+            let allowed = unmasked_rows_allowed(cfg.block_n);
+            if !whole || !allowed || Q4_K_GEMV.variant(&consts, Some(cfg.num_warps)).is_err() {
                 consts[5] = 0;
             }
         }
@@ -1301,6 +1326,15 @@ impl QuantSpare {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_unmasked_override_lists_row_counts() {
+        assert!(even_policy(None, 4) && even_policy(Some("1"), 8));
+        assert!(!even_policy(Some("0"), 4) && !even_policy(Some("0"), 8));
+        assert!(even_policy(Some("4, 16"), 4) && !even_policy(Some("4,16"), 8));
+        // Malformed: as unset.
+        assert!(even_policy(Some("x"), 8));
+    }
 
     #[test]
     fn the_norm_fused_override_names_shapes_and_quotes_bad_ones() {
