@@ -61,11 +61,11 @@ fn norm_fused_policy(v: &str, rows: usize, cols: usize) -> Result<bool> {
 /// variant is compiled (4- and 8-row tiles: docs/perf.md, "Loads without masks").
 /// `TILEFUSE_QUANT_EVEN` restricts it for measurements: `0` never, `1` wherever
 /// compiled, or the row counts separated by `,`. A malformed value reads as unset.
+/// The environment is read once a process: every launch asks.
 pub fn unmasked_rows_allowed(block_n: usize) -> bool {
-    even_policy(
-        std::env::var("TILEFUSE_QUANT_EVEN").ok().as_deref(),
-        block_n,
-    )
+    static OVERRIDE: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    let v = OVERRIDE.get_or_init(|| std::env::var("TILEFUSE_QUANT_EVEN").ok());
+    even_policy(v.as_deref(), block_n)
 }
 
 /// [`unmasked_rows_allowed`] under the override `v` (`None`: unset).
