@@ -51,6 +51,17 @@ fn meet(a: &AxisInfo, b: &AxisInfo) -> AxisInfo {
     }
 }
 
+/// The value of `v` when it is an integer literal, or a splat or broadcast of one.
+fn const_int(k: &Kernel, v: ValueId) -> Option<i64> {
+    match &k.value(v).def {
+        Def::Expr(Expr::Literal(Literal::Int(c, _))) => Some(*c),
+        Def::Expr(Expr::Splat { value, .. } | Expr::Broadcast { value, .. }) => {
+            const_int(k, *value)
+        }
+        _ => None,
+    }
+}
+
 fn at_runs(x: &AxisInfo, t: usize, rc: u64) -> u64 {
     if x.contig[t] <= rc {
         x.div[t]
@@ -244,6 +255,19 @@ fn expr(k: &Kernel, v: ValueId, e: &Expr, info: &[AxisInfo]) -> AxisInfo {
                         // which divides `m`: so is its remainder.
                         let rc = out.contig[t];
                         out.div[t] = if rc > 1 { rc } else { da.min(db) };
+                        out.cons[t] = a.cons[t].min(b.cons[t]);
+                    }
+                    // `x / c` by a power of two `c` that divides what divides `x`:
+                    // the division is exact, so the quotient keeps the rest
+                    // (`(k_words / 4) * 2` with `k_words` a multiple of 32 is even).
+                    BinaryOp::Div => {
+                        let da = at_runs(&a, t, 1);
+                        if let Some(c) = const_int(k, *rhs).filter(|&c| c > 0) {
+                            let c = c as u64;
+                            if c.is_power_of_two() && da % c == 0 {
+                                out.div[t] = da / c;
+                            }
+                        }
                         out.cons[t] = a.cons[t].min(b.cons[t]);
                     }
                     _ => out.cons[t] = a.cons[t].min(b.cons[t]),

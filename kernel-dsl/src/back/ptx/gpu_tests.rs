@@ -2,7 +2,7 @@
 //! on a CUDA device and on the CPU interpreter with the same inputs; every written buffer
 //! must agree. Skips without a GPU (fails with `TILEFUSE_REQUIRE_GPU=1`).
 
-use half::bf16;
+use half::{bf16, f16};
 
 use super::{compile, Target};
 use crate::interp::Scalar;
@@ -1854,4 +1854,62 @@ fn constant_true_masks_take_no_predicate() {
         Data::S(Scalar::I32(n as i32)),
     ];
     diff("true_masks", d, [2, 1, 1], &data, 0.0);
+}
+
+const BYTE_PAIRS: &str = r#"
+fn byte_pairs<const B: usize>(s: Ptr<u8>, h: Ptr<f16>, quad_out: Ptr<f32>, pair_out: Ptr<f32>, n: i32, #[multiple_of(32)] k: i32) {
+    let rows = program_id(0) * B + arange(0, B);
+    let ok = (rows < n).expand_dims(1);
+    let two = arange(0, 2).expand_dims(0);
+    let four = arange(0, 4).expand_dims(0);
+    // Quads and pairs of bytes, masked by row, with a fill value past `n`.
+    let quads = load(s + (rows * 4).expand_dims(1) + four, ok, 9);
+    store(quad_out + (rows * 4).expand_dims(1) + four, quads as f32);
+    let pairs = load(s + 2048 + (rows * 2).expand_dims(1) + two, ok, 7);
+    // Halves in pairs at `(k / 4) * 2`-element rows: aligned only because `k / 4` is even.
+    let at = (rows * (k / 4)).expand_dims(1) + ((rows % 4) * 2).expand_dims(1) + two;
+    let halves = load(h + at, ok, 0.5);
+    store(pair_out + (rows * 2).expand_dims(1) + two, (pairs as f32) * 1000.0 + (halves as f32));
+}
+"#;
+
+/// Loads of `u8` quads and pairs take `.v4.u8` / `.v2.u8` vectors, and f16 pairs whose
+/// offsets are aligned through an exact division (`k / 4` with `k` a multiple of 32)
+/// one 32-bit word; masked lanes take the fill value; the GPU equals the interpreter.
+#[test]
+fn byte_pairs_load_as_vectors() {
+    let d = def(BYTE_PAIRS, &[("B", 128)], 4);
+    let ptx = d.variants[0].ptx_sm90.as_str();
+    let loads = |ty: &str| {
+        ptx.lines()
+            .filter(|l| l.contains("ld.global") && l.contains(ty))
+            .count()
+    };
+    assert!(loads(".v2.u8") > 0 && loads(".v4.u8") > 0, "{ptx}");
+    assert_eq!(
+        loads(".u8 "),
+        loads(".v2.u8 ") + loads(".v4.u8 "),
+        "no single-byte loads: {ptx}"
+    );
+    assert!(
+        loads(".b32") > 0 && loads(".b16") == 0,
+        "f16 pairs as one word: {ptx}"
+    );
+    let mut r = Rng(47);
+    let (n, k) = (200usize, 64i32);
+    let bytes: Vec<u8> = (0..4096).map(|_| ((r.f() + 1.0) * 127.9) as u8).collect();
+    let halves: Vec<f16> = r
+        .vec(256 * k as usize / 4 + 8, 4.0)
+        .into_iter()
+        .map(f16::from_f32)
+        .collect();
+    let data = [
+        Data::U8(bytes),
+        Data::F16(halves),
+        Data::F32(vec![f32::NAN; 4 * 256]),
+        Data::F32(vec![f32::NAN; 2 * 256]),
+        Data::S(Scalar::I32(n as i32)),
+        Data::S(Scalar::I32(k)),
+    ];
+    diff("byte_pairs", d, [2, 1, 1], &data, 0.0);
 }

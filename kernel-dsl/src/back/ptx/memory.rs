@@ -25,17 +25,37 @@ impl Emitter<'_> {
         l: &Layout,
         dt: DType,
     ) -> usize {
-        self.narrowed = None;
         let es = dt.size_bytes();
         if es == 1 {
+            self.narrowed = None;
             return 1;
         }
+        self.width_up_to(ptr, mask, l, es, 16 / es)
+    }
+
+    /// [`Self::vec_width`] for a load of `u8` elements: up to four a vector (`ld.v4.u8`
+    /// into 32-bit registers). Loads only: the staged and coalesced paths keep bytes
+    /// one an access.
+    fn byte_load_width(&mut self, ptr: ValueId, mask: Option<ValueId>, l: &Layout) -> usize {
+        self.width_up_to(ptr, mask, l, 1, 4)
+    }
+
+    /// Elements per vector access of `es`-byte elements, at most `cap`.
+    fn width_up_to(
+        &mut self,
+        ptr: ValueId,
+        mask: Option<ValueId>,
+        l: &Layout,
+        es: usize,
+        cap: usize,
+    ) -> usize {
+        self.narrowed = None;
         let s0 = l.order[0];
         let Some(t) = l.keep.iter().position(|&s| s == s0) else {
             return 1;
         };
         let info = &self.axis[ptr.index()];
-        let run = (l.run(s0) as u64).min(16 / es as u64);
+        let run = (l.run(s0) as u64).min(cap as u64);
         let (contig, aligned) = (info.contig[t], info.div[t] / es as u64);
         let uniform = mask.map_or(u64::MAX, |m| self.axis[m.index()].cons[t]);
         let v = run.min(contig).min(aligned).min(uniform).max(1);
@@ -153,7 +173,11 @@ impl Emitter<'_> {
                 self.tile(ptr, l)?,
                 mask.map(|m| self.tile(m, l)).transpose()?,
                 other.map(|o| self.tile(o, l)).transpose()?,
-                self.vec_width(ptr, mask, l, dt),
+                if dt == DType::U8 {
+                    self.byte_load_width(ptr, mask, l)
+                } else {
+                    self.vec_width(ptr, mask, l, dt)
+                },
             ),
             None => {
                 self.narrowed = None;
