@@ -427,24 +427,17 @@ pub fn q8_0_gemv<
     );
 }
 
-/// Offsets `[n, len(idx), 2]` of the pairs `idx` of each row in an array of pairs
-/// (`rows`: `[n, 1]`, each row's first element): Q4_K's scale-and-min bytes and its
-/// `d`-and-`dmin` halves, loaded together.
-#[tile_fn(crate = tilefuse_dsl)]
-fn pair_at(rows: Tile<i32>, idx: Tile<i32>) -> Tile<i32> {
-    rows.expand_dims(2) + (idx * 2).expand_dims(0).expand_dims(2) + arange(0, 2)
-}
-
 /// One tile's Q4_K sums per row and block (`[n, blocks]`): `qt: [n, blocks, 4]` nibble
-/// words, `sm: [n, blocks, 2]` each sub-block's scale and min, `dp: [n, blocks, 2]`
-/// its super-block's `d` and `dmin`, against activation blocks `blk` (valid where
-/// `blk_ok`).
+/// words, `sc`, `m: [n, blocks]` sub-block scales and mins, `dd`, `dm: [n, blocks]`
+/// their super-blocks' scales, against activation blocks `blk` (valid where `blk_ok`).
 #[tile_fn(crate = tilefuse_dsl)]
 #[allow(clippy::too_many_arguments)]
 fn q4_k_tile<const ACT: usize>(
     qt: Tile<u32>,
-    sm: Tile<u8>,
-    dp: Tile<f16>,
+    sc: Tile<u8>,
+    m: Tile<u8>,
+    dd: Tile<f16>,
+    dm: Tile<f16>,
     xq: Ptr<i32>,
     xd: Ptr<f32>,
     a: Ptr<bf16>,
@@ -485,15 +478,9 @@ fn q4_k_tile<const ACT: usize>(
     // laid out as `dots`; the compiler folds it to a constant).
     let ones = (qt & 0) | 0x0101_0101;
     let x_sum = dot4(ones, x_hi3, dot4(ones, x_lo3, 0)).sum(2);
-    // The scale and the min side by side (`[.., 2]`, as `sm` and `dp` pair them):
-    // `(dots * sc) * d + (-x_sum * m) * dmin`, summed over the pair.
-    let pair = arange(0, 2);
-    let terms = select(
-        (pair == 0).expand_dims(0).expand_dims(0),
-        dots.expand_dims(2),
-        (0 - x_sum).expand_dims(2),
-    );
-    let scaled = (((terms * (sm as i32)) as f32) * (dp as f32)).sum(2);
+    // `dots`-derived operands first: the scales are then loaded in its layout.
+    let scaled =
+        ((dots * (sc as i32)) as f32) * (dd as f32) - ((x_sum * (m as i32)) as f32) * (dm as f32);
     scaled * x_d.expand_dims(0)
 }
 
@@ -503,11 +490,15 @@ fn q4_k_tile<const ACT: usize>(
 #[allow(clippy::too_many_arguments)]
 fn q4_k_row_sums<const BLOCK_K: usize, const ACT: usize, const EVEN: usize>(
     q_first: Tile<u32>,
-    sm_first: Tile<u8>,
-    dp_first: Tile<f16>,
+    sc_first: Tile<u8>,
+    m_first: Tile<u8>,
+    d_first: Tile<f16>,
+    dmin_first: Tile<f16>,
     q: Ptr<u32>,
-    sm: Ptr<u8>,
-    dp: Ptr<f16>,
+    scales: Ptr<u8>,
+    mins: Ptr<u8>,
+    d: Ptr<f16>,
+    dmin: Ptr<f16>,
     xq: Ptr<i32>,
     xd: Ptr<f32>,
     a: Ptr<bf16>,
@@ -528,7 +519,7 @@ fn q4_k_row_sums<const BLOCK_K: usize, const ACT: usize, const EVEN: usize>(
         first_ok = full([BLOCK_K / 32], true);
     }
     let mut acc = q4_k_tile::<ACT>(
-        q_first, sm_first, dp_first, xq, xd, a, norm_w, grp, first_ok, w,
+        q_first, sc_first, m_first, d_first, dmin_first, xq, xd, a, norm_w, grp, first_ok, w,
     );
     for g0 in (BLOCK_K / 32..blocks).step_by(BLOCK_K / 32) {
         let blk = g0 + grp;
@@ -542,9 +533,12 @@ fn q4_k_row_sums<const BLOCK_K: usize, const ACT: usize, const EVEN: usize>(
             ok.expand_dims(2),
             0,
         );
-        let smt = load(sm + pair_at(s_rows, blk), ok.expand_dims(2), 0);
-        let dpt = load(dp + pair_at(d_rows, blk / 8), ok.expand_dims(2), 0.0);
-        acc += q4_k_tile::<ACT>(qt, smt, dpt, xq, xd, a, norm_w, blk, blk_ok, w);
+        let sct = load(scales + s_rows + blk.expand_dims(0), ok, 0);
+        let mt = load(mins + s_rows + blk.expand_dims(0), ok, 0);
+        let sb = (blk / 8).expand_dims(0);
+        let dt = load(d + d_rows + sb, ok, 0.0);
+        let dmint = load(dmin + d_rows + sb, ok, 0.0);
+        acc += q4_k_tile::<ACT>(qt, sct, mt, dt, dmint, xq, xd, a, norm_w, blk, blk_ok, w);
     }
     acc.sum(1)
 }
@@ -557,11 +551,15 @@ fn q4_k_row_sums<const BLOCK_K: usize, const ACT: usize, const EVEN: usize>(
 #[allow(clippy::too_many_arguments)]
 fn q4_k_row_sums_prefetch<const BLOCK_K: usize, const ACT: usize>(
     q_first: Tile<u32>,
-    sm_first: Tile<u8>,
-    dp_first: Tile<f16>,
+    sc_first: Tile<u8>,
+    m_first: Tile<u8>,
+    d_first: Tile<f16>,
+    dmin_first: Tile<f16>,
     q: Ptr<u32>,
-    sm: Ptr<u8>,
-    dp: Ptr<f16>,
+    scales: Ptr<u8>,
+    mins: Ptr<u8>,
+    d: Ptr<f16>,
+    dmin: Ptr<f16>,
     xq: Ptr<i32>,
     xd: Ptr<f32>,
     a: Ptr<bf16>,
@@ -583,12 +581,16 @@ fn q4_k_row_sums_prefetch<const BLOCK_K: usize, const ACT: usize>(
         ok.expand_dims(2),
         0,
     );
-    let mut smt = load(sm + pair_at(s_rows, blk), ok.expand_dims(2), 0);
-    let mut dpt = load(dp + pair_at(d_rows, blk / 8), ok.expand_dims(2), 0.0);
+    let mut sct = load(scales + s_rows + blk.expand_dims(0), ok, 0);
+    let mut mt = load(mins + s_rows + blk.expand_dims(0), ok, 0);
+    let mut dt = load(d + d_rows + (blk / 8).expand_dims(0), ok, 0.0);
+    let mut dmint = load(dmin + d_rows + (blk / 8).expand_dims(0), ok, 0.0);
     let mut acc = q4_k_tile::<ACT>(
         q_first,
-        sm_first,
-        dp_first,
+        sc_first,
+        m_first,
+        d_first,
+        dmin_first,
         xq,
         xd,
         a,
@@ -605,22 +607,38 @@ fn q4_k_row_sums_prefetch<const BLOCK_K: usize, const ACT: usize>(
             ok.expand_dims(2),
             0,
         );
-        let nsm = load(sm + pair_at(s_rows, next), ok.expand_dims(2), 0);
-        let ndp = load(dp + pair_at(d_rows, next / 8), ok.expand_dims(2), 0.0);
+        let nsc = load(scales + s_rows + next.expand_dims(0), ok, 0);
+        let nm = load(mins + s_rows + next.expand_dims(0), ok, 0);
+        let nd = load(d + d_rows + (next / 8).expand_dims(0), ok, 0.0);
+        let ndmin = load(dmin + d_rows + (next / 8).expand_dims(0), ok, 0.0);
         let blk = g0 - step + grp;
-        acc += q4_k_tile::<ACT>(qt, smt, dpt, xq, xd, a, norm_w, blk, blk < blocks, w);
+        acc += q4_k_tile::<ACT>(
+            qt,
+            sct,
+            mt,
+            dt,
+            dmint,
+            xq,
+            xd,
+            a,
+            norm_w,
+            blk,
+            blk < blocks,
+            w,
+        );
         qt = nq;
-        smt = nsm;
-        dpt = ndp;
+        sct = nsc;
+        mt = nm;
+        dt = nd;
+        dmint = ndmin;
     }
     acc.sum(1)
 }
 
 /// `y = bf16(W · x + bias)` for a Q4_K matrix `W` of shape `[n, k]` with
-/// `k = 8 * k_words` (`q: u32[n, k_words]`; `sm: u8[n, k / 32, 2]`, each sub-block's
-/// scale and min; `dp: f16[n, k / 256, 2]`, each super-block's `d` and `dmin`) and `x`
-/// quantized by [`quantize_act`]; the residual and LM-head variants as in the module
-/// docs.
+/// `k = 8 * k_words` (`q: u32[n, k_words]`, `scales`, `mins: u8[n, k / 32]`, `d`,
+/// `dmin: f16[n, k / 256]`) and `x` quantized by [`quantize_act`]; the residual and
+/// LM-head variants as in the module docs.
 #[kernel(
     crate = tilefuse_dsl,
     BLOCK_N = [1, 2, 4, 8, 16, 32],
@@ -665,8 +683,10 @@ pub fn q4_k_gemv<
     const EVEN: usize,
 >(
     q: Ptr<u32>,
-    sm: Ptr<u8>,
-    dp: Ptr<f16>,
+    scales: Ptr<u8>,
+    mins: Ptr<u8>,
+    d: Ptr<f16>,
+    dmin: Ptr<f16>,
     xq: Ptr<i32>,
     xd: Ptr<f32>,
     a: Ptr<bf16>,
@@ -687,8 +707,8 @@ pub fn q4_k_gemv<
     let grp = arange(0, BLOCK_K / 32);
     let w = arange(0, 4);
     let q_rows = (rows * k_words).expand_dims(1).expand_dims(2);
-    let s_rows = (rows * (2 * blocks)).expand_dims(1);
-    let d_rows = (rows * (blocks / 4)).expand_dims(1);
+    let s_rows = (rows * blocks).expand_dims(1);
+    let d_rows = (rows * (blocks / 8)).expand_dims(1);
     let words = (grp * 4).expand_dims(1) + w.expand_dims(0);
     let mut ok2 = row_ok.expand_dims(1);
     let mut grp_ok = grp < blocks;
@@ -700,8 +720,10 @@ pub fn q4_k_gemv<
 
     let ok = ok2 & grp_ok.expand_dims(0);
     let q_first = load(q + q_rows + words.expand_dims(0), ok.expand_dims(2), 0);
-    let sm_first = load(sm + pair_at(s_rows, grp), ok.expand_dims(2), 0);
-    let dp_first = load(dp + pair_at(d_rows, grp / 8), ok.expand_dims(2), 0.0);
+    let sc_first = load(scales + s_rows + grp.expand_dims(0), ok, 0);
+    let m_first = load(mins + s_rows + grp.expand_dims(0), ok, 0);
+    let d_first = load(d + d_rows + (grp / 8).expand_dims(0), ok, 0.0);
+    let dmin_first = load(dmin + d_rows + (grp / 8).expand_dims(0), ok, 0.0);
     let mut b = zeros::<f32>([BLOCK_N]);
     if HEAD == 0 {
         b = load(bias + row0 + rows, row_ok, 0.0) as f32;
@@ -721,13 +743,13 @@ pub fn q4_k_gemv<
     let mut sums = zeros::<f32>([BLOCK_N]);
     if (RESIDUAL == 1) & (BLOCK_N == 16) {
         sums = q4_k_row_sums_prefetch::<BLOCK_K, ACT>(
-            q_first, sm_first, dp_first, q, sm, dp, xq, xd, a, norm_w, q_rows, s_rows, d_rows,
-            words, ok2, blocks, grp, w,
+            q_first, sc_first, m_first, d_first, dmin_first, q, scales, mins, d, dmin, xq, xd, a,
+            norm_w, q_rows, s_rows, d_rows, words, ok2, blocks, grp, w,
         );
     } else {
         sums = q4_k_row_sums::<BLOCK_K, ACT, EVEN>(
-            q_first, sm_first, dp_first, q, sm, dp, xq, xd, a, norm_w, q_rows, s_rows, d_rows,
-            words, ok2, blocks, grp, w,
+            q_first, sc_first, m_first, d_first, dmin_first, q, scales, mins, d, dmin, xq, xd, a,
+            norm_w, q_rows, s_rows, d_rows, words, ok2, blocks, grp, w,
         );
     }
     store_rows::<RESIDUAL, HEAD>(
@@ -744,8 +766,8 @@ pub fn q4_k_gemv<
 }
 
 /// One tile's Q6_K sums per row, block and word pair (`[n, blocks, 2]`): `lt: [n,
-/// blocks, 2, 2]` low-nibble words, `ht: [n, blocks, 2]` high-bit words, `sc: [n,
-/// blocks, 2]` the halves' scales (sign bit flipped), `dd: [n, blocks]` their
+/// blocks, 2, 2]` low-nibble words, `ht: [n, blocks, 2]` high-bit words, `sc0`, `sc1:
+/// [n, blocks]` the halves' scales (sign bit flipped), `dd: [n, blocks]` their
 /// super-blocks' scales, against activation blocks `blk` (valid where `blk_ok`); `p`,
 /// `i`: the word pair and the word in it.
 #[tile_fn(crate = tilefuse_dsl)]
@@ -753,7 +775,8 @@ pub fn q4_k_gemv<
 fn q6_k_tile<const ACT: usize>(
     lt: Tile<u32>,
     ht: Tile<u32>,
-    sc: Tile<u8>,
+    sc0: Tile<u8>,
+    sc1: Tile<u8>,
     dd: Tile<f16>,
     xq: Ptr<i32>,
     xd: Ptr<f32>,
@@ -802,14 +825,8 @@ fn q6_k_tile<const ACT: usize>(
     let ones = (lt & 0) | 0x0101_0101;
     let s_lo = dot4(ones, x_lo3, 0).sum(3);
     let s_hi = dot4(ones, x_hi3, 0).sum(3);
-    // The halves' scales side by side (`sc: [n, blocks, 2]`, one load).
-    let half = arange(0, 2);
-    let terms = select(
-        (half == 0).expand_dims(0).expand_dims(0).expand_dims(0),
-        (dot_lo - s_lo * 32).expand_dims(3),
-        (dot_hi - s_hi * 32).expand_dims(3),
-    );
-    let isum = (terms * (sc as i32 - 128).expand_dims(2)).sum(3);
+    let isum = (dot_lo - s_lo * 32) * (sc0 as i32 - 128).expand_dims(2)
+        + (dot_hi - s_hi * 32) * (sc1 as i32 - 128).expand_dims(2);
     (isum as f32) * (dd as f32).expand_dims(2) * x_d.expand_dims(0).expand_dims(2)
 }
 
@@ -820,7 +837,8 @@ fn q6_k_tile<const ACT: usize>(
 fn q6_k_row_sums<const BLOCK_K: usize, const ACT: usize>(
     l_first: Tile<u32>,
     h_first: Tile<u32>,
-    sc_first: Tile<u8>,
+    sc0_first: Tile<u8>,
+    sc1_first: Tile<u8>,
     d_first: Tile<f16>,
     ql: Ptr<u32>,
     qh: Ptr<u32>,
@@ -845,7 +863,8 @@ fn q6_k_row_sums<const BLOCK_K: usize, const ACT: usize>(
     let mut acc = q6_k_tile::<ACT>(
         l_first,
         h_first,
-        sc_first,
+        sc0_first,
+        sc1_first,
         d_first,
         xq,
         xd,
@@ -870,9 +889,10 @@ fn q6_k_row_sums<const BLOCK_K: usize, const ACT: usize>(
             ok.expand_dims(2),
             0,
         );
-        let sct = load(scales + pair_at(s_rows, blk), ok.expand_dims(2), 128);
+        let sc0 = load(scales + s_rows + (blk * 2).expand_dims(0), ok, 128);
+        let sc1 = load(scales + s_rows + (blk * 2 + 1).expand_dims(0), ok, 128);
         let dt = load(d + d_rows + (blk / 8).expand_dims(0), ok, 0.0);
-        acc += q6_k_tile::<ACT>(lt, ht, sct, dt, xq, xd, a, norm_w, blk, blk_ok, p, i);
+        acc += q6_k_tile::<ACT>(lt, ht, sc0, sc1, dt, xq, xd, a, norm_w, blk, blk_ok, p, i);
     }
     acc.sum(2).sum(1)
 }
@@ -883,7 +903,8 @@ fn q6_k_row_sums<const BLOCK_K: usize, const ACT: usize>(
 fn q6_k_row_sums_prefetch<const BLOCK_K: usize, const ACT: usize>(
     l_first: Tile<u32>,
     h_first: Tile<u32>,
-    sc_first: Tile<u8>,
+    sc0_first: Tile<u8>,
+    sc1_first: Tile<u8>,
     d_first: Tile<f16>,
     ql: Ptr<u32>,
     qh: Ptr<u32>,
@@ -918,12 +939,14 @@ fn q6_k_row_sums_prefetch<const BLOCK_K: usize, const ACT: usize>(
         ok.expand_dims(2),
         0,
     );
-    let mut sct = load(scales + pair_at(s_rows, blk), ok.expand_dims(2), 128);
+    let mut sc0 = load(scales + s_rows + (blk * 2).expand_dims(0), ok, 128);
+    let mut sc1 = load(scales + s_rows + (blk * 2 + 1).expand_dims(0), ok, 128);
     let mut dt = load(d + d_rows + (blk / 8).expand_dims(0), ok, 0.0);
     let mut acc = q6_k_tile::<ACT>(
         l_first,
         h_first,
-        sc_first,
+        sc0_first,
+        sc1_first,
         d_first,
         xq,
         xd,
@@ -947,13 +970,29 @@ fn q6_k_row_sums_prefetch<const BLOCK_K: usize, const ACT: usize>(
             ok.expand_dims(2),
             0,
         );
-        let nsc = load(scales + pair_at(s_rows, next), ok.expand_dims(2), 128);
+        let nsc0 = load(scales + s_rows + (next * 2).expand_dims(0), ok, 128);
+        let nsc1 = load(scales + s_rows + (next * 2 + 1).expand_dims(0), ok, 128);
         let nd = load(d + d_rows + (next / 8).expand_dims(0), ok, 0.0);
         let blk = g0 - step + grp;
-        acc += q6_k_tile::<ACT>(lt, ht, sct, dt, xq, xd, a, norm_w, blk, blk < blocks, p, i);
+        acc += q6_k_tile::<ACT>(
+            lt,
+            ht,
+            sc0,
+            sc1,
+            dt,
+            xq,
+            xd,
+            a,
+            norm_w,
+            blk,
+            blk < blocks,
+            p,
+            i,
+        );
         lt = nl;
         ht = nh;
-        sct = nsc;
+        sc0 = nsc0;
+        sc1 = nsc1;
         dt = nd;
     }
     acc.sum(2).sum(1)
@@ -1029,7 +1068,8 @@ pub fn q6_k_gemv<
         0,
     );
     let h_first = load(qh + h_rows + h_words.expand_dims(0), ok.expand_dims(2), 0);
-    let sc_first = load(scales + pair_at(s_rows, grp), ok.expand_dims(2), 128);
+    let sc0_first = load(scales + s_rows + (grp * 2).expand_dims(0), ok, 128);
+    let sc1_first = load(scales + s_rows + (grp * 2 + 1).expand_dims(0), ok, 128);
     let d_first = load(d + d_rows + (grp / 8).expand_dims(0), ok, 0.0);
     let mut b = zeros::<f32>([BLOCK_N]);
     if HEAD == 0 {
@@ -1049,13 +1089,13 @@ pub fn q6_k_gemv<
     let mut sums = zeros::<f32>([BLOCK_N]);
     if (RESIDUAL == 1) & (BLOCK_N == 16) {
         sums = q6_k_row_sums_prefetch::<BLOCK_K, ACT>(
-            l_first, h_first, sc_first, d_first, ql, qh, scales, d, xq, xd, a, norm_w, l_rows,
-            h_rows, s_rows, d_rows, l_words, h_words, ok2, blocks, grp, p, i,
+            l_first, h_first, sc0_first, sc1_first, d_first, ql, qh, scales, d, xq, xd, a, norm_w,
+            l_rows, h_rows, s_rows, d_rows, l_words, h_words, ok2, blocks, grp, p, i,
         );
     } else {
         sums = q6_k_row_sums::<BLOCK_K, ACT>(
-            l_first, h_first, sc_first, d_first, ql, qh, scales, d, xq, xd, a, norm_w, l_rows,
-            h_rows, s_rows, d_rows, l_words, h_words, ok2, blocks, grp, p, i,
+            l_first, h_first, sc0_first, sc1_first, d_first, ql, qh, scales, d, xq, xd, a, norm_w,
+            l_rows, h_rows, s_rows, d_rows, l_words, h_words, ok2, blocks, grp, p, i,
         );
     }
     store_rows::<RESIDUAL, HEAD>(
@@ -1089,8 +1129,10 @@ pub fn q6_k_gemv<
 #[allow(clippy::too_many_arguments)]
 pub fn q4_k_q6_k_gemv<const BLOCK_N: usize, const BLOCK_K: usize, const ACT: usize>(
     q: Ptr<u32>,
-    sm: Ptr<u8>,
-    dp: Ptr<f16>,
+    scales: Ptr<u8>,
+    mins: Ptr<u8>,
+    d: Ptr<f16>,
+    dmin: Ptr<f16>,
     ql: Ptr<u32>,
     qh: Ptr<u32>,
     scales6: Ptr<u8>,
@@ -1129,12 +1171,14 @@ pub fn q4_k_q6_k_gemv<const BLOCK_N: usize, const BLOCK_K: usize, const ACT: usi
     // Q4_K's first tile (as in `q4_k_gemv`), loaded by its own programs only.
     let w = arange(0, 4);
     let q_rows = (rows * k_words).expand_dims(1).expand_dims(2);
-    let s_rows = (rows * (2 * blocks)).expand_dims(1);
-    let d_rows = (rows * (blocks / 4)).expand_dims(1);
+    let s_rows = (rows * blocks).expand_dims(1);
+    let d_rows = (rows * (blocks / 8)).expand_dims(1);
     let words = (grp * 4).expand_dims(1) + w.expand_dims(0);
     let q_first = load(q + q_rows + words.expand_dims(0), ok4.expand_dims(2), 0);
-    let sm_first = load(sm + pair_at(s_rows, grp), ok4.expand_dims(2), 0);
-    let dp_first = load(dp + pair_at(d_rows, grp / 8), ok4.expand_dims(2), 0.0);
+    let sc_first = load(scales + s_rows + grp.expand_dims(0), ok4, 0);
+    let m_first = load(mins + s_rows + grp.expand_dims(0), ok4, 0);
+    let d_first = load(d + d_rows + (grp / 8).expand_dims(0), ok4, 0.0);
+    let dmin_first = load(dmin + d_rows + (grp / 8).expand_dims(0), ok4, 0.0);
 
     // Q6_K's (as in `q6_k_gemv`).
     let p = arange(0, 2);
@@ -1153,9 +1197,9 @@ pub fn q4_k_q6_k_gemv<const BLOCK_N: usize, const BLOCK_K: usize, const ACT: usi
         0,
     );
     let h_first = load(qh + h_rows + h_words.expand_dims(0), ok6.expand_dims(2), 0);
-    let sc_first = load(scales6 + pair_at(s6_rows, grp), ok6.expand_dims(2), 128);
-    let d6_rows = (rows * (blocks / 8)).expand_dims(1);
-    let d6_first = load(d6 + d6_rows + (grp / 8).expand_dims(0), ok6, 0.0);
+    let sc0_first = load(scales6 + s6_rows + (grp * 2).expand_dims(0), ok6, 128);
+    let sc1_first = load(scales6 + s6_rows + (grp * 2 + 1).expand_dims(0), ok6, 128);
+    let d6_first = load(d6 + d_rows + (grp / 8).expand_dims(0), ok6, 0.0);
     let b = load(bias + row0 + rows, row_ok, 0.0) as f32;
     wait_for_prior_kernels();
     let mut inv_rms = 1.0;
@@ -1165,13 +1209,13 @@ pub fn q4_k_q6_k_gemv<const BLOCK_N: usize, const BLOCK_K: usize, const ACT: usi
     let mut sums = zeros::<f32>([BLOCK_N]);
     if six {
         sums = q6_k_row_sums::<BLOCK_K, ACT>(
-            l_first, h_first, sc_first, d6_first, ql, qh, scales6, d6, xq, xd, a, norm_w, l_rows,
-            h_rows, s6_rows, d6_rows, l_words, h_words, ok2, blocks, grp, p, i,
+            l_first, h_first, sc0_first, sc1_first, d6_first, ql, qh, scales6, d6, xq, xd, a,
+            norm_w, l_rows, h_rows, s6_rows, d_rows, l_words, h_words, ok2, blocks, grp, p, i,
         );
     } else {
         sums = q4_k_row_sums::<BLOCK_K, ACT, 0>(
-            q_first, sm_first, dp_first, q, sm, dp, xq, xd, a, norm_w, q_rows, s_rows, d_rows,
-            words, ok2, blocks, grp, w,
+            q_first, sc_first, m_first, d_first, dmin_first, q, scales, mins, d, dmin, xq, xd, a,
+            norm_w, q_rows, s_rows, d_rows, words, ok2, blocks, grp, w,
         );
     }
     store(y + row0 + rows, (sums * inv_rms + b) as bf16, row_ok);
@@ -1423,8 +1467,10 @@ pub fn q8_0_gemv_tokens<
 #[allow(clippy::too_many_arguments)]
 fn q4_k_token(
     qt: Tile<u32>,
-    sm: Tile<u8>,
-    dp: Tile<f16>,
+    sc: Tile<u8>,
+    m: Tile<u8>,
+    dd: Tile<f16>,
+    dm: Tile<f16>,
     xq: Ptr<i32>,
     xd: Ptr<f32>,
     unused: Ptr<bf16>,
@@ -1439,7 +1485,9 @@ fn q4_k_token(
     // A token's activation: `k / 4 = 2 k_words` words and `k / 32 = k_words / 4` blocks.
     let x_words = xq + t * (2 * k_words);
     let x_scales = xd + t * (k_words / 4);
-    q4_k_tile::<0>(qt, sm, dp, x_words, x_scales, unused, unused, blk, ok, w)
+    q4_k_tile::<0>(
+        qt, sc, m, dd, dm, x_words, x_scales, unused, unused, blk, ok, w,
+    )
 }
 
 /// [`q8_0_gemv_tokens`] over a Q4_K matrix (the layout of [`q4_k_gemv`]).
@@ -1459,8 +1507,10 @@ pub fn q4_k_gemv_tokens<
     const RESIDUAL: usize,
 >(
     q: Ptr<u32>,
-    sm: Ptr<u8>,
-    dp: Ptr<f16>,
+    scales: Ptr<u8>,
+    mins: Ptr<u8>,
+    d: Ptr<f16>,
+    dmin: Ptr<f16>,
     xq: Ptr<i32>,
     xd: Ptr<f32>,
     bias: Ptr<bf16>,
@@ -1478,8 +1528,8 @@ pub fn q4_k_gemv_tokens<
     let grp = arange(0, BLOCK_K / 32);
     let w = arange(0, 4);
     let q_rows = (rows * k_words).expand_dims(1).expand_dims(2);
-    let s_rows = (rows * (2 * blocks)).expand_dims(1);
-    let d_rows = (rows * (blocks / 4)).expand_dims(1);
+    let s_rows = (rows * blocks).expand_dims(1);
+    let d_rows = (rows * (blocks / 8)).expand_dims(1);
     let words = (grp * 4).expand_dims(1) + w.expand_dims(0);
     let ok2 = row_ok.expand_dims(1);
     let b = load(bias + row0 + rows, row_ok, 0.0) as f32;
@@ -1501,16 +1551,21 @@ pub fn q4_k_gemv_tokens<
             ok.expand_dims(2),
             0,
         );
-        let smt = load(sm + pair_at(s_rows, blk), ok.expand_dims(2), 0);
-        let dpt = load(dp + pair_at(d_rows, blk / 8), ok.expand_dims(2), 0.0);
+        let sct = load(scales + s_rows + blk.expand_dims(0), ok, 0);
+        let mt = load(mins + s_rows + blk.expand_dims(0), ok, 0);
+        let sb = (blk / 8).expand_dims(0);
+        let dt = load(d + d_rows + sb, ok, 0.0);
+        let dmint = load(dmin + d_rows + sb, ok, 0.0);
         acc0 += q4_k_token(
-            qt, smt, dpt, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words,
+            qt, sct, mt, dt, dmint, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words,
         );
         if T > 1 {
             acc1 += q4_k_token(
                 qt,
-                smt,
-                dpt,
+                sct,
+                mt,
+                dt,
+                dmint,
                 xq,
                 xd,
                 bias,
@@ -1525,8 +1580,10 @@ pub fn q4_k_gemv_tokens<
         if T > 2 {
             acc2 += q4_k_token(
                 qt,
-                smt,
-                dpt,
+                sct,
+                mt,
+                dt,
+                dmint,
                 xq,
                 xd,
                 bias,
@@ -1539,8 +1596,10 @@ pub fn q4_k_gemv_tokens<
             );
             acc3 += q4_k_token(
                 qt,
-                smt,
-                dpt,
+                sct,
+                mt,
+                dt,
+                dmint,
                 xq,
                 xd,
                 bias,
@@ -1555,8 +1614,10 @@ pub fn q4_k_gemv_tokens<
         if T > 4 {
             acc4 += q4_k_token(
                 qt,
-                smt,
-                dpt,
+                sct,
+                mt,
+                dt,
+                dmint,
                 xq,
                 xd,
                 bias,
@@ -1569,8 +1630,10 @@ pub fn q4_k_gemv_tokens<
             );
             acc5 += q4_k_token(
                 qt,
-                smt,
-                dpt,
+                sct,
+                mt,
+                dt,
+                dmint,
                 xq,
                 xd,
                 bias,
@@ -1583,8 +1646,10 @@ pub fn q4_k_gemv_tokens<
             );
             acc6 += q4_k_token(
                 qt,
-                smt,
-                dpt,
+                sct,
+                mt,
+                dt,
+                dmint,
                 xq,
                 xd,
                 bias,
@@ -1597,8 +1662,10 @@ pub fn q4_k_gemv_tokens<
             );
             acc7 += q4_k_token(
                 qt,
-                smt,
-                dpt,
+                sct,
+                mt,
+                dt,
+                dmint,
                 xq,
                 xd,
                 bias,
@@ -1633,7 +1700,8 @@ pub fn q4_k_gemv_tokens<
 fn q6_k_token(
     lt: Tile<u32>,
     ht: Tile<u32>,
-    sc: Tile<u8>,
+    sc0: Tile<u8>,
+    sc1: Tile<u8>,
     dd: Tile<f16>,
     xq: Ptr<i32>,
     xd: Ptr<f32>,
@@ -1650,7 +1718,7 @@ fn q6_k_token(
     let x_words = xq + t * (2 * k_words);
     let x_scales = xd + t * (k_words / 4);
     q6_k_tile::<0>(
-        lt, ht, sc, dd, x_words, x_scales, unused, unused, blk, ok, p, i,
+        lt, ht, sc0, sc1, dd, x_words, x_scales, unused, unused, blk, ok, p, i,
     )
 }
 
@@ -1725,16 +1793,18 @@ pub fn q6_k_gemv_tokens<
             ok.expand_dims(2),
             0,
         );
-        let sct = load(scales + pair_at(s_rows, blk), ok.expand_dims(2), 128);
+        let sc0 = load(scales + s_rows + (blk * 2).expand_dims(0), ok, 128);
+        let sc1 = load(scales + s_rows + (blk * 2 + 1).expand_dims(0), ok, 128);
         let dt = load(d + d_rows + (blk / 8).expand_dims(0), ok, 0.0);
         acc0 += q6_k_token(
-            lt, ht, sct, dt, xq, xd, bias, blk, blk_ok, p, i, t0, tokens, k_words,
+            lt, ht, sc0, sc1, dt, xq, xd, bias, blk, blk_ok, p, i, t0, tokens, k_words,
         );
         if T > 1 {
             acc1 += q6_k_token(
                 lt,
                 ht,
-                sct,
+                sc0,
+                sc1,
                 dt,
                 xq,
                 xd,
@@ -1752,7 +1822,8 @@ pub fn q6_k_gemv_tokens<
             acc2 += q6_k_token(
                 lt,
                 ht,
-                sct,
+                sc0,
+                sc1,
                 dt,
                 xq,
                 xd,
@@ -1768,7 +1839,8 @@ pub fn q6_k_gemv_tokens<
             acc3 += q6_k_token(
                 lt,
                 ht,
-                sct,
+                sc0,
+                sc1,
                 dt,
                 xq,
                 xd,
@@ -1786,7 +1858,8 @@ pub fn q6_k_gemv_tokens<
             acc4 += q6_k_token(
                 lt,
                 ht,
-                sct,
+                sc0,
+                sc1,
                 dt,
                 xq,
                 xd,
@@ -1802,7 +1875,8 @@ pub fn q6_k_gemv_tokens<
             acc5 += q6_k_token(
                 lt,
                 ht,
-                sct,
+                sc0,
+                sc1,
                 dt,
                 xq,
                 xd,
@@ -1818,7 +1892,8 @@ pub fn q6_k_gemv_tokens<
             acc6 += q6_k_token(
                 lt,
                 ht,
-                sct,
+                sc0,
+                sc1,
                 dt,
                 xq,
                 xd,
@@ -1834,7 +1909,8 @@ pub fn q6_k_gemv_tokens<
             acc7 += q6_k_token(
                 lt,
                 ht,
-                sct,
+                sc0,
+                sc1,
                 dt,
                 xq,
                 xd,
@@ -2031,8 +2107,10 @@ pub fn dequantize_q8_0<const R: usize, const BLOCKS: usize>(
 #[allow(clippy::too_many_arguments)]
 pub fn dequantize_q4_k<const R: usize, const BLOCKS: usize>(
     q: Ptr<u32>,
-    sm: Ptr<u8>,
-    dp: Ptr<f16>,
+    scales: Ptr<u8>,
+    mins: Ptr<u8>,
+    d: Ptr<f16>,
+    dmin: Ptr<f16>,
     out: Ptr<bf16>,
     n: i32,
     row0: i32,
@@ -2052,12 +2130,12 @@ pub fn dequantize_q4_k<const R: usize, const BLOCKS: usize>(
         ok3.expand_dims(3) & (b >= 0),
         0,
     );
-    let s_at = (rows * (2 * blocks)).expand_dims(1) + (blk * 2).expand_dims(0);
-    let sc = load(sm + s_at, ok, 0) as f32;
-    let m = load(sm + s_at + 1, ok, 0) as f32;
-    let d_at = (rows * (blocks / 4)).expand_dims(1) + ((blk / 8) * 2).expand_dims(0);
-    let dd = load(dp + d_at, ok, 0.0) as f32;
-    let dm = load(dp + d_at + 1, ok, 0.0) as f32;
+    let s_at = (rows * blocks).expand_dims(1) + blk.expand_dims(0);
+    let sc = load(scales + s_at, ok, 0) as f32;
+    let m = load(mins + s_at, ok, 0) as f32;
+    let d_at = (rows * (blocks / 8)).expand_dims(1) + (blk / 8).expand_dims(0);
+    let dd = load(d + d_at, ok, 0.0) as f32;
+    let dm = load(dmin + d_at, ok, 0.0) as f32;
     wait_for_prior_kernels();
     let offs = e + row0 * (k_words * 8);
     // Nibble `4 half + 8 b` of the word (`offs & 31 = 4 hw + b`).

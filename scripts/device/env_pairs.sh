@@ -7,15 +7,21 @@
 # under compute-sanitizer memcheck) and
 # qb (examples/quant_bandwidth; QB_RUNS lists `label|ENV=v ..|args` runs of it).
 # VARIANTS lists `label|ENV=v ENV2=w` (`-` for none), PRESET `preset:weights`, ROUNDS
-# the rounds (the 8B presets at context 512, 64 tokens).
+# the rounds (the 8B presets at context 512, 64 tokens). `TF_BIN=name` (`QB_BIN=name`
+# in a QB run) among a variant's settings runs another staged binary, so that two
+# builds pair up the same way. `dsl` (the dsl's test binary) runs with the tests.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 B=$(pwd)/.device/pairs
 (cd "$B" && for f in *.xz; do xz -d -f "$f"; done; chmod +x "$B"/*)
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-for t in kernels_quant gguf; do
+# The binary a run's settings name (`TF_BIN=x` or `QB_BIN=x`), or the default.
+pick() { local key=$1 def=$2 envs=$3; local v
+  v=$(tr ' ' '\n' <<<"$envs" | sed -n "s/^$key=//p"); echo "$B/${v:-$def}"; }
+for t in kernels_quant gguf dsl; do
   [[ -x "$B/$t" && -z "${SKIP_TESTS:-}" ]] || continue
-  (cd engine && TILEFUSE_REQUIRE_GPU=1 "$B/$t" --test-threads=1 2>&1 \
+  dir=engine; [[ $t == dsl ]] && dir=kernel-dsl
+  (cd $dir && TILEFUSE_REQUIRE_GPU=1 "$B/$t" --test-threads=1 2>&1 \
     | grep -E "^test |test result|panicked") | tee -a "$OUT/tests.log"
 done
 # SANITIZE=`binary:filter`: compute-sanitizer memcheck over those tests.
@@ -31,7 +37,7 @@ if [[ -x "$B/qb" && -n "${QB_RUNS:-}" ]]; then
     IFS='|' read -r label envs args <<<"$r"
     [[ $envs == - ]] && envs=""
     echo "== qb $label ($envs) $args"
-    env $envs "$B/qb" $args 2>&1 | grep -E "^\| Q|copy ceiling|rror"
+    env $envs "$(pick QB_BIN qb "$envs")" $args 2>&1 | grep -E "^\| Q|copy ceiling|rror"
   done 2>&1 | tee "$OUT/gemvs.log"
 fi
 IFS=':' read -r preset weights <<<"${PRESET:-qwen3-8b:q4_k_m}"
@@ -42,7 +48,7 @@ for round in $(seq "${ROUNDS:-1}"); do
     IFS='|' read -r label envs <<<"$v"
     [[ $envs == - ]] && envs=""
     echo "== $label ($envs) $preset $weights round $round"
-    env $envs "$B/tf" bench --preset "$preset" --weights "$weights" --no-eager $extra 2>&1 \
+    env $envs "$(pick TF_BIN tf "$envs")" bench --preset "$preset" --weights "$weights" --no-eager $extra 2>&1 \
       | grep -E "median step|floor .* vs|rror"
   done
 done 2>&1 | tee "$OUT/decode.log"

@@ -582,13 +582,7 @@ impl QuantTiles {
     }
 }
 
-/// `[a0, b0, a1, b1, ..]`: two arrays of one length as one array of pairs.
-fn interleave<T: Copy>(a: &[T], b: &[T]) -> Vec<T> {
-    a.iter().zip(b).flat_map(|(&x, &y)| [x, y]).collect()
-}
-
-/// The device arrays of one quantized matrix (see [`PackedMatrix`] for the layout;
-/// Q4_K's scales and mins, and its `d` and `dmin`, are paired on upload).
+/// The device arrays of one quantized matrix (see [`PackedMatrix`] for the layout).
 #[derive(Debug)]
 pub enum QuantBuffers {
     /// Q8_0: quant words and block scales.
@@ -598,15 +592,18 @@ pub enum QuantBuffers {
         /// `[rows, cols / 32]`.
         d: Buffer<f16>,
     },
-    /// Q4_K: quant words; each sub-block's scale and min side by side, and each
-    /// super-block's `d` and `dmin`, so that a kernel loads each pair at once.
+    /// Q4_K: quant words, sub-block scales and mins, super-block scales.
     Q4K {
         /// `[rows, cols / 8]`.
         q: Buffer<u32>,
-        /// `[rows, cols / 32, 2]`: scale, min.
-        sm: Buffer<u8>,
-        /// `[rows, cols / 256, 2]`: `d`, `dmin`.
-        dp: Buffer<f16>,
+        /// `[rows, cols / 32]`.
+        scales: Buffer<u8>,
+        /// `[rows, cols / 32]`.
+        mins: Buffer<u8>,
+        /// `[rows, cols / 256]`.
+        d: Buffer<f16>,
+        /// `[rows, cols / 256]`.
+        dmin: Buffer<f16>,
     },
     /// Q6_K: low-nibble and high-bit words, sub-block scales, super-block scales.
     Q6K {
@@ -652,8 +649,10 @@ impl DeviceQuantMatrix {
                 ..
             } => QuantBuffers::Q4K {
                 q: dev.upload(q)?,
-                sm: dev.upload(&interleave(scales, mins))?,
-                dp: dev.upload(&interleave(d, dmin))?,
+                scales: dev.upload(scales)?,
+                mins: dev.upload(mins)?,
+                d: dev.upload(d)?,
+                dmin: dev.upload(dmin)?,
             },
             PackedMatrix::Q6K {
                 ql, qh, scales, d, ..
@@ -746,7 +745,16 @@ impl DeviceQuantMatrix {
     fn weight_args(&self) -> (Vec<KernelArg<'_>>, i32) {
         let (args, per_word): (Vec<KernelArg<'_>>, usize) = match &self.buffers {
             QuantBuffers::Q8_0 { q, d } => (vec![q.into(), d.into()], 4),
-            QuantBuffers::Q4K { q, sm, dp } => (vec![q.into(), sm.into(), dp.into()], 8),
+            QuantBuffers::Q4K {
+                q,
+                scales,
+                mins,
+                d,
+                dmin,
+            } => (
+                vec![q.into(), scales.into(), mins.into(), d.into(), dmin.into()],
+                8,
+            ),
             QuantBuffers::Q6K { ql, qh, scales, d } => {
                 (vec![ql.into(), qh.into(), scales.into(), d.into()], 8)
             }
@@ -1090,7 +1098,13 @@ pub fn launch_q4_k_q6_k(
     serialized: bool,
 ) -> Result<()> {
     let (
-        QuantBuffers::Q4K { q, sm, dp },
+        QuantBuffers::Q4K {
+            q,
+            scales,
+            mins,
+            d,
+            dmin,
+        },
         QuantBuffers::Q6K {
             ql,
             qh,
@@ -1131,8 +1145,10 @@ pub fn launch_q4_k_q6_k(
     let (a, norm_w, eps) = norm.unwrap_or((&spare.bias, &spare.bias, 0.0));
     let mut args: Vec<KernelArg<'_>> = vec![
         q.into(),
-        sm.into(),
-        dp.into(),
+        scales.into(),
+        mins.into(),
+        d.into(),
+        dmin.into(),
         ql.into(),
         qh.into(),
         scales6.into(),
