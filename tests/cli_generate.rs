@@ -95,23 +95,30 @@ fn bad_arguments_are_clear_errors() {
     ]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/dir"));
-    // The quantized GEMVs write no timeline stamps: refused before any weights are
-    // drawn, naming the options.
+    // A quantized step's timeline lists each launch, its quantizers and GEMVs apart.
     let out = tilefuse(&[
         "bench",
         "--preset",
         "tiny-qwen3",
         "--weights",
-        "q4_k_m",
+        "q8_0",
         "--timeline",
         "--device",
         "cpu",
+        "--tokens",
+        "2",
     ]);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
     assert!(
-        err.contains("--timeline with --weights q4_k_m") && !err.contains("panicked"),
-        "{err}"
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("timeline of layer")
+            && text.contains("quantize_act")
+            && text.contains("q8_0_gemv"),
+        "{text}"
     );
 }
 

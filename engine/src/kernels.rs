@@ -57,6 +57,25 @@ pub fn store_stamps(stamps: Ptr<i64>, stamp_at: i32, t_entry: i64, t_wait: i64) 
     }
 }
 
+/// Stamp `slot` of this program's timeline record when asked for (`stamp_at >= 0`):
+/// 0 entry, 1 past the wait, 2 exit (with its `sm_id()` in slot 3), at the program's
+/// index in the grid (x fastest), as [`store_stamps`] lays them out. Each stamp is
+/// stored as it is read, so no clock value stays live across the kernel: the quantized
+/// GEMVs run at register limits (`max_registers`), where two more live values could
+/// change their occupancy.
+#[tile_fn(crate = tilefuse_dsl)]
+pub fn stamp_now(stamps: Ptr<i64>, stamp_at: i32, slot: i32) {
+    if stamp_at >= 0 {
+        let program =
+            (program_id(2) * num_programs(1) + program_id(1)) * num_programs(0) + program_id(0);
+        let at = stamps + (stamp_at + program) * 4 + slot;
+        store(at, global_timer());
+        if slot == 2 {
+            store(at + 1, sm_id() as i64);
+        }
+    }
+}
+
 use crate::sampling::kernels as sampling;
 
 /// Every decode kernel's description (this module's and device sampling's,

@@ -75,6 +75,8 @@
 
 use tilefuse_macros::{kernel, tile_fn};
 
+use crate::kernels::stamp_now;
+
 /// `1 / sqrt(mean(a²) + eps)` over `a[0..k]`, in tiles of `B`.
 #[tile_fn(crate = tilefuse_dsl)]
 fn inv_rms_of<const B: usize>(a: Ptr<bf16>, k: i32, eps: f32) -> f32 {
@@ -135,14 +137,22 @@ pub fn all() -> [&'static tilefuse_dsl::runtime::KernelDef; 14] {
 /// projection (a quantized one takes the product in its activation quantizer,
 /// [`quantize_act`] `MODE = 2`).
 #[kernel(crate = tilefuse_dsl, B = [1024], num_warps = [4])]
-pub fn silu_mul_in_place<const B: usize>(act: Ptr<bf16>, inter: i32) {
+pub fn silu_mul_in_place<const B: usize>(
+    act: Ptr<bf16>,
+    inter: i32,
+    stamps: Ptr<i64>,
+    stamp_at: i32,
+) {
+    stamp_now(stamps, stamp_at, 0);
     let offs = program_id(0) * B + arange(0, B);
     let ok = offs < inter;
     wait_for_prior_kernels();
+    stamp_now(stamps, stamp_at, 1);
     let g = load(act + offs, ok, 0.0) as f32;
     let u = load(act + inter + offs, ok, 0.0) as f32;
     let silu = (g / (1.0 + exp(-g))) as bf16 as f32;
     store(act + offs, (silu * u) as bf16, ok);
+    stamp_now(stamps, stamp_at, 2);
 }
 
 /// `x = a * norm_w` at the element indices `e` (masked by `ok`): the RMSNorm input of a
@@ -211,7 +221,10 @@ pub fn quantize_act<const B: usize, const MODE: usize>(
     xd: Ptr<f32>,
     #[multiple_of(32)] k: i32,
     eps: f32,
+    stamps: Ptr<i64>,
+    stamp_at: i32,
 ) {
+    stamp_now(stamps, stamp_at, 0);
     // [blocks, halves, words, bytes] in element order.
     let blk = program_id(0) * (B / 32) + arange(0, B / 32);
     let h = arange(0, 2);
@@ -223,6 +236,7 @@ pub fn quantize_act<const B: usize, const MODE: usize>(
         + b;
     let ok = e < k;
     wait_for_prior_kernels();
+    stamp_now(stamps, stamp_at, 1);
     let mut x = load(a + e, ok, 0.0) as f32;
     if MODE == 2 {
         let u = load(a + k + e, ok, 0.0) as f32;
@@ -237,6 +251,7 @@ pub fn quantize_act<const B: usize, const MODE: usize>(
         x = head_norm(x, load(norm_w + e, ok, 0.0) as f32, inv_rms);
     }
     store_blocks(x, blk, blk * 32 < k, xq, xd);
+    stamp_now(stamps, stamp_at, 2);
 }
 
 /// Decode attention's second pass for a quantized O projection:
@@ -371,7 +386,10 @@ pub fn q8_0_gemv<
     row0: i32,
     #[multiple_of(8)] k_words: i32,
     eps: f32,
+    stamps: Ptr<i64>,
+    stamp_at: i32,
 ) {
+    stamp_now(stamps, stamp_at, 0);
     let blocks = k_words / 8;
     let rows = program_id(0) * BLOCK_N + arange(0, BLOCK_N);
     let row_ok = rows < n;
@@ -392,6 +410,7 @@ pub fn q8_0_gemv<
         b = load(bias + row0 + rows, row_ok, 0.0) as f32;
     }
     wait_for_prior_kernels();
+    stamp_now(stamps, stamp_at, 1);
     // With the norm prologue, `inv_rms` scales the row sums (as in `rms_norm_gemv`).
     let mut inv_rms = 1.0;
     if ACT == 1 {
@@ -425,6 +444,7 @@ pub fn q8_0_gemv<
         b,
         old,
     );
+    stamp_now(stamps, stamp_at, 2);
 }
 
 /// One tile's Q4_K sums per row and block (`[n, blocks]`): `qt: [n, blocks, 4]` nibble
@@ -700,7 +720,10 @@ pub fn q4_k_gemv<
     row0: i32,
     #[multiple_of(32)] k_words: i32,
     eps: f32,
+    stamps: Ptr<i64>,
+    stamp_at: i32,
 ) {
+    stamp_now(stamps, stamp_at, 0);
     let blocks = k_words / 4;
     let rows = program_id(0) * BLOCK_N + arange(0, BLOCK_N);
     let row_ok = rows < n;
@@ -729,6 +752,7 @@ pub fn q4_k_gemv<
         b = load(bias + row0 + rows, row_ok, 0.0) as f32;
     }
     wait_for_prior_kernels();
+    stamp_now(stamps, stamp_at, 1);
     // With the norm prologue, `inv_rms` scales the row sums (as in `rms_norm_gemv`).
     let mut inv_rms = 1.0;
     if ACT == 1 {
@@ -763,6 +787,7 @@ pub fn q4_k_gemv<
         b,
         old,
     );
+    stamp_now(stamps, stamp_at, 2);
 }
 
 /// One tile's Q6_K sums per row, block and word pair (`[n, blocks, 2]`): `lt: [n,
@@ -1043,7 +1068,10 @@ pub fn q6_k_gemv<
     row0: i32,
     #[multiple_of(32)] k_words: i32,
     eps: f32,
+    stamps: Ptr<i64>,
+    stamp_at: i32,
 ) {
+    stamp_now(stamps, stamp_at, 0);
     let blocks = k_words / 4;
     let rows = program_id(0) * BLOCK_N + arange(0, BLOCK_N);
     let row_ok = rows < n;
@@ -1076,6 +1104,7 @@ pub fn q6_k_gemv<
         b = load(bias + row0 + rows, row_ok, 0.0) as f32;
     }
     wait_for_prior_kernels();
+    stamp_now(stamps, stamp_at, 1);
     // With the norm prologue, `inv_rms` scales the row sums (as in `rms_norm_gemv`).
     let mut inv_rms = 1.0;
     if ACT == 1 {
@@ -1109,6 +1138,7 @@ pub fn q6_k_gemv<
         b,
         old,
     );
+    stamp_now(stamps, stamp_at, 2);
 }
 
 /// A Q4_K run of rows and the Q6_K run after it (`[q; k]` and a Q6_K `v`, Q4_K_M's
@@ -1148,7 +1178,10 @@ pub fn q4_k_q6_k_gemv<const BLOCK_N: usize, const BLOCK_K: usize, const ACT: usi
     programs4: i32,
     #[multiple_of(32)] k_words: i32,
     eps: f32,
+    stamps: Ptr<i64>,
+    stamp_at: i32,
 ) {
+    stamp_now(stamps, stamp_at, 0);
     let blocks = k_words / 4;
     let pid = program_id(0);
     let six = pid >= programs4;
@@ -1202,6 +1235,7 @@ pub fn q4_k_q6_k_gemv<const BLOCK_N: usize, const BLOCK_K: usize, const ACT: usi
     let d6_first = load(d6 + d_rows + (grp / 8).expand_dims(0), ok6, 0.0);
     let b = load(bias + row0 + rows, row_ok, 0.0) as f32;
     wait_for_prior_kernels();
+    stamp_now(stamps, stamp_at, 1);
     let mut inv_rms = 1.0;
     if ACT == 1 {
         inv_rms = inv_rms_of::<1024>(a, k_words * 8, eps);
@@ -1219,6 +1253,7 @@ pub fn q4_k_q6_k_gemv<const BLOCK_N: usize, const BLOCK_K: usize, const ACT: usi
         );
     }
     store(y + row0 + rows, (sums * inv_rms + b) as bf16, row_ok);
+    stamp_now(stamps, stamp_at, 2);
 }
 
 // Multi-token GEMVs, for the batched prefill of short prompts (`crate::prefill`): the

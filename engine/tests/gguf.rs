@@ -973,23 +973,90 @@ fn a_q4_k_and_q6_k_qkv_in_one_launch_matches_the_dense_step() {
     }
 }
 
-/// A decoder over quantized weights refuses a timeline by name: only the bf16 kernels
-/// write stamps, and a quantized layer's would be left unwritten.
+/// `timeline` stamps every launch of a quantized layer apart (each activation quantizer
+/// and each run's GEMV), logged under its block with its kernel, in step order; every
+/// program writes its stamps, and none gets past its wait before the last program of
+/// the launch before it has exited (on the GPU too, where launches overlap). The
+/// stamped steps leave the state, and the step, as they were.
 #[test]
-fn a_quantized_layer_has_no_timeline() {
+fn a_quantized_layer_timeline_stamps_each_launch() {
+    use tilefuse_dsl::runtime::testing::gpu_or_skip;
     use tilefuse_dsl::runtime::Device;
+    use tilefuse_engine::decode::Block;
     use tilefuse_engine::Decoder;
 
     let f = GgufFile::open(fixture("tiny_qwen3.gguf")).unwrap();
     let cfg = f.config().unwrap();
     let mw = f.model_weights(&cfg).unwrap();
     let qw = f.quant_weights(&cfg).unwrap();
-    let mut dec = Decoder::with_quant(&cfg, &mw, &qw, &Device::cpu(), 16).unwrap();
-    let err = dec.timeline(0, 1).unwrap_err().to_string();
-    assert!(
-        err.contains("timeline layer 0") && err.contains("quantized"),
-        "{err}"
-    );
+    let mut devices = vec![Device::cpu()];
+    devices.extend(gpu_or_skip("a_quantized_layer_timeline_stamps_each_launch"));
+    for dev in devices {
+        let mut dec = Decoder::with_quant(&cfg, &mw, &qw, &dev, 16).unwrap();
+        dec.set_input(3, 5).unwrap();
+        dec.step_eager().unwrap();
+        let want = dec.read_logits().unwrap();
+        let err = dec.timeline(cfg.num_layers, 1).unwrap_err().to_string();
+        assert!(err.contains(&format!("layer {}", cfg.num_layers)), "{err}");
+
+        dec.set_input(3, 5).unwrap();
+        let layer = cfg.num_layers - 1;
+        let runs = dec.timeline(layer, 3).unwrap();
+        assert_eq!(runs.len(), 3, "{dev}");
+        for run in &runs {
+            assert_eq!(run.layer, layer);
+            let mut blocks: Vec<Block> = run.launches.iter().map(|l| l.block).collect();
+            let launches = blocks.len();
+            blocks.dedup();
+            assert_eq!(
+                blocks,
+                [
+                    Block::Qkv,
+                    Block::Attention,
+                    Block::Combine,
+                    Block::OProj,
+                    Block::GateUp,
+                    Block::Down
+                ],
+                "{dev}: the blocks in step order"
+            );
+            // The fixture's gate/up has a Q4_K and a Q8_0 run (two GEMVs), and its down
+            // projection a quantizer before the GEMV: more launches than blocks.
+            assert!(launches > blocks.len(), "{dev}: {launches} launches");
+            let kernels: Vec<(Block, &str)> =
+                run.launches.iter().map(|l| (l.block, l.kernel)).collect();
+            assert!(
+                kernels.contains(&(Block::Down, "quantize_act"))
+                    && kernels.contains(&(Block::Combine, "attention_combine_quant"))
+                    && kernels
+                        .iter()
+                        .filter(|(b, k)| *b == Block::GateUp && k.ends_with("_gemv"))
+                        .count()
+                        == 2,
+                "{dev}: {kernels:?}"
+            );
+            for pair in run.launches.windows(2) {
+                let last_exit = pair[0].programs.iter().map(|p| p.exit).max().unwrap();
+                let first_past = pair[1].programs.iter().map(|p| p.past_wait).min().unwrap();
+                assert!(
+                    first_past >= last_exit,
+                    "{dev}: a {} program got past its wait at {first_past} ns, before the \
+                     last {} program exited at {last_exit} ns",
+                    pair[1].kernel,
+                    pair[0].kernel
+                );
+            }
+            for l in &run.launches {
+                assert!(!l.programs.is_empty(), "{dev}: {}", l.kernel);
+                for p in &l.programs {
+                    assert!(p.entry >= 0 && p.entry <= p.past_wait && p.past_wait <= p.exit);
+                }
+            }
+        }
+        assert_eq!(dec.read_state().unwrap(), (3, 5), "{dev}: state restored");
+        dec.step_eager().unwrap();
+        assert_eq!(dec.read_logits().unwrap(), want, "{dev}: the same step");
+    }
 }
 
 /// Loading a quantized model dequantizes only what the decoder reads in bf16:

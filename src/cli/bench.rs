@@ -69,7 +69,7 @@ pub struct BenchArgs {
     pub sampled: bool,
     /// Stamp one layer's launches (the middle one unless `--timeline-layer`) and print
     /// when their programs start, get past their wait and finish (20 graph replays on a
-    /// GPU, medians). bf16 weights only: the quantized GEMVs write no stamps.
+    /// GPU, medians), launch by launch (a quantized block's quantizer and GEMVs apart).
     #[arg(long)]
     pub timeline: bool,
     /// The layer `--timeline` stamps.
@@ -128,13 +128,6 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
             ..Default::default()
         },
     )?;
-    // Before any weights are drawn: the quantized GEMVs write no timeline stamps.
-    anyhow::ensure!(
-        !args.timeline || weights == bench::WeightFormat::Bf16,
-        "--timeline with --weights {}: only the bf16 kernels write timeline stamps; \
-         time the quantized step's blocks with --profile",
-        args.weights
-    );
     let timeline = if args.timeline {
         let layers = crate::engine::preset::config(&args.preset)?.num_layers;
         Some(args.timeline_layer.unwrap_or(layers / 2))
@@ -330,6 +323,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
                 "clock_step_ns": t.clock_step_ns,
                 "launches": t.rows.iter().map(|r| serde_json::json!({
                     "block": format!("{:?}", r.block),
+                    "kernel": r.kernel,
                     "programs": r.programs,
                     "entry_us": [r.entry.0, r.entry.1],
                     "past_wait_us": [r.past_wait.0, r.past_wait.1, r.past_wait.2],
@@ -340,6 +334,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
                 // exit, SM] a program, in linear program order.
                 "sample": t.sample.launches.iter().map(|l| serde_json::json!({
                     "block": format!("{:?}", l.block),
+                    "kernel": l.kernel,
                     "programs": l.programs.iter().map(|p| [p.entry, p.past_wait, p.exit, i64::from(p.sm)]).collect::<Vec<_>>(),
                 })).collect::<Vec<_>>(),
             })),

@@ -11,6 +11,8 @@ use crate::decode::{median, Block, Timeline};
 pub struct TimelineRow {
     /// The launch's block.
     pub block: Block,
+    /// Its kernel.
+    pub kernel: &'static str,
     /// Its programs.
     pub programs: usize,
     /// First and last program entry.
@@ -76,6 +78,7 @@ impl TimelineReport {
                 let (e0, _, e1) = spread(&entry);
                 rows.push(TimelineRow {
                     block: l.block,
+                    kernel: l.kernel,
                     programs: l.programs.len(),
                     entry: (e0, e1),
                     past_wait: spread(&wait),
@@ -96,6 +99,7 @@ impl TimelineReport {
                 early.sort_unstable();
                 TimelineRow {
                     block: r.block,
+                    kernel: r.kernel,
                     programs: r.programs,
                     entry: (mid(&|r| r.entry.0, i), mid(&|r| r.entry.1, i)),
                     past_wait: (
@@ -229,8 +233,9 @@ impl fmt::Display for DecodeReport {
             )?;
             writeln!(
                 f,
-                "  {:<10} {:>8}  {:>15}  {:>22}  {:>22}  {:>5}",
-                "launch",
+                "  {:<10} {:<24} {:>8}  {:>15}  {:>22}  {:>22}  {:>5}",
+                "block",
+                "kernel",
                 "programs",
                 "entry first-last",
                 "past wait first/med/last",
@@ -240,8 +245,9 @@ impl fmt::Display for DecodeReport {
             for r in &t.rows {
                 writeln!(
                     f,
-                    "  {:<10} {:>8}  {:>7.2} {:>7.2}  {:>7.2} {:>7.2} {:>6.2}  {:>7.2} {:>7.2} {:>6.2}  {:>5}",
+                    "  {:<10} {:<24} {:>8}  {:>7.2} {:>7.2}  {:>7.2} {:>7.2} {:>6.2}  {:>7.2} {:>7.2} {:>6.2}  {:>5}",
                     format!("{:?}", r.block),
+                    r.kernel,
                     r.programs,
                     r.entry.0,
                     r.entry.1,
@@ -341,10 +347,12 @@ mod tests {
             launches: vec![
                 LaunchStamps {
                     block: Block::Qkv,
+                    kernel: "rms_norm_gemv",
                     programs: vec![p(0, 100, 1500), p(40, 100, 2000 + shift)],
                 },
                 LaunchStamps {
                     block: Block::Attention,
+                    kernel: "attention_split",
                     programs: vec![
                         p(500, 2500 + shift, 4000),
                         p(1000, 2600 + shift, 4100),
@@ -358,6 +366,10 @@ mod tests {
         assert_eq!(t.clock_step_ns, 40, "the first two entries");
         let (qkv, attn) = (&t.rows[0], &t.rows[1]);
         assert_eq!((qkv.block, qkv.programs, qkv.early), (Block::Qkv, 2, 0));
+        assert_eq!(
+            (qkv.kernel, attn.kernel),
+            ("rms_norm_gemv", "attention_split")
+        );
         assert_eq!(
             qkv.exit,
             (1.5, 2.03, 2.03),

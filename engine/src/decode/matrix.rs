@@ -11,7 +11,7 @@ use tilefuse_dsl::runtime::{Buffer, Device, LaunchConfig};
 use crate::error::{EngineError, Result};
 use crate::gguf::device::{
     launch_q4_k_q6_k, DeviceQuantMatrix, QuantGemvConfig, QuantOut, QuantRows, QuantSpare,
-    QuantTiles, QuantVariant, TokensTile,
+    QuantTiles, QuantVariant, StampSlots, TokensTile,
 };
 use crate::gguf::quant::{GgmlType, PackedMatrix};
 
@@ -410,12 +410,21 @@ pub(crate) fn fused(
 /// `act[..inter] = bf16(bf16(silu(g)) * u)` over `act = [g; u]` (what a quantized
 /// gate/up GEMV leaves), in place, for a dense down projection. Never a step's first
 /// launch.
-pub(crate) fn silu_mul_in_place(dev: &Device, act: &mut Buffer<bf16>, inter: usize) -> Result<()> {
-    use crate::kernels_quant::{SiluMulInPlaceArgs, SiluMulInPlaceConsts};
-    let cfg = LaunchConfig::grid([inter.div_ceil(1024) as u32, 1, 1]).num_warps(4);
+pub(crate) fn silu_mul_in_place(
+    dev: &Device,
+    act: &mut Buffer<bf16>,
+    inter: usize,
+    stamps: &mut StampSlots,
+) -> Result<()> {
+    use crate::kernels_quant::{SiluMulInPlaceArgs, SiluMulInPlaceConsts, SILU_MUL_IN_PLACE};
+    let programs = inter.div_ceil(1024) as u32;
+    let cfg = LaunchConfig::grid([programs, 1, 1]).num_warps(4);
+    let stamp_at = stamps.take(SILU_MUL_IN_PLACE.name, programs)?;
     SiluMulInPlaceArgs {
         act,
         inter: inter as i32,
+        stamps: &mut stamps.buf,
+        stamp_at,
     }
     .launch(dev, cfg, SiluMulInPlaceConsts { b: 1024 })?;
     Ok(())

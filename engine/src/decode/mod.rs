@@ -101,10 +101,8 @@ struct Scratch {
     part_idx: Buffer<i32>,
     /// A zero bias as long as the longest projection, for layers without one.
     zeros: Buffer<bf16>,
-    /// The layer kernels' timeline stamps (see [`Decoder::timeline`]); 4 values a
-    /// program of the stamped layer, unwritten otherwise.
-    stamps: Buffer<i64>,
-    /// Stand-ins for the outputs a quantized launch does not write.
+    /// Stand-ins for the outputs a quantized launch does not write, and every layer
+    /// kernel's timeline stamps (see [`Decoder::timeline`]).
     spare: crate::gguf::device::QuantSpare,
 }
 
@@ -266,17 +264,19 @@ impl Decoder {
             part_val: dev.zeros(v)?,
             part_idx: dev.zeros(v)?,
             zeros: dev.zeros(zeros_len)?,
-            // Room for any plan's layer (every grid at its most programs).
-            stamps: dev.alloc_filled(
-                4 * (qkv_dim
+            // A quantized GEMV's input: up to the widest of `h`, `q_dim`, `im`. Stamps
+            // for any plan's layer: every grid at its most programs (a row a program;
+            // a quantized `[gate; up]` has `2 im` rows), and the activation quantizers'.
+            spare: crate::gguf::device::QuantSpare::with_stamp_room(
+                dev,
+                h.max(qd).max(im),
+                qkv_dim
                     + cfg.num_heads * splits
                     + cfg.num_heads * hd.div_ceil(32)
                     + 2 * h
-                    + im),
-                -1i64,
+                    + 2 * im
+                    + (2 * h + qd + im).div_ceil(256),
             )?,
-            // A quantized GEMV's input: up to the widest of `h`, `q_dim`, `im`.
-            spare: crate::gguf::device::QuantSpare::new(dev, h.max(qd).max(im))?,
         };
         Ok(Decoder {
             cfg: cfg.clone(),

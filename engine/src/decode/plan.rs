@@ -34,6 +34,14 @@ pub enum Block {
 }
 
 impl Block {
+    /// Its place in [`Block::ALL`].
+    pub fn index(self) -> usize {
+        Block::ALL
+            .iter()
+            .position(|&b| b == self)
+            .expect("every block is in Block::ALL")
+    }
+
     /// Every block, in step order.
     pub const ALL: [Block; 9] = [
         Block::Embed,

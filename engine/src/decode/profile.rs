@@ -116,12 +116,15 @@ pub struct ProgramStamps {
     pub sm: i32,
 }
 
-/// One launch of the stamped layer: its block and every program's stamps, in linear
-/// program order (x fastest).
+/// One launch of the stamped layer: its block, kernel and every program's stamps, in
+/// linear program order (x fastest).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LaunchStamps {
     /// The block the launch belongs to.
     pub block: Block,
+    /// The kernel launched (a quantized block launches several: an activation
+    /// quantizer and a GEMV a run of rows).
+    pub kernel: &'static str,
     /// Per program.
     pub programs: Vec<ProgramStamps>,
 }
@@ -153,36 +156,7 @@ impl Decoder {
                 ),
             });
         }
-        // Only the bf16 kernels take a stamp buffer; a quantized layer's GEMVs would
-        // leave their programs' stamps unwritten.
-        let l = &self.layers[layer];
-        let quantized = [&l.qkv_w, &l.o_w, &l.gate_up_w, &l.down_w]
-            .iter()
-            .any(|m| m.dense().is_none());
-        if quantized {
-            return Err(EngineError::Option {
-                message: format!(
-                    "timeline layer {layer}: its weights are quantized, and only the bf16 \
-                     kernels write timeline stamps (time the quantized step's blocks with \
-                     `tilefuse bench --profile`)"
-                ),
-            });
-        }
-        let grids = self.layer_grids();
-        let total: usize = grids
-            .iter()
-            .map(|(_, g)| g.iter().product::<u32>() as usize)
-            .sum();
-        let poison = vec![-1i64; self.s.stamps.len()];
-        if 4 * total > poison.len() {
-            return Err(EngineError::Option {
-                message: format!(
-                    "timeline: the plan's layer has {total} programs, more than the {} stamps \
-                     have room for",
-                    poison.len() / 4
-                ),
-            });
-        }
+        let poison = vec![-1i64; self.s.spare.stamps.capacity() * 4];
         let saved = self.s.state.to_vec()?;
         self.stamp_layer = Some(layer);
         let runs = self.stamped_runs(reps.max(1), &saved, &poison);
@@ -190,18 +164,22 @@ impl Decoder {
         self.s.state.copy_from_host(&saved)?;
         self.synchronize()?;
         let mut out = Vec::new();
-        for raw in runs? {
+        let runs = runs?;
+        // What the stamped layer launched, as the (last) captured or eager step logged it.
+        let logged = self.s.spare.stamps.log().to_vec();
+        for raw in runs {
             let mut launches = Vec::new();
-            let mut at = 0;
-            for (block, g) in &grids {
-                let n = g.iter().product::<u32>() as usize;
+            for launch in &logged {
+                let block = Block::ALL[launch.tag];
+                let (at, n) = (launch.first, launch.programs);
                 let mut programs = Vec::with_capacity(n);
                 for (p, s) in raw[4 * at..4 * (at + n)].chunks(4).enumerate() {
                     if s[..3].iter().any(|&t| t < 0) || !(s[0] <= s[1] && s[1] <= s[2]) {
                         return Err(EngineError::Option {
                             message: format!(
                                 "timeline of layer {layer}: program {p} of the {block:?} launch \
-                                 wrote stamps {s:?} (want entry <= past wait <= exit)"
+                                 of `{}` wrote stamps {s:?} (want entry <= past wait <= exit)",
+                                launch.kernel
                             ),
                         });
                     }
@@ -213,10 +191,10 @@ impl Decoder {
                     });
                 }
                 launches.push(LaunchStamps {
-                    block: *block,
+                    block,
+                    kernel: launch.kernel,
                     programs,
                 });
-                at += n;
             }
             let t0 = launches
                 .iter()
@@ -246,9 +224,9 @@ impl Decoder {
             let graph = dev.capture(|| self.step_eager())?;
             for rep in 0..reps + 2 {
                 self.s.state.copy_from_host(saved)?;
-                self.s.stamps.copy_from_host(poison)?;
+                self.s.spare.stamps.buf.copy_from_host(poison)?;
                 graph.launch()?;
-                let raw = self.s.stamps.to_vec()?;
+                let raw = self.s.spare.stamps.buf.to_vec()?;
                 if rep >= 2 {
                     runs.push(raw);
                 }
@@ -256,9 +234,9 @@ impl Decoder {
         } else {
             for _ in 0..reps {
                 self.s.state.copy_from_host(saved)?;
-                self.s.stamps.copy_from_host(poison)?;
+                self.s.spare.stamps.buf.copy_from_host(poison)?;
                 self.step_eager()?;
-                runs.push(self.s.stamps.to_vec()?);
+                runs.push(self.s.spare.stamps.buf.to_vec()?);
             }
         }
         Ok(runs)

@@ -4,10 +4,8 @@
 //! same order; each launch's variant comes from the [`LaunchPlan`], its arguments are
 //! named (the kernels' generated `…Args`).
 
-use std::collections::HashMap;
-
 use half::bf16;
-use tilefuse_dsl::runtime::{Buffer, Device, KernelConsts, LaunchConfig};
+use tilefuse_dsl::runtime::{Buffer, Device, KernelConsts, KernelDef, LaunchConfig};
 
 use super::matrix::{silu_mul_in_place, Matrix, QuantMatrix};
 use super::{Block, Decoder, LaunchPlan, Layer, Scratch};
@@ -16,9 +14,12 @@ use crate::error::Result;
 use crate::gguf::device::QuantVariant;
 use crate::kernels::{
     ArgmaxFinishArgs, AttentionCombineArgs, AttentionSplitArgs, EmbedArgs, EmbedConsts,
-    GemvResidualArgs, LmHeadArgmaxArgs, RmsNormGateUpArgs, RmsNormGemvArgs,
+    GemvResidualArgs, LmHeadArgmaxArgs, RmsNormGateUpArgs, RmsNormGemvArgs, ATTENTION_COMBINE,
+    ATTENTION_SPLIT, GEMV_RESIDUAL, RMS_NORM_GATE_UP, RMS_NORM_GEMV,
 };
-use crate::kernels_quant::{AttentionCombineQuantArgs, AttentionCombineQuantConsts};
+use crate::kernels_quant::{
+    AttentionCombineQuantArgs, AttentionCombineQuantConsts, ATTENTION_COMBINE_QUANT,
+};
 
 impl Decoder {
     /// Runs one step with individual launches: reads `state`, appends to the KV cache,
@@ -84,10 +85,15 @@ impl Decoder {
             .take(layer_range.len())
         {
             step.layer = li;
-            step.qkv(l)?;
-            step.attention(l)?;
-            step.o_proj(l)?;
-            step.mlp(l)?;
+            let stamped = step.stamp_layer == Some(li);
+            if stamped {
+                step.s.spare.stamps.start();
+            }
+            let launched = step.layer_launches(l);
+            if stamped {
+                step.s.spare.stamps.stop();
+            }
+            launched?;
         }
         step.lm_head(
             final_norm,
@@ -112,7 +118,7 @@ struct Step<'a, W> {
     first: bool,
     /// One layer's grids, in step order.
     grids: Vec<(Block, [u32; 3])>,
-    /// The layer whose launches write timeline stamps.
+    /// The layer whose launches write timeline stamps (in `s.spare.stamps`).
     stamp_layer: Option<usize>,
     /// The layer being launched.
     layer: usize,
@@ -159,32 +165,37 @@ impl<W: FnMut(Block) -> bool> Step<'_, W> {
         })
     }
 
-    /// A layer launch's configuration, on the plan's grid for `block`.
+    /// One layer's launches, in step order.
+    fn layer_launches(&mut self, l: &mut Layer) -> Result<()> {
+        self.qkv(l)?;
+        self.attention(l)?;
+        self.o_proj(l)?;
+        self.mlp(l)
+    }
+
+    /// A layer launch's configuration, on the plan's grid for `block`; the launches
+    /// from here on log their timeline stamps under `block`.
     fn layer_config(&mut self, block: Block, num_warps: u32) -> Option<LaunchConfig> {
-        let grid = self
-            .grids
-            .iter()
-            .find(|g| g.0 == block)
-            .map_or([0; 3], |g| g.1);
+        let grid = self.plan_grid(block);
+        self.s.spare.stamps.set_tag(block.index());
         self.config(block, grid, num_warps)
     }
 
-    /// Where the launch of `block` writes its programs' timeline stamps: -1 (none)
-    /// outside the stamped layer, else after the layer's earlier launches' programs.
-    fn stamp_at(&self, block: Block) -> i32 {
-        if self.stamp_layer != Some(self.layer) {
-            return -1;
-        }
-        let base: HashMap<Block, u32> = self
-            .grids
+    /// The plan's grid for the bf16 kernel of `block`.
+    fn plan_grid(&self, block: Block) -> [u32; 3] {
+        self.grids
             .iter()
-            .scan(0, |programs, (b, g)| {
-                let at = *programs;
-                *programs += g.iter().product::<u32>();
-                Some((*b, at))
-            })
-            .collect();
-        base[&block] as i32
+            .find(|g| g.0 == block)
+            .map_or([0; 3], |g| g.1)
+    }
+
+    /// Where the launch of `kernel` on the plan's grid for `block` writes its programs'
+    /// timeline stamps: -1 (none) outside the stamped layer, else after the layer's
+    /// earlier launches' programs (a quantized launch takes its own slots, see
+    /// [`crate::gguf::device::StampSlots`]).
+    fn stamp_at(&mut self, block: Block, kernel: &KernelDef) -> Result<i32> {
+        let programs = self.plan_grid(block).iter().product::<u32>();
+        self.s.spare.stamps.take(kernel.name, programs)
     }
 
     /// `x = embed[token]`.
@@ -210,8 +221,7 @@ impl<W: FnMut(Block) -> bool> Step<'_, W> {
         let Some(cfg) = self.layer_config(Block::Qkv, plan.num_warps) else {
             return Ok(());
         };
-        let stamp_at = self.stamp_at(Block::Qkv);
-        let (c, s) = (self.cfg, &mut *self.s);
+        let c = self.cfg;
         let eps = c.rms_norm_eps as f32;
         let w = match &l.qkv_w {
             Matrix::Dense(w) => w,
@@ -220,6 +230,7 @@ impl<W: FnMut(Block) -> bool> Step<'_, W> {
                     norm_w: &l.input_norm,
                     eps,
                 };
+                let s = &mut *self.s;
                 return q.gemv(
                     self.dev,
                     cfg,
@@ -231,6 +242,8 @@ impl<W: FnMut(Block) -> bool> Step<'_, W> {
                 );
             }
         };
+        let stamp_at = self.stamp_at(Block::Qkv, &RMS_NORM_GEMV)?;
+        let s = &mut *self.s;
         RmsNormGemvArgs {
             x: &s.x,
             norm_w: &l.input_norm,
@@ -240,7 +253,7 @@ impl<W: FnMut(Block) -> bool> Step<'_, W> {
             n: (c.q_dim() + 2 * c.kv_dim()) as i32,
             k: c.hidden_size as i32,
             eps,
-            stamps: &mut s.stamps,
+            stamps: &mut s.spare.stamps.buf,
             stamp_at,
         }
         .launch(self.dev, cfg, plan)?;
@@ -256,7 +269,7 @@ impl<W: FnMut(Block) -> bool> Step<'_, W> {
         let plan = self.plan;
         let c = self.cfg;
         if let Some(cfg) = self.layer_config(Block::Attention, plan.attention.num_warps) {
-            let stamp_at = self.stamp_at(Block::Attention);
+            let stamp_at = self.stamp_at(Block::Attention, &ATTENTION_SPLIT)?;
             let s = &mut *self.s;
             // Quantized gate/up weights are not prefetched (their arrays are not bf16).
             let (prefetch_w, prefetch_len) = match l.gate_up_w.dense() {
@@ -285,7 +298,7 @@ impl<W: FnMut(Block) -> bool> Step<'_, W> {
                 scale: (c.head_dim as f32).powf(-0.5),
                 prefetch_w,
                 prefetch_len,
-                stamps: &mut s.stamps,
+                stamps: &mut s.spare.stamps.buf,
                 stamp_at,
             }
             .launch(self.dev, cfg, plan.attention.consts)?;
@@ -296,10 +309,10 @@ impl<W: FnMut(Block) -> bool> Step<'_, W> {
         let Some(cfg) = self.layer_config(Block::Combine, plan.combine.num_warps) else {
             return Ok(());
         };
-        let stamp_at = self.stamp_at(Block::Combine);
-        let s = &mut *self.s;
         if combine_quantizes(plan, &l.o_w) {
-            let (xq, xd) = s.spare.activation_mut();
+            let stamp_at = self.stamp_at(Block::Combine, &ATTENTION_COMBINE_QUANT)?;
+            let s = &mut *self.s;
+            let (xq, xd, stamps) = s.spare.activation_and_stamps_mut();
             AttentionCombineQuantArgs {
                 part_m: &s.part_m,
                 part_l: &s.part_l,
@@ -308,20 +321,22 @@ impl<W: FnMut(Block) -> bool> Step<'_, W> {
                 xq,
                 xd,
                 splits: plan.splits as i32,
-                stamps: &mut s.stamps,
+                stamps: &mut stamps.buf,
                 stamp_at,
             }
             .launch(self.dev, cfg, quant_combine_consts(plan))?;
             self.o_input_quantized = true;
             return Ok(());
         }
+        let stamp_at = self.stamp_at(Block::Combine, &ATTENTION_COMBINE)?;
+        let s = &mut *self.s;
         AttentionCombineArgs {
             part_m: &s.part_m,
             part_l: &s.part_l,
             part_acc: &s.part_acc,
             out: &mut s.attn,
             splits: plan.splits as i32,
-            stamps: &mut s.stamps,
+            stamps: &mut s.spare.stamps.buf,
             stamp_at,
         }
         .launch(self.dev, cfg, plan.combine.consts)?;
@@ -334,7 +349,6 @@ impl<W: FnMut(Block) -> bool> Step<'_, W> {
         let Some(cfg) = self.layer_config(Block::OProj, plan.num_warps) else {
             return Ok(());
         };
-        let stamp_at = self.stamp_at(Block::OProj);
         let (c, s) = (self.cfg, &mut *self.s);
         let w = match &l.o_w {
             Matrix::Dense(w) => w,
@@ -346,6 +360,8 @@ impl<W: FnMut(Block) -> bool> Step<'_, W> {
                 return q.gemv(self.dev, cfg, res, &s.attn, &mut s.x, &l.o_b, &mut s.spare);
             }
         };
+        let stamp_at = self.stamp_at(Block::OProj, &GEMV_RESIDUAL)?;
+        let s = &mut *self.s;
         GemvResidualArgs {
             w,
             a: &s.attn,
@@ -353,7 +369,7 @@ impl<W: FnMut(Block) -> bool> Step<'_, W> {
             x: &mut s.x,
             n: c.hidden_size as i32,
             k: c.q_dim() as i32,
-            stamps: &mut s.stamps,
+            stamps: &mut s.spare.stamps.buf,
             stamp_at,
         }
         .launch(self.dev, cfg, plan)?;
@@ -366,38 +382,41 @@ impl<W: FnMut(Block) -> bool> Step<'_, W> {
         let (gate_up, down) = (self.plan.gate_up, self.plan.down);
         let c = self.cfg;
         if let Some(cfg) = self.layer_config(Block::GateUp, gate_up.num_warps) {
-            let stamp_at = self.stamp_at(Block::GateUp);
-            let s = &mut *self.s;
             let eps = c.rms_norm_eps as f32;
             match &l.gate_up_w {
                 // `[gate; up]` into `act`; the down projection's activation quantizer
                 // takes `silu(gate) * up`.
                 Matrix::Quant(q) => {
+                    let s = &mut *self.s;
                     let (norm_w, act) = (&l.post_norm, &mut s.act);
                     let norm = QuantVariant::Norm { norm_w, eps };
                     q.gemv(self.dev, cfg, norm, &s.x, act, &s.zeros, &mut s.spare)?;
                     if l.down_w.dense().is_some() {
-                        silu_mul_in_place(self.dev, act, c.intermediate_size)?;
+                        let stamps = &mut s.spare.stamps;
+                        silu_mul_in_place(self.dev, act, c.intermediate_size, stamps)?;
                     }
                 }
-                Matrix::Dense(w) => RmsNormGateUpArgs {
-                    x: &s.x,
-                    norm_w: &l.post_norm,
-                    w,
-                    act: &mut s.act,
-                    inter: c.intermediate_size as i32,
-                    k: c.hidden_size as i32,
-                    eps,
-                    stamps: &mut s.stamps,
-                    stamp_at,
+                Matrix::Dense(w) => {
+                    let stamp_at = self.stamp_at(Block::GateUp, &RMS_NORM_GATE_UP)?;
+                    let s = &mut *self.s;
+                    RmsNormGateUpArgs {
+                        x: &s.x,
+                        norm_w: &l.post_norm,
+                        w,
+                        act: &mut s.act,
+                        inter: c.intermediate_size as i32,
+                        k: c.hidden_size as i32,
+                        eps,
+                        stamps: &mut s.spare.stamps.buf,
+                        stamp_at,
+                    }
+                    .launch(self.dev, cfg, gate_up)?
                 }
-                .launch(self.dev, cfg, gate_up)?,
             }
         }
         let Some(cfg) = self.layer_config(Block::Down, down.num_warps) else {
             return Ok(());
         };
-        let stamp_at = self.stamp_at(Block::Down);
         let s = &mut *self.s;
         let w = match &l.down_w {
             Matrix::Dense(w) => w,
@@ -411,6 +430,8 @@ impl<W: FnMut(Block) -> bool> Step<'_, W> {
                 return q.gemv(self.dev, cfg, res, &s.act, &mut s.x, &s.zeros, &mut s.spare);
             }
         };
+        let stamp_at = self.stamp_at(Block::Down, &GEMV_RESIDUAL)?;
+        let s = &mut *self.s;
         GemvResidualArgs {
             w,
             a: &s.act,
@@ -418,7 +439,7 @@ impl<W: FnMut(Block) -> bool> Step<'_, W> {
             x: &mut s.x,
             n: c.hidden_size as i32,
             k: c.intermediate_size as i32,
-            stamps: &mut s.stamps,
+            stamps: &mut s.spare.stamps.buf,
             stamp_at,
         }
         .launch(self.dev, cfg, down)?;

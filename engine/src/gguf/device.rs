@@ -164,6 +164,8 @@ pub struct QuantRows {
     xq: Buffer<i32>,
     /// `[capacity * cols / 32]` block scales.
     xd: Buffer<f32>,
+    /// The quantizer's timeline stamps, never written (`stamp_at` is -1).
+    no_stamps: Buffer<i64>,
 }
 
 impl QuantRows {
@@ -175,6 +177,7 @@ impl QuantRows {
             cols,
             rows: 0,
             width: 0,
+            no_stamps: dev.zeros(4)?,
             xq: dev.zeros((rows * cols / 4).max(1))?,
             xd: dev.zeros((rows * cols / 32).max(1))?,
         })
@@ -231,6 +234,8 @@ impl QuantRows {
             (&mut self.xd).into(),
             (len as i32).into(),
             0.0f32.into(),
+            (&mut self.no_stamps).into(),
+            (-1i32).into(),
         ];
         QUANTIZE_ACT.launch_dyn(dev, launch, &[B as i64, 0], &mut args)?;
         (self.rows, self.width) = (rows, cols);
@@ -1073,7 +1078,9 @@ impl DeviceQuantMatrix {
                 0
             }
         };
+        let stamp_at = spare.stamps.take(self.kernel().name, cfg.grid(self.rows))?;
         args.extend([n.into(), row0.into(), k_words.into(), eps.into()]);
+        args.extend([(&mut spare.stamps.buf).into(), stamp_at.into()]);
         self.kernel().launch_dyn(dev, launch, &consts, &mut args)?;
         Ok(())
     }
@@ -1142,6 +1149,7 @@ pub fn launch_q4_k_q6_k(
     if serialized {
         launch = launch.serialized();
     }
+    let stamp_at = spare.stamps.take(Q4_K_Q6_K_GEMV.name, grid)?;
     let (a, norm_w, eps) = norm.unwrap_or((&spare.bias, &spare.bias, 0.0));
     let mut args: Vec<KernelArg<'_>> = vec![
         q.into(),
@@ -1164,6 +1172,8 @@ pub fn launch_q4_k_q6_k(
         (programs4 as i32).into(),
         ((cols / 8) as i32).into(),
         eps.into(),
+        (&mut spare.stamps.buf).into(),
+        stamp_at.into(),
     ];
     let consts = [
         cfg.block_n as i64,
@@ -1244,6 +1254,8 @@ pub struct QuantSpare {
     part_idx: Buffer<i32>,
     y: Buffer<bf16>,
     bias: Buffer<bf16>,
+    /// Where the launches that take this spare write their timeline stamps.
+    pub(crate) stamps: StampSlots,
 }
 
 impl QuantSpare {
@@ -1260,7 +1272,16 @@ impl QuantSpare {
             part_idx: dev.zeros(1)?,
             y: dev.zeros(1)?,
             bias: dev.zeros(1)?,
+            stamps: StampSlots::new(dev, 1)?,
         })
+    }
+
+    /// [`QuantSpare::new`] with room for the timeline stamps of `programs` programs
+    /// ([`crate::Decoder::timeline`]).
+    pub(crate) fn with_stamp_room(dev: &Device, max_cols: usize, programs: usize) -> Result<Self> {
+        let mut spare = Self::new(dev, max_cols)?;
+        spare.stamps = StampSlots::new(dev, programs)?;
+        Ok(spare)
     }
 
     /// Quantizes the GEMV input of `cols` columns computed from `a` by `variant` (with
@@ -1295,10 +1316,12 @@ impl QuantSpare {
             });
         }
         const B: usize = 256;
-        let mut launch = LaunchConfig::from(cols.div_ceil(B) as u32).num_warps(4);
+        let programs = cols.div_ceil(B) as u32;
+        let mut launch = LaunchConfig::from(programs).num_warps(4);
         if serialized {
             launch = launch.serialized();
         }
+        let stamp_at = self.stamps.take(QUANTIZE_ACT.name, programs)?;
         let mut args: Vec<KernelArg<'_>> = vec![
             a.into(),
             norm_w.into(),
@@ -1306,6 +1329,8 @@ impl QuantSpare {
             (&mut self.xd).into(),
             (cols as i32).into(),
             eps.into(),
+            (&mut self.stamps.buf).into(),
+            stamp_at.into(),
         ];
         QUANTIZE_ACT.launch_dyn(dev, launch, &[B as i64, mode], &mut args)?;
         Ok(())
@@ -1320,6 +1345,111 @@ impl QuantSpare {
     /// input itself (`attention_combine_quant`).
     pub fn activation_mut(&mut self) -> (&mut Buffer<i32>, &mut Buffer<f32>) {
         (&mut self.xq, &mut self.xd)
+    }
+
+    /// [`QuantSpare::activation_mut`] and the timeline stamps, for such a kernel that
+    /// also writes stamps.
+    pub(crate) fn activation_and_stamps_mut(
+        &mut self,
+    ) -> (&mut Buffer<i32>, &mut Buffer<f32>, &mut StampSlots) {
+        (&mut self.xq, &mut self.xd, &mut self.stamps)
+    }
+}
+
+/// Where a step's launches write their programs' timeline stamps
+/// ([`crate::Decoder::timeline`]): four values a program (entry, past the wait, exit,
+/// SM; `crate::kernels::store_stamps`'s layout), the launches of the stamped layer one
+/// after another in launch order. Outside a stamped layer every launch gets
+/// `stamp_at = -1` and writes nothing.
+#[derive(Debug)]
+pub struct StampSlots {
+    /// `[4 * programs]`.
+    pub(crate) buf: Buffer<i64>,
+    /// The next launch's first program while a layer is stamped.
+    next: Option<usize>,
+    /// What the next launches are logged under (the decode step's block).
+    tag: usize,
+    /// The launches stamped since [`StampSlots::start`], in launch order.
+    log: Vec<StampedLaunch>,
+}
+
+/// One launch of a stamped layer: what [`StampSlots::take`] logged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StampedLaunch {
+    /// The tag it was launched under ([`StampSlots::set_tag`]).
+    pub tag: usize,
+    /// The kernel launched.
+    pub kernel: &'static str,
+    /// Its programs, stamped from slot [`StampedLaunch::first`] on.
+    pub programs: usize,
+    /// Its first program's slot.
+    pub first: usize,
+}
+
+impl StampSlots {
+    /// Room for `programs` programs' stamps on `dev`, filled with -1 (unwritten).
+    pub fn new(dev: &Device, programs: usize) -> Result<Self> {
+        Ok(StampSlots {
+            buf: dev.alloc_filled(4 * programs.max(1), -1i64)?,
+            next: None,
+            tag: 0,
+            log: Vec::new(),
+        })
+    }
+
+    /// Programs there is room for.
+    pub fn capacity(&self) -> usize {
+        self.buf.len() / 4
+    }
+
+    /// Starts stamping: the launches from here on take consecutive slots from 0, and the
+    /// log starts empty.
+    pub fn start(&mut self) {
+        self.next = Some(0);
+        self.log.clear();
+    }
+
+    /// Stops stamping (the log stays until the next [`StampSlots::start`]).
+    pub fn stop(&mut self) {
+        self.next = None;
+    }
+
+    /// The tag the next launches are logged under.
+    pub fn set_tag(&mut self, tag: usize) {
+        self.tag = tag;
+    }
+
+    /// The launches stamped since the last [`StampSlots::start`].
+    pub fn log(&self) -> &[StampedLaunch] {
+        &self.log
+    }
+
+    /// The `stamp_at` argument of a launch of `kernel` over `programs` programs: -1
+    /// when not stamping, else its first slot (logged). An error when the buffer has no
+    /// room left, naming the kernel.
+    pub fn take(&mut self, kernel: &'static str, programs: u32) -> Result<i32> {
+        let Some(first) = self.next else {
+            return Ok(-1);
+        };
+        let programs = programs as usize;
+        if first + programs > self.capacity() {
+            return Err(crate::error::EngineError::Option {
+                message: format!(
+                    "timeline: the stamped layer's launch of `{kernel}` needs slots {first}..{} \
+                     for its programs, more than the {} stamps have room for",
+                    first + programs,
+                    self.capacity()
+                ),
+            });
+        }
+        self.next = Some(first + programs);
+        self.log.push(StampedLaunch {
+            tag: self.tag,
+            kernel,
+            programs,
+            first,
+        });
+        Ok(first as i32)
     }
 }
 
