@@ -62,7 +62,10 @@ pub fn store_stamps(stamps: Ptr<i64>, stamp_at: i32, t_entry: i64, t_wait: i64) 
 /// index in the grid (x fastest), as [`store_stamps`] lays them out. Each stamp is
 /// stored as it is read, so no clock value stays live across the kernel: the quantized
 /// GEMVs run at register limits (`max_registers`), where two more live values could
-/// change their occupancy.
+/// change their occupancy. The quantized kernels write their entry stamp just before
+/// their wait, once their first loads are issued: at their entry, the stamp's branch
+/// cost the Qwen3-0.6B step 2% with stamps off (docs/perf.md, "The quantized layer's
+/// timeline").
 #[tile_fn(crate = tilefuse_dsl)]
 pub fn stamp_now(stamps: Ptr<i64>, stamp_at: i32, slot: i32) {
     if stamp_at >= 0 {

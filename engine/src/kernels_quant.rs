@@ -143,9 +143,9 @@ pub fn silu_mul_in_place<const B: usize>(
     stamps: Ptr<i64>,
     stamp_at: i32,
 ) {
-    stamp_now(stamps, stamp_at, 0);
     let offs = program_id(0) * B + arange(0, B);
     let ok = offs < inter;
+    stamp_now(stamps, stamp_at, 0);
     wait_for_prior_kernels();
     stamp_now(stamps, stamp_at, 1);
     let g = load(act + offs, ok, 0.0) as f32;
@@ -224,7 +224,6 @@ pub fn quantize_act<const B: usize, const MODE: usize>(
     stamps: Ptr<i64>,
     stamp_at: i32,
 ) {
-    stamp_now(stamps, stamp_at, 0);
     // [blocks, halves, words, bytes] in element order.
     let blk = program_id(0) * (B / 32) + arange(0, B / 32);
     let h = arange(0, 2);
@@ -235,6 +234,13 @@ pub fn quantize_act<const B: usize, const MODE: usize>(
         + (w * 4).expand_dims(1)
         + b;
     let ok = e < k;
+    // The norm's weights are no kernel's output: requested before the wait, so that
+    // after it only `a` is a memory round trip away.
+    let mut g = (e & 0) as f32;
+    if (MODE == 1) | (MODE == 3) {
+        g = load(norm_w + e, ok, 0.0) as f32;
+    }
+    stamp_now(stamps, stamp_at, 0);
     wait_for_prior_kernels();
     stamp_now(stamps, stamp_at, 1);
     let mut x = load(a + e, ok, 0.0) as f32;
@@ -242,13 +248,17 @@ pub fn quantize_act<const B: usize, const MODE: usize>(
         let u = load(a + k + e, ok, 0.0) as f32;
         x = ((x / (1.0 + exp(-x))) as bf16 as f32 * u) as bf16 as f32;
     }
+    // The sum of squares over all of `a` in one tile up to 4096 elements (8B's hidden
+    // size): its loads issue together instead of one 1024-element round trip after
+    // another (`tilefuse bench --timeline`, docs/perf.md "The quantized layer's
+    // timeline").
     if MODE == 1 {
-        let inv_rms = inv_rms_of::<1024>(a, k, eps);
-        x = x * inv_rms * (load(norm_w + e, ok, 0.0) as f32);
+        let inv_rms = inv_rms_of::<4096>(a, k, eps);
+        x = x * inv_rms * g;
     }
     if MODE == 3 {
-        let inv_rms = inv_rms_of::<1024>(a, k, eps);
-        x = head_norm(x, load(norm_w + e, ok, 0.0) as f32, inv_rms);
+        let inv_rms = inv_rms_of::<4096>(a, k, eps);
+        x = head_norm(x, g, inv_rms);
     }
     store_blocks(x, blk, blk * 32 < k, xq, xd);
     stamp_now(stamps, stamp_at, 2);
@@ -389,7 +399,6 @@ pub fn q8_0_gemv<
     stamps: Ptr<i64>,
     stamp_at: i32,
 ) {
-    stamp_now(stamps, stamp_at, 0);
     let blocks = k_words / 8;
     let rows = program_id(0) * BLOCK_N + arange(0, BLOCK_N);
     let row_ok = rows < n;
@@ -409,6 +418,7 @@ pub fn q8_0_gemv<
     if HEAD == 0 {
         b = load(bias + row0 + rows, row_ok, 0.0) as f32;
     }
+    stamp_now(stamps, stamp_at, 0);
     wait_for_prior_kernels();
     stamp_now(stamps, stamp_at, 1);
     // With the norm prologue, `inv_rms` scales the row sums (as in `rms_norm_gemv`).
@@ -723,7 +733,6 @@ pub fn q4_k_gemv<
     stamps: Ptr<i64>,
     stamp_at: i32,
 ) {
-    stamp_now(stamps, stamp_at, 0);
     let blocks = k_words / 4;
     let rows = program_id(0) * BLOCK_N + arange(0, BLOCK_N);
     let row_ok = rows < n;
@@ -751,6 +760,7 @@ pub fn q4_k_gemv<
     if HEAD == 0 {
         b = load(bias + row0 + rows, row_ok, 0.0) as f32;
     }
+    stamp_now(stamps, stamp_at, 0);
     wait_for_prior_kernels();
     stamp_now(stamps, stamp_at, 1);
     // With the norm prologue, `inv_rms` scales the row sums (as in `rms_norm_gemv`).
@@ -1071,7 +1081,6 @@ pub fn q6_k_gemv<
     stamps: Ptr<i64>,
     stamp_at: i32,
 ) {
-    stamp_now(stamps, stamp_at, 0);
     let blocks = k_words / 4;
     let rows = program_id(0) * BLOCK_N + arange(0, BLOCK_N);
     let row_ok = rows < n;
@@ -1103,6 +1112,7 @@ pub fn q6_k_gemv<
     if HEAD == 0 {
         b = load(bias + row0 + rows, row_ok, 0.0) as f32;
     }
+    stamp_now(stamps, stamp_at, 0);
     wait_for_prior_kernels();
     stamp_now(stamps, stamp_at, 1);
     // With the norm prologue, `inv_rms` scales the row sums (as in `rms_norm_gemv`).
@@ -1181,7 +1191,6 @@ pub fn q4_k_q6_k_gemv<const BLOCK_N: usize, const BLOCK_K: usize, const ACT: usi
     stamps: Ptr<i64>,
     stamp_at: i32,
 ) {
-    stamp_now(stamps, stamp_at, 0);
     let blocks = k_words / 4;
     let pid = program_id(0);
     let six = pid >= programs4;
@@ -1234,6 +1243,7 @@ pub fn q4_k_q6_k_gemv<const BLOCK_N: usize, const BLOCK_K: usize, const ACT: usi
     let sc1_first = load(scales6 + s6_rows + (grp * 2 + 1).expand_dims(0), ok6, 128);
     let d6_first = load(d6 + d_rows + (grp / 8).expand_dims(0), ok6, 0.0);
     let b = load(bias + row0 + rows, row_ok, 0.0) as f32;
+    stamp_now(stamps, stamp_at, 0);
     wait_for_prior_kernels();
     stamp_now(stamps, stamp_at, 1);
     let mut inv_rms = 1.0;

@@ -105,7 +105,8 @@ impl Decoder {
 /// `%globaltimer`) from the stamped layer's first program entry, and its SM.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ProgramStamps {
-    /// When the program started.
+    /// When the program started (the quantized kernels: when it reached its wait,
+    /// its first loads issued; see `kernels::stamp_now`).
     pub entry: i64,
     /// When it got past `wait_for_prior_kernels()` (the previous launches' writes
     /// visible).
