@@ -72,6 +72,11 @@
 //! As in the bf16 kernels, the first weight tile is requested before
 //! `wait_for_prior_kernels()`, so with programmatic launch it overlaps the previous
 //! kernel's tail (the activation quantizer's).
+//!
+//! The decode step's kernels here end with the timeline arguments `stamps` and
+//! `stamp_at` of [`crate::kernels`]' layer kernels, written by
+//! `crate::kernels::stamp_now` (the entry stamp just before the wait); the
+//! host side hands out their slots ([`crate::gguf::device::StampSlots`]).
 
 use tilefuse_macros::{kernel, tile_fn};
 
