@@ -373,24 +373,10 @@ fn a_layer_timeline_stamps_every_program_after_the_launch_before_it() {
                 ],
                 "{dev}"
             );
-            for pair in run.launches.windows(2) {
-                let last_exit = pair[0].programs.iter().map(|p| p.exit).max().unwrap();
-                let first_past = pair[1].programs.iter().map(|p| p.past_wait).min().unwrap();
-                assert!(
-                    first_past >= last_exit,
-                    "{dev}: a {:?} program got past its wait at {first_past} ns, before the \
-                     last {:?} program exited at {last_exit} ns",
-                    pair[1].block,
-                    pair[0].block
-                );
-            }
-            for l in &run.launches {
-                assert!(!l.programs.is_empty(), "{dev}: {:?}", l.block);
-                for p in &l.programs {
-                    assert!(p.entry >= 0 && p.entry <= p.past_wait && p.past_wait <= p.exit);
-                    if !dev.is_cuda() {
-                        assert_eq!(p.sm, 0, "the interpreter has one processor");
-                    }
+            common::check_timeline_order(run, &dev.to_string());
+            if !dev.is_cuda() {
+                for p in run.launches.iter().flat_map(|l| &l.programs) {
+                    assert_eq!(p.sm, 0, "the interpreter has one processor");
                 }
             }
         }

@@ -1035,23 +1035,7 @@ fn a_quantized_layer_timeline_stamps_each_launch() {
                         == 2,
                 "{dev}: {kernels:?}"
             );
-            for pair in run.launches.windows(2) {
-                let last_exit = pair[0].programs.iter().map(|p| p.exit).max().unwrap();
-                let first_past = pair[1].programs.iter().map(|p| p.past_wait).min().unwrap();
-                assert!(
-                    first_past >= last_exit,
-                    "{dev}: a {} program got past its wait at {first_past} ns, before the \
-                     last {} program exited at {last_exit} ns",
-                    pair[1].kernel,
-                    pair[0].kernel
-                );
-            }
-            for l in &run.launches {
-                assert!(!l.programs.is_empty(), "{dev}: {}", l.kernel);
-                for p in &l.programs {
-                    assert!(p.entry >= 0 && p.entry <= p.past_wait && p.past_wait <= p.exit);
-                }
-            }
+            common::check_timeline_order(run, &dev.to_string());
         }
         assert_eq!(dec.read_state().unwrap(), (3, 5), "{dev}: state restored");
         dec.step_eager().unwrap();

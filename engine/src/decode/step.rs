@@ -74,7 +74,6 @@ impl Decoder {
             first,
             grids,
             stamp_layer: *stamp_layer,
-            layer: 0,
             o_input_quantized: false,
         };
         step.embed(embed)?;
@@ -84,7 +83,6 @@ impl Decoder {
             .skip(layer_range.start)
             .take(layer_range.len())
         {
-            step.layer = li;
             let stamped = step.stamp_layer == Some(li);
             if stamped {
                 step.s.spare.stamps.start();
@@ -120,8 +118,6 @@ struct Step<'a, W> {
     grids: Vec<(Block, [u32; 3])>,
     /// The layer whose launches write timeline stamps (in `s.spare.stamps`).
     stamp_layer: Option<usize>,
-    /// The layer being launched.
-    layer: usize,
     /// Whether this layer's attention combine left the O projection's input quantized.
     o_input_quantized: bool,
 }

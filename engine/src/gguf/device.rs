@@ -1341,14 +1341,8 @@ impl QuantSpare {
         (&self.xq, &self.xd)
     }
 
-    /// The activation buffers (`xq`, `xd`), for a kernel that writes a GEMV's quantized
-    /// input itself (`attention_combine_quant`).
-    pub fn activation_mut(&mut self) -> (&mut Buffer<i32>, &mut Buffer<f32>) {
-        (&mut self.xq, &mut self.xd)
-    }
-
-    /// [`QuantSpare::activation_mut`] and the timeline stamps, for such a kernel that
-    /// also writes stamps.
+    /// The activation buffers (`xq`, `xd`) and the timeline stamps, for a kernel that
+    /// writes a GEMV's quantized input itself (`attention_combine_quant`).
     pub(crate) fn activation_and_stamps_mut(
         &mut self,
     ) -> (&mut Buffer<i32>, &mut Buffer<f32>, &mut StampSlots) {

@@ -124,3 +124,34 @@ pub fn check_tokenizer_cases(tok: &tilefuse_engine::Tokenizer, expected: &Path) 
     }
     all
 }
+
+/// The order every stamped layer's timeline keeps ([`tilefuse_engine::Decoder::timeline`]):
+/// each launch has programs, each program's stamps run entry <= past wait <= exit, and
+/// no program gets past its wait before the last program of the launch before it has
+/// exited (on the GPU too, where launches overlap). `dev` names the device in failures.
+pub fn check_timeline_order(run: &tilefuse_engine::decode::Timeline, dev: &str) {
+    for pair in run.launches.windows(2) {
+        let last_exit = pair[0].programs.iter().map(|p| p.exit).max().unwrap();
+        let first_past = pair[1].programs.iter().map(|p| p.past_wait).min().unwrap();
+        assert!(
+            first_past >= last_exit,
+            "{dev}: a {} ({:?}) program got past its wait at {first_past} ns, before the \
+             last {} ({:?}) program exited at {last_exit} ns",
+            pair[1].kernel,
+            pair[1].block,
+            pair[0].kernel,
+            pair[0].block
+        );
+    }
+    for l in &run.launches {
+        assert!(
+            !l.programs.is_empty(),
+            "{dev}: {} ({:?})",
+            l.kernel,
+            l.block
+        );
+        for p in &l.programs {
+            assert!(p.entry >= 0 && p.entry <= p.past_wait && p.past_wait <= p.exit);
+        }
+    }
+}
