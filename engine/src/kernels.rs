@@ -63,18 +63,24 @@ pub fn store_stamps(stamps: Ptr<i64>, stamp_at: i32, t_entry: i64, t_wait: i64) 
 /// stored as it is read, so no clock value stays live across the kernel: the quantized
 /// GEMVs run at register limits (`max_registers`), where two more live values could
 /// change their occupancy. The quantized kernels write their entry stamp just before
-/// their wait, once their first loads are issued: at their entry, the stamp's branch
-/// cost the Qwen3-0.6B step 2% with stamps off (docs/perf.md, "The quantized layer's
-/// timeline").
+/// their wait, once their first loads are issued.
+///
+/// `STAMPS` is the kernel's compile-time switch: with 0 no stamp code is compiled at
+/// all. The branch on `stamp_at` alone, in every launch of a graph without a timeline,
+/// cost the Qwen3-0.6B step 1.3% (2.1% with the entry stamp at the kernel's start;
+/// docs/perf.md, "The quantized layer's timeline"), so the decode step launches the
+/// `STAMPS = 0` variants unless it records a timeline.
 #[tile_fn(crate = tilefuse_dsl)]
-pub fn stamp_now(stamps: Ptr<i64>, stamp_at: i32, slot: i32) {
-    if stamp_at >= 0 {
-        let program =
-            (program_id(2) * num_programs(1) + program_id(1)) * num_programs(0) + program_id(0);
-        let at = stamps + (stamp_at + program) * 4 + slot;
-        store(at, global_timer());
-        if slot == 2 {
-            store(at + 1, sm_id() as i64);
+pub fn stamp_now<const STAMPS: usize>(stamps: Ptr<i64>, stamp_at: i32, slot: i32) {
+    if STAMPS == 1 {
+        if stamp_at >= 0 {
+            let program =
+                (program_id(2) * num_programs(1) + program_id(1)) * num_programs(0) + program_id(0);
+            let at = stamps + (stamp_at + program) * 4 + slot;
+            store(at, global_timer());
+            if slot == 2 {
+                store(at + 1, sm_id() as i64);
+            }
         }
     }
 }

@@ -75,8 +75,10 @@
 //!
 //! The decode step's kernels here end with the timeline arguments `stamps` and
 //! `stamp_at` of [`crate::kernels`]' layer kernels, written by
-//! `crate::kernels::stamp_now` (the entry stamp just before the wait); the
-//! host side hands out their slots ([`crate::gguf::device::StampSlots`]).
+//! `crate::kernels::stamp_now` (the entry stamp just before the wait) in their
+//! `STAMPS = 1` variants only; the host side hands out their slots
+//! ([`crate::gguf::device::StampSlots`]) and launches `STAMPS = 0`, with no stamp code,
+//! wherever a launch has none.
 
 use tilefuse_macros::{kernel, tile_fn};
 
@@ -141,8 +143,8 @@ pub fn all() -> [&'static tilefuse_dsl::runtime::KernelDef; 14] {
 /// place (the reference's rounding): between a quantized gate/up GEMV and a dense down
 /// projection (a quantized one takes the product in its activation quantizer,
 /// [`quantize_act`] `MODE = 2`).
-#[kernel(crate = tilefuse_dsl, B = [1024], num_warps = [4])]
-pub fn silu_mul_in_place<const B: usize>(
+#[kernel(crate = tilefuse_dsl, B = [1024], num_warps = [4], STAMPS = [0, 1])]
+pub fn silu_mul_in_place<const B: usize, const STAMPS: usize>(
     act: Ptr<bf16>,
     inter: i32,
     stamps: Ptr<i64>,
@@ -150,14 +152,14 @@ pub fn silu_mul_in_place<const B: usize>(
 ) {
     let offs = program_id(0) * B + arange(0, B);
     let ok = offs < inter;
-    stamp_now(stamps, stamp_at, 0);
+    stamp_now::<STAMPS>(stamps, stamp_at, 0);
     wait_for_prior_kernels();
-    stamp_now(stamps, stamp_at, 1);
+    stamp_now::<STAMPS>(stamps, stamp_at, 1);
     let g = load(act + offs, ok, 0.0) as f32;
     let u = load(act + inter + offs, ok, 0.0) as f32;
     let silu = (g / (1.0 + exp(-g))) as bf16 as f32;
     store(act + offs, (silu * u) as bf16, ok);
-    stamp_now(stamps, stamp_at, 2);
+    stamp_now::<STAMPS>(stamps, stamp_at, 2);
 }
 
 /// `x = a * norm_w` at the element indices `e` (masked by `ok`): the RMSNorm input of a
@@ -218,8 +220,8 @@ fn store_blocks(x: Tile<f32>, blk: Tile<i32>, blk_ok: Tile<bool>, xq: Ptr<i32>, 
 /// Quantizes a GEMV's input to int8 blocks of 32 (see the module docs): `xq` (four
 /// values a word) and `xd` (each block's scale), for `x` of length `k` computed from `a`
 /// by `MODE`. One program a `B` elements.
-#[kernel(crate = tilefuse_dsl, B = [256], num_warps = [4], MODE = [0, 1, 2, 3])]
-pub fn quantize_act<const B: usize, const MODE: usize>(
+#[kernel(crate = tilefuse_dsl, B = [256], num_warps = [4], MODE = [0, 1, 2, 3], STAMPS = [0, 1])]
+pub fn quantize_act<const B: usize, const MODE: usize, const STAMPS: usize>(
     a: Ptr<bf16>,
     norm_w: Ptr<bf16>,
     xq: Ptr<i32>,
@@ -245,9 +247,9 @@ pub fn quantize_act<const B: usize, const MODE: usize>(
     if (MODE == 1) | (MODE == 3) {
         g = load(norm_w + e, ok, 0.0) as f32;
     }
-    stamp_now(stamps, stamp_at, 0);
+    stamp_now::<STAMPS>(stamps, stamp_at, 0);
     wait_for_prior_kernels();
-    stamp_now(stamps, stamp_at, 1);
+    stamp_now::<STAMPS>(stamps, stamp_at, 1);
     let mut x = load(a + e, ok, 0.0) as f32;
     if MODE == 2 {
         let u = load(a + k + e, ok, 0.0) as f32;
@@ -266,7 +268,7 @@ pub fn quantize_act<const B: usize, const MODE: usize>(
         x = head_norm(x, g, inv_rms);
     }
     store_blocks(x, blk, blk * 32 < k, xq, xd);
-    stamp_now(stamps, stamp_at, 2);
+    stamp_now::<STAMPS>(stamps, stamp_at, 2);
 }
 
 /// Decode attention's second pass for a quantized O projection:
@@ -275,9 +277,14 @@ pub fn quantize_act<const B: usize, const MODE: usize>(
 /// blocks, exactly what [`quantize_act`] `MODE = 0` would write from `out`, so the O
 /// projection launches no quantizer. `DC` is a multiple of 32: a program's columns are
 /// whole blocks.
-#[kernel(crate = tilefuse_dsl, D = [32, 64, 128], S = [8, 16, 32, 64], DC = [32, 64, 128], num_warps = [4])]
+#[kernel(crate = tilefuse_dsl, D = [32, 64, 128], S = [8, 16, 32, 64], DC = [32, 64, 128], num_warps = [4], STAMPS = [0, 1])]
 #[allow(clippy::too_many_arguments)]
-pub fn attention_combine_quant<const D: usize, const S: usize, const DC: usize>(
+pub fn attention_combine_quant<
+    const D: usize,
+    const S: usize,
+    const DC: usize,
+    const STAMPS: usize,
+>(
     part_m: Ptr<f32>,
     part_l: Ptr<f32>,
     part_acc: Ptr<f32>,
@@ -288,16 +295,16 @@ pub fn attention_combine_quant<const D: usize, const S: usize, const DC: usize>(
     stamps: Ptr<i64>,
     stamp_at: i32,
 ) {
-    let t_entry = crate::kernels::stamp_clock(stamp_at);
+    stamp_now::<STAMPS>(stamps, stamp_at, 0);
     wait_for_prior_kernels();
-    let t_wait = crate::kernels::stamp_clock(stamp_at);
+    stamp_now::<STAMPS>(stamps, stamp_at, 1);
     let head = program_id(0);
     let d = program_id(1) * DC + arange(0, DC);
     let o = crate::kernels::merge_splits::<D, S>(part_m, part_l, part_acc, splits, head, d);
     store(out + head * D + d, o);
     let blk = (head * D + program_id(1) * DC) / 32 + arange(0, DC / 32);
     store_blocks(o.reshape([DC / 32, 2, 4, 4]) as f32, blk, blk >= 0, xq, xd);
-    crate::kernels::store_stamps(stamps, stamp_at, t_entry, t_wait);
+    stamp_now::<STAMPS>(stamps, stamp_at, 2);
 }
 
 /// The output of a quantized GEMV's row sums `sums` (bias `b` added): the LM head's
@@ -377,7 +384,9 @@ fn q8_0_tile<const ACT: usize>(
     // Long tiles are for wide matrices (few rows), many rows for tall ones.
     skip(BLOCK_K = 2048, BLOCK_N = [8, 16, 32]),
     skip(BLOCK_K = 1024, BLOCK_N = 32),
-    skip(BLOCK_K = 2048, HEAD = 1)
+    skip(BLOCK_K = 2048, HEAD = 1),
+    // 1: the timeline stamps (`crate::kernels::stamp_now`), 0: none compiled.
+    STAMPS = [0, 1]
 )]
 pub fn q8_0_gemv<
     const BLOCK_N: usize,
@@ -385,6 +394,7 @@ pub fn q8_0_gemv<
     const RESIDUAL: usize,
     const HEAD: usize,
     const ACT: usize,
+    const STAMPS: usize,
 >(
     q: Ptr<u32>,
     d: Ptr<f16>,
@@ -423,9 +433,9 @@ pub fn q8_0_gemv<
     if HEAD == 0 {
         b = load(bias + row0 + rows, row_ok, 0.0) as f32;
     }
-    stamp_now(stamps, stamp_at, 0);
+    stamp_now::<STAMPS>(stamps, stamp_at, 0);
     wait_for_prior_kernels();
-    stamp_now(stamps, stamp_at, 1);
+    stamp_now::<STAMPS>(stamps, stamp_at, 1);
     // With the norm prologue, `inv_rms` scales the row sums (as in `rms_norm_gemv`).
     let mut inv_rms = 1.0;
     if ACT == 1 {
@@ -459,7 +469,7 @@ pub fn q8_0_gemv<
         b,
         old,
     );
-    stamp_now(stamps, stamp_at, 2);
+    stamp_now::<STAMPS>(stamps, stamp_at, 2);
 }
 
 /// One tile's Q4_K sums per row and block (`[n, blocks]`): `qt: [n, blocks, 4]` nibble
@@ -707,7 +717,9 @@ fn q4_k_row_sums_prefetch<const BLOCK_K: usize, const ACT: usize>(
     skip(EVEN = 1, HEAD = 1),
     skip(EVEN = 1, ACT = 1),
     skip(EVEN = 1, BLOCK_N = [1, 2, 16, 32]),
-    skip(EVEN = 1, BLOCK_K = [256, 512])
+    skip(EVEN = 1, BLOCK_K = [256, 512]),
+    // 1: the timeline stamps (`crate::kernels::stamp_now`), 0: none compiled.
+    STAMPS = [0, 1]
 )]
 pub fn q4_k_gemv<
     const BLOCK_N: usize,
@@ -716,6 +728,7 @@ pub fn q4_k_gemv<
     const HEAD: usize,
     const ACT: usize,
     const EVEN: usize,
+    const STAMPS: usize,
 >(
     q: Ptr<u32>,
     scales: Ptr<u8>,
@@ -765,9 +778,9 @@ pub fn q4_k_gemv<
     if HEAD == 0 {
         b = load(bias + row0 + rows, row_ok, 0.0) as f32;
     }
-    stamp_now(stamps, stamp_at, 0);
+    stamp_now::<STAMPS>(stamps, stamp_at, 0);
     wait_for_prior_kernels();
-    stamp_now(stamps, stamp_at, 1);
+    stamp_now::<STAMPS>(stamps, stamp_at, 1);
     // With the norm prologue, `inv_rms` scales the row sums (as in `rms_norm_gemv`).
     let mut inv_rms = 1.0;
     if ACT == 1 {
@@ -802,7 +815,7 @@ pub fn q4_k_gemv<
         b,
         old,
     );
-    stamp_now(stamps, stamp_at, 2);
+    stamp_now::<STAMPS>(stamps, stamp_at, 2);
 }
 
 /// One tile's Q6_K sums per row, block and word pair (`[n, blocks, 2]`): `lt: [n,
@@ -1057,7 +1070,9 @@ fn q6_k_row_sums_prefetch<const BLOCK_K: usize, const ACT: usize>(
     // Long tiles are for wide matrices (few rows), many rows for tall ones.
     skip(BLOCK_K = 2048, BLOCK_N = [8, 16, 32]),
     skip(BLOCK_K = 1024, BLOCK_N = 32),
-    skip(BLOCK_K = 2048, HEAD = 1)
+    skip(BLOCK_K = 2048, HEAD = 1),
+    // 1: the timeline stamps (`crate::kernels::stamp_now`), 0: none compiled.
+    STAMPS = [0, 1]
 )]
 pub fn q6_k_gemv<
     const BLOCK_N: usize,
@@ -1065,6 +1080,7 @@ pub fn q6_k_gemv<
     const RESIDUAL: usize,
     const HEAD: usize,
     const ACT: usize,
+    const STAMPS: usize,
 >(
     ql: Ptr<u32>,
     qh: Ptr<u32>,
@@ -1117,9 +1133,9 @@ pub fn q6_k_gemv<
     if HEAD == 0 {
         b = load(bias + row0 + rows, row_ok, 0.0) as f32;
     }
-    stamp_now(stamps, stamp_at, 0);
+    stamp_now::<STAMPS>(stamps, stamp_at, 0);
     wait_for_prior_kernels();
-    stamp_now(stamps, stamp_at, 1);
+    stamp_now::<STAMPS>(stamps, stamp_at, 1);
     // With the norm prologue, `inv_rms` scales the row sums (as in `rms_norm_gemv`).
     let mut inv_rms = 1.0;
     if ACT == 1 {
@@ -1153,7 +1169,7 @@ pub fn q6_k_gemv<
         b,
         old,
     );
-    stamp_now(stamps, stamp_at, 2);
+    stamp_now::<STAMPS>(stamps, stamp_at, 2);
 }
 
 /// A Q4_K run of rows and the Q6_K run after it (`[q; k]` and a Q6_K `v`, Q4_K_M's
@@ -1169,10 +1185,17 @@ pub fn q6_k_gemv<
     BLOCK_N = [8, 16],
     BLOCK_K = [512, 1024],
     num_warps = [4, 8],
-    ACT = [0, 1]
+    ACT = [0, 1],
+    // 1: the timeline stamps (`crate::kernels::stamp_now`), 0: none compiled.
+    STAMPS = [0, 1]
 )]
 #[allow(clippy::too_many_arguments)]
-pub fn q4_k_q6_k_gemv<const BLOCK_N: usize, const BLOCK_K: usize, const ACT: usize>(
+pub fn q4_k_q6_k_gemv<
+    const BLOCK_N: usize,
+    const BLOCK_K: usize,
+    const ACT: usize,
+    const STAMPS: usize,
+>(
     q: Ptr<u32>,
     scales: Ptr<u8>,
     mins: Ptr<u8>,
@@ -1248,9 +1271,9 @@ pub fn q4_k_q6_k_gemv<const BLOCK_N: usize, const BLOCK_K: usize, const ACT: usi
     let sc1_first = load(scales6 + s6_rows + (grp * 2 + 1).expand_dims(0), ok6, 128);
     let d6_first = load(d6 + d_rows + (grp / 8).expand_dims(0), ok6, 0.0);
     let b = load(bias + row0 + rows, row_ok, 0.0) as f32;
-    stamp_now(stamps, stamp_at, 0);
+    stamp_now::<STAMPS>(stamps, stamp_at, 0);
     wait_for_prior_kernels();
-    stamp_now(stamps, stamp_at, 1);
+    stamp_now::<STAMPS>(stamps, stamp_at, 1);
     let mut inv_rms = 1.0;
     if ACT == 1 {
         inv_rms = inv_rms_of::<1024>(a, k_words * 8, eps);
@@ -1268,7 +1291,7 @@ pub fn q4_k_q6_k_gemv<const BLOCK_N: usize, const BLOCK_K: usize, const ACT: usi
         );
     }
     store(y + row0 + rows, (sums * inv_rms + b) as bf16, row_ok);
-    stamp_now(stamps, stamp_at, 2);
+    stamp_now::<STAMPS>(stamps, stamp_at, 2);
 }
 
 // Multi-token GEMVs, for the batched prefill of short prompts (`crate::prefill`): the

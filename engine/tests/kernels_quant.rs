@@ -651,7 +651,16 @@ fn the_quantizing_combine_matches_combine_then_quantize() {
                 stamps: &mut stamps,
                 stamp_at: -1,
             }
-            .launch(dev, grid, AttentionCombineQuantConsts { d, s, dc })
+            .launch(
+                dev,
+                grid,
+                AttentionCombineQuantConsts {
+                    d,
+                    s,
+                    dc,
+                    stamps: 0,
+                },
+            )
             .unwrap();
             let want = want.to_vec().unwrap();
             let got = out.to_vec().unwrap();
@@ -1051,7 +1060,7 @@ fn register_limits_reach_the_driver_and_its_occupancy_matches_the_model() {
         (16, 1024, 1, 8, None),
         (8, 1024, 0, 4, None),
     ] {
-        let consts = [n, k, residual, 0, 0, 0];
+        let consts = [n, k, residual, 0, 0, 0, 0];
         let what = format!("q4_k_gemv {n} x {k}, residual {residual}, {warps} warps");
         let regs = def
             .registers_per_thread(&gpu, &consts, Some(warps))
@@ -1071,4 +1080,54 @@ fn register_limits_reach_the_driver_and_its_occupancy_matches_the_model() {
         let model = occupancy(target, regs, warps * 32, variant.shared_bytes);
         assert_eq!(per_sm, model.programs, "{what}: {regs} registers, {model}");
     }
+}
+
+/// The timeline's compile-time switch: every `STAMPS = 0` variant of the decode step's
+/// quantized kernels compiles no clock read and no stamp store (a graph without a
+/// timeline pays nothing for them: docs/perf.md, "The quantized layer's timeline"),
+/// and every `STAMPS = 1` variant reads the clock. Checked on the PTX each variant
+/// embeds, for sm_90 and sm_80.
+#[test]
+fn stamp_code_is_compiled_only_into_the_stamped_variants() {
+    use tilefuse_dsl::back::ptx::Target;
+    let mut switched = Vec::new();
+    for def in tilefuse_engine::kernels_quant::all() {
+        let Some(at) = def.const_names.iter().position(|&n| n == "STAMPS") else {
+            continue;
+        };
+        switched.push(def.name);
+        let mut stamped = [0usize; 2];
+        for v in def.variants {
+            for target in [Target::Sm90, Target::Sm80] {
+                let reads_clock = v.ptx(target).contains("%globaltimer");
+                assert_eq!(
+                    reads_clock,
+                    v.consts[at] == 1,
+                    "{} {:?} ({} warps, {target:?}): STAMPS = {} but the clock is {}read",
+                    def.name,
+                    v.consts,
+                    v.num_warps,
+                    v.consts[at],
+                    if reads_clock { "" } else { "not " }
+                );
+            }
+            stamped[v.consts[at] as usize] += 1;
+        }
+        // Each switched kernel is compiled both ways, for the same tiles.
+        assert_eq!(stamped[0], stamped[1], "{}", def.name);
+        assert!(stamped[0] > 0, "{}", def.name);
+    }
+    switched.sort_unstable();
+    assert_eq!(
+        switched,
+        [
+            "attention_combine_quant",
+            "q4_k_gemv",
+            "q4_k_q6_k_gemv",
+            "q6_k_gemv",
+            "q8_0_gemv",
+            "quantize_act",
+            "silu_mul_in_place"
+        ]
+    );
 }

@@ -10,8 +10,8 @@ use tilefuse_dsl::runtime::{Buffer, Device, LaunchConfig};
 
 use crate::error::{EngineError, Result};
 use crate::gguf::device::{
-    launch_q4_k_q6_k, DeviceQuantMatrix, QuantGemvConfig, QuantOut, QuantRows, QuantSpare,
-    QuantTiles, QuantVariant, StampSlots, TokensTile,
+    launch_q4_k_q6_k, stamps_const, DeviceQuantMatrix, QuantGemvConfig, QuantOut, QuantRows,
+    QuantSpare, QuantTiles, QuantVariant, StampSlots, TokensTile,
 };
 use crate::gguf::quant::{GgmlType, PackedMatrix};
 
@@ -426,7 +426,14 @@ pub(crate) fn silu_mul_in_place(
         stamps: &mut stamps.buf,
         stamp_at,
     }
-    .launch(dev, cfg, SiluMulInPlaceConsts { b: 1024 })?;
+    .launch(
+        dev,
+        cfg,
+        SiluMulInPlaceConsts {
+            b: 1024,
+            stamps: stamps_const(stamp_at) as usize,
+        },
+    )?;
     Ok(())
 }
 

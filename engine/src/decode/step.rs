@@ -129,17 +129,20 @@ struct Step<'a, W> {
 pub(super) fn combine_quantizes(plan: &LaunchPlan, o_w: &Matrix) -> bool {
     matches!(o_w, Matrix::Quant(_))
         && !plan.clustered()
-        && quant_combine_consts(plan)
+        && quant_combine_consts(plan, -1)
             .check(plan.combine.num_warps)
             .is_ok()
 }
 
-fn quant_combine_consts(plan: &LaunchPlan) -> AttentionCombineQuantConsts {
+/// The quantizing combine's constants for `plan`, with the stamp code only for a
+/// launch that has timeline slots (`stamp_at >= 0`).
+fn quant_combine_consts(plan: &LaunchPlan, stamp_at: i32) -> AttentionCombineQuantConsts {
     let c = plan.combine.consts;
     AttentionCombineQuantConsts {
         d: c.d,
         s: c.s,
         dc: c.dc,
+        stamps: crate::gguf::device::stamps_const(stamp_at) as usize,
     }
 }
 
@@ -320,7 +323,7 @@ impl<W: FnMut(Block) -> bool> Step<'_, W> {
                 stamps: &mut stamps.buf,
                 stamp_at,
             }
-            .launch(self.dev, cfg, quant_combine_consts(plan))?;
+            .launch(self.dev, cfg, quant_combine_consts(plan, stamp_at))?;
             self.o_input_quantized = true;
             return Ok(());
         }

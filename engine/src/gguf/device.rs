@@ -237,7 +237,7 @@ impl QuantRows {
             (&mut self.no_stamps).into(),
             (-1i32).into(),
         ];
-        QUANTIZE_ACT.launch_dyn(dev, launch, &[B as i64, 0], &mut args)?;
+        QUANTIZE_ACT.launch_dyn(dev, launch, &[B as i64, 0, 0], &mut args)?;
         (self.rows, self.width) = (rows, cols);
         Ok(())
     }
@@ -449,7 +449,7 @@ impl QuantGemvConfig {
     /// Whether [`launch_q4_k_q6_k`] is compiled for this configuration (asked of the
     /// kernel's own variant list: 8 or 16 rows of 512- or 1024-column tiles).
     pub fn merged_runs_compiled(&self) -> bool {
-        let consts = [self.block_n as i64, self.block_k as i64, 0];
+        let consts = [self.block_n as i64, self.block_k as i64, 0, 0];
         Q4_K_Q6_K_GEMV
             .variant(&consts, Some(self.num_warps))
             .is_ok()
@@ -705,7 +705,7 @@ impl DeviceQuantMatrix {
         residual: bool,
         sms: usize,
     ) -> Result<Option<(u32, f64)>> {
-        let consts = self.gemv_consts(cfg, residual, false, false);
+        let consts = self.gemv_consts(cfg, residual, false, false, false);
         let per_sm = self
             .kernel()
             .programs_per_sm(dev, &consts, Some(cfg.num_warps))?;
@@ -718,14 +718,23 @@ impl DeviceQuantMatrix {
     /// Whether the GEMV over this matrix at `cfg` (no norm, no LM head) runs the
     /// variant whose loads take no masks (`EVEN = 1` of [`crate::kernels_quant::q4_k_gemv`]).
     pub fn reads_unmasked(&self, cfg: QuantGemvConfig, residual: bool) -> bool {
-        self.gemv_consts(cfg, residual, false, false).get(5) == Some(&1)
+        matches!(self.buffers, QuantBuffers::Q4K { .. })
+            && self.gemv_consts(cfg, residual, false, false, false)[5] == 1
     }
 
     /// The compile-time constants of this matrix's GEMV variant at `cfg`: `BLOCK_N`,
-    /// `BLOCK_K`, `RESIDUAL`, `HEAD`, `ACT`, and for Q4_K `EVEN`, 1 where every row of
+    /// `BLOCK_K`, `RESIDUAL`, `HEAD`, `ACT`; for Q4_K `EVEN`, 1 where every row of
     /// every program exists and the rows are whole tiles long (then the kernel's loads
-    /// take no masks: docs/perf.md, "Loads without masks") and that variant is compiled.
-    fn gemv_consts(&self, cfg: QuantGemvConfig, residual: bool, head: bool, act: bool) -> Vec<i64> {
+    /// take no masks: docs/perf.md, "Loads without masks") and that variant is compiled;
+    /// last `STAMPS`, 1 for a launch that writes timeline stamps.
+    fn gemv_consts(
+        &self,
+        cfg: QuantGemvConfig,
+        residual: bool,
+        head: bool,
+        act: bool,
+        stamps: bool,
+    ) -> Vec<i64> {
         let mut consts = vec![
             cfg.block_n as i64,
             cfg.block_k as i64,
@@ -735,11 +744,13 @@ impl DeviceQuantMatrix {
         ];
         if let QuantBuffers::Q4K { .. } = self.buffers {
             let whole = self.rows % cfg.block_n == 0 && self.cols % cfg.block_k == 0;
-            consts.push(1);
+            consts.extend([1, i64::from(stamps)]);
             let allowed = unmasked_rows_allowed(cfg.block_n);
             if !whole || !allowed || Q4_K_GEMV.variant(&consts, Some(cfg.num_warps)).is_err() {
                 consts[5] = 0;
             }
+        } else {
+            consts.push(i64::from(stamps));
         }
         consts
     }
@@ -1045,7 +1056,6 @@ impl DeviceQuantMatrix {
         if serialized {
             launch = launch.serialized();
         }
-        let consts = self.gemv_consts(cfg, residual && !head, head, norm.is_some());
         let n = self.rows as i32;
         let (mut args, k_words) = self.weight_args();
         args.extend([(&spare.xq).into(), (&spare.xd).into()]);
@@ -1081,6 +1091,7 @@ impl DeviceQuantMatrix {
         let stamp_at = spare.stamps.take(self.kernel().name, cfg.grid(self.rows))?;
         args.extend([n.into(), row0.into(), k_words.into(), eps.into()]);
         args.extend([(&mut spare.stamps.buf).into(), stamp_at.into()]);
+        let consts = self.gemv_consts(cfg, residual && !head, head, norm.is_some(), stamp_at >= 0);
         self.kernel().launch_dyn(dev, launch, &consts, &mut args)?;
         Ok(())
     }
@@ -1179,6 +1190,7 @@ pub fn launch_q4_k_q6_k(
         cfg.block_n as i64,
         cfg.block_k as i64,
         i64::from(norm.is_some()),
+        stamps_const(stamp_at),
     ];
     Q4_K_Q6_K_GEMV.launch_dyn(dev, launch, &consts, &mut args)?;
     Ok(())
@@ -1332,7 +1344,12 @@ impl QuantSpare {
             (&mut self.stamps.buf).into(),
             stamp_at.into(),
         ];
-        QUANTIZE_ACT.launch_dyn(dev, launch, &[B as i64, mode], &mut args)?;
+        QUANTIZE_ACT.launch_dyn(
+            dev,
+            launch,
+            &[B as i64, mode, stamps_const(stamp_at)],
+            &mut args,
+        )?;
         Ok(())
     }
 
@@ -1348,6 +1365,13 @@ impl QuantSpare {
     ) -> (&mut Buffer<i32>, &mut Buffer<f32>, &mut StampSlots) {
         (&mut self.xq, &mut self.xd, &mut self.stamps)
     }
+}
+
+/// The `STAMPS` constant of a quantized kernel launched with `stamp_at`: 1 (the variant
+/// that writes stamps) only for a launch that has slots, so that a graph without a
+/// timeline runs kernels with no stamp code (`crate::kernels::stamp_now`).
+pub(crate) fn stamps_const(stamp_at: i32) -> i64 {
+    i64::from(stamp_at >= 0)
 }
 
 /// Where a step's launches write their programs' timeline stamps
