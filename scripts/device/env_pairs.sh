@@ -2,8 +2,8 @@
 # On the GPU machine: one build's decode step under several environments, interleaved
 # in rounds (docs/perf.md's method: one process a run, bf16 timed first in each).
 # Stage xz-compressed release binaries in .device/pairs: tf (the tilefuse CLI),
-# optionally kernels_quant and gguf (the engine's test binaries, run first with a GPU
-# required unless SKIP_TESTS is set; SANITIZE=`binary:filter` then runs those tests
+# optionally kernels_quant, gguf, kernels and engine_api (the engine's test binaries,
+# run first with a GPU required unless SKIP_TESTS is set; SANITIZE=`binary:filter` then runs those tests
 # under compute-sanitizer memcheck) and
 # qb (examples/quant_bandwidth; QB_RUNS lists `label|ENV=v ..|args` runs of it).
 # VARIANTS lists `label|ENV=v ENV2=w` (`-` for none), PRESET `preset:weights`, ROUNDS
@@ -18,7 +18,7 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 # The binary a run's settings name (`TF_BIN=x` or `QB_BIN=x`), or the default.
 pick() { local key=$1 def=$2 envs=$3; local v
   v=$(tr ' ' '\n' <<<"$envs" | sed -n "s/^$key=//p"); echo "$B/${v:-$def}"; }
-for t in kernels_quant gguf dsl; do
+for t in kernels_quant gguf kernels engine_api dsl; do
   [[ -x "$B/$t" && -z "${SKIP_TESTS:-}" ]] || continue
   dir=engine; [[ $t == dsl ]] && dir=kernel-dsl
   (cd $dir && TILEFUSE_REQUIRE_GPU=1 "$B/$t" --test-threads=1 2>&1 \
