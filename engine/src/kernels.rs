@@ -479,40 +479,6 @@ pub fn rms_norm_gate_up<
     store_stamps(stamps, stamp_at, t_entry, t_wait);
 }
 
-/// The most splits [`attention_split`]'s `MERGE` variants merge (the `S` of their
-/// [`merge_splits`]): [`crate::tuning::STEP_SPLITS`].
-pub const MERGE_SPLITS: usize = 32;
-
-/// Columns `d` of query head `head`'s attention output merged from its `splits`
-/// partials (`S` a power of two at least `splits`), rounded to bf16:
-/// [`attention_combine`]'s body, shared with the combine of quantized O projections
-/// ([`crate::kernels_quant::attention_combine_quant`]).
-#[tile_fn(crate = tilefuse_dsl)]
-pub fn merge_splits<const D: usize, const S: usize>(
-    part_m: Ptr<f32>,
-    part_l: Ptr<f32>,
-    part_acc: Ptr<f32>,
-    splits: i32,
-    head: i32,
-    d: Tile<i32>,
-) -> Tile<bf16> {
-    let s = arange(0, S);
-    let ok = s < splits;
-    let slot = head * splits + s;
-    // All three loads first: one round trip, not one after each reduction.
-    let m = load(part_m + slot, ok, f32::NEG_INFINITY);
-    let l = load(part_l + slot, ok, 0.0);
-    let acc = load(
-        part_acc + slot.expand_dims(1) * D + d.expand_dims(0),
-        ok.expand_dims(1),
-        0.0,
-    );
-    // Empty splits hold m = -inf and weigh exp(-inf) = 0; split 0 is never empty.
-    let weight = exp(m - m.max(0));
-    let denom = (weight * l).sum(0);
-    ((acc * weight.expand_dims(1)).sum(0) / denom) as bf16
-}
-
 /// Decode attention, first pass, with the step's QK-norm (when `use_norm != 0`), RoPE
 /// and KV-cache append folded in.
 ///
@@ -538,17 +504,6 @@ pub fn merge_splits<const D: usize, const S: usize>(
 /// When no split holds more than one `BS`-position tile, each program also asks L2 for
 /// its share of the first `prefetch_len` elements of `prefetch_w` (`prefetch_range`,
 /// none when 0) once past its wait.
-///
-/// `MERGE > 0` (with `CLUSTER = 1`) merges the splits in the launch instead of an
-/// [`attention_combine`] after it: each program counts itself in at
-/// `merge_count[kv_head * chunks + chunk]` once its partials are stored (an atomic, which
-/// orders them before it), and the last of the `splits` to arrive merges its query
-/// heads' partials exactly as [`attention_combine`] does ([`merge_splits`], at most
-/// [`MERGE_SPLITS`] splits), writes the bf16 head outputs to `out` and sets the count
-/// back to zero for the next launch. `MERGE = 2` also writes them as the quantized O
-/// projection's int8 blocks (`xq`, `xd`), as
-/// [`attention_combine_quant`](crate::kernels_quant::attention_combine_quant) does.
-/// One launch a layer fewer (docs/perf.md, "The splits merged by the last program").
 ///
 /// Scores round like the reference (`bf16(bf16(q·k) * scale)`); the probabilities stay
 /// f32 (the reference rounds the normalized probabilities, which a split pass cannot).
@@ -578,11 +533,7 @@ pub fn merge_splits<const D: usize, const S: usize>(
     skip(CLUSTER = 2, D = 64),
     skip(CLUSTER = [8, 16], BS = 32),
     skip(CLUSTER = [8, 16], D = [32, 64]),
-    skip(CLUSTER = [8, 16], G = [1, 4]),
-    // 1: the last split to finish merges (bf16 `out`); 2: also O's int8 blocks.
-    MERGE = [0, 1, 2],
-    skip(MERGE = [1, 2], CLUSTER = [2, 8, 16]),
-    skip(MERGE = [1, 2], STAGES = 2)
+    skip(CLUSTER = [8, 16], G = [1, 4])
 )]
 pub fn attention_split<
     const D: usize,
@@ -590,7 +541,6 @@ pub fn attention_split<
     const BS: usize,
     const STAGES: usize,
     const CLUSTER: usize,
-    const MERGE: usize,
 >(
     qkv: Ptr<bf16>,
     q_norm_w: Ptr<bf16>,
@@ -613,9 +563,6 @@ pub fn attention_split<
     scale: f32,
     prefetch_w: Ptr<bf16>,
     prefetch_len: i32,
-    merge_count: Ptr<i32>,
-    xq: Ptr<i32>,
-    xd: Ptr<f32>,
     stamps: Ptr<i64>,
     stamp_at: i32,
 ) {
@@ -801,29 +748,6 @@ pub fn attention_split<
         store(part_l + slot, l, g_ok);
         let slot_at = (slot * D).expand_dims(1).expand_dims(2);
         store(part_acc + slot_at + dims.expand_dims(0), acc, q_ok);
-        if MERGE > 0 {
-            // The last of this chunk's splits to arrive merges them: its count comes
-            // after every other split's partials.
-            let counter = merge_count + kv_head * num_programs(2) + program_id(2);
-            let arrived = atomic_add(counter, 1);
-            if arrived == splits - 1 {
-                let d = arange(0, D);
-                for gi in 0..G {
-                    let gq = program_id(2) * G + gi;
-                    if gq < group {
-                        let head = kv_head * group + gq;
-                        let o = merge_splits::<D, 32>(part_m, part_l, part_acc, splits, head, d);
-                        store(out + head * D + d, o);
-                        if MERGE == 2 {
-                            let blk = head * (D / 32) + arange(0, D / 32);
-                            let x = o.reshape([D / 32, 2, 4, 4]) as f32;
-                            crate::kernels_quant::store_blocks(x, blk, blk >= 0, xq, xd);
-                        }
-                    }
-                }
-                store(counter, 0);
-            }
-        }
     } else {
         // The cluster is every split of this KV head (`splits == CLUSTER`): merge the
         // partials through distributed shared memory, as `attention_combine` would.
@@ -841,6 +765,36 @@ pub fn attention_split<
         }
     }
     store_stamps(stamps, stamp_at, t_entry, t_wait);
+}
+
+/// Columns `d` of query head `head`'s attention output merged from its `splits`
+/// partials (`S` a power of two at least `splits`), rounded to bf16:
+/// [`attention_combine`]'s body, shared with the combine of quantized O projections
+/// ([`crate::kernels_quant::attention_combine_quant`]).
+#[tile_fn(crate = tilefuse_dsl)]
+pub fn merge_splits<const D: usize, const S: usize>(
+    part_m: Ptr<f32>,
+    part_l: Ptr<f32>,
+    part_acc: Ptr<f32>,
+    splits: i32,
+    head: i32,
+    d: Tile<i32>,
+) -> Tile<bf16> {
+    let s = arange(0, S);
+    let ok = s < splits;
+    let slot = head * splits + s;
+    // All three loads first: one round trip, not one after each reduction.
+    let m = load(part_m + slot, ok, f32::NEG_INFINITY);
+    let l = load(part_l + slot, ok, 0.0);
+    let acc = load(
+        part_acc + slot.expand_dims(1) * D + d.expand_dims(0),
+        ok.expand_dims(1),
+        0.0,
+    );
+    // Empty splits hold m = -inf and weigh exp(-inf) = 0; split 0 is never empty.
+    let weight = exp(m - m.max(0));
+    let denom = (weight * l).sum(0);
+    ((acc * weight.expand_dims(1)).sum(0) / denom) as bf16
 }
 
 /// Decode attention, second pass: program `(head, chunk)` merges the `splits` partials

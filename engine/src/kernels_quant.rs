@@ -6,8 +6,7 @@
 //!
 //! **Activations.** [`quantize_act`] runs once per GEMV input (except the O
 //! projection's, which [`attention_combine_quant`] writes as it merges the attention's
-//! splits, and the inputs that the GEMVs' `ACT = 1` and `ACT = 2` variants quantize
-//! themselves)
+//! splits, and the normed inputs that the GEMVs' `ACT = 1` variant quantizes itself)
 //! and writes, for each 32-element block `j` of the activation `x`: `xd[j] = max|x| / 127` (f32) and the int8
 //! values `q = floor(x * 127 / max|x| + 0.5)` four to a word in element order
 //! (`xq[8 j + w]` holds elements `32 j + 4 w .. + 4`, byte `b` element `32 j + 4 w + b`).
@@ -39,13 +38,6 @@
 //!   quantized GEMV");
 //! - `RESIDUAL = 1`: `y = bf16(y + bf16(W · x + bias))`, as
 //!   [`gemv_residual`](crate::kernels::gemv_residual);
-//! - `RESIDUAL = 1, ACT = 2`: the same over `x = bf16(bf16(silu(g)) * u)` of the bf16
-//!   `a = [g; u]` (the MLP's down projection after a quantized gate/up GEMV), each
-//!   program quantizing the blocks its tiles read exactly as `quantize_act` `MODE = 2`
-//!   would, so no quantizer launch runs between gate/up and down. Every program
-//!   computes the whole product again, so the decode step uses it for short rows only
-//!   (`gguf::device::fuses_silu`; docs/perf.md, "SiLU-and-multiply inside the down
-//!   GEMV");
 //! - `HEAD = 1`: the LM head: the bf16 logits `bf16(W · x)` stored as f32 in `logits`,
 //!   and each program's greedy candidate (its largest logit, the first on ties) in
 //!   `part_val`/`part_idx[program_id]`, for
@@ -170,28 +162,12 @@ pub fn silu_mul_in_place<const B: usize, const STAMPS: usize>(
     stamp_now::<STAMPS>(stamps, stamp_at, 2);
 }
 
-/// The input of a GEMV that quantizes its own activation, at the element indices `e`
-/// (masked by `ok`), from `a` and a second operand `w`:
-///
-/// - `ACT = 1`: `x = a * w` with `w` the norm weights: the RMSNorm input before its
-///   `inv_rms`, which scales the row sums instead (quantization does not change under a
-///   positive scale);
-/// - `ACT = 2`: `x = bf16(bf16(silu(a)) * w)` with `w` the up half of `[g; u]`: what
-///   [`quantize_act`] `MODE = 2` computes, the down projection's input.
+/// `x = a * norm_w` at the element indices `e` (masked by `ok`): the RMSNorm input of a
+/// GEMV that quantizes its own activation (`ACT = 1`), before its `inv_rms`, which
+/// scales the row sums instead (quantization does not change under a positive scale).
 #[tile_fn(crate = tilefuse_dsl)]
-fn act_input<const ACT: usize>(
-    a: Ptr<bf16>,
-    w: Ptr<bf16>,
-    e: Tile<i32>,
-    ok: Tile<bool>,
-) -> Tile<f32> {
-    let x = load(a + e, ok, 0.0) as f32;
-    let v = load(w + e, ok, 0.0) as f32;
-    let mut r = x * v;
-    if ACT == 2 {
-        r = ((x / (1.0 + exp(-x))) as bf16 as f32 * v) as bf16 as f32;
-    }
-    r
+fn normed_input(a: Ptr<bf16>, norm_w: Ptr<bf16>, e: Tile<i32>, ok: Tile<bool>) -> Tile<f32> {
+    (load(a + e, ok, 0.0) as f32) * (load(norm_w + e, ok, 0.0) as f32)
 }
 
 /// Values `v` (`[.., 4]`: four to a word along the last axis) quantized with the
@@ -225,10 +201,9 @@ fn inv_step(amax: Tile<f32>) -> Tile<f32> {
 
 /// Stores `x` (`[blocks, 2, 4, 4]`: blocks `blk` of 32 values in element order) as int8
 /// blocks, four values a word in `xq` and each block's scale in `xd`, where `blk_ok`:
-/// what [`quantize_act`], [`attention_combine_quant`] and
-/// [`attention_split`](crate::kernels::attention_split) `MERGE = 2` write.
+/// what [`quantize_act`] and [`attention_combine_quant`] write.
 #[tile_fn(crate = tilefuse_dsl)]
-pub fn store_blocks(x: Tile<f32>, blk: Tile<i32>, blk_ok: Tile<bool>, xq: Ptr<i32>, xd: Ptr<f32>) {
+fn store_blocks(x: Tile<f32>, blk: Tile<i32>, blk_ok: Tile<bool>, xq: Ptr<i32>, xd: Ptr<f32>) {
     let h = arange(0, 2);
     let w = arange(0, 4);
     let amax = abs(x).max(3).max(2).max(1);
@@ -382,7 +357,7 @@ fn q8_0_tile<const ACT: usize>(
     } else {
         // Word `8 blk + w` holds elements `4 (8 blk + w) + b`.
         let e = (x_offs * 4).expand_dims(2) + arange(0, 4);
-        let v = act_input::<ACT>(a, norm_w, e, x_ok.expand_dims(2));
+        let v = normed_input(a, norm_w, e, x_ok.expand_dims(2));
         let amax = abs(v).max(2).max(1);
         x = pack_words3(v, inv_step(amax).expand_dims(1).expand_dims(2));
         x_d = amax / 127.0;
@@ -401,15 +376,11 @@ fn q8_0_tile<const ACT: usize>(
     num_warps = [4, 8],
     RESIDUAL = [0, 1],
     HEAD = [0, 1],
-    ACT = [0, 1, 2],
+    ACT = [0, 1],
     skip(HEAD = 1, RESIDUAL = 1),
     // The norm prologue is for the QKV and gate/up projections (no residual, no head).
     skip(ACT = 1, HEAD = 1),
     skip(ACT = 1, RESIDUAL = 1),
-    // SiLU-and-multiply is the down projection's: residual, on the step's down tiles.
-    skip(ACT = 2, RESIDUAL = 0),
-    skip(ACT = 2, BLOCK_K = [256, 512]),
-    skip(ACT = 2, BLOCK_N = [1, 2, 32]),
     // Long tiles are for wide matrices (few rows), many rows for tall ones.
     skip(BLOCK_K = 2048, BLOCK_N = [8, 16, 32]),
     skip(BLOCK_K = 1024, BLOCK_N = 32),
@@ -470,17 +441,11 @@ pub fn q8_0_gemv<
     if ACT == 1 {
         inv_rms = inv_rms_of::<1024>(a, k_words * 4, eps);
     }
-    // The second operand of the input: the norm weights, or with SiLU-and-multiply
-    // the up half of `a = [g; u]` (after the gate half's `k` elements).
-    let mut act_w = norm_w;
-    if ACT == 2 {
-        act_w = a + k_words * 4;
-    }
     let mut old = zeros::<f32>([BLOCK_N]);
     if RESIDUAL == 1 {
         old = load(y + row0 + rows, row_ok, 0.0) as f32;
     }
-    let mut acc = q8_0_tile::<ACT>(q_first, d_first, xq, xd, a, act_w, grp, grp < blocks, w);
+    let mut acc = q8_0_tile::<ACT>(q_first, d_first, xq, xd, a, norm_w, grp, grp < blocks, w);
     for g0 in (BLOCK_K / 32..blocks).step_by(BLOCK_K / 32) {
         let blk = g0 + grp;
         let blk_ok = blk < blocks;
@@ -491,7 +456,7 @@ pub fn q8_0_gemv<
             0,
         );
         let dt = load(d + d_rows + blk.expand_dims(0), ok, 0.0);
-        acc += q8_0_tile::<ACT>(qt, dt, xq, xd, a, act_w, blk, blk_ok, w);
+        acc += q8_0_tile::<ACT>(qt, dt, xq, xd, a, norm_w, blk, blk_ok, w);
     }
     store_rows::<RESIDUAL, HEAD>(
         y,
@@ -539,8 +504,8 @@ fn q4_k_tile<const ACT: usize>(
     } else {
         let e = (x_offs * 4).expand_dims(2) + arange(0, 4);
         let ok3 = x_ok.expand_dims(2);
-        let v_lo = act_input::<ACT>(a, norm_w, e, ok3);
-        let v_hi = act_input::<ACT>(a, norm_w, e + 16, ok3);
+        let v_lo = normed_input(a, norm_w, e, ok3);
+        let v_hi = normed_input(a, norm_w, e + 16, ok3);
         let amax = maximum(abs(v_lo).max(2).max(1), abs(v_hi).max(2).max(1));
         let inv = inv_step(amax).expand_dims(1).expand_dims(2);
         x_lo = pack_words3(v_lo, inv);
@@ -726,15 +691,11 @@ fn q4_k_row_sums_prefetch<const BLOCK_K: usize, const ACT: usize>(
     num_warps = [4, 8],
     RESIDUAL = [0, 1],
     HEAD = [0, 1],
-    ACT = [0, 1, 2],
+    ACT = [0, 1],
     skip(HEAD = 1, RESIDUAL = 1),
     // The norm prologue is for the QKV and gate/up projections (no residual, no head).
     skip(ACT = 1, HEAD = 1),
     skip(ACT = 1, RESIDUAL = 1),
-    // SiLU-and-multiply is the down projection's: residual, on the step's down tiles.
-    skip(ACT = 2, RESIDUAL = 0),
-    skip(ACT = 2, BLOCK_K = [256, 512]),
-    skip(ACT = 2, BLOCK_N = [1, 2, 32]),
     // Long tiles are for wide matrices (few rows), many rows for tall ones.
     skip(BLOCK_K = 2048, BLOCK_N = [8, 16, 32]),
     skip(BLOCK_K = 1024, BLOCK_N = 32),
@@ -825,12 +786,6 @@ pub fn q4_k_gemv<
     if ACT == 1 {
         inv_rms = inv_rms_of::<1024>(a, k_words * 8, eps);
     }
-    // The second operand of the input: the norm weights, or with SiLU-and-multiply
-    // the up half of `a = [g; u]` (after the gate half's `k` elements).
-    let mut act_w = norm_w;
-    if ACT == 2 {
-        act_w = a + k_words * 8;
-    }
     let mut old = zeros::<f32>([BLOCK_N]);
     if RESIDUAL == 1 {
         old = load(y + row0 + rows, row_ok, 0.0) as f32;
@@ -841,12 +796,12 @@ pub fn q4_k_gemv<
     if (RESIDUAL == 1) & (BLOCK_N == 16) {
         sums = q4_k_row_sums_prefetch::<BLOCK_K, ACT>(
             q_first, sc_first, m_first, d_first, dmin_first, q, scales, mins, d, dmin, xq, xd, a,
-            act_w, q_rows, s_rows, d_rows, words, ok2, blocks, grp, w,
+            norm_w, q_rows, s_rows, d_rows, words, ok2, blocks, grp, w,
         );
     } else {
         sums = q4_k_row_sums::<BLOCK_K, ACT, EVEN>(
             q_first, sc_first, m_first, d_first, dmin_first, q, scales, mins, d, dmin, xq, xd, a,
-            act_w, q_rows, s_rows, d_rows, words, ok2, blocks, grp, w,
+            norm_w, q_rows, s_rows, d_rows, words, ok2, blocks, grp, w,
         );
     }
     store_rows::<RESIDUAL, HEAD>(
@@ -897,8 +852,8 @@ fn q6_k_tile<const ACT: usize>(
     } else {
         let e = (x_offs * 4).expand_dims(3) + arange(0, 4);
         let ok4 = x_ok.expand_dims(3);
-        let v_lo = act_input::<ACT>(a, norm_w, e, ok4);
-        let v_hi = act_input::<ACT>(a, norm_w, e + 16, ok4);
+        let v_lo = normed_input(a, norm_w, e, ok4);
+        let v_hi = normed_input(a, norm_w, e + 16, ok4);
         let amax = maximum(
             abs(v_lo).max(3).max(2).max(1),
             abs(v_hi).max(3).max(2).max(1),
@@ -1107,15 +1062,11 @@ fn q6_k_row_sums_prefetch<const BLOCK_K: usize, const ACT: usize>(
     num_warps = [4, 8],
     RESIDUAL = [0, 1],
     HEAD = [0, 1],
-    ACT = [0, 1, 2],
+    ACT = [0, 1],
     skip(HEAD = 1, RESIDUAL = 1),
     // The norm prologue is for the QKV and gate/up projections (no residual, no head).
     skip(ACT = 1, HEAD = 1),
     skip(ACT = 1, RESIDUAL = 1),
-    // SiLU-and-multiply is the down projection's: residual, on the step's down tiles.
-    skip(ACT = 2, RESIDUAL = 0),
-    skip(ACT = 2, BLOCK_K = [256, 512]),
-    skip(ACT = 2, BLOCK_N = [1, 2, 32]),
     // Long tiles are for wide matrices (few rows), many rows for tall ones.
     skip(BLOCK_K = 2048, BLOCK_N = [8, 16, 32]),
     skip(BLOCK_K = 1024, BLOCK_N = 32),
@@ -1190,12 +1141,6 @@ pub fn q6_k_gemv<
     if ACT == 1 {
         inv_rms = inv_rms_of::<1024>(a, k_words * 8, eps);
     }
-    // The second operand of the input: the norm weights, or with SiLU-and-multiply
-    // the up half of `a = [g; u]` (after the gate half's `k` elements).
-    let mut act_w = norm_w;
-    if ACT == 2 {
-        act_w = a + k_words * 8;
-    }
     let mut old = zeros::<f32>([BLOCK_N]);
     if RESIDUAL == 1 {
         old = load(y + row0 + rows, row_ok, 0.0) as f32;
@@ -1204,12 +1149,12 @@ pub fn q6_k_gemv<
     let mut sums = zeros::<f32>([BLOCK_N]);
     if (RESIDUAL == 1) & (BLOCK_N == 16) {
         sums = q6_k_row_sums_prefetch::<BLOCK_K, ACT>(
-            l_first, h_first, sc0_first, sc1_first, d_first, ql, qh, scales, d, xq, xd, a, act_w,
+            l_first, h_first, sc0_first, sc1_first, d_first, ql, qh, scales, d, xq, xd, a, norm_w,
             l_rows, h_rows, s_rows, d_rows, l_words, h_words, ok2, blocks, grp, p, i,
         );
     } else {
         sums = q6_k_row_sums::<BLOCK_K, ACT>(
-            l_first, h_first, sc0_first, sc1_first, d_first, ql, qh, scales, d, xq, xd, a, act_w,
+            l_first, h_first, sc0_first, sc1_first, d_first, ql, qh, scales, d, xq, xd, a, norm_w,
             l_rows, h_rows, s_rows, d_rows, l_words, h_words, ok2, blocks, grp, p, i,
         );
     }

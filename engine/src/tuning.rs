@@ -384,18 +384,6 @@ pub fn attention_cluster(cc: (i32, i32)) -> usize {
         .unwrap_or(1)
 }
 
-/// Whether the decode step's attention merges its splits in the last split to finish
-/// (`attention_split`'s `MERGE`, no `attention_combine` launch; docs/perf.md, "The
-/// splits merged by the last program"). On unless the environment's
-/// `TILEFUSE_ATTN_MERGE` is `0`, for comparisons.
-pub fn attention_merges() -> bool {
-    std::env::var("TILEFUSE_ATTN_MERGE")
-        .ok()
-        .as_deref()
-        .map(str::trim)
-        != Some("0")
-}
-
 /// The cluster sizes [`attention_cluster`] may select (compiled for D = 128, G = 2,
 /// 64-position tiles).
 pub const STEP_CLUSTERS: [usize; 2] = [8, 16];

@@ -361,12 +361,12 @@ fn a_layer_timeline_stamps_every_program_after_the_launch_before_it() {
         for run in &runs {
             assert_eq!(run.layer, 1);
             let blocks: Vec<Block> = run.launches.iter().map(|l| l.block).collect();
-            // The attention's last split merges the splits (no combine launch).
             assert_eq!(
                 blocks,
                 [
                     Block::Qkv,
                     Block::Attention,
+                    Block::Combine,
                     Block::OProj,
                     Block::GateUp,
                     Block::Down
@@ -432,7 +432,6 @@ fn every_launch_plan_computes_the_same_step() {
                 bs: 32,
                 stages: 2,
                 cluster: 1,
-                merge: 0,
             },
             num_warps: 4,
         };

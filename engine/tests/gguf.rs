@@ -821,19 +821,16 @@ fn quantized_step_matches_the_dense_step_on_dequantized_weights() {
         let mut quant =
             Decoder::with_quant(&cfg, &f.model_weights(&cfg).unwrap(), &qw, &dev, 16).unwrap();
         assert!(quant.is_quantized());
-        // None of a layer's four quantized GEMV inputs is quantized by a launch of its
-        // own at these short rows: the QKV and gate/up GEMVs quantize their normed
-        // inputs themselves (`gguf::device::fuses_norm`), down its `silu(gate) * up`
-        // (`gguf::device::fuses_silu`), and O's is written by the attention's last
-        // split as it merges the splits (`attention_split`'s `MERGE = 2`). QKV takes
-        // two more launches and gate/up one more (runs of one type).
+        // Of a layer's four quantized GEMV inputs only down's is quantized by a launch
+        // of its own: the QKV and gate/up GEMVs quantize their normed inputs themselves
+        // at these short rows (`gguf::device::fuses_norm`), O's is written by the
+        // attention combine as it merges the splits (`attention_combine_quant`). QKV
+        // takes two more launches and gate/up one more (runs of one type).
         let qkv_rows = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim;
         assert!(tilefuse_engine::gguf::device::fuses_norm(qkv_rows, cfg.hidden_size).unwrap());
-        let down = (cfg.hidden_size, cfg.intermediate_size);
-        assert!(tilefuse_engine::gguf::device::fuses_silu(down.0, down.1).unwrap());
         assert_eq!(
             quant.kernels_per_step(),
-            dense.decoder().expect("one device").kernels_per_step() + 3 * cfg.num_layers
+            dense.decoder().expect("one device").kernels_per_step() + 4 * cfg.num_layers
         );
         assert!(
             quant.weight_bytes_per_step()
@@ -955,11 +952,10 @@ fn a_q4_k_and_q6_k_qkv_in_one_launch_matches_the_dense_step() {
         let mut dense = Decoder::with_quant(&cfg, &mw, &QuantWeights::default(), &dev, 16).unwrap();
         let mut quant = Decoder::with_quant(&cfg, &mw, &qw, &dev, 16).unwrap();
         // QKV one launch (its normed input quantized inside it), gate/up one more than
-        // the dense step's (its Q4_K and Q8_0 runs), down none (`silu(gate) * up`
-        // quantized inside it).
+        // the dense step's (its Q4_K and Q8_0 runs), down its quantizer.
         assert_eq!(
             quant.kernels_per_step(),
-            dense.kernels_per_step() + cfg.num_layers,
+            dense.kernels_per_step() + 2 * cfg.num_layers,
             "{dev}"
         );
         if dev.is_cuda() {
@@ -1017,27 +1013,21 @@ fn a_quantized_layer_timeline_stamps_each_launch() {
                 [
                     Block::Qkv,
                     Block::Attention,
+                    Block::Combine,
                     Block::OProj,
                     Block::GateUp,
                     Block::Down
                 ],
                 "{dev}: the blocks in step order"
             );
-            // The fixture's gate/up has a Q4_K and a Q8_0 run (two GEMVs): more launches
-            // than blocks. Its down projection quantizes `silu(gate) * up` itself
-            // (`gguf::device::fuses_silu`): GEMVs only.
+            // The fixture's gate/up has a Q4_K and a Q8_0 run (two GEMVs), and its down
+            // projection a quantizer before the GEMV: more launches than blocks.
             assert!(launches > blocks.len(), "{dev}: {launches} launches");
             let kernels: Vec<(Block, &str)> =
                 run.launches.iter().map(|l| (l.block, l.kernel)).collect();
-            let down: Vec<&str> = kernels
-                .iter()
-                .filter(|(b, _)| *b == Block::Down)
-                .map(|(_, k)| *k)
-                .collect();
             assert!(
-                !down.is_empty()
-                    && down.iter().all(|k| k.ends_with("_gemv"))
-                    && kernels.contains(&(Block::Attention, "attention_split"))
+                kernels.contains(&(Block::Down, "quantize_act"))
+                    && kernels.contains(&(Block::Combine, "attention_combine_quant"))
                     && kernels
                         .iter()
                         .filter(|(b, k)| *b == Block::GateUp && k.ends_with("_gemv"))

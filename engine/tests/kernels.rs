@@ -759,18 +759,6 @@ fn check_attention(
     let (qkv_b, qw_b, kw_b) = (up(&qkv), up(&qw), up(&kw));
     let (cos_b, sin_b) = (dev.upload(&cos).unwrap(), dev.upload(&sin).unwrap());
     let state = dev.upload(&[0i32, pos as i32]).unwrap();
-    let args = AttnArgs {
-        qkv: &qkv_b,
-        qw: &qw_b,
-        kw: &kw_b,
-        cos: &cos_b,
-        sin: &sin_b,
-        state: &state,
-        kc0: &kc0,
-        vc0: &vc0,
-        c,
-        use_norm,
-    };
     for &(splits, min_chunk) in splits_list {
         // The combine's column chunk: whole heads and 32-column pieces in turn.
         let dc = if splits % 2 == 0 { 32.min(d) } else { d };
@@ -799,10 +787,7 @@ fn check_attention(
             bs,
             stages,
             cluster,
-            merge: 0,
         };
-        let mut merge_count = dev.zeros::<i32>(nh).unwrap();
-        let (mut xq, mut xd) = (dev.zeros::<i32>(1).unwrap(), dev.zeros::<f32>(1).unwrap());
         AttentionSplitArgs {
             qkv: &qkv_b,
             q_norm_w: &qw_b,
@@ -826,9 +811,6 @@ fn check_attention(
             // Prefetch the projection: the interpreter checks the ranges.
             prefetch_w: &qkv_b,
             prefetch_len: qkv_b.len() as i32,
-            merge_count: &mut merge_count,
-            xq: &mut xq,
-            xd: &mut xd,
             stamps: &mut split_stamps,
             stamp_at: 1,
         }
@@ -913,119 +895,7 @@ fn check_attention(
             }
         }
         check(&what, &f32s(&out.to_vec().unwrap()), &want, &tol);
-        if cluster == 1 && stages == 1 && splits <= MERGE_SPLITS {
-            let merged = check_merged_attention(dev, &what, &args, consts, splits, min_chunk);
-            check(&format!("{what}: merged"), &merged, &want, &tol);
-        }
     }
-}
-
-/// What [`check_merged_attention`] launches `attention_split` over (fresh caches each
-/// time, from `kc0` / `vc0`).
-struct AttnArgs<'a> {
-    qkv: &'a Buffer<bf16>,
-    qw: &'a Buffer<bf16>,
-    kw: &'a Buffer<bf16>,
-    cos: &'a Buffer<f32>,
-    sin: &'a Buffer<f32>,
-    state: &'a Buffer<i32>,
-    kc0: &'a [bf16],
-    vc0: &'a [bf16],
-    c: &'a AttnCase,
-    use_norm: bool,
-}
-
-/// `attention_split` with `MERGE = 2` (no combine launch: the last split to arrive merges
-/// the partials, writes the bf16 heads and O's int8 blocks), twice in a row over the same
-/// counters: returns the heads (checked by the caller), and checks that the counters are
-/// back at zero after each launch, that both launches wrote the same heads, and that the
-/// int8 blocks are the heads quantized as `quantize_act` would (every block's
-/// `max|x| / 127` and `floor(x * 127 / max|x| + 0.5)`, four to a word).
-fn check_merged_attention(
-    dev: &Device,
-    what: &str,
-    a: &AttnArgs,
-    consts: AttentionSplitConsts,
-    splits: usize,
-    min_chunk: usize,
-) -> Vec<f32> {
-    let (nh, nkv, d) = (a.c.num_kv * a.c.group, a.c.num_kv, a.c.d);
-    let consts = AttentionSplitConsts { merge: 2, ..consts };
-    let mut merge_count = dev.zeros::<i32>(nh).unwrap();
-    let mut xq = dev.alloc_filled(nh * d / 4, i32::MIN).unwrap();
-    let mut xd = dev.alloc_filled(nh * d / 32, f32::NAN).unwrap();
-    let mut heads: Vec<Vec<f32>> = Vec::new();
-    for run in 0..2 {
-        let what = format!("{what}: merged, launch {run}");
-        let (mut kc, mut vc) = (dev.upload(a.kc0).unwrap(), dev.upload(a.vc0).unwrap());
-        let slots = nh * splits;
-        let mut q_out = dev.alloc_filled(nh * d, bf16::NAN).unwrap();
-        let mut pm = dev.alloc_filled(slots, f32::NAN).unwrap();
-        let mut pl = dev.alloc_filled(slots, f32::NAN).unwrap();
-        let mut pa = dev.alloc_filled(slots * d, f32::NAN).unwrap();
-        let mut out = dev.alloc_filled(nh * d, bf16::NAN).unwrap();
-        let mut stamps = dev.alloc_filled(4, -1i64).unwrap();
-        AttentionSplitArgs {
-            qkv: a.qkv,
-            q_norm_w: a.qw,
-            k_norm_w: a.kw,
-            rope_cos: a.cos,
-            rope_sin: a.sin,
-            state: a.state,
-            k_cache: &mut kc,
-            v_cache: &mut vc,
-            q_out: &mut q_out,
-            part_m: &mut pm,
-            part_l: &mut pl,
-            part_acc: &mut pa,
-            out: &mut out,
-            group: a.c.group as i32,
-            max_seq: a.c.max_seq as i32,
-            min_chunk: min_chunk as i32,
-            use_norm: i32::from(a.use_norm),
-            eps: EPS,
-            scale: (d as f32).powf(-0.5),
-            prefetch_w: a.qkv,
-            prefetch_len: 0,
-            merge_count: &mut merge_count,
-            xq: &mut xq,
-            xd: &mut xd,
-            stamps: &mut stamps,
-            stamp_at: -1,
-        }
-        .launch(
-            dev,
-            LaunchConfig::from((nkv as u32, splits as u32, a.c.group.div_ceil(a.c.g) as u32)),
-            consts,
-        )
-        .unwrap_or_else(|e| panic!("{what}: attention_split {consts:?}: {e}"));
-        let counts = merge_count.to_vec().unwrap();
-        assert!(
-            counts.iter().all(|&n| n == 0),
-            "{what}: counts left {counts:?}"
-        );
-        heads.push(f32s(&out.to_vec().unwrap()));
-    }
-    let out = heads.pop().expect("two launches");
-    assert_eq!(heads[0], out, "{what}: merged: the second launch's heads");
-    let (q, scale) = (xq.to_vec().unwrap(), xd.to_vec().unwrap());
-    for (j, block) in out.chunks(32).enumerate() {
-        let amax = block.iter().fold(0f32, |m, v| m.max(v.abs()));
-        assert_eq!(scale[j], amax / 127.0, "{what}: merged: block {j}'s scale");
-        let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
-        for (e, &x) in block.iter().enumerate() {
-            let got = (q[8 * j + e / 4] as u32 >> (8 * (e % 4))) as u8 as i8;
-            let t = x * inv + 0.5;
-            // A multiply-add may round `x * inv + 0.5` once, not twice: only a value
-            // that close to a whole number may land on its other side.
-            let tie = (t - t.round()).abs() < 1e-4;
-            assert!(
-                i32::from(got) == t.floor() as i32 || tie,
-                "{what}: merged: block {j} element {e}: {got} for {x} (scale {amax})"
-            );
-        }
-    }
-    out
 }
 
 #[test]

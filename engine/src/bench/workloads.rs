@@ -384,10 +384,6 @@ pub struct AttentionWorkload {
     part_l: Buffer<f32>,
     part_acc: Buffer<f32>,
     out: Buffer<bf16>,
-    /// The merge's arguments (`MERGE = 0`: split + combine, never read or written).
-    merge_count: Buffer<i32>,
-    xq: Buffer<i32>,
-    xd: Buffer<f32>,
     /// The timeline argument (never written: `stamp_at` is -1).
     stamps: Buffer<i64>,
 }
@@ -442,9 +438,6 @@ impl AttentionWorkload {
             part_l: dev.alloc_filled(slots, f32::NAN)?,
             part_acc: dev.alloc_filled(slots * head_dim, f32::NAN)?,
             out: dev.alloc_filled(num_heads * head_dim, bf16::NAN)?,
-            merge_count: dev.zeros(num_heads)?,
-            xq: dev.zeros(1)?,
-            xd: dev.zeros(1)?,
             stamps: dev.alloc_filled(4, -1i64)?,
         })
     }
@@ -501,9 +494,6 @@ impl AttentionWorkload {
             scale: (d as f32).powf(-0.5),
             prefetch_w: &self.norm_w,
             prefetch_len: 0,
-            merge_count: &mut self.merge_count,
-            xq: &mut self.xq,
-            xd: &mut self.xd,
             stamps: &mut self.stamps,
             stamp_at: -1,
         }
@@ -521,7 +511,6 @@ impl AttentionWorkload {
                 bs: cfg.bs,
                 stages: cfg.stages,
                 cluster: cfg.cluster,
-                merge: 0,
             },
         )?;
         if cfg.cluster > 1 {

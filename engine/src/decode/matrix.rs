@@ -66,16 +66,6 @@ impl Matrix {
             }
         }
     }
-
-    /// Kernel launches of the down projection over `[gate; up]` from a quantized
-    /// gate/up GEMV: as [`Matrix::launches`], without the quantizer where the GEMV
-    /// computes `silu(gate) * up` itself ([`QuantMatrix::fuses_silu`]).
-    pub(crate) fn launches_silu_mul(&self) -> usize {
-        match self {
-            Matrix::Dense(_) => 1,
-            Matrix::Quant(q) => usize::from(!q.fuses_silu()) + q.parts.len(),
-        }
-    }
 }
 
 /// One run of rows of one type, and its launch configuration.
@@ -99,9 +89,6 @@ pub(crate) struct QuantMatrix {
     /// ([`crate::gguf::device::fuses_norm`], decided once at upload so that the step's
     /// launches and its launch count agree).
     fuses_norm: bool,
-    /// Whether the down projection over it may compute `silu(gate) * up` inside its
-    /// launches ([`crate::gguf::device::fuses_silu`], decided at upload).
-    silu_allowed: bool,
     /// Whether a Q4_K run followed by a Q6_K run may launch as one
     /// ([`crate::gguf::device::merges_runs`], decided at upload for the same reason).
     merge_allowed: bool,
@@ -143,12 +130,10 @@ impl QuantMatrix {
         }
         let rows = parts.iter().map(|p| p.m.rows).sum();
         let fuses_norm = !head && crate::gguf::device::fuses_norm(rows, parts[0].m.cols)?;
-        let silu_allowed = !head && crate::gguf::device::fuses_silu(rows, parts[0].m.cols)?;
         Ok(QuantMatrix {
             parts,
             head,
             fuses_norm,
-            silu_allowed,
             merge_allowed: !head && crate::gguf::device::merges_runs(),
         })
     }
@@ -254,23 +239,8 @@ impl QuantMatrix {
             }
             return Ok(());
         }
-        if let (QuantVariant::SiluMulResidual, true) = (variant, self.fuses_silu()) {
-            for (i, p) in self.parts.iter().enumerate() {
-                let serialized = launch.serialized && i == 0;
-                p.m.gemv_silu_fused(dev, p.cfg, a, bias, y, p.row0, spare, serialized)?;
-            }
-            return Ok(());
-        }
         spare.quantize(dev, variant, a, cols, false, launch.serialized)?;
         self.gemv_quantized_input(dev, variant, y, bias, spare)
-    }
-
-    /// Whether the down projection over this matrix after a quantized gate/up GEMV
-    /// computes `silu(gate) * up` and quantizes it inside its launches
-    /// ([`crate::gguf::device::fuses_silu`], where every run's variant is compiled for
-    /// its configuration) instead of a quantizer before them.
-    pub(crate) fn fuses_silu(&self) -> bool {
-        self.silu_allowed && self.parts.iter().all(|p| p.m.silu_fused_compiled(p.cfg))
     }
 
     /// Whether the normed GEMV over this matrix that quantizes its input itself

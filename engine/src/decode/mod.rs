@@ -94,9 +94,6 @@ struct Scratch {
     part_m: Buffer<f32>,
     part_l: Buffer<f32>,
     part_acc: Buffer<f32>,
-    /// Splits of each KV head's query chunk that have stored their partials, when the
-    /// attention merges them in its last split (zero between launches).
-    merge_count: Buffer<i32>,
     /// `[vocab]` logits (bf16 values stored as f32).
     logits: Buffer<f32>,
     /// Greedy candidates per LM-head program.
@@ -262,8 +259,6 @@ impl Decoder {
             part_m: dev.zeros(cfg.num_heads * splits)?,
             part_l: dev.zeros(cfg.num_heads * splits)?,
             part_acc: dev.zeros(cfg.num_heads * splits * hd)?,
-            // One count a KV head's chunk of query heads: at most one a query head.
-            merge_count: dev.zeros(cfg.num_heads)?,
             logits: dev.zeros(v)?,
             // Room for one candidate per row: any LM-head variant fits (see `set_plan`).
             part_val: dev.zeros(v)?,
@@ -380,14 +375,14 @@ impl Decoder {
     fn launches(&self, block: Block) -> usize {
         match block {
             Block::Embed | Block::LmHead | Block::Argmax => 1,
-            Block::Combine if self.plan.merges_in_attention() => 0,
+            Block::Combine if self.plan.clustered() => 0,
             Block::Qkv => self.layers.iter().map(|l| l.qkv_w.launches(true)).sum(),
-            // A merge that quantizes O's input leaves O its GEMVs only.
+            // A combine that quantizes O's input leaves O its GEMVs only.
             Block::OProj => self
                 .layers
                 .iter()
                 .map(|l| {
-                    l.o_w.launches(false) - usize::from(step::merge_quantizes(&self.plan, &l.o_w))
+                    l.o_w.launches(false) - usize::from(step::combine_quantizes(&self.plan, &l.o_w))
                 })
                 .sum(),
             // A quantized gate/up before a dense down is followed by `silu_mul_in_place`.
@@ -399,15 +394,7 @@ impl Decoder {
                     l.gate_up_w.launches(true) + usize::from(silu)
                 })
                 .sum(),
-            // After a quantized gate/up, down's input is `silu(gate) * up`.
-            Block::Down => self
-                .layers
-                .iter()
-                .map(|l| match l.gate_up_w.dense() {
-                    None => l.down_w.launches_silu_mul(),
-                    Some(_) => l.down_w.launches(false),
-                })
-                .sum(),
+            Block::Down => self.layers.iter().map(|l| l.down_w.launches(false)).sum(),
             _ => self.cfg.num_layers,
         }
     }

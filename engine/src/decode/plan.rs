@@ -192,10 +192,6 @@ impl LaunchPlan {
     pub fn with_splits(mut self, splits: usize) -> LaunchPlan {
         self.splits = splits;
         self.combine.consts.s = tuning::combine_s(splits);
-        // The last split merges at most `MERGE_SPLITS`; more take the combine launch.
-        if splits > crate::kernels::MERGE_SPLITS {
-            self.attention.consts.merge = 0;
-        }
         self
     }
 
@@ -205,17 +201,9 @@ impl LaunchPlan {
         self.attention.consts.cluster > 1
     }
 
-    /// Whether the attention launch merges its splits itself, in a cluster or in the
-    /// last split to finish (`attention_split`'s `MERGE`): then no `attention_combine`
-    /// is launched.
-    pub fn merges_in_attention(&self) -> bool {
-        self.clustered() || self.attention.consts.merge > 0
-    }
-
     /// The plan with the attention's splits merged by a cluster of `cluster` programs
     /// (then `splits == cluster`, and the attention tile `bs` must have a variant for
-    /// it), or with `cluster == 1` over `splits` splits by `attention_combine` or, as
-    /// before, in the last split.
+    /// it), or with `cluster == 1` by `attention_combine` over `splits` splits.
     pub fn with_attention_cluster(
         mut self,
         cluster: usize,
@@ -225,10 +213,6 @@ impl LaunchPlan {
         let splits = if cluster > 1 { cluster } else { splits };
         self.attention.consts.bs = bs;
         self.attention.consts.cluster = cluster;
-        // A cluster merges its splits itself.
-        if cluster > 1 {
-            self.attention.consts.merge = 0;
-        }
         self.with_splits(splits)
     }
 
@@ -320,14 +304,6 @@ impl LaunchPlan {
                     ),
                 });
             }
-        } else if self.attention.consts.merge > 0 && self.splits > crate::kernels::MERGE_SPLITS {
-            return Err(EngineError::Option {
-                message: format!(
-                    "{} attention splits are more than the {} its last split merges",
-                    self.splits,
-                    crate::kernels::MERGE_SPLITS
-                ),
-            });
         } else if self.splits == 0 || self.splits > s {
             return Err(EngineError::Option {
                 message: format!(
@@ -340,7 +316,7 @@ impl LaunchPlan {
     }
 
     /// The grids of one layer's launches for `cfg`, in step order (no combine when the
-    /// attention merges its splits itself).
+    /// splits merge in a cluster).
     pub fn layer_grids(&self, cfg: &ModelConfig) -> Vec<(Block, [u32; 3])> {
         // One program per row block (only the LM head caps its grid).
         let rows = |c: &GemvConfig, n: usize| n.div_ceil(c.block_n) as u32;
@@ -357,7 +333,7 @@ impl LaunchPlan {
                 ],
             ),
         ];
-        if !self.merges_in_attention() {
+        if !self.clustered() {
             let chunks = cfg.head_dim / self.combine.consts.dc;
             grids.push((Block::Combine, [nh as u32, chunks as u32, 1]));
         }
@@ -421,8 +397,6 @@ fn attention_choice(
     cluster: usize,
 ) -> KernelChoice<AttentionSplitConsts> {
     let group = cfg.num_heads / cfg.num_kv_heads;
-    // Without a cluster the last split to finish merges them (no combine launch).
-    let merge = usize::from(cluster == 1 && tuning::attention_merges());
     let consts = if gpu {
         AttentionSplitConsts {
             d: cfg.head_dim,
@@ -430,7 +404,6 @@ fn attention_choice(
             bs: tuning::ATTENTION_BS,
             stages: tuning::ATTENTION_STAGES,
             cluster,
-            merge,
         }
     } else {
         AttentionSplitConsts {
@@ -439,7 +412,6 @@ fn attention_choice(
             bs: 32,
             stages: 1,
             cluster,
-            merge,
         }
     };
     let choice = KernelChoice {

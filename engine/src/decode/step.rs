@@ -122,17 +122,16 @@ struct Step<'a, W> {
     o_input_quantized: bool,
 }
 
-/// Whether the merge of the attention's splits before the quantized O projection `o_w`
-/// writes O's int8 input itself: in the attention's last split (`attention_split`'s
-/// `MERGE = 2`), or in a combine launch (not a cluster) whose constants
-/// `attention_combine_quant` was compiled for. O then launches only its GEMVs.
-pub(super) fn merge_quantizes(plan: &LaunchPlan, o_w: &Matrix) -> bool {
+/// Whether the attention combine before the quantized O projection `o_w` writes O's
+/// int8 input itself (`attention_combine_quant`): the splits are merged by a combine
+/// launch (not a cluster) whose constants that kernel was compiled for. O then launches
+/// only its GEMVs.
+pub(super) fn combine_quantizes(plan: &LaunchPlan, o_w: &Matrix) -> bool {
     matches!(o_w, Matrix::Quant(_))
         && !plan.clustered()
-        && (plan.attention.consts.merge > 0
-            || quant_combine_consts(plan, -1)
-                .check(plan.combine.num_warps)
-                .is_ok())
+        && quant_combine_consts(plan, -1)
+            .check(plan.combine.num_warps)
+            .is_ok()
 }
 
 /// The quantizing combine's constants for `plan`, with the stamp code only for a
@@ -268,16 +267,9 @@ impl<W: FnMut(Block) -> bool> Step<'_, W> {
         self.o_input_quantized = false;
         let plan = self.plan;
         let c = self.cfg;
-        // Merged in the launch, the splits of a quantized O projection's input are also
-        // written as its int8 blocks (`MERGE = 2`).
-        let mut consts = plan.attention.consts;
-        if consts.merge > 0 && matches!(l.o_w, Matrix::Quant(_)) {
-            consts.merge = 2;
-        }
         if let Some(cfg) = self.layer_config(Block::Attention, plan.attention.num_warps) {
             let stamp_at = self.stamp_at(Block::Attention, &ATTENTION_SPLIT)?;
             let s = &mut *self.s;
-            let (xq, xd, stamps) = s.spare.activation_and_stamps_mut();
             // Quantized gate/up weights are not prefetched (their arrays are not bf16).
             let (prefetch_w, prefetch_len) = match l.gate_up_w.dense() {
                 Some(w) => (w, w.len().min(plan.prefetch_bytes / 2) as i32),
@@ -305,22 +297,18 @@ impl<W: FnMut(Block) -> bool> Step<'_, W> {
                 scale: (c.head_dim as f32).powf(-0.5),
                 prefetch_w,
                 prefetch_len,
-                merge_count: &mut s.merge_count,
-                xq,
-                xd,
-                stamps: &mut stamps.buf,
+                stamps: &mut s.spare.stamps.buf,
                 stamp_at,
             }
-            .launch(self.dev, cfg, consts)?;
+            .launch(self.dev, cfg, plan.attention.consts)?;
         }
-        if plan.merges_in_attention() {
-            self.o_input_quantized = consts.merge == 2;
+        if plan.clustered() {
             return Ok(());
         }
         let Some(cfg) = self.layer_config(Block::Combine, plan.combine.num_warps) else {
             return Ok(());
         };
-        if merge_quantizes(plan, &l.o_w) {
+        if combine_quantizes(plan, &l.o_w) {
             let stamp_at = self.stamp_at(Block::Combine, &ATTENTION_COMBINE_QUANT)?;
             let s = &mut *self.s;
             let (xq, xd, stamps) = s.spare.activation_and_stamps_mut();

@@ -21,41 +21,14 @@ use crate::kernels_quant::{
 /// overrides it: `1` always, `0` never, or `ROWSxCOLS` shapes separated by `,` for
 /// exactly those matrices. A malformed value is an error that quotes it.
 pub fn fuses_norm(rows: usize, cols: usize) -> Result<bool> {
-    match std::env::var(NORM_FUSED_VAR) {
-        Ok(v) => shape_policy(NORM_FUSED_VAR, &v, rows, cols),
+    match std::env::var("TILEFUSE_QUANT_NORM_FUSED") {
+        Ok(v) => norm_fused_policy(&v, rows, cols),
         Err(_) => Ok(cols <= FUSED_NORM_MAX_COLS),
     }
 }
 
-/// The environment variable that overrides [`fuses_norm`].
-const NORM_FUSED_VAR: &str = "TILEFUSE_QUANT_NORM_FUSED";
-
-/// Whether the decode step's quantized down projection over a `[rows, cols]` matrix
-/// (every run), after a quantized gate/up GEMV, computes `silu(gate) * up` and
-/// quantizes it inside the GEMV ([`DeviceQuantMatrix::gemv_silu_fused`], `ACT = 2`)
-/// rather than in a quantizer launch before it. Every program computes the whole
-/// product again, so by default only up to [`FUSED_SILU_MAX_COLS`] columns
-/// (docs/perf.md, "SiLU-and-multiply inside the down GEMV"). The environment's
-/// `TILEFUSE_QUANT_SILU_FUSED` overrides it as `TILEFUSE_QUANT_NORM_FUSED` does
-/// [`fuses_norm`]: `1`, `0` or `ROWSxCOLS` shapes. A malformed value is an error that
-/// quotes it.
-pub fn fuses_silu(rows: usize, cols: usize) -> Result<bool> {
-    match std::env::var(SILU_FUSED_VAR) {
-        Ok(v) => shape_policy(SILU_FUSED_VAR, &v, rows, cols),
-        Err(_) => Ok(cols <= FUSED_SILU_MAX_COLS),
-    }
-}
-
-/// The environment variable that overrides [`fuses_silu`].
-const SILU_FUSED_VAR: &str = "TILEFUSE_QUANT_SILU_FUSED";
-
-/// The longest rows (the down projection's input, the MLP's intermediate size) whose
-/// SiLU-and-multiply [`fuses_silu`] moves into the GEMV by default: Qwen3-0.6B's 3072.
-pub const FUSED_SILU_MAX_COLS: usize = 4096;
-
-/// An override `v` of the environment variable `var` for a `[rows, cols]` matrix: `1`
-/// always, `0` never, or `ROWSxCOLS` shapes separated by `,` (exactly those).
-fn shape_policy(var: &str, v: &str, rows: usize, cols: usize) -> Result<bool> {
+/// [`fuses_norm`] under the override `v`.
+fn norm_fused_policy(v: &str, rows: usize, cols: usize) -> Result<bool> {
     match v.trim() {
         "1" => return Ok(true),
         "0" => return Ok(false),
@@ -71,11 +44,13 @@ fn shape_policy(var: &str, v: &str, rows: usize, cols: usize) -> Result<bool> {
         });
         match parsed {
             Some(rc) => hit |= rc == (rows, cols),
-            None => return Err(crate::error::EngineError::Option {
-                message: format!(
-                    "{var}=`{v}`: expected 1, 0 or ROWSxCOLS shapes separated by `,` (`{shape}`)"
-                ),
-            }),
+            None => {
+                return Err(crate::error::EngineError::Option {
+                    message: format!(
+                        "TILEFUSE_QUANT_NORM_FUSED=`{v}`: expected 1, 0 or ROWSxCOLS shapes separated by `,` (`{shape}`)"
+                    ),
+                })
+            }
         }
     }
     Ok(hit)
@@ -730,7 +705,7 @@ impl DeviceQuantMatrix {
         residual: bool,
         sms: usize,
     ) -> Result<Option<(u32, f64)>> {
-        let consts = self.gemv_consts(cfg, residual, false, 0, false);
+        let consts = self.gemv_consts(cfg, residual, false, false, false);
         let per_sm = self
             .kernel()
             .programs_per_sm(dev, &consts, Some(cfg.num_warps))?;
@@ -744,7 +719,7 @@ impl DeviceQuantMatrix {
     /// variant whose loads take no masks (`EVEN = 1` of [`crate::kernels_quant::q4_k_gemv`]).
     pub fn reads_unmasked(&self, cfg: QuantGemvConfig, residual: bool) -> bool {
         matches!(self.buffers, QuantBuffers::Q4K { .. })
-            && self.gemv_consts(cfg, residual, false, 0, false)[5] == 1
+            && self.gemv_consts(cfg, residual, false, false, false)[5] == 1
     }
 
     /// The compile-time constants of this matrix's GEMV variant at `cfg`: `BLOCK_N`,
@@ -757,7 +732,7 @@ impl DeviceQuantMatrix {
         cfg: QuantGemvConfig,
         residual: bool,
         head: bool,
-        act: i64,
+        act: bool,
         stamps: bool,
     ) -> Vec<i64> {
         let mut consts = vec![
@@ -765,7 +740,7 @@ impl DeviceQuantMatrix {
             cfg.block_k as i64,
             i64::from(residual),
             i64::from(head),
-            act,
+            i64::from(act),
         ];
         if let QuantBuffers::Q4K { .. } = self.buffers {
             let whole = self.rows % cfg.block_n == 0 && self.cols % cfg.block_k == 0;
@@ -1010,15 +985,7 @@ impl DeviceQuantMatrix {
         spare: &mut QuantSpare,
         serialized: bool,
     ) -> Result<()> {
-        self.launch_kernel(
-            dev,
-            cfg,
-            residual,
-            GemvInput::Quantized,
-            out,
-            spare,
-            serialized,
-        )
+        self.launch_kernel(dev, cfg, residual, None, out, spare, serialized)
     }
 
     /// `y = bf16(W · rmsnorm(a) + bias)` in one launch: each program quantizes the
@@ -1052,61 +1019,26 @@ impl DeviceQuantMatrix {
                 ),
             });
         }
-        let input = GemvInput::Norm { a, norm_w, eps };
-        self.launch_kernel(dev, cfg, false, input, out, spare, serialized)
+        self.launch_kernel(
+            dev,
+            cfg,
+            false,
+            Some((a, norm_w, eps)),
+            out,
+            spare,
+            serialized,
+        )
     }
 
-    /// `y = bf16(y + bf16(W · x + bias))` with `x = bf16(bf16(silu(g)) * u)` of
-    /// `act = [g; u]` (each `cols` long) in one launch: each program quantizes the blocks
-    /// of `x` its tiles read (`ACT = 2` in [`crate::kernels_quant`]), so no quantizer
-    /// runs before it. What [`DeviceQuantMatrix::gemv_silu_mul_residual`] computes,
-    /// bit for bit; where it pays is the step's choice ([`fuses_silu`]). Rows `0..rows`
-    /// of the weights write rows `row0..row0 + rows` of `y` and `bias`. `serialized`:
-    /// the launch waits for all earlier work. An error where the variant is not
-    /// compiled for `cfg` ([`DeviceQuantMatrix::silu_fused_compiled`]).
-    #[allow(clippy::too_many_arguments)]
-    pub fn gemv_silu_fused(
-        &self,
-        dev: &Device,
-        cfg: QuantGemvConfig,
-        act: &Buffer<bf16>,
-        bias: &Buffer<bf16>,
-        y: &mut Buffer<bf16>,
-        row0: usize,
-        spare: &mut QuantSpare,
-        serialized: bool,
-    ) -> Result<()> {
-        if act.len() < 2 * self.cols || !self.silu_fused_compiled(cfg) {
-            return Err(crate::error::EngineError::Option {
-                message: format!(
-                    "a quantized GEMV with SiLU-and-multiply inside over {} columns at {cfg:?} (compiled: {}) with an input of {} (needs {})",
-                    self.cols,
-                    self.silu_fused_compiled(cfg),
-                    act.len(),
-                    2 * self.cols
-                ),
-            });
-        }
-        let out = QuantOut::Rows { y, row0, bias };
-        let input = GemvInput::SiluMul { act };
-        self.launch_kernel(dev, cfg, true, input, out, spare, serialized)
-    }
-
-    /// Whether the variant of [`DeviceQuantMatrix::gemv_silu_fused`] is compiled for
-    /// `cfg` (4, 8 or 16 rows of 1024 or 2048 columns, as the GEMV's tiles allow).
-    pub fn silu_fused_compiled(&self, cfg: QuantGemvConfig) -> bool {
-        let consts = self.gemv_consts(cfg, true, false, 2, false);
-        self.kernel().variant(&consts, Some(cfg.num_warps)).is_ok()
-    }
-
-    /// The GEMV kernel over `input`.
+    /// The GEMV kernel over the activation in `spare`, or with `norm = Some((a, norm_w,
+    /// eps))` over RMSNorm of `a`, quantized in the kernel.
     #[allow(clippy::too_many_arguments)]
     fn launch_kernel(
         &self,
         dev: &Device,
         cfg: QuantGemvConfig,
         residual: bool,
-        input: GemvInput<'_>,
+        norm: Option<(&Buffer<bf16>, &Buffer<bf16>, f32)>,
         out: QuantOut<'_>,
         spare: &mut QuantSpare,
         serialized: bool,
@@ -1127,12 +1059,8 @@ impl DeviceQuantMatrix {
         let n = self.rows as i32;
         let (mut args, k_words) = self.weight_args();
         args.extend([(&spare.xq).into(), (&spare.xd).into()]);
-        // `a` and `norm_w` are read only by the variants that quantize their input.
-        let (a, norm_w, eps, act) = match input {
-            GemvInput::Quantized => (&spare.bias, &spare.bias, 0.0, 0),
-            GemvInput::Norm { a, norm_w, eps } => (a, norm_w, eps, 1),
-            GemvInput::SiluMul { act } => (act, &spare.bias, 0.0, 2),
-        };
+        // Without the norm prologue `a` and `norm_w` are not read.
+        let (a, norm_w, eps) = norm.unwrap_or((&spare.bias, &spare.bias, 0.0));
         args.extend([a.into(), norm_w.into()]);
         let row0 = match out {
             QuantOut::Rows { y, row0, bias } => {
@@ -1163,7 +1091,7 @@ impl DeviceQuantMatrix {
         let stamp_at = spare.stamps.take(self.kernel().name, cfg.grid(self.rows))?;
         args.extend([n.into(), row0.into(), k_words.into(), eps.into()]);
         args.extend([(&mut spare.stamps.buf).into(), stamp_at.into()]);
-        let consts = self.gemv_consts(cfg, residual && !head, head, act, stamp_at >= 0);
+        let consts = self.gemv_consts(cfg, residual && !head, head, norm.is_some(), stamp_at >= 0);
         self.kernel().launch_dyn(dev, launch, &consts, &mut args)?;
         Ok(())
     }
@@ -1294,21 +1222,6 @@ impl QuantVariant<'_> {
     pub fn residual(&self) -> bool {
         matches!(self, QuantVariant::Residual | QuantVariant::SiluMulResidual)
     }
-}
-
-/// Where a GEMV launch's int8 input comes from: its `ACT` variant.
-#[derive(Clone, Copy)]
-enum GemvInput<'a> {
-    /// Quantized before the launch into the [`QuantSpare`] (`ACT = 0`).
-    Quantized,
-    /// RMSNorm of `a` with weights `norm_w`, quantized in the kernel (`ACT = 1`).
-    Norm {
-        a: &'a Buffer<bf16>,
-        norm_w: &'a Buffer<bf16>,
-        eps: f32,
-    },
-    /// `bf16(bf16(silu(g)) * u)` of `act = [g; u]`, quantized in the kernel (`ACT = 2`).
-    SiluMul { act: &'a Buffer<bf16> },
 }
 
 /// Where a quantized GEMV writes.
@@ -1572,18 +1485,16 @@ mod tests {
     }
 
     #[test]
-    fn the_fused_input_overrides_name_shapes_and_quote_bad_ones() {
-        for var in [NORM_FUSED_VAR, SILU_FUSED_VAR] {
-            assert!(shape_policy(var, "1", 6144, 4096).unwrap());
-            assert!(!shape_policy(var, "0", 1024, 1024).unwrap());
-            assert!(shape_policy(var, "6144x4096", 6144, 4096).unwrap());
-            assert!(shape_policy(var, "4096x1024, 6144x4096", 6144, 4096).unwrap());
-            assert!(!shape_policy(var, "6144x4096", 24576, 4096).unwrap());
-            let err = shape_policy(var, "6144by4096", 6144, 4096)
-                .unwrap_err()
-                .to_string();
-            assert!(err.contains("`6144by4096`") && err.contains(var), "{err}");
-        }
+    fn the_norm_fused_override_names_shapes_and_quotes_bad_ones() {
+        assert!(norm_fused_policy("1", 6144, 4096).unwrap());
+        assert!(!norm_fused_policy("0", 1024, 1024).unwrap());
+        assert!(norm_fused_policy("6144x4096", 6144, 4096).unwrap());
+        assert!(norm_fused_policy("4096x1024, 6144x4096", 6144, 4096).unwrap());
+        assert!(!norm_fused_policy("6144x4096", 24576, 4096).unwrap());
+        let err = norm_fused_policy("6144by4096", 6144, 4096)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("`6144by4096`"), "{err}");
     }
 
     #[test]
