@@ -6,7 +6,8 @@
 //!
 //! **Activations.** [`quantize_act`] runs once per GEMV input (except the O
 //! projection's, which [`attention_combine_quant`] writes as it merges the attention's
-//! splits, and the normed inputs that the GEMVs' `ACT = 1` variant quantizes itself)
+//! splits, the normed inputs that the GEMVs' `ACT = 1` variant quantizes itself, and
+//! the down projection's, which a Q4_K gate/up GEMV's `SILU_Q = 1` variant writes)
 //! and writes, for each 32-element block `j` of the activation `x`: `xd[j] = max|x| / 127` (f32) and the int8
 //! values `q = floor(x * 127 / max|x| + 0.5)` four to a word in element order
 //! (`xq[8 j + w]` holds elements `32 j + 4 w .. + 4`, byte `b` element `32 j + 4 w + b`).
@@ -38,6 +39,14 @@
 //!   quantized GEMV");
 //! - `RESIDUAL = 1`: `y = bf16(y + bf16(W · x + bias))`, as
 //!   [`gemv_residual`](crate::kernels::gemv_residual);
+//! - `SILU_Q = 1` (Q4_K, with `ACT = 1`): the normed `[gate; up]` GEMV (`n` rows, gate
+//!   the first half) that writes no `y` but the down projection's int8 input: program
+//!   `j` takes gate rows `32 j ..` and the same up rows (64 rows, `BLOCK_N = 64`),
+//!   rounds both as `y` would be stored, and writes `x = bf16(bf16(silu(g)) * u)` as
+//!   activation block `j` in `xq` / `xd`, exactly what [`quantize_act`] `MODE = 2` would
+//!   write from `y`. The step then launches no quantizer between gate/up and down
+//!   (`gguf::device::DeviceQuantMatrix::gemv_norm_silu_quantized`; docs/perf.md,
+//!   "`silu(gate) * up` quantized by the gate/up GEMV");
 //! - `HEAD = 1`: the LM head: the bf16 logits `bf16(W · x)` stored as f32 in `logits`,
 //!   and each program's greedy candidate (its largest logit, the first on ties) in
 //!   `part_val`/`part_idx[program_id]`, for
@@ -686,7 +695,7 @@ fn q4_k_row_sums_prefetch<const BLOCK_K: usize, const ACT: usize>(
 /// LM-head variants as in the module docs.
 #[kernel(
     crate = tilefuse_dsl,
-    BLOCK_N = [1, 2, 4, 8, 16, 32],
+    BLOCK_N = [1, 2, 4, 8, 16, 32, 64],
     BLOCK_K = [256, 512, 1024, 2048],
     num_warps = [4, 8],
     RESIDUAL = [0, 1],
@@ -697,7 +706,7 @@ fn q4_k_row_sums_prefetch<const BLOCK_K: usize, const ACT: usize>(
     skip(ACT = 1, HEAD = 1),
     skip(ACT = 1, RESIDUAL = 1),
     // Long tiles are for wide matrices (few rows), many rows for tall ones.
-    skip(BLOCK_K = 2048, BLOCK_N = [8, 16, 32]),
+    skip(BLOCK_K = 2048, BLOCK_N = [8, 16, 32, 64]),
     skip(BLOCK_K = 1024, BLOCK_N = 32),
     skip(BLOCK_K = 2048, HEAD = 1),
     // The tall matrices' tile (8B gate+up) at 80 registers instead of 107: six programs
@@ -716,8 +725,17 @@ fn q4_k_row_sums_prefetch<const BLOCK_K: usize, const ACT: usize>(
     EVEN = [0, 1],
     skip(EVEN = 1, HEAD = 1),
     skip(EVEN = 1, ACT = 1),
-    skip(EVEN = 1, BLOCK_N = [1, 2, 16, 32]),
+    skip(EVEN = 1, BLOCK_N = [1, 2, 16, 32, 64]),
     skip(EVEN = 1, BLOCK_K = [256, 512]),
+    // 1: the normed gate/up GEMV that writes down's int8 input (see the module docs):
+    // 32 gate and the same 32 up rows a program.
+    SILU_Q = [0, 1],
+    skip(SILU_Q = 0, BLOCK_N = 64),
+    skip(SILU_Q = 1, BLOCK_N = [1, 2, 4, 8, 16, 32]),
+    skip(SILU_Q = 1, BLOCK_K = [256, 2048]),
+    skip(SILU_Q = 1, ACT = 0),
+    skip(SILU_Q = 1, HEAD = 1),
+    skip(SILU_Q = 1, RESIDUAL = 1),
     // 1: the timeline stamps (`crate::kernels::stamp_now`), 0: none compiled.
     STAMPS = [0, 1]
 )]
@@ -728,6 +746,7 @@ pub fn q4_k_gemv<
     const HEAD: usize,
     const ACT: usize,
     const EVEN: usize,
+    const SILU_Q: usize,
     const STAMPS: usize,
 >(
     q: Ptr<u32>,
@@ -752,8 +771,15 @@ pub fn q4_k_gemv<
     stamp_at: i32,
 ) {
     let blocks = k_words / 4;
-    let rows = program_id(0) * BLOCK_N + arange(0, BLOCK_N);
-    let row_ok = rows < n;
+    let r = arange(0, BLOCK_N);
+    let mut rows = program_id(0) * BLOCK_N + r;
+    let mut row_ok = rows < n;
+    if SILU_Q == 1 {
+        // `[gate; up]`: gate rows `j` and up rows `n / 2 + j` of one block of 32 `j`.
+        let j = program_id(0) * 32 + r % 32;
+        rows = j + (r / 32) * (n / 2);
+        row_ok = j < n / 2;
+    }
     let grp = arange(0, BLOCK_K / 32);
     let w = arange(0, 4);
     let q_rows = (rows * k_words).expand_dims(1).expand_dims(2);
@@ -804,17 +830,29 @@ pub fn q4_k_gemv<
             norm_w, q_rows, s_rows, d_rows, words, ok2, blocks, grp, w,
         );
     }
-    store_rows::<RESIDUAL, HEAD>(
-        y,
-        logits,
-        part_val,
-        part_idx,
-        row0 + rows,
-        row_ok,
-        sums * inv_rms,
-        b,
-        old,
-    );
+    if SILU_Q == 1 {
+        // The projection rounded as `store_rows` stores it, then `silu(gate) * up` of
+        // the block rounded and quantized as `quantize_act` `MODE = 2` would.
+        let proj = ((sums * inv_rms + b) as bf16 as f32).reshape([2, 32]);
+        let part = arange(0, 2).expand_dims(1);
+        let g = select(part == 0, proj, 0.0).sum(0);
+        let u = select(part == 1, proj, 0.0).sum(0);
+        let x = ((g / (1.0 + exp(-g))) as bf16 as f32 * u) as bf16 as f32;
+        let blk = program_id(0) + arange(0, 1);
+        store_blocks(x.reshape([1, 2, 4, 4]), blk, blk * 32 < n / 2, xq, xd);
+    } else {
+        store_rows::<RESIDUAL, HEAD>(
+            y,
+            logits,
+            part_val,
+            part_idx,
+            row0 + rows,
+            row_ok,
+            sums * inv_rms,
+            b,
+            old,
+        );
+    }
     stamp_now::<STAMPS>(stamps, stamp_at, 2);
 }
 

@@ -900,16 +900,39 @@ fn quantized_step_matches_the_dense_step_on_dequantized_weights() {
     }
 }
 
-/// The decode step with Q4_K_M's QKV layout (`[q; k]` Q4_K and a Q6_K `v`: the
-/// fixture's Q8_0 `k` replaced by random Q4_K blocks, dequantized for the dense side),
-/// whose two runs launch as one (`gguf::device::launch_q4_k_q6_k`): QKV takes no launch
-/// more than the dense step's, and the logits stay within
-/// `quantized_step_matches_the_dense_step_on_dequantized_weights`' tolerance of the
-/// dense step over the same weights, on the interpreter and on the GPU (graph replays).
+/// Random Q4_K blocks for a `[rows, cols]` matrix from `byte`: f16 `d` and `dmin`
+/// (small), 12 scale bytes and 128 quant bytes a block of 256.
+fn random_q4_k(
+    rows: usize,
+    cols: usize,
+    byte: &mut impl FnMut() -> u8,
+    name: &str,
+) -> PackedMatrix {
+    use tilefuse_dsl::half::f16;
+    let mut bytes = Vec::new();
+    for _ in 0..rows * cols / 256 {
+        let d = f16::from_f32((byte() as f32 - 128.0) * 1e-4);
+        let dmin = f16::from_f32(byte() as f32 * 1e-4);
+        bytes.extend(d.to_le_bytes());
+        bytes.extend(dmin.to_le_bytes());
+        bytes.extend((0..140).map(|_| byte()));
+    }
+    PackedMatrix::pack(GgmlType::Q4_K, &bytes, rows, cols, name).unwrap()
+}
+
+/// The decode step with Q4_K_M's layouts: QKV as `[q; k]` Q4_K and a Q6_K `v` (the
+/// fixture's Q8_0 `k` replaced by random Q4_K blocks), whose two runs launch as one
+/// (`gguf::device::launch_q4_k_q6_k`), and `[gate; up]` as one Q4_K run (random blocks
+/// for both), which writes the down projection's int8 input itself
+/// (`DeviceQuantMatrix::gemv_norm_silu_quantized`); each replaced matrix dequantized
+/// for the dense side. The step takes no launch more than the dense step's, and the
+/// logits stay within `quantized_step_matches_the_dense_step_on_dequantized_weights`'
+/// tolerance of the dense step over the same weights, on the interpreter and on the GPU
+/// (graph replays).
 #[test]
-fn a_q4_k_and_q6_k_qkv_in_one_launch_matches_the_dense_step() {
+fn q4_k_m_layouts_in_fused_launches_match_the_dense_step() {
     use std::borrow::Cow;
-    use tilefuse_dsl::half::{bf16, f16};
+    use tilefuse_dsl::half::bf16;
     use tilefuse_dsl::runtime::testing::gpu_or_skip;
     use tilefuse_dsl::runtime::Device;
     use tilefuse_engine::decode::QuantWeights;
@@ -919,7 +942,11 @@ fn a_q4_k_and_q6_k_qkv_in_one_launch_matches_the_dense_step() {
     let cfg = f.config().unwrap();
     let mut mw = f.model_weights(&cfg).unwrap();
     let mut qw = f.quant_weights(&cfg).unwrap();
-    let (rows, cols) = (cfg.num_kv_heads * cfg.head_dim, cfg.hidden_size);
+    let (kv, h, im) = (
+        cfg.num_kv_heads * cfg.head_dim,
+        cfg.hidden_size,
+        cfg.intermediate_size,
+    );
     let mut state = 0x9e37_79b9_7f4a_7c15u64;
     let mut byte = || {
         state ^= state << 13;
@@ -927,37 +954,31 @@ fn a_q4_k_and_q6_k_qkv_in_one_launch_matches_the_dense_step() {
         state ^= state << 17;
         (state >> 24) as u8
     };
+    let dense =
+        |m: &PackedMatrix| Cow::Owned(m.dequantize().into_iter().map(bf16::from_f32).collect());
     for (l, q) in mw.layers.iter_mut().zip(&mut qw.layers) {
-        // Q4_K blocks of 256: f16 `d` and `dmin` (small), 12 scale bytes, 128 quant bytes.
-        let mut bytes = Vec::new();
-        for _ in 0..rows * cols / 256 {
-            let d = f16::from_f32((byte() as f32 - 128.0) * 1e-4);
-            let dmin = f16::from_f32(byte() as f32 * 1e-4);
-            bytes.extend(d.to_le_bytes());
-            bytes.extend(dmin.to_le_bytes());
-            bytes.extend((0..140).map(|_| byte()));
-        }
-        let k = PackedMatrix::pack(GgmlType::Q4_K, &bytes, rows, cols, "k").unwrap();
-        l.k_proj = Cow::Owned(k.dequantize().into_iter().map(bf16::from_f32).collect());
-        q.k = Some(k);
+        let k = random_q4_k(kv, h, &mut byte, "k");
+        let (gate, up) = (
+            random_q4_k(im, h, &mut byte, "gate"),
+            random_q4_k(im, h, &mut byte, "up"),
+        );
+        (l.k_proj, l.gate_proj, l.up_proj) = (dense(&k), dense(&gate), dense(&up));
+        (q.k, q.gate, q.up) = (Some(k), Some(gate), Some(up));
         assert_eq!(q.q.as_ref().map(|m| m.ggml_type()), Some(GgmlType::Q4_K));
         assert_eq!(q.v.as_ref().map(|m| m.ggml_type()), Some(GgmlType::Q6_K));
+        assert!(q.down.is_some());
     }
     assert!(tilefuse_engine::gguf::device::merges_runs());
     let mut devices = vec![Device::cpu()];
     devices.extend(gpu_or_skip(
-        "a_q4_k_and_q6_k_qkv_in_one_launch_matches_the_dense_step",
+        "q4_k_m_layouts_in_fused_launches_match_the_dense_step",
     ));
     for dev in devices {
         let mut dense = Decoder::with_quant(&cfg, &mw, &QuantWeights::default(), &dev, 16).unwrap();
         let mut quant = Decoder::with_quant(&cfg, &mw, &qw, &dev, 16).unwrap();
-        // QKV one launch (its normed input quantized inside it), gate/up one more than
-        // the dense step's (its Q4_K and Q8_0 runs), down its quantizer.
-        assert_eq!(
-            quant.kernels_per_step(),
-            dense.kernels_per_step() + 2 * cfg.num_layers,
-            "{dev}"
-        );
+        // QKV one launch (its normed input quantized inside it), gate/up one (down's
+        // int8 input written by it), down its GEMV alone.
+        assert_eq!(quant.kernels_per_step(), dense.kernels_per_step(), "{dev}");
         if dev.is_cuda() {
             dense.capture().unwrap();
             quant.capture().unwrap();

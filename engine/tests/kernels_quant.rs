@@ -582,6 +582,90 @@ fn q6_k_gemv_matches_host() {
 /// for bit, and that output quantized as `quantize_act` quantizes it (the host's
 /// quantizer, the same f32 operations), for random split partials (some splits empty)
 /// at each head width and chunk, on every device.
+/// The normed `[gate; up]` GEMV that writes the down projection's int8 input itself
+/// (`gemv_norm_silu_quantized`, Q4_K `SILU_Q = 1`: 32 gate rows and the same 32 up rows
+/// a program) against the normed GEMV's rows (`gemv_norm_fused`) quantized by the
+/// host as `quantize_act` `MODE = 2` would: every block within half a step of
+/// `bf16(bf16(silu(g)) * u)` of those rows (and a bf16 step of it where the two
+/// GEMVs' row sums, summed in other orders, round to neighbouring bf16 values), and
+/// nearly every block bit for bit, on fresh random matrices and inputs.
+#[test]
+fn the_gate_up_gemv_writes_downs_int8_input() {
+    let mut rng = Rng(0x5109);
+    let mut devices = vec![Device::cpu()];
+    devices.extend(gpu_or_skip("the_gate_up_gemv_writes_downs_int8_input"));
+    for dev in devices {
+        let tile = |block_k, num_warps| QuantGemvConfig {
+            block_n: 64,
+            block_k,
+            num_warps,
+        };
+        // Rows are `[gate; up]`: 2, 3 and (on the GPU) Qwen3-0.6B's 96 and Qwen3-8B's
+        // 384 programs; 512 columns are two tiles of 256 (masked) at 512.
+        let mut shapes = vec![(128, 256), (192, 512)];
+        let mut tiles = vec![tile(512, 4), tile(1024, 8)];
+        if dev.is_cuda() {
+            shapes.extend([(6144, 1024), (24576, 4096)]);
+            tiles.extend([tile(1024, 4), tile(512, 8)]);
+        }
+        for (n, k) in shapes {
+            let c = case(&mut rng, GgmlType::Q4_K, n, k);
+            let m = DeviceQuantMatrix::upload(&dev, &c.packed).unwrap();
+            let (a, norm_w) = (dev.upload(&c.a).unwrap(), dev.upload(&c.norm_w).unwrap());
+            let bias = dev.upload(&c.bias).unwrap();
+            let mut spare = QuantSpare::new(&dev, k.max(n / 2)).unwrap();
+            let mut y = dev.alloc_filled(n, bf16::NAN).unwrap();
+            let rows_cfg = QuantGemvConfig {
+                block_n: 8,
+                block_k: 512,
+                num_warps: 4,
+            };
+            let out = QuantOut::Rows {
+                y: &mut y,
+                row0: 0,
+                bias: &bias,
+            };
+            m.gemv_norm_fused(&dev, rows_cfg, &a, &norm_w, EPS, out, &mut spare, false)
+                .unwrap();
+            let y = y.to_vec().unwrap();
+            let half = n / 2;
+            let x: Vec<f32> = (0..half)
+                .map(|j| bf16::from_f32(silu_mul_f32(y[j], y[half + j])).to_f32())
+                .collect();
+            let (hq, hd) = host_quantize(&x);
+            for &cfg in &tiles {
+                let what = format!("Q4_K {n}x{k} {cfg:?} gate/up to down's input on {dev}");
+                assert!(m.silu_quantized_compiled(cfg), "{what}: not compiled");
+                let mut spare = QuantSpare::new(&dev, k.max(half)).unwrap();
+                m.gemv_norm_silu_quantized(&dev, cfg, &a, &norm_w, EPS, &bias, &mut spare, false)
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+                let (xq, xd) = spare.activation();
+                let (xq, xd) = (xq.to_vec().unwrap(), xd.to_vec().unwrap());
+                let (q, got) = unpack(&xq, &xd, half);
+                for (e, &want) in x.iter().enumerate() {
+                    let step = xd[e / 32] as f64;
+                    let want = want as f64;
+                    let tol = step * 0.5 + want.abs() / 64.0 + 1e-30;
+                    assert!(
+                        (got[e] - want).abs() <= tol && q[e].abs() <= 127,
+                        "{what}: element {e}: {} (q {}, step {step:e}) for {want}",
+                        got[e],
+                        q[e]
+                    );
+                }
+                let blocks = half / 32;
+                let exact = (0..blocks)
+                    .filter(|&b| xd[b] == hd[b] && xq[8 * b..8 * b + 8] == hq[8 * b..8 * b + 8])
+                    .count();
+                assert!(
+                    exact * 10 >= blocks * 9,
+                    "{what}: {exact} of {blocks} blocks bit for bit"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn the_quantizing_combine_matches_combine_then_quantize() {
     use tilefuse_engine::kernels::{AttentionCombineArgs, AttentionCombineConsts};

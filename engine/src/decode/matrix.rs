@@ -41,6 +41,15 @@ impl Matrix {
         }
     }
 
+    /// Whether a normed GEMV over this `[gate; up]` matrix writes the down projection's
+    /// int8 input itself ([`QuantMatrix::silu_quantizes`]; never for dense rows).
+    pub(crate) fn silu_quantizes(&self) -> bool {
+        match self {
+            Matrix::Dense(_) => false,
+            Matrix::Quant(q) => q.silu_quantizes(),
+        }
+    }
+
     /// The dense rows, or `None` for a quantized matrix.
     pub(crate) fn dense(&self) -> Option<&Buffer<bf16>> {
         match self {
@@ -89,6 +98,10 @@ pub(crate) struct QuantMatrix {
     /// ([`crate::gguf::device::fuses_norm`], decided once at upload so that the step's
     /// launches and its launch count agree).
     fuses_norm: bool,
+    /// The tile at which a normed GEMV over this matrix (as `[gate; up]`) writes the
+    /// down projection's int8 input itself, where it may
+    /// ([`crate::gguf::device::silu_quantized_tile`], decided at upload).
+    silu_tile: Option<QuantGemvConfig>,
     /// Whether a Q4_K run followed by a Q6_K run may launch as one
     /// ([`crate::gguf::device::merges_runs`], decided at upload for the same reason).
     merge_allowed: bool,
@@ -130,10 +143,17 @@ impl QuantMatrix {
         }
         let rows = parts.iter().map(|p| p.m.rows).sum();
         let fuses_norm = !head && crate::gguf::device::fuses_norm(rows, parts[0].m.cols)?;
+        // One run (gate and up rows of one program share it) whose norm is fused.
+        let silu_tile = match (fuses_norm, parts.as_slice()) {
+            (true, [p]) => crate::gguf::device::silu_quantized_tile()?
+                .filter(|&cfg| p.m.silu_quantized_compiled(cfg) && p.m.rows % 64 == 0),
+            _ => None,
+        };
         Ok(QuantMatrix {
             parts,
             head,
             fuses_norm,
+            silu_tile,
             merge_allowed: !head && crate::gguf::device::merges_runs(),
         })
     }
@@ -259,6 +279,38 @@ impl QuantMatrix {
             }
             _ => false,
         }
+    }
+
+    /// Whether a normed GEMV over this matrix, as `[gate; up]` (gate the first half of
+    /// its rows), writes `silu(gate) * up` as the down projection's int8 input itself
+    /// ([`QuantMatrix::gemv_norm_silu_quantized`]) instead of its rows: one run of Q4_K
+    /// with its norm fused, rows a multiple of 64, and the variant compiled.
+    pub(crate) fn silu_quantizes(&self) -> bool {
+        self.silu_tile.is_some()
+    }
+
+    /// `silu(gate) * up` of the normed GEMV over this `[gate; up]` matrix plus `bias`,
+    /// written as the down projection's int8 input into `spare` in one launch
+    /// ([`DeviceQuantMatrix::gemv_norm_silu_quantized`]); an error unless
+    /// [`QuantMatrix::silu_quantizes`].
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn gemv_norm_silu_quantized(
+        &self,
+        dev: &Device,
+        launch: LaunchConfig,
+        a: &Buffer<bf16>,
+        norm_w: &Buffer<bf16>,
+        eps: f32,
+        bias: &Buffer<bf16>,
+        spare: &mut QuantSpare,
+    ) -> Result<()> {
+        let (Some(cfg), [p]) = (self.silu_tile, self.parts.as_slice()) else {
+            return Err(EngineError::Option {
+                message: "this [gate; up] matrix does not write down's int8 input itself".into(),
+            });
+        };
+        let serialized = launch.serialized;
+        p.m.gemv_norm_silu_quantized(dev, cfg, a, norm_w, eps, bias, spare, serialized)
     }
 
     /// Whether a normed GEMV over this matrix quantizes its input inside the GEMV

@@ -385,16 +385,28 @@ impl Decoder {
                     l.o_w.launches(false) - usize::from(step::combine_quantizes(&self.plan, &l.o_w))
                 })
                 .sum(),
-            // A quantized gate/up before a dense down is followed by `silu_mul_in_place`.
+            // A quantized gate/up before a dense down is followed by `silu_mul_in_place`;
+            // before a quantized down it may write down's input itself, in one launch.
             Block::GateUp => self
                 .layers
                 .iter()
                 .map(|l| {
+                    if l.gate_up_w.silu_quantizes() && l.down_w.dense().is_none() {
+                        return 1;
+                    }
                     let silu = l.gate_up_w.dense().is_none() && l.down_w.dense().is_some();
                     l.gate_up_w.launches(true) + usize::from(silu)
                 })
                 .sum(),
-            Block::Down => self.layers.iter().map(|l| l.down_w.launches(false)).sum(),
+            // Without its quantizer when gate/up wrote its input.
+            Block::Down => self
+                .layers
+                .iter()
+                .map(|l| {
+                    let written = l.gate_up_w.silu_quantizes() && l.down_w.dense().is_none();
+                    l.down_w.launches(false) - usize::from(written)
+                })
+                .sum(),
             _ => self.cfg.num_layers,
         }
     }

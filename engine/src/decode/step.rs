@@ -75,6 +75,7 @@ impl Decoder {
             grids,
             stamp_layer: *stamp_layer,
             o_input_quantized: false,
+            down_input_quantized: false,
         };
         step.embed(embed)?;
         for (li, l) in layers
@@ -120,6 +121,8 @@ struct Step<'a, W> {
     stamp_layer: Option<usize>,
     /// Whether this layer's attention combine left the O projection's input quantized.
     o_input_quantized: bool,
+    /// Whether this layer's gate/up GEMV left the down projection's input quantized.
+    down_input_quantized: bool,
 }
 
 /// Whether the attention combine before the quantized O projection `o_w` writes O's
@@ -385,6 +388,14 @@ impl<W: FnMut(Block) -> bool> Step<'_, W> {
             match &l.gate_up_w {
                 // `[gate; up]` into `act`; the down projection's activation quantizer
                 // takes `silu(gate) * up`.
+                // Before a quantized down projection, down's int8 input itself where it
+                // may (`silu(gate) * up` of each program's 32 pairs of rows).
+                Matrix::Quant(q) if q.silu_quantizes() && l.down_w.dense().is_none() => {
+                    let s = &mut *self.s;
+                    let (x, norm_w, spare) = (&s.x, &l.post_norm, &mut s.spare);
+                    q.gemv_norm_silu_quantized(self.dev, cfg, x, norm_w, eps, &s.zeros, spare)?;
+                    self.down_input_quantized = true;
+                }
                 Matrix::Quant(q) => {
                     let s = &mut *self.s;
                     let (norm_w, act) = (&l.post_norm, &mut s.act);
@@ -420,6 +431,10 @@ impl<W: FnMut(Block) -> bool> Step<'_, W> {
         let w = match &l.down_w {
             Matrix::Dense(w) => w,
             Matrix::Quant(q) => {
+                if std::mem::take(&mut self.down_input_quantized) {
+                    let res = QuantVariant::Residual;
+                    return q.gemv_quantized_input(self.dev, res, &mut s.x, &s.zeros, &mut s.spare);
+                }
                 // After a quantized gate/up, `act` is `[gate; up]`: the quantizer takes
                 // `silu(gate) * up`.
                 let res = match l.gate_up_w {

@@ -102,6 +102,41 @@ pub fn merges_runs() -> bool {
     std::env::var("TILEFUSE_QUANT_MERGE_RUNS").ok().as_deref() != Some("0")
 }
 
+/// The tile of the normed `[gate; up]` GEMV that writes the down projection's int8
+/// input itself ([`DeviceQuantMatrix::gemv_norm_silu_quantized`]), or `None` where the
+/// step keeps a quantizer launch between gate/up and down: by default 64 rows of
+/// 1024-column tiles over 8 warps (docs/perf.md, "`silu(gate) * up` quantized by the
+/// gate/up GEMV"). The environment's `TILEFUSE_QUANT_SILU_GATE_UP` overrides it: `0`
+/// for none, or `64,COLS,WARPS`. A malformed value is an error that quotes it.
+pub fn silu_quantized_tile() -> Result<Option<QuantGemvConfig>> {
+    match std::env::var("TILEFUSE_QUANT_SILU_GATE_UP") {
+        Ok(v) => silu_tile_policy(&v),
+        Err(_) => Ok(Some(SILU_GATE_UP_TILE)),
+    }
+}
+
+/// The default tile of [`silu_quantized_tile`].
+pub const SILU_GATE_UP_TILE: QuantGemvConfig = QuantGemvConfig {
+    block_n: 64,
+    block_k: 1024,
+    num_warps: 8,
+};
+
+/// [`silu_quantized_tile`] under the override `v`.
+fn silu_tile_policy(v: &str) -> Result<Option<QuantGemvConfig>> {
+    if v.trim() == "0" {
+        return Ok(None);
+    }
+    match QuantGemvConfig::parse(v) {
+        Some(cfg) if cfg.block_n == 64 => Ok(Some(cfg)),
+        _ => Err(crate::error::EngineError::Option {
+            message: format!(
+                "TILEFUSE_QUANT_SILU_GATE_UP=`{v}`: expected 0 or 64,COLS,WARPS (COLS 512 or 1024, WARPS 4 or 8)"
+            ),
+        }),
+    }
+}
+
 /// The longest rows whose norm [`fuses_norm`] moves into the GEMV by default.
 pub const FUSED_NORM_MAX_COLS: usize = 2048;
 
@@ -705,7 +740,7 @@ impl DeviceQuantMatrix {
         residual: bool,
         sms: usize,
     ) -> Result<Option<(u32, f64)>> {
-        let consts = self.gemv_consts(cfg, residual, false, false, false);
+        let consts = self.gemv_consts(cfg, residual, false, false, false, false);
         let per_sm = self
             .kernel()
             .programs_per_sm(dev, &consts, Some(cfg.num_warps))?;
@@ -719,7 +754,7 @@ impl DeviceQuantMatrix {
     /// variant whose loads take no masks (`EVEN = 1` of [`crate::kernels_quant::q4_k_gemv`]).
     pub fn reads_unmasked(&self, cfg: QuantGemvConfig, residual: bool) -> bool {
         matches!(self.buffers, QuantBuffers::Q4K { .. })
-            && self.gemv_consts(cfg, residual, false, false, false)[5] == 1
+            && self.gemv_consts(cfg, residual, false, false, false, false)[5] == 1
     }
 
     /// The compile-time constants of this matrix's GEMV variant at `cfg`: `BLOCK_N`,
@@ -733,6 +768,7 @@ impl DeviceQuantMatrix {
         residual: bool,
         head: bool,
         act: bool,
+        silu_q: bool,
         stamps: bool,
     ) -> Vec<i64> {
         let mut consts = vec![
@@ -744,7 +780,7 @@ impl DeviceQuantMatrix {
         ];
         if let QuantBuffers::Q4K { .. } = self.buffers {
             let whole = self.rows % cfg.block_n == 0 && self.cols % cfg.block_k == 0;
-            consts.extend([1, i64::from(stamps)]);
+            consts.extend([1, i64::from(silu_q), i64::from(stamps)]);
             let allowed = unmasked_rows_allowed(cfg.block_n);
             if !whole || !allowed || Q4_K_GEMV.variant(&consts, Some(cfg.num_warps)).is_err() {
                 consts[5] = 0;
@@ -753,6 +789,72 @@ impl DeviceQuantMatrix {
             consts.push(i64::from(stamps));
         }
         consts
+    }
+
+    /// `silu(gate) * up` of `y = bf16(W · rmsnorm(a) + bias)` over this `[gate; up]`
+    /// matrix (gate the first half of its rows) in one launch, written as the down
+    /// projection's int8 input into `spare` ([`QuantSpare::activation`]): the Q4_K
+    /// GEMV's `SILU_Q = 1` variant, each program 32 gate rows and the same 32 up rows
+    /// (`cfg.block_n` 64), quantizing the normed input itself as
+    /// [`DeviceQuantMatrix::gemv_norm_fused`] does. The same int8 blocks as that GEMV
+    /// followed by [`QuantSpare::quantize`] with [`QuantVariant::SiluMulResidual`],
+    /// but for the row sums' order. An error unless
+    /// [`DeviceQuantMatrix::silu_quantized_compiled`] and the half is a multiple of 32.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemv_norm_silu_quantized(
+        &self,
+        dev: &Device,
+        cfg: QuantGemvConfig,
+        a: &Buffer<bf16>,
+        norm_w: &Buffer<bf16>,
+        eps: f32,
+        bias: &Buffer<bf16>,
+        spare: &mut QuantSpare,
+        serialized: bool,
+    ) -> Result<()> {
+        let half = self.rows / 2;
+        if !self.silu_quantized_compiled(cfg)
+            || self.rows % 64 != 0
+            || half > spare.cols
+            || a.len() < self.cols
+            || norm_w.len() < self.cols
+            || bias.len() < self.rows
+        {
+            return Err(crate::error::EngineError::Option {
+                message: format!(
+                    "a [gate; up] GEMV writing down's int8 input over a {} {}x{} matrix at {cfg:?} (compiled: {}; rows a multiple of 64) with activation buffers for {}, an input of {}, norm weights of {} and a bias of {}",
+                    self.ggml_type().name(),
+                    self.rows,
+                    self.cols,
+                    self.silu_quantized_compiled(cfg),
+                    spare.cols,
+                    a.len(),
+                    norm_w.len(),
+                    bias.len()
+                ),
+            });
+        }
+        self.launch_kernel(
+            dev,
+            cfg,
+            false,
+            Some((a, norm_w, eps)),
+            QuantOut::DownInput { bias },
+            spare,
+            serialized,
+        )
+    }
+
+    /// Whether [`DeviceQuantMatrix::gemv_norm_silu_quantized`]'s variant is compiled
+    /// for this matrix at `cfg` (Q4_K; 64 rows of 512 or 1024 columns, 4 or 8 warps).
+    pub fn silu_quantized_compiled(&self, cfg: QuantGemvConfig) -> bool {
+        matches!(self.buffers, QuantBuffers::Q4K { .. })
+            && Q4_K_GEMV
+                .variant(
+                    &self.gemv_consts(cfg, false, false, true, true, false),
+                    Some(cfg.num_warps),
+                )
+                .is_ok()
     }
 
     /// The arrays every kernel over this matrix takes first, in the device layout's
@@ -1052,13 +1154,16 @@ impl DeviceQuantMatrix {
                 ),
             });
         }
+        let silu_q = matches!(out, QuantOut::DownInput { .. });
         let mut launch = LaunchConfig::from(cfg.grid(self.rows)).num_warps(cfg.num_warps);
         if serialized {
             launch = launch.serialized();
         }
         let n = self.rows as i32;
         let (mut args, k_words) = self.weight_args();
-        args.extend([(&spare.xq).into(), (&spare.xd).into()]);
+        // Written by the `SILU_Q` variant only (each variant's loads are qualified by
+        // its own stores), but a kernel's parameters are declared once.
+        args.extend([(&mut spare.xq).into(), (&mut spare.xd).into()]);
         // Without the norm prologue `a` and `norm_w` are not read.
         let (a, norm_w, eps) = norm.unwrap_or((&spare.bias, &spare.bias, 0.0));
         args.extend([a.into(), norm_w.into()]);
@@ -1087,11 +1192,22 @@ impl DeviceQuantMatrix {
                 ]);
                 0
             }
+            QuantOut::DownInput { bias } => {
+                args.extend([
+                    bias.into(),
+                    (&mut spare.y).into(),
+                    (&mut spare.logits).into(),
+                    (&mut spare.part_val).into(),
+                    (&mut spare.part_idx).into(),
+                ]);
+                0
+            }
         };
         let stamp_at = spare.stamps.take(self.kernel().name, cfg.grid(self.rows))?;
         args.extend([n.into(), row0.into(), k_words.into(), eps.into()]);
         args.extend([(&mut spare.stamps.buf).into(), stamp_at.into()]);
-        let consts = self.gemv_consts(cfg, residual && !head, head, norm.is_some(), stamp_at >= 0);
+        let act = norm.is_some();
+        let consts = self.gemv_consts(cfg, residual && !head, head, act, silu_q, stamp_at >= 0);
         self.kernel().launch_dyn(dev, launch, &consts, &mut args)?;
         Ok(())
     }
@@ -1246,6 +1362,14 @@ pub enum QuantOut<'a> {
         part_val: &'a mut Buffer<f32>,
         /// `[programs]`.
         part_idx: &'a mut Buffer<i32>,
+    },
+    /// The down projection's int8 input, written into the [`QuantSpare`]'s activation
+    /// buffers by the normed `[gate; up]` GEMV
+    /// ([`DeviceQuantMatrix::gemv_norm_silu_quantized`]): `silu(gate) * up` of the
+    /// projection plus `bias` (indexed like the `[gate; up]` rows).
+    DownInput {
+        /// The bias, `[rows]`.
+        bias: &'a Buffer<bf16>,
     },
 }
 
