@@ -131,7 +131,7 @@ fn silu_tile_policy(v: &str) -> Result<Option<QuantGemvConfig>> {
         Some(cfg) if cfg.block_n == 64 => Ok(Some(cfg)),
         _ => Err(crate::error::EngineError::Option {
             message: format!(
-                "TILEFUSE_QUANT_SILU_GATE_UP=`{v}`: expected 0 or 64,COLS,WARPS (COLS 512 or 1024, WARPS 4 or 8)"
+                "TILEFUSE_QUANT_SILU_GATE_UP=`{v}`: expected 0 or 64,COLS,WARPS (COLS 512 with WARPS 4 or 8, or 1024 with 8)"
             ),
         }),
     }
