@@ -923,14 +923,38 @@ fn random_q4_k(
 /// The decode step with Q4_K_M's layouts: QKV as `[q; k]` Q4_K and a Q6_K `v` (the
 /// fixture's Q8_0 `k` replaced by random Q4_K blocks), whose two runs launch as one
 /// (`gguf::device::launch_q4_k_q6_k`), and `[gate; up]` as one Q4_K run (random blocks
-/// for both), which writes the down projection's int8 input itself
-/// (`DeviceQuantMatrix::gemv_norm_silu_quantized`); each replaced matrix dequantized
-/// for the dense side. The step takes no launch more than the dense step's, and the
-/// logits stay within `quantized_step_matches_the_dense_step_on_dequantized_weights`'
-/// tolerance of the dense step over the same weights, on the interpreter and on the GPU
-/// (graph replays).
+/// for both), each replaced matrix dequantized for the dense side. The logits stay
+/// within `quantized_step_matches_the_dense_step_on_dequantized_weights`' tolerance of
+/// the dense step over the same weights, on the interpreter and on the GPU (graph
+/// replays). Run twice, in child processes of this test binary (the setting is the
+/// process's environment): with `[gate; up]` writing the down projection's int8 input
+/// itself (`DeviceQuantMatrix::gemv_norm_silu_quantized`), where the step takes no
+/// launch more than the dense step's, and with the quantizer launch between them, one
+/// launch more a layer.
 #[test]
 fn q4_k_m_layouts_in_fused_launches_match_the_dense_step() {
+    const VAR: &str = "TILEFUSE_QUANT_SILU_GATE_UP";
+    if std::env::var_os(VAR).is_some() {
+        return q4_k_m_layouts_match_the_dense_step();
+    }
+    let name = "q4_k_m_layouts_in_fused_launches_match_the_dense_step";
+    for setting in ["64,1024,8", "0"] {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([name, "--exact", "--test-threads=1", "--nocapture"])
+            .env(VAR, setting)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && text.contains("1 passed"),
+            "{VAR}={setting}:\n{text}"
+        );
+    }
+}
+
+/// [`q4_k_m_layouts_in_fused_launches_match_the_dense_step`] under this process's
+/// `TILEFUSE_QUANT_SILU_GATE_UP`.
+fn q4_k_m_layouts_match_the_dense_step() {
     use std::borrow::Cow;
     use tilefuse_dsl::half::bf16;
     use tilefuse_dsl::runtime::testing::gpu_or_skip;
@@ -976,9 +1000,17 @@ fn q4_k_m_layouts_in_fused_launches_match_the_dense_step() {
     for dev in devices {
         let mut dense = Decoder::with_quant(&cfg, &mw, &QuantWeights::default(), &dev, 16).unwrap();
         let mut quant = Decoder::with_quant(&cfg, &mw, &qw, &dev, 16).unwrap();
-        // QKV one launch (its normed input quantized inside it), gate/up one (down's
-        // int8 input written by it), down its GEMV alone.
-        assert_eq!(quant.kernels_per_step(), dense.kernels_per_step(), "{dev}");
+        // QKV one launch (its normed input quantized inside it), gate/up one and down
+        // its GEMV alone where gate/up writes down's int8 input, else a quantizer too.
+        let silu = tilefuse_engine::gguf::device::silu_quantized_tile()
+            .unwrap()
+            .is_some();
+        let extra = if silu { 0 } else { cfg.num_layers };
+        assert_eq!(
+            quant.kernels_per_step(),
+            dense.kernels_per_step() + extra,
+            "{dev}"
+        );
         if dev.is_cuda() {
             dense.capture().unwrap();
             quant.capture().unwrap();
