@@ -606,7 +606,7 @@ fn the_gate_up_gemv_writes_downs_int8_input() {
         let mut tiles = vec![tile(512, 4), tile(1024, 8)];
         if dev.is_cuda() {
             shapes.extend([(6144, 1024), (24576, 4096)]);
-            tiles.extend([tile(1024, 4), tile(512, 8)]);
+            tiles.push(tile(512, 8));
         }
         for (n, k) in shapes {
             let c = case(&mut rng, GgmlType::Q4_K, n, k);
@@ -633,6 +633,8 @@ fn the_gate_up_gemv_writes_downs_int8_input() {
                 .map(|j| bf16::from_f32(silu_mul_f32(y[j], y[half + j])).to_f32())
                 .collect();
             let (hq, hd) = host_quantize(&x);
+            // 1024 columns at 4 warps spill (tests/ptxas_all.rs), so none is compiled.
+            assert!(!m.silu_quantized_compiled(tile(1024, 4)));
             for &cfg in &tiles {
                 let what = format!("Q4_K {n}x{k} {cfg:?} gate/up to down's input on {dev}");
                 assert!(m.silu_quantized_compiled(cfg), "{what}: not compiled");
@@ -1144,7 +1146,7 @@ fn register_limits_reach_the_driver_and_its_occupancy_matches_the_model() {
         (16, 1024, 1, 8, None),
         (8, 1024, 0, 4, None),
     ] {
-        let consts = [n, k, residual, 0, 0, 0, 0];
+        let consts = [n, k, residual, 0, 0, 0, 0, 0];
         let what = format!("q4_k_gemv {n} x {k}, residual {residual}, {warps} warps");
         let regs = def
             .registers_per_thread(&gpu, &consts, Some(warps))
