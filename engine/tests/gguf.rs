@@ -938,7 +938,10 @@ fn q4_k_m_layouts_in_fused_launches_match_the_dense_step() {
         return q4_k_m_layouts_match_the_dense_step();
     }
     let name = "q4_k_m_layouts_in_fused_launches_match_the_dense_step";
-    for setting in ["64,1024,8", "0"] {
+    // The default tile, spelled as the override takes it, and none.
+    let t = tilefuse_engine::gguf::device::SILU_GATE_UP_TILE;
+    let default_tile = format!("{},{},{}", t.block_n, t.block_k, t.num_warps);
+    for setting in [default_tile.as_str(), "0"] {
         let out = std::process::Command::new(std::env::current_exe().unwrap())
             .args([name, "--exact", "--test-threads=1", "--nocapture"])
             .env(VAR, setting)
