@@ -1215,8 +1215,9 @@ pub fn q6_k_gemv<
 /// A Q4_K run of rows and the Q6_K run after it (`[q; k]` and a Q6_K `v`, Q4_K_M's
 /// QKV on the layers where `v` takes more bits) in one launch: programs
 /// `0..programs4` take `n4` Q4_K rows as [`q4_k_gemv`] would, the rest the `n6` Q6_K
-/// rows as [`q6_k_gemv`] would, written from row `n4` of `y`. Both runs have the
-/// columns of `k_words` (`k / 8`) and one tile configuration. Each program requests its
+/// rows as [`q6_k_gemv`] would (in tiles of `BLOCK_N6` rows and `BLOCK_K6` columns),
+/// written from row `n4` of `y`. Both runs have the columns of `k_words` (`k / 8`) and
+/// the launch's warps. Each program requests its
 /// own run's first tile before `wait_for_prior_kernels()` (the other's loads masked
 /// off), then branches; `ACT` as in the module docs (no residual, no LM head: this is
 /// the QKV projection). One launch instead of two.
@@ -1225,6 +1226,19 @@ pub fn q6_k_gemv<
     BLOCK_N = [8, 16],
     BLOCK_K = [512, 1024],
     num_warps = [4, 8],
+    // The Q6_K run's tile: the Q4_K run's, or for a `v` run over an input quantized
+    // before the launch (Qwen3-8B's QKV), 2 or 4 rows of 2048 columns beside 8 rows
+    // of 1024, the tiles that run fastest alone in the step (docs/perf.md, "The quantized
+    // layer's timeline" and "Q4_K and Q6_K runs in one launch").
+    BLOCK_N6 = [2, 4, 8, 16],
+    BLOCK_K6 = [512, 1024, 2048],
+    skip(BLOCK_N = 8, BLOCK_N6 = 16),
+    skip(BLOCK_N = 16, BLOCK_N6 = [2, 4, 8]),
+    skip(BLOCK_N6 = [8, 16], BLOCK_K6 = 2048),
+    skip(BLOCK_N6 = [2, 4], BLOCK_K6 = [512, 1024]),
+    skip(BLOCK_K = 512, BLOCK_K6 = [1024, 2048]),
+    skip(BLOCK_K = 1024, BLOCK_K6 = 512),
+    skip(BLOCK_K6 = 2048, ACT = 1),
     ACT = [0, 1],
     // 1: the timeline stamps (`crate::kernels::stamp_now`), 0: none compiled.
     STAMPS = [0, 1]
@@ -1233,6 +1247,8 @@ pub fn q6_k_gemv<
 pub fn q4_k_q6_k_gemv<
     const BLOCK_N: usize,
     const BLOCK_K: usize,
+    const BLOCK_N6: usize,
+    const BLOCK_K6: usize,
     const ACT: usize,
     const STAMPS: usize,
 >(
@@ -1262,23 +1278,16 @@ pub fn q4_k_q6_k_gemv<
     let blocks = k_words / 4;
     let pid = program_id(0);
     let six = pid >= programs4;
-    let mut local = pid;
-    let mut n = n4;
-    let mut row0 = 0;
-    if six {
-        local = pid - programs4;
-        n = n6;
-        row0 = n4;
-    }
-    let rows = local * BLOCK_N + arange(0, BLOCK_N);
-    let row_ok = rows < n;
-    let grp = arange(0, BLOCK_K / 32);
-    let ok2 = row_ok.expand_dims(1);
-    let ok = ok2 & (grp < blocks).expand_dims(0);
-    let ok4 = ok & !six;
-    let ok6 = ok & six;
+    // Each run's rows, masked off in the other run's programs.
+    let rows = pid * BLOCK_N + arange(0, BLOCK_N);
+    let row_ok = (rows < n4) & !six;
+    let rows6 = (pid - programs4) * BLOCK_N6 + arange(0, BLOCK_N6);
+    let row6_ok = (rows6 < n6) & six;
 
     // Q4_K's first tile (as in `q4_k_gemv`), loaded by its own programs only.
+    let grp = arange(0, BLOCK_K / 32);
+    let ok2 = row_ok.expand_dims(1);
+    let ok4 = ok2 & (grp < blocks).expand_dims(0);
     let w = arange(0, 4);
     let q_rows = (rows * k_words).expand_dims(1).expand_dims(2);
     let s_rows = (rows * blocks).expand_dims(1);
@@ -1291,26 +1300,31 @@ pub fn q4_k_q6_k_gemv<
     let dmin_first = load(dmin + d_rows + (grp / 8).expand_dims(0), ok4, 0.0);
 
     // Q6_K's (as in `q6_k_gemv`).
+    let grp6 = arange(0, BLOCK_K6 / 32);
+    let ok2_6 = row6_ok.expand_dims(1);
+    let ok6 = ok2_6 & (grp6 < blocks).expand_dims(0);
     let p = arange(0, 2);
     let i = arange(0, 2);
-    let l_rows = (rows * k_words)
+    let l_rows = (rows6 * k_words)
         .expand_dims(1)
         .expand_dims(2)
         .expand_dims(3);
-    let h_rows = (rows * (2 * blocks)).expand_dims(1).expand_dims(2);
-    let s6_rows = (rows * (2 * blocks)).expand_dims(1);
-    let l_words = (grp * 4).expand_dims(1).expand_dims(2) + (p * 2).expand_dims(1) + i;
-    let h_words = (grp * 2).expand_dims(1) + p.expand_dims(0);
+    let h_rows = (rows6 * (2 * blocks)).expand_dims(1).expand_dims(2);
+    let s6_rows = (rows6 * (2 * blocks)).expand_dims(1);
+    let d6_rows = (rows6 * (blocks / 8)).expand_dims(1);
+    let l_words = (grp6 * 4).expand_dims(1).expand_dims(2) + (p * 2).expand_dims(1) + i;
+    let h_words = (grp6 * 2).expand_dims(1) + p.expand_dims(0);
     let l_first = load(
         ql + l_rows + l_words.expand_dims(0),
         ok6.expand_dims(2).expand_dims(3),
         0,
     );
     let h_first = load(qh + h_rows + h_words.expand_dims(0), ok6.expand_dims(2), 0);
-    let sc0_first = load(scales6 + s6_rows + (grp * 2).expand_dims(0), ok6, 128);
-    let sc1_first = load(scales6 + s6_rows + (grp * 2 + 1).expand_dims(0), ok6, 128);
-    let d6_first = load(d6 + d_rows + (grp / 8).expand_dims(0), ok6, 0.0);
-    let b = load(bias + row0 + rows, row_ok, 0.0) as f32;
+    let sc0_first = load(scales6 + s6_rows + (grp6 * 2).expand_dims(0), ok6, 128);
+    let sc1_first = load(scales6 + s6_rows + (grp6 * 2 + 1).expand_dims(0), ok6, 128);
+    let d6_first = load(d6 + d6_rows + (grp6 / 8).expand_dims(0), ok6, 0.0);
+    let b = load(bias + rows, row_ok, 0.0) as f32;
+    let b6 = load(bias + n4 + rows6, row6_ok, 0.0) as f32;
     stamp_now::<STAMPS>(stamps, stamp_at, 0);
     wait_for_prior_kernels();
     stamp_now::<STAMPS>(stamps, stamp_at, 1);
@@ -1318,19 +1332,19 @@ pub fn q4_k_q6_k_gemv<
     if ACT == 1 {
         inv_rms = inv_rms_of::<1024>(a, k_words * 8, eps);
     }
-    let mut sums = zeros::<f32>([BLOCK_N]);
     if six {
-        sums = q6_k_row_sums::<BLOCK_K, ACT>(
+        let sums = q6_k_row_sums::<BLOCK_K6, ACT>(
             l_first, h_first, sc0_first, sc1_first, d6_first, ql, qh, scales6, d6, xq, xd, a,
-            norm_w, l_rows, h_rows, s6_rows, d_rows, l_words, h_words, ok2, blocks, grp, p, i,
+            norm_w, l_rows, h_rows, s6_rows, d6_rows, l_words, h_words, ok2_6, blocks, grp6, p, i,
         );
+        store(y + n4 + rows6, (sums * inv_rms + b6) as bf16, row6_ok);
     } else {
-        sums = q4_k_row_sums::<BLOCK_K, ACT, 0>(
+        let sums = q4_k_row_sums::<BLOCK_K, ACT, 0>(
             q_first, sc_first, m_first, d_first, dmin_first, q, scales, mins, d, dmin, xq, xd, a,
             norm_w, q_rows, s_rows, d_rows, words, ok2, blocks, grp, w,
         );
+        store(y + rows, (sums * inv_rms + b) as bf16, row_ok);
     }
-    store(y + row0 + rows, (sums * inv_rms + b) as bf16, row_ok);
     stamp_now::<STAMPS>(stamps, stamp_at, 2);
 }
 

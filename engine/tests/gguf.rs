@@ -926,37 +926,46 @@ fn random_q4_k(
 /// for both), each replaced matrix dequantized for the dense side. The logits stay
 /// within `quantized_step_matches_the_dense_step_on_dequantized_weights`' tolerance of
 /// the dense step over the same weights, on the interpreter and on the GPU (graph
-/// replays). Run twice, in child processes of this test binary (the setting is the
-/// process's environment): with `[gate; up]` writing the down projection's int8 input
-/// itself (`DeviceQuantMatrix::gemv_norm_silu_quantized`), where the step takes no
-/// launch more than the dense step's, and with the quantizer launch between them, one
-/// launch more a layer.
+/// replays). Run in child processes of this test binary (the settings are the process's
+/// environment), one a setting: the default, where `[gate; up]` writes the down
+/// projection's int8 input itself (`DeviceQuantMatrix::gemv_norm_silu_quantized`) and
+/// the step takes no launch more than the dense step's; with the quantizer launch
+/// between them; with the norms quantized by launches before the GEMVs (as at 8B's
+/// sizes), the `v` run in its own tile of the merged launch; and with those two runs
+/// in two launches. Each child checks its launch count against the settings.
 #[test]
 fn q4_k_m_layouts_in_fused_launches_match_the_dense_step() {
-    const VAR: &str = "TILEFUSE_QUANT_SILU_GATE_UP";
-    if std::env::var_os(VAR).is_some() {
+    const CHILD: &str = "TILEFUSE_GGUF_TEST_CHILD";
+    if std::env::var_os(CHILD).is_some() {
         return q4_k_m_layouts_match_the_dense_step();
     }
     let name = "q4_k_m_layouts_in_fused_launches_match_the_dense_step";
-    // The default tile, spelled as the override takes it, and none.
-    let t = tilefuse_engine::gguf::device::SILU_GATE_UP_TILE;
-    let default_tile = format!("{},{},{}", t.block_n, t.block_k, t.num_warps);
-    for setting in [default_tile.as_str(), "0"] {
+    let settings: [&[(&str, &str)]; 4] = [
+        &[],
+        &[("TILEFUSE_QUANT_SILU_GATE_UP", "0")],
+        &[("TILEFUSE_QUANT_NORM_FUSED", "0")],
+        &[
+            ("TILEFUSE_QUANT_NORM_FUSED", "0"),
+            ("TILEFUSE_QUANT_MERGE_RUNS", "fused"),
+        ],
+    ];
+    for vars in settings {
         let out = std::process::Command::new(std::env::current_exe().unwrap())
             .args([name, "--exact", "--test-threads=1", "--nocapture"])
-            .env(VAR, setting)
+            .env(CHILD, "1")
+            .envs(vars.iter().copied())
             .output()
             .unwrap();
         let text = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
         assert!(
             out.status.success() && text.contains("1 passed"),
-            "{VAR}={setting}:\n{text}"
+            "{vars:?}:\n{text}"
         );
     }
 }
 
 /// [`q4_k_m_layouts_in_fused_launches_match_the_dense_step`] under this process's
-/// `TILEFUSE_QUANT_SILU_GATE_UP`.
+/// settings.
 fn q4_k_m_layouts_match_the_dense_step() {
     use std::borrow::Cow;
     use tilefuse_dsl::half::bf16;
@@ -995,7 +1004,18 @@ fn q4_k_m_layouts_match_the_dense_step() {
         assert_eq!(q.v.as_ref().map(|m| m.ggml_type()), Some(GgmlType::Q6_K));
         assert!(q.down.is_some());
     }
-    assert!(tilefuse_engine::gguf::device::merges_runs());
+    use tilefuse_engine::gguf::device::{fuses_norm, merge_runs, silu_quantized_tile, MergeRuns};
+    // Launches a layer beyond the dense step's one a projection: a quantizer before
+    // each projection whose input the GEMV does not quantize itself, and the `v` run's
+    // own launch where the runs do not merge.
+    let fused = fuses_norm(cfg.q_dim() + 2 * kv, h).unwrap();
+    let merged = match merge_runs().unwrap() {
+        MergeRuns::Never => false,
+        MergeRuns::Fused => fused,
+        MergeRuns::Both { .. } => true,
+    };
+    let silu = fused && silu_quantized_tile().unwrap().is_some();
+    let extra = 2 * usize::from(!fused) + usize::from(!merged) + usize::from(!silu);
     let mut devices = vec![Device::cpu()];
     devices.extend(gpu_or_skip(
         "q4_k_m_layouts_in_fused_launches_match_the_dense_step",
@@ -1003,16 +1023,10 @@ fn q4_k_m_layouts_match_the_dense_step() {
     for dev in devices {
         let mut dense = Decoder::with_quant(&cfg, &mw, &QuantWeights::default(), &dev, 16).unwrap();
         let mut quant = Decoder::with_quant(&cfg, &mw, &qw, &dev, 16).unwrap();
-        // QKV one launch (its normed input quantized inside it), gate/up one and down
-        // its GEMV alone where gate/up writes down's int8 input, else a quantizer too.
-        let silu = tilefuse_engine::gguf::device::silu_quantized_tile()
-            .unwrap()
-            .is_some();
-        let extra = if silu { 0 } else { cfg.num_layers };
         assert_eq!(
             quant.kernels_per_step(),
-            dense.kernels_per_step() + extra,
-            "{dev}"
+            dense.kernels_per_step() + extra * cfg.num_layers,
+            "{dev}: fused {fused}, merged {merged}, silu {silu}"
         );
         if dev.is_cuda() {
             dense.capture().unwrap();

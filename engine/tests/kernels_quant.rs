@@ -782,10 +782,11 @@ fn the_quantizing_combine_matches_combine_then_quantize() {
 
 /// A Q4_K run and the Q6_K run under it in one launch (`launch_q4_k_q6_k`, Q4_K_M's QKV
 /// where `v` takes more bits) writes bit for bit what the two GEMVs write one after the
-/// other at the same configuration, with the input quantized before (`ACT = 0`) or
-/// inside the kernel (`ACT = 1`), random biases, outputs poisoned; runs of lengths that
-/// leave the last program of each partly masked. A pair in the other order, or a
-/// configuration the kernel is not compiled for, is an error that says so.
+/// other at the same configurations (one for both runs, or the Q6_K run in 2 or 4 rows
+/// of 2048 columns), with the input quantized before (`ACT = 0`) or inside the kernel
+/// (`ACT = 1`), random biases, outputs poisoned; runs of lengths that leave the last
+/// program of each partly masked. A pair in the other order, or configurations the
+/// kernel is not compiled for, is an error that says so.
 #[test]
 fn q4_k_and_q6_k_runs_in_one_launch_match_two() {
     use tilefuse_engine::gguf::device::launch_q4_k_q6_k;
@@ -808,18 +809,52 @@ fn q4_k_and_q6_k_runs_in_one_launch_match_two() {
             let norm_w = dev.upload(&c4.norm_w).unwrap();
             let bias: Vec<bf16> = c4.bias.iter().chain(&c6.bias).copied().collect();
             let bias = dev.upload(&bias).unwrap();
-            let mut configs = vec![(8, 512, 4), (16, 1024, 8)];
+            // (rows, columns, warps) of the Q4_K run, and the Q6_K run's rows and
+            // columns where they differ (without the norm inside only).
+            let mut configs = vec![((8, 512, 4), None), ((16, 1024, 8), None)];
+            configs.extend([
+                ((8, 1024, 4), Some((2, 2048))),
+                ((8, 1024, 8), Some((4, 2048))),
+            ]);
             if dev.is_cuda() {
-                configs.extend([(16, 1024, 4), (8, 1024, 4), (16, 512, 8)]);
+                configs.extend([(16, 1024, 4), (8, 1024, 4), (16, 512, 8)].map(|c| (c, None)));
+                configs.extend([
+                    ((8, 1024, 4), Some((4, 2048))),
+                    ((8, 1024, 8), Some((2, 2048))),
+                ]);
             }
-            for (block_n, block_k, num_warps) in configs {
+            for ((block_n, block_k, num_warps), tile6) in configs {
                 let cfg = QuantGemvConfig {
                     block_n,
                     block_k,
                     num_warps,
                 };
+                let (block_n6, block_k6) = tile6.unwrap_or((block_n, block_k));
+                let cfg6 = QuantGemvConfig {
+                    block_n: block_n6,
+                    block_k: block_k6,
+                    num_warps,
+                };
                 for fused in [false, true] {
-                    let what = format!("{n4}+{n6}x{k} {cfg:?} fused={fused} on {dev}");
+                    let what = format!("{n4}+{n6}x{k} {cfg:?} {cfg6:?} fused={fused} on {dev}");
+                    if fused && tile6.is_some() {
+                        // Not compiled: the launch says so and names both tiles.
+                        let mut spare = QuantSpare::new(&dev, k).unwrap();
+                        let mut y = dev.zeros(n4 + n6).unwrap();
+                        let input = Some((&a, &norm_w, EPS));
+                        let e = launch_q4_k_q6_k(
+                            &dev, cfg, cfg6, &m4, &m6, input, &bias, &mut y, &mut spare, false,
+                        )
+                        .unwrap_err()
+                        .to_string();
+                        let tile = format!("{block_n6},{block_k6},{num_warps}");
+                        assert!(
+                            e.contains("not compiled") || e.contains("compiled:"),
+                            "{what}: {e}"
+                        );
+                        assert!(e.contains(&tile), "{what}: {e}");
+                        continue;
+                    }
                     let mut spare = QuantSpare::new(&dev, k).unwrap();
                     let norm = QuantVariant::Norm {
                         norm_w: &norm_w,
@@ -829,7 +864,7 @@ fn q4_k_and_q6_k_runs_in_one_launch_match_two() {
                     let input = fused.then_some((&a, &norm_w, EPS));
                     // Two launches, each run's rows into its part of `want`.
                     let mut want = dev.alloc_filled(n4 + n6, bf16::NAN).unwrap();
-                    for (m, row0) in [(&m4, 0), (&m6, n4)] {
+                    for (m, row0, cfg) in [(&m4, 0, cfg), (&m6, n4, cfg6)] {
                         let out = QuantOut::Rows {
                             y: &mut want,
                             row0,
@@ -844,7 +879,7 @@ fn q4_k_and_q6_k_runs_in_one_launch_match_two() {
                     }
                     let mut got = dev.alloc_filled(n4 + n6, bf16::NAN).unwrap();
                     launch_q4_k_q6_k(
-                        &dev, cfg, &m4, &m6, input, &bias, &mut got, &mut spare, false,
+                        &dev, cfg, cfg6, &m4, &m6, input, &bias, &mut got, &mut spare, false,
                     )
                     .unwrap_or_else(|e| panic!("{what}: {e}"));
                     let (want, got) = (want.to_vec().unwrap(), got.to_vec().unwrap());
@@ -866,18 +901,22 @@ fn q4_k_and_q6_k_runs_in_one_launch_match_two() {
             let mut y = dev.zeros(n4 + n6).unwrap();
             let mut spare = QuantSpare::new(&dev, k).unwrap();
             let cfg = QuantGemvConfig::default();
-            let e = launch_q4_k_q6_k(&dev, cfg, &m4, &m6, None, &bias, &mut y, &mut spare, false)
-                .unwrap_err()
-                .to_string();
+            let e = launch_q4_k_q6_k(
+                &dev, cfg, cfg, &m4, &m6, None, &bias, &mut y, &mut spare, false,
+            )
+            .unwrap_err()
+            .to_string();
             assert!(e.contains("4,512,4"), "{e}");
             let cfg = QuantGemvConfig {
                 block_n: 8,
                 block_k: 512,
                 num_warps: 4,
             };
-            let e = launch_q4_k_q6_k(&dev, cfg, &m6, &m4, None, &bias, &mut y, &mut spare, false)
-                .unwrap_err()
-                .to_string();
+            let e = launch_q4_k_q6_k(
+                &dev, cfg, cfg, &m6, &m4, None, &bias, &mut y, &mut spare, false,
+            )
+            .unwrap_err()
+            .to_string();
             assert!(e.contains("Q6_K then Q4_K"), "{e}");
         }
     }

@@ -10,8 +10,8 @@ use tilefuse_dsl::runtime::{Buffer, Device, LaunchConfig};
 
 use crate::error::{EngineError, Result};
 use crate::gguf::device::{
-    launch_q4_k_q6_k, stamps_const, DeviceQuantMatrix, QuantGemvConfig, QuantOut, QuantRows,
-    QuantSpare, QuantTiles, QuantVariant, StampSlots, TokensTile,
+    launch_q4_k_q6_k, stamps_const, DeviceQuantMatrix, MergeRuns, QuantGemvConfig, QuantOut,
+    QuantRows, QuantSpare, QuantTiles, QuantVariant, StampSlots, TokensTile,
 };
 use crate::gguf::quant::{GgmlType, PackedMatrix};
 
@@ -66,7 +66,9 @@ impl Matrix {
             Matrix::Dense(_) => 1,
             Matrix::Quant(q) => {
                 let fused = normed && q.fuses_norm();
-                let runs = if fused && q.merges_fused_runs() {
+                // Only the normed GEMVs (QKV, gate/up) merge runs: the merged kernel
+                // has no residual.
+                let runs = if normed && q.merged_tiles(fused).is_some() {
                     1
                 } else {
                     q.parts.len()
@@ -102,9 +104,9 @@ pub(crate) struct QuantMatrix {
     /// down projection's int8 input itself, where it may
     /// ([`crate::gguf::device::silu_quantized_tile`], decided at upload).
     silu_tile: Option<QuantGemvConfig>,
-    /// Whether a Q4_K run followed by a Q6_K run may launch as one
-    /// ([`crate::gguf::device::merges_runs`], decided at upload for the same reason).
-    merge_allowed: bool,
+    /// Which GEMVs over a Q4_K run followed by a Q6_K run launch them as one
+    /// ([`crate::gguf::device::merge_runs`], decided at upload for the same reason).
+    merge: MergeRuns,
 }
 
 impl QuantMatrix {
@@ -154,7 +156,11 @@ impl QuantMatrix {
             head,
             fuses_norm,
             silu_tile,
-            merge_allowed: !head && crate::gguf::device::merges_runs(),
+            merge: if head {
+                MergeRuns::Never
+            } else {
+                crate::gguf::device::merge_runs()?
+            },
         })
     }
 
@@ -243,10 +249,12 @@ impl QuantMatrix {
     ) -> Result<()> {
         let cols = self.parts[0].m.cols;
         if let (QuantVariant::Norm { norm_w, eps }, true) = (variant, self.fuses_norm()) {
-            if let ([p4, p6], true) = (self.parts.as_slice(), self.merges_fused_runs()) {
-                let norm = Some((a, norm_w, eps));
-                let (cfg, serialized) = (p4.fused_cfg, launch.serialized);
-                return launch_q4_k_q6_k(dev, cfg, &p4.m, &p6.m, norm, bias, y, spare, serialized);
+            if let ([p4, p6], Some((cfg, cfg6))) = (self.parts.as_slice(), self.merged_tiles(true))
+            {
+                let (norm, serialized) = (Some((a, norm_w, eps)), launch.serialized);
+                return launch_q4_k_q6_k(
+                    dev, cfg, cfg6, &p4.m, &p6.m, norm, bias, y, spare, serialized,
+                );
             }
             for (i, p) in self.parts.iter().enumerate() {
                 let out = QuantOut::Rows {
@@ -263,22 +271,38 @@ impl QuantMatrix {
         self.gemv_quantized_input(dev, variant, y, bias, spare)
     }
 
-    /// Whether the normed GEMV over this matrix that quantizes its input itself
-    /// launches its Q4_K and Q6_K runs as one
-    /// ([`crate::gguf::device::launch_q4_k_q6_k`]): exactly those two runs, in that order,
-    /// at a configuration that kernel is compiled for (the first run's). Only there:
-    /// Qwen3-0.6B Q4_K_M's step 4% faster, while Qwen3-8B's QKV (its input quantized by
-    /// a launch before it, the `v` run then at the `[q; k]` run's tile) lost 1.2%
-    /// (docs/perf.md, "Q4_K and Q6_K runs in one launch").
-    pub(crate) fn merges_fused_runs(&self) -> bool {
-        match self.parts.as_slice() {
-            [p4, p6] if self.merge_allowed => {
-                p4.m.ggml_type() == GgmlType::Q4_K
-                    && p6.m.ggml_type() == GgmlType::Q6_K
-                    && p4.fused_cfg.merged_runs_compiled()
-            }
-            _ => false,
+    /// The tiles of the Q4_K and the Q6_K run where a GEMV over this matrix launches
+    /// both as one ([`crate::gguf::device::launch_q4_k_q6_k`]): exactly those two runs,
+    /// in that order, under [`MergeRuns`] (`fused`: the GEMV quantizes its normed input
+    /// itself, both runs then at the first run's fused tile), where that kernel is
+    /// compiled for them; else `None`. The fused merge made Qwen3-0.6B Q4_K_M's step 4%
+    /// faster, while Qwen3-8B's QKV with its `v` run at the `[q; k]` run's tile lost 1.2%
+    /// (docs/perf.md, "Q4_K and Q6_K runs in one launch"); the `v` run's own tile is
+    /// [`MergeRuns::Both`]'s.
+    pub(crate) fn merged_tiles(&self, fused: bool) -> Option<(QuantGemvConfig, QuantGemvConfig)> {
+        let [p4, p6] = self.parts.as_slice() else {
+            return None;
+        };
+        if p4.m.ggml_type() != GgmlType::Q4_K || p6.m.ggml_type() != GgmlType::Q6_K {
+            return None;
         }
+        let tiles = match (self.merge, fused) {
+            (MergeRuns::Never, _) => return None,
+            (_, true) => (p4.fused_cfg, p4.fused_cfg),
+            (MergeRuns::Fused, false) => return None,
+            (MergeRuns::Both { rows, cols }, false) => {
+                let cfg6 = QuantGemvConfig {
+                    block_n: rows,
+                    block_k: cols,
+                    num_warps: p4.cfg.num_warps,
+                };
+                (p4.cfg, cfg6)
+            }
+        };
+        tiles
+            .0
+            .merged_runs_compiled(&tiles.1, fused)
+            .then_some(tiles)
     }
 
     /// Whether a normed GEMV over this matrix, as `[gate; up]` (gate the first half of
@@ -329,6 +353,10 @@ impl QuantMatrix {
         bias: &Buffer<bf16>,
         spare: &mut QuantSpare,
     ) -> Result<()> {
+        let merged = self.merged_tiles(false).filter(|_| !variant.residual());
+        if let ([p4, p6], Some((cfg, cfg6))) = (self.parts.as_slice(), merged) {
+            return launch_q4_k_q6_k(dev, cfg, cfg6, &p4.m, &p6.m, None, bias, y, spare, false);
+        }
         for p in &self.parts {
             let out = QuantOut::Rows {
                 y: &mut *y,

@@ -93,13 +93,66 @@ pub fn dequant_tile(ty: GgmlType) -> (usize, usize) {
     }
 }
 
-/// Whether the decode step's normed GEMV over a Q4_K run followed by a Q6_K run
-/// (Q4_K_M's QKV where `v` takes more bits), when it quantizes its input itself
-/// ([`fuses_norm`]), launches both runs as one ([`launch_q4_k_q6_k`]) where its
-/// configuration is compiled for that kernel (docs/perf.md, "Q4_K and Q6_K runs in one
-/// launch"). The environment's `TILEFUSE_QUANT_MERGE_RUNS=0` turns it off.
-pub fn merges_runs() -> bool {
-    std::env::var("TILEFUSE_QUANT_MERGE_RUNS").ok().as_deref() != Some("0")
+/// Which normed GEMVs of the decode step over a Q4_K run followed by a Q6_K run
+/// (Q4_K_M's QKV where `v` takes more bits) launch both runs as one
+/// ([`launch_q4_k_q6_k`]) where the tiles are compiled for that kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MergeRuns {
+    /// Neither: two launches.
+    Never,
+    /// Only the GEMV that quantizes its normed input itself ([`fuses_norm`]), both runs
+    /// at its tile (docs/perf.md, "Q4_K and Q6_K runs in one launch").
+    Fused,
+    /// That one, and the GEMV over an input quantized before it, whose Q6_K run takes
+    /// `rows` rows of `cols`-column tiles at the Q4_K run's warps.
+    Both {
+        /// Rows a program of the Q6_K run.
+        rows: usize,
+        /// Columns a tile of the Q6_K run.
+        cols: usize,
+    },
+}
+
+/// The default of [`merge_runs`] for a GEMV over an input quantized before it: the
+/// Q6_K `v` run (1024 rows at Qwen3-8B) in 2 rows of 2048 columns.
+pub const MERGED_V_TILE: (usize, usize) = (2, 2048);
+
+/// Which GEMVs launch a Q4_K and a Q6_K run as one ([`MergeRuns`]); by default
+/// [`MergeRuns::Both`] with [`MERGED_V_TILE`]. The environment's
+/// `TILEFUSE_QUANT_MERGE_RUNS` overrides it: `0` never, `fused`, or `ROWS,COLS` (the
+/// Q6_K run's tile when the input is quantized before). A malformed value is an error
+/// that quotes it.
+pub fn merge_runs() -> Result<MergeRuns> {
+    match std::env::var("TILEFUSE_QUANT_MERGE_RUNS") {
+        Ok(v) => merge_runs_policy(&v),
+        Err(_) => Ok(MergeRuns::Both {
+            rows: MERGED_V_TILE.0,
+            cols: MERGED_V_TILE.1,
+        }),
+    }
+}
+
+/// [`merge_runs`] under the override `v`.
+fn merge_runs_policy(v: &str) -> Result<MergeRuns> {
+    match v.trim() {
+        "0" => return Ok(MergeRuns::Never),
+        "fused" => return Ok(MergeRuns::Fused),
+        _ => {}
+    }
+    let tile = v.split_once(',').and_then(|(r, c)| {
+        Some((
+            r.trim().parse::<usize>().ok()?,
+            c.trim().parse::<usize>().ok()?,
+        ))
+    });
+    match tile {
+        Some((rows, cols)) if rows > 0 && cols > 0 => Ok(MergeRuns::Both { rows, cols }),
+        _ => Err(crate::error::EngineError::Option {
+            message: format!(
+                "TILEFUSE_QUANT_MERGE_RUNS=`{v}`: expected 0, fused or ROWS,COLS (the Q6_K run's tile)"
+            ),
+        }),
+    }
 }
 
 /// The tile of the normed `[gate; up]` GEMV that writes the down projection's int8
@@ -481,13 +534,24 @@ impl QuantGemvConfig {
         Ok(base)
     }
 
-    /// Whether [`launch_q4_k_q6_k`] is compiled for this configuration (asked of the
-    /// kernel's own variant list: 8 or 16 rows of 512- or 1024-column tiles).
-    pub fn merged_runs_compiled(&self) -> bool {
-        let consts = [self.block_n as i64, self.block_k as i64, 0, 0];
-        Q4_K_Q6_K_GEMV
-            .variant(&consts, Some(self.num_warps))
-            .is_ok()
+    /// Whether [`launch_q4_k_q6_k`] is compiled with this configuration for the Q4_K run
+    /// and `q6` for the Q6_K run (`norm_fused`: the variant that quantizes its normed
+    /// input itself): the Q4_K run in 8 or 16 rows of 512- or 1024-column tiles, the
+    /// Q6_K run at the same tile, or, over an input quantized before, in 2 or 4 rows of
+    /// 2048 columns beside 8 rows of 1024; both at the same warps.
+    pub fn merged_runs_compiled(&self, q6: &QuantGemvConfig, norm_fused: bool) -> bool {
+        let consts = [
+            self.block_n as i64,
+            self.block_k as i64,
+            q6.block_n as i64,
+            q6.block_k as i64,
+            i64::from(norm_fused),
+            0,
+        ];
+        self.num_warps == q6.num_warps
+            && Q4_K_Q6_K_GEMV
+                .variant(&consts, Some(self.num_warps))
+                .is_ok()
     }
 
     /// An error unless this configuration is compiled (for an LM head: and its
@@ -1215,14 +1279,17 @@ impl DeviceQuantMatrix {
 
 /// `y = bf16(W · x + bias)` over a Q4_K matrix `q4` and the Q6_K matrix `q6` stacked
 /// under it (rows `q4.rows..` of `y` and `bias`) in one launch
-/// ([`crate::kernels_quant::q4_k_q6_k_gemv`]), both at `cfg`: over the activation in
-/// `spare`, or with `norm = Some((a, norm_w, eps))` over RMSNorm of `a` quantized in the
-/// kernel ([`DeviceQuantMatrix::gemv_norm_fused`]). The same rows as the two GEMVs one
-/// after the other at `cfg`. `serialized`: the launch waits for all earlier work.
+/// ([`crate::kernels_quant::q4_k_q6_k_gemv`]), the Q4_K rows at `cfg` and the Q6_K
+/// rows at `cfg6` (see [`QuantGemvConfig::merged_runs_compiled`]): over the activation
+/// in `spare`, or with `norm = Some((a, norm_w, eps))` over RMSNorm of `a` quantized in
+/// the kernel ([`DeviceQuantMatrix::gemv_norm_fused`]). The same rows as the two GEMVs
+/// one after the other at those configurations. `serialized`: the launch waits for all
+/// earlier work.
 #[allow(clippy::too_many_arguments)]
 pub fn launch_q4_k_q6_k(
     dev: &Device,
     cfg: QuantGemvConfig,
+    cfg6: QuantGemvConfig,
     q4: &DeviceQuantMatrix,
     q6: &DeviceQuantMatrix,
     norm: Option<(&Buffer<bf16>, &Buffer<bf16>, f32)>,
@@ -1262,16 +1329,16 @@ pub fn launch_q4_k_q6_k(
         && y.len() >= rows
         && bias.len() >= rows
         && norm.is_none_or(|(a, w, _)| a.len() >= cols && w.len() >= cols);
-    if !cfg.merged_runs_compiled() || !fits {
+    if !cfg.merged_runs_compiled(&cfg6, norm.is_some()) || !fits {
         return Err(crate::error::EngineError::Option {
             message: format!(
-                "one launch for a {}x{} Q4_K run and a {}x{} Q6_K run at {},{},{} (compiled: 8 or 16 rows of 512 or 1024 columns) into {} outputs",
-                q4.rows, cols, q6.rows, q6.cols, cfg.block_n, cfg.block_k, cfg.num_warps, y.len()
+                "one launch for a {}x{} Q4_K run at {},{},{} and a {}x{} Q6_K run at {},{},{} (compiled: 8 or 16 rows of 512 or 1024 columns for both, or 2 or 4 rows of 2048 for the Q6_K run beside 8 of 1024 without the norm inside; the same warps) into {} outputs",
+                q4.rows, cols, cfg.block_n, cfg.block_k, cfg.num_warps, q6.rows, q6.cols, cfg6.block_n, cfg6.block_k, cfg6.num_warps, y.len()
             ),
         });
     }
     let programs4 = cfg.grid(q4.rows);
-    let grid = programs4 + cfg.grid(q6.rows);
+    let grid = programs4 + cfg6.grid(q6.rows);
     let mut launch = LaunchConfig::from(grid).num_warps(cfg.num_warps);
     if serialized {
         launch = launch.serialized();
@@ -1305,6 +1372,8 @@ pub fn launch_q4_k_q6_k(
     let consts = [
         cfg.block_n as i64,
         cfg.block_k as i64,
+        cfg6.block_n as i64,
+        cfg6.block_k as i64,
         i64::from(norm.is_some()),
         stamps_const(stamp_at),
     ];
