@@ -39,12 +39,13 @@
 //!   quantized GEMV");
 //! - `RESIDUAL = 1`: `y = bf16(y + bf16(W · x + bias))`, as
 //!   [`gemv_residual`](crate::kernels::gemv_residual);
-//! - `SILU_Q = 1` (Q4_K, with `ACT = 1`): the normed `[gate; up]` GEMV (`n` rows, gate
-//!   the first half) that writes no `y` but the down projection's int8 input: program
-//!   `j` takes gate rows `32 j ..` and the same up rows (64 rows, `BLOCK_N = 64`),
-//!   rounds both as `y` would be stored, and writes `x = bf16(bf16(silu(g)) * u)` as
-//!   activation block `j` in `xq` / `xd`, exactly what [`quantize_act`] `MODE = 2` would
-//!   write from `y`. The step then launches no quantizer between gate/up and down
+//! - `SILU_Q = 1` (Q4_K): the `[gate; up]` GEMV (`n` rows, gate the first half) that
+//!   writes no `y` but the down projection's int8 input: program `j` takes gate rows
+//!   `32 j ..` and the same up rows (64 rows, `BLOCK_N = 64`), rounds both as `y` would
+//!   be stored, and writes `x = bf16(bf16(silu(g)) * u)` as activation block `j` in
+//!   `out_q` / `out_d`, exactly what [`quantize_act`] `MODE = 2` would write from `y`.
+//!   Its normed input is quantized inside (`ACT = 1`) or before it into `xq` / `xd`
+//!   (`ACT = 0`). The step then launches no quantizer between gate/up and down
 //!   (`gguf::device::DeviceQuantMatrix::gemv_norm_silu_quantized`; docs/perf.md,
 //!   "`silu(gate) * up` quantized by the gate/up GEMV");
 //! - `HEAD = 1`: the LM head: the bf16 logits `bf16(W · x)` stored as f32 in `logits`,
@@ -728,12 +729,12 @@ fn q4_k_row_sums_prefetch<const BLOCK_K: usize, const ACT: usize>(
     skip(EVEN = 1, BLOCK_N = [1, 2, 16, 32, 64]),
     skip(EVEN = 1, BLOCK_K = [256, 512]),
     // 1: the normed gate/up GEMV that writes down's int8 input (see the module docs):
-    // 32 gate and the same 32 up rows a program.
+    // 32 gate and the same 32 up rows a program, the input quantized inside (`ACT = 1`)
+    // or before (`ACT = 0`, into `xq` and `xd` while down's goes to `out_q`, `out_d`).
     SILU_Q = [0, 1],
     skip(SILU_Q = 0, BLOCK_N = 64),
     skip(SILU_Q = 1, BLOCK_N = [1, 2, 4, 8, 16, 32]),
     skip(SILU_Q = 1, BLOCK_K = [256, 2048]),
-    skip(SILU_Q = 1, ACT = 0),
     skip(SILU_Q = 1, HEAD = 1),
     skip(SILU_Q = 1, RESIDUAL = 1),
     // 248 registers and a spill at 4 warps (tests/ptxas_all.rs): 1024 columns take 8.
@@ -758,6 +759,8 @@ pub fn q4_k_gemv<
     dmin: Ptr<f16>,
     xq: Ptr<i32>,
     xd: Ptr<f32>,
+    out_q: Ptr<i32>,
+    out_d: Ptr<f32>,
     a: Ptr<bf16>,
     norm_w: Ptr<bf16>,
     bias: Ptr<bf16>,
@@ -841,7 +844,7 @@ pub fn q4_k_gemv<
         let u = select(part == 1, proj, 0.0).sum(0);
         let x = ((g / (1.0 + exp(-g))) as bf16 as f32 * u) as bf16 as f32;
         let blk = program_id(0) + arange(0, 1);
-        store_blocks(x.reshape([1, 2, 4, 4]), blk, blk * 32 < n / 2, xq, xd);
+        store_blocks(x.reshape([1, 2, 4, 4]), blk, blk * 32 < n / 2, out_q, out_d);
     } else {
         store_rows::<RESIDUAL, HEAD>(
             y,

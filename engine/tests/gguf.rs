@@ -931,8 +931,10 @@ fn random_q4_k(
 /// projection's int8 input itself (`DeviceQuantMatrix::gemv_norm_silu_quantized`) and
 /// the step takes no launch more than the dense step's; with the quantizer launch
 /// between them; with the norms quantized by launches before the GEMVs (as at 8B's
-/// sizes), the `v` run in its own tile of the merged launch; and with those two runs
-/// in two launches. Each child checks its launch count against the settings.
+/// sizes), the `v` run in its own tile of the merged launch; with those two runs in
+/// two launches; and with the norms quantized before the GEMVs and `[gate; up]`
+/// writing down's input (the spare's two pairs of activation buffers trading places).
+/// Each child checks its launch count against the settings.
 #[test]
 fn q4_k_m_layouts_in_fused_launches_match_the_dense_step() {
     const CHILD: &str = "TILEFUSE_GGUF_TEST_CHILD";
@@ -940,13 +942,17 @@ fn q4_k_m_layouts_in_fused_launches_match_the_dense_step() {
         return q4_k_m_layouts_match_the_dense_step();
     }
     let name = "q4_k_m_layouts_in_fused_launches_match_the_dense_step";
-    let settings: [&[(&str, &str)]; 4] = [
+    let settings: [&[(&str, &str)]; 5] = [
         &[],
         &[("TILEFUSE_QUANT_SILU_GATE_UP", "0")],
         &[("TILEFUSE_QUANT_NORM_FUSED", "0")],
         &[
             ("TILEFUSE_QUANT_NORM_FUSED", "0"),
             ("TILEFUSE_QUANT_MERGE_RUNS", "fused"),
+        ],
+        &[
+            ("TILEFUSE_QUANT_NORM_FUSED", "0"),
+            ("TILEFUSE_QUANT_SILU_GATE_UP_UNFUSED", "64,1024,8"),
         ],
     ];
     for vars in settings {
@@ -1014,7 +1020,7 @@ fn q4_k_m_layouts_match_the_dense_step() {
         MergeRuns::Fused => fused,
         MergeRuns::Both { .. } => true,
     };
-    let silu = fused && silu_quantized_tile().unwrap().is_some();
+    let silu = silu_quantized_tile(fused).unwrap().is_some();
     let extra = 2 * usize::from(!fused) + usize::from(!merged) + usize::from(!silu);
     let mut devices = vec![Device::cpu()];
     devices.extend(gpu_or_skip(

@@ -584,8 +584,10 @@ fn q6_k_gemv_matches_host() {
 /// at each head width and chunk, on every device.
 /// The normed `[gate; up]` GEMV that writes the down projection's int8 input itself
 /// (`gemv_norm_silu_quantized`, Q4_K `SILU_Q = 1`: 32 gate rows and the same 32 up rows
-/// a program) against the normed GEMV's rows (`gemv_norm_fused`) quantized by the
-/// host as `quantize_act` `MODE = 2` would: every block within half a step of
+/// a program), its normed input quantized inside it or by a launch before it (then
+/// down's input lands in the spare's other pair of buffers, which trade places),
+/// against the normed GEMV's rows (`gemv_norm_fused`, or the quantizer and the plain
+/// GEMV) quantized by the host as `quantize_act` `MODE = 2` would: every block within half a step of
 /// `bf16(bf16(silu(g)) * u)` of those rows (and a bf16 step of it where the two
 /// GEMVs' row sums, summed in other orders, round to neighbouring bf16 values), and
 /// nearly every block bit for bit, on fresh random matrices and inputs.
@@ -614,55 +616,73 @@ fn the_gate_up_gemv_writes_downs_int8_input() {
             let (a, norm_w) = (dev.upload(&c.a).unwrap(), dev.upload(&c.norm_w).unwrap());
             let bias = dev.upload(&c.bias).unwrap();
             let mut spare = QuantSpare::new(&dev, k.max(n / 2)).unwrap();
-            let mut y = dev.alloc_filled(n, bf16::NAN).unwrap();
             let rows_cfg = QuantGemvConfig {
                 block_n: 8,
                 block_k: 512,
                 num_warps: 4,
             };
-            let out = QuantOut::Rows {
-                y: &mut y,
-                row0: 0,
-                bias: &bias,
-            };
-            m.gemv_norm_fused(&dev, rows_cfg, &a, &norm_w, EPS, out, &mut spare, false)
+            // The input quantized inside the GEMV (`ACT = 1`) or by a launch before it.
+            for fused in [true, false] {
+                let mut y = dev.alloc_filled(n, bf16::NAN).unwrap();
+                let out = QuantOut::Rows {
+                    y: &mut y,
+                    row0: 0,
+                    bias: &bias,
+                };
+                if fused {
+                    m.gemv_norm_fused(&dev, rows_cfg, &a, &norm_w, EPS, out, &mut spare, false)
+                } else {
+                    let norm = QuantVariant::Norm {
+                        norm_w: &norm_w,
+                        eps: EPS,
+                    };
+                    m.launch(&dev, rows_cfg, norm, &a, out, &mut spare, false)
+                }
                 .unwrap();
-            let y = y.to_vec().unwrap();
-            let half = n / 2;
-            let x: Vec<f32> = (0..half)
-                .map(|j| bf16::from_f32(silu_mul_f32(y[j], y[half + j])).to_f32())
-                .collect();
-            let (hq, hd) = host_quantize(&x);
-            // 1024 columns at 4 warps spill (tests/ptxas_all.rs), so none is compiled.
-            assert!(!m.silu_quantized_compiled(tile(1024, 4)));
-            for &cfg in &tiles {
-                let what = format!("Q4_K {n}x{k} {cfg:?} gate/up to down's input on {dev}");
-                assert!(m.silu_quantized_compiled(cfg), "{what}: not compiled");
-                let mut spare = QuantSpare::new(&dev, k.max(half)).unwrap();
-                m.gemv_norm_silu_quantized(&dev, cfg, &a, &norm_w, EPS, &bias, &mut spare, false)
-                    .unwrap_or_else(|e| panic!("{what}: {e}"));
-                let (xq, xd) = spare.activation();
-                let (xq, xd) = (xq.to_vec().unwrap(), xd.to_vec().unwrap());
-                let (q, got) = unpack(&xq, &xd, half);
-                for (e, &want) in x.iter().enumerate() {
-                    let step = xd[e / 32] as f64;
-                    let want = want as f64;
-                    let tol = step * 0.5 + want.abs() / 64.0 + 1e-30;
+                let y = y.to_vec().unwrap();
+                let half = n / 2;
+                let x: Vec<f32> = (0..half)
+                    .map(|j| bf16::from_f32(silu_mul_f32(y[j], y[half + j])).to_f32())
+                    .collect();
+                let (hq, hd) = host_quantize(&x);
+                // 1024 columns at 4 warps spill (tests/ptxas_all.rs), so none is compiled.
+                assert!(!m.silu_quantized_compiled(tile(1024, 4), fused));
+                for &cfg in &tiles {
+                    let what = format!(
+                        "Q4_K {n}x{k} {cfg:?} norm inside {fused} gate/up to down's input on {dev}"
+                    );
                     assert!(
-                        (got[e] - want).abs() <= tol && q[e].abs() <= 127,
-                        "{what}: element {e}: {} (q {}, step {step:e}) for {want}",
-                        got[e],
-                        q[e]
+                        m.silu_quantized_compiled(cfg, fused),
+                        "{what}: not compiled"
+                    );
+                    let mut spare = QuantSpare::new(&dev, k.max(half)).unwrap();
+                    m.gemv_norm_silu_quantized(
+                        &dev, cfg, fused, &a, &norm_w, EPS, &bias, &mut spare, false,
+                    )
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+                    let (xq, xd) = spare.activation();
+                    let (xq, xd) = (xq.to_vec().unwrap(), xd.to_vec().unwrap());
+                    let (q, got) = unpack(&xq, &xd, half);
+                    for (e, &want) in x.iter().enumerate() {
+                        let step = xd[e / 32] as f64;
+                        let want = want as f64;
+                        let tol = step * 0.5 + want.abs() / 64.0 + 1e-30;
+                        assert!(
+                            (got[e] - want).abs() <= tol && q[e].abs() <= 127,
+                            "{what}: element {e}: {} (q {}, step {step:e}) for {want}",
+                            got[e],
+                            q[e]
+                        );
+                    }
+                    let blocks = half / 32;
+                    let exact = (0..blocks)
+                        .filter(|&b| xd[b] == hd[b] && xq[8 * b..8 * b + 8] == hq[8 * b..8 * b + 8])
+                        .count();
+                    assert!(
+                        exact * 10 >= blocks * 9,
+                        "{what}: {exact} of {blocks} blocks bit for bit"
                     );
                 }
-                let blocks = half / 32;
-                let exact = (0..blocks)
-                    .filter(|&b| xd[b] == hd[b] && xq[8 * b..8 * b + 8] == hq[8 * b..8 * b + 8])
-                    .count();
-                assert!(
-                    exact * 10 >= blocks * 9,
-                    "{what}: {exact} of {blocks} blocks bit for bit"
-                );
             }
         }
     }

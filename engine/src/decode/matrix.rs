@@ -145,10 +145,10 @@ impl QuantMatrix {
         }
         let rows = parts.iter().map(|p| p.m.rows).sum();
         let fuses_norm = !head && crate::gguf::device::fuses_norm(rows, parts[0].m.cols)?;
-        // One run (gate and up rows of one program share it) whose norm is fused.
-        let silu_tile = match (fuses_norm, parts.as_slice()) {
-            (true, [p]) => crate::gguf::device::silu_quantized_tile()?
-                .filter(|&cfg| p.m.silu_quantized_compiled(cfg) && p.m.rows % 64 == 0),
+        // One run (gate and up rows of one program share it).
+        let silu_tile = match parts.as_slice() {
+            [p] if !head => crate::gguf::device::silu_quantized_tile(fuses_norm)?
+                .filter(|&cfg| p.m.silu_quantized_compiled(cfg, fuses_norm) && p.m.rows % 64 == 0),
             _ => None,
         };
         Ok(QuantMatrix {
@@ -307,15 +307,17 @@ impl QuantMatrix {
 
     /// Whether a normed GEMV over this matrix, as `[gate; up]` (gate the first half of
     /// its rows), writes `silu(gate) * up` as the down projection's int8 input itself
-    /// ([`QuantMatrix::gemv_norm_silu_quantized`]) instead of its rows: one run of Q4_K
-    /// with its norm fused, rows a multiple of 64, and the variant compiled.
+    /// ([`QuantMatrix::gemv_norm_silu_quantized`]) instead of its rows: one run of Q4_K,
+    /// rows a multiple of 64, a tile from [`crate::gguf::device::silu_quantized_tile`]
+    /// for its norm inside the GEMV or before it, and the variant compiled.
     pub(crate) fn silu_quantizes(&self) -> bool {
         self.silu_tile.is_some()
     }
 
     /// `silu(gate) * up` of the normed GEMV over this `[gate; up]` matrix plus `bias`,
-    /// written as the down projection's int8 input into `spare` in one launch
-    /// ([`DeviceQuantMatrix::gemv_norm_silu_quantized`]); an error unless
+    /// written as the down projection's int8 input into `spare`, in one launch or after
+    /// the normed input's quantizer ([`DeviceQuantMatrix::gemv_norm_silu_quantized`]);
+    /// an error unless
     /// [`QuantMatrix::silu_quantizes`].
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn gemv_norm_silu_quantized(
@@ -334,7 +336,8 @@ impl QuantMatrix {
             });
         };
         let serialized = launch.serialized;
-        p.m.gemv_norm_silu_quantized(dev, cfg, a, norm_w, eps, bias, spare, serialized)
+        let fused = self.fuses_norm;
+        p.m.gemv_norm_silu_quantized(dev, cfg, fused, a, norm_w, eps, bias, spare, serialized)
     }
 
     /// Whether a normed GEMV over this matrix quantizes its input inside the GEMV

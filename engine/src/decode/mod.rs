@@ -386,13 +386,13 @@ impl Decoder {
                 })
                 .sum(),
             // A quantized gate/up before a dense down is followed by `silu_mul_in_place`;
-            // before a quantized down it may write down's input itself, in one launch.
+            // before a quantized down it may write down's input itself.
             Block::GateUp => self
                 .layers
                 .iter()
                 .map(|l| {
                     if l.gate_up_w.silu_quantizes() && l.down_w.dense().is_none() {
-                        return 1;
+                        return l.gate_up_w.launches(true);
                     }
                     let silu = l.gate_up_w.dense().is_none() && l.down_w.dense().is_some();
                     l.gate_up_w.launches(true) + usize::from(silu)

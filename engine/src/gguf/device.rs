@@ -156,15 +156,23 @@ fn merge_runs_policy(v: &str) -> Result<MergeRuns> {
 }
 
 /// The tile of the normed `[gate; up]` GEMV that writes the down projection's int8
-/// input itself ([`DeviceQuantMatrix::gemv_norm_silu_quantized`]), or `None` where the
-/// step keeps a quantizer launch between gate/up and down: by default 64 rows of
-/// 1024-column tiles over 8 warps (docs/perf.md, "`silu(gate) * up` quantized by the
-/// gate/up GEMV"). The environment's `TILEFUSE_QUANT_SILU_GATE_UP` overrides it: `0`
-/// for none, or `64,COLS,WARPS`. A malformed value is an error that quotes it.
-pub fn silu_quantized_tile() -> Result<Option<QuantGemvConfig>> {
-    match std::env::var("TILEFUSE_QUANT_SILU_GATE_UP") {
-        Ok(v) => silu_tile_policy(&v),
-        Err(_) => Ok(Some(SILU_GATE_UP_TILE)),
+/// input itself ([`DeviceQuantMatrix::gemv_norm_silu_quantized`]) when it quantizes its
+/// normed input itself (`fused`, [`fuses_norm`]) or not, or `None` where the step keeps
+/// a quantizer launch between gate/up and down. With the norm inside, by default 64
+/// rows of 1024-column tiles over 8 warps (docs/perf.md, "`silu(gate) * up` quantized
+/// by the gate/up GEMV"); the environment's `TILEFUSE_QUANT_SILU_GATE_UP` overrides
+/// it: `0` for none, or `64,COLS,WARPS`. Without, by default none;
+/// `TILEFUSE_QUANT_SILU_GATE_UP_UNFUSED` takes the same values. A malformed value is an
+/// error that quotes it.
+pub fn silu_quantized_tile(fused: bool) -> Result<Option<QuantGemvConfig>> {
+    let var = if fused {
+        "TILEFUSE_QUANT_SILU_GATE_UP"
+    } else {
+        "TILEFUSE_QUANT_SILU_GATE_UP_UNFUSED"
+    };
+    match std::env::var(var) {
+        Ok(v) => silu_tile_policy(var, &v),
+        Err(_) => Ok(fused.then_some(SILU_GATE_UP_TILE)),
     }
 }
 
@@ -175,8 +183,8 @@ pub const SILU_GATE_UP_TILE: QuantGemvConfig = QuantGemvConfig {
     num_warps: 8,
 };
 
-/// [`silu_quantized_tile`] under the override `v`.
-fn silu_tile_policy(v: &str) -> Result<Option<QuantGemvConfig>> {
+/// [`silu_quantized_tile`] under the override `v` of the variable `var`.
+fn silu_tile_policy(var: &str, v: &str) -> Result<Option<QuantGemvConfig>> {
     if v.trim() == "0" {
         return Ok(None);
     }
@@ -184,7 +192,7 @@ fn silu_tile_policy(v: &str) -> Result<Option<QuantGemvConfig>> {
         Some(cfg) if cfg.block_n == 64 => Ok(Some(cfg)),
         _ => Err(crate::error::EngineError::Option {
             message: format!(
-                "TILEFUSE_QUANT_SILU_GATE_UP=`{v}`: expected 0 or 64,COLS,WARPS (COLS 512 with WARPS 4 or 8, or 1024 with 8)"
+                "{var}=`{v}`: expected 0 or 64,COLS,WARPS (COLS 512 with WARPS 4 or 8, or 1024 with 8)"
             ),
         }),
     }
@@ -856,19 +864,22 @@ impl DeviceQuantMatrix {
     }
 
     /// `silu(gate) * up` of `y = bf16(W · rmsnorm(a) + bias)` over this `[gate; up]`
-    /// matrix (gate the first half of its rows) in one launch, written as the down
-    /// projection's int8 input into `spare` ([`QuantSpare::activation`]): the Q4_K
-    /// GEMV's `SILU_Q = 1` variant, each program 32 gate rows and the same 32 up rows
-    /// (`cfg.block_n` 64), quantizing the normed input itself as
-    /// [`DeviceQuantMatrix::gemv_norm_fused`] does. The same int8 blocks as that GEMV
-    /// followed by [`QuantSpare::quantize`] with [`QuantVariant::SiluMulResidual`],
-    /// but for the row sums' order. An error unless
+    /// matrix (gate the first half of its rows), written as the down projection's int8
+    /// input into `spare` ([`QuantSpare::activation`]): the Q4_K GEMV's `SILU_Q = 1`
+    /// variant, each program 32 gate rows and the same 32 up rows (`cfg.block_n` 64).
+    /// With `fused` it quantizes the normed input itself as
+    /// [`DeviceQuantMatrix::gemv_norm_fused`] does (one launch); else a quantizer
+    /// launch first writes it into `spare`, and the GEMV writes down's input into the
+    /// spare's second pair of buffers, which then trades places with the first. The
+    /// same int8 blocks as that GEMV followed by [`QuantSpare::quantize`] with
+    /// [`QuantVariant::SiluMulResidual`], but for the row sums' order. An error unless
     /// [`DeviceQuantMatrix::silu_quantized_compiled`] and the half is a multiple of 32.
     #[allow(clippy::too_many_arguments)]
     pub fn gemv_norm_silu_quantized(
         &self,
         dev: &Device,
         cfg: QuantGemvConfig,
+        fused: bool,
         a: &Buffer<bf16>,
         norm_w: &Buffer<bf16>,
         eps: f32,
@@ -877,7 +888,7 @@ impl DeviceQuantMatrix {
         serialized: bool,
     ) -> Result<()> {
         let half = self.rows / 2;
-        if !self.silu_quantized_compiled(cfg)
+        if !self.silu_quantized_compiled(cfg, fused)
             || self.rows % 64 != 0
             || half > spare.cols
             || a.len() < self.cols
@@ -886,11 +897,11 @@ impl DeviceQuantMatrix {
         {
             return Err(crate::error::EngineError::Option {
                 message: format!(
-                    "a [gate; up] GEMV writing down's int8 input over a {} {}x{} matrix at {cfg:?} (compiled: {}; rows a multiple of 64) with activation buffers for {}, an input of {}, norm weights of {} and a bias of {}",
+                    "a [gate; up] GEMV writing down's int8 input over a {} {}x{} matrix at {cfg:?} (norm inside: {fused}; compiled: {}; rows a multiple of 64) with activation buffers for {}, an input of {}, norm weights of {} and a bias of {}",
                     self.ggml_type().name(),
                     self.rows,
                     self.cols,
-                    self.silu_quantized_compiled(cfg),
+                    self.silu_quantized_compiled(cfg, fused),
                     spare.cols,
                     a.len(),
                     norm_w.len(),
@@ -898,24 +909,24 @@ impl DeviceQuantMatrix {
                 ),
             });
         }
-        self.launch_kernel(
-            dev,
-            cfg,
-            false,
-            Some((a, norm_w, eps)),
-            QuantOut::DownInput { bias },
-            spare,
-            serialized,
-        )
+        let out = QuantOut::DownInput { bias };
+        if fused {
+            let norm = Some((a, norm_w, eps));
+            return self.launch_kernel(dev, cfg, false, norm, out, spare, serialized);
+        }
+        let variant = QuantVariant::Norm { norm_w, eps };
+        spare.quantize(dev, variant, a, self.cols, false, serialized)?;
+        self.launch_kernel(dev, cfg, false, None, out, spare, false)
     }
 
     /// Whether [`DeviceQuantMatrix::gemv_norm_silu_quantized`]'s variant is compiled
-    /// for this matrix at `cfg` (Q4_K; 64 rows of 512 or 1024 columns, 4 or 8 warps).
-    pub fn silu_quantized_compiled(&self, cfg: QuantGemvConfig) -> bool {
+    /// for this matrix at `cfg` (Q4_K; 64 rows of 512 or 1024 columns, 4 or 8 warps,
+    /// but 1024 columns over 8 only), with the norm inside (`fused`) or not.
+    pub fn silu_quantized_compiled(&self, cfg: QuantGemvConfig, fused: bool) -> bool {
         matches!(self.buffers, QuantBuffers::Q4K { .. })
             && Q4_K_GEMV
                 .variant(
-                    &self.gemv_consts(cfg, false, false, true, true, false),
+                    &self.gemv_consts(cfg, false, false, fused, true, false),
                     Some(cfg.num_warps),
                 )
                 .is_ok()
@@ -1219,15 +1230,28 @@ impl DeviceQuantMatrix {
             });
         }
         let silu_q = matches!(out, QuantOut::DownInput { .. });
+        // The `SILU_Q` variant over an input quantized before it reads `xq`/`xd` and
+        // writes down's input into the other pair, and the pairs trade places after
+        // the launch; the variant that quantizes its input itself writes into `xq`/`xd`.
+        let swap = silu_q && norm.is_none();
         let mut launch = LaunchConfig::from(cfg.grid(self.rows)).num_warps(cfg.num_warps);
         if serialized {
             launch = launch.serialized();
         }
         let n = self.rows as i32;
         let (mut args, k_words) = self.weight_args();
-        // Written by the `SILU_Q` variant only (each variant's loads are qualified by
-        // its own stores), but a kernel's parameters are declared once.
-        args.extend([(&mut spare.xq).into(), (&mut spare.xd).into()]);
+        // The Q4_K kernel's `out_q`/`out_d` are written by its `SILU_Q` variant only,
+        // but a kernel's parameters are declared once.
+        let q4_k = matches!(self.buffers, QuantBuffers::Q4K { .. });
+        if silu_q && !swap {
+            args.extend([(&spare.out_q).into(), (&spare.out_d).into()]);
+            args.extend([(&mut spare.xq).into(), (&mut spare.xd).into()]);
+        } else if q4_k {
+            args.extend([(&spare.xq).into(), (&spare.xd).into()]);
+            args.extend([(&mut spare.out_q).into(), (&mut spare.out_d).into()]);
+        } else {
+            args.extend([(&spare.xq).into(), (&spare.xd).into()]);
+        }
         // Without the norm prologue `a` and `norm_w` are not read.
         let (a, norm_w, eps) = norm.unwrap_or((&spare.bias, &spare.bias, 0.0));
         args.extend([a.into(), norm_w.into()]);
@@ -1273,6 +1297,10 @@ impl DeviceQuantMatrix {
         let act = norm.is_some();
         let consts = self.gemv_consts(cfg, residual && !head, head, act, silu_q, stamp_at >= 0);
         self.kernel().launch_dyn(dev, launch, &consts, &mut args)?;
+        if swap {
+            std::mem::swap(&mut spare.xq, &mut spare.out_q);
+            std::mem::swap(&mut spare.xd, &mut spare.out_d);
+        }
         Ok(())
     }
 }
@@ -1454,6 +1482,11 @@ pub struct QuantSpare {
     xq: Buffer<i32>,
     /// `[cols / 32]` block scales.
     xd: Buffer<f32>,
+    /// A second pair like `xq` and `xd`: where the `[gate; up]` GEMV over `xq` writes
+    /// the down projection's input, the two pairs then trading places
+    /// ([`DeviceQuantMatrix::gemv_norm_silu_quantized`] without the norm inside).
+    out_q: Buffer<i32>,
+    out_d: Buffer<f32>,
     logits: Buffer<f32>,
     part_val: Buffer<f32>,
     part_idx: Buffer<i32>,
@@ -1472,6 +1505,8 @@ impl QuantSpare {
             cols,
             xq: dev.zeros(cols / 4)?,
             xd: dev.zeros(cols / 32)?,
+            out_q: dev.zeros(cols / 4)?,
+            out_d: dev.zeros(cols / 32)?,
             logits: dev.zeros(1)?,
             part_val: dev.zeros(1)?,
             part_idx: dev.zeros(1)?,
