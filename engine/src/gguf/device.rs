@@ -113,22 +113,16 @@ pub enum MergeRuns {
     },
 }
 
-/// The default of [`merge_runs`] for a GEMV over an input quantized before it: the
-/// Q6_K `v` run (1024 rows at Qwen3-8B) in 2 rows of 2048 columns.
-pub const MERGED_V_TILE: (usize, usize) = (2, 2048);
-
 /// Which GEMVs launch a Q4_K and a Q6_K run as one ([`MergeRuns`]); by default
-/// [`MergeRuns::Both`] with [`MERGED_V_TILE`]. The environment's
-/// `TILEFUSE_QUANT_MERGE_RUNS` overrides it: `0` never, `fused`, or `ROWS,COLS` (the
-/// Q6_K run's tile when the input is quantized before). A malformed value is an error
-/// that quotes it.
+/// [`MergeRuns::Fused`], the merge measured to pay (docs/perf.md, "Q4_K and Q6_K runs
+/// in one launch"). The environment's `TILEFUSE_QUANT_MERGE_RUNS` overrides it: `0`
+/// never, `fused`, or `ROWS,COLS` for [`MergeRuns::Both`] with the Q6_K run's tile when
+/// the input is quantized before (compiled: 2 or 4 rows of 2048 columns). A malformed
+/// value is an error that quotes it.
 pub fn merge_runs() -> Result<MergeRuns> {
     match std::env::var("TILEFUSE_QUANT_MERGE_RUNS") {
         Ok(v) => merge_runs_policy(&v),
-        Err(_) => Ok(MergeRuns::Both {
-            rows: MERGED_V_TILE.0,
-            cols: MERGED_V_TILE.1,
-        }),
+        Err(_) => Ok(MergeRuns::Fused),
     }
 }
 
