@@ -1720,6 +1720,49 @@ mod tests {
     }
 
     #[test]
+    fn the_merge_override_names_the_v_tile_and_quotes_bad_ones() {
+        assert_eq!(merge_runs_policy("0").unwrap(), MergeRuns::Never);
+        assert_eq!(merge_runs_policy(" fused ").unwrap(), MergeRuns::Fused);
+        let both = MergeRuns::Both {
+            rows: 4,
+            cols: 2048,
+        };
+        assert_eq!(merge_runs_policy("4, 2048").unwrap(), both);
+        for bad in ["1", "4x2048", "0,2048", "fused,"] {
+            let err = merge_runs_policy(bad).unwrap_err().to_string();
+            assert!(err.contains(&format!("`{bad}`")), "{err}");
+        }
+        // The Q4_K run's step tile at Qwen3-8B's `[q; k]` and the `v` tiles compiled
+        // beside it, without the norm inside only; the same warps.
+        let qk = QuantGemvConfig::for_shape(GgmlType::Q4_K, 5120, 4096);
+        for rows in [2, 4] {
+            let v = QuantGemvConfig {
+                block_n: rows,
+                block_k: 2048,
+                num_warps: qk.num_warps,
+            };
+            assert!(qk.merged_runs_compiled(&v, false), "{qk:?} {v:?}");
+            assert!(!qk.merged_runs_compiled(&v, true), "{qk:?} {v:?}");
+            let other_warps = QuantGemvConfig {
+                num_warps: 12 - qk.num_warps,
+                ..v
+            };
+            assert!(!qk.merged_runs_compiled(&other_warps, false));
+        }
+        assert!(qk.merged_runs_compiled(&qk, true) && qk.merged_runs_compiled(&qk, false));
+    }
+
+    #[test]
+    fn the_silu_override_quotes_its_variable() {
+        let var = "TILEFUSE_QUANT_SILU_GATE_UP_UNFUSED";
+        assert_eq!(silu_tile_policy(var, "0").unwrap(), None);
+        let tile = silu_tile_policy(var, "64,512,4").unwrap().unwrap();
+        assert_eq!((tile.block_n, tile.block_k, tile.num_warps), (64, 512, 4));
+        let err = silu_tile_policy(var, "32,512,4").unwrap_err().to_string();
+        assert!(err.contains(var) && err.contains("`32,512,4`"), "{err}");
+    }
+
+    #[test]
     fn short_chunks_pick_compiled_tiles_that_cover_them() {
         for rows in [1, 8, 1024, 2047, 2048, 4096, 6144, 24576] {
             for tokens in 1..=40 {
