@@ -945,14 +945,14 @@ fn q4_k_m_layouts_in_fused_launches_match_the_dense_step() {
     let settings: [&[(&str, &str)]; 5] = [
         &[],
         &[("TILEFUSE_QUANT_SILU_GATE_UP", "0")],
-        &[
-            ("TILEFUSE_QUANT_NORM_FUSED", "0"),
-            ("TILEFUSE_QUANT_MERGE_RUNS", "2,2048"),
-        ],
         &[("TILEFUSE_QUANT_NORM_FUSED", "0")],
         &[
             ("TILEFUSE_QUANT_NORM_FUSED", "0"),
-            ("TILEFUSE_QUANT_SILU_GATE_UP_UNFUSED", "64,1024,8"),
+            ("TILEFUSE_QUANT_MERGE_RUNS", "fused"),
+        ],
+        &[
+            ("TILEFUSE_QUANT_NORM_FUSED", "0"),
+            ("TILEFUSE_QUANT_SILU_GATE_UP_UNFUSED", "64,512,8"),
         ],
     ];
     for vars in settings {

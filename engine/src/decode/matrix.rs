@@ -276,9 +276,9 @@ impl QuantMatrix {
     /// in that order, under [`MergeRuns`] (`fused`: the GEMV quantizes its normed input
     /// itself, both runs then at the first run's fused tile), where that kernel is
     /// compiled for them; else `None`. The fused merge made Qwen3-0.6B Q4_K_M's step 4%
-    /// faster, while Qwen3-8B's QKV with its `v` run at the `[q; k]` run's tile lost 1.2%
-    /// (docs/perf.md, "Q4_K and Q6_K runs in one launch"); the `v` run's own tile is
-    /// [`MergeRuns::Both`]'s.
+    /// faster; Qwen3-8B's QKV (its input quantized before) lost 1.2% with its `v` run at
+    /// the `[q; k]` run's tile and gains 0.7% with `v` in its own ([`MergeRuns::Both`];
+    /// docs/perf.md, "Q4_K and Q6_K runs in one launch").
     pub(crate) fn merged_tiles(&self, fused: bool) -> Option<(QuantGemvConfig, QuantGemvConfig)> {
         let [p4, p6] = self.parts.as_slice() else {
             return None;

@@ -113,16 +113,26 @@ pub enum MergeRuns {
     },
 }
 
+/// The Q6_K run's tile (rows, columns) of [`merge_runs`]' default for a GEMV over an
+/// input quantized before it: Qwen3-8B Q4_K_M's `v` (1024 rows) in 2 rows of 2048
+/// columns beside the `[q; k]` run's 8 rows of 1024 (docs/perf.md, "Q4_K and Q6_K runs
+/// in one launch").
+pub const MERGED_V_TILE: (usize, usize) = (2, 2048);
+
 /// Which GEMVs launch a Q4_K and a Q6_K run as one ([`MergeRuns`]); by default
-/// [`MergeRuns::Fused`], the merge measured to pay (docs/perf.md, "Q4_K and Q6_K runs
-/// in one launch"). The environment's `TILEFUSE_QUANT_MERGE_RUNS` overrides it: `0`
-/// never, `fused`, or `ROWS,COLS` for [`MergeRuns::Both`] with the Q6_K run's tile when
-/// the input is quantized before (compiled: 2 or 4 rows of 2048 columns). A malformed
-/// value is an error that quotes it.
+/// [`MergeRuns::Both`] with [`MERGED_V_TILE`] (Qwen3-8B Q4_K_M on an H200: 579-580
+/// tokens/s against 575-576 with [`MergeRuns::Fused`]; docs/perf.md, "Q4_K and Q6_K
+/// runs in one launch"). The environment's `TILEFUSE_QUANT_MERGE_RUNS` overrides it:
+/// `0` never, `fused`, or `ROWS,COLS` for the Q6_K run's tile when the input is
+/// quantized before (compiled: 2 or 4 rows of 2048 columns). A malformed value is an
+/// error that quotes it.
 pub fn merge_runs() -> Result<MergeRuns> {
     match std::env::var("TILEFUSE_QUANT_MERGE_RUNS") {
         Ok(v) => merge_runs_policy(&v),
-        Err(_) => Ok(MergeRuns::Fused),
+        Err(_) => Ok(MergeRuns::Both {
+            rows: MERGED_V_TILE.0,
+            cols: MERGED_V_TILE.1,
+        }),
     }
 }
 
