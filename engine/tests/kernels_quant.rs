@@ -578,14 +578,10 @@ fn q6_k_gemv_matches_host() {
     check_type(GgmlType::Q6_K, 0x0606);
 }
 
-/// `attention_combine_quant` writes the bf16 head output `attention_combine` writes, bit
-/// for bit, and that output quantized as `quantize_act` quantizes it (the host's
-/// quantizer, the same f32 operations), for random split partials (some splits empty)
-/// at each head width and chunk, on every device.
 /// The normed `[gate; up]` GEMV that writes the down projection's int8 input itself
 /// (`gemv_norm_silu_quantized`, Q4_K `SILU_Q = 1`: 32 gate rows and the same 32 up rows
-/// a program), its normed input quantized inside it or by a launch before it (then
-/// down's input lands in the spare's other pair of buffers, which trade places),
+/// a program), its normed input quantized inside it or by a launch before it (down's
+/// input lands in the spare's other pair of buffers, which then trade places),
 /// against the normed GEMV's rows (`gemv_norm_fused`, or the quantizer and the plain
 /// GEMV) quantized by the host as `quantize_act` `MODE = 2` would: every block within half a step of
 /// `bf16(bf16(silu(g)) * u)` of those rows (and a bf16 step of it where the two
@@ -688,6 +684,10 @@ fn the_gate_up_gemv_writes_downs_int8_input() {
     }
 }
 
+/// `attention_combine_quant` writes the bf16 head output `attention_combine` writes, bit
+/// for bit, and that output quantized as `quantize_act` quantizes it (the host's
+/// quantizer, the same f32 operations), for random split partials (some splits empty)
+/// at each head width and chunk, on every device.
 #[test]
 fn the_quantizing_combine_matches_combine_then_quantize() {
     use tilefuse_engine::kernels::{AttentionCombineArgs, AttentionCombineConsts};

@@ -385,15 +385,13 @@ impl Decoder {
                     l.o_w.launches(false) - usize::from(step::combine_quantizes(&self.plan, &l.o_w))
                 })
                 .sum(),
-            // A quantized gate/up before a dense down is followed by `silu_mul_in_place`;
-            // before a quantized down it may write down's input itself.
+            // A quantized gate/up before a dense down is followed by `silu_mul_in_place`
+            // (before a quantized down, the SiLU product is down's quantizer's, or
+            // gate/up's own epilogue: `Block::Down` counts it).
             Block::GateUp => self
                 .layers
                 .iter()
                 .map(|l| {
-                    if l.gate_up_w.silu_quantizes() && l.down_w.dense().is_none() {
-                        return l.gate_up_w.launches(true);
-                    }
                     let silu = l.gate_up_w.dense().is_none() && l.down_w.dense().is_some();
                     l.gate_up_w.launches(true) + usize::from(silu)
                 })

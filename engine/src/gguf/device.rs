@@ -873,8 +873,8 @@ impl DeviceQuantMatrix {
     /// variant, each program 32 gate rows and the same 32 up rows (`cfg.block_n` 64).
     /// With `fused` it quantizes the normed input itself as
     /// [`DeviceQuantMatrix::gemv_norm_fused`] does (one launch); else a quantizer
-    /// launch first writes it into `spare`, and the GEMV writes down's input into the
-    /// spare's second pair of buffers, which then trades places with the first. The
+    /// launch first writes it into `spare`. Either way the GEMV writes down's input
+    /// into the spare's second pair of buffers, which then trades places with the first. The
     /// same int8 blocks as that GEMV followed by [`QuantSpare::quantize`] with
     /// [`QuantVariant::SiluMulResidual`], but for the row sums' order. An error unless
     /// [`DeviceQuantMatrix::silu_quantized_compiled`] and the half is a multiple of 32.
@@ -1233,11 +1233,10 @@ impl DeviceQuantMatrix {
                 ),
             });
         }
+        // The `SILU_Q` variant writes down's input into the spare's other pair of
+        // buffers (its own input may be in `xq`/`xd`), and the pairs trade places after
+        // the launch, so down reads it from `xq`/`xd`.
         let silu_q = matches!(out, QuantOut::DownInput { .. });
-        // The `SILU_Q` variant over an input quantized before it reads `xq`/`xd` and
-        // writes down's input into the other pair, and the pairs trade places after
-        // the launch; the variant that quantizes its input itself writes into `xq`/`xd`.
-        let swap = silu_q && norm.is_none();
         let mut launch = LaunchConfig::from(cfg.grid(self.rows)).num_warps(cfg.num_warps);
         if serialized {
             launch = launch.serialized();
@@ -1246,15 +1245,9 @@ impl DeviceQuantMatrix {
         let (mut args, k_words) = self.weight_args();
         // The Q4_K kernel's `out_q`/`out_d` are written by its `SILU_Q` variant only,
         // but a kernel's parameters are declared once.
-        let q4_k = matches!(self.buffers, QuantBuffers::Q4K { .. });
-        if silu_q && !swap {
-            args.extend([(&spare.out_q).into(), (&spare.out_d).into()]);
-            args.extend([(&mut spare.xq).into(), (&mut spare.xd).into()]);
-        } else if q4_k {
-            args.extend([(&spare.xq).into(), (&spare.xd).into()]);
+        args.extend([(&spare.xq).into(), (&spare.xd).into()]);
+        if let QuantBuffers::Q4K { .. } = self.buffers {
             args.extend([(&mut spare.out_q).into(), (&mut spare.out_d).into()]);
-        } else {
-            args.extend([(&spare.xq).into(), (&spare.xd).into()]);
         }
         // Without the norm prologue `a` and `norm_w` are not read.
         let (a, norm_w, eps) = norm.unwrap_or((&spare.bias, &spare.bias, 0.0));
@@ -1301,7 +1294,7 @@ impl DeviceQuantMatrix {
         let act = norm.is_some();
         let consts = self.gemv_consts(cfg, residual && !head, head, act, silu_q, stamp_at >= 0);
         self.kernel().launch_dyn(dev, launch, &consts, &mut args)?;
-        if swap {
+        if silu_q {
             std::mem::swap(&mut spare.xq, &mut spare.out_q);
             std::mem::swap(&mut spare.xd, &mut spare.out_d);
         }
@@ -1486,9 +1479,9 @@ pub struct QuantSpare {
     xq: Buffer<i32>,
     /// `[cols / 32]` block scales.
     xd: Buffer<f32>,
-    /// A second pair like `xq` and `xd`: where the `[gate; up]` GEMV over `xq` writes
-    /// the down projection's input, the two pairs then trading places
-    /// ([`DeviceQuantMatrix::gemv_norm_silu_quantized`] without the norm inside).
+    /// A second pair like `xq` and `xd`: where the `[gate; up]` GEMV writes the down
+    /// projection's input, the two pairs then trading places
+    /// ([`DeviceQuantMatrix::gemv_norm_silu_quantized`]).
     out_q: Buffer<i32>,
     out_d: Buffer<f32>,
     logits: Buffer<f32>,
