@@ -714,9 +714,9 @@ fn q4_k_row_sums_prefetch<const BLOCK_K: usize, const ACT: usize>(
     // an SM instead of four, 80% -> 85% of the copy ceiling on an H200 (docs/perf.md,
     // "A register cap on the Q4_K GEMV"); the tiles that keep a tile in flight lose.
     max_registers(80, BLOCK_N = 16, BLOCK_K = 1024, RESIDUAL = 0, HEAD = 0, ACT = 0, num_warps = 4),
-    // The square and wide matrices' tile (8B O and down) at 64 registers instead of 72:
-    // eight programs an SM, so the 1024 programs of 4096 rows run in one wave of 132
-    // SMs, not two (docs/perf.md, "Register limits by tile").
+    // The wide matrices' tile (8B down) at 64 registers instead of 72: eight programs
+    // an SM, so the 1024 programs of 4096 rows run in one wave of 132 SMs, not two
+    // (docs/perf.md, "Register limits by tile").
     max_registers(64, BLOCK_N = 4, BLOCK_K = 2048, HEAD = 0, ACT = 0, num_warps = 4),
     // 1: every row exists and `k` is a multiple of BLOCK_K, so no load needs a mask
     // (Triton's EVEN_K): no zeroed destinations, no predicates, about a fifth fewer

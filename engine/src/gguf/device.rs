@@ -422,11 +422,14 @@ impl QuantGemvConfig {
     ///   stays over the SMs), else 8 rows of 1024 columns over 4 warps;
     /// - 16384 rows or more (Qwen3-8B's gate/up): 16 rows of 1024 columns over 4 warps
     ///   (1.9% off the 8B step; at 0.6B's 6144 rows, +0.4%);
-    /// - as long as tall or longer (8B's O and down, residual GEMVs): Q4_K 4 rows of
-    ///   2048 columns over 4 warps, at 64 registers (one wave of 1024 programs at 4096
-    ///   rows, docs/perf.md "Register limits by tile"); Q6_K 16 rows of 1024 columns
-    ///   over 8 warps, whose residual variant keeps the next tile in flight (docs/perf.md
-    ///   "Prefetching loops unrolled by two"); Q8_0 4 rows of 2048 columns over 4 warps;
+    /// - as long as tall or longer (8B's O and down, residual GEMVs): Q4_K longer than
+    ///   tall (down) 4 rows of 2048 columns over 4 warps, at 64 registers (one wave of
+    ///   1024 programs at 4096 rows, docs/perf.md "Register limits by tile"); Q4_K
+    ///   square (O) 8 rows of 1024 columns over 4 warps (1.1% off the 8B step on an
+    ///   H100, noise on an H200: docs/perf.md "The O projection's tile on an H100");
+    ///   Q6_K 16 rows of 1024 columns over 8 warps, whose residual variant keeps the
+    ///   next tile in flight (docs/perf.md "Prefetching loops unrolled by two"); Q8_0 4
+    ///   rows of 2048 columns over 4 warps;
     /// - else (QKV) 8 rows of 1024 columns over 4 warps (Q8_0 with 2048 columns or more:
     ///   4 rows of 2048 columns over 4 warps).
     ///
@@ -442,12 +445,12 @@ impl QuantGemvConfig {
             (4, 2048, 4)
         } else if rows >= 16384 {
             (16, 1024, 4)
+        } else if cols > rows && ty == GgmlType::Q4_K {
+            (4, 2048, 4)
+        } else if cols == rows && ty == GgmlType::Q4_K {
+            (8, 1024, 4)
         } else if cols >= rows {
-            if ty == GgmlType::Q4_K {
-                (4, 2048, 4)
-            } else {
-                (16, 1024, 8)
-            }
+            (16, 1024, 8)
         } else {
             (8, 1024, 4)
         };
@@ -1815,12 +1818,16 @@ mod tests {
         assert!(QuantGemvConfig::HEAD.check(true).is_ok());
         let tall = QuantGemvConfig::for_shape(GgmlType::Q4_K, 24576, 4096);
         assert_eq!((tall.block_n, tall.num_warps), (16, 4));
-        // O and down at 8B: Q4_K in one wave of 4-row programs, Q6_K 16 rows (the
+        // Down at 8B: Q4_K in one wave of 4-row programs, Q6_K 16 rows (the
         // prefetching residual loop).
         let wide = QuantGemvConfig::for_shape(GgmlType::Q4_K, 4096, 12288);
         assert_eq!((wide.block_n, wide.block_k, wide.num_warps), (4, 2048, 4));
         let square = QuantGemvConfig::for_shape(GgmlType::Q6_K, 4096, 4096);
         assert_eq!((square.block_n, square.num_warps), (16, 8));
+        // 8B's O in Q4_K: 8 rows of 1024 columns (docs/perf.md, "The O projection's
+        // tile on an H100").
+        let o = QuantGemvConfig::for_shape(GgmlType::Q4_K, 4096, 4096);
+        assert_eq!((o.block_n, o.block_k, o.num_warps), (8, 1024, 4));
         for (rows, cols) in [(4096, 12288), (24576, 4096), (6144, 4096)] {
             let cfg = QuantGemvConfig::for_shape(GgmlType::Q8_0, rows, cols);
             assert_eq!((cfg.block_n, cfg.block_k, cfg.num_warps), (4, 2048, 4));
