@@ -68,7 +68,7 @@ impl Matrix {
                 let fused = normed && q.fuses_norm();
                 // Only the normed GEMVs (QKV, gate/up) merge runs: the merged kernel
                 // has no residual.
-                let runs = if normed && q.merged_tiles(fused).is_some() {
+                let runs = if normed && q.merged.is_some() {
                     1
                 } else {
                     q.parts.len()
@@ -107,6 +107,10 @@ pub(crate) struct QuantMatrix {
     /// Which GEMVs over a Q4_K run followed by a Q6_K run launch them as one
     /// ([`crate::gguf::device::merge_runs`], decided at upload for the same reason).
     merge: MergeRuns,
+    /// The tiles of the two runs where a normed GEMV over this matrix launches them as
+    /// one ([`QuantMatrix::merged_tiles`], found when the tiles are set rather than at
+    /// each launch).
+    merged: Option<(QuantGemvConfig, QuantGemvConfig)>,
 }
 
 impl QuantMatrix {
@@ -151,7 +155,7 @@ impl QuantMatrix {
                 .filter(|&cfg| p.m.silu_quantized_compiled(cfg, fuses_norm) && p.m.rows % 64 == 0),
             _ => None,
         };
-        Ok(QuantMatrix {
+        let mut m = QuantMatrix {
             parts,
             head,
             fuses_norm,
@@ -161,7 +165,10 @@ impl QuantMatrix {
             } else {
                 crate::gguf::device::merge_runs()?
             },
-        })
+            merged: None,
+        };
+        m.merged = m.merged_tiles();
+        Ok(m)
     }
 
     /// Gives each run the configurations `tiles` names for its shape (its `norm:`
@@ -185,6 +192,7 @@ impl QuantMatrix {
                 None => QuantGemvConfig::for_step_norm_fused(ty, rows, cols)?,
             };
         }
+        self.merged = self.merged_tiles();
         Ok(())
     }
 
@@ -249,8 +257,7 @@ impl QuantMatrix {
     ) -> Result<()> {
         let cols = self.parts[0].m.cols;
         if let (QuantVariant::Norm { norm_w, eps }, true) = (variant, self.fuses_norm()) {
-            if let ([p4, p6], Some((cfg, cfg6))) = (self.parts.as_slice(), self.merged_tiles(true))
-            {
+            if let ([p4, p6], Some((cfg, cfg6))) = (self.parts.as_slice(), self.merged) {
                 let (norm, serialized) = (Some((a, norm_w, eps)), launch.serialized);
                 return launch_q4_k_q6_k(
                     dev, cfg, cfg6, &p4.m, &p6.m, norm, bias, y, spare, serialized,
@@ -273,13 +280,14 @@ impl QuantMatrix {
 
     /// The tiles of the Q4_K and the Q6_K run where a GEMV over this matrix launches
     /// both as one ([`crate::gguf::device::launch_q4_k_q6_k`]): exactly those two runs,
-    /// in that order, under [`MergeRuns`] (`fused`: the GEMV quantizes its normed input
-    /// itself, both runs then at the first run's fused tile), where that kernel is
-    /// compiled for them; else `None`. The fused merge made Qwen3-0.6B Q4_K_M's step 4%
+    /// in that order, under [`MergeRuns`] (where the GEMV quantizes its normed input
+    /// itself, `fuses_norm`, both runs at the first run's fused tile), where that kernel
+    /// is compiled for them; else `None`. Kept in `merged`. The fused merge made Qwen3-0.6B Q4_K_M's step 4%
     /// faster; Qwen3-8B's QKV (its input quantized before) lost 1.2% with its `v` run at
     /// the `[q; k]` run's tile and gains 0.7% with `v` in its own ([`MergeRuns::Both`];
     /// docs/perf.md, "Q4_K and Q6_K runs in one launch").
-    pub(crate) fn merged_tiles(&self, fused: bool) -> Option<(QuantGemvConfig, QuantGemvConfig)> {
+    fn merged_tiles(&self) -> Option<(QuantGemvConfig, QuantGemvConfig)> {
+        let fused = self.fuses_norm;
         let [p4, p6] = self.parts.as_slice() else {
             return None;
         };
@@ -356,7 +364,9 @@ impl QuantMatrix {
         bias: &Buffer<bf16>,
         spare: &mut QuantSpare,
     ) -> Result<()> {
-        let merged = self.merged_tiles(false).filter(|_| !variant.residual());
+        let merged = self
+            .merged
+            .filter(|_| !variant.residual() && !self.fuses_norm);
         if let ([p4, p6], Some((cfg, cfg6))) = (self.parts.as_slice(), merged) {
             return launch_q4_k_q6_k(dev, cfg, cfg6, &p4.m, &p6.m, None, bias, y, spare, false);
         }

@@ -922,8 +922,7 @@ impl DeviceQuantMatrix {
             return self.launch_kernel(dev, cfg, false, norm, out, spare, serialized);
         }
         let variant = QuantVariant::Norm { norm_w, eps };
-        spare.quantize(dev, variant, a, self.cols, false, serialized)?;
-        self.launch_kernel(dev, cfg, false, None, out, spare, false)
+        self.launch(dev, cfg, variant, a, out, spare, serialized)
     }
 
     /// Whether [`DeviceQuantMatrix::gemv_norm_silu_quantized`]'s variant is compiled
