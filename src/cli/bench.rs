@@ -103,7 +103,8 @@ pub struct BenchArgs {
     /// default inside the captured graph, interleaved over rounds (repeatable; `;`-
     /// separated entries: `head=quant` or `head=bf16` for the LM head's format,
     /// `ROWSxCOLS=n,k,warps` for the quantized GEMVs of that shape, `norm:ROWSxCOLS=..`
-    /// for those that quantize their normed input themselves, e.g.
+    /// for those that quantize their normed input themselves, a type before the shape
+    /// for runs of that type only (`Q6_K:4096x12288=8,1024,8`), e.g.
     /// `head=quant;151936x1024=16,1024,4`). `TILEFUSE_QUANT_TILES` sets the default's.
     #[arg(long)]
     pub quant_tiles: Vec<String>,

@@ -27,7 +27,7 @@ pub struct QuantTileSpec {
 
 impl QuantTileSpec {
     /// Parses `;`-separated entries: `head=quant` or `head=bf16`, and
-    /// `[norm:]ROWSxCOLS=n,k,warps` ([`QuantTiles::parse`]). An empty spec is the default.
+    /// `[norm:][TYPE:]ROWSxCOLS=n,k,warps` ([`QuantTiles::parse`]). An empty spec is the default.
     pub fn parse(spec: &str) -> Result<QuantTileSpec> {
         let mut quant_head = None;
         let mut rest = Vec::new();
@@ -184,6 +184,7 @@ impl fmt::Display for QuantTileReport {
 mod tests {
     use super::*;
     use crate::gguf::device::QuantGemvConfig;
+    use crate::gguf::quant::GgmlType;
 
     #[test]
     fn specs_name_the_head_and_tiles_per_shape() {
@@ -191,15 +192,18 @@ mod tests {
             QuantTileSpec::parse("head=bf16; 4096x4096=8,1024,8;151936x1024=16,1024,4").unwrap();
         assert_eq!(s.quant_head, Some(false));
         assert_eq!(
-            s.tiles.get(151936, 1024),
+            s.tiles.get(GgmlType::Q6_K, 151936, 1024),
             Some(QuantGemvConfig {
                 block_n: 16,
                 block_k: 1024,
                 num_warps: 4
             })
         );
-        assert_eq!(s.tiles.get(4096, 4096).map(|c| c.num_warps), Some(8));
-        assert_eq!(s.tiles.get(4096, 1024), None);
+        assert_eq!(
+            s.tiles.get(GgmlType::Q4_K, 4096, 4096).map(|c| c.num_warps),
+            Some(8)
+        );
+        assert_eq!(s.tiles.get(GgmlType::Q4_K, 4096, 1024), None);
         assert_eq!(QuantTileSpec::parse("").unwrap().quant_head, None);
         for bad in ["head=q6", "4096=8,1024,8", "4096x4096=8,1024", "axb=1,2,4"] {
             let e = QuantTileSpec::parse(bad).unwrap_err().to_string();

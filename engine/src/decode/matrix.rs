@@ -177,14 +177,14 @@ impl QuantMatrix {
     pub(crate) fn set_tiles(&mut self, tiles: &QuantTiles) -> Result<()> {
         for p in &mut self.parts {
             let (ty, rows, cols) = (p.m.ggml_type(), p.m.rows, p.m.cols);
-            p.cfg = match tiles.get(rows, cols) {
+            p.cfg = match tiles.get(ty, rows, cols) {
                 Some(cfg) => {
                     cfg.check(self.head)?;
                     cfg
                 }
                 None => QuantGemvConfig::for_step(ty, rows, cols, self.head)?,
             };
-            p.fused_cfg = match tiles.get_norm_fused(rows, cols) {
+            p.fused_cfg = match tiles.get_norm_fused(ty, rows, cols) {
                 Some(cfg) => {
                     cfg.check(self.head)?;
                     cfg

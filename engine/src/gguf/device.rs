@@ -501,7 +501,7 @@ impl QuantGemvConfig {
         } else {
             Self::for_shape(ty, rows, cols)
         };
-        Self::overridden(rows, cols, head, false, base)
+        Self::overridden(ty, rows, cols, head, false, base)
     }
 
     /// [`QuantGemvConfig::for_norm_fused`]'s choice, unless the environment overrides
@@ -509,6 +509,7 @@ impl QuantGemvConfig {
     /// entries).
     pub fn for_step_norm_fused(ty: GgmlType, rows: usize, cols: usize) -> Result<QuantGemvConfig> {
         Self::overridden(
+            ty,
             rows,
             cols,
             false,
@@ -520,6 +521,7 @@ impl QuantGemvConfig {
     /// `base`, or the environment's override for a `[rows, cols]` matrix (`norm_fused`:
     /// for the GEMV that quantizes its normed input itself).
     fn overridden(
+        ty: GgmlType,
         rows: usize,
         cols: usize,
         head: bool,
@@ -528,9 +530,9 @@ impl QuantGemvConfig {
     ) -> Result<QuantGemvConfig> {
         if let Some(tiles) = QuantTiles::from_env()? {
             let given = if norm_fused {
-                tiles.get_norm_fused(rows, cols)
+                tiles.get_norm_fused(ty, rows, cols)
             } else {
-                tiles.get(rows, cols)
+                tiles.get(ty, rows, cols)
             };
             if let Some(cfg) = given {
                 cfg.check(head)?;
@@ -627,27 +629,43 @@ impl Default for QuantGemvConfig {
 /// is for the GEMV that quantizes its RMSNorm input itself
 /// ([`DeviceQuantMatrix::gemv_norm_fused`], the QKV and gate/up projections where
 /// [`fuses_norm`]), a plain one for the GEMV over an activation quantized before it: the
-/// two variants are tuned apart. The environment's `TILEFUSE_QUANT_TILES`
-/// ([`QuantGemvConfig::for_step`]), and `tilefuse bench --quant-tiles`.
+/// two variants are tuned apart. A type before the shape (`Q6_K:4096x12288=..`, after
+/// `norm:` if both) limits an entry to runs of that type, so that the Q4_K and Q6_K
+/// matrices of one shape (a Q4_K_M model's down projections) are tuned apart. The
+/// environment's `TILEFUSE_QUANT_TILES` ([`QuantGemvConfig::for_step`]), and `tilefuse
+/// bench --quant-tiles`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct QuantTiles {
-    /// `(rows, cols, configuration)` of the plain entries, in the order given (the
-    /// first match wins).
-    pub entries: Vec<(usize, usize, QuantGemvConfig)>,
+    /// The plain entries, in the order given (the first match wins).
+    pub entries: Vec<TileEntry>,
     /// The same for the `norm:` entries.
-    pub norm_fused: Vec<(usize, usize, QuantGemvConfig)>,
+    pub norm_fused: Vec<TileEntry>,
+}
+
+/// One entry of [`QuantTiles`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TileEntry {
+    /// The type it is limited to (`None`: every type).
+    pub ty: Option<GgmlType>,
+    /// Rows of the matrix (or run).
+    pub rows: usize,
+    /// Columns of the matrix.
+    pub cols: usize,
+    /// The configuration it takes.
+    pub cfg: QuantGemvConfig,
 }
 
 impl QuantTiles {
-    /// Parses `[norm:]ROWSxCOLS=n,k,warps[;...]` (empty entries are skipped); an error
-    /// names the entry that does not parse.
+    /// Parses `[norm:][TYPE:]ROWSxCOLS=n,k,warps[;...]` (empty entries are skipped;
+    /// `TYPE` is `Q8_0`, `Q4_K` or `Q6_K`, in any case); an error names the entry that
+    /// does not parse.
     pub fn parse(spec: &str) -> Result<QuantTiles> {
         let mut tiles = QuantTiles::default();
         for entry in spec.split(';').map(str::trim).filter(|e| !e.is_empty()) {
             let bad = || {
                 crate::error::EngineError::Option {
                 message: format!(
-                    "quantized tile `{entry}`: expected `ROWSxCOLS=n,k,warps` or `norm:ROWSxCOLS=n,k,warps`"
+                    "quantized tile `{entry}`: expected `[norm:][TYPE:]ROWSxCOLS=n,k,warps` (TYPE: Q8_0, Q4_K or Q6_K)"
                 ),
             }
             };
@@ -655,12 +673,27 @@ impl QuantTiles {
                 Some(body) => (&mut tiles.norm_fused, body),
                 None => (&mut tiles.entries, entry),
             };
+            let (ty, body) = match body.split_once(':') {
+                Some((name, rest)) => {
+                    let ty = [GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K]
+                        .into_iter()
+                        .find(|t| t.name().eq_ignore_ascii_case(name.trim()))
+                        .ok_or_else(bad)?;
+                    (Some(ty), rest)
+                }
+                None => (None, body),
+            };
             let (shape, cfg) = body.split_once('=').ok_or_else(bad)?;
             let (rows, cols) = shape.split_once('x').ok_or_else(bad)?;
             let rows: usize = rows.trim().parse().map_err(|_| bad())?;
             let cols: usize = cols.trim().parse().map_err(|_| bad())?;
             let cfg = QuantGemvConfig::parse(cfg).ok_or_else(bad)?;
-            list.push((rows, cols, cfg));
+            list.push(TileEntry {
+                ty,
+                rows,
+                cols,
+                cfg,
+            });
         }
         Ok(tiles)
     }
@@ -679,25 +712,27 @@ impl QuantTiles {
         }
     }
 
-    /// The configuration given for `[rows, cols]` (a plain entry), if any.
-    pub fn get(&self, rows: usize, cols: usize) -> Option<QuantGemvConfig> {
-        Self::find(&self.entries, rows, cols)
+    /// The configuration given for a `[rows, cols]` run of type `ty` (a plain entry),
+    /// if any.
+    pub fn get(&self, ty: GgmlType, rows: usize, cols: usize) -> Option<QuantGemvConfig> {
+        Self::find(&self.entries, ty, rows, cols)
     }
 
-    /// The configuration given for the normed GEMV over `[rows, cols]` that quantizes
-    /// its input itself (a `norm:` entry), if any.
-    pub fn get_norm_fused(&self, rows: usize, cols: usize) -> Option<QuantGemvConfig> {
-        Self::find(&self.norm_fused, rows, cols)
-    }
-
-    fn find(
-        list: &[(usize, usize, QuantGemvConfig)],
+    /// The configuration given for the normed GEMV over a `[rows, cols]` run of type
+    /// `ty` that quantizes its input itself (a `norm:` entry), if any.
+    pub fn get_norm_fused(
+        &self,
+        ty: GgmlType,
         rows: usize,
         cols: usize,
     ) -> Option<QuantGemvConfig> {
+        Self::find(&self.norm_fused, ty, rows, cols)
+    }
+
+    fn find(list: &[TileEntry], ty: GgmlType, rows: usize, cols: usize) -> Option<QuantGemvConfig> {
         list.iter()
-            .find(|&&(r, c, _)| r == rows && c == cols)
-            .map(|&(_, _, cfg)| cfg)
+            .find(|e| e.rows == rows && e.cols == cols && e.ty.is_none_or(|t| t == ty))
+            .map(|e| e.cfg)
     }
 }
 
@@ -1849,7 +1884,7 @@ mod tests {
         let e = long.check(true).unwrap_err().to_string();
         assert!(e.contains("4,2048,8") && e.contains("LM head"), "{e}");
         let e = QuantTiles::parse("100x100=32,1024,4").unwrap().entries[0]
-            .2
+            .cfg
             .check(false)
             .unwrap_err()
             .to_string();
@@ -1862,13 +1897,17 @@ mod tests {
             " 4096x4096=8,1024,8 ; ;24576x4096=16,1024,4;norm:24576x4096=32,512,4",
         )
         .unwrap();
+        let q4 = GgmlType::Q4_K;
         assert_eq!(t.entries.len(), 2);
-        assert_eq!(t.get(24576, 4096).map(|c| c.block_n), Some(16));
-        assert_eq!(t.get(4096, 4096).map(|c| c.num_warps), Some(8));
-        assert_eq!(t.get(4096, 1024), None);
+        assert_eq!(t.get(q4, 24576, 4096).map(|c| c.block_n), Some(16));
+        assert_eq!(t.get(q4, 4096, 4096).map(|c| c.num_warps), Some(8));
+        assert_eq!(t.get(q4, 4096, 1024), None);
         // The normed GEMV that quantizes its own input is tuned apart.
-        assert_eq!(t.get_norm_fused(24576, 4096).map(|c| c.block_n), Some(32));
-        assert_eq!(t.get_norm_fused(4096, 4096), None);
+        assert_eq!(
+            t.get_norm_fused(q4, 24576, 4096).map(|c| c.block_n),
+            Some(32)
+        );
+        assert_eq!(t.get_norm_fused(q4, 4096, 4096), None);
         for bad in [
             "4096x4096",
             "4096=8,1024,8",
@@ -1876,10 +1915,31 @@ mod tests {
             "4096x4096=8,x,4",
             "norm:4096x4096",
             "norm4096x4096=8,1024,8",
+            "Q5_K:4096x4096=8,1024,8",
+            "norm:q4_k:4096x4096",
         ] {
             let e = QuantTiles::parse(bad).unwrap_err().to_string();
             assert!(e.contains(bad), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn tiles_named_by_type_apply_to_that_type_only() {
+        let t = QuantTiles::parse(
+            "q6_k:4096x12288=8,1024,8;4096x12288=4,2048,4;norm:Q4_K:6144x1024=16,1024,4",
+        )
+        .unwrap();
+        let (q4, q6, q8) = (GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0);
+        // The first matching entry wins: the Q6_K one for Q6_K, the untyped one else.
+        assert_eq!(t.get(q6, 4096, 12288).map(|c| c.block_n), Some(8));
+        assert_eq!(t.get(q4, 4096, 12288).map(|c| c.block_n), Some(4));
+        assert_eq!(t.get(q8, 4096, 12288).map(|c| c.block_n), Some(4));
+        assert_eq!(
+            t.get_norm_fused(q4, 6144, 1024).map(|c| c.block_n),
+            Some(16)
+        );
+        assert_eq!(t.get_norm_fused(q6, 6144, 1024), None);
+        assert_eq!(t.get(q4, 6144, 1024), None);
     }
 
     #[test]
