@@ -60,9 +60,11 @@
 //! split between the two runs; the same row sums as the two kernels, through the shared
 //! `q4_k_row_sums` / `q6_k_row_sums`).
 //!
-//! Tiles are `[BLOCK_N, blocks, words]` (Q6_K: words as `[2, 2]`), one 32-element
-//! block a tile row, so that each thread's 16-byte vector of weight words meets the
-//! activation words of the same elements (the layout in [`crate::gguf::quant`]):
+//! Tiles are `[BLOCK_N, blocks, words]`, one 32-element block a tile row, so that each
+//! thread's 16-byte vector of weight words meets the activation words of the same
+//! elements (the layout in [`crate::gguf::quant`]; Q6_K's high-bits words, one for two
+//! low-nibble words, are loaded once per low word, so that they arrive in its layout;
+//! docs/perf.md, "Q6_K words four a thread"):
 //! - Q8_0: `d · xd · Σ dot4(q, x)`;
 //! - Q4_K: `xd · (d·sc · Σ (dot4(q & 0x0F0F0F0F, x_lo) + dot4((q >> 4) & 0x0F0F0F0F,
 //!   x_hi)) − dmin·m · Σ q_x)`;
@@ -861,11 +863,12 @@ pub fn q4_k_gemv<
     stamp_now::<STAMPS>(stamps, stamp_at, 2);
 }
 
-/// One tile's Q6_K sums per row, block and word pair (`[n, blocks, 2]`): `lt: [n,
-/// blocks, 2, 2]` low-nibble words, `ht: [n, blocks, 2]` high-bit words, `sc0`, `sc1:
-/// [n, blocks]` the halves' scales (sign bit flipped), `dd: [n, blocks]` their
-/// super-blocks' scales, against activation blocks `blk` (valid where `blk_ok`); `p`,
-/// `i`: the word pair and the word in it.
+/// One tile's Q6_K sums per row and block (`[n, blocks]`), with each thread holding a
+/// block's four low-nibble words of a row (`lt: [n, blocks, 4]`, one 16-byte load)
+/// and, per word, its high-bits word (`ht: [n, blocks, 4]`: words `2p` and `2p + 1`
+/// share `qh` word `p`); `sc0`, `sc1: [n, blocks]` the halves' scales (sign bit
+/// flipped), `dd: [n, blocks]` their super-blocks' scales, against activation blocks
+/// `blk` (valid where `blk_ok`); `w = arange(0, 4)`.
 #[tile_fn(crate = tilefuse_dsl)]
 #[allow(clippy::too_many_arguments)]
 fn q6_k_tile<const ACT: usize>(
@@ -880,11 +883,10 @@ fn q6_k_tile<const ACT: usize>(
     norm_w: Ptr<bf16>,
     blk: Tile<i32>,
     blk_ok: Tile<bool>,
-    p: Tile<i32>,
-    i: Tile<i32>,
+    w: Tile<i32>,
 ) -> Tile<f32> {
-    let x_offs = (blk * 8).expand_dims(1).expand_dims(2) + (p * 2).expand_dims(1) + i;
-    let x_ok = blk_ok.expand_dims(1).expand_dims(2);
+    let x_offs = (blk * 8).expand_dims(1) + w.expand_dims(0);
+    let x_ok = blk_ok.expand_dims(1);
     let mut x_lo = x_offs & 0;
     let mut x_hi = x_offs & 0;
     let mut x_d = (blk & 0) as f32;
@@ -893,37 +895,31 @@ fn q6_k_tile<const ACT: usize>(
         x_hi = load(xq + x_offs + 4, x_ok, 0);
         x_d = load(xd + blk, blk_ok, 0.0);
     } else {
-        let e = (x_offs * 4).expand_dims(3) + arange(0, 4);
-        let ok4 = x_ok.expand_dims(3);
-        let v_lo = normed_input(a, norm_w, e, ok4);
-        let v_hi = normed_input(a, norm_w, e + 16, ok4);
-        let amax = maximum(
-            abs(v_lo).max(3).max(2).max(1),
-            abs(v_hi).max(3).max(2).max(1),
-        );
-        let inv = inv_step(amax).expand_dims(1).expand_dims(2).expand_dims(3);
-        x_lo = pack_words4(v_lo, inv);
-        x_hi = pack_words4(v_hi, inv);
+        let e = (x_offs * 4).expand_dims(2) + arange(0, 4);
+        let ok3 = x_ok.expand_dims(2);
+        let v_lo = normed_input(a, norm_w, e, ok3);
+        let v_hi = normed_input(a, norm_w, e + 16, ok3);
+        let amax = maximum(abs(v_lo).max(2).max(1), abs(v_hi).max(2).max(1));
+        let inv = inv_step(amax).expand_dims(1).expand_dims(2);
+        x_lo = pack_words3(v_lo, inv);
+        x_hi = pack_words3(v_hi, inv);
         x_d = amax / 127.0;
     }
-    // Word 2p + i's high bits: at bit 4i (low nibbles) and 4i + 2 (high) of each byte
-    // of `qh` word p, moved to bit 4.
-    let t = ht.expand_dims(3) << (4 - i * 4) as u32;
+    // Word w's high bits: at bit 4 (w % 2) (low nibbles) and 4 (w % 2) + 2 (high) of
+    // each byte of its `qh` word, moved to bit 4.
+    let t = ht << (4 - (w % 2) * 4) as u32;
     let lo = (lt & 0x0F0F_0F0F) | (t & 0x3030_3030);
     let hi = ((lt >> 4) & 0x0F0F_0F0F) | ((t >> 2) & 0x3030_3030);
-    let x_lo3 = x_lo.expand_dims(0);
-    let x_hi3 = x_hi.expand_dims(0);
-    // Sums over each word pair `p`'s two words, which a thread holds; the pairs (on two
-    // threads) are summed once, after the loop.
-    let dot_lo = dot4(lo, x_lo3, 0).sum(3);
-    let dot_hi = dot4(hi, x_hi3, 0).sum(3);
-    // The halves' sums of `x` by `dot4` with ones, as in `q4_k_tile`.
-    let ones = (lt & 0) | 0x0101_0101;
-    let s_lo = dot4(ones, x_lo3, 0).sum(3);
-    let s_hi = dot4(ones, x_hi3, 0).sum(3);
-    let isum = (dot_lo - s_lo * 32) * (sc0 as i32 - 128).expand_dims(2)
-        + (dot_hi - s_hi * 32) * (sc1 as i32 - 128).expand_dims(2);
-    (isum as f32) * (dd as f32).expand_dims(2) * x_d.expand_dims(0).expand_dims(2)
+    let dot_lo = dot4(lo, x_lo.expand_dims(0), 0).sum(2);
+    let dot_hi = dot4(hi, x_hi.expand_dims(0), 0).sum(2);
+    // The halves' sums of `x` (the -32 offset of the 6-bit values), once per block
+    // rather than per row.
+    let ones = (x_lo & 0) | 0x0101_0101;
+    let s_lo = dot4(ones, x_lo, 0).sum(1).expand_dims(0);
+    let s_hi = dot4(ones, x_hi, 0).sum(1).expand_dims(0);
+    let isum =
+        (dot_lo - s_lo * 32) * (sc0 as i32 - 128) + (dot_hi - s_hi * 32) * (sc1 as i32 - 128);
+    (isum as f32) * (dd as f32) * x_d.expand_dims(0)
 }
 
 /// A program's Q6_K row sums (`[n]`, before `inv_rms`): the first tile (loaded by the
@@ -953,8 +949,7 @@ fn q6_k_row_sums<const BLOCK_K: usize, const ACT: usize>(
     ok2: Tile<bool>,
     blocks: i32,
     grp: Tile<i32>,
-    p: Tile<i32>,
-    i: Tile<i32>,
+    w: Tile<i32>,
 ) -> Tile<f32> {
     let mut acc = q6_k_tile::<ACT>(
         l_first,
@@ -968,8 +963,7 @@ fn q6_k_row_sums<const BLOCK_K: usize, const ACT: usize>(
         norm_w,
         grp,
         grp < blocks,
-        p,
-        i,
+        w,
     );
     for g0 in (BLOCK_K / 32..blocks).step_by(BLOCK_K / 32) {
         let blk = g0 + grp;
@@ -977,7 +971,7 @@ fn q6_k_row_sums<const BLOCK_K: usize, const ACT: usize>(
         let ok = ok2 & blk_ok.expand_dims(0);
         let lt = load(
             ql + l_rows + (g0 * 4 + l_words).expand_dims(0),
-            ok.expand_dims(2).expand_dims(3),
+            ok.expand_dims(2),
             0,
         );
         let ht = load(
@@ -988,9 +982,9 @@ fn q6_k_row_sums<const BLOCK_K: usize, const ACT: usize>(
         let sc0 = load(scales + s_rows + (blk * 2).expand_dims(0), ok, 128);
         let sc1 = load(scales + s_rows + (blk * 2 + 1).expand_dims(0), ok, 128);
         let dt = load(d + d_rows + (blk / 8).expand_dims(0), ok, 0.0);
-        acc += q6_k_tile::<ACT>(lt, ht, sc0, sc1, dt, xq, xd, a, norm_w, blk, blk_ok, p, i);
+        acc += q6_k_tile::<ACT>(lt, ht, sc0, sc1, dt, xq, xd, a, norm_w, blk, blk_ok, w);
     }
-    acc.sum(2).sum(1)
+    acc.sum(1)
 }
 
 /// [`q6_k_row_sums`] with the next tile in flight, as [`q4_k_row_sums_prefetch`].
@@ -1019,15 +1013,14 @@ fn q6_k_row_sums_prefetch<const BLOCK_K: usize, const ACT: usize>(
     ok2: Tile<bool>,
     blocks: i32,
     grp: Tile<i32>,
-    p: Tile<i32>,
-    i: Tile<i32>,
+    w: Tile<i32>,
 ) -> Tile<f32> {
     let step = (BLOCK_K / 32) as i32;
     let blk = step + grp;
     let ok = ok2 & (blk < blocks).expand_dims(0);
     let mut lt = load(
         ql + l_rows + (step * 4 + l_words).expand_dims(0),
-        ok.expand_dims(2).expand_dims(3),
+        ok.expand_dims(2),
         0,
     );
     let mut ht = load(
@@ -1050,15 +1043,14 @@ fn q6_k_row_sums_prefetch<const BLOCK_K: usize, const ACT: usize>(
         norm_w,
         grp,
         grp < blocks,
-        p,
-        i,
+        w,
     );
     for g0 in (2 * step..blocks + step).step_by(BLOCK_K / 32).unroll(2) {
         let next = g0 + grp;
         let ok = ok2 & (next < blocks).expand_dims(0);
         let nl = load(
             ql + l_rows + (g0 * 4 + l_words).expand_dims(0),
-            ok.expand_dims(2).expand_dims(3),
+            ok.expand_dims(2),
             0,
         );
         let nh = load(
@@ -1082,8 +1074,7 @@ fn q6_k_row_sums_prefetch<const BLOCK_K: usize, const ACT: usize>(
             norm_w,
             blk,
             blk < blocks,
-            p,
-            i,
+            w,
         );
         lt = nl;
         ht = nh;
@@ -1091,7 +1082,7 @@ fn q6_k_row_sums_prefetch<const BLOCK_K: usize, const ACT: usize>(
         sc1 = nsc1;
         dt = nd;
     }
-    acc.sum(2).sum(1)
+    acc.sum(1)
 }
 
 /// `y = bf16(W · x + bias)` for a Q6_K matrix `W` of shape `[n, k]` with
@@ -1149,25 +1140,18 @@ pub fn q6_k_gemv<
     let rows = program_id(0) * BLOCK_N + arange(0, BLOCK_N);
     let row_ok = rows < n;
     let grp = arange(0, BLOCK_K / 32);
-    let p = arange(0, 2);
-    let i = arange(0, 2);
-    let l_rows = (rows * k_words)
-        .expand_dims(1)
-        .expand_dims(2)
-        .expand_dims(3);
+    // A block's four low-nibble words of a row in one thread (`q6_k_tile`).
+    let w = arange(0, 4);
+    let l_rows = (rows * k_words).expand_dims(1).expand_dims(2);
     let h_rows = (rows * (2 * blocks)).expand_dims(1).expand_dims(2);
     let s_rows = (rows * (2 * blocks)).expand_dims(1);
     let d_rows = (rows * (blocks / 8)).expand_dims(1);
-    let l_words = (grp * 4).expand_dims(1).expand_dims(2) + (p * 2).expand_dims(1) + i;
-    let h_words = (grp * 2).expand_dims(1) + p.expand_dims(0);
+    let l_words = (grp * 4).expand_dims(1) + w.expand_dims(0);
+    let h_words = (grp * 2).expand_dims(1) + (w / 2).expand_dims(0);
     let ok2 = row_ok.expand_dims(1);
 
     let ok = ok2 & (grp < blocks).expand_dims(0);
-    let l_first = load(
-        ql + l_rows + l_words.expand_dims(0),
-        ok.expand_dims(2).expand_dims(3),
-        0,
-    );
+    let l_first = load(ql + l_rows + l_words.expand_dims(0), ok.expand_dims(2), 0);
     let h_first = load(qh + h_rows + h_words.expand_dims(0), ok.expand_dims(2), 0);
     let sc0_first = load(scales + s_rows + (grp * 2).expand_dims(0), ok, 128);
     let sc1_first = load(scales + s_rows + (grp * 2 + 1).expand_dims(0), ok, 128);
@@ -1193,12 +1177,12 @@ pub fn q6_k_gemv<
     if (RESIDUAL == 1) & (BLOCK_N == 16) {
         sums = q6_k_row_sums_prefetch::<BLOCK_K, ACT>(
             l_first, h_first, sc0_first, sc1_first, d_first, ql, qh, scales, d, xq, xd, a, norm_w,
-            l_rows, h_rows, s_rows, d_rows, l_words, h_words, ok2, blocks, grp, p, i,
+            l_rows, h_rows, s_rows, d_rows, l_words, h_words, ok2, blocks, grp, w,
         );
     } else {
         sums = q6_k_row_sums::<BLOCK_K, ACT>(
             l_first, h_first, sc0_first, sc1_first, d_first, ql, qh, scales, d, xq, xd, a, norm_w,
-            l_rows, h_rows, s_rows, d_rows, l_words, h_words, ok2, blocks, grp, p, i,
+            l_rows, h_rows, s_rows, d_rows, l_words, h_words, ok2, blocks, grp, w,
         );
     }
     store_rows::<RESIDUAL, HEAD>(
@@ -1306,22 +1290,13 @@ pub fn q4_k_q6_k_gemv<
     let grp6 = arange(0, BLOCK_K6 / 32);
     let ok2_6 = row6_ok.expand_dims(1);
     let ok6 = ok2_6 & (grp6 < blocks).expand_dims(0);
-    let p = arange(0, 2);
-    let i = arange(0, 2);
-    let l_rows = (rows6 * k_words)
-        .expand_dims(1)
-        .expand_dims(2)
-        .expand_dims(3);
+    let l_rows = (rows6 * k_words).expand_dims(1).expand_dims(2);
     let h_rows = (rows6 * (2 * blocks)).expand_dims(1).expand_dims(2);
     let s6_rows = (rows6 * (2 * blocks)).expand_dims(1);
     let d6_rows = (rows6 * (blocks / 8)).expand_dims(1);
-    let l_words = (grp6 * 4).expand_dims(1).expand_dims(2) + (p * 2).expand_dims(1) + i;
-    let h_words = (grp6 * 2).expand_dims(1) + p.expand_dims(0);
-    let l_first = load(
-        ql + l_rows + l_words.expand_dims(0),
-        ok6.expand_dims(2).expand_dims(3),
-        0,
-    );
+    let l_words = (grp6 * 4).expand_dims(1) + w.expand_dims(0);
+    let h_words = (grp6 * 2).expand_dims(1) + (w / 2).expand_dims(0);
+    let l_first = load(ql + l_rows + l_words.expand_dims(0), ok6.expand_dims(2), 0);
     let h_first = load(qh + h_rows + h_words.expand_dims(0), ok6.expand_dims(2), 0);
     let sc0_first = load(scales6 + s6_rows + (grp6 * 2).expand_dims(0), ok6, 128);
     let sc1_first = load(scales6 + s6_rows + (grp6 * 2 + 1).expand_dims(0), ok6, 128);
@@ -1338,7 +1313,7 @@ pub fn q4_k_q6_k_gemv<
     if six {
         let sums = q6_k_row_sums::<BLOCK_K6, ACT>(
             l_first, h_first, sc0_first, sc1_first, d6_first, ql, qh, scales6, d6, xq, xd, a,
-            norm_w, l_rows, h_rows, s6_rows, d6_rows, l_words, h_words, ok2_6, blocks, grp6, p, i,
+            norm_w, l_rows, h_rows, s6_rows, d6_rows, l_words, h_words, ok2_6, blocks, grp6, w,
         );
         store(y + n4 + rows6, (sums * inv_rms + b6) as bf16, row6_ok);
     } else {
@@ -1838,8 +1813,7 @@ fn q6_k_token(
     unused: Ptr<bf16>,
     blk: Tile<i32>,
     blk_ok: Tile<bool>,
-    p: Tile<i32>,
-    i: Tile<i32>,
+    w: Tile<i32>,
     t: i32,
     tokens: i32,
     k_words: i32,
@@ -1848,7 +1822,7 @@ fn q6_k_token(
     let x_words = xq + t * (2 * k_words);
     let x_scales = xd + t * (k_words / 4);
     q6_k_tile::<0>(
-        lt, ht, sc0, sc1, dd, x_words, x_scales, unused, unused, blk, ok, p, i,
+        lt, ht, sc0, sc1, dd, x_words, x_scales, unused, unused, blk, ok, w,
     )
 }
 
@@ -1887,35 +1861,32 @@ pub fn q6_k_gemv_tokens<
     let row_ok = rows < n;
     let t0 = program_id(1) * T;
     let grp = arange(0, BLOCK_K / 32);
-    let p = arange(0, 2);
-    let i = arange(0, 2);
-    let l_rows = (rows * k_words)
-        .expand_dims(1)
-        .expand_dims(2)
-        .expand_dims(3);
+    // A block's four low-nibble words of a row in one thread (`q6_k_tile`).
+    let w = arange(0, 4);
+    let l_rows = (rows * k_words).expand_dims(1).expand_dims(2);
     let h_rows = (rows * (2 * blocks)).expand_dims(1).expand_dims(2);
     let s_rows = (rows * (2 * blocks)).expand_dims(1);
     let d_rows = (rows * (blocks / 8)).expand_dims(1);
-    let l_words = (grp * 4).expand_dims(1).expand_dims(2) + (p * 2).expand_dims(1) + i;
-    let h_words = (grp * 2).expand_dims(1) + p.expand_dims(0);
+    let l_words = (grp * 4).expand_dims(1) + w.expand_dims(0);
+    let h_words = (grp * 2).expand_dims(1) + (w / 2).expand_dims(0);
     let ok2 = row_ok.expand_dims(1);
     let b = load(bias + row0 + rows, row_ok, 0.0) as f32;
     wait_for_prior_kernels();
-    let mut acc0 = zeros::<f32>([BLOCK_N, BLOCK_K / 32, 2]);
-    let mut acc1 = zeros::<f32>([BLOCK_N, BLOCK_K / 32, 2]);
-    let mut acc2 = zeros::<f32>([BLOCK_N, BLOCK_K / 32, 2]);
-    let mut acc3 = zeros::<f32>([BLOCK_N, BLOCK_K / 32, 2]);
-    let mut acc4 = zeros::<f32>([BLOCK_N, BLOCK_K / 32, 2]);
-    let mut acc5 = zeros::<f32>([BLOCK_N, BLOCK_K / 32, 2]);
-    let mut acc6 = zeros::<f32>([BLOCK_N, BLOCK_K / 32, 2]);
-    let mut acc7 = zeros::<f32>([BLOCK_N, BLOCK_K / 32, 2]);
+    let mut acc0 = zeros::<f32>([BLOCK_N, BLOCK_K / 32]);
+    let mut acc1 = zeros::<f32>([BLOCK_N, BLOCK_K / 32]);
+    let mut acc2 = zeros::<f32>([BLOCK_N, BLOCK_K / 32]);
+    let mut acc3 = zeros::<f32>([BLOCK_N, BLOCK_K / 32]);
+    let mut acc4 = zeros::<f32>([BLOCK_N, BLOCK_K / 32]);
+    let mut acc5 = zeros::<f32>([BLOCK_N, BLOCK_K / 32]);
+    let mut acc6 = zeros::<f32>([BLOCK_N, BLOCK_K / 32]);
+    let mut acc7 = zeros::<f32>([BLOCK_N, BLOCK_K / 32]);
     for g0 in (0..blocks).step_by(BLOCK_K / 32) {
         let blk = g0 + grp;
         let blk_ok = blk < blocks;
         let ok = ok2 & blk_ok.expand_dims(0);
         let lt = load(
             ql + l_rows + (g0 * 4 + l_words).expand_dims(0),
-            ok.expand_dims(2).expand_dims(3),
+            ok.expand_dims(2),
             0,
         );
         let ht = load(
@@ -1927,7 +1898,7 @@ pub fn q6_k_gemv_tokens<
         let sc1 = load(scales + s_rows + (blk * 2 + 1).expand_dims(0), ok, 128);
         let dt = load(d + d_rows + (blk / 8).expand_dims(0), ok, 0.0);
         acc0 += q6_k_token(
-            lt, ht, sc0, sc1, dt, xq, xd, bias, blk, blk_ok, p, i, t0, tokens, k_words,
+            lt, ht, sc0, sc1, dt, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words,
         );
         if T > 1 {
             acc1 += q6_k_token(
@@ -1941,8 +1912,7 @@ pub fn q6_k_gemv_tokens<
                 bias,
                 blk,
                 blk_ok,
-                p,
-                i,
+                w,
                 t0 + 1,
                 tokens,
                 k_words,
@@ -1960,8 +1930,7 @@ pub fn q6_k_gemv_tokens<
                 bias,
                 blk,
                 blk_ok,
-                p,
-                i,
+                w,
                 t0 + 2,
                 tokens,
                 k_words,
@@ -1977,8 +1946,7 @@ pub fn q6_k_gemv_tokens<
                 bias,
                 blk,
                 blk_ok,
-                p,
-                i,
+                w,
                 t0 + 3,
                 tokens,
                 k_words,
@@ -1996,8 +1964,7 @@ pub fn q6_k_gemv_tokens<
                 bias,
                 blk,
                 blk_ok,
-                p,
-                i,
+                w,
                 t0 + 4,
                 tokens,
                 k_words,
@@ -2013,8 +1980,7 @@ pub fn q6_k_gemv_tokens<
                 bias,
                 blk,
                 blk_ok,
-                p,
-                i,
+                w,
                 t0 + 5,
                 tokens,
                 k_words,
@@ -2030,8 +1996,7 @@ pub fn q6_k_gemv_tokens<
                 bias,
                 blk,
                 blk_ok,
-                p,
-                i,
+                w,
                 t0 + 6,
                 tokens,
                 k_words,
@@ -2047,99 +2012,26 @@ pub fn q6_k_gemv_tokens<
                 bias,
                 blk,
                 blk_ok,
-                p,
-                i,
+                w,
                 t0 + 7,
                 tokens,
                 k_words,
             );
         }
     }
-    store_token::<RESIDUAL>(
-        y,
-        ldy,
-        t0,
-        tokens,
-        row0 + rows,
-        row_ok,
-        acc0.sum(2).sum(1),
-        b,
-    );
+    store_token::<RESIDUAL>(y, ldy, t0, tokens, row0 + rows, row_ok, acc0.sum(1), b);
     if T > 1 {
-        store_token::<RESIDUAL>(
-            y,
-            ldy,
-            t0 + 1,
-            tokens,
-            row0 + rows,
-            row_ok,
-            acc1.sum(2).sum(1),
-            b,
-        );
+        store_token::<RESIDUAL>(y, ldy, t0 + 1, tokens, row0 + rows, row_ok, acc1.sum(1), b);
     }
     if T > 2 {
-        store_token::<RESIDUAL>(
-            y,
-            ldy,
-            t0 + 2,
-            tokens,
-            row0 + rows,
-            row_ok,
-            acc2.sum(2).sum(1),
-            b,
-        );
-        store_token::<RESIDUAL>(
-            y,
-            ldy,
-            t0 + 3,
-            tokens,
-            row0 + rows,
-            row_ok,
-            acc3.sum(2).sum(1),
-            b,
-        );
+        store_token::<RESIDUAL>(y, ldy, t0 + 2, tokens, row0 + rows, row_ok, acc2.sum(1), b);
+        store_token::<RESIDUAL>(y, ldy, t0 + 3, tokens, row0 + rows, row_ok, acc3.sum(1), b);
     }
     if T > 4 {
-        store_token::<RESIDUAL>(
-            y,
-            ldy,
-            t0 + 4,
-            tokens,
-            row0 + rows,
-            row_ok,
-            acc4.sum(2).sum(1),
-            b,
-        );
-        store_token::<RESIDUAL>(
-            y,
-            ldy,
-            t0 + 5,
-            tokens,
-            row0 + rows,
-            row_ok,
-            acc5.sum(2).sum(1),
-            b,
-        );
-        store_token::<RESIDUAL>(
-            y,
-            ldy,
-            t0 + 6,
-            tokens,
-            row0 + rows,
-            row_ok,
-            acc6.sum(2).sum(1),
-            b,
-        );
-        store_token::<RESIDUAL>(
-            y,
-            ldy,
-            t0 + 7,
-            tokens,
-            row0 + rows,
-            row_ok,
-            acc7.sum(2).sum(1),
-            b,
-        );
+        store_token::<RESIDUAL>(y, ldy, t0 + 4, tokens, row0 + rows, row_ok, acc4.sum(1), b);
+        store_token::<RESIDUAL>(y, ldy, t0 + 5, tokens, row0 + rows, row_ok, acc5.sum(1), b);
+        store_token::<RESIDUAL>(y, ldy, t0 + 6, tokens, row0 + rows, row_ok, acc6.sum(1), b);
+        store_token::<RESIDUAL>(y, ldy, t0 + 7, tokens, row0 + rows, row_ok, acc7.sum(1), b);
     }
 }
 
