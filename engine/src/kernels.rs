@@ -563,6 +563,8 @@ pub fn attention_split<
     scale: f32,
     prefetch_w: Ptr<bf16>,
     prefetch_len: i32,
+    prefetch_q: Ptr<u32>,
+    prefetch_q_len: i32,
     stamps: Ptr<i64>,
     stamp_at: i32,
 ) {
@@ -630,13 +632,20 @@ pub fn attention_split<
     // already requested and HBM idles until the next GEMV's programs start: one bulk
     // request a program asks L2 for its share of the first `prefetch_len` bf16 of
     // `prefetch_w` (the decode step names the layer's gate/up weights, read two
-    // launches later). Longer shares stream the cache and need HBM themselves.
+    // launches later), or of the first `prefetch_q_len` packed words of `prefetch_q`
+    // when those weights are quantized. Longer shares stream the cache and need HBM
+    // themselves.
+    let programs = num_programs(0) * num_programs(1) * num_programs(2);
+    let me = (program_id(2) * num_programs(1) + split) * num_programs(0) + kv_head;
     if (prefetch_len > 0) & (per_split <= BS) {
-        let programs = num_programs(0) * num_programs(1) * num_programs(2);
-        let me = (program_id(2) * num_programs(1) + split) * num_programs(0) + kv_head;
         let per = cdiv(cdiv(prefetch_len, programs), 64) * 64;
         let first = minimum(me * per, prefetch_len);
         prefetch_range(prefetch_w + first, minimum(per, prefetch_len - first));
+    }
+    if (prefetch_q_len > 0) & (per_split <= BS) {
+        let per = cdiv(cdiv(prefetch_q_len, programs), 32) * 32;
+        let first = minimum(me * per, prefetch_q_len);
+        prefetch_range(prefetch_q + first, minimum(per, prefetch_q_len - first));
     }
 
     // Queries `[G, 4, D / 4]`: QK-norm and RoPE, each element with its RoPE partner.

@@ -358,6 +358,46 @@ pub fn attention_prefetch_bytes() -> usize {
         .map_or(ATTENTION_PREFETCH_BYTES, |kib| kib << 10)
 }
 
+/// Bytes of each layer's quantized gate/up words (at most all of them) that the decode
+/// step's attention launch asks L2 to fetch, as [`ATTENTION_PREFETCH_BYTES`] does for
+/// dense weights, where the words are at least [`PREFETCH_WORDS_MIN_MATRIX`] bytes.
+///
+/// H100, in the captured step (`tilefuse bench --quant-tiles prefetch=KiB`, seven
+/// interleaved rounds; docs/perf.md, "Quantized gate/up words prefetched during
+/// attention"): Qwen3-8B Q4_K_M at context 512 (50 MiB of gate/up words a layer) 2 MiB
+/// -0.49%, 4 MiB -0.92%, 8 MiB -1.21%, 16 MiB -0.89%, 24 MiB -0.84% a step; Qwen3-0.6B
+/// (3.4 MiB) 1 MiB +0.14%, 2 MiB +0.32%, all of it +0.35%.
+pub const ATTENTION_PREFETCH_WORDS_BYTES: usize = 8 << 20;
+
+/// The smallest quantized gate/up words (bytes) that [`attention_prefetch_words`]
+/// prefetches by default: where the whole matrix is a few of the GEMV's first waves,
+/// its programs request as much before their wait themselves, and the prefetch only
+/// competes with the O projection (Qwen3-0.6B above).
+pub const PREFETCH_WORDS_MIN_MATRIX: usize = 32 << 20;
+
+/// `TILEFUSE_PREFETCH_WORDS` (KiB) when set: a budget for every quantized gate/up
+/// matrix whatever its size (0 turns the prefetch off). `None`: the default policy,
+/// [`attention_prefetch_words`].
+pub fn attention_prefetch_words_override() -> Option<usize> {
+    std::env::var("TILEFUSE_PREFETCH_WORDS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .map(|kib| kib << 10)
+}
+
+/// Bytes of a quantized gate/up matrix's `words_bytes` of packed words that the
+/// attention launch before it asks L2 for: `budget` when one is set, else
+/// [`ATTENTION_PREFETCH_WORDS_BYTES`] for matrices of at least
+/// [`PREFETCH_WORDS_MIN_MATRIX`] and none for smaller ones; never more than the words.
+pub fn attention_prefetch_words(words_bytes: usize, budget: Option<usize>) -> usize {
+    let bytes = match budget {
+        Some(b) => b,
+        None if words_bytes >= PREFETCH_WORDS_MIN_MATRIX => ATTENTION_PREFETCH_WORDS_BYTES,
+        None => 0,
+    };
+    bytes.min(words_bytes)
+}
+
 /// The one rule for the attention's split count, for `seq` positions (the decode step
 /// passes its KV cache's capacity: the graph fixes the count for every position) in
 /// tiles of `bs`: one split per tile, at most [`STEP_SPLITS`]. With
@@ -455,6 +495,17 @@ pub fn defaults_are_compiled() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn quantized_words_are_prefetched_for_large_matrices_or_as_set() {
+        // Qwen3-8B's Q4_K gate/up words (24576 x 4096 at 4 bits), Qwen3-0.6B's.
+        let (big, small) = (24576 * 4096 / 2, 6144 * 1024 / 2);
+        assert_eq!(attention_prefetch_words(big, None), 8 << 20);
+        assert_eq!(attention_prefetch_words(small, None), 0);
+        assert_eq!(attention_prefetch_words(small, Some(1 << 20)), 1 << 20);
+        assert_eq!(attention_prefetch_words(small, Some(64 << 20)), small);
+        assert_eq!(attention_prefetch_words(big, Some(0)), 0);
+    }
 
     #[test]
     fn device_sampling_has_a_variant_for_every_vocabulary() {

@@ -759,6 +759,9 @@ fn check_attention(
     let (qkv_b, qw_b, kw_b) = (up(&qkv), up(&qw), up(&kw));
     let (cos_b, sin_b) = (dev.upload(&cos).unwrap(), dev.upload(&sin).unwrap());
     let state = dev.upload(&[0i32, pos as i32]).unwrap();
+    // Words for the quantized prefetch range (an odd count: the shares' ends are
+    // checked by the interpreter).
+    let words_b = dev.upload(&vec![7u32; 1001]).unwrap();
     for &(splits, min_chunk) in splits_list {
         // The combine's column chunk: whole heads and 32-column pieces in turn.
         let dc = if splits % 2 == 0 { 32.min(d) } else { d };
@@ -811,6 +814,8 @@ fn check_attention(
             // Prefetch the projection: the interpreter checks the ranges.
             prefetch_w: &qkv_b,
             prefetch_len: qkv_b.len() as i32,
+            prefetch_q: &words_b,
+            prefetch_q_len: words_b.len() as i32,
             stamps: &mut split_stamps,
             stamp_at: 1,
         }

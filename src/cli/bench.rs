@@ -102,6 +102,7 @@ pub struct BenchArgs {
     /// With quantized `--weights`: also time these variants of the step against its
     /// default inside the captured graph, interleaved over rounds (repeatable; `;`-
     /// separated entries: `head=quant` or `head=bf16` for the LM head's format,
+    /// `prefetch=KiB` for the quantized gate/up words the attention asks L2 for,
     /// `ROWSxCOLS=n,k,warps` for the quantized GEMVs of that shape, `norm:ROWSxCOLS=..`
     /// for those that quantize their normed input themselves, a type before the shape
     /// for runs of that type only (`Q6_K:4096x12288=8,1024,8`), e.g.

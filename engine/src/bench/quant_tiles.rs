@@ -21,17 +21,32 @@ pub struct QuantTileSpec {
     /// `Some(true)`: the LM head read quantized; `Some(false)`: as bf16; `None`: as
     /// the engine's policy says (`gguf::quant::head_reads_quantized`).
     pub quant_head: Option<bool>,
+    /// Bytes of each layer's quantized gate/up words the attention launch asks L2 for
+    /// whatever their size (`prefetch=KiB`; `None`: the engine's,
+    /// [`crate::tuning::attention_prefetch_words`]).
+    pub prefetch_words: Option<usize>,
     /// Configurations per shape (the rest as `QuantGemvConfig::for_step` chooses).
     pub tiles: QuantTiles,
 }
 
 impl QuantTileSpec {
-    /// Parses `;`-separated entries: `head=quant` or `head=bf16`, and
+    /// Parses `;`-separated entries: `head=quant` or `head=bf16`, `prefetch=KiB`, and
     /// `[norm:][TYPE:]ROWSxCOLS=n,k,warps` ([`QuantTiles::parse`]). An empty spec is the default.
     pub fn parse(spec: &str) -> Result<QuantTileSpec> {
         let mut quant_head = None;
+        let mut prefetch_words = None;
         let mut rest = Vec::new();
         for entry in spec.split(';').map(str::trim).filter(|e| !e.is_empty()) {
+            if let Some(kib) = entry.strip_prefix("prefetch=") {
+                let kib = kib
+                    .trim()
+                    .parse::<usize>()
+                    .map_err(|_| EngineError::Option {
+                        message: format!("`{entry}`: the prefetch is `prefetch=KiB`"),
+                    })?;
+                prefetch_words = Some(kib << 10);
+                continue;
+            }
             match entry {
                 "head=quant" => quant_head = Some(true),
                 "head=bf16" => quant_head = Some(false),
@@ -46,6 +61,7 @@ impl QuantTileSpec {
         Ok(QuantTileSpec {
             text: spec.trim().to_string(),
             quant_head,
+            prefetch_words,
             tiles: QuantTiles::parse(&rest.join(";"))?,
         })
     }
@@ -98,6 +114,7 @@ pub fn compare(
     let default = QuantTileSpec {
         text: "default".into(),
         quant_head: None,
+        prefetch_words: None,
         tiles: QuantTiles::default(),
     };
     let all: Vec<&QuantTileSpec> = std::iter::once(&default).chain(specs).collect();
@@ -112,6 +129,7 @@ pub fn compare(
             });
         }
     }
+    let prefetch_default = dec.attention_prefetch_words();
     let mut ms = vec![Vec::new(); all.len()];
     for _ in 0..QUANT_TILE_ROUNDS {
         for (i, s) in all.iter().enumerate() {
@@ -120,6 +138,7 @@ pub fn compare(
                 _ => &mut *dec,
             };
             d.set_quant_tiles(&s.tiles)?;
+            d.set_attention_prefetch_words(s.prefetch_words.or(prefetch_default));
             d.capture()?;
             ms[i].push(d.time_replays(token, context, tokens)?);
         }
@@ -141,6 +160,7 @@ pub fn compare(
     }
     for d in std::iter::once(dec).chain(other) {
         d.set_quant_tiles(&QuantTiles::default())?;
+        d.set_attention_prefetch_words(prefetch_default);
         d.release_graph();
     }
     Ok(rows)
@@ -205,7 +225,17 @@ mod tests {
         );
         assert_eq!(s.tiles.get(GgmlType::Q4_K, 4096, 1024), None);
         assert_eq!(QuantTileSpec::parse("").unwrap().quant_head, None);
-        for bad in ["head=q6", "4096=8,1024,8", "4096x4096=8,1024", "axb=1,2,4"] {
+        assert_eq!(QuantTileSpec::parse("").unwrap().prefetch_words, None);
+        let p = QuantTileSpec::parse("prefetch=8192;4096x4096=8,1024,8").unwrap();
+        assert_eq!(p.prefetch_words, Some(8 << 20));
+        assert!(p.tiles.get(GgmlType::Q4_K, 4096, 4096).is_some());
+        for bad in [
+            "head=q6",
+            "4096=8,1024,8",
+            "4096x4096=8,1024",
+            "axb=1,2,4",
+            "prefetch=8M",
+        ] {
             let e = QuantTileSpec::parse(bad).unwrap_err().to_string();
             assert!(e.contains(bad.split(';').next().unwrap()), "{bad}: {e}");
         }

@@ -376,6 +376,8 @@ pub struct AttentionWorkload {
     pub head_dim: usize,
     sets: Vec<(Buffer<bf16>, Buffer<bf16>, Buffer<bf16>)>,
     norm_w: Buffer<bf16>,
+    /// A stand-in for the quantized prefetch range (none is prefetched: its length is 0).
+    words: Buffer<u32>,
     rope_cos: Buffer<f32>,
     rope_sin: Buffer<f32>,
     q: Buffer<bf16>,
@@ -430,6 +432,7 @@ impl AttentionWorkload {
             head_dim,
             sets: s,
             norm_w: dev.upload(&rng.bf16_vec(head_dim, 1.5))?,
+            words: dev.zeros(1)?,
             rope_cos: dev.upload(&angles.iter().map(|a| a.cos()).collect::<Vec<_>>())?,
             rope_sin: dev.upload(&angles.iter().map(|a| a.sin()).collect::<Vec<_>>())?,
             q: dev.alloc_filled(num_heads * head_dim, bf16::NAN)?,
@@ -494,6 +497,8 @@ impl AttentionWorkload {
             scale: (d as f32).powf(-0.5),
             prefetch_w: &self.norm_w,
             prefetch_len: 0,
+            prefetch_q: &self.words,
+            prefetch_q_len: 0,
             stamps: &mut self.stamps,
             stamp_at: -1,
         }

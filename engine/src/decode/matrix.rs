@@ -58,6 +58,15 @@ impl Matrix {
         }
     }
 
+    /// A quantized matrix's first run's packed words (most of its bytes, its first rows
+    /// first: what the GEMV's first programs read), or `None` for dense rows.
+    pub(crate) fn quant_words(&self) -> Option<&Buffer<u32>> {
+        match self {
+            Matrix::Dense(_) => None,
+            Matrix::Quant(q) => Some(q.parts[0].m.words()),
+        }
+    }
+
     /// Kernel launches one GEMV over the matrix takes (quantized: the activation's
     /// quantization, unless the GEMV quantizes a normed input itself (`normed`,
     /// [`QuantMatrix::fuses_norm`]), then one per run of rows of one type).

@@ -110,6 +110,10 @@ pub struct LaunchPlan {
     /// Bytes of each layer's gate/up weights that `attention_split` asks L2 for (see
     /// [`tuning::attention_prefetch_bytes`]).
     pub prefetch_bytes: usize,
+    /// Bytes of each layer's quantized gate/up words that `attention_split` asks L2
+    /// for, whatever the matrix's size; `None`: the default policy
+    /// ([`tuning::attention_prefetch_words`]).
+    pub prefetch_words: Option<usize>,
 }
 
 /// The GEMVs' tiles on the interpreter (small tiles: less masked work per program).
@@ -166,6 +170,7 @@ impl LaunchPlan {
             splits: 0,
             min_chunk: if gpu { tuning::ATTENTION_MIN_CHUNK } else { 1 },
             prefetch_bytes: tuning::attention_prefetch_bytes(),
+            prefetch_words: tuning::attention_prefetch_words_override(),
         };
         // The split count is fixed for the graph's sake (the same at every position):
         // on the GPU by the one rule for the cache's capacity; the interpreter gets two,

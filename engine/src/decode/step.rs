@@ -20,6 +20,7 @@ use crate::kernels::{
 use crate::kernels_quant::{
     AttentionCombineQuantArgs, AttentionCombineQuantConsts, ATTENTION_COMBINE_QUANT,
 };
+use crate::tuning;
 
 impl Decoder {
     /// Runs one step with individual launches: reads `state`, appends to the KV cache,
@@ -273,10 +274,18 @@ impl<W: FnMut(Block) -> bool> Step<'_, W> {
         if let Some(cfg) = self.layer_config(Block::Attention, plan.attention.num_warps) {
             let stamp_at = self.stamp_at(Block::Attention, &ATTENTION_SPLIT)?;
             let s = &mut *self.s;
-            // Quantized gate/up weights are not prefetched (their arrays are not bf16).
+            // Dense gate/up weights as bf16; a quantized matrix's packed words (its
+            // scales, a sixteenth of the bytes, are not prefetched).
             let (prefetch_w, prefetch_len) = match l.gate_up_w.dense() {
                 Some(w) => (w, w.len().min(plan.prefetch_bytes / 2) as i32),
                 None => (&s.zeros, 0),
+            };
+            let (prefetch_q, prefetch_q_len) = match l.gate_up_w.quant_words() {
+                Some(q) => {
+                    let bytes = tuning::attention_prefetch_words(4 * q.len(), plan.prefetch_words);
+                    (q, (bytes / 4) as i32)
+                }
+                None => (&s.spare.no_words, 0),
             };
             AttentionSplitArgs {
                 qkv: &s.qkv,
@@ -300,6 +309,8 @@ impl<W: FnMut(Block) -> bool> Step<'_, W> {
                 scale: (c.head_dim as f32).powf(-0.5),
                 prefetch_w,
                 prefetch_len,
+                prefetch_q,
+                prefetch_q_len,
                 stamps: &mut s.spare.stamps.buf,
                 stamp_at,
             }

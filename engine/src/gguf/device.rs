@@ -786,6 +786,15 @@ pub struct DeviceQuantMatrix {
 }
 
 impl DeviceQuantMatrix {
+    /// The packed quant words, the bulk of the matrix's bytes (Q8_0's and Q4_K's `q`,
+    /// Q6_K's low nibbles `ql`), `[rows, ..]` row-major.
+    pub fn words(&self) -> &Buffer<u32> {
+        match &self.buffers {
+            QuantBuffers::Q8_0 { q, .. } | QuantBuffers::Q4K { q, .. } => q,
+            QuantBuffers::Q6K { ql, .. } => ql,
+        }
+    }
+
     /// Uploads `m`'s arrays to `dev`.
     pub fn upload(dev: &Device, m: &PackedMatrix) -> Result<Self> {
         let (rows, cols) = m.shape();
@@ -1526,6 +1535,9 @@ pub struct QuantSpare {
     part_idx: Buffer<i32>,
     y: Buffer<bf16>,
     bias: Buffer<bf16>,
+    /// A stand-in for packed words that a launch is told to read none of (the
+    /// attention's prefetch range before dense gate/up weights).
+    pub(crate) no_words: Buffer<u32>,
     /// Where the launches that take this spare write their timeline stamps.
     pub(crate) stamps: StampSlots,
 }
@@ -1546,6 +1558,7 @@ impl QuantSpare {
             part_idx: dev.zeros(1)?,
             y: dev.zeros(1)?,
             bias: dev.zeros(1)?,
+            no_words: dev.zeros(1)?,
             stamps: StampSlots::new(dev, 1)?,
         })
     }
