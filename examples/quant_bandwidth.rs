@@ -136,7 +136,7 @@ fn run(dev: &Device, sweep: bool, only_8b: bool) -> Result<(), Box<dyn std::erro
             let act_bytes = k + k / 32 * 4;
             let bytes = (packed.device_bytes() + act_bytes + 2 * n + 2 * n) as u64;
             let mut spare = QuantSpare::new(dev, k)?;
-            spare.quantize(dev, QuantVariant::Plain, &a, k, false, false)?;
+            spare.quantize(dev, QuantVariant::Plain, &a, k, false, false, None)?;
             let chosen = QuantGemvConfig::for_shape(ty, n, k);
             for variant in ["plain", "residual"] {
                 let residual = variant != "plain";

@@ -240,6 +240,9 @@ pub fn quantize_act<const B: usize, const MODE: usize, const STAMPS: usize>(
     xd: Ptr<f32>,
     #[multiple_of(32)] k: i32,
     eps: f32,
+    prefetch_q: Ptr<u32>,
+    prefetch_first: i32,
+    prefetch_len: i32,
     stamps: Ptr<i64>,
     stamp_at: i32,
 ) {
@@ -262,6 +265,17 @@ pub fn quantize_act<const B: usize, const MODE: usize, const STAMPS: usize>(
     stamp_now::<STAMPS>(stamps, stamp_at, 0);
     wait_for_prior_kernels();
     stamp_now::<STAMPS>(stamps, stamp_at, 1);
+    // Once the GEMV before has finished streaming, HBM idles through this launch: each
+    // program asks L2 for its share of the next GEMV's words
+    // `prefetch_first..prefetch_first + prefetch_len` (none when the length is 0).
+    if prefetch_len > 0 {
+        let per = cdiv(cdiv(prefetch_len, num_programs(0)), 32) * 32;
+        let first = minimum(program_id(0) * per, prefetch_len);
+        prefetch_range(
+            prefetch_q + prefetch_first + first,
+            minimum(per, prefetch_len - first),
+        );
+    }
     let mut x = load(a + e, ok, 0.0) as f32;
     if MODE == 2 {
         let u = load(a + k + e, ok, 0.0) as f32;

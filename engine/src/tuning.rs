@@ -398,6 +398,51 @@ pub fn attention_prefetch_words(words_bytes: usize, budget: Option<usize>) -> us
     bytes.min(words_bytes)
 }
 
+/// Bytes of the next GEMV's quantized words that a quantizer launch (`quantize_act`,
+/// before the QKV, gate/up and down GEMVs) asks L2 for once the GEMV before it has
+/// finished, past any the attention already asked for, where those words are at least
+/// [`QUANTIZER_PREFETCH_MIN_MATRIX`].
+///
+/// H100, in the captured step (`tilefuse bench --quant-tiles qprefetch=KiB`, seven
+/// interleaved rounds; docs/perf.md, "Quantized gate/up words prefetched during
+/// attention"): Qwen3-8B Q4_K_M at context 512, 512 KiB +0.08%, 1 MiB -0.41%, -0.43%
+/// and -0.45%, 1.5 MiB -0.60%, 2 MiB -0.23%, 4 MiB +1.64% a step (the window between
+/// two GEMVs is short: past a MiB or two the prefetch delays the next GEMV's own
+/// loads); Qwen3-0.6B Q8_0 (a 3 MiB down matrix) 1 MiB +1.55%, 512 KiB +0.55%.
+pub const QUANTIZER_PREFETCH_BYTES: usize = 1 << 20;
+
+/// The smallest quantized words (bytes) that a quantizer launch prefetches by default
+/// ([`quantizer_prefetch`]; Qwen3-8B's matrices have 12-48 MiB, Qwen3-0.6B's 1-3 MiB).
+pub const QUANTIZER_PREFETCH_MIN_MATRIX: usize = 8 << 20;
+
+/// `TILEFUSE_QUANTIZER_PREFETCH` (KiB) when set: a budget for every quantized matrix
+/// whatever its size (0 turns the prefetch off). `None`: the default policy,
+/// [`quantizer_prefetch`].
+pub fn quantizer_prefetch_override() -> Option<usize> {
+    std::env::var("TILEFUSE_QUANTIZER_PREFETCH")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .map(|kib| kib << 10)
+}
+
+/// The range, `(offset, length)` in bytes, of a GEMV's `words_bytes` of packed words
+/// that the quantizer launch before it asks L2 for, starting at `skip` (the bytes the
+/// attention already asked for): `budget` when one is set, else
+/// [`QUANTIZER_PREFETCH_BYTES`] for words of at least [`QUANTIZER_PREFETCH_MIN_MATRIX`]
+/// and none for fewer; never past the words.
+pub fn quantizer_prefetch(
+    words_bytes: usize,
+    skip: usize,
+    budget: Option<usize>,
+) -> (usize, usize) {
+    let bytes = match budget {
+        Some(b) => b,
+        None if words_bytes >= QUANTIZER_PREFETCH_MIN_MATRIX => QUANTIZER_PREFETCH_BYTES,
+        None => 0,
+    };
+    (skip, bytes.min(words_bytes.saturating_sub(skip)))
+}
+
 /// The one rule for the attention's split count, for `seq` positions (the decode step
 /// passes its KV cache's capacity: the graph fixes the count for every position) in
 /// tiles of `bs`: one split per tile, at most [`STEP_SPLITS`]. With
@@ -505,6 +550,14 @@ mod tests {
         assert_eq!(attention_prefetch_words(small, Some(1 << 20)), 1 << 20);
         assert_eq!(attention_prefetch_words(small, Some(64 << 20)), small);
         assert_eq!(attention_prefetch_words(big, Some(0)), 0);
+        // The quantizers: 8B's QKV words (6144 x 4096 at 4 bits), 0.6B's Q8_0 down.
+        let (qkv, down) = (6144 * 4096 / 2, 1024 * 3072);
+        assert_eq!(quantizer_prefetch(qkv, 0, None), (0, 1 << 20));
+        assert_eq!(quantizer_prefetch(down, 0, None), (0, 0));
+        assert_eq!(quantizer_prefetch(down, 0, Some(512 << 10)), (0, 512 << 10));
+        assert_eq!(quantizer_prefetch(big, 8 << 20, None), (8 << 20, 1 << 20));
+        assert_eq!(quantizer_prefetch(qkv, qkv - 100, None), (qkv - 100, 100));
+        assert_eq!(quantizer_prefetch(qkv, 2 * qkv, None), (2 * qkv, 0));
     }
 
     #[test]

@@ -942,12 +942,19 @@ fn q4_k_m_layouts_in_fused_launches_match_the_dense_step() {
         return q4_k_m_layouts_match_the_dense_step();
     }
     let name = "q4_k_m_layouts_in_fused_launches_match_the_dense_step";
-    let settings: [&[(&str, &str)]; 6] = [
+    let settings: [&[(&str, &str)]; 7] = [
         &[],
         &[("TILEFUSE_QUANT_SILU_GATE_UP", "0")],
         // Every layer's quantized gate/up words prefetched during attention (the
         // interpreter checks the ranges against the buffer).
         &[("TILEFUSE_PREFETCH_WORDS", "64")],
+        // And the next GEMV's words prefetched by each quantizer launch (with the
+        // quantizers before QKV and gate/up).
+        &[
+            ("TILEFUSE_QUANT_NORM_FUSED", "0"),
+            ("TILEFUSE_PREFETCH_WORDS", "1"),
+            ("TILEFUSE_QUANTIZER_PREFETCH", "64"),
+        ],
         &[("TILEFUSE_QUANT_NORM_FUSED", "0")],
         &[
             ("TILEFUSE_QUANT_NORM_FUSED", "0"),

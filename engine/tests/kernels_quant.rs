@@ -880,7 +880,9 @@ fn q4_k_and_q6_k_runs_in_one_launch_match_two() {
                         norm_w: &norm_w,
                         eps: EPS,
                     };
-                    spare.quantize(&dev, norm, &a, k, false, false).unwrap();
+                    spare
+                        .quantize(&dev, norm, &a, k, false, false, None)
+                        .unwrap();
                     let input = fused.then_some((&a, &norm_w, EPS));
                     // Two launches, each run's rows into its part of `want`.
                     let mut want = dev.alloc_filled(n4 + n6, bf16::NAN).unwrap();

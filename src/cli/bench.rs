@@ -103,6 +103,8 @@ pub struct BenchArgs {
     /// default inside the captured graph, interleaved over rounds (repeatable; `;`-
     /// separated entries: `head=quant` or `head=bf16` for the LM head's format,
     /// `prefetch=KiB` for the quantized gate/up words the attention asks L2 for,
+    /// `qprefetch=KiB` for the next GEMV's words each quantizer launch asks for,
+    /// `splits=N`, `min_chunk=N` and `combine_dc=N` for the attention's splits and merge,
     /// `ROWSxCOLS=n,k,warps` for the quantized GEMVs of that shape, `norm:ROWSxCOLS=..`
     /// for those that quantize their normed input themselves, a type before the shape
     /// for runs of that type only (`Q6_K:4096x12288=8,1024,8`), e.g.

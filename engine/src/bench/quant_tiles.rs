@@ -25,26 +25,54 @@ pub struct QuantTileSpec {
     /// whatever their size (`prefetch=KiB`; `None`: the engine's,
     /// [`crate::tuning::attention_prefetch_words`]).
     pub prefetch_words: Option<usize>,
+    /// Bytes of the next GEMV's quantized words each quantizer launch asks L2 for
+    /// (`qprefetch=KiB`; `None`: the decoder's).
+    pub quantizer_prefetch: Option<usize>,
+    /// The attention's split count (`splits=N`; `None`: the decoder's).
+    pub splits: Option<usize>,
+    /// The attention's fewest positions a split (`min_chunk=N`; `None`: the decoder's).
+    pub min_chunk: Option<usize>,
+    /// Head columns a combine program merges (`combine_dc=N`, 32, 64 or 128 as
+    /// compiled; `None`: the decoder's).
+    pub combine_dc: Option<usize>,
     /// Configurations per shape (the rest as `QuantGemvConfig::for_step` chooses).
     pub tiles: QuantTiles,
 }
 
 impl QuantTileSpec {
-    /// Parses `;`-separated entries: `head=quant` or `head=bf16`, `prefetch=KiB`, and
-    /// `[norm:][TYPE:]ROWSxCOLS=n,k,warps` ([`QuantTiles::parse`]). An empty spec is the default.
+    /// Parses `;`-separated entries: `head=quant` or `head=bf16`, `prefetch=KiB`,
+    /// `qprefetch=KiB`,
+    /// `splits=N`, `min_chunk=N`, `combine_dc=N`, and `[norm:][TYPE:]ROWSxCOLS=n,k,warps`
+    /// ([`QuantTiles::parse`]). An empty spec is the default.
     pub fn parse(spec: &str) -> Result<QuantTileSpec> {
         let mut quant_head = None;
-        let mut prefetch_words = None;
+        let (mut prefetch_words, mut splits, mut min_chunk) = (None, None, None);
+        let (mut combine_dc, mut quantizer_prefetch) = (None, None);
         let mut rest = Vec::new();
         for entry in spec.split(';').map(str::trim).filter(|e| !e.is_empty()) {
+            let number = |v: &str| {
+                v.trim().parse::<usize>().map_err(|_| EngineError::Option {
+                    message: format!("`{entry}`: expected a whole number after `=`"),
+                })
+            };
             if let Some(kib) = entry.strip_prefix("prefetch=") {
-                let kib = kib
-                    .trim()
-                    .parse::<usize>()
-                    .map_err(|_| EngineError::Option {
-                        message: format!("`{entry}`: the prefetch is `prefetch=KiB`"),
-                    })?;
-                prefetch_words = Some(kib << 10);
+                prefetch_words = Some(number(kib)? << 10);
+                continue;
+            }
+            if let Some(kib) = entry.strip_prefix("qprefetch=") {
+                quantizer_prefetch = Some(number(kib)? << 10);
+                continue;
+            }
+            if let Some(n) = entry.strip_prefix("splits=") {
+                splits = Some(number(n)?.max(1));
+                continue;
+            }
+            if let Some(n) = entry.strip_prefix("min_chunk=") {
+                min_chunk = Some(number(n)?.max(1));
+                continue;
+            }
+            if let Some(n) = entry.strip_prefix("combine_dc=") {
+                combine_dc = Some(number(n)?);
                 continue;
             }
             match entry {
@@ -62,6 +90,10 @@ impl QuantTileSpec {
             text: spec.trim().to_string(),
             quant_head,
             prefetch_words,
+            quantizer_prefetch,
+            splits,
+            min_chunk,
+            combine_dc,
             tiles: QuantTiles::parse(&rest.join(";"))?,
         })
     }
@@ -115,6 +147,10 @@ pub fn compare(
         text: "default".into(),
         quant_head: None,
         prefetch_words: None,
+        quantizer_prefetch: None,
+        splits: None,
+        min_chunk: None,
+        combine_dc: None,
         tiles: QuantTiles::default(),
     };
     let all: Vec<&QuantTileSpec> = std::iter::once(&default).chain(specs).collect();
@@ -129,16 +165,26 @@ pub fn compare(
             });
         }
     }
-    let prefetch_default = dec.attention_prefetch_words();
+    // The decoders' own plans, edited by each spec.
+    let base = dec.plan().clone();
+    let base_other = other.as_deref().map(|o| o.plan().clone());
     let mut ms = vec![Vec::new(); all.len()];
     for _ in 0..QUANT_TILE_ROUNDS {
         for (i, s) in all.iter().enumerate() {
-            let d: &mut Decoder = match (s.quant_head, other.as_deref_mut()) {
-                (Some(q), Some(o)) if q != policy => o,
-                _ => &mut *dec,
+            let (d, plan): (&mut Decoder, _) = match (s.quant_head, other.as_deref_mut()) {
+                (Some(q), Some(o)) if q != policy => (o, base_other.clone()),
+                _ => (&mut *dec, Some(base.clone())),
             };
+            let mut plan = plan.unwrap_or_else(|| base.clone());
+            if let Some(n) = s.splits {
+                plan = plan.with_splits(n);
+            }
+            plan.min_chunk = s.min_chunk.unwrap_or(plan.min_chunk);
+            plan.combine.consts.dc = s.combine_dc.unwrap_or(plan.combine.consts.dc);
+            plan.prefetch_words = s.prefetch_words.or(plan.prefetch_words);
+            plan.quantizer_prefetch = s.quantizer_prefetch.or(plan.quantizer_prefetch);
+            d.set_plan(plan)?;
             d.set_quant_tiles(&s.tiles)?;
-            d.set_attention_prefetch_words(s.prefetch_words.or(prefetch_default));
             d.capture()?;
             ms[i].push(d.time_replays(token, context, tokens)?);
         }
@@ -158,9 +204,12 @@ pub fn compare(
             vs_default: median(rel),
         });
     }
+    dec.set_plan(base)?;
+    if let (Some(o), Some(p)) = (other.as_deref_mut(), base_other) {
+        o.set_plan(p)?;
+    }
     for d in std::iter::once(dec).chain(other) {
         d.set_quant_tiles(&QuantTiles::default())?;
-        d.set_attention_prefetch_words(prefetch_default);
         d.release_graph();
     }
     Ok(rows)
@@ -226,8 +275,16 @@ mod tests {
         assert_eq!(s.tiles.get(GgmlType::Q4_K, 4096, 1024), None);
         assert_eq!(QuantTileSpec::parse("").unwrap().quant_head, None);
         assert_eq!(QuantTileSpec::parse("").unwrap().prefetch_words, None);
-        let p = QuantTileSpec::parse("prefetch=8192;4096x4096=8,1024,8").unwrap();
+        let p =
+            QuantTileSpec::parse("prefetch=8192;4096x4096=8,1024,8;splits=16;min_chunk=1").unwrap();
         assert_eq!(p.prefetch_words, Some(8 << 20));
+        assert_eq!((p.splits, p.min_chunk), (Some(16), Some(1)));
+        assert_eq!(
+            QuantTileSpec::parse("combine_dc=32").unwrap().combine_dc,
+            Some(32)
+        );
+        let q = QuantTileSpec::parse("qprefetch=2048").unwrap();
+        assert_eq!(q.quantizer_prefetch, Some(2 << 20));
         assert!(p.tiles.get(GgmlType::Q4_K, 4096, 4096).is_some());
         for bad in [
             "head=q6",
@@ -235,6 +292,7 @@ mod tests {
             "4096x4096=8,1024",
             "axb=1,2,4",
             "prefetch=8M",
+            "splits=x",
         ] {
             let e = QuantTileSpec::parse(bad).unwrap_err().to_string();
             assert!(e.contains(bad.split(';').next().unwrap()), "{bad}: {e}");

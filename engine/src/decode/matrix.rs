@@ -123,6 +123,11 @@ pub(crate) struct QuantMatrix {
 }
 
 impl QuantMatrix {
+    /// Words in the first run's packed array ([`DeviceQuantMatrix::words`]).
+    pub(crate) fn words_len(&self) -> usize {
+        self.parts[0].m.words().len()
+    }
+
     /// Uploads the row blocks `blocks` (stacked in order, equal columns), merging
     /// neighbours of one type into one run; each run launches as
     /// [`QuantGemvConfig::for_step`] says (`head`: the LM head).
@@ -265,6 +270,8 @@ impl QuantMatrix {
         spare: &mut QuantSpare,
     ) -> Result<()> {
         let cols = self.parts[0].m.cols;
+        // Taken whether or not a quantizer launches, so that no later GEMV's sees it.
+        let (offset, bytes) = std::mem::take(&mut spare.prefetch_request);
         if let (QuantVariant::Norm { norm_w, eps }, true) = (variant, self.fuses_norm()) {
             if let ([p4, p6], Some((cfg, cfg6))) = (self.parts.as_slice(), self.merged) {
                 let (norm, serialized) = (Some((a, norm_w, eps)), launch.serialized);
@@ -283,7 +290,8 @@ impl QuantMatrix {
             }
             return Ok(());
         }
-        spare.quantize(dev, variant, a, cols, false, launch.serialized)?;
+        let prefetch = Some((self.parts[0].m.words(), offset, bytes));
+        spare.quantize(dev, variant, a, cols, false, launch.serialized, prefetch)?;
         self.gemv_quantized_input(dev, variant, y, bias, spare)
     }
 

@@ -361,23 +361,6 @@ impl Decoder {
         Ok(())
     }
 
-    /// Bytes of each layer's quantized gate/up words that the attention launch asks L2
-    /// for, whatever the matrix's size; `None`: the default policy
-    /// ([`crate::tuning::attention_prefetch_words`]).
-    pub fn attention_prefetch_words(&self) -> Option<usize> {
-        self.plan.prefetch_words
-    }
-
-    /// Sets [`Decoder::attention_prefetch_words`] (for measuring it inside the step:
-    /// `tilefuse bench --quant-tiles prefetch=KiB`). Drops a captured graph when it
-    /// changes.
-    pub fn set_attention_prefetch_words(&mut self, bytes: Option<usize>) {
-        if bytes != self.plan.prefetch_words {
-            self.graph = None;
-            self.plan.prefetch_words = bytes;
-        }
-    }
-
     /// Kernel launches per step.
     pub fn kernels_per_step(&self) -> usize {
         Block::ALL.iter().map(|&b| self.launches(b)).sum()

@@ -114,6 +114,10 @@ pub struct LaunchPlan {
     /// for, whatever the matrix's size; `None`: the default policy
     /// ([`tuning::attention_prefetch_words`]).
     pub prefetch_words: Option<usize>,
+    /// Bytes of the next GEMV's quantized words that each quantizer launch asks L2 for,
+    /// whatever the matrix's size; `None`: the default policy
+    /// ([`tuning::quantizer_prefetch`]).
+    pub quantizer_prefetch: Option<usize>,
 }
 
 /// The GEMVs' tiles on the interpreter (small tiles: less masked work per program).
@@ -171,6 +175,7 @@ impl LaunchPlan {
             min_chunk: if gpu { tuning::ATTENTION_MIN_CHUNK } else { 1 },
             prefetch_bytes: tuning::attention_prefetch_bytes(),
             prefetch_words: tuning::attention_prefetch_words_override(),
+            quantizer_prefetch: tuning::quantizer_prefetch_override(),
         };
         // The split count is fixed for the graph's sake (the same at every position):
         // on the GPU by the one rule for the cache's capacity; the interpreter gets two,

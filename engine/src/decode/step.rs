@@ -140,6 +140,13 @@ pub(super) fn combine_quantizes(plan: &LaunchPlan, o_w: &Matrix) -> bool {
 
 /// The quantizing combine's constants for `plan`, with the stamp code only for a
 /// launch that has timeline slots (`stamp_at >= 0`).
+/// The range of `w`'s packed words, `(offset, length)` in bytes from `skip`, that the
+/// quantizer launch before its GEMV asks L2 for ([`tuning::quantizer_prefetch`]).
+fn quantizer_prefetch(plan: &LaunchPlan, w: &Matrix, skip: usize) -> (usize, usize) {
+    let words = w.quant_words().map_or(0, |q| 4 * q.len());
+    tuning::quantizer_prefetch(words, skip, plan.quantizer_prefetch)
+}
+
 fn quant_combine_consts(plan: &LaunchPlan, stamp_at: i32) -> AttentionCombineQuantConsts {
     let c = plan.combine.consts;
     AttentionCombineQuantConsts {
@@ -234,6 +241,7 @@ impl<W: FnMut(Block) -> bool> Step<'_, W> {
                     eps,
                 };
                 let s = &mut *self.s;
+                s.spare.prefetch_request = quantizer_prefetch(self.plan, &l.qkv_w, 0);
                 return q.gemv(
                     self.dev,
                     cfg,
@@ -411,6 +419,10 @@ impl<W: FnMut(Block) -> bool> Step<'_, W> {
                     let s = &mut *self.s;
                     let (norm_w, act) = (&l.post_norm, &mut s.act);
                     let norm = QuantVariant::Norm { norm_w, eps };
+                    // Past the words the attention asked for.
+                    let words = 4 * q.words_len();
+                    let skip = tuning::attention_prefetch_words(words, self.plan.prefetch_words);
+                    s.spare.prefetch_request = quantizer_prefetch(self.plan, &l.gate_up_w, skip);
                     q.gemv(self.dev, cfg, norm, &s.x, act, &s.zeros, &mut s.spare)?;
                     if l.down_w.dense().is_some() {
                         let stamps = &mut s.spare.stamps;
@@ -452,6 +464,7 @@ impl<W: FnMut(Block) -> bool> Step<'_, W> {
                     Matrix::Quant(_) => QuantVariant::SiluMulResidual,
                     Matrix::Dense(_) => QuantVariant::Residual,
                 };
+                s.spare.prefetch_request = quantizer_prefetch(self.plan, &l.down_w, 0);
                 return q.gemv(self.dev, cfg, res, &s.act, &mut s.x, &s.zeros, &mut s.spare);
             }
         };

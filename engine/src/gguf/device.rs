@@ -266,6 +266,8 @@ pub struct QuantRows {
     xd: Buffer<f32>,
     /// The quantizer's timeline stamps, never written (`stamp_at` is -1).
     no_stamps: Buffer<i64>,
+    /// The quantizer's prefetch range, never read (its length is 0).
+    no_words: Buffer<u32>,
 }
 
 impl QuantRows {
@@ -278,6 +280,7 @@ impl QuantRows {
             rows: 0,
             width: 0,
             no_stamps: dev.zeros(4)?,
+            no_words: dev.zeros(1)?,
             xq: dev.zeros((rows * cols / 4).max(1))?,
             xd: dev.zeros((rows * cols / 32).max(1))?,
         })
@@ -334,6 +337,9 @@ impl QuantRows {
             (&mut self.xd).into(),
             (len as i32).into(),
             0.0f32.into(),
+            (&self.no_words).into(),
+            0i32.into(),
+            0i32.into(),
             (&mut self.no_stamps).into(),
             (-1i32).into(),
         ];
@@ -1197,7 +1203,7 @@ impl DeviceQuantMatrix {
         serialized: bool,
     ) -> Result<()> {
         let head = matches!(out, QuantOut::Head { .. });
-        spare.quantize(dev, variant, a, self.cols, head, serialized)?;
+        spare.quantize(dev, variant, a, self.cols, head, serialized, None)?;
         self.launch_quantized(dev, cfg, variant.residual(), out, spare, false)
     }
 
@@ -1538,6 +1544,10 @@ pub struct QuantSpare {
     /// A stand-in for packed words that a launch is told to read none of (the
     /// attention's prefetch range before dense gate/up weights).
     pub(crate) no_words: Buffer<u32>,
+    /// Bytes of the next GEMV's packed words (its first run's) that the quantizer launch
+    /// before it asks L2 for, `(offset, length)`: set by the decode step before a
+    /// GEMV, taken by that GEMV (length 0: none).
+    pub(crate) prefetch_request: (usize, usize),
     /// Where the launches that take this spare write their timeline stamps.
     pub(crate) stamps: StampSlots,
 }
@@ -1559,6 +1569,7 @@ impl QuantSpare {
             y: dev.zeros(1)?,
             bias: dev.zeros(1)?,
             no_words: dev.zeros(1)?,
+            prefetch_request: (0, 0),
             stamps: StampSlots::new(dev, 1)?,
         })
     }
@@ -1574,7 +1585,10 @@ impl QuantSpare {
     /// Quantizes the GEMV input of `cols` columns computed from `a` by `variant` (with
     /// `head`, the LM head's final norm) into the activation buffers
     /// ([`crate::kernels_quant::quantize_act`]). `serialized`: the launch waits for all
-    /// earlier work.
+    /// earlier work. `prefetch`: the next GEMV's packed words and the range of them,
+    /// `(offset, length)` in bytes, that the launch asks L2 for once the launch before
+    /// it has finished (clamped to the words).
+    #[allow(clippy::too_many_arguments)]
     pub fn quantize(
         &mut self,
         dev: &Device,
@@ -1583,6 +1597,7 @@ impl QuantSpare {
         cols: usize,
         head: bool,
         serialized: bool,
+        prefetch: Option<(&Buffer<u32>, usize, usize)>,
     ) -> Result<()> {
         let (mode, norm_w, eps) = match variant {
             QuantVariant::Plain | QuantVariant::Residual => (0, a, 0.0),
@@ -1616,9 +1631,21 @@ impl QuantSpare {
             (&mut self.xd).into(),
             (cols as i32).into(),
             eps.into(),
-            (&mut self.stamps.buf).into(),
-            stamp_at.into(),
         ];
+        // The prefetch range in words, inside the buffer.
+        let (words, first, len) = match prefetch {
+            Some((q, offset, bytes)) => {
+                let first = (offset / 4).min(q.len());
+                (q, first, (bytes / 4).min(q.len() - first))
+            }
+            None => (&self.no_words, 0, 0),
+        };
+        args.extend([
+            KernelArg::from(words),
+            (first as i32).into(),
+            (len as i32).into(),
+        ]);
+        args.extend([(&mut self.stamps.buf).into(), stamp_at.into()]);
         QUANTIZE_ACT.launch_dyn(
             dev,
             launch,
