@@ -352,10 +352,31 @@ pub const ATTENTION_PREFETCH_BYTES: usize = 4 << 20;
 
 /// [`ATTENTION_PREFETCH_BYTES`], or `TILEFUSE_PREFETCH` (KiB) when set.
 pub fn attention_prefetch_bytes() -> usize {
-    std::env::var("TILEFUSE_PREFETCH")
+    env_kib("TILEFUSE_PREFETCH").unwrap_or(ATTENTION_PREFETCH_BYTES)
+}
+
+/// The environment variable `name` read as KiB, in bytes (`None` when unset or not a
+/// whole number).
+fn env_kib(name: &str) -> Option<usize> {
+    std::env::var(name)
         .ok()
         .and_then(|v| v.parse::<usize>().ok())
-        .map_or(ATTENTION_PREFETCH_BYTES, |kib| kib << 10)
+        .map(|kib| kib << 10)
+}
+
+/// A prefetch's bytes of `words_bytes` of packed words: `budget` when one is set, else
+/// `default` for words of at least `min_words` and none for fewer.
+fn words_budget(
+    words_bytes: usize,
+    budget: Option<usize>,
+    default: usize,
+    min_words: usize,
+) -> usize {
+    match budget {
+        Some(b) => b,
+        None if words_bytes >= min_words => default,
+        None => 0,
+    }
 }
 
 /// Bytes of each layer's quantized gate/up words (at most all of them) that the decode
@@ -379,10 +400,7 @@ pub const PREFETCH_WORDS_MIN_MATRIX: usize = 32 << 20;
 /// matrix whatever its size (0 turns the prefetch off). `None`: the default policy,
 /// [`attention_prefetch_words`].
 pub fn attention_prefetch_words_override() -> Option<usize> {
-    std::env::var("TILEFUSE_PREFETCH_WORDS")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .map(|kib| kib << 10)
+    env_kib("TILEFUSE_PREFETCH_WORDS")
 }
 
 /// Bytes of a quantized gate/up matrix's `words_bytes` of packed words that the
@@ -390,12 +408,8 @@ pub fn attention_prefetch_words_override() -> Option<usize> {
 /// [`ATTENTION_PREFETCH_WORDS_BYTES`] for matrices of at least
 /// [`PREFETCH_WORDS_MIN_MATRIX`] and none for smaller ones; never more than the words.
 pub fn attention_prefetch_words(words_bytes: usize, budget: Option<usize>) -> usize {
-    let bytes = match budget {
-        Some(b) => b,
-        None if words_bytes >= PREFETCH_WORDS_MIN_MATRIX => ATTENTION_PREFETCH_WORDS_BYTES,
-        None => 0,
-    };
-    bytes.min(words_bytes)
+    let default = ATTENTION_PREFETCH_WORDS_BYTES;
+    words_budget(words_bytes, budget, default, PREFETCH_WORDS_MIN_MATRIX).min(words_bytes)
 }
 
 /// Bytes of the next GEMV's quantized words that a quantizer launch (`quantize_act`,
@@ -419,10 +433,7 @@ pub const QUANTIZER_PREFETCH_MIN_MATRIX: usize = 8 << 20;
 /// whatever its size (0 turns the prefetch off). `None`: the default policy,
 /// [`quantizer_prefetch`].
 pub fn quantizer_prefetch_override() -> Option<usize> {
-    std::env::var("TILEFUSE_QUANTIZER_PREFETCH")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .map(|kib| kib << 10)
+    env_kib("TILEFUSE_QUANTIZER_PREFETCH")
 }
 
 /// The range, `(offset, length)` in bytes, of a GEMV's `words_bytes` of packed words
@@ -435,11 +446,8 @@ pub fn quantizer_prefetch(
     skip: usize,
     budget: Option<usize>,
 ) -> (usize, usize) {
-    let bytes = match budget {
-        Some(b) => b,
-        None if words_bytes >= QUANTIZER_PREFETCH_MIN_MATRIX => QUANTIZER_PREFETCH_BYTES,
-        None => 0,
-    };
+    let default = QUANTIZER_PREFETCH_BYTES;
+    let bytes = words_budget(words_bytes, budget, default, QUANTIZER_PREFETCH_MIN_MATRIX);
     (skip, bytes.min(words_bytes.saturating_sub(skip)))
 }
 

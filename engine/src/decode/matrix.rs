@@ -123,11 +123,6 @@ pub(crate) struct QuantMatrix {
 }
 
 impl QuantMatrix {
-    /// Words in the first run's packed array ([`DeviceQuantMatrix::words`]).
-    pub(crate) fn words_len(&self) -> usize {
-        self.parts[0].m.words().len()
-    }
-
     /// Uploads the row blocks `blocks` (stacked in order, equal columns), merging
     /// neighbours of one type into one run; each run launches as
     /// [`QuantGemvConfig::for_step`] says (`head`: the LM head).
@@ -257,7 +252,9 @@ impl QuantMatrix {
 
     /// The GEMV of the decode step's projections: `y = variant(W · a) + bias` over
     /// every run: the activation quantized once (`launch` gives whether that launch is
-    /// serialized), then each run's GEMV on its own grid.
+    /// serialized), then each run's GEMV on its own grid. `prefetch`: the range of the
+    /// first run's packed words, `(offset, length)` in bytes, that the quantizer launch
+    /// asks L2 for (none where the GEMV quantizes its input itself).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn gemv(
         &self,
@@ -268,10 +265,9 @@ impl QuantMatrix {
         y: &mut Buffer<bf16>,
         bias: &Buffer<bf16>,
         spare: &mut QuantSpare,
+        (offset, bytes): (usize, usize),
     ) -> Result<()> {
         let cols = self.parts[0].m.cols;
-        // Taken whether or not a quantizer launches, so that no later GEMV's sees it.
-        let (offset, bytes) = std::mem::take(&mut spare.prefetch_request);
         if let (QuantVariant::Norm { norm_w, eps }, true) = (variant, self.fuses_norm()) {
             if let ([p4, p6], Some((cfg, cfg6))) = (self.parts.as_slice(), self.merged) {
                 let (norm, serialized) = (Some((a, norm_w, eps)), launch.serialized);

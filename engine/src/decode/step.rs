@@ -138,8 +138,13 @@ pub(super) fn combine_quantizes(plan: &LaunchPlan, o_w: &Matrix) -> bool {
             .is_ok()
 }
 
-/// The quantizing combine's constants for `plan`, with the stamp code only for a
-/// launch that has timeline slots (`stamp_at >= 0`).
+/// Bytes of `w`'s packed words that the attention launch asks L2 for
+/// ([`tuning::attention_prefetch_words`]; none for dense rows).
+fn attention_prefetch(plan: &LaunchPlan, w: &Matrix) -> usize {
+    let words = w.quant_words().map_or(0, |q| 4 * q.len());
+    tuning::attention_prefetch_words(words, plan.prefetch_words)
+}
+
 /// The range of `w`'s packed words, `(offset, length)` in bytes from `skip`, that the
 /// quantizer launch before its GEMV asks L2 for ([`tuning::quantizer_prefetch`]).
 fn quantizer_prefetch(plan: &LaunchPlan, w: &Matrix, skip: usize) -> (usize, usize) {
@@ -147,6 +152,8 @@ fn quantizer_prefetch(plan: &LaunchPlan, w: &Matrix, skip: usize) -> (usize, usi
     tuning::quantizer_prefetch(words, skip, plan.quantizer_prefetch)
 }
 
+/// The quantizing combine's constants for `plan`, with the stamp code only for a
+/// launch that has timeline slots (`stamp_at >= 0`).
 fn quant_combine_consts(plan: &LaunchPlan, stamp_at: i32) -> AttentionCombineQuantConsts {
     let c = plan.combine.consts;
     AttentionCombineQuantConsts {
@@ -241,7 +248,6 @@ impl<W: FnMut(Block) -> bool> Step<'_, W> {
                     eps,
                 };
                 let s = &mut *self.s;
-                s.spare.prefetch_request = quantizer_prefetch(self.plan, &l.qkv_w, 0);
                 return q.gemv(
                     self.dev,
                     cfg,
@@ -250,6 +256,7 @@ impl<W: FnMut(Block) -> bool> Step<'_, W> {
                     &mut s.qkv,
                     &l.qkv_b,
                     &mut s.spare,
+                    quantizer_prefetch(self.plan, &l.qkv_w, 0),
                 );
             }
         };
@@ -289,10 +296,7 @@ impl<W: FnMut(Block) -> bool> Step<'_, W> {
                 None => (&s.zeros, 0),
             };
             let (prefetch_q, prefetch_q_len) = match l.gate_up_w.quant_words() {
-                Some(q) => {
-                    let bytes = tuning::attention_prefetch_words(4 * q.len(), plan.prefetch_words);
-                    (q, (bytes / 4) as i32)
-                }
+                Some(q) => (q, (attention_prefetch(plan, &l.gate_up_w) / 4) as i32),
                 None => (&s.spare.no_words, 0),
             };
             AttentionSplitArgs {
@@ -378,7 +382,8 @@ impl<W: FnMut(Block) -> bool> Step<'_, W> {
                 if std::mem::take(&mut self.o_input_quantized) {
                     return q.gemv_quantized_input(self.dev, res, &mut s.x, &l.o_b, &mut s.spare);
                 }
-                return q.gemv(self.dev, cfg, res, &s.attn, &mut s.x, &l.o_b, &mut s.spare);
+                let (attn, spare) = (&s.attn, &mut s.spare);
+                return q.gemv(self.dev, cfg, res, attn, &mut s.x, &l.o_b, spare, (0, 0));
             }
         };
         let stamp_at = self.stamp_at(Block::OProj, &GEMV_RESIDUAL)?;
@@ -420,10 +425,10 @@ impl<W: FnMut(Block) -> bool> Step<'_, W> {
                     let (norm_w, act) = (&l.post_norm, &mut s.act);
                     let norm = QuantVariant::Norm { norm_w, eps };
                     // Past the words the attention asked for.
-                    let words = 4 * q.words_len();
-                    let skip = tuning::attention_prefetch_words(words, self.plan.prefetch_words);
-                    s.spare.prefetch_request = quantizer_prefetch(self.plan, &l.gate_up_w, skip);
-                    q.gemv(self.dev, cfg, norm, &s.x, act, &s.zeros, &mut s.spare)?;
+                    let skip = attention_prefetch(self.plan, &l.gate_up_w);
+                    let prefetch = quantizer_prefetch(self.plan, &l.gate_up_w, skip);
+                    let spare = &mut s.spare;
+                    q.gemv(self.dev, cfg, norm, &s.x, act, &s.zeros, spare, prefetch)?;
                     if l.down_w.dense().is_some() {
                         let stamps = &mut s.spare.stamps;
                         silu_mul_in_place(self.dev, act, c.intermediate_size, stamps)?;
@@ -464,8 +469,9 @@ impl<W: FnMut(Block) -> bool> Step<'_, W> {
                     Matrix::Quant(_) => QuantVariant::SiluMulResidual,
                     Matrix::Dense(_) => QuantVariant::Residual,
                 };
-                s.spare.prefetch_request = quantizer_prefetch(self.plan, &l.down_w, 0);
-                return q.gemv(self.dev, cfg, res, &s.act, &mut s.x, &s.zeros, &mut s.spare);
+                let prefetch = quantizer_prefetch(self.plan, &l.down_w, 0);
+                let (act, spare) = (&s.act, &mut s.spare);
+                return q.gemv(self.dev, cfg, res, act, &mut s.x, &s.zeros, spare, prefetch);
             }
         };
         let stamp_at = self.stamp_at(Block::Down, &GEMV_RESIDUAL)?;

@@ -1544,10 +1544,6 @@ pub struct QuantSpare {
     /// A stand-in for packed words that a launch is told to read none of (the
     /// attention's prefetch range before dense gate/up weights).
     pub(crate) no_words: Buffer<u32>,
-    /// Bytes of the next GEMV's packed words (its first run's) that the quantizer launch
-    /// before it asks L2 for, `(offset, length)`: set by the decode step before a
-    /// GEMV, taken by that GEMV (length 0: none).
-    pub(crate) prefetch_request: (usize, usize),
     /// Where the launches that take this spare write their timeline stamps.
     pub(crate) stamps: StampSlots,
 }
@@ -1569,7 +1565,6 @@ impl QuantSpare {
             y: dev.zeros(1)?,
             bias: dev.zeros(1)?,
             no_words: dev.zeros(1)?,
-            prefetch_request: (0, 0),
             stamps: StampSlots::new(dev, 1)?,
         })
     }
