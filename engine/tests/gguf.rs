@@ -557,7 +557,7 @@ fn engine_loads_a_gguf_file_and_decodes_like_the_reference() {
 /// of the dense step). On the interpreter, and on the GPU when there is one.
 #[test]
 fn a_quantized_models_prefill_is_the_dense_prefill_on_dequantized_weights() {
-    use tilefuse_dsl::runtime::testing::gpu_or_skip;
+    use tilefuse_dsl::runtime::testing::{gpu_or_skip, gpu_turn};
     use tilefuse_dsl::runtime::Device;
     use tilefuse_engine::decode::QuantWeights;
     use tilefuse_engine::Decoder;
@@ -575,6 +575,9 @@ fn a_quantized_models_prefill_is_the_dense_prefill_on_dequantized_weights() {
     devices.extend(gpu_or_skip(
         "a_quantized_models_prefill_is_the_dense_prefill_on_dequantized_weights",
     ));
+    // This process's tests share one stream: another's graph capture must not
+    // overlap this test's work.
+    let _turn = (devices.len() > 1).then(gpu_turn);
     for dev in devices {
         let mut dense = Decoder::with_quant(&cfg, &mw, &QuantWeights::default(), &dev, 16).unwrap();
         let mut quant = Decoder::with_quant(&cfg, &mw, &qw, &dev, 16).unwrap();
@@ -621,7 +624,7 @@ fn a_quantized_models_prefill_is_the_dense_prefill_on_dequantized_weights() {
 /// a chunk longer than the multi-token GEMVs take (which dequantizes), and decodes on.
 #[test]
 fn a_quantized_models_short_chunks_take_the_multi_token_gemvs() {
-    use tilefuse_dsl::runtime::testing::gpu_or_skip;
+    use tilefuse_dsl::runtime::testing::{gpu_or_skip, gpu_turn};
     use tilefuse_dsl::runtime::Device;
     use tilefuse_engine::decode::QuantWeights;
     use tilefuse_engine::Decoder;
@@ -638,6 +641,9 @@ fn a_quantized_models_short_chunks_take_the_multi_token_gemvs() {
     devices.extend(gpu_or_skip(
         "a_quantized_models_short_chunks_take_the_multi_token_gemvs",
     ));
+    // This process's tests share one stream: another's graph capture must not
+    // overlap this test's work.
+    let _turn = (devices.len() > 1).then(gpu_turn);
     for dev in devices {
         let mut dense = Decoder::with_quant(&cfg, &mw, &QuantWeights::default(), &dev, 32).unwrap();
         let mut quant = Decoder::with_quant(&cfg, &mw, &qw, &dev, 32).unwrap();
@@ -794,7 +800,7 @@ fn llama_q_and_k_rows_are_permuted_back() {
 /// step's logits and the dense step's but for near-ties. On the interpreter, and on the GPU when there is one.
 #[test]
 fn quantized_step_matches_the_dense_step_on_dequantized_weights() {
-    use tilefuse_dsl::runtime::testing::gpu_or_skip;
+    use tilefuse_dsl::runtime::testing::{gpu_or_skip, gpu_turn};
     use tilefuse_dsl::runtime::Device;
     use tilefuse_engine::gguf::quant::GgmlType;
     use tilefuse_engine::{Decoder, Engine, EngineOptions};
@@ -804,6 +810,9 @@ fn quantized_step_matches_the_dense_step_on_dequantized_weights() {
     devices.extend(gpu_or_skip(
         "quantized_step_matches_the_dense_step_on_dequantized_weights",
     ));
+    // This process's tests share one stream: another's graph capture must not
+    // overlap this test's work.
+    let _turn = (devices.len() > 1).then(gpu_turn);
     for dev in devices {
         let opts = EngineOptions {
             device: dev.clone(),
@@ -985,7 +994,7 @@ fn q4_k_m_layouts_in_fused_launches_match_the_dense_step() {
 fn q4_k_m_layouts_match_the_dense_step() {
     use std::borrow::Cow;
     use tilefuse_dsl::half::bf16;
-    use tilefuse_dsl::runtime::testing::gpu_or_skip;
+    use tilefuse_dsl::runtime::testing::{gpu_or_skip, gpu_turn};
     use tilefuse_dsl::runtime::Device;
     use tilefuse_engine::decode::QuantWeights;
     use tilefuse_engine::Decoder;
@@ -1036,6 +1045,9 @@ fn q4_k_m_layouts_match_the_dense_step() {
     devices.extend(gpu_or_skip(
         "q4_k_m_layouts_in_fused_launches_match_the_dense_step",
     ));
+    // This process's tests share one stream: another's graph capture must not
+    // overlap this test's work.
+    let _turn = (devices.len() > 1).then(gpu_turn);
     for dev in devices {
         let mut dense = Decoder::with_quant(&cfg, &mw, &QuantWeights::default(), &dev, 16).unwrap();
         let mut quant = Decoder::with_quant(&cfg, &mw, &qw, &dev, 16).unwrap();
@@ -1066,7 +1078,7 @@ fn q4_k_m_layouts_match_the_dense_step() {
 /// stamped steps leave the state, and the step, as they were.
 #[test]
 fn a_quantized_layer_timeline_stamps_each_launch() {
-    use tilefuse_dsl::runtime::testing::gpu_or_skip;
+    use tilefuse_dsl::runtime::testing::{gpu_or_skip, gpu_turn};
     use tilefuse_dsl::runtime::Device;
     use tilefuse_engine::decode::Block;
     use tilefuse_engine::Decoder;
@@ -1077,6 +1089,9 @@ fn a_quantized_layer_timeline_stamps_each_launch() {
     let qw = f.quant_weights(&cfg).unwrap();
     let mut devices = vec![Device::cpu()];
     devices.extend(gpu_or_skip("a_quantized_layer_timeline_stamps_each_launch"));
+    // This process's tests share one stream: another's graph capture must not
+    // overlap this test's work.
+    let _turn = (devices.len() > 1).then(gpu_turn);
     for dev in devices {
         let mut dec = Decoder::with_quant(&cfg, &mw, &qw, &dev, 16).unwrap();
         dec.set_input(3, 5).unwrap();
