@@ -45,6 +45,7 @@
 //! | `tl.atomic_xchg(p, v, sem="release", scope="sys")`, a spin on `tl.atomic_*(.., sem="acquire", scope="sys")` | `signal_flag(p, v)`, `wait_flag_at_least(p, v)` | [`signal_flag`], [`wait_flag_at_least`] |
 //! | Gluon's distributed shared memory | `cluster_gather(t)` | [`cluster_gather`] |
 //! | a `@triton.jit` helper | a `#[tile_fn]` function | [`tile_fn`](crate::tile_fn) (example below) |
+//! | a helper's `return a, b`, then `a, b = f(a, b)` | `-> (A, B)` ending in `(a, b)`, then `let (a, b) = f(..)` or `(a, b) = f(a, b)` | example below |
 //! | `while cond:` | `while cond { .. }` (run-time scalar `bool`, carried variables as in `for`) | example below |
 //! | `x_ptr.dtype.element_ty` generics | `fn k<T>(x: Ptr<T>)` with `T = [f32, bf16]` in the attribute | example below |
 //! | `BLOCK = triton.next_power_of_2(n)` | `k::pick_block(n)`, then `k::launch_at(.., [block], ..)` | example below |
@@ -174,6 +175,48 @@
 //! assert_eq!(ACT_BF16.pick_at_least("B", 100).unwrap(), 256);
 //! act::<bf16, 256>::launch(&dev, 1, &xb, &mut ob, &mut steps, 3).unwrap();
 //! assert_eq!(ob.to_vec().unwrap()[2], bf16::from_f32(want[2]));
+//! ```
+//!
+//! A helper that returns several values as a tuple, taken apart by `let (..)` and by a
+//! destructuring assignment that carries two tiles through a loop:
+//!
+//! ```
+//! use tilefuse::prelude::*;
+//!
+//! /// `(a, b) -> (b, a + b)`.
+//! #[tile_fn]
+//! fn step(a: Tile<f32>, b: Tile<f32>) -> (Tile<f32>, Tile<f32>) {
+//!     (b, a + b)
+//! }
+//!
+//! /// The block's sum and largest value.
+//! #[tile_fn]
+//! fn sum_max(v: Tile<f32>) -> (f32, f32) {
+//!     (v.sum(0), v.max(0))
+//! }
+//!
+//! #[kernel(B = [4], num_warps = [1])]
+//! fn recur<const B: usize>(x: Ptr<f32>, out: Ptr<f32>, stats: Ptr<f32>, k: i32) {
+//!     let offs = arange(0, B);
+//!     let v = load(x + offs);
+//!     let (mut a, mut b) = (v, v);
+//!     for _i in 0..k {
+//!         (a, b) = step(a, b);
+//!     }
+//!     store(out + offs, a);
+//!     let (total, largest) = sum_max(v);
+//!     store(stats, total);
+//!     store(stats + 1, largest);
+//! }
+//!
+//! let dev = Device::cpu();
+//! let x = dev.upload(&[1.0f32, 2.0, 3.0, -1.0]).unwrap();
+//! let mut out = dev.zeros::<f32>(4).unwrap();
+//! let mut stats = dev.zeros::<f32>(2).unwrap();
+//! recur::<4>::launch(&dev, 1, &x, &mut out, &mut stats, 4).unwrap();
+//! // (1, 1) -> (1, 2) -> (2, 3) -> (3, 5) -> (5, 8): a is 5 times x.
+//! assert_eq!(out.to_vec().unwrap(), vec![5.0, 10.0, 15.0, -5.0]);
+//! assert_eq!(stats.to_vec().unwrap(), vec![5.0, 3.0]);
 //! ```
 //!
 //! For a kernel without type parameters, `pick_<const>` and `launch_at` are generated:

@@ -285,3 +285,112 @@ fn every_documented_free_function_op_is_in_the_tile_op_table() {
         }
     }
 }
+
+/// A helper that returns a tuple (the tail `(a, b)`, or another helper's tuple), taken
+/// apart by `let (..)`, with `_` and `mut`, and by a destructuring assignment in a loop.
+const WITH_TUPLES: &str = r#"
+#[kernel(B = [128])]
+fn stats<const B: usize>(x: Ptr<f32>, out: Ptr<f32>, n: i32, k: i32) {
+    let offs = program_id(0) * B + arange(0, B);
+    let mask = offs < n;
+    let v = load(x + offs, mask, 0.0);
+    let (lo, hi, _) = bounds(v);
+    let (mut a, mut b) = (v, v * 0.5);
+    for _i in 0..k {
+        (a, b) = step(a, b);
+    }
+    let (s, _) = (lo + hi, 7);
+    store(out + offs, a + b + s, mask);
+}
+#[tile_fn]
+fn bounds(v: Tile<f32>) -> (f32, f32, f32) {
+    let hi = v.max(0);
+    low_high(v, hi)
+}
+#[tile_fn]
+fn low_high(v: Tile<f32>, hi: f32) -> (f32, f32, f32) {
+    (v.min(0), hi, hi * 2.0)
+}
+#[tile_fn]
+fn step(a: Tile<f32>, b: Tile<f32>) -> (Tile<f32>, Tile<f32>) {
+    (b, a + b)
+}
+"#;
+
+const TUPLES_INLINED: &str = r#"
+#[kernel(B = [128])]
+fn stats<const B: usize>(x: Ptr<f32>, out: Ptr<f32>, n: i32, k: i32) {
+    let offs = program_id(0) * B + arange(0, B);
+    let mask = offs < n;
+    let v = load(x + offs, mask, 0.0);
+    let hi = v.max(0);
+    let lo = v.min(0);
+    let _third = hi * 2.0;
+    let mut a = v;
+    let mut b = v * 0.5;
+    for _i in 0..k {
+        let t = a + b;
+        a = b;
+        b = t;
+    }
+    let s = lo + hi;
+    let _seven = 7;
+    store(out + offs, a + b + s, mask);
+}
+"#;
+
+#[test]
+fn tuple_results_compile_to_the_same_ptx_as_the_values_written_inline() {
+    for target in [Target::Sm80, Target::Sm90] {
+        let a = ptx_of(WITH_TUPLES, &[("B", 128)], target);
+        let b = ptx_of(TUPLES_INLINED, &[("B", 128)], target);
+        assert_eq!(a.ptx, b.ptx, "{target:?}");
+    }
+}
+
+#[test]
+fn tuple_mistakes_are_named() {
+    let src = |body: &str| {
+        format!("#[kernel] fn k(x: Ptr<f32>) {{\n    let v = load(x);\n    {body}\n}}\n#[tile_fn] fn two(v: f32) -> (f32, f32) {{ (v, v + 1.0) }}\n#[tile_fn] fn one(v: f32) -> f32 {{ v }}\n#[tile_fn] fn unit(p: Ptr<f32>) {{ store(p, 1.0); }}")
+    };
+    // A tuple helper used as one value points at its tuple.
+    let e = error_of(&src("store(x, two(v));"), &[]);
+    assert!(
+        e.contains("returns a tuple")
+            && e.contains("let (a, b) = two(..)")
+            && e.starts_with("line 5"),
+        "{e}"
+    );
+    // Counts that do not match.
+    let e = error_of(&src("let (a, b, c) = two(v);"), &[]);
+    assert!(
+        e.contains("takes 3 values, the tuple has 2") && e.starts_with("line 3"),
+        "{e}"
+    );
+    let e = error_of(&src("let mut a = v; (a, _, _) = two(v);"), &[]);
+    assert!(
+        e.contains("3 variables are assigned, the tuple has 2"),
+        "{e}"
+    );
+    // Something that is not a tuple, and a helper that returns one value or nothing.
+    let e = error_of(&src("let (a, b) = v;"), &[]);
+    assert!(
+        e.contains("expected a tuple") && e.starts_with("line 3"),
+        "{e}"
+    );
+    let e = error_of(&src("let (a, b) = one(v);"), &[]);
+    assert!(
+        e.contains("expected a tuple") && e.starts_with("line 6"),
+        "{e}"
+    );
+    let e = error_of(&src("let (a, b) = unit(x);"), &[]);
+    assert!(e.contains("returns nothing, not a tuple"), "{e}");
+    // Nested patterns, and assignment to an immutable name.
+    let e = error_of(&src("let (a, (b, c)) = (v, (v, v));"), &[]);
+    assert!(e.contains("a tuple pattern takes names and `_`"), "{e}");
+    let e = error_of(&src("let a = v; (a, _) = two(v);"), &[]);
+    assert!(
+        e.contains("cannot assign twice to immutable variable `a`"),
+        "{e}"
+    );
+}

@@ -456,3 +456,106 @@ fn the_divisible_form_is_embedded_and_launched_when_the_stride_divides() {
         }
     }
 }
+
+/// A block's sum and its values scaled by `s`: two results, one tuple.
+#[tile_fn(crate = tilefuse_dsl)]
+fn sum_and_scaled(v: Tile<f32>, s: f32) -> (f32, Tile<f32>) {
+    (v.sum(0), v * s)
+}
+
+/// One step of `(a, b) -> (b, a + b)`.
+#[tile_fn(crate = tilefuse_dsl)]
+fn fib_step(a: Tile<f32>, b: Tile<f32>) -> (Tile<f32>, Tile<f32>) {
+    (b, a + b)
+}
+
+/// `y = a_k` of the recurrence `a_0 = x`, `b_0 = x / 2`, `(a, b) -> (b, a + b)`, plus
+/// the block's sum of `x` scaled by `s`; `sums[pid]` = that sum.
+#[kernel(crate = tilefuse_dsl, BLOCK = [64], num_warps = [2])]
+fn tuples<const BLOCK: usize>(x: Ptr<f32>, y: Ptr<f32>, sums: Ptr<f32>, n: i32, k: i32, s: f32) {
+    let offs = program_id(0) * BLOCK + arange(0, BLOCK);
+    let mask = offs < n;
+    let v = load(x + offs, mask, 0.0);
+    let (total, scaled) = sum_and_scaled(v, s);
+    let (mut a, mut b) = (v, v * 0.5);
+    for _i in 0..k {
+        (a, b) = fib_step(a, b);
+    }
+    // In a branch and a `while`, the assigned names merge and carry as in `for`.
+    if k > 3 {
+        (b, a) = fib_step(b, a);
+    }
+    let mut j = 0;
+    while j < 2 {
+        (a, _, j) = (a + 1.0, b, j + 1);
+    }
+    store(y + offs, a + scaled, mask);
+    store(sums + program_id(0), total);
+}
+
+#[test]
+fn tuple_results_of_helpers_match_the_host_on_every_device() {
+    for dev in devices() {
+        let _turn = dev.is_cuda().then(tilefuse_dsl::runtime::testing::gpu_turn);
+        let n = 150usize;
+        let host = inputs(n, 9);
+        let (k, s) = (5, 0.25f32);
+        let grid = n.div_ceil(64);
+        let x = dev.upload(&host).unwrap();
+        let mut y = dev.alloc_filled(n, f32::NAN).unwrap();
+        let mut sums = dev.alloc_filled(grid, f32::NAN).unwrap();
+        let cfg = tilefuse_dsl::runtime::LaunchConfig::from(grid as u32).num_warps(2);
+        tuples::launch(&dev, cfg, &x, &mut y, &mut sums, n as i32, k, s).unwrap();
+        let (y, sums) = (y.to_vec().unwrap(), sums.to_vec().unwrap());
+        for (i, &v) in host.iter().enumerate() {
+            let (mut a, mut b) = (v, v * 0.5);
+            for _ in 0..k {
+                (a, b) = (b, a + b);
+            }
+            if k > 3 {
+                a += b; // fib_step(b, a) = (a, b + a), written to (b, a)
+            }
+            let want = a + 2.0 + v * s;
+            assert!(close(y[i], want), "{dev:?} y[{i}]: {} vs {want}", y[i]);
+        }
+        for (p, got) in sums.iter().enumerate() {
+            let want: f32 = host[p * 64..((p + 1) * 64).min(n)].iter().sum();
+            assert!(
+                (got - want).abs() <= 1e-4 * (1.0 + want.abs()),
+                "{dev:?} sums[{p}]: {got} vs {want}"
+            );
+        }
+    }
+}
+
+/// Two pointers and a value a tuple: pointers, floats and integers mix in one.
+#[tile_fn(crate = tilefuse_dsl)]
+fn targets(base: Ptr<f32>, v: f32) -> (Ptr<f32>, Ptr<f32>, f32, i32) {
+    (base, base + 1, v, 10)
+}
+
+/// Triton's `test_tuple.py::test_assign`: values taken apart from a tuple and stored,
+/// then a tuple built with a literal in the middle, `(x0, 10, x1)`, stored in order.
+#[kernel(crate = tilefuse_dsl, num_warps = [1])]
+fn tuple_assign(x: Ptr<f32>, y: Ptr<f32>, x0: f32, x1: f32) {
+    let (p0, p1, v0, _) = targets(x, x0);
+    store(p0, v0);
+    store(p1, x1);
+    let (y0, y1, y2) = (y, y + 1, y + 2);
+    let (a, b, c) = (x0, 10, x1);
+    store(y0, a);
+    store(y1, b as f32);
+    store(y2, c);
+}
+
+#[test]
+fn tuple_assignment_follows_tritons_test_assign() {
+    for dev in devices() {
+        let _turn = dev.is_cuda().then(tilefuse_dsl::runtime::testing::gpu_turn);
+        let mut x = dev.alloc_filled(2, f32::NAN).unwrap();
+        let mut y = dev.alloc_filled(3, f32::NAN).unwrap();
+        tuple_assign::launch(&dev, 1u32, &mut x, &mut y, 2.0, 3.0).unwrap();
+        assert_eq!(x.to_vec().unwrap(), vec![2.0, 3.0], "{dev:?}");
+        assert_eq!(y.to_vec().unwrap(), vec![2.0, 10.0, 3.0], "{dev:?}");
+    }
+}

@@ -283,6 +283,9 @@ impl Lower {
     fn stmt(&mut self, s: &SynStmt) -> R<()> {
         match s {
             SynStmt::Local(local) => {
+                if let Pat::Tuple(pt) = &local.pat {
+                    return self.let_tuple(pt, local);
+                }
                 let (name, mutable, span) = match &local.pat {
                     Pat::Ident(pi) => (pi.ident.to_string(), pi.mutability.is_some(), pi.span()),
                     Pat::Type(pt) => {
@@ -291,7 +294,12 @@ impl Lower {
                             "type annotations on `let` are not supported: convert with `expr as T`",
                         )
                     }
-                    other => return self.err(other.span(), "`let` binds a single name"),
+                    other => {
+                        return self.err(
+                            other.span(),
+                            "`let` binds a name or a tuple of names (`let (a, b) = ..`)",
+                        )
+                    }
                 };
                 let Some(init) = &local.init else {
                     return self.err(span, format!("`{name}` needs an initial value"));
@@ -318,6 +326,9 @@ impl Lower {
 
     fn expr_stmt(&mut self, e: &SynExpr) -> R<()> {
         match e {
+            SynExpr::Assign(a) if matches!(strip_parens(&a.left), SynExpr::Tuple(_)) => {
+                self.assign_tuple(a)
+            }
             SynExpr::Assign(a) => {
                 let name = self.assign_target(&a.left)?;
                 let v = self.expr(&a.right)?;
@@ -401,6 +412,98 @@ impl Lower {
                 let _ = v;
                 Ok(())
             }
+        }
+    }
+
+    /// `let (a, mut b, _) = ..`: each name bound to its element of a tuple expression or
+    /// of a helper's tuple result (`_` drops one).
+    fn let_tuple(&mut self, pt: &syn::PatTuple, local: &syn::Local) -> R<()> {
+        let mut names = Vec::new();
+        for p in &pt.elems {
+            names.push(match p {
+                Pat::Ident(pi) if pi.subpat.is_none() && pi.by_ref.is_none() => {
+                    Some((pi.ident.to_string(), pi.mutability.is_some()))
+                }
+                Pat::Wild(_) => None,
+                other => {
+                    return self.err(
+                        other.span(),
+                        "a tuple pattern takes names and `_` (`let (a, mut b, _) = ..`)",
+                    )
+                }
+            });
+        }
+        let Some(init) = &local.init else {
+            return self.err(pt.span(), "a tuple `let` needs an initial value");
+        };
+        if let Some((_, diverge)) = &init.diverge {
+            return self.err(diverge.span(), "`let .. else` is not supported");
+        }
+        let values = self.tuple_values(&init.expr)?;
+        if values.len() != names.len() {
+            return self.err(
+                pt.span(),
+                format!(
+                    "this pattern takes {} values, the tuple has {}",
+                    names.len(),
+                    values.len()
+                ),
+            );
+        }
+        for (name, v) in names.into_iter().zip(values) {
+            if let Some((name, mutable)) = name {
+                self.bind(&name, v, mutable);
+            }
+        }
+        Ok(())
+    }
+
+    /// `(a, b) = ..`: destructuring assignment to mutable variables (`_` drops one).
+    fn assign_tuple(&mut self, a: &syn::ExprAssign) -> R<()> {
+        let SynExpr::Tuple(targets) = strip_parens(&a.left) else {
+            return self.err(a.left.span(), "expected a tuple of variables");
+        };
+        let mut names = Vec::new();
+        for t in &targets.elems {
+            names.push(match t {
+                SynExpr::Infer(_) => None,
+                other => Some((self.assign_target(other)?, other.span())),
+            });
+        }
+        let values = self.tuple_values(&a.right)?;
+        if values.len() != names.len() {
+            return self.err(
+                a.left.span(),
+                format!(
+                    "{} variables are assigned, the tuple has {} values",
+                    names.len(),
+                    values.len()
+                ),
+            );
+        }
+        for (name, v) in names.into_iter().zip(values) {
+            if let Some((name, span)) = name {
+                self.assign(&name, v, span)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The values of a tuple: a tuple expression `(x, y + 1)`, or a call of a helper
+    /// whose body ends in one. Tuples are not values of their own: they exist to be
+    /// taken apart by a tuple `let` or assignment.
+    fn tuple_values(&mut self, e: &SynExpr) -> R<Vec<ValueId>> {
+        match strip_parens(e) {
+            SynExpr::Tuple(t) => t.elems.iter().map(|x| self.expr(x)).collect(),
+            SynExpr::Call(c) if call_name(&c.func).is_some_and(|n| self.helper(&n).is_some()) => {
+                let name = call_name(&c.func).unwrap_or_default();
+                let h = self.helper(&name).expect("checked by the guard");
+                self.inline_helper_with(h, c, Self::helper_tuple_body)
+            }
+            other => self.err(
+                other.span(),
+                "expected a tuple `(a, b)` or a call of a helper that returns one",
+            ),
         }
     }
 
@@ -1249,6 +1352,17 @@ impl Lower {
     /// Returns the value of its tail expression (`None` for a helper without a return
     /// type).
     fn inline_helper(&mut self, index: usize, c: &syn::ExprCall) -> R<Option<ValueId>> {
+        self.inline_helper_with(index, c, Self::helper_body)
+    }
+
+    /// Inlines a helper call: binds its generic arguments and parameters in a scope of
+    /// its own, then lowers its body with `body` (one value, or a tuple's values).
+    fn inline_helper_with<T>(
+        &mut self,
+        index: usize,
+        c: &syn::ExprCall,
+        body: impl FnOnce(&mut Self, &TileFn) -> R<T>,
+    ) -> R<T> {
         let h = self.helpers[index].clone();
         if self.inlining.contains(&h.name) {
             return self.err(
@@ -1348,7 +1462,7 @@ impl Lower {
         for ((name, mutable, _), v) in h.params.iter().zip(args) {
             self.bind(name, v, *mutable);
         }
-        let result = self.helper_body(&h);
+        let result = body(self, &h);
         self.inlining.pop();
         self.scopes = saved_scopes;
         self.consts = saved_consts;
@@ -1373,11 +1487,37 @@ impl Lower {
             self.block_stmts(stmts)?;
             return Ok(None);
         }
-        match stmts.split_last() {
-            Some((SynStmt::Expr(tail, None), rest)) => {
-                self.block_stmts(rest)?;
-                self.expr(tail).map(Some)
-            }
+        let (tail, rest) = self.helper_tail(h)?;
+        if let SynExpr::Tuple(t) = strip_parens(tail) {
+            return self.err(
+                t.span(),
+                format!(
+                    "helper `{}` returns a tuple: take it apart with `let (a, b) = {}(..)`",
+                    h.name, h.name
+                ),
+            );
+        }
+        self.block_stmts(rest)?;
+        self.expr(tail).map(Some)
+    }
+
+    /// A helper's body whose result is a tuple: the values of its tail.
+    fn helper_tuple_body(&mut self, h: &TileFn) -> R<Vec<ValueId>> {
+        if !h.returns {
+            return self.err(
+                h.span,
+                format!("helper `{}` returns nothing, not a tuple", h.name),
+            );
+        }
+        let (tail, rest) = self.helper_tail(h)?;
+        self.block_stmts(rest)?;
+        self.tuple_values(tail)
+    }
+
+    /// A returning helper's tail expression and the statements before it.
+    fn helper_tail<'h>(&mut self, h: &'h TileFn) -> R<(&'h SynExpr, &'h [SynStmt])> {
+        match h.body.stmts.split_last() {
+            Some((SynStmt::Expr(tail, None), rest)) => Ok((tail, rest)),
             _ => self.err(
                 h.span,
                 format!(
@@ -1606,19 +1746,29 @@ fn call_turbofish(func: &SynExpr) -> Option<syn::Type> {
     }
 }
 
-/// Names assigned (`x = ..`, `x += ..`) anywhere in a block.
+/// Names assigned (`x = ..`, `(x, y) = ..`, `x += ..`) anywhere in a block.
 #[derive(Default)]
 struct AssignedNames {
     names: HashSet<String>,
 }
 
+impl AssignedNames {
+    fn target(&mut self, e: &SynExpr) {
+        match strip_parens(e) {
+            SynExpr::Path(p) => {
+                if let Some(id) = p.path.get_ident() {
+                    self.names.insert(id.to_string());
+                }
+            }
+            SynExpr::Tuple(t) => t.elems.iter().for_each(|e| self.target(e)),
+            _ => {}
+        }
+    }
+}
+
 impl<'ast> Visit<'ast> for AssignedNames {
     fn visit_expr_assign(&mut self, a: &'ast syn::ExprAssign) {
-        if let SynExpr::Path(p) = &*a.left {
-            if let Some(id) = p.path.get_ident() {
-                self.names.insert(id.to_string());
-            }
-        }
+        self.target(&a.left);
         syn::visit::visit_expr_assign(self, a);
     }
 
