@@ -498,6 +498,45 @@ pub fn q8_0_gemv<
     stamp_now::<STAMPS>(stamps, stamp_at, 2);
 }
 
+/// The activation blocks `blk` (valid where `blk_ok`) as a K-quant tile's `dot4`
+/// operands, `w = arange(0, 4)`: each block's low-half words (`[blocks, 4]`, word `w`
+/// holding elements `4w..4w + 4`), its high-half words (elements `16 + 4w..`) and its
+/// scale (`[blocks]`). Read from the quantized input (`ACT = 0`), or normed and
+/// quantized here from `a` (`ACT = 1`, the norm inside the GEMV).
+#[tile_fn(crate = tilefuse_dsl)]
+#[allow(clippy::too_many_arguments)]
+fn activation_blocks<const ACT: usize>(
+    xq: Ptr<i32>,
+    xd: Ptr<f32>,
+    a: Ptr<bf16>,
+    norm_w: Ptr<bf16>,
+    blk: Tile<i32>,
+    blk_ok: Tile<bool>,
+    w: Tile<i32>,
+) -> (Tile<i32>, Tile<i32>, Tile<f32>) {
+    let x_offs = (blk * 8).expand_dims(1) + w.expand_dims(0);
+    let x_ok = blk_ok.expand_dims(1);
+    let mut x_lo = x_offs & 0;
+    let mut x_hi = x_offs & 0;
+    let mut x_d = (blk & 0) as f32;
+    if ACT == 0 {
+        x_lo = load(xq + x_offs, x_ok, 0);
+        x_hi = load(xq + x_offs + 4, x_ok, 0);
+        x_d = load(xd + blk, blk_ok, 0.0);
+    } else {
+        let e = (x_offs * 4).expand_dims(2) + arange(0, 4);
+        let ok3 = x_ok.expand_dims(2);
+        let v_lo = normed_input(a, norm_w, e, ok3);
+        let v_hi = normed_input(a, norm_w, e + 16, ok3);
+        let amax = maximum(abs(v_lo).max(2).max(1), abs(v_hi).max(2).max(1));
+        let inv = inv_step(amax).expand_dims(1).expand_dims(2);
+        x_lo = pack_words3(v_lo, inv);
+        x_hi = pack_words3(v_hi, inv);
+        x_d = amax / 127.0;
+    }
+    (x_lo, x_hi, x_d)
+}
+
 /// One tile's Q4_K sums per row and block (`[n, blocks]`): `qt: [n, blocks, 4]` nibble
 /// words, `sc`, `m: [n, blocks]` sub-block scales and mins, `dd`, `dm: [n, blocks]`
 /// their super-blocks' scales, against activation blocks `blk` (valid where `blk_ok`).
@@ -517,27 +556,8 @@ fn q4_k_tile<const ACT: usize>(
     blk_ok: Tile<bool>,
     w: Tile<i32>,
 ) -> Tile<f32> {
-    let x_offs = (blk * 8).expand_dims(1) + w.expand_dims(0);
-    let x_ok = blk_ok.expand_dims(1);
     // Low nibbles of word w: elements 4w..4w+4 (activation word w); high: 16 + 4w...
-    let mut x_lo = x_offs & 0;
-    let mut x_hi = x_offs & 0;
-    let mut x_d = (blk & 0) as f32;
-    if ACT == 0 {
-        x_lo = load(xq + x_offs, x_ok, 0);
-        x_hi = load(xq + x_offs + 4, x_ok, 0);
-        x_d = load(xd + blk, blk_ok, 0.0);
-    } else {
-        let e = (x_offs * 4).expand_dims(2) + arange(0, 4);
-        let ok3 = x_ok.expand_dims(2);
-        let v_lo = normed_input(a, norm_w, e, ok3);
-        let v_hi = normed_input(a, norm_w, e + 16, ok3);
-        let amax = maximum(abs(v_lo).max(2).max(1), abs(v_hi).max(2).max(1));
-        let inv = inv_step(amax).expand_dims(1).expand_dims(2);
-        x_lo = pack_words3(v_lo, inv);
-        x_hi = pack_words3(v_hi, inv);
-        x_d = amax / 127.0;
-    }
+    let (x_lo, x_hi, x_d) = activation_blocks::<ACT>(xq, xd, a, norm_w, blk, blk_ok, w);
     let x_lo3 = x_lo.expand_dims(0);
     let x_hi3 = x_hi.expand_dims(0);
     let lo = qt & 0x0F0F_0F0F;
@@ -553,6 +573,38 @@ fn q4_k_tile<const ACT: usize>(
     let scaled =
         ((dots * (sc as i32)) as f32) * (dd as f32) - ((x_sum * (m as i32)) as f32) * (dm as f32);
     scaled * x_d.expand_dims(0)
+}
+
+/// One Q4_K tile's weights for the activation blocks `blk` (`[blocks]`, the tile's
+/// first `g0`), loaded where `ok` (`[n, blocks]`): the nibble words (`[n, blocks, 4]`),
+/// the sub-block scales and mins, and the super-blocks' `d` and `dmin` (`[n, blocks]`).
+#[tile_fn(crate = tilefuse_dsl)]
+#[allow(clippy::too_many_arguments)]
+fn q4_k_weights(
+    q: Ptr<u32>,
+    scales: Ptr<u8>,
+    mins: Ptr<u8>,
+    d: Ptr<f16>,
+    dmin: Ptr<f16>,
+    q_rows: Tile<i32>,
+    s_rows: Tile<i32>,
+    d_rows: Tile<i32>,
+    words: Tile<i32>,
+    g0: i32,
+    blk: Tile<i32>,
+    ok: Tile<bool>,
+) -> (Tile<u32>, Tile<u8>, Tile<u8>, Tile<f16>, Tile<f16>) {
+    let qt = load(
+        q + q_rows + (g0 * 4 + words).expand_dims(0),
+        ok.expand_dims(2),
+        0,
+    );
+    let sct = load(scales + s_rows + blk.expand_dims(0), ok, 0);
+    let mt = load(mins + s_rows + blk.expand_dims(0), ok, 0);
+    let sb = (blk / 8).expand_dims(0);
+    let dt = load(d + d_rows + sb, ok, 0.0);
+    let dmint = load(dmin + d_rows + sb, ok, 0.0);
+    (qt, sct, mt, dt, dmint)
 }
 
 /// A program's Q4_K row sums (`[n]`, before `inv_rms`): the first tile (loaded by the
@@ -599,16 +651,9 @@ fn q4_k_row_sums<const BLOCK_K: usize, const ACT: usize, const EVEN: usize>(
             blk_ok = full([BLOCK_K / 32], true);
         }
         let ok = ok2 & blk_ok.expand_dims(0);
-        let qt = load(
-            q + q_rows + (g0 * 4 + words).expand_dims(0),
-            ok.expand_dims(2),
-            0,
+        let (qt, sct, mt, dt, dmint) = q4_k_weights(
+            q, scales, mins, d, dmin, q_rows, s_rows, d_rows, words, g0, blk, ok,
         );
-        let sct = load(scales + s_rows + blk.expand_dims(0), ok, 0);
-        let mt = load(mins + s_rows + blk.expand_dims(0), ok, 0);
-        let sb = (blk / 8).expand_dims(0);
-        let dt = load(d + d_rows + sb, ok, 0.0);
-        let dmint = load(dmin + d_rows + sb, ok, 0.0);
         acc += q4_k_tile::<ACT>(qt, sct, mt, dt, dmint, xq, xd, a, norm_w, blk, blk_ok, w);
     }
     acc.sum(1)
@@ -647,15 +692,9 @@ fn q4_k_row_sums_prefetch<const BLOCK_K: usize, const ACT: usize>(
     let step = (BLOCK_K / 32) as i32;
     let blk = step + grp;
     let ok = ok2 & (blk < blocks).expand_dims(0);
-    let mut qt = load(
-        q + q_rows + (step * 4 + words).expand_dims(0),
-        ok.expand_dims(2),
-        0,
+    let (mut qt, mut sct, mut mt, mut dt, mut dmint) = q4_k_weights(
+        q, scales, mins, d, dmin, q_rows, s_rows, d_rows, words, step, blk, ok,
     );
-    let mut sct = load(scales + s_rows + blk.expand_dims(0), ok, 0);
-    let mut mt = load(mins + s_rows + blk.expand_dims(0), ok, 0);
-    let mut dt = load(d + d_rows + (blk / 8).expand_dims(0), ok, 0.0);
-    let mut dmint = load(dmin + d_rows + (blk / 8).expand_dims(0), ok, 0.0);
     let mut acc = q4_k_tile::<ACT>(
         q_first,
         sc_first,
@@ -673,15 +712,9 @@ fn q4_k_row_sums_prefetch<const BLOCK_K: usize, const ACT: usize>(
     for g0 in (2 * step..blocks + step).step_by(BLOCK_K / 32).unroll(2) {
         let next = g0 + grp;
         let ok = ok2 & (next < blocks).expand_dims(0);
-        let nq = load(
-            q + q_rows + (g0 * 4 + words).expand_dims(0),
-            ok.expand_dims(2),
-            0,
+        let (nq, nsc, nm, nd, ndmin) = q4_k_weights(
+            q, scales, mins, d, dmin, q_rows, s_rows, d_rows, words, g0, next, ok,
         );
-        let nsc = load(scales + s_rows + next.expand_dims(0), ok, 0);
-        let nm = load(mins + s_rows + next.expand_dims(0), ok, 0);
-        let nd = load(d + d_rows + (next / 8).expand_dims(0), ok, 0.0);
-        let ndmin = load(dmin + d_rows + (next / 8).expand_dims(0), ok, 0.0);
         let blk = g0 - step + grp;
         acc += q4_k_tile::<ACT>(
             qt,
@@ -697,11 +730,7 @@ fn q4_k_row_sums_prefetch<const BLOCK_K: usize, const ACT: usize>(
             blk < blocks,
             w,
         );
-        qt = nq;
-        sct = nsc;
-        mt = nm;
-        dt = nd;
-        dmint = ndmin;
+        (qt, sct, mt, dt, dmint) = (nq, nsc, nm, nd, ndmin);
     }
     acc.sum(1)
 }
@@ -816,11 +845,9 @@ pub fn q4_k_gemv<
     }
 
     let ok = ok2 & grp_ok.expand_dims(0);
-    let q_first = load(q + q_rows + words.expand_dims(0), ok.expand_dims(2), 0);
-    let sc_first = load(scales + s_rows + grp.expand_dims(0), ok, 0);
-    let m_first = load(mins + s_rows + grp.expand_dims(0), ok, 0);
-    let d_first = load(d + d_rows + (grp / 8).expand_dims(0), ok, 0.0);
-    let dmin_first = load(dmin + d_rows + (grp / 8).expand_dims(0), ok, 0.0);
+    let (q_first, sc_first, m_first, d_first, dmin_first) = q4_k_weights(
+        q, scales, mins, d, dmin, q_rows, s_rows, d_rows, words, 0, grp, ok,
+    );
     let mut b = zeros::<f32>([BLOCK_N]);
     if HEAD == 0 {
         b = load(bias + row0 + rows, row_ok, 0.0) as f32;
@@ -877,17 +904,28 @@ pub fn q4_k_gemv<
     stamp_now::<STAMPS>(stamps, stamp_at, 2);
 }
 
+/// Each of a block's four low-nibble words' high-bits word (`[n, blocks, 4]`) from the
+/// block's two `qh` words read as one 64-bit load (`h: [n, blocks]`): words `0` and `1`
+/// share the low half, `2` and `3` the high half (little-endian). One load where a
+/// `[n, blocks, 4]` tile of the 32-bit words loads each word twice; carried through a
+/// prefetching loop as the 64-bit tile, so that its loads follow the layout of the tile
+/// it meets here; `w = arange(0, 4)`.
+#[tile_fn(crate = tilefuse_dsl)]
+fn q6_k_high(h: Tile<i64>, w: Tile<i32>) -> Tile<u32> {
+    (h.expand_dims(2) >> ((w / 2) * 32) as i64) as u32
+}
+
 /// One tile's Q6_K sums per row and block (`[n, blocks]`), with each thread holding a
 /// block's four low-nibble words of a row (`lt: [n, blocks, 4]`, one 16-byte load)
-/// and, per word, its high-bits word (`ht: [n, blocks, 4]`: words `2p` and `2p + 1`
-/// share `qh` word `p`); `sc0`, `sc1: [n, blocks]` the halves' scales (sign bit
+/// and the block's two high-bits words as one (`h: [n, blocks]`, [`q6_k_high`]: low-nibble
+/// words `2p` and `2p + 1` share `qh` word `p`); `sc0`, `sc1: [n, blocks]` the halves' scales (sign bit
 /// flipped), `dd: [n, blocks]` their super-blocks' scales, against activation blocks
 /// `blk` (valid where `blk_ok`); `w = arange(0, 4)`.
 #[tile_fn(crate = tilefuse_dsl)]
 #[allow(clippy::too_many_arguments)]
 fn q6_k_tile<const ACT: usize>(
     lt: Tile<u32>,
-    ht: Tile<u32>,
+    h: Tile<i64>,
     sc0: Tile<u8>,
     sc1: Tile<u8>,
     dd: Tile<f16>,
@@ -899,29 +937,10 @@ fn q6_k_tile<const ACT: usize>(
     blk_ok: Tile<bool>,
     w: Tile<i32>,
 ) -> Tile<f32> {
-    let x_offs = (blk * 8).expand_dims(1) + w.expand_dims(0);
-    let x_ok = blk_ok.expand_dims(1);
-    let mut x_lo = x_offs & 0;
-    let mut x_hi = x_offs & 0;
-    let mut x_d = (blk & 0) as f32;
-    if ACT == 0 {
-        x_lo = load(xq + x_offs, x_ok, 0);
-        x_hi = load(xq + x_offs + 4, x_ok, 0);
-        x_d = load(xd + blk, blk_ok, 0.0);
-    } else {
-        let e = (x_offs * 4).expand_dims(2) + arange(0, 4);
-        let ok3 = x_ok.expand_dims(2);
-        let v_lo = normed_input(a, norm_w, e, ok3);
-        let v_hi = normed_input(a, norm_w, e + 16, ok3);
-        let amax = maximum(abs(v_lo).max(2).max(1), abs(v_hi).max(2).max(1));
-        let inv = inv_step(amax).expand_dims(1).expand_dims(2);
-        x_lo = pack_words3(v_lo, inv);
-        x_hi = pack_words3(v_hi, inv);
-        x_d = amax / 127.0;
-    }
+    let (x_lo, x_hi, x_d) = activation_blocks::<ACT>(xq, xd, a, norm_w, blk, blk_ok, w);
     // Word w's high bits: at bit 4 (w % 2) (low nibbles) and 4 (w % 2) + 2 (high) of
     // each byte of its `qh` word, moved to bit 4.
-    let t = ht << (4 - (w % 2) * 4) as u32;
+    let t = q6_k_high(h, w) << (4 - (w % 2) * 4) as u32;
     let lo = (lt & 0x0F0F_0F0F) | (t & 0x3030_3030);
     let hi = ((lt >> 4) & 0x0F0F_0F0F) | ((t >> 2) & 0x3030_3030);
     let dot_lo = dot4(lo, x_lo.expand_dims(0), 0).sum(2);
@@ -936,18 +955,51 @@ fn q6_k_tile<const ACT: usize>(
     (isum as f32) * (dd as f32) * x_d.expand_dims(0)
 }
 
+/// One Q6_K tile's weights for the activation blocks `blk` (`[blocks]`, the tile's
+/// first `g0`), loaded where `ok` (`[n, blocks]`): the low-nibble words
+/// (`[n, blocks, 4]`), each block's two high-bits words as one (`[n, blocks]`), the
+/// halves' scales (sign bit flipped; 128, a zero scale, where masked) and the
+/// super-blocks' `d` (`[n, blocks]`).
+#[tile_fn(crate = tilefuse_dsl)]
+#[allow(clippy::too_many_arguments)]
+fn q6_k_weights(
+    ql: Ptr<u32>,
+    qh: Ptr<i64>,
+    scales: Ptr<u8>,
+    d: Ptr<f16>,
+    l_rows: Tile<i32>,
+    h_rows: Tile<i32>,
+    s_rows: Tile<i32>,
+    d_rows: Tile<i32>,
+    l_words: Tile<i32>,
+    g0: i32,
+    blk: Tile<i32>,
+    ok: Tile<bool>,
+) -> (Tile<u32>, Tile<i64>, Tile<u8>, Tile<u8>, Tile<f16>) {
+    let lt = load(
+        ql + l_rows + (g0 * 4 + l_words).expand_dims(0),
+        ok.expand_dims(2),
+        0,
+    );
+    let ht = load(qh + h_rows + blk.expand_dims(0), ok, 0);
+    let sc0 = load(scales + s_rows + (blk * 2).expand_dims(0), ok, 128);
+    let sc1 = load(scales + s_rows + (blk * 2 + 1).expand_dims(0), ok, 128);
+    let dt = load(d + d_rows + (blk / 8).expand_dims(0), ok, 0.0);
+    (lt, ht, sc0, sc1, dt)
+}
+
 /// A program's Q6_K row sums (`[n]`, before `inv_rms`): the first tile (loaded by the
 /// caller, before its wait) and the rest of the row, tile by tile (see [`q6_k_gemv`]).
 #[tile_fn(crate = tilefuse_dsl)]
 #[allow(clippy::too_many_arguments)]
 fn q6_k_row_sums<const BLOCK_K: usize, const ACT: usize>(
     l_first: Tile<u32>,
-    h_first: Tile<u32>,
+    h_first: Tile<i64>,
     sc0_first: Tile<u8>,
     sc1_first: Tile<u8>,
     d_first: Tile<f16>,
     ql: Ptr<u32>,
-    qh: Ptr<u32>,
+    qh: Ptr<i64>,
     scales: Ptr<u8>,
     d: Ptr<f16>,
     xq: Ptr<i32>,
@@ -959,7 +1011,6 @@ fn q6_k_row_sums<const BLOCK_K: usize, const ACT: usize>(
     s_rows: Tile<i32>,
     d_rows: Tile<i32>,
     l_words: Tile<i32>,
-    h_words: Tile<i32>,
     ok2: Tile<bool>,
     blocks: i32,
     grp: Tile<i32>,
@@ -983,19 +1034,9 @@ fn q6_k_row_sums<const BLOCK_K: usize, const ACT: usize>(
         let blk = g0 + grp;
         let blk_ok = blk < blocks;
         let ok = ok2 & blk_ok.expand_dims(0);
-        let lt = load(
-            ql + l_rows + (g0 * 4 + l_words).expand_dims(0),
-            ok.expand_dims(2),
-            0,
+        let (lt, ht, sc0, sc1, dt) = q6_k_weights(
+            ql, qh, scales, d, l_rows, h_rows, s_rows, d_rows, l_words, g0, blk, ok,
         );
-        let ht = load(
-            qh + h_rows + (g0 * 2 + h_words).expand_dims(0),
-            ok.expand_dims(2),
-            0,
-        );
-        let sc0 = load(scales + s_rows + (blk * 2).expand_dims(0), ok, 128);
-        let sc1 = load(scales + s_rows + (blk * 2 + 1).expand_dims(0), ok, 128);
-        let dt = load(d + d_rows + (blk / 8).expand_dims(0), ok, 0.0);
         acc += q6_k_tile::<ACT>(lt, ht, sc0, sc1, dt, xq, xd, a, norm_w, blk, blk_ok, w);
     }
     acc.sum(1)
@@ -1006,12 +1047,12 @@ fn q6_k_row_sums<const BLOCK_K: usize, const ACT: usize>(
 #[allow(clippy::too_many_arguments)]
 fn q6_k_row_sums_prefetch<const BLOCK_K: usize, const ACT: usize>(
     l_first: Tile<u32>,
-    h_first: Tile<u32>,
+    h_first: Tile<i64>,
     sc0_first: Tile<u8>,
     sc1_first: Tile<u8>,
     d_first: Tile<f16>,
     ql: Ptr<u32>,
-    qh: Ptr<u32>,
+    qh: Ptr<i64>,
     scales: Ptr<u8>,
     d: Ptr<f16>,
     xq: Ptr<i32>,
@@ -1023,7 +1064,6 @@ fn q6_k_row_sums_prefetch<const BLOCK_K: usize, const ACT: usize>(
     s_rows: Tile<i32>,
     d_rows: Tile<i32>,
     l_words: Tile<i32>,
-    h_words: Tile<i32>,
     ok2: Tile<bool>,
     blocks: i32,
     grp: Tile<i32>,
@@ -1032,19 +1072,9 @@ fn q6_k_row_sums_prefetch<const BLOCK_K: usize, const ACT: usize>(
     let step = (BLOCK_K / 32) as i32;
     let blk = step + grp;
     let ok = ok2 & (blk < blocks).expand_dims(0);
-    let mut lt = load(
-        ql + l_rows + (step * 4 + l_words).expand_dims(0),
-        ok.expand_dims(2),
-        0,
+    let (mut lt, mut ht, mut sc0, mut sc1, mut dt) = q6_k_weights(
+        ql, qh, scales, d, l_rows, h_rows, s_rows, d_rows, l_words, step, blk, ok,
     );
-    let mut ht = load(
-        qh + h_rows + (step * 2 + h_words).expand_dims(0),
-        ok.expand_dims(2),
-        0,
-    );
-    let mut sc0 = load(scales + s_rows + (blk * 2).expand_dims(0), ok, 128);
-    let mut sc1 = load(scales + s_rows + (blk * 2 + 1).expand_dims(0), ok, 128);
-    let mut dt = load(d + d_rows + (blk / 8).expand_dims(0), ok, 0.0);
     let mut acc = q6_k_tile::<ACT>(
         l_first,
         h_first,
@@ -1062,19 +1092,9 @@ fn q6_k_row_sums_prefetch<const BLOCK_K: usize, const ACT: usize>(
     for g0 in (2 * step..blocks + step).step_by(BLOCK_K / 32).unroll(2) {
         let next = g0 + grp;
         let ok = ok2 & (next < blocks).expand_dims(0);
-        let nl = load(
-            ql + l_rows + (g0 * 4 + l_words).expand_dims(0),
-            ok.expand_dims(2),
-            0,
+        let (nl, nh, nsc0, nsc1, nd) = q6_k_weights(
+            ql, qh, scales, d, l_rows, h_rows, s_rows, d_rows, l_words, g0, next, ok,
         );
-        let nh = load(
-            qh + h_rows + (g0 * 2 + h_words).expand_dims(0),
-            ok.expand_dims(2),
-            0,
-        );
-        let nsc0 = load(scales + s_rows + (next * 2).expand_dims(0), ok, 128);
-        let nsc1 = load(scales + s_rows + (next * 2 + 1).expand_dims(0), ok, 128);
-        let nd = load(d + d_rows + (next / 8).expand_dims(0), ok, 0.0);
         let blk = g0 - step + grp;
         acc += q6_k_tile::<ACT>(
             lt,
@@ -1090,17 +1110,14 @@ fn q6_k_row_sums_prefetch<const BLOCK_K: usize, const ACT: usize>(
             blk < blocks,
             w,
         );
-        lt = nl;
-        ht = nh;
-        sc0 = nsc0;
-        sc1 = nsc1;
-        dt = nd;
+        (lt, ht, sc0, sc1, dt) = (nl, nh, nsc0, nsc1, nd);
     }
     acc.sum(1)
 }
 
 /// `y = bf16(W · x + bias)` for a Q6_K matrix `W` of shape `[n, k]` with
-/// `k = 8 * k_words` (`ql: u32[n, k_words]`, `qh: u32[n, k_words / 2]`,
+/// `k = 8 * k_words` (`ql: u32[n, k_words]`; `qh: u32[n, k_words / 2]`, read as
+/// `i64[n, k_words / 4]`, a block's two words as one,
 /// `scales: u8[n, k / 16]`, `d: f16[n, k / 256]`) and `x` quantized by
 /// [`quantize_act`]; the residual and LM-head variants as in the module docs.
 #[kernel(
@@ -1131,7 +1148,7 @@ pub fn q6_k_gemv<
     const STAMPS: usize,
 >(
     ql: Ptr<u32>,
-    qh: Ptr<u32>,
+    qh: Ptr<i64>,
     scales: Ptr<u8>,
     d: Ptr<f16>,
     xq: Ptr<i32>,
@@ -1157,19 +1174,16 @@ pub fn q6_k_gemv<
     // A block's four low-nibble words of a row in one thread (`q6_k_tile`).
     let w = arange(0, 4);
     let l_rows = (rows * k_words).expand_dims(1).expand_dims(2);
-    let h_rows = (rows * (2 * blocks)).expand_dims(1).expand_dims(2);
+    let h_rows = (rows * blocks).expand_dims(1);
     let s_rows = (rows * (2 * blocks)).expand_dims(1);
     let d_rows = (rows * (blocks / 8)).expand_dims(1);
     let l_words = (grp * 4).expand_dims(1) + w.expand_dims(0);
-    let h_words = (grp * 2).expand_dims(1) + (w / 2).expand_dims(0);
     let ok2 = row_ok.expand_dims(1);
 
     let ok = ok2 & (grp < blocks).expand_dims(0);
-    let l_first = load(ql + l_rows + l_words.expand_dims(0), ok.expand_dims(2), 0);
-    let h_first = load(qh + h_rows + h_words.expand_dims(0), ok.expand_dims(2), 0);
-    let sc0_first = load(scales + s_rows + (grp * 2).expand_dims(0), ok, 128);
-    let sc1_first = load(scales + s_rows + (grp * 2 + 1).expand_dims(0), ok, 128);
-    let d_first = load(d + d_rows + (grp / 8).expand_dims(0), ok, 0.0);
+    let (l_first, h_first, sc0_first, sc1_first, d_first) = q6_k_weights(
+        ql, qh, scales, d, l_rows, h_rows, s_rows, d_rows, l_words, 0, grp, ok,
+    );
     let mut b = zeros::<f32>([BLOCK_N]);
     if HEAD == 0 {
         b = load(bias + row0 + rows, row_ok, 0.0) as f32;
@@ -1191,12 +1205,12 @@ pub fn q6_k_gemv<
     if (RESIDUAL == 1) & (BLOCK_N == 16) {
         sums = q6_k_row_sums_prefetch::<BLOCK_K, ACT>(
             l_first, h_first, sc0_first, sc1_first, d_first, ql, qh, scales, d, xq, xd, a, norm_w,
-            l_rows, h_rows, s_rows, d_rows, l_words, h_words, ok2, blocks, grp, w,
+            l_rows, h_rows, s_rows, d_rows, l_words, ok2, blocks, grp, w,
         );
     } else {
         sums = q6_k_row_sums::<BLOCK_K, ACT>(
             l_first, h_first, sc0_first, sc1_first, d_first, ql, qh, scales, d, xq, xd, a, norm_w,
-            l_rows, h_rows, s_rows, d_rows, l_words, h_words, ok2, blocks, grp, w,
+            l_rows, h_rows, s_rows, d_rows, l_words, ok2, blocks, grp, w,
         );
     }
     store_rows::<RESIDUAL, HEAD>(
@@ -1259,7 +1273,7 @@ pub fn q4_k_q6_k_gemv<
     d: Ptr<f16>,
     dmin: Ptr<f16>,
     ql: Ptr<u32>,
-    qh: Ptr<u32>,
+    qh: Ptr<i64>,
     scales6: Ptr<u8>,
     d6: Ptr<f16>,
     xq: Ptr<i32>,
@@ -1294,27 +1308,22 @@ pub fn q4_k_q6_k_gemv<
     let s_rows = (rows * blocks).expand_dims(1);
     let d_rows = (rows * (blocks / 8)).expand_dims(1);
     let words = (grp * 4).expand_dims(1) + w.expand_dims(0);
-    let q_first = load(q + q_rows + words.expand_dims(0), ok4.expand_dims(2), 0);
-    let sc_first = load(scales + s_rows + grp.expand_dims(0), ok4, 0);
-    let m_first = load(mins + s_rows + grp.expand_dims(0), ok4, 0);
-    let d_first = load(d + d_rows + (grp / 8).expand_dims(0), ok4, 0.0);
-    let dmin_first = load(dmin + d_rows + (grp / 8).expand_dims(0), ok4, 0.0);
+    let (q_first, sc_first, m_first, d_first, dmin_first) = q4_k_weights(
+        q, scales, mins, d, dmin, q_rows, s_rows, d_rows, words, 0, grp, ok4,
+    );
 
     // Q6_K's (as in `q6_k_gemv`).
     let grp6 = arange(0, BLOCK_K6 / 32);
     let ok2_6 = row6_ok.expand_dims(1);
     let ok6 = ok2_6 & (grp6 < blocks).expand_dims(0);
     let l_rows = (rows6 * k_words).expand_dims(1).expand_dims(2);
-    let h_rows = (rows6 * (2 * blocks)).expand_dims(1).expand_dims(2);
+    let h_rows = (rows6 * blocks).expand_dims(1);
     let s6_rows = (rows6 * (2 * blocks)).expand_dims(1);
     let d6_rows = (rows6 * (blocks / 8)).expand_dims(1);
     let l_words = (grp6 * 4).expand_dims(1) + w.expand_dims(0);
-    let h_words = (grp6 * 2).expand_dims(1) + (w / 2).expand_dims(0);
-    let l_first = load(ql + l_rows + l_words.expand_dims(0), ok6.expand_dims(2), 0);
-    let h_first = load(qh + h_rows + h_words.expand_dims(0), ok6.expand_dims(2), 0);
-    let sc0_first = load(scales6 + s6_rows + (grp6 * 2).expand_dims(0), ok6, 128);
-    let sc1_first = load(scales6 + s6_rows + (grp6 * 2 + 1).expand_dims(0), ok6, 128);
-    let d6_first = load(d6 + d6_rows + (grp6 / 8).expand_dims(0), ok6, 0.0);
+    let (l_first, h_first, sc0_first, sc1_first, d6_first) = q6_k_weights(
+        ql, qh, scales6, d6, l_rows, h_rows, s6_rows, d6_rows, l_words, 0, grp6, ok6,
+    );
     let b = load(bias + rows, row_ok, 0.0) as f32;
     let b6 = load(bias + n4 + rows6, row6_ok, 0.0) as f32;
     stamp_now::<STAMPS>(stamps, stamp_at, 0);
@@ -1327,7 +1336,7 @@ pub fn q4_k_q6_k_gemv<
     if six {
         let sums = q6_k_row_sums::<BLOCK_K6, ACT>(
             l_first, h_first, sc0_first, sc1_first, d6_first, ql, qh, scales6, d6, xq, xd, a,
-            norm_w, l_rows, h_rows, s6_rows, d6_rows, l_words, h_words, ok2_6, blocks, grp6, w,
+            norm_w, l_rows, h_rows, s6_rows, d6_rows, l_words, ok2_6, blocks, grp6, w,
         );
         store(y + n4 + rows6, (sums * inv_rms + b6) as bf16, row6_ok);
     } else {
@@ -1818,7 +1827,7 @@ pub fn q4_k_gemv_tokens<
 #[allow(clippy::too_many_arguments)]
 fn q6_k_token(
     lt: Tile<u32>,
-    ht: Tile<u32>,
+    h: Tile<i64>,
     sc0: Tile<u8>,
     sc1: Tile<u8>,
     dd: Tile<f16>,
@@ -1836,7 +1845,7 @@ fn q6_k_token(
     let x_words = xq + t * (2 * k_words);
     let x_scales = xd + t * (k_words / 4);
     q6_k_tile::<0>(
-        lt, ht, sc0, sc1, dd, x_words, x_scales, unused, unused, blk, ok, w,
+        lt, h, sc0, sc1, dd, x_words, x_scales, unused, unused, blk, ok, w,
     )
 }
 
@@ -1857,7 +1866,7 @@ pub fn q6_k_gemv_tokens<
     const RESIDUAL: usize,
 >(
     ql: Ptr<u32>,
-    qh: Ptr<u32>,
+    qh: Ptr<i64>,
     scales: Ptr<u8>,
     d: Ptr<f16>,
     xq: Ptr<i32>,
@@ -1878,11 +1887,10 @@ pub fn q6_k_gemv_tokens<
     // A block's four low-nibble words of a row in one thread (`q6_k_tile`).
     let w = arange(0, 4);
     let l_rows = (rows * k_words).expand_dims(1).expand_dims(2);
-    let h_rows = (rows * (2 * blocks)).expand_dims(1).expand_dims(2);
+    let h_rows = (rows * blocks).expand_dims(1);
     let s_rows = (rows * (2 * blocks)).expand_dims(1);
     let d_rows = (rows * (blocks / 8)).expand_dims(1);
     let l_words = (grp * 4).expand_dims(1) + w.expand_dims(0);
-    let h_words = (grp * 2).expand_dims(1) + (w / 2).expand_dims(0);
     let ok2 = row_ok.expand_dims(1);
     let b = load(bias + row0 + rows, row_ok, 0.0) as f32;
     wait_for_prior_kernels();
@@ -1903,11 +1911,7 @@ pub fn q6_k_gemv_tokens<
             ok.expand_dims(2),
             0,
         );
-        let ht = load(
-            qh + h_rows + (g0 * 2 + h_words).expand_dims(0),
-            ok.expand_dims(2),
-            0,
-        );
+        let ht = load(qh + h_rows + (g0 + grp).expand_dims(0), ok, 0);
         let sc0 = load(scales + s_rows + (blk * 2).expand_dims(0), ok, 128);
         let sc1 = load(scales + s_rows + (blk * 2 + 1).expand_dims(0), ok, 128);
         let dt = load(d + d_rows + (blk / 8).expand_dims(0), ok, 0.0);

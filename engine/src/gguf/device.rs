@@ -778,6 +778,14 @@ pub enum QuantBuffers {
     },
 }
 
+/// Q6_K's high-bits words as the kernels read them: each block's two 32-bit words as
+/// one `i64` (`q6_k_high`), one 8-byte load instead of the same word loaded twice. The
+/// array holds `rows * cols / 16` words, an even count for whole 256-value blocks (an
+/// odd count is an error that says so).
+fn qh64(qh: &Buffer<u32>) -> Result<KernelArg<'_>> {
+    Ok(KernelArg::read_as::<i64, u32>(qh)?)
+}
+
 /// A quantized `[rows, cols]` matrix uploaded to a device.
 #[derive(Debug)]
 pub struct DeviceQuantMatrix {
@@ -990,8 +998,9 @@ impl DeviceQuantMatrix {
 
     /// The arrays every kernel over this matrix takes first, in the device layout's
     /// order, and `k_words`: the 32-bit words of quantized values a row (Q8_0 four
-    /// values a word, Q4_K and Q6_K eight).
-    fn weight_args(&self) -> (Vec<KernelArg<'_>>, i32) {
+    /// values a word, Q4_K and Q6_K eight). `wide_qh`: Q6_K's `qh` as the GEMVs read it
+    /// ([`qh64`]), else as 32-bit words (the dequantizer, which reads a word an element).
+    fn weight_args(&self, wide_qh: bool) -> Result<(Vec<KernelArg<'_>>, i32)> {
         let (args, per_word): (Vec<KernelArg<'_>>, usize) = match &self.buffers {
             QuantBuffers::Q8_0 { q, d } => (vec![q.into(), d.into()], 4),
             QuantBuffers::Q4K {
@@ -1004,11 +1013,17 @@ impl DeviceQuantMatrix {
                 vec![q.into(), scales.into(), mins.into(), d.into(), dmin.into()],
                 8,
             ),
-            QuantBuffers::Q6K { ql, qh, scales, d } => {
-                (vec![ql.into(), qh.into(), scales.into(), d.into()], 8)
-            }
+            QuantBuffers::Q6K { ql, qh, scales, d } => (
+                vec![
+                    ql.into(),
+                    if wide_qh { qh64(qh)? } else { qh.into() },
+                    scales.into(),
+                    d.into(),
+                ],
+                8,
+            ),
         };
-        (args, (self.cols / per_word) as i32)
+        Ok((args, (self.cols / per_word) as i32))
     }
 
     /// `y = bf16(W · a + bias)`; with `residual`, `y = bf16(y + bf16(W · a + bias))`;
@@ -1109,7 +1124,7 @@ impl DeviceQuantMatrix {
             QuantBuffers::Q4K { .. } => &Q4_K_GEMV_TOKENS,
             QuantBuffers::Q6K { .. } => &Q6_K_GEMV_TOKENS,
         };
-        let (mut args, k_words) = self.weight_args();
+        let (mut args, k_words) = self.weight_args(true)?;
         args.extend([
             (&x.xq).into(),
             (&x.xd).into(),
@@ -1180,7 +1195,7 @@ impl DeviceQuantMatrix {
             QuantBuffers::Q4K { .. } => &DEQUANTIZE_Q4_K,
             QuantBuffers::Q6K { .. } => &DEQUANTIZE_Q6_K,
         };
-        let (mut args, k_words) = self.weight_args();
+        let (mut args, k_words) = self.weight_args(false)?;
         args.extend([out.into(), n.into(), row0.into(), k_words.into()]);
         kernel.launch_dyn(dev, launch, &[r as i64, blocks as i64], &mut args)?;
         Ok(())
@@ -1294,7 +1309,7 @@ impl DeviceQuantMatrix {
             launch = launch.serialized();
         }
         let n = self.rows as i32;
-        let (mut args, k_words) = self.weight_args();
+        let (mut args, k_words) = self.weight_args(true)?;
         // The Q4_K kernel's `out_q`/`out_d` are written by its `SILU_Q` variant only,
         // but a kernel's parameters are declared once.
         args.extend([(&spare.xq).into(), (&spare.xd).into()]);
@@ -1429,7 +1444,7 @@ pub fn launch_q4_k_q6_k(
         d.into(),
         dmin.into(),
         ql.into(),
-        qh.into(),
+        qh64(qh)?,
         scales6.into(),
         d6.into(),
         (&spare.xq).into(),
