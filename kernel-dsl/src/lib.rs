@@ -7,7 +7,8 @@
 //!
 //! 1. [`front`]: syntax (a `syn` function) to an AST, then IR construction for one
 //!    specialization of the compile-time constants (SSA, structured control flow);
-//! 2. [`valid`]: type and shape inference (explicit broadcasts, casts, literal types);
+//! 2. [`valid`]: type and shape inference (explicit broadcasts, casts, literal types),
+//!    then [`compact`]: values nothing needs are dropped and the arena renumbered;
 //! 3. [`back`]: layouts, axis analysis and PTX;
 //! 4. [`interp`]: the reference interpreter over host buffers;
 //! 5. [`runtime`]: devices, buffers and typed launches on the GPU or the interpreter.
@@ -15,6 +16,7 @@
 #![warn(missing_docs)]
 
 pub mod back;
+pub mod compact;
 pub mod error;
 pub mod front;
 pub mod interp;
@@ -29,7 +31,7 @@ pub use error::CompileError;
 pub use half;
 pub use ir::Specialization;
 
-/// Runs IR construction and type inference for one specialization.
+/// Runs IR construction, type inference and [`compact`] for one specialization.
 ///
 /// Returns the span table with the result so that `#[kernel]` can point errors at the
 /// user's code.
@@ -38,7 +40,10 @@ pub fn compile_with_spans(
     spec: &Specialization,
 ) -> (Result<ir::Kernel, CompileError>, front::SpanTable) {
     let (lowered, spans) = front::lower(ast, spec);
-    (lowered.and_then(|k| valid::infer(&k)), spans)
+    (
+        lowered.and_then(|k| valid::infer(&k)).map(compact::compact),
+        spans,
+    )
 }
 
 /// Runs IR construction and type inference for one specialization.

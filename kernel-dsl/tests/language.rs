@@ -66,6 +66,69 @@ fn a_helper_compiles_to_the_same_ptx_as_its_body_written_inline() {
     }
 }
 
+/// A helper that stores the first `T` of four row sums, called with all four: the sums
+/// it does not store are computed at the call and used nowhere.
+const UNUSED_ARGUMENTS: &str = r#"
+#[kernel(B = [64], T = [2])]
+fn rows<const B: usize, const T: usize>(x: Ptr<f32>, out: Ptr<f32>) {
+    let r = arange(0, B);
+    let c = arange(0, 32);
+    let at = (r * 32).expand_dims(1) + c.expand_dims(0);
+    let a = load(x + at);
+    let b = load(x + B * 32 + at);
+    put_first::<B, T>(out, r, a.sum(1), b.sum(1), a.max(1), (a * b).sum(1));
+}
+#[tile_fn]
+fn put_first<const B: usize, const T: usize>(
+    out: Ptr<f32>,
+    r: Tile<i32>,
+    s0: Tile<f32>,
+    s1: Tile<f32>,
+    s2: Tile<f32>,
+    s3: Tile<f32>,
+) {
+    store(out + r, s0);
+    if T > 1 {
+        store(out + B + r, s1);
+    }
+    if T > 2 {
+        store(out + 2 * B + r, s2);
+        store(out + 3 * B + r, s3);
+    }
+}
+"#;
+
+const USED_ARGUMENTS_ONLY: &str = r#"
+#[kernel(B = [64], T = [2])]
+fn rows<const B: usize, const T: usize>(x: Ptr<f32>, out: Ptr<f32>) {
+    let r = arange(0, B);
+    let c = arange(0, 32);
+    let at = (r * 32).expand_dims(1) + c.expand_dims(0);
+    let a = load(x + at);
+    let b = load(x + B * 32 + at);
+    let (s0, s1) = (a.sum(1), b.sum(1));
+    store(out + r, s0);
+    store(out + B + r, s1);
+}
+"#;
+
+/// What a kernel computes and never uses is not compiled (`tilefuse_dsl::compact`):
+/// reductions whose `shfl.sync` and `bar.sync` `ptxas` would keep are gone before the
+/// backend sees them.
+#[test]
+fn unused_helper_arguments_leave_no_code() {
+    let consts = [("B", 64), ("T", 2)];
+    for target in [Target::Sm80, Target::Sm90] {
+        let a = ptx_of(UNUSED_ARGUMENTS, &consts, target);
+        let b = ptx_of(USED_ARGUMENTS_ONLY, &consts, target);
+        assert_eq!(a.ptx, b.ptx, "{target:?}");
+        assert!(
+            a.ptx.contains("shfl.sync"),
+            "the stored sums reduce across threads"
+        );
+    }
+}
+
 #[test]
 fn helper_errors_point_at_the_helper_or_the_call() {
     // An unknown function names #[tile_fn], and the op list includes the statements.

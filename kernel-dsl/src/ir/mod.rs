@@ -746,10 +746,11 @@ pub enum Expr {
     },
 }
 
-impl Expr {
-    /// The operands of this expression, in order.
-    pub fn operands(&self) -> Vec<ValueId> {
-        match self {
+/// The operands of an `Expr` behind a reference (`&Expr` or `&mut Expr`), as a `Vec` of
+/// references of the same kind, in order.
+macro_rules! operand_refs {
+    ($expr:expr) => {
+        match $expr {
             Expr::Param(_)
             | Expr::Literal(_)
             | Expr::ProgramId(_)
@@ -766,37 +767,50 @@ impl Expr {
             | Expr::Scan { value, .. }
             | Expr::Permute { value, .. }
             | Expr::Reshape { value, .. }
-            | Expr::ClusterGather { value } => vec![*value],
+            | Expr::ClusterGather { value } => vec![value],
             Expr::Histogram { value, mask, .. } => {
-                let mut v = vec![*value];
+                let mut v = vec![value];
                 v.extend(mask);
                 v
             }
-            Expr::Rand { seed, offset, .. } => vec![*seed, *offset],
-            Expr::Unary { arg, .. } => vec![*arg],
-            Expr::Binary { lhs, rhs, .. } | Expr::Compare { lhs, rhs, .. } => vec![*lhs, *rhs],
-            Expr::Select { cond, then, other } => vec![*cond, *then, *other],
-            Expr::Dot4 { a, b, acc } => vec![*a, *b, *acc],
-            Expr::AddPtr { ptr, offset } => vec![*ptr, *offset],
+            Expr::Rand { seed, offset, .. } => vec![seed, offset],
+            Expr::Unary { arg, .. } => vec![arg],
+            Expr::Binary { lhs, rhs, .. } | Expr::Compare { lhs, rhs, .. } => vec![lhs, rhs],
+            Expr::Select { cond, then, other } => vec![cond, then, other],
+            Expr::Dot4 { a, b, acc } => vec![a, b, acc],
+            Expr::AddPtr { ptr, offset } => vec![ptr, offset],
             Expr::Load { ptr, mask, other } => {
-                let mut v = vec![*ptr];
+                let mut v = vec![ptr];
                 v.extend(mask);
                 v.extend(other);
                 v
             }
             Expr::Dot { a, b, acc } => {
-                let mut v = vec![*a, *b];
+                let mut v = vec![a, b];
                 v.extend(acc);
                 v
             }
             Expr::Atomic {
                 ptr, value, mask, ..
             } => {
-                let mut v = vec![*ptr, *value];
+                let mut v = vec![ptr, value];
                 v.extend(mask);
                 v
             }
         }
+    };
+}
+
+impl Expr {
+    /// The operands of this expression, in order.
+    pub fn operands(&self) -> Vec<ValueId> {
+        operand_refs!(self).into_iter().copied().collect()
+    }
+
+    /// The operands of this expression, in the order of [`Expr::operands`], to rewrite
+    /// them in place (renumbering an arena).
+    pub fn operands_mut(&mut self) -> Vec<&mut ValueId> {
+        operand_refs!(self)
     }
 
     /// Whether evaluating the expression has an effect beyond its value.
@@ -813,6 +827,79 @@ pub struct Block {
 }
 
 impl Block {
+    /// Calls `f` on every value a statement of the block names, at any depth: the values
+    /// it defines (a `let`, a loop index, loop-carried and merged values) and those it
+    /// uses (not the operands inside the arena's definitions), to rewrite them in place.
+    pub fn for_each_value_mut(&mut self, f: &mut impl FnMut(&mut ValueId)) {
+        for stmt in &mut self.stmts {
+            match stmt {
+                Stmt::Let(v) => f(v),
+                Stmt::Store {
+                    ptr, value, mask, ..
+                } => {
+                    f(ptr);
+                    f(value);
+                    mask.iter_mut().for_each(&mut *f);
+                }
+                Stmt::Prefetch { ptr, mask, .. } => {
+                    f(ptr);
+                    mask.iter_mut().for_each(&mut *f);
+                }
+                Stmt::PrefetchRange {
+                    ptr, count: value, ..
+                }
+                | Stmt::Flag { ptr, value, .. } => {
+                    f(ptr);
+                    f(value);
+                }
+                Stmt::WaitPriorKernels { .. } | Stmt::LaunchDependents { .. } => {}
+                Stmt::For {
+                    index,
+                    start,
+                    end,
+                    step,
+                    carried,
+                    body,
+                    ..
+                } => {
+                    for v in [index, start, end, step] {
+                        f(v);
+                    }
+                    carried_values_mut(carried, f);
+                    body.for_each_value_mut(f);
+                }
+                Stmt::While {
+                    cond_body,
+                    cond,
+                    carried,
+                    body,
+                    ..
+                } => {
+                    f(cond);
+                    carried_values_mut(carried, f);
+                    cond_body.for_each_value_mut(f);
+                    body.for_each_value_mut(f);
+                }
+                Stmt::If {
+                    cond,
+                    then_body,
+                    else_body,
+                    merges,
+                    ..
+                } => {
+                    f(cond);
+                    for m in merges.iter_mut() {
+                        for v in [&mut m.then_value, &mut m.else_value, &mut m.result] {
+                            f(v);
+                        }
+                    }
+                    then_body.for_each_value_mut(f);
+                    else_body.for_each_value_mut(f);
+                }
+            }
+        }
+    }
+
     /// Calls `f` on every statement, depth first, in program order.
     pub fn visit(&self, f: &mut impl FnMut(&Stmt)) {
         for stmt in &self.stmts {
@@ -835,6 +922,14 @@ impl Block {
                 }
                 _ => {}
             }
+        }
+    }
+}
+
+fn carried_values_mut(carried: &mut [Carried], f: &mut impl FnMut(&mut ValueId)) {
+    for c in carried {
+        for v in [&mut c.param, &mut c.init, &mut c.next, &mut c.result] {
+            f(v);
         }
     }
 }
