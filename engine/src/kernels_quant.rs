@@ -1384,6 +1384,45 @@ fn store_token<const RESIDUAL: usize>(
     }
 }
 
+/// The outputs of tokens `t0..t0 + T` of a multi-token GEMV from their accumulators
+/// `acc0..` (row sums taken here). The accumulators past `T` are passed and not used:
+/// they, and whatever computed them, compile to nothing (`tilefuse_dsl::compact`).
+#[tile_fn(crate = tilefuse_dsl)]
+#[allow(clippy::too_many_arguments)]
+fn store_tokens<const T: usize, const RESIDUAL: usize>(
+    y: Ptr<bf16>,
+    ldy: i32,
+    t0: i32,
+    tokens: i32,
+    row0: i32,
+    rows: Tile<i32>,
+    row_ok: Tile<bool>,
+    b: Tile<f32>,
+    acc0: Tile<f32>,
+    acc1: Tile<f32>,
+    acc2: Tile<f32>,
+    acc3: Tile<f32>,
+    acc4: Tile<f32>,
+    acc5: Tile<f32>,
+    acc6: Tile<f32>,
+    acc7: Tile<f32>,
+) {
+    store_token::<RESIDUAL>(y, ldy, t0, tokens, row0 + rows, row_ok, acc0.sum(1), b);
+    if T > 1 {
+        store_token::<RESIDUAL>(y, ldy, t0 + 1, tokens, row0 + rows, row_ok, acc1.sum(1), b);
+    }
+    if T > 2 {
+        store_token::<RESIDUAL>(y, ldy, t0 + 2, tokens, row0 + rows, row_ok, acc2.sum(1), b);
+        store_token::<RESIDUAL>(y, ldy, t0 + 3, tokens, row0 + rows, row_ok, acc3.sum(1), b);
+    }
+    if T > 4 {
+        store_token::<RESIDUAL>(y, ldy, t0 + 4, tokens, row0 + rows, row_ok, acc4.sum(1), b);
+        store_token::<RESIDUAL>(y, ldy, t0 + 5, tokens, row0 + rows, row_ok, acc5.sum(1), b);
+        store_token::<RESIDUAL>(y, ldy, t0 + 6, tokens, row0 + rows, row_ok, acc6.sum(1), b);
+        store_token::<RESIDUAL>(y, ldy, t0 + 7, tokens, row0 + rows, row_ok, acc7.sum(1), b);
+    }
+}
+
 /// Token `t`'s Q8_0 tile sums for [`q8_0_gemv_tokens`] (zero past `tokens`).
 #[tile_fn(crate = tilefuse_dsl)]
 #[allow(clippy::too_many_arguments)]
@@ -1574,20 +1613,9 @@ pub fn q8_0_gemv_tokens<
             );
         }
     }
-    store_token::<RESIDUAL>(y, ldy, t0, tokens, row0 + rows, row_ok, acc0.sum(1), b);
-    if T > 1 {
-        store_token::<RESIDUAL>(y, ldy, t0 + 1, tokens, row0 + rows, row_ok, acc1.sum(1), b);
-    }
-    if T > 2 {
-        store_token::<RESIDUAL>(y, ldy, t0 + 2, tokens, row0 + rows, row_ok, acc2.sum(1), b);
-        store_token::<RESIDUAL>(y, ldy, t0 + 3, tokens, row0 + rows, row_ok, acc3.sum(1), b);
-    }
-    if T > 4 {
-        store_token::<RESIDUAL>(y, ldy, t0 + 4, tokens, row0 + rows, row_ok, acc4.sum(1), b);
-        store_token::<RESIDUAL>(y, ldy, t0 + 5, tokens, row0 + rows, row_ok, acc5.sum(1), b);
-        store_token::<RESIDUAL>(y, ldy, t0 + 6, tokens, row0 + rows, row_ok, acc6.sum(1), b);
-        store_token::<RESIDUAL>(y, ldy, t0 + 7, tokens, row0 + rows, row_ok, acc7.sum(1), b);
-    }
+    store_tokens::<T, RESIDUAL>(
+        y, ldy, t0, tokens, row0, rows, row_ok, b, acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7,
+    );
 }
 
 /// Token `t`'s Q4_K tile sums for [`q4_k_gemv_tokens`] (zero past `tokens`).
@@ -1806,20 +1834,9 @@ pub fn q4_k_gemv_tokens<
             );
         }
     }
-    store_token::<RESIDUAL>(y, ldy, t0, tokens, row0 + rows, row_ok, acc0.sum(1), b);
-    if T > 1 {
-        store_token::<RESIDUAL>(y, ldy, t0 + 1, tokens, row0 + rows, row_ok, acc1.sum(1), b);
-    }
-    if T > 2 {
-        store_token::<RESIDUAL>(y, ldy, t0 + 2, tokens, row0 + rows, row_ok, acc2.sum(1), b);
-        store_token::<RESIDUAL>(y, ldy, t0 + 3, tokens, row0 + rows, row_ok, acc3.sum(1), b);
-    }
-    if T > 4 {
-        store_token::<RESIDUAL>(y, ldy, t0 + 4, tokens, row0 + rows, row_ok, acc4.sum(1), b);
-        store_token::<RESIDUAL>(y, ldy, t0 + 5, tokens, row0 + rows, row_ok, acc5.sum(1), b);
-        store_token::<RESIDUAL>(y, ldy, t0 + 6, tokens, row0 + rows, row_ok, acc6.sum(1), b);
-        store_token::<RESIDUAL>(y, ldy, t0 + 7, tokens, row0 + rows, row_ok, acc7.sum(1), b);
-    }
+    store_tokens::<T, RESIDUAL>(
+        y, ldy, t0, tokens, row0, rows, row_ok, b, acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7,
+    );
 }
 
 /// Token `t`'s Q6_K tile sums for [`q6_k_gemv_tokens`] (zero past `tokens`).
@@ -2037,20 +2054,9 @@ pub fn q6_k_gemv_tokens<
             );
         }
     }
-    store_token::<RESIDUAL>(y, ldy, t0, tokens, row0 + rows, row_ok, acc0.sum(1), b);
-    if T > 1 {
-        store_token::<RESIDUAL>(y, ldy, t0 + 1, tokens, row0 + rows, row_ok, acc1.sum(1), b);
-    }
-    if T > 2 {
-        store_token::<RESIDUAL>(y, ldy, t0 + 2, tokens, row0 + rows, row_ok, acc2.sum(1), b);
-        store_token::<RESIDUAL>(y, ldy, t0 + 3, tokens, row0 + rows, row_ok, acc3.sum(1), b);
-    }
-    if T > 4 {
-        store_token::<RESIDUAL>(y, ldy, t0 + 4, tokens, row0 + rows, row_ok, acc4.sum(1), b);
-        store_token::<RESIDUAL>(y, ldy, t0 + 5, tokens, row0 + rows, row_ok, acc5.sum(1), b);
-        store_token::<RESIDUAL>(y, ldy, t0 + 6, tokens, row0 + rows, row_ok, acc6.sum(1), b);
-        store_token::<RESIDUAL>(y, ldy, t0 + 7, tokens, row0 + rows, row_ok, acc7.sum(1), b);
-    }
+    store_tokens::<T, RESIDUAL>(
+        y, ldy, t0, tokens, row0, rows, row_ok, b, acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7,
+    );
 }
 
 /// The down projection's input for [`q8_0_gemv_tokens`] and its twins: row `r` of
