@@ -11,6 +11,9 @@
 //! that a failure. `TILEFUSE_PTXAS_TABLE=FILE` writes every variant's registers and
 //! spills to FILE (tab-separated, sorted), with a hash of its PTX (FNV-1a) that shows
 //! which variants a compiler change touched, to compare two builds of the compiler.
+//! `TILEFUSE_PTX_DUMP=DIR` writes every variant's PTX into DIR, named by a hash of the
+//! variant without its line number (listed in DIR/index.tsv), so that two builds' PTX,
+//! or the SASS `ptxas` makes of it, can be compared file by file.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -159,6 +162,9 @@ fn every_kernel_assembles_without_spills() {
         }
     }
     println!("ptxas_all: {divisible_forms} specializations have a divisible form");
+    if let Ok(dir) = std::env::var("TILEFUSE_PTX_DUMP") {
+        dump_ptx(Path::new(&dir), &jobs);
+    }
     assert!(
         kernels >= 4 && jobs.len() >= 12,
         "found only {kernels} kernels ({} compiled variants): is the working directory the repository root?",
@@ -231,6 +237,29 @@ fn every_kernel_assembles_without_spills() {
         failures.len(),
         failures.join("\n")
     );
+}
+
+/// Writes each job's PTX to `dir`, as `TILEFUSE_PTX_DUMP` asks.
+fn dump_ptx(dir: &Path, jobs: &[Job]) {
+    std::fs::create_dir_all(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    let mut index = Vec::new();
+    for job in jobs {
+        // `file.rs:LINE `name` (..)` without the line, which moves with unrelated edits.
+        let key = match job.what.split_once(' ') {
+            Some((place, rest)) => {
+                let file = place.rsplit_once(':').map_or(place, |(f, _)| f);
+                format!("{file} {rest} {}", job.target.name())
+            }
+            None => format!("{} {}", job.what, job.target.name()),
+        };
+        let name = format!("{:016x}.ptx", ptx_hash(&key));
+        std::fs::write(dir.join(&name), &job.kernel.ptx)
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.join(&name).display()));
+        index.push(format!("{name}\t{}\t{key}", job.kernel.entry));
+    }
+    index.sort();
+    std::fs::write(dir.join("index.tsv"), index.join("\n") + "\n")
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
 }
 
 /// FNV-1a over the PTX text: stable across builds and toolchains, so two tables diff.
