@@ -469,6 +469,39 @@ mod tests {
     }
 
     #[test]
+    fn prefetches_flags_and_launch_ordering_keep_what_they_name() {
+        let k = compiled(
+            r#"
+            #[kernel(B = [64])]
+            fn f<const B: usize>(x: Ptr<f32>, flag: Ptr<i32>, n: i32) {
+                let i = arange(0, B);
+                let unused = load(x + i).sum(0);
+                prefetch(x + B + i, i < n);
+                prefetch_range(x + 2 * B, n);
+                wait_for_prior_kernels();
+                wait_flag_at_least(flag, n + 1);
+                launch_dependents();
+                signal_flag(flag + 1, n * 2);
+            }
+            "#,
+            &[("B", 64)],
+        );
+        let mut kinds = Vec::new();
+        k.body.visit(&mut |s| match s {
+            Stmt::Let(_) => {}
+            other => kinds.push(std::mem::discriminant(other)),
+        });
+        assert_eq!(kinds.len(), 6, "every effect stays");
+        assert_eq!(reductions(&k), 0);
+        assert!(
+            !k.values
+                .iter()
+                .any(|v| matches!(v.def, Def::Expr(Expr::Load { .. }))),
+            "the only load fed the unused sum"
+        );
+    }
+
+    #[test]
     fn a_branch_with_only_unused_values_goes_and_a_while_loop_stays() {
         let k = compiled(
             r#"
