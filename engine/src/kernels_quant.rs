@@ -1702,16 +1702,9 @@ pub fn q4_k_gemv_tokens<
         let blk = g0 + grp;
         let blk_ok = blk < blocks;
         let ok = ok2 & blk_ok.expand_dims(0);
-        let qt = load(
-            q + q_rows + (g0 * 4 + words).expand_dims(0),
-            ok.expand_dims(2),
-            0,
+        let (qt, sct, mt, dt, dmint) = q4_k_weights(
+            q, scales, mins, d, dmin, q_rows, s_rows, d_rows, words, g0, blk, ok,
         );
-        let sct = load(scales + s_rows + blk.expand_dims(0), ok, 0);
-        let mt = load(mins + s_rows + blk.expand_dims(0), ok, 0);
-        let sb = (blk / 8).expand_dims(0);
-        let dt = load(d + d_rows + sb, ok, 0.0);
-        let dmint = load(dmin + d_rows + sb, ok, 0.0);
         acc0 += q4_k_token(
             qt, sct, mt, dt, dmint, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words,
         );
@@ -1923,15 +1916,9 @@ pub fn q6_k_gemv_tokens<
         let blk = g0 + grp;
         let blk_ok = blk < blocks;
         let ok = ok2 & blk_ok.expand_dims(0);
-        let lt = load(
-            ql + l_rows + (g0 * 4 + l_words).expand_dims(0),
-            ok.expand_dims(2),
-            0,
+        let (lt, ht, sc0, sc1, dt) = q6_k_weights(
+            ql, qh, scales, d, l_rows, h_rows, s_rows, d_rows, l_words, g0, blk, ok,
         );
-        let ht = load(qh + h_rows + (g0 + grp).expand_dims(0), ok, 0);
-        let sc0 = load(scales + s_rows + (blk * 2).expand_dims(0), ok, 128);
-        let sc1 = load(scales + s_rows + (blk * 2 + 1).expand_dims(0), ok, 128);
-        let dt = load(d + d_rows + (blk / 8).expand_dims(0), ok, 0.0);
         acc0 += q6_k_token(
             lt, ht, sc0, sc1, dt, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words,
         );
