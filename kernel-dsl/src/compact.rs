@@ -16,11 +16,11 @@
 //! `while` loops stay even with nothing needed inside, since whether they end is part of
 //! the program.
 
-use crate::ir::{Block, Def, Kernel, Stmt, ValueId, ViewLoad};
+use crate::ir::{Block, Carried, Def, Kernel, Stmt, Value, ValueId, ViewLoad};
 
 /// Removes the values of `kernel` that nothing needs, and renumbers the arena so that no
 /// later pass sees them.
-pub fn compact(kernel: Kernel) -> Kernel {
+pub fn compact(mut kernel: Kernel) -> Kernel {
     let mut live = Live {
         of: vec![false; kernel.values.len()],
         changed: true,
@@ -37,11 +37,17 @@ pub fn compact(kernel: Kernel) -> Kernel {
             }
         }
     }
-    let body = prune_block(&kernel.body, &live);
-    renumber(&kernel, body).unwrap_or_else(|| {
-        debug_assert!(false, "`{}`: a kept value uses a pruned one", kernel.name);
-        kernel
-    })
+    let mut body = kernel.body.clone();
+    prune_block(&mut body, &live);
+    match renumbered(&kernel, body) {
+        Some((values, body, view_loads)) => {
+            kernel.values = values;
+            kernel.body = body;
+            kernel.view_loads = view_loads;
+        }
+        None => debug_assert!(false, "`{}`: a kept value uses a pruned one", kernel.name),
+    }
+    kernel
 }
 
 /// Which values are needed so far.
@@ -125,7 +131,7 @@ fn mark_stmt(k: &Kernel, stmt: &Stmt, live: &mut Live) -> bool {
             let effect = mark_block(k, body, live);
             let mut needed = effect;
             for c in carried {
-                if live.is(c.param) || live.is(c.result) {
+                if needed_carry(c, live) {
                     needed = true;
                     live.mark_all([c.init, c.next]);
                 }
@@ -146,7 +152,7 @@ fn mark_stmt(k: &Kernel, stmt: &Stmt, live: &mut Live) -> bool {
             mark_block(k, body, live);
             live.mark(*cond);
             for c in carried {
-                if live.is(c.param) || live.is(c.result) {
+                if needed_carry(c, live) {
                     live.mark_all([c.init, c.next]);
                 }
             }
@@ -175,93 +181,44 @@ fn mark_stmt(k: &Kernel, stmt: &Stmt, live: &mut Live) -> bool {
     }
 }
 
-/// `b` without what nothing needs (values still numbered as in `k`).
-fn prune_block(b: &Block, live: &Live) -> Block {
-    let mut stmts = Vec::with_capacity(b.stmts.len());
-    for stmt in &b.stmts {
-        match stmt {
-            Stmt::Let(v) => {
-                if live.is(*v) {
-                    stmts.push(stmt.clone());
-                }
-            }
-            Stmt::For {
-                index,
-                start,
-                end,
-                step,
-                carried,
-                body,
-                unroll,
-                stages,
-                loc,
-            } => {
-                let body = prune_block(body, live);
-                let carried: Vec<_> = carried
-                    .iter()
-                    .filter(|c| live.is(c.param) || live.is(c.result))
-                    .cloned()
-                    .collect();
-                if !body.stmts.is_empty() || !carried.is_empty() {
-                    stmts.push(Stmt::For {
-                        index: *index,
-                        start: *start,
-                        end: *end,
-                        step: *step,
-                        carried,
-                        body,
-                        unroll: *unroll,
-                        stages: *stages,
-                        loc: *loc,
-                    });
-                }
-            }
-            Stmt::While {
-                cond_body,
-                cond,
-                carried,
-                body,
-                loc,
-            } => stmts.push(Stmt::While {
-                cond_body: prune_block(cond_body, live),
-                cond: *cond,
-                carried: carried
-                    .iter()
-                    .filter(|c| live.is(c.param) || live.is(c.result))
-                    .cloned()
-                    .collect(),
-                body: prune_block(body, live),
-                loc: *loc,
-            }),
-            Stmt::If {
-                cond,
-                then_body,
-                else_body,
-                merges,
-                loc,
-            } => {
-                let then_body = prune_block(then_body, live);
-                let else_body = prune_block(else_body, live);
-                let merges: Vec<_> = merges
-                    .iter()
-                    .filter(|m| live.is(m.result))
-                    .cloned()
-                    .collect();
-                if !then_body.stmts.is_empty() || !else_body.stmts.is_empty() || !merges.is_empty()
-                {
-                    stmts.push(Stmt::If {
-                        cond: *cond,
-                        then_body,
-                        else_body,
-                        merges,
-                        loc: *loc,
-                    });
-                }
-            }
-            other => stmts.push(other.clone()),
+/// Whether a loop-carried value is read, inside the loop or after it.
+fn needed_carry(c: &Carried, live: &Live) -> bool {
+    live.is(c.param) || live.is(c.result)
+}
+
+/// Removes from `b` what nothing needs (values still numbered as before).
+fn prune_block(b: &mut Block, live: &Live) {
+    b.stmts.retain_mut(|stmt| match stmt {
+        Stmt::Let(v) => live.is(*v),
+        Stmt::For { carried, body, .. } => {
+            prune_block(body, live);
+            carried.retain(|c| needed_carry(c, live));
+            !body.stmts.is_empty() || !carried.is_empty()
         }
-    }
-    Block { stmts }
+        Stmt::While {
+            cond_body,
+            carried,
+            body,
+            ..
+        } => {
+            prune_block(cond_body, live);
+            prune_block(body, live);
+            carried.retain(|c| needed_carry(c, live));
+            true
+        }
+        Stmt::If {
+            then_body,
+            else_body,
+            merges,
+            ..
+        } => {
+            prune_block(then_body, live);
+            prune_block(else_body, live);
+            merges.retain(|m| live.is(m.result));
+            !then_body.stmts.is_empty() || !else_body.stmts.is_empty() || !merges.is_empty()
+        }
+        _ => true,
+    });
 }
 
 /// The values `b` defines, in program order.
@@ -280,9 +237,10 @@ fn defined(b: &Block, out: &mut Vec<ValueId>) {
     });
 }
 
-/// A new kernel whose arena holds the values `body` defines, in their old order;
-/// `None` if something refers to a value that is not defined there.
-fn renumber(k: &Kernel, mut body: Block) -> Option<Kernel> {
+/// The arena of the values `body` defines, in their old order, with `body` and `k`'s
+/// view loads renumbered to it; `None` if something refers to a value that is not
+/// defined there.
+fn renumbered(k: &Kernel, mut body: Block) -> Option<(Vec<Value>, Block, Vec<ViewLoad>)> {
     let mut kept = Vec::new();
     defined(&body, &mut kept);
     let mut new_id: Vec<Option<ValueId>> = vec![None; k.values.len()];
@@ -331,18 +289,7 @@ fn renumber(k: &Kernel, mut body: Block) -> Option<Kernel> {
             Some(view)
         })
         .collect::<Option<Vec<ViewLoad>>>()?;
-    Some(Kernel {
-        name: k.name.clone(),
-        params: k.params.clone(),
-        consts: k.consts.clone(),
-        num_warps: k.num_warps,
-        num_stages: k.num_stages,
-        cluster: k.cluster,
-        max_registers: k.max_registers,
-        values,
-        body,
-        view_loads,
-    })
+    Some((values, body, view_loads))
 }
 
 #[cfg(test)]

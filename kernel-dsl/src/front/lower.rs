@@ -493,18 +493,19 @@ impl Lower {
     /// whose body ends in one. Tuples are not values of their own: they exist to be
     /// taken apart by a tuple `let` or assignment.
     fn tuple_values(&mut self, e: &SynExpr) -> R<Vec<ValueId>> {
-        match strip_parens(e) {
-            SynExpr::Tuple(t) => t.elems.iter().map(|x| self.expr(x)).collect(),
-            SynExpr::Call(c) if call_name(&c.func).is_some_and(|n| self.helper(&n).is_some()) => {
-                let name = call_name(&c.func).unwrap_or_default();
-                let h = self.helper(&name).expect("checked by the guard");
-                self.inline_helper_with(h, c, Self::helper_tuple_body)
-            }
-            other => self.err(
-                other.span(),
-                "expected a tuple `(a, b)` or a call of a helper that returns one",
-            ),
+        let e = strip_parens(e);
+        if let SynExpr::Tuple(t) = e {
+            return t.elems.iter().map(|x| self.expr(x)).collect();
         }
+        if let SynExpr::Call(c) = e {
+            if let Some(h) = call_name(&c.func).and_then(|n| self.helper(&n)) {
+                return self.inline_helper_with(h, c, Self::helper_tuple_body);
+            }
+        }
+        self.err(
+            e.span(),
+            "expected a tuple `(a, b)` or a call of a helper that returns one",
+        )
     }
 
     fn assign_target(&mut self, e: &SynExpr) -> R<String> {
