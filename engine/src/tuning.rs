@@ -387,8 +387,10 @@ fn words_budget(
 /// interleaved rounds; docs/perf.md, "Quantized gate/up words prefetched during
 /// attention"): Qwen3-8B Q4_K_M at context 512 (50 MiB of gate/up words a layer) 2 MiB
 /// -0.49%, 4 MiB -0.92%, 8 MiB -1.21%, 16 MiB -0.89%, 24 MiB -0.84% a step; Qwen3-0.6B
-/// (3.4 MiB) 1 MiB +0.14%, 2 MiB +0.32%, all of it +0.35%.
-pub const ATTENTION_PREFETCH_WORDS_BYTES: usize = 8 << 20;
+/// (3.4 MiB) 1 MiB +0.14%, 2 MiB +0.32%, all of it +0.35%. With the quantizers'
+/// prefetch ([`QUANTIZER_PREFETCH_BYTES`]) beside it, 6 MiB and 1.5 MiB there beat 8 MiB
+/// and 1 MiB by 0.29-0.31% a step (docs/perf.md, "The two prefetch budgets together").
+pub const ATTENTION_PREFETCH_WORDS_BYTES: usize = 6 << 20;
 
 /// The smallest quantized gate/up words (bytes) that [`attention_prefetch_words`]
 /// prefetches by default: where the whole matrix is a few of the GEMV's first waves,
@@ -422,8 +424,9 @@ pub fn attention_prefetch_words(words_bytes: usize, budget: Option<usize>) -> us
 /// attention"): Qwen3-8B Q4_K_M at context 512, 512 KiB +0.08%, 1 MiB -0.41%, -0.43%
 /// and -0.45%, 1.5 MiB -0.60%, 2 MiB -0.23%, 4 MiB +1.64% a step (the window between
 /// two GEMVs is short: past a MiB or two the prefetch delays the next GEMV's own
-/// loads); Qwen3-0.6B Q8_0 (a 3 MiB down matrix) 1 MiB +1.55%, 512 KiB +0.55%.
-pub const QUANTIZER_PREFETCH_BYTES: usize = 1 << 20;
+/// loads); Qwen3-0.6B Q8_0 (a 3 MiB down matrix) 1 MiB +1.55%, 512 KiB +0.55%. 1.5
+/// MiB with the attention's 6 MiB: docs/perf.md, "The two prefetch budgets together".
+pub const QUANTIZER_PREFETCH_BYTES: usize = 3 << 19;
 
 /// The smallest quantized words (bytes) that a quantizer launch prefetches by default
 /// ([`quantizer_prefetch`]; Qwen3-8B's matrices have 12-48 MiB, Qwen3-0.6B's 1-3 MiB).
@@ -553,17 +556,20 @@ mod tests {
     fn quantized_words_are_prefetched_for_large_matrices_or_as_set() {
         // Qwen3-8B's Q4_K gate/up words (24576 x 4096 at 4 bits), Qwen3-0.6B's.
         let (big, small) = (24576 * 4096 / 2, 6144 * 1024 / 2);
-        assert_eq!(attention_prefetch_words(big, None), 8 << 20);
+        assert_eq!(attention_prefetch_words(big, None), ATTENTION_PREFETCH_WORDS_BYTES);
+        assert!(ATTENTION_PREFETCH_WORDS_BYTES < big);
         assert_eq!(attention_prefetch_words(small, None), 0);
         assert_eq!(attention_prefetch_words(small, Some(1 << 20)), 1 << 20);
         assert_eq!(attention_prefetch_words(small, Some(64 << 20)), small);
         assert_eq!(attention_prefetch_words(big, Some(0)), 0);
         // The quantizers: 8B's QKV words (6144 x 4096 at 4 bits), 0.6B's Q8_0 down.
         let (qkv, down) = (6144 * 4096 / 2, 1024 * 3072);
-        assert_eq!(quantizer_prefetch(qkv, 0, None), (0, 1 << 20));
+        let q = QUANTIZER_PREFETCH_BYTES;
+        assert!(q < qkv);
+        assert_eq!(quantizer_prefetch(qkv, 0, None), (0, q));
         assert_eq!(quantizer_prefetch(down, 0, None), (0, 0));
         assert_eq!(quantizer_prefetch(down, 0, Some(512 << 10)), (0, 512 << 10));
-        assert_eq!(quantizer_prefetch(big, 8 << 20, None), (8 << 20, 1 << 20));
+        assert_eq!(quantizer_prefetch(big, 6 << 20, None), (6 << 20, q));
         assert_eq!(quantizer_prefetch(qkv, qkv - 100, None), (qkv - 100, 100));
         assert_eq!(quantizer_prefetch(qkv, 2 * qkv, None), (2 * qkv, 0));
     }
