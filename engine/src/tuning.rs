@@ -556,7 +556,10 @@ mod tests {
     fn quantized_words_are_prefetched_for_large_matrices_or_as_set() {
         // Qwen3-8B's Q4_K gate/up words (24576 x 4096 at 4 bits), Qwen3-0.6B's.
         let (big, small) = (24576 * 4096 / 2, 6144 * 1024 / 2);
-        assert_eq!(attention_prefetch_words(big, None), ATTENTION_PREFETCH_WORDS_BYTES);
+        assert_eq!(
+            attention_prefetch_words(big, None),
+            ATTENTION_PREFETCH_WORDS_BYTES
+        );
         assert!(ATTENTION_PREFETCH_WORDS_BYTES < big);
         assert_eq!(attention_prefetch_words(small, None), 0);
         assert_eq!(attention_prefetch_words(small, Some(1 << 20)), 1 << 20);
