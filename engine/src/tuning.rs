@@ -389,8 +389,16 @@ fn words_budget(
 /// -0.49%, 4 MiB -0.92%, 8 MiB -1.21%, 16 MiB -0.89%, 24 MiB -0.84% a step; Qwen3-0.6B
 /// (3.4 MiB) 1 MiB +0.14%, 2 MiB +0.32%, all of it +0.35%. With the quantizers'
 /// prefetch ([`QUANTIZER_PREFETCH_BYTES`]) beside it, 6 MiB and 1.5 MiB there beat 8 MiB
-/// and 1 MiB by 0.29-0.31% a step (docs/perf.md, "The two prefetch budgets together").
+/// and 1 MiB by 0.29-0.31% a step, while Qwen3-8B Q8_0 ran 0.63% slower with them
+/// ([`Q8_0_ATTENTION_PREFETCH_WORDS_BYTES`]; docs/perf.md, "The two prefetch budgets
+/// together").
 pub const ATTENTION_PREFETCH_WORDS_BYTES: usize = 6 << 20;
+
+/// [`ATTENTION_PREFETCH_WORDS_BYTES`] for Q8_0 words: Qwen3-8B Q8_0 at context 512 on
+/// the H100 ran 0.63% faster with 8 MiB and 1 MiB than with the K-quants' 6 MiB and 1.5
+/// MiB (6 MiB alone: +0.37%, 1.5 MiB alone: +0.22%; docs/perf.md, "The two prefetch
+/// budgets together").
+pub const Q8_0_ATTENTION_PREFETCH_WORDS_BYTES: usize = 8 << 20;
 
 /// The smallest quantized gate/up words (bytes) that [`attention_prefetch_words`]
 /// prefetches by default: where the whole matrix is a few of the GEMV's first waves,
@@ -407,10 +415,15 @@ pub fn attention_prefetch_words_override() -> Option<usize> {
 
 /// Bytes of a quantized gate/up matrix's `words_bytes` of packed words that the
 /// attention launch before it asks L2 for: `budget` when one is set, else
-/// [`ATTENTION_PREFETCH_WORDS_BYTES`] for matrices of at least
+/// [`ATTENTION_PREFETCH_WORDS_BYTES`] (`q8_0`: Q8_0 words,
+/// [`Q8_0_ATTENTION_PREFETCH_WORDS_BYTES`]) for matrices of at least
 /// [`PREFETCH_WORDS_MIN_MATRIX`] and none for smaller ones; never more than the words.
-pub fn attention_prefetch_words(words_bytes: usize, budget: Option<usize>) -> usize {
-    let default = ATTENTION_PREFETCH_WORDS_BYTES;
+pub fn attention_prefetch_words(words_bytes: usize, budget: Option<usize>, q8_0: bool) -> usize {
+    let default = if q8_0 {
+        Q8_0_ATTENTION_PREFETCH_WORDS_BYTES
+    } else {
+        ATTENTION_PREFETCH_WORDS_BYTES
+    };
     words_budget(words_bytes, budget, default, PREFETCH_WORDS_MIN_MATRIX).min(words_bytes)
 }
 
@@ -428,6 +441,10 @@ pub fn attention_prefetch_words(words_bytes: usize, budget: Option<usize>) -> us
 /// MiB with the attention's 6 MiB: docs/perf.md, "The two prefetch budgets together".
 pub const QUANTIZER_PREFETCH_BYTES: usize = 3 << 19;
 
+/// [`QUANTIZER_PREFETCH_BYTES`] for Q8_0 words (with
+/// [`Q8_0_ATTENTION_PREFETCH_WORDS_BYTES`]).
+pub const Q8_0_QUANTIZER_PREFETCH_BYTES: usize = 1 << 20;
+
 /// The smallest quantized words (bytes) that a quantizer launch prefetches by default
 /// ([`quantizer_prefetch`]; Qwen3-8B's matrices have 12-48 MiB, Qwen3-0.6B's 1-3 MiB).
 pub const QUANTIZER_PREFETCH_MIN_MATRIX: usize = 8 << 20;
@@ -442,14 +459,20 @@ pub fn quantizer_prefetch_override() -> Option<usize> {
 /// The range, `(offset, length)` in bytes, of a GEMV's `words_bytes` of packed words
 /// that the quantizer launch before it asks L2 for, starting at `skip` (the bytes the
 /// attention already asked for): `budget` when one is set, else
-/// [`QUANTIZER_PREFETCH_BYTES`] for words of at least [`QUANTIZER_PREFETCH_MIN_MATRIX`]
-/// and none for fewer; never past the words.
+/// [`QUANTIZER_PREFETCH_BYTES`] (`q8_0`: Q8_0 words, [`Q8_0_QUANTIZER_PREFETCH_BYTES`])
+/// for words of at least [`QUANTIZER_PREFETCH_MIN_MATRIX`] and none for fewer; never
+/// past the words.
 pub fn quantizer_prefetch(
     words_bytes: usize,
     skip: usize,
     budget: Option<usize>,
+    q8_0: bool,
 ) -> (usize, usize) {
-    let default = QUANTIZER_PREFETCH_BYTES;
+    let default = if q8_0 {
+        Q8_0_QUANTIZER_PREFETCH_BYTES
+    } else {
+        QUANTIZER_PREFETCH_BYTES
+    };
     let bytes = words_budget(words_bytes, budget, default, QUANTIZER_PREFETCH_MIN_MATRIX);
     (skip, bytes.min(words_bytes.saturating_sub(skip)))
 }
@@ -554,27 +577,42 @@ mod tests {
 
     #[test]
     fn quantized_words_are_prefetched_for_large_matrices_or_as_set() {
-        // Qwen3-8B's Q4_K gate/up words (24576 x 4096 at 4 bits), Qwen3-0.6B's.
-        let (big, small) = (24576 * 4096 / 2, 6144 * 1024 / 2);
-        assert_eq!(
-            attention_prefetch_words(big, None),
-            ATTENTION_PREFETCH_WORDS_BYTES
+        // Qwen3-8B's Q4_K gate/up words (24576 x 4096 at 4 bits), Qwen3-0.6B's, and
+        // Qwen3-8B's Q8_0 ones (8 bits).
+        let (big, small, big_q8) = (24576 * 4096 / 2, 6144 * 1024 / 2, 24576 * 4096);
+        let (a, a_q8) = (
+            ATTENTION_PREFETCH_WORDS_BYTES,
+            Q8_0_ATTENTION_PREFETCH_WORDS_BYTES,
         );
-        assert!(ATTENTION_PREFETCH_WORDS_BYTES < big);
-        assert_eq!(attention_prefetch_words(small, None), 0);
-        assert_eq!(attention_prefetch_words(small, Some(1 << 20)), 1 << 20);
-        assert_eq!(attention_prefetch_words(small, Some(64 << 20)), small);
-        assert_eq!(attention_prefetch_words(big, Some(0)), 0);
+        assert!(a < big && a_q8 < big_q8);
+        assert_eq!(attention_prefetch_words(big, None, false), a);
+        assert_eq!(attention_prefetch_words(big_q8, None, true), a_q8);
+        assert_eq!(attention_prefetch_words(small, None, false), 0);
+        assert_eq!(attention_prefetch_words(small, None, true), 0);
+        assert_eq!(
+            attention_prefetch_words(small, Some(1 << 20), false),
+            1 << 20
+        );
+        assert_eq!(attention_prefetch_words(small, Some(64 << 20), true), small);
+        assert_eq!(attention_prefetch_words(big, Some(0), false), 0);
         // The quantizers: 8B's QKV words (6144 x 4096 at 4 bits), 0.6B's Q8_0 down.
         let (qkv, down) = (6144 * 4096 / 2, 1024 * 3072);
-        let q = QUANTIZER_PREFETCH_BYTES;
-        assert!(q < qkv);
-        assert_eq!(quantizer_prefetch(qkv, 0, None), (0, q));
-        assert_eq!(quantizer_prefetch(down, 0, None), (0, 0));
-        assert_eq!(quantizer_prefetch(down, 0, Some(512 << 10)), (0, 512 << 10));
-        assert_eq!(quantizer_prefetch(big, 6 << 20, None), (6 << 20, q));
-        assert_eq!(quantizer_prefetch(qkv, qkv - 100, None), (qkv - 100, 100));
-        assert_eq!(quantizer_prefetch(qkv, 2 * qkv, None), (2 * qkv, 0));
+        let (q, q_q8) = (QUANTIZER_PREFETCH_BYTES, Q8_0_QUANTIZER_PREFETCH_BYTES);
+        assert!(q < qkv && q_q8 < qkv);
+        assert_eq!(quantizer_prefetch(qkv, 0, None, false), (0, q));
+        assert_eq!(quantizer_prefetch(2 * qkv, 0, None, true), (0, q_q8));
+        assert_eq!(quantizer_prefetch(down, 0, None, true), (0, 0));
+        assert_eq!(
+            quantizer_prefetch(down, 0, Some(512 << 10), true),
+            (0, 512 << 10)
+        );
+        assert_eq!(quantizer_prefetch(big, a, None, false), (a, q));
+        assert_eq!(quantizer_prefetch(big_q8, a_q8, None, true), (a_q8, q_q8));
+        assert_eq!(
+            quantizer_prefetch(qkv, qkv - 100, None, false),
+            (qkv - 100, 100)
+        );
+        assert_eq!(quantizer_prefetch(qkv, 2 * qkv, None, false), (2 * qkv, 0));
     }
 
     #[test]

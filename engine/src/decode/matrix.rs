@@ -67,6 +67,15 @@ impl Matrix {
         }
     }
 
+    /// Whether the words of [`Matrix::quant_words`] are Q8_0 (the prefetch budgets differ
+    /// by type: [`crate::tuning::Q8_0_ATTENTION_PREFETCH_WORDS_BYTES`]).
+    pub(crate) fn is_q8_0(&self) -> bool {
+        match self {
+            Matrix::Dense(_) => false,
+            Matrix::Quant(q) => q.parts[0].m.ggml_type() == GgmlType::Q8_0,
+        }
+    }
+
     /// Kernel launches one GEMV over the matrix takes (quantized: the activation's
     /// quantization, unless the GEMV quantizes a normed input itself (`normed`,
     /// [`QuantMatrix::fuses_norm`]), then one per run of rows of one type).

@@ -142,14 +142,14 @@ pub(super) fn combine_quantizes(plan: &LaunchPlan, o_w: &Matrix) -> bool {
 /// ([`tuning::attention_prefetch_words`]; none for dense rows).
 fn attention_prefetch(plan: &LaunchPlan, w: &Matrix) -> usize {
     let words = w.quant_words().map_or(0, |q| 4 * q.len());
-    tuning::attention_prefetch_words(words, plan.prefetch_words)
+    tuning::attention_prefetch_words(words, plan.prefetch_words, w.is_q8_0())
 }
 
 /// The range of `w`'s packed words, `(offset, length)` in bytes from `skip`, that the
 /// quantizer launch before its GEMV asks L2 for ([`tuning::quantizer_prefetch`]).
 fn quantizer_prefetch(plan: &LaunchPlan, w: &Matrix, skip: usize) -> (usize, usize) {
     let words = w.quant_words().map_or(0, |q| 4 * q.len());
-    tuning::quantizer_prefetch(words, skip, plan.quantizer_prefetch)
+    tuning::quantizer_prefetch(words, skip, plan.quantizer_prefetch, w.is_q8_0())
 }
 
 /// The quantizing combine's constants for `plan`, with the stamp code only for a
