@@ -1423,10 +1423,10 @@ fn store_tokens<const T: usize, const RESIDUAL: usize>(
     }
 }
 
-/// Token `t`'s Q8_0 tile sums for [`q8_0_gemv_tokens`] (zero past `tokens`).
+/// Token `t0 + I`'s Q8_0 tile sums for [`q8_0_gemv_tokens`] (zero past `tokens`).
 #[tile_fn(crate = tilefuse_dsl)]
 #[allow(clippy::too_many_arguments)]
-fn q8_0_token(
+fn q8_0_token<const I: usize>(
     qt: Tile<u32>,
     dt: Tile<f16>,
     xq: Ptr<i32>,
@@ -1435,10 +1435,11 @@ fn q8_0_token(
     blk: Tile<i32>,
     blk_ok: Tile<bool>,
     w: Tile<i32>,
-    t: i32,
+    t0: i32,
     tokens: i32,
     k_words: i32,
 ) -> Tile<f32> {
+    let t = t0 + I as i32;
     let ok = blk_ok & (t < tokens);
     q8_0_tile::<0>(
         qt,
@@ -1514,103 +1515,19 @@ pub fn q8_0_gemv_tokens<
             0,
         );
         let dt = load(d + d_rows + blk.expand_dims(0), ok, 0.0);
-        acc0 += q8_0_token(qt, dt, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words);
+        acc0 += q8_0_token::<0>(qt, dt, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words);
         if T > 1 {
-            acc1 += q8_0_token(
-                qt,
-                dt,
-                xq,
-                xd,
-                bias,
-                blk,
-                blk_ok,
-                w,
-                t0 + 1,
-                tokens,
-                k_words,
-            );
+            acc1 += q8_0_token::<1>(qt, dt, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words);
         }
         if T > 2 {
-            acc2 += q8_0_token(
-                qt,
-                dt,
-                xq,
-                xd,
-                bias,
-                blk,
-                blk_ok,
-                w,
-                t0 + 2,
-                tokens,
-                k_words,
-            );
-            acc3 += q8_0_token(
-                qt,
-                dt,
-                xq,
-                xd,
-                bias,
-                blk,
-                blk_ok,
-                w,
-                t0 + 3,
-                tokens,
-                k_words,
-            );
+            acc2 += q8_0_token::<2>(qt, dt, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words);
+            acc3 += q8_0_token::<3>(qt, dt, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words);
         }
         if T > 4 {
-            acc4 += q8_0_token(
-                qt,
-                dt,
-                xq,
-                xd,
-                bias,
-                blk,
-                blk_ok,
-                w,
-                t0 + 4,
-                tokens,
-                k_words,
-            );
-            acc5 += q8_0_token(
-                qt,
-                dt,
-                xq,
-                xd,
-                bias,
-                blk,
-                blk_ok,
-                w,
-                t0 + 5,
-                tokens,
-                k_words,
-            );
-            acc6 += q8_0_token(
-                qt,
-                dt,
-                xq,
-                xd,
-                bias,
-                blk,
-                blk_ok,
-                w,
-                t0 + 6,
-                tokens,
-                k_words,
-            );
-            acc7 += q8_0_token(
-                qt,
-                dt,
-                xq,
-                xd,
-                bias,
-                blk,
-                blk_ok,
-                w,
-                t0 + 7,
-                tokens,
-                k_words,
-            );
+            acc4 += q8_0_token::<4>(qt, dt, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words);
+            acc5 += q8_0_token::<5>(qt, dt, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words);
+            acc6 += q8_0_token::<6>(qt, dt, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words);
+            acc7 += q8_0_token::<7>(qt, dt, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words);
         }
     }
     store_tokens::<T, RESIDUAL>(
@@ -1618,10 +1535,10 @@ pub fn q8_0_gemv_tokens<
     );
 }
 
-/// Token `t`'s Q4_K tile sums for [`q4_k_gemv_tokens`] (zero past `tokens`).
+/// Token `t0 + I`'s Q4_K tile sums for [`q4_k_gemv_tokens`] (zero past `tokens`).
 #[tile_fn(crate = tilefuse_dsl)]
 #[allow(clippy::too_many_arguments)]
-fn q4_k_token(
+fn q4_k_token<const I: usize>(
     qt: Tile<u32>,
     sc: Tile<u8>,
     m: Tile<u8>,
@@ -1633,10 +1550,11 @@ fn q4_k_token(
     blk: Tile<i32>,
     blk_ok: Tile<bool>,
     w: Tile<i32>,
-    t: i32,
+    t0: i32,
     tokens: i32,
     k_words: i32,
 ) -> Tile<f32> {
+    let t = t0 + I as i32;
     let ok = blk_ok & (t < tokens);
     // A token's activation: `k / 4 = 2 k_words` words and `k / 32 = k_words / 4` blocks.
     let x_words = xq + t * (2 * k_words);
@@ -1705,125 +1623,34 @@ pub fn q4_k_gemv_tokens<
         let (qt, sct, mt, dt, dmint) = q4_k_weights(
             q, scales, mins, d, dmin, q_rows, s_rows, d_rows, words, g0, blk, ok,
         );
-        acc0 += q4_k_token(
+        acc0 += q4_k_token::<0>(
             qt, sct, mt, dt, dmint, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words,
         );
         if T > 1 {
-            acc1 += q4_k_token(
-                qt,
-                sct,
-                mt,
-                dt,
-                dmint,
-                xq,
-                xd,
-                bias,
-                blk,
-                blk_ok,
-                w,
-                t0 + 1,
-                tokens,
-                k_words,
+            acc1 += q4_k_token::<1>(
+                qt, sct, mt, dt, dmint, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words,
             );
         }
         if T > 2 {
-            acc2 += q4_k_token(
-                qt,
-                sct,
-                mt,
-                dt,
-                dmint,
-                xq,
-                xd,
-                bias,
-                blk,
-                blk_ok,
-                w,
-                t0 + 2,
-                tokens,
-                k_words,
+            acc2 += q4_k_token::<2>(
+                qt, sct, mt, dt, dmint, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words,
             );
-            acc3 += q4_k_token(
-                qt,
-                sct,
-                mt,
-                dt,
-                dmint,
-                xq,
-                xd,
-                bias,
-                blk,
-                blk_ok,
-                w,
-                t0 + 3,
-                tokens,
-                k_words,
+            acc3 += q4_k_token::<3>(
+                qt, sct, mt, dt, dmint, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words,
             );
         }
         if T > 4 {
-            acc4 += q4_k_token(
-                qt,
-                sct,
-                mt,
-                dt,
-                dmint,
-                xq,
-                xd,
-                bias,
-                blk,
-                blk_ok,
-                w,
-                t0 + 4,
-                tokens,
-                k_words,
+            acc4 += q4_k_token::<4>(
+                qt, sct, mt, dt, dmint, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words,
             );
-            acc5 += q4_k_token(
-                qt,
-                sct,
-                mt,
-                dt,
-                dmint,
-                xq,
-                xd,
-                bias,
-                blk,
-                blk_ok,
-                w,
-                t0 + 5,
-                tokens,
-                k_words,
+            acc5 += q4_k_token::<5>(
+                qt, sct, mt, dt, dmint, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words,
             );
-            acc6 += q4_k_token(
-                qt,
-                sct,
-                mt,
-                dt,
-                dmint,
-                xq,
-                xd,
-                bias,
-                blk,
-                blk_ok,
-                w,
-                t0 + 6,
-                tokens,
-                k_words,
+            acc6 += q4_k_token::<6>(
+                qt, sct, mt, dt, dmint, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words,
             );
-            acc7 += q4_k_token(
-                qt,
-                sct,
-                mt,
-                dt,
-                dmint,
-                xq,
-                xd,
-                bias,
-                blk,
-                blk_ok,
-                w,
-                t0 + 7,
-                tokens,
-                k_words,
+            acc7 += q4_k_token::<7>(
+                qt, sct, mt, dt, dmint, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words,
             );
         }
     }
@@ -1832,10 +1659,10 @@ pub fn q4_k_gemv_tokens<
     );
 }
 
-/// Token `t`'s Q6_K tile sums for [`q6_k_gemv_tokens`] (zero past `tokens`).
+/// Token `t0 + I`'s Q6_K tile sums for [`q6_k_gemv_tokens`] (zero past `tokens`).
 #[tile_fn(crate = tilefuse_dsl)]
 #[allow(clippy::too_many_arguments)]
-fn q6_k_token(
+fn q6_k_token<const I: usize>(
     lt: Tile<u32>,
     h: Tile<i64>,
     sc0: Tile<u8>,
@@ -1847,10 +1674,11 @@ fn q6_k_token(
     blk: Tile<i32>,
     blk_ok: Tile<bool>,
     w: Tile<i32>,
-    t: i32,
+    t0: i32,
     tokens: i32,
     k_words: i32,
 ) -> Tile<f32> {
+    let t = t0 + I as i32;
     let ok = blk_ok & (t < tokens);
     let x_words = xq + t * (2 * k_words);
     let x_scales = xd + t * (k_words / 4);
@@ -1919,125 +1747,34 @@ pub fn q6_k_gemv_tokens<
         let (lt, ht, sc0, sc1, dt) = q6_k_weights(
             ql, qh, scales, d, l_rows, h_rows, s_rows, d_rows, l_words, g0, blk, ok,
         );
-        acc0 += q6_k_token(
+        acc0 += q6_k_token::<0>(
             lt, ht, sc0, sc1, dt, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words,
         );
         if T > 1 {
-            acc1 += q6_k_token(
-                lt,
-                ht,
-                sc0,
-                sc1,
-                dt,
-                xq,
-                xd,
-                bias,
-                blk,
-                blk_ok,
-                w,
-                t0 + 1,
-                tokens,
-                k_words,
+            acc1 += q6_k_token::<1>(
+                lt, ht, sc0, sc1, dt, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words,
             );
         }
         if T > 2 {
-            acc2 += q6_k_token(
-                lt,
-                ht,
-                sc0,
-                sc1,
-                dt,
-                xq,
-                xd,
-                bias,
-                blk,
-                blk_ok,
-                w,
-                t0 + 2,
-                tokens,
-                k_words,
+            acc2 += q6_k_token::<2>(
+                lt, ht, sc0, sc1, dt, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words,
             );
-            acc3 += q6_k_token(
-                lt,
-                ht,
-                sc0,
-                sc1,
-                dt,
-                xq,
-                xd,
-                bias,
-                blk,
-                blk_ok,
-                w,
-                t0 + 3,
-                tokens,
-                k_words,
+            acc3 += q6_k_token::<3>(
+                lt, ht, sc0, sc1, dt, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words,
             );
         }
         if T > 4 {
-            acc4 += q6_k_token(
-                lt,
-                ht,
-                sc0,
-                sc1,
-                dt,
-                xq,
-                xd,
-                bias,
-                blk,
-                blk_ok,
-                w,
-                t0 + 4,
-                tokens,
-                k_words,
+            acc4 += q6_k_token::<4>(
+                lt, ht, sc0, sc1, dt, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words,
             );
-            acc5 += q6_k_token(
-                lt,
-                ht,
-                sc0,
-                sc1,
-                dt,
-                xq,
-                xd,
-                bias,
-                blk,
-                blk_ok,
-                w,
-                t0 + 5,
-                tokens,
-                k_words,
+            acc5 += q6_k_token::<5>(
+                lt, ht, sc0, sc1, dt, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words,
             );
-            acc6 += q6_k_token(
-                lt,
-                ht,
-                sc0,
-                sc1,
-                dt,
-                xq,
-                xd,
-                bias,
-                blk,
-                blk_ok,
-                w,
-                t0 + 6,
-                tokens,
-                k_words,
+            acc6 += q6_k_token::<6>(
+                lt, ht, sc0, sc1, dt, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words,
             );
-            acc7 += q6_k_token(
-                lt,
-                ht,
-                sc0,
-                sc1,
-                dt,
-                xq,
-                xd,
-                bias,
-                blk,
-                blk_ok,
-                w,
-                t0 + 7,
-                tokens,
-                k_words,
+            acc7 += q6_k_token::<7>(
+                lt, ht, sc0, sc1, dt, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words,
             );
         }
     }
