@@ -2,6 +2,7 @@
 //! select, cast and pointer arithmetic. f16/bf16 compute in f32 and round every result.
 
 use super::emit::{Emitter, Res};
+use super::magic;
 use super::regs::{bit_ty, f32_imm, int_ty, rk, Rk};
 use crate::ir::{BinaryOp, CmpOp, DType, Def, Expr, Kernel, Literal, ParamKind, UnaryOp, ValueId};
 
@@ -86,7 +87,11 @@ impl Emitter<'_> {
             }
             Expr::Binary { op, lhs, rhs } => {
                 let dt = self.val_dt(*lhs)?;
-                if let Some(d) = self.by_power_of_two(*op, dt, &a[0], int_constant(self.k, *rhs)) {
+                let c = int_constant(self.k, *rhs);
+                if let Some(d) = self.by_power_of_two(*op, dt, &a[0], c) {
+                    return Ok(d);
+                }
+                if let Some(d) = self.by_magic_number(*op, dt, &a[0], c) {
                     return Ok(d);
                 }
                 self.binary(*op, dt, &a[0], &a[1])
@@ -339,6 +344,67 @@ impl Emitter<'_> {
             }
         }
         Some(d)
+    }
+
+    /// Integer `a / c` or `a % c` for a constant `c >= 3` that is not a power of two, as
+    /// a high multiply by a magic number, shifts and fix-ups (`magic.rs`, whose
+    /// `Signed::divide` and `Unsigned::divide` are these steps checked against Rust's `/`),
+    /// truncating toward zero as `div`/`rem` do; `None` for anything else. ptxas would
+    /// expand the division into its general routine (test
+    /// `division_by_a_constant_is_a_multiply`).
+    fn by_magic_number(
+        &mut self,
+        op: BinaryOp,
+        dt: DType,
+        a: &str,
+        c: Option<i64>,
+    ) -> Option<String> {
+        let c = c?;
+        if !matches!(op, BinaryOp::Div | BinaryOp::Rem) || !dt.is_int() || c < 3 {
+            return None;
+        }
+        // u8 values live in 32-bit registers below 256: a divisor past the type is left
+        // to the division instruction, as is any the constants do not cover.
+        if dt == DType::U8 && c > 255 {
+            return None;
+        }
+        let w = if dt == DType::I64 { 64 } else { 32 };
+        let t = int_ty(dt);
+        let q = self.reg(rk(dt));
+        if dt.is_signed_int() {
+            let m = magic::signed(c, w)?;
+            self.ins(format!("mul.hi.{t} {q}, {a}, {}", m.m));
+            if m.add {
+                self.ins(format!("add.{t} {q}, {q}, {a}"));
+            }
+            if m.shift > 0 {
+                self.ins(format!("shr.{t} {q}, {q}, {}", m.shift));
+            }
+            // Plus one for a negative dividend: truncation toward zero.
+            let sign = self.reg(rk(dt));
+            let u = if w == 64 { "u64" } else { "u32" };
+            self.ins(format!("shr.{u} {sign}, {a}, {}", w - 1));
+            self.ins(format!("add.{t} {q}, {q}, {sign}"));
+        } else {
+            let m = magic::unsigned(c as u64, w)?;
+            self.ins(format!("mul.hi.{t} {q}, {a}, {}", m.m));
+            if m.add {
+                let h = self.reg(rk(dt));
+                self.ins(format!("sub.{t} {h}, {a}, {q}"));
+                self.ins(format!("shr.{t} {h}, {h}, 1"));
+                self.ins(format!("add.{t} {h}, {h}, {q}"));
+                self.ins(format!("shr.{t} {q}, {h}, {}", m.shift - 1));
+            } else if m.shift > 0 {
+                self.ins(format!("shr.{t} {q}, {q}, {}", m.shift));
+            }
+        }
+        if op == BinaryOp::Div {
+            return Some(q);
+        }
+        let r = self.reg(rk(dt));
+        self.ins(format!("mul.lo.{t} {r}, {q}, {c}"));
+        self.ins(format!("sub.{t} {r}, {a}, {r}"));
+        Some(r)
     }
 
     fn binary(&mut self, op: BinaryOp, dt: DType, a: &str, b: &str) -> Res<String> {

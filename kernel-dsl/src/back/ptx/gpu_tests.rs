@@ -1685,12 +1685,12 @@ fn gpu_sums_broadcast() {
     }
 }
 
-const POW2_DIV: &str = r#"
-fn pow2_div<const C: usize>(x: Ptr<i32>, out: Ptr<i32>, n: i32) {
+const CONST_DIV: &str = r#"
+fn const_div<const C: usize>(x: Ptr<i32>, out: Ptr<i32>, n: i32) {
     let i = program_id(0) * 128 + arange(0, 128);
     let ok = i < n;
     let v = load(x + i, ok, 0);
-    let o = out + i * 9;
+    let o = out + i * 11;
     store(o, v / C, ok);
     store(o + 1, v % C, ok);
     store(o + 2, ((v as u32) / (C as u32)).bitcast::<i32>(), ok);
@@ -1700,8 +1700,9 @@ fn pow2_div<const C: usize>(x: Ptr<i32>, out: Ptr<i32>, n: i32) {
     store(o + 5, (w % (C as i64)) as i32, ok);
     store(o + 6, ((v as u8) / 8) as i32, ok);
     store(o + 7, ((v as u8) % 16) as i32, ok);
-    // A divisor that is not a power of two keeps the division instruction.
     store(o + 8, v / 3 + v % 6, ok);
+    store(o + 9, ((v as u8) / 7) as i32, ok);
+    store(o + 10, ((v as u8) % 10) as i32, ok);
 }
 "#;
 
@@ -1735,31 +1736,48 @@ fn division_inputs() -> Vec<i32> {
     x
 }
 
-/// Integer `/` and `%` by a constant power of two (emitted as shifts and masks,
-/// `Emitter::by_power_of_two`) on the GPU against the interpreter, over i32, u32, i64
-/// and u8, for divisors 1 to 2^30.
+/// Integer `/` and `%` by a constant (a power of two as shifts and masks,
+/// `Emitter::by_power_of_two`; any other as a multiply by a magic number,
+/// `Emitter::by_magic_number`) on the GPU against the interpreter, over i32, u32, i64
+/// and u8, for divisors 1 to 2^30 + 1.
 #[test]
-fn gpu_division_by_powers_of_two() {
+fn gpu_division_by_constants() {
     for (c, d, grid, data) in division_cases() {
-        diff(&format!("pow2_div C={c}"), d, grid, &data, 0.0);
+        diff(&format!("const_div C={c}"), d, grid, &data, 0.0);
     }
 }
 
-/// `POW2_DIV` at each divisor tested, its grid and its buffers (outputs poisoned).
+/// The divisors of [`division_cases`]: powers of two, and others whose multipliers take
+/// each form (7: the signed and the unsigned add; 641: the unsigned add alone).
+const DIVISORS: [i64; 11] = [
+    1,
+    2,
+    3,
+    7,
+    8,
+    12,
+    64,
+    641,
+    1_000_003,
+    1 << 30,
+    (1 << 30) + 1,
+];
+
+/// `CONST_DIV` at each divisor tested, its grid and its buffers (outputs poisoned).
 fn division_cases() -> Vec<(i64, &'static KernelDef, [u32; 3], [Data; 3])> {
     let x = division_inputs();
     let n = x.len();
-    [1i64, 2, 8, 64, 1 << 30]
+    DIVISORS
         .into_iter()
         .map(|c| {
             let data = [
                 Data::I32(x.clone()),
-                Data::I32(vec![i32::MIN; 9 * n]),
+                Data::I32(vec![i32::MIN; 11 * n]),
                 Data::S(Scalar::I32(n as i32)),
             ];
             (
                 c,
-                def(POW2_DIV, &[("C", c)], 4),
+                def(CONST_DIV, &[("C", c)], 4),
                 [n.div_ceil(128) as u32, 1, 1],
                 data,
             )
@@ -1767,7 +1785,8 @@ fn division_cases() -> Vec<(i64, &'static KernelDef, [u32; 3], [Data; 3])> {
         .collect()
 }
 
-/// The interpreter's `/` and `%` (the reference semantics the shifts must reproduce):
+/// The interpreter's `/` and `%` (the reference semantics the shifts and multiplies must
+/// reproduce):
 /// Rust's, truncating toward zero, for the same kernel and inputs.
 #[test]
 fn the_interpreter_divides_integers_as_rust_does() {
@@ -1790,18 +1809,22 @@ fn the_interpreter_divides_integers_as_rust_does() {
                 ((v as u8) / 8) as i32,
                 ((v as u8) % 16) as i32,
                 v / 3 + v % 6,
+                ((v as u8) / 7) as i32,
+                ((v as u8) % 10) as i32,
             ];
-            assert_eq!(out[9 * j..9 * j + 9], want, "x = {v}, C = {c}");
+            assert_eq!(out[11 * j..11 * j + 11], want, "x = {v}, C = {c}");
         }
     }
 }
 
-/// The code those divisions become: no `div`/`rem` instruction for a power of two, and
-/// exactly the two of the `/ 3` and `% 6` beside them (no GPU needed).
+/// The code those divisions become: no `div`/`rem` instruction for any divisor but 1
+/// (the `/ 3` and `% 6` beside them included), and a high multiply exactly where a
+/// divisor is not a power of two (no GPU needed). ptxas turns a `div.s32` by 12 into
+/// about 20 instructions around a float reciprocal (`back/ptx/magic.rs`).
 #[test]
-fn division_by_a_power_of_two_is_shifts() {
-    for c in [2i64, 64] {
-        let d = def(POW2_DIV, &[("C", c)], 4);
+fn division_by_a_constant_is_a_multiply() {
+    for c in DIVISORS.into_iter().filter(|&c| c > 1) {
+        let d = def(CONST_DIV, &[("C", c)], 4);
         for ptx in [
             d.variants[0].ptx_sm80.as_str(),
             d.variants[0].ptx_sm90.as_str(),
@@ -1812,8 +1835,14 @@ fn division_by_a_power_of_two_is_shifts() {
                     l.trim_start().starts_with("div.") || l.trim_start().starts_with("rem.")
                 })
                 .collect::<Vec<_>>();
-            assert_eq!(divisions.len(), 2, "C = {c}: {divisions:?}");
-            assert!(divisions.iter().all(|l| l.contains("s32")), "{divisions:?}");
+            assert!(divisions.is_empty(), "C = {c}: {divisions:?}");
+            let high = |t: &str| {
+                ptx.lines()
+                    .any(|l| l.trim_start().starts_with(&format!("mul.hi.{t}")))
+            };
+            // The fixed `/ 3`, `% 6` (i32) and `/ 7`, `% 10` (u8) always multiply.
+            assert!(high("s32") && high("u32"), "C = {c}");
+            assert_eq!(high("s64"), c.count_ones() != 1, "C = {c}: i64 `/ C`");
         }
     }
 }

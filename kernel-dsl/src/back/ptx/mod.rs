@@ -33,6 +33,7 @@ mod dot;
 mod elementwise;
 mod emit;
 mod layout;
+mod magic;
 mod memory;
 mod more_ops;
 pub mod occupancy;
