@@ -389,6 +389,135 @@ fn malformed_headers_are_named() {
     );
 }
 
+/// Dimensions and layer counts past anything the file's tensors could hold are errors
+/// naming the key (a corrupt `block_count` once asked for a terabyte of layer slots).
+#[test]
+fn impossible_dimensions_name_the_key() {
+    let model = std::fs::read(fixture("tiny_qwen3.gguf")).unwrap();
+    for (key, value, want) in [
+        (
+            "qwen3.block_count",
+            1u64 << 40,
+            "more layers than the file has tensors",
+        ),
+        (
+            "qwen3.embedding_length",
+            1 << 33,
+            "larger than any tensor dimension",
+        ),
+        (
+            "qwen3.feed_forward_length",
+            1 << 20,
+            "larger than any tensor dimension",
+        ),
+    ] {
+        let mut bytes = model.clone();
+        let name = key.as_bytes();
+        let at = bytes.windows(name.len()).position(|w| w == name).unwrap() + name.len();
+        let ty = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap());
+        // Widen to the value's type where it is stored as u32 (type 4) or u64 (10).
+        match ty {
+            4 if value <= u32::MAX as u64 => {
+                bytes[at + 4..at + 8].copy_from_slice(&(value as u32).to_le_bytes())
+            }
+            4 => {
+                bytes[at..at + 4].copy_from_slice(&10u32.to_le_bytes());
+                bytes.splice(at + 4..at + 8, value.to_le_bytes());
+            }
+            10 => bytes[at + 4..at + 12].copy_from_slice(&value.to_le_bytes()),
+            other => panic!("{key} has type {other}"),
+        }
+        let path = write_temp("dims.gguf", &bytes);
+        let msg = match GgufFile::open(&path).and_then(|f| f.config()) {
+            Ok(_) => panic!("{key} = {value}: no error"),
+            Err(e) => e.to_string(),
+        };
+        assert!(msg.contains(key) && msg.contains(want), "{msg}");
+        let _ = std::fs::remove_file(&path);
+    }
+}
+
+/// Seeded random bytes of the tiny model's header overwritten (its metadata, tokenizer
+/// and tensor table): opening it, its config, its weights and its tokenizer each give
+/// a value or an error, never a panic.
+#[test]
+fn corrupted_headers_never_panic() {
+    let model = std::fs::read(fixture("tiny_qwen3.gguf")).unwrap();
+    let header = GgufFile::open(fixture("tiny_qwen3.gguf"))
+        .unwrap()
+        .data_start as usize;
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let (mut opened, mut loaded) = (0, 0);
+    let rounds: usize = std::env::var("FUZZ_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(300);
+    for round in 0..rounds {
+        let mut bytes = model.clone();
+        let mut changed = Vec::new();
+        for _ in 0..1 + next() % 4 {
+            // A third of the changes in the first KiB (the counts and the first keys), a
+            // third in the last 4 KiB (the tensor table), the rest anywhere.
+            let at = match next() % 3 {
+                0 => next() as usize % 1024.min(header),
+                1 => header - 1 - next() as usize % 4096.min(header),
+                _ => next() as usize % header,
+            };
+            if round % 2 == 0 {
+                bytes[at] = next() as u8;
+            } else {
+                // A count, length, dimension or type field overwritten with an extreme.
+                const EXTREMES: [u64; 8] = [
+                    0,
+                    1,
+                    255,
+                    1 << 31,
+                    u32::MAX as u64,
+                    1 << 32,
+                    1 << 62,
+                    u64::MAX,
+                ];
+                let v = EXTREMES[(next() % 8) as usize].to_le_bytes();
+                let n = (header - at).min(if next() % 2 == 0 { 4 } else { 8 });
+                bytes[at..at + n].copy_from_slice(&v[..n]);
+            }
+            changed.push(at);
+        }
+        let path = write_temp("corrupt.gguf", &bytes);
+        let outcome = std::panic::catch_unwind(|| {
+            let Ok(f) = GgufFile::open(&path) else {
+                return (false, false);
+            };
+            let _ = f.tokenizer();
+            let Ok(cfg) = f.config() else {
+                return (true, false);
+            };
+            let quant = f.quant_weights(&cfg);
+            let dense = f.model_weights(&cfg);
+            (true, quant.is_ok() && dense.is_ok())
+        });
+        let _ = std::fs::remove_file(&path);
+        match outcome {
+            Ok((o, l)) => {
+                opened += usize::from(o);
+                loaded += usize::from(l);
+            }
+            Err(_) => panic!("round {round}: bytes {changed:?} of the header changed: a panic"),
+        }
+    }
+    // Most single-byte changes land in token strings and still load; some must not.
+    assert!(
+        loaded > 0 && opened < rounds,
+        "opened {opened}, loaded {loaded}"
+    );
+}
+
 fn write_temp(name: &str, bytes: &[u8]) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("tilefuse-gguf-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
