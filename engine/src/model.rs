@@ -246,7 +246,9 @@ impl<'a> ModelWeights<'a> {
             cfg.intermediate_size,
             cfg.vocab_size,
         );
-        let mut layers = Vec::with_capacity(cfg.num_layers);
+        // Not `with_capacity(cfg.num_layers)`: the count is the config's, unchecked until a
+        // layer's tensors are missing (`impossible_config_sizes_are_errors`).
+        let mut layers = Vec::new();
         for i in 0..cfg.num_layers {
             let p = format!("model.layers.{i}");
             let t = |suffix: &str, shape: &[usize]| w.tensor_bf16(&format!("{p}.{suffix}"), shape);

@@ -219,6 +219,35 @@ fn missing_and_malformed_files_are_named() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A config whose sizes no checkpoint could hold (a corrupt or hostile config.json) is
+/// an error naming what is missing, not an allocation of its size.
+#[test]
+fn impossible_config_sizes_are_errors() {
+    let dir = scratch("huge");
+    let (cfg, w) = preset::load("tiny-qwen3", 7).unwrap();
+    write_safetensors(&dir.join("model.safetensors"), &raw_tensors(&cfg, &w));
+    let huge = 1u64 << 40;
+    for (key, want) in [
+        // The first layer the checkpoint lacks is named.
+        ("num_hidden_layers", "model.layers.2.".to_string()),
+        // A tensor is named with the shape the config expected.
+        ("hidden_size", format!("expected [{huge}]")),
+        ("intermediate_size", format!("expected [{huge}, ")),
+        ("vocab_size", format!("expected [{huge}, ")),
+    ] {
+        let value = huge;
+        let mut json = config_json(&cfg);
+        json[key] = json!(value);
+        std::fs::write(dir.join("config.json"), json.to_string()).unwrap();
+        let e = match Checkpoint::open(&dir).and_then(|c| c.model_weights().map(|_| ())) {
+            Ok(()) => panic!("{key} = {value}: loaded"),
+            Err(e) => e.to_string(),
+        };
+        assert!(e.contains(&want), "{key} = {value}: {e}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn missing_tensor_and_wrong_shape_are_named() {
     let dir = scratch("tensors");
