@@ -87,11 +87,7 @@ impl Emitter<'_> {
             }
             Expr::Binary { op, lhs, rhs } => {
                 let dt = self.val_dt(*lhs)?;
-                let c = int_constant(self.k, *rhs);
-                if let Some(d) = self.by_power_of_two(*op, dt, &a[0], c) {
-                    return Ok(d);
-                }
-                if let Some(d) = self.by_magic_number(*op, dt, &a[0], c) {
+                if let Some(d) = self.by_constant(*op, dt, &a[0], int_constant(self.k, *rhs)) {
                     return Ok(d);
                 }
                 self.binary(*op, dt, &a[0], &a[1])
@@ -290,25 +286,26 @@ impl Emitter<'_> {
         Ok(self.down(dt, &d))
     }
 
-    /// Integer `a / c` or `a % c` for a constant power of two `c > 1` as shifts and
-    /// masks, truncating toward zero as `div`/`rem` do; `None` for anything else.
-    /// ptxas expands `div.s32` by an immediate into the full division routine (a
-    /// reciprocal, two multiplies and fix-ups: about 20 instructions; test
-    /// `division_by_a_power_of_two_is_shifts`), so the compiler strength-reduces it.
-    fn by_power_of_two(
-        &mut self,
-        op: BinaryOp,
-        dt: DType,
-        a: &str,
-        c: Option<i64>,
-    ) -> Option<String> {
+    /// Integer `a / c` or `a % c` for a constant `c > 1`, truncating toward zero as
+    /// `div`/`rem` do: shifts and masks for a power of two ([`Self::by_power_of_two`]),
+    /// else a high multiply by a magic number ([`Self::by_magic_number`]); `None` for
+    /// anything else. ptxas expands `div.s32` by an immediate into its full division
+    /// routine (a reciprocal, two multiplies and fix-ups: about 20 instructions; test
+    /// `division_by_a_constant_is_a_multiply`), so the compiler strength-reduces it.
+    fn by_constant(&mut self, op: BinaryOp, dt: DType, a: &str, c: Option<i64>) -> Option<String> {
         let c = c?;
         if !matches!(op, BinaryOp::Div | BinaryOp::Rem) || !dt.is_int() || c <= 1 {
             return None;
         }
-        if c.count_ones() != 1 {
-            return None;
+        if c.count_ones() == 1 {
+            self.by_power_of_two(op, dt, a, c)
+        } else {
+            self.by_magic_number(op, dt, a, c)
         }
+    }
+
+    /// [`Self::by_constant`] for a power of two `c`: shifts and masks.
+    fn by_power_of_two(&mut self, op: BinaryOp, dt: DType, a: &str, c: i64) -> Option<String> {
         let bits = if dt == DType::I64 { 64 } else { 32 };
         let shift = c.trailing_zeros();
         // `c` must be representable in the type (u8 values live in 32-bit registers).
@@ -346,23 +343,10 @@ impl Emitter<'_> {
         Some(d)
     }
 
-    /// Integer `a / c` or `a % c` for a constant `c >= 3` that is not a power of two, as
-    /// a high multiply by a magic number, shifts and fix-ups (`magic.rs`, whose
-    /// `Signed::divide` and `Unsigned::divide` are these steps checked against Rust's `/`),
-    /// truncating toward zero as `div`/`rem` do; `None` for anything else. ptxas would
-    /// expand the division into its general routine (test
-    /// `division_by_a_constant_is_a_multiply`).
-    fn by_magic_number(
-        &mut self,
-        op: BinaryOp,
-        dt: DType,
-        a: &str,
-        c: Option<i64>,
-    ) -> Option<String> {
-        let c = c?;
-        if !matches!(op, BinaryOp::Div | BinaryOp::Rem) || !dt.is_int() || c < 3 {
-            return None;
-        }
+    /// [`Self::by_constant`] for a `c` that is not a power of two: a high multiply by a
+    /// magic number, shifts and fix-ups (`magic.rs`, whose `Signed::divide` and
+    /// `Unsigned::divide` are these steps checked against Rust's `/`).
+    fn by_magic_number(&mut self, op: BinaryOp, dt: DType, a: &str, c: i64) -> Option<String> {
         // u8 values live in 32-bit registers below 256: a divisor past the type is left
         // to the division instruction, as is any the constants do not cover.
         if dt == DType::U8 && c > 255 {

@@ -180,17 +180,7 @@ impl Unsigned {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A small seeded generator (no dependency for a test).
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
-        }
-    }
+    use crate::testing::Rng;
 
     /// Dividends a division must get right: zero, the extremes, the multiples of `d`
     /// and their neighbours near zero and near the extremes, then seeded random ones.
@@ -205,11 +195,11 @@ mod tests {
             }
         }
         for _ in 0..400 {
-            n.push(r.next() as i128);
-            n.push(r.next() as i64 as i128);
-            n.push(r.next() as i32 as i128);
-            n.push(r.next() as u32 as i128);
-            n.push((r.next() as i64 >> (r.next() % 64)) as i128);
+            n.push(r.next_u64() as i128);
+            n.push(r.next_u64() as i64 as i128);
+            n.push(r.next_u64() as i32 as i128);
+            n.push(r.next_u64() as u32 as i128);
+            n.push((r.next_u64() as i64 >> (r.next_u64() % 64)) as i128);
         }
         n.into_iter().filter(|&v| v >= lo && v <= hi).collect()
     }
@@ -225,58 +215,40 @@ mod tests {
         }
         d.extend([641, 6700417, 274177, 67280421310721, 1_000_000_007, 3 << 29]);
         for _ in 0..3000 {
-            d.push(r.next() >> (r.next() % 64));
+            d.push(r.next_u64() >> (r.next_u64() % 64));
         }
         d.retain(|&v| v >= 2 && v <= max);
         d
     }
 
     #[test]
-    fn signed_32_bit_division_matches_rust() {
+    fn signed_division_matches_rust() {
         let mut r = Rng(0x9e37_79b9_7f4a_7c15);
-        for d in divisors(i32::MAX as u64, &mut r) {
-            let s = signed(d as i64, 32).expect("in range");
-            let ns = dividends(d as i128, i32::MIN as i128, i32::MAX as i128, &mut r);
-            for n in ns {
-                let n = n as i32;
-                let want = n / d as i32;
-                assert_eq!(s.divide(n as i64, 32), want as i64, "{n} / {d}: {s:?}");
+        for (w, min, max) in [
+            (32, i32::MIN as i64, i32::MAX as i64),
+            (64, i64::MIN, i64::MAX),
+        ] {
+            for d in divisors(max as u64, &mut r) {
+                let s = signed(d as i64, w).expect("in range");
+                for n in dividends(d as i128, min as i128, max as i128, &mut r) {
+                    // In range of the width: the quotient is the same in i64.
+                    let n = n as i64;
+                    assert_eq!(s.divide(n, w), n / d as i64, "{n} / {d} ({w} bits): {s:?}");
+                }
             }
         }
     }
 
     #[test]
-    fn signed_64_bit_division_matches_rust() {
-        let mut r = Rng(0x2545_f491_4f6c_dd1d);
-        for d in divisors(i64::MAX as u64, &mut r) {
-            let s = signed(d as i64, 64).expect("in range");
-            for n in dividends(d as i128, i64::MIN as i128, i64::MAX as i128, &mut r) {
-                let n = n as i64;
-                assert_eq!(s.divide(n, 64), n / d as i64, "{n} / {d}: {s:?}");
-            }
-        }
-    }
-
-    #[test]
-    fn unsigned_32_bit_division_matches_rust() {
+    fn unsigned_division_matches_rust() {
         let mut r = Rng(0xdead_beef_1234_5678);
-        for d in divisors(u32::MAX as u64, &mut r) {
-            let u = unsigned(d, 32).expect("in range");
-            for n in dividends(d as i128, 0, u32::MAX as i128, &mut r) {
-                let n = n as u64;
-                assert_eq!(u.divide(n, 32), n / d, "{n} / {d}: {u:?}");
-            }
-        }
-    }
-
-    #[test]
-    fn unsigned_64_bit_division_matches_rust() {
-        let mut r = Rng(0x0123_4567_89ab_cdef);
-        for d in divisors(u64::MAX, &mut r) {
-            let u = unsigned(d, 64).expect("in range");
-            for n in dividends(d as i128, 0, u64::MAX as i128, &mut r) {
-                let n = n as u64;
-                assert_eq!(u.divide(n, 64), n / d, "{n} / {d}: {u:?}");
+        for (w, max) in [(32, u32::MAX as u64), (64, u64::MAX)] {
+            for d in divisors(max, &mut r) {
+                let u = unsigned(d, w).expect("in range");
+                for n in dividends(d as i128, 0, max as i128, &mut r) {
+                    let n = n as u64;
+                    assert_eq!(u.divide(n, w), n / d, "{n} / {d} ({w} bits): {u:?}");
+                }
             }
         }
     }
