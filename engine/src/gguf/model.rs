@@ -147,32 +147,6 @@ impl GgufFile {
                 )));
             }
         }
-        // Every dimension must match a tensor of the file, and every layer holds tensors:
-        // a corrupt value past those bounds is an error here, not an allocation of its
-        // size later (`corrupted_headers_never_panic` in tests/gguf.rs).
-        let largest = self.tensors.iter().flat_map(|t| t.ne.iter().copied()).max();
-        let largest = largest.unwrap_or(0);
-        for (k, v) in [
-            ("embedding_length", hidden_size),
-            ("feed_forward_length", intermediate_size),
-            ("attention.head_count", num_heads),
-            ("attention.head_count_kv", num_kv_heads),
-            ("attention.key_length", head_dim),
-        ] {
-            if v as u64 > largest {
-                return Err(self.error(format!(
-                    "metadata `{}` = {v} is larger than any tensor dimension in the file ({largest})",
-                    key(k)
-                )));
-            }
-        }
-        if num_layers > self.tensors.len() {
-            return Err(self.error(format!(
-                "metadata `{}` = {num_layers} is more layers than the file has tensors ({})",
-                key("block_count"),
-                self.tensors.len()
-            )));
-        }
         if num_heads % num_kv_heads != 0 {
             return Err(self.error(format!(
                 "metadata `{}` = {num_kv_heads} must divide head_count ({num_heads})",
@@ -223,10 +197,31 @@ impl GgufFile {
                 None => return Err(self.error("tensor `token_embd.weight` is missing")),
             },
         };
-        if vocab_size as u64 > largest {
+        // Every dimension must match a tensor of the file, and every layer holds tensors:
+        // a corrupt value past those bounds is an error here, not an allocation of its
+        // size later (`corrupted_headers_never_panic` in tests/gguf.rs).
+        let largest = self.tensors.iter().flat_map(|t| t.ne.iter().copied()).max();
+        let largest = largest.unwrap_or(0);
+        for (k, v) in [
+            ("embedding_length", hidden_size),
+            ("feed_forward_length", intermediate_size),
+            ("attention.head_count", num_heads),
+            ("attention.head_count_kv", num_kv_heads),
+            ("attention.key_length", head_dim),
+            ("vocab_size", vocab_size),
+        ] {
+            if v as u64 > largest {
+                return Err(self.error(format!(
+                    "metadata `{}` = {v} is larger than any tensor dimension in the file ({largest})",
+                    key(k)
+                )));
+            }
+        }
+        if num_layers > self.tensors.len() {
             return Err(self.error(format!(
-                "metadata `{}` = {vocab_size} is larger than any tensor dimension in the file ({largest})",
-                key("vocab_size")
+                "metadata `{}` = {num_layers} is more layers than the file has tensors ({})",
+                key("block_count"),
+                self.tensors.len()
             )));
         }
         let tie_word_embeddings = self.tensor("output.weight").is_none();
