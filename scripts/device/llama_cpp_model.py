@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes a random-weight Qwen3 model at a `tilefuse bench` preset's shape as an F16 GGUF
 file, for llama.cpp's `llama-quantize` and `llama-bench` (scripts/device/llama_cpp_peer.sh):
-the peer measurement of docs/perf.md, "Against llama.cpp, same GPU, same run".
+the peer measurement (docs/gpu-testing.md, "Peers on the same machine").
 
     python3 llama_cpp_model.py qwen3-0.6b OUT.gguf
 

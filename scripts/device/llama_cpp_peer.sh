@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU machine: llama.cpp's batch-1 decode next to tilefuse's, same GPU, same call
-# (docs/perf.md, "Against llama.cpp, same GPU, same run").
+# (staging: docs/gpu-testing.md, "Peers on the same machine"; no result recorded yet).
 #
 # Stage in .device/lcpp: llama.cpp.tar.xz (llama.cpp's source: CMake files, ggml with its
 # CPU and CUDA backends, src, common, vendor, tools/llama-bench and tools/quantize, and
