@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine: llama.cpp's batch-1 decode next to tilefuse's, same GPU, same call
-# (staging: docs/gpu-testing.md, "Peers on the same machine"; results: docs/perf.md, "llama.cpp on the same H100").
+# (staging: docs/gpu-testing.md, "Peers on the same machine"; results: docs/perf.md,
+# "llama.cpp on the same H100").
 #
 # Stage in .device/lcpp: llama.cpp.tar.xz (llama.cpp's source: CMake files, ggml with its
 # CPU and CUDA backends, src, common, vendor, tools/llama-bench and tools/quantize, and
