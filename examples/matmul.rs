@@ -200,7 +200,7 @@ fn main() -> anyhow::Result<()> {
         for &plan in &plans {
             let err = check(&dev, plan, shape, &mut rng, f32::NAN, |x| x)?;
             println!("check {shape:?} {plan:?} f32 out on {dev}: rel err {err:.2e}");
-            anyhow::ensure!(err < 1e-5, "matmul_f32 disagrees with the host reference");
+            anyhow::ensure!(err < 1e-5, "matmul (f32 C) disagrees with the host");
         }
     }
     if !dev.is_cuda() || check_only || small {

@@ -116,7 +116,8 @@ fn matmul_tile<const BM: usize, const BN: usize, const BK: usize, const GROUP_M:
     );
 }
 
-/// bf16 `C`. Compiled tile configurations `(BM, BN, BK, num_warps)`: (128, 256, 64, 8),
+/// `C` in `T` (bf16, or f32 stored from the accumulator as is; `MATMUL_BF16` and
+/// `MATMUL_F32` describe the two). Compiled tile configurations `(BM, BN, BK, num_warps)`: (128, 256, 64, 8),
 /// (128, 128, 64, 8), (128, 128, 32, 4), (128, 64, 64, 8), (64, 128, 64, 4),
 /// (64, 128, 32, 4), (64, 64, 64, 4), (64, 64, 32, 4); `GROUP_M = 8`, 3 stages (on
 /// Hopper's `wgmma` path the ring holds a buffer more: docs/language.md, "On Hopper:
@@ -130,6 +131,7 @@ fn matmul_tile<const BM: usize, const BN: usize, const BK: usize, const GROUP_M:
 /// (128 x 128 x 64 on 4 warps is left out: ptxas spills on sm_80.)
 #[kernel(
     crate = crate::dsl,
+    T = [bf16, f32],
     BM = [128, 64],
     BN = [256, 128, 64],
     BK = [64, 32],
@@ -149,49 +151,15 @@ fn matmul_tile<const BM: usize, const BN: usize, const BK: usize, const GROUP_M:
     skip(BK = 32, num_stages = [4, 5]),
     skip(BM = 64, num_stages = 4)
 )]
-pub fn matmul<const BM: usize, const BN: usize, const BK: usize, const GROUP_M: usize>(
+pub fn matmul<T, const BM: usize, const BN: usize, const BK: usize, const GROUP_M: usize>(
     a: Ptr<bf16>,
     b: Ptr<bf16>,
-    c: Ptr<bf16>,
+    c: Ptr<T>,
     m: i32,
     #[multiple_of(16)] n: i32,
     #[multiple_of(16)] k: i32,
 ) {
-    matmul_tile::<BM, BN, BK, GROUP_M, bf16>(a, b, c, m, n, k);
-}
-
-/// f32 `C` (the same kernel, storing the accumulator as is), compiled with [`matmul`]'s
-/// tile configurations so that every [`MatmulConfig::for_shape`] pick launches.
-#[kernel(
-    crate = crate::dsl,
-    BM = [128, 64],
-    BN = [256, 128, 64],
-    BK = [64, 32],
-    GROUP_M = [8],
-    num_warps = [8, 4],
-    num_stages = [3, 4, 5],
-    skip(BM = 64, BN = 256),
-    skip(BM = 64, num_warps = 8),
-    skip(BM = 128, BN = 64, BK = 32),
-    skip(BM = 128, BN = 64, num_warps = 4),
-    skip(BN = 256, BK = 32),
-    skip(BN = 256, num_warps = 4),
-    skip(BM = 128, BN = 128, BK = 64, num_warps = 4),
-    skip(BM = 128, BN = 128, BK = 32, num_warps = 8),
-    skip(BN = 64, num_stages = [4, 5]),
-    skip(BN = 256, num_stages = 5),
-    skip(BK = 32, num_stages = [4, 5]),
-    skip(BM = 64, num_stages = 4)
-)]
-pub fn matmul_f32<const BM: usize, const BN: usize, const BK: usize, const GROUP_M: usize>(
-    a: Ptr<bf16>,
-    b: Ptr<bf16>,
-    c: Ptr<f32>,
-    m: i32,
-    #[multiple_of(16)] n: i32,
-    #[multiple_of(16)] k: i32,
-) {
-    matmul_tile::<BM, BN, BK, GROUP_M, f32>(a, b, c, m, n, k);
+    matmul_tile::<BM, BN, BK, GROUP_M, T>(a, b, c, m, n, k);
 }
 
 /// One K slice of one `BM x BN` tile of `C = A B` (split-K): program `(tile, slice)`
@@ -254,13 +222,14 @@ fn matmul_split_tile<const BM: usize, const BN: usize, const BK: usize, const GR
     }
 }
 
-/// Split-K [`matmul`] (bf16 `C`): a grid of `(tiles, splits)` programs, each one K
+/// Split-K [`matmul`] (`C` in bf16 or f32, as there): a grid of `(tiles, splits)` programs, each one K
 /// slice of one tile, the last to finish a tile reducing its f32 partials (see
 /// [`launch_split`]). For outputs with fewer tiles than the GPU has multiprocessors
 /// (the O and down projections at 512 tokens: 32 tiles of 128 x 128). Compiled tile
 /// configurations: [`SPLIT_CONFIGS`].
 #[kernel(
     crate = crate::dsl,
+    T = [bf16, f32],
     BM = [128, 64],
     BN = [128, 64],
     BK = [64],
@@ -271,10 +240,10 @@ fn matmul_split_tile<const BM: usize, const BN: usize, const BK: usize, const GR
     skip(BM = 128, num_warps = 4)
 )]
 #[allow(clippy::too_many_arguments)]
-pub fn matmul_split<const BM: usize, const BN: usize, const BK: usize, const GROUP_M: usize>(
+pub fn matmul_split<T, const BM: usize, const BN: usize, const BK: usize, const GROUP_M: usize>(
     a: Ptr<bf16>,
     b: Ptr<bf16>,
-    c: Ptr<bf16>,
+    c: Ptr<T>,
     partials: Ptr<f32>,
     counters: Ptr<i32>,
     m: i32,
@@ -282,37 +251,10 @@ pub fn matmul_split<const BM: usize, const BN: usize, const BK: usize, const GRO
     #[multiple_of(16)] k: i32,
     #[multiple_of(16)] k_slice: i32,
 ) {
-    matmul_split_tile::<BM, BN, BK, GROUP_M, bf16>(a, b, c, partials, counters, m, n, k, k_slice);
+    matmul_split_tile::<BM, BN, BK, GROUP_M, T>(a, b, c, partials, counters, m, n, k, k_slice);
 }
 
-/// Split-K [`matmul_f32`] (f32 `C`), compiled with [`matmul_split`]'s configurations.
-#[kernel(
-    crate = crate::dsl,
-    BM = [128, 64],
-    BN = [128, 64],
-    BK = [64],
-    GROUP_M = [8],
-    num_warps = [8, 4],
-    num_stages = [5],
-    skip(BM = 64, num_warps = 8),
-    skip(BM = 128, num_warps = 4)
-)]
-#[allow(clippy::too_many_arguments)]
-pub fn matmul_split_f32<const BM: usize, const BN: usize, const BK: usize, const GROUP_M: usize>(
-    a: Ptr<bf16>,
-    b: Ptr<bf16>,
-    c: Ptr<f32>,
-    partials: Ptr<f32>,
-    counters: Ptr<i32>,
-    m: i32,
-    #[multiple_of(16)] n: i32,
-    #[multiple_of(16)] k: i32,
-    #[multiple_of(16)] k_slice: i32,
-) {
-    matmul_split_tile::<BM, BN, BK, GROUP_M, f32>(a, b, c, partials, counters, m, n, k, k_slice);
-}
-
-/// A tile configuration of [`matmul`] / [`matmul_f32`].
+/// A tile configuration of [`matmul`] (either output type).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MatmulConfig {
     /// Rows of `C` per program.
@@ -366,8 +308,8 @@ impl MatmulConfig {
     /// ring from 96 (9-11% over 3 stages at 512 x 4096 x 1024 and 2048 x 1024 x K), and
     /// 64 x 64 x 64 tiles (four times the programs) below that. Measured on Hopper's
     /// `wgmma` path; on `mma.sync` (sm_80, or `TILEFUSE_SM90A=0`) the 3-stage picks were
-    /// within 12% of the best there. Both [`matmul`] and [`matmul_f32`] are compiled
-    /// with every pick.
+    /// within 12% of the best there. [`matmul`] is compiled with every pick, for both
+    /// output types.
     pub fn for_shape(m: usize, n: usize) -> MatmulConfig {
         match m.div_ceil(128) * n.div_ceil(128) {
             t if t >= 192 => MatmulConfig::LARGE,
@@ -380,7 +322,7 @@ impl MatmulConfig {
     /// shared memory than sm_80 gives a program (163 KiB), so [`matmul`]'s variant has
     /// no sm_80 module. `false` for a configuration that is not compiled.
     pub fn hopper_only(&self) -> bool {
-        MATMUL
+        MATMUL_BF16
             .variant_staged(&self.consts(), Some(self.num_warps), Some(self.num_stages))
             .is_ok_and(|v| v.ptx_sm80.is_empty())
     }
@@ -568,7 +510,7 @@ impl SplitWorkspace {
     }
 }
 
-/// The `C` element types [`launch`] accepts: bf16 ([`matmul`]) and f32 ([`matmul_f32`]).
+/// The `C` element types [`launch`] accepts: bf16 and f32, [`matmul`]'s two.
 pub trait MatmulOut: crate::dsl::runtime::Element {
     /// The kernel that stores this type.
     fn def() -> &'static KernelDef;
@@ -578,10 +520,10 @@ pub trait MatmulOut: crate::dsl::runtime::Element {
 
 impl MatmulOut for bf16 {
     fn def() -> &'static KernelDef {
-        &MATMUL
+        &MATMUL_BF16
     }
     fn split_def() -> &'static KernelDef {
-        &MATMUL_SPLIT
+        &MATMUL_SPLIT_BF16
     }
 }
 
