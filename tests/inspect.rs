@@ -170,6 +170,33 @@ fn hopper_only_variants_are_shown_for_sm_90() {
     assert!(out.contains("target: sm_80"), "{out}");
 }
 
+/// A kernel over dtypes (`matmul`'s `T = [bf16, f32]`) is found once per binding: its
+/// bare name selects both, `matmul<f32>` one, and an unbound dtype is an error that
+/// lists the bindings.
+#[test]
+fn a_dtype_generic_kernel_is_selected_by_name_or_binding() {
+    let mut a = args("src/kernels/matmul.rs");
+    a.kernel = Some("matmul".into());
+    let both = run(&a).unwrap();
+    assert!(
+        both.contains("matmul<bf16>") && both.contains("matmul<f32>"),
+        "{both}"
+    );
+    assert!(!both.contains("matmul_split"), "{both}");
+    a.kernel = Some("matmul<f32>".into());
+    let one = run(&a).unwrap();
+    assert!(
+        one.contains("matmul<f32>") && !one.contains("matmul<bf16>"),
+        "{one}"
+    );
+    a.kernel = Some("matmul<f16>".into());
+    let err = format!("{:#}", run(&a).unwrap_err());
+    assert!(
+        err.contains("no kernel `matmul<f16>`") && err.contains("`matmul<bf16>`"),
+        "{err}"
+    );
+}
+
 #[test]
 fn bad_input_is_a_clear_error() {
     let err = |a: &InspectArgs| format!("{:#}", run(a).unwrap_err());

@@ -20,7 +20,8 @@ use crate::dsl::{specialize, Specialization};
 pub struct InspectArgs {
     /// A Rust source file with `#[kernel]` functions.
     pub file: PathBuf,
-    /// The kernel to inspect (default: every kernel in the file).
+    /// The kernel to inspect (default: every kernel in the file). A kernel over dtypes
+    /// is named per binding, `matmul<f32>`; its bare name selects every binding.
     #[arg(long, value_name = "NAME")]
     pub kernel: Option<String>,
     /// A compile-time constant's value (default: the first listed value); repeatable.
@@ -93,13 +94,27 @@ pub fn run(args: &InspectArgs) -> anyhow::Result<String> {
         bail!("{file}: no #[kernel] functions");
     }
     let selected: Vec<&FoundKernel> = match &args.kernel {
-        Some(name) => match found.iter().find(|k| &k.name == name) {
-            Some(k) => vec![k],
-            None => bail!(
-                "{file}: no kernel `{name}`; the file has: {}",
-                names(&found)
-            ),
-        },
+        Some(name) => {
+            // A kernel over dtypes is found once per binding (`matmul<bf16>`,
+            // `matmul<f32>`): its bare name selects every binding.
+            let bound = format!("{name}<");
+            let exact: Vec<&FoundKernel> = found.iter().filter(|k| &k.name == name).collect();
+            let matching = if exact.is_empty() {
+                found
+                    .iter()
+                    .filter(|k| k.name.starts_with(&bound))
+                    .collect()
+            } else {
+                exact
+            };
+            if matching.is_empty() {
+                bail!(
+                    "{file}: no kernel `{name}`; the file has: {}",
+                    names(&found)
+                );
+            }
+            matching
+        }
         None => found.iter().collect(),
     };
     for (name, _) in &args.consts {
