@@ -98,15 +98,10 @@ pub fn run(args: &InspectArgs) -> anyhow::Result<String> {
             // A kernel over dtypes is found once per binding (`matmul<bf16>`,
             // `matmul<f32>`): its bare name selects every binding.
             let bound = format!("{name}<");
-            let exact: Vec<&FoundKernel> = found.iter().filter(|k| &k.name == name).collect();
-            let matching = if exact.is_empty() {
-                found
-                    .iter()
-                    .filter(|k| k.name.starts_with(&bound))
-                    .collect()
-            } else {
-                exact
-            };
+            let matching: Vec<&FoundKernel> = found
+                .iter()
+                .filter(|k| &k.name == name || k.name.starts_with(&bound))
+                .collect();
             if matching.is_empty() {
                 bail!(
                     "{file}: no kernel `{name}`; the file has: {}",

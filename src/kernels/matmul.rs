@@ -117,17 +117,18 @@ fn matmul_tile<const BM: usize, const BN: usize, const BK: usize, const GROUP_M:
 }
 
 /// `C` in `T` (bf16, or f32 stored from the accumulator as is; `MATMUL_BF16` and
-/// `MATMUL_F32` describe the two). Compiled tile configurations `(BM, BN, BK, num_warps)`: (128, 256, 64, 8),
-/// (128, 128, 64, 8), (128, 128, 32, 4), (128, 64, 64, 8), (64, 128, 64, 4),
-/// (64, 128, 32, 4), (64, 64, 64, 4), (64, 64, 32, 4); `GROUP_M = 8`, 3 stages (on
-/// Hopper's `wgmma` path the ring holds a buffer more: docs/language.md, "On Hopper:
-/// `wgmma`"), and 4 and 5 stages for (128, 128, 64, 8), 5 for (64, 128, 64, 4): the
-/// tiles of the prefill shapes whose programs wait on their loads (docs/perf.md, "Deeper
-/// rings for the unsplit GEMM"; 64 x 128 at 4 stages lost to both 3 and 5 there), and 4
-/// for (128, 256, 64, 8), a Hopper-only variant: its four 48 KiB buffers fit in sm_90's
-/// shared memory alone (no sm_80 module; launching it on an older GPU is an error
-/// naming the need), and leave no room for the `wgmma` ring's extra buffer, so the
-/// copies go after each group's wait instead (docs/language.md, "On Hopper: `wgmma`").
+/// `MATMUL_F32` describe the two). Compiled tile configurations
+/// `(BM, BN, BK, num_warps)`: (128, 256, 64, 8), (128, 128, 64, 8), (128, 128, 32, 4),
+/// (128, 64, 64, 8), (64, 128, 64, 4), (64, 128, 32, 4), (64, 64, 64, 4),
+/// (64, 64, 32, 4); `GROUP_M = 8`, 3 stages (on Hopper's `wgmma` path the ring holds a
+/// buffer more: docs/language.md, "On Hopper: `wgmma`"), and 4 and 5 stages for
+/// (128, 128, 64, 8), 5 for (64, 128, 64, 4): the tiles of the prefill shapes whose
+/// programs wait on their loads (docs/perf.md, "Deeper rings for the unsplit GEMM";
+/// 64 x 128 at 4 stages lost to both 3 and 5 there), and 4 for (128, 256, 64, 8), a
+/// Hopper-only variant: its four 48 KiB buffers fit in sm_90's shared memory alone (no
+/// sm_80 module; launching it on an older GPU is an error naming the need), and leave
+/// no room for the `wgmma` ring's extra buffer, so the copies go after each group's
+/// wait instead (docs/language.md, "On Hopper: `wgmma`").
 /// (128 x 128 x 64 on 4 warps is left out: ptxas spills on sm_80.)
 #[kernel(
     crate = crate::dsl,
@@ -222,11 +223,11 @@ fn matmul_split_tile<const BM: usize, const BN: usize, const BK: usize, const GR
     }
 }
 
-/// Split-K [`matmul`] (`C` in bf16 or f32, as there): a grid of `(tiles, splits)` programs, each one K
-/// slice of one tile, the last to finish a tile reducing its f32 partials (see
-/// [`launch_split`]). For outputs with fewer tiles than the GPU has multiprocessors
-/// (the O and down projections at 512 tokens: 32 tiles of 128 x 128). Compiled tile
-/// configurations: [`SPLIT_CONFIGS`].
+/// Split-K [`matmul`] (`C` in bf16 or f32, as there): a grid of `(tiles, splits)`
+/// programs, each one K slice of one tile, the last to finish a tile reducing its f32
+/// partials (see [`launch_split`]). For outputs with fewer tiles than the GPU has
+/// multiprocessors (the O and down projections at 512 tokens: 32 tiles of 128 x 128).
+/// Compiled tile configurations: [`SPLIT_CONFIGS`].
 #[kernel(
     crate = crate::dsl,
     T = [bf16, f32],
