@@ -17,6 +17,7 @@ fn args(file: &str) -> InspectArgs {
         ptx: false,
         layouts: false,
         ptxas: false,
+        sm: None,
     }
 }
 
@@ -197,6 +198,39 @@ fn a_dtype_generic_kernel_is_selected_by_name_or_binding() {
     );
 }
 
+/// The occupancy lines count the SM of the part `--sm` names: a 128-thread program of
+/// few registers is bound by threads, 16 on an A100's 2048 and 12 on an RTX 4090's
+/// 1536, and sm_90 modules do not load on 8.x parts.
+#[test]
+fn occupancy_is_counted_on_the_part_asked_for() {
+    if tilefuse::dsl::back::ptx::ptxas::find().is_err() {
+        eprintln!("skipped: no ptxas");
+        return;
+    }
+    let mut a = args(EXAMPLES);
+    a.kernel = Some("vector_add".into());
+    a.ptxas = true;
+    let out = run(&a).unwrap();
+    assert!(
+        out.contains("on 8.0: 16 programs an SM (bound by threads)"),
+        "{out}"
+    );
+    assert!(
+        out.contains("on 9.0: 16 programs an SM (bound by threads)"),
+        "{out}"
+    );
+    a.sm = Some((8, 9));
+    let out = run(&a).unwrap();
+    assert!(
+        out.contains("on 8.9: 12 programs an SM (bound by threads)"),
+        "{out}"
+    );
+    assert!(
+        out.contains("on 8.9: none (sm_90 modules need compute capability 9.0)"),
+        "{out}"
+    );
+}
+
 #[test]
 fn bad_input_is_a_clear_error() {
     let err = |a: &InspectArgs| format!("{:#}", run(a).unwrap_err());
@@ -255,6 +289,20 @@ fn the_binary_reports_errors_without_panicking() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("expected NAME=VALUE"));
+
+    for (part, says) in [
+        ("7.5", "no SM figures for this part (known: 8.0, 8.6"),
+        ("nine", "expected a compute capability"),
+    ] {
+        let out = Command::new(bin)
+            .args(["inspect", EXAMPLES, "--ptxas", "--sm", part])
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(&format!("`{part}`: {says}")), "{stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
 
     let out = Command::new(bin)
         .args(["inspect", EXAMPLES, "--kernel", "softmax", "--layouts"])

@@ -1187,16 +1187,14 @@ fn multi_token_gemvs_match_the_single_token_gemv() {
 /// inspect` prints (`tilefuse_dsl::back::ptx::occupancy`), at the step's 8B tiles.
 #[test]
 fn register_limits_reach_the_driver_and_its_occupancy_matches_the_model() {
-    use tilefuse_dsl::back::ptx::{occupancy::occupancy, Target};
+    use tilefuse_dsl::back::ptx::occupancy::{occupancy_on, SmLimits};
     let Some(gpu) = gpu_or_skip("register_limits_reach_the_driver") else {
         return;
     };
     let (major, minor) = gpu.as_cuda().expect("a CUDA device").compute_capability();
-    let target = match (major, minor) {
-        (8, 0) => Target::Sm80,
-        (9, 0) => Target::Sm90,
-        // Other parts of these families hold fewer threads an SM than the model's.
-        _ => return,
+    let Some(sm) = SmLimits::of_part(major as u32, minor as u32) else {
+        eprintln!("skipped: no SM figures for compute capability {major}.{minor}");
+        return;
     };
     let def = &tilefuse_engine::kernels_quant::Q4_K_GEMV;
     // (BLOCK_N, BLOCK_K, RESIDUAL, warps, the attribute's limit)
@@ -1224,7 +1222,7 @@ fn register_limits_reach_the_driver_and_its_occupancy_matches_the_model() {
             .programs_per_sm(&gpu, &consts, Some(warps))
             .unwrap()
             .expect("a GPU answers");
-        let model = occupancy(target, regs, warps * 32, variant.shared_bytes);
+        let model = occupancy_on(sm, regs, warps * 32, variant.shared_bytes);
         assert_eq!(per_sm, model.programs, "{what}: {regs} registers, {model}");
     }
 }

@@ -47,6 +47,11 @@ pub struct InspectArgs {
     /// sm_90a (an error when ptxas is missing).
     #[arg(long)]
     pub ptxas: bool,
+    /// The GPU whose SM the occupancy lines count, as its compute capability (`8.9` for
+    /// an RTX 4090, `8.6` for an RTX 3090); default: the A100 (8.0) for sm_80 modules
+    /// and the H100 (9.0) for sm_90 ones.
+    #[arg(long, value_name = "MAJOR.MINOR", value_parser = parse_part)]
+    pub sm: Option<(u32, u32)>,
 }
 
 /// `--target`.
@@ -79,6 +84,23 @@ fn parse_const(s: &str) -> Result<(String, i64), String> {
         .parse()
         .map_err(|_| format!("`{s}`: `{value}` is not an integer"))?;
     Ok((name.trim().to_string(), value))
+}
+
+fn parse_part(s: &str) -> Result<(u32, u32), String> {
+    let known = || {
+        occupancy::KNOWN_PARTS
+            .iter()
+            .map(|(a, b)| format!("{a}.{b}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let part = s
+        .split_once('.')
+        .and_then(|(a, b)| Some((a.trim().parse().ok()?, b.trim().parse().ok()?)))
+        .ok_or_else(|| format!("`{s}`: expected a compute capability MAJOR.MINOR, e.g. 8.9"))?;
+    occupancy::SmLimits::of_part(part.0, part.1)
+        .map(|_| part)
+        .ok_or_else(|| format!("`{s}`: no SM figures for this part (known: {})", known()))
 }
 
 /// Runs the inspection and returns what `tilefuse inspect` prints.
@@ -328,7 +350,7 @@ fn inspect_one(
         write_layouts(out, &src, &kernel, &p, false);
         write_accesses(out, &src, &kernel, &p);
         write_divisible_form(out, k, &spec, target, &p);
-        write_ptxas(out, &kernel, &compile, false)?;
+        write_ptxas(out, &kernel, &compile, args.sm, false)?;
         out.push('\n');
         return Ok(());
     }
@@ -344,7 +366,7 @@ fn inspect_one(
     }
     if args.ptxas {
         let _ = writeln!(out, "kernel `{}` ({}):", k.name, spec_text(&spec));
-        write_ptxas(out, &kernel, &compile, true)?;
+        write_ptxas(out, &kernel, &compile, args.sm, true)?;
     }
     if args.ptx {
         out.push_str(&p.ptx);
@@ -611,27 +633,39 @@ fn hopper_only(kernel: &Kernel) -> bool {
         || ptx::compile(kernel, Target::Sm90).is_ok_and(|p| !ptx::has_sm80_module(kernel, &p))
 }
 
-/// Programs of `kernel` one SM of `t` holds with ptxas' register count (the larger of
-/// the compiler's and ptxas' shared memory).
-fn occupancy_of(
+/// What one SM of `part` (default: `t`'s data-center part) holds of `kernel` with
+/// ptxas' register count (the larger of the compiler's and ptxas' shared memory), as
+/// the line `inspect` prints.
+fn occupancy_line(
     t: Target,
+    part: Option<(u32, u32)>,
     registers: u32,
     kernel: &Kernel,
     p: &PtxKernel,
     r: &ptxas::Report,
-) -> occupancy::Occupancy {
-    occupancy::occupancy(
-        t,
+) -> String {
+    let (major, minor) = part.unwrap_or(if t.hopper() { (9, 0) } else { (8, 0) });
+    if t.hopper() && major < 9 {
+        return format!(
+            "on {major}.{minor}: none ({} modules need compute capability 9.0)",
+            t.name()
+        );
+    }
+    let sm = occupancy::SmLimits::of_part(major, minor).expect("parse_part checked the part");
+    let o = occupancy::occupancy_on(
+        sm,
         registers,
         kernel.threads_per_program(),
         p.shared_bytes.max(r.shared_bytes),
-    )
+    );
+    format!("on {major}.{minor}: {o}")
 }
 
 fn write_ptxas(
     out: &mut String,
     kernel: &Kernel,
     compile: &dyn Fn(Target) -> anyhow::Result<PtxKernel>,
+    part: Option<(u32, u32)>,
     full: bool,
 ) -> anyhow::Result<()> {
     let bin = match ptxas::find() {
@@ -675,7 +709,7 @@ fn write_ptxas(
                 "  <- spills or a stack frame: local memory traffic"
             }
         );
-        let occupancy = occupancy_of(t, r.registers, kernel, &p, &r);
+        let occupancy = occupancy_line(t, part, r.registers, kernel, &p, &r);
         let _ = writeln!(out, "      {occupancy}");
         if full {
             for l in r.log.lines() {

@@ -11,8 +11,8 @@ use std::fmt;
 
 use super::Target;
 
-/// What one SM of a target holds (the A100's and H100's figures; consumer parts of
-/// the same compute capability hold fewer threads).
+/// What one SM holds: the CUDA Programming Guide's per-compute-capability figures
+/// ("Technical Specifications per Compute Capability").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SmLimits {
     /// 32-bit registers.
@@ -25,23 +25,40 @@ pub struct SmLimits {
     pub shared_bytes: u32,
 }
 
+/// The compute capabilities [`SmLimits::of_part`] knows, as `(major, minor)`.
+pub const KNOWN_PARTS: [(u32, u32); 7] = [(8, 0), (8, 6), (8, 7), (8, 9), (9, 0), (10, 0), (12, 0)];
+
 impl SmLimits {
-    /// The limits of `target`'s SM: sm_80 as the A100, sm_90 as the H100/H200.
+    /// The limits of `target`'s data-center SM: sm_80 as the A100 (8.0), sm_90 as the
+    /// H100/H200 (9.0). Other parts that run the same PTX hold fewer programs: see
+    /// [`SmLimits::of_part`].
     pub fn of(target: Target) -> SmLimits {
-        match target {
-            Target::Sm80 => SmLimits {
-                registers: 65536,
-                threads: 2048,
-                programs: 32,
-                shared_bytes: 164 * 1024,
-            },
-            Target::Sm90 | Target::Sm90a => SmLimits {
-                registers: 65536,
-                threads: 2048,
-                programs: 32,
-                shared_bytes: 228 * 1024,
-            },
-        }
+        let part = match target {
+            Target::Sm80 => (8, 0),
+            Target::Sm90 | Target::Sm90a => (9, 0),
+        };
+        SmLimits::of_part(part.0, part.1).expect("a listed part")
+    }
+
+    /// The limits of one SM of compute capability `major.minor`, or `None` for a part
+    /// not in [`KNOWN_PARTS`]. The consumer parts (8.6, 8.9, 12.0) hold 1536 threads
+    /// and 100 KiB of shared memory where the data-center ones hold 2048 and 164-228.
+    pub fn of_part(major: u32, minor: u32) -> Option<SmLimits> {
+        let (threads, programs, shared_kib) = match (major, minor) {
+            (8, 0) => (2048, 32, 164),
+            (8, 6) => (1536, 16, 100),
+            (8, 7) => (2048, 16, 164),
+            (8, 9) => (1536, 24, 100),
+            (9, 0) | (10, 0) => (2048, 32, 228),
+            (12, 0) => (1536, 24, 100),
+            _ => return None,
+        };
+        Some(SmLimits {
+            registers: 65536,
+            threads,
+            programs,
+            shared_bytes: shared_kib * 1024,
+        })
     }
 }
 
@@ -77,9 +94,14 @@ pub struct Occupancy {
 }
 
 /// The occupancy of a program of `threads` threads using `registers` registers a
-/// thread and `shared_bytes` of shared memory on one SM of `target`.
+/// thread and `shared_bytes` of shared memory on one SM of `target`
+/// ([`SmLimits::of`]).
 pub fn occupancy(target: Target, registers: u32, threads: u32, shared_bytes: u32) -> Occupancy {
-    let sm = SmLimits::of(target);
+    occupancy_on(SmLimits::of(target), registers, threads, shared_bytes)
+}
+
+/// [`occupancy`] on an SM with the limits `sm` (one part: [`SmLimits::of_part`]).
+pub fn occupancy_on(sm: SmLimits, registers: u32, threads: u32, shared_bytes: u32) -> Occupancy {
     let warps = threads.div_ceil(32).max(1);
     let per_warp = |regs: u32| (regs.max(1) * 32).div_ceil(REGISTER_UNIT) * REGISTER_UNIT;
     let by_registers = sm.registers / (per_warp(registers) * warps);
@@ -182,6 +204,39 @@ mod tests {
         assert_eq!((full.programs, full.limit), (3, Limit::Registers));
         assert_eq!(full.registers_for_one_more, Some(32));
         assert_eq!(occupancy(Target::Sm90, 32, 512, 0).limit, Limit::Threads);
+    }
+
+    /// The consumer parts' smaller SMs, as the CUDA occupancy calculator counts them.
+    #[test]
+    fn parts_with_smaller_sms_hold_fewer_programs() {
+        let ada = SmLimits::of_part(8, 9).unwrap();
+        // 32 registers, 512 threads: four on an A100's 2048 threads, three on 1536.
+        assert_eq!(occupancy(Target::Sm80, 32, 512, 0).programs, 4);
+        let t = occupancy_on(ada, 32, 512, 0);
+        assert_eq!((t.programs, t.limit), (3, Limit::Threads));
+        // One warp: the SM's program cap, 16 on 8.6, 24 on 8.9.
+        let one_warp =
+            |major, minor| occupancy_on(SmLimits::of_part(major, minor).unwrap(), 16, 32, 0);
+        assert_eq!(
+            (one_warp(8, 6).programs, one_warp(8, 6).limit),
+            (16, Limit::Programs)
+        );
+        assert_eq!(one_warp(8, 9).programs, 24);
+        // 40 KiB of shared memory a program: two in 100 KiB, four in the A100's 164.
+        assert_eq!(occupancy_on(ada, 32, 128, 40 * 1024).programs, 2);
+        assert_eq!(occupancy(Target::Sm80, 32, 128, 40 * 1024).programs, 4);
+        // The register file is the same 64 Ki registers: 72 a thread over 4 warps still
+        // holds 7 where threads allow it.
+        assert_eq!(occupancy_on(ada, 72, 128, 0).programs, 7);
+        // Targets map onto their data-center parts; unknown parts have no limits.
+        assert_eq!(
+            SmLimits::of(Target::Sm90a),
+            SmLimits::of_part(9, 0).unwrap()
+        );
+        assert_eq!(SmLimits::of_part(7, 5), None);
+        for (major, minor) in KNOWN_PARTS {
+            assert!(SmLimits::of_part(major, minor).is_some(), "{major}.{minor}");
+        }
     }
 
     #[test]
