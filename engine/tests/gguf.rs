@@ -188,6 +188,122 @@ fn builds_the_tokenizer_from_metadata() {
     );
 }
 
+/// A SentencePiece BPE vocabulary (`tokenizer.ggml.model = "llama"`, as Llama 2 and
+/// TinyLlama files carry) encodes as SentencePiece itself does: the ids, bos first,
+/// and the decoding `scripts/make_spm_fixture.py` got from the `sentencepiece` package,
+/// byte fallback included.
+#[test]
+fn builds_a_sentencepiece_tokenizer_from_metadata() {
+    let f = GgufFile::open(fixture("tiny_spm.gguf")).unwrap();
+    let tok = f.tokenizer_from_metadata().unwrap().unwrap();
+    let path = common::fixtures_dir().join("gguf/tiny_spm.json");
+    let expected: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    assert_eq!(
+        tok.vocab_size(),
+        expected["vocab_size"].as_u64().unwrap() as usize
+    );
+    let ids_of = |v: &serde_json::Value| -> Vec<u32> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i.as_u64().unwrap() as u32)
+            .collect()
+    };
+    let bos = expected["bos"].as_u64().unwrap() as u32;
+    let mut byte_fallback = 0;
+    for case in expected["cases"].as_array().unwrap() {
+        let text = case["text"].as_str().unwrap();
+        let ids = ids_of(&case["ids"]);
+        assert_eq!(ids[0], bos);
+        assert_eq!(tok.encode(text, true).unwrap(), ids, "encoding {text:?}");
+        assert_eq!(
+            tok.encode(text, false).unwrap(),
+            ids[1..],
+            "{text:?} without bos"
+        );
+        assert_eq!(
+            tok.decode(&ids[1..], false).unwrap(),
+            case["decoded"].as_str().unwrap(),
+            "decoding {text:?}"
+        );
+        byte_fallback += case["pieces"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p.as_str().unwrap().starts_with("<0x")) as usize;
+    }
+    assert!(
+        byte_fallback >= 2,
+        "the fixture exercises the byte fallback"
+    );
+}
+
+/// Tokenizer metadata the builder cannot use is an error naming the key or value.
+#[test]
+fn tokenizer_metadata_it_cannot_build_is_a_clear_error() {
+    let strings = |items: &[&str]| {
+        let mut v = 8u32.to_le_bytes().to_vec();
+        v.extend_from_slice(&(items.len() as u64).to_le_bytes());
+        for s in items {
+            v.extend(string_bytes(s));
+        }
+        v
+    };
+    let f32s = |items: &[f32]| {
+        let mut v = 6u32.to_le_bytes().to_vec();
+        v.extend_from_slice(&(items.len() as u64).to_le_bytes());
+        for x in items {
+            v.extend_from_slice(&x.to_le_bytes());
+        }
+        v
+    };
+    let base = |model: &str| {
+        Builder::new()
+            .kv("general.architecture", 8, string_bytes("llama"))
+            .kv("tokenizer.ggml.model", 8, string_bytes(model))
+            .kv(
+                "tokenizer.ggml.tokens",
+                9,
+                strings(&["<unk>", "a", "b", "ab"]),
+            )
+    };
+    let error = |b: Builder| {
+        let f = GgufFile::open(write_temp("tok.gguf", &b.bytes())).unwrap();
+        f.tokenizer_from_metadata().unwrap_err().to_string()
+    };
+    let e = error(base("t5"));
+    assert!(
+        e.contains("tokenizer.ggml.model is `t5`") && e.contains("(`llama`)"),
+        "{e}"
+    );
+    let e = error(base("llama"));
+    assert!(e.contains("needs `tokenizer.ggml.scores`"), "{e}");
+    let e = error(base("llama").kv("tokenizer.ggml.scores", 9, f32s(&[0.0, -1.0])));
+    assert!(e.contains("scores has 2 entries for 4 tokens"), "{e}");
+    let ok = base("llama").kv("tokenizer.ggml.scores", 9, f32s(&[0.0, -1.0, -2.0, -3.0]));
+    let e = error(ok.kv(
+        "tokenizer.ggml.unknown_token_id",
+        4,
+        9u32.to_le_bytes().to_vec(),
+    ));
+    assert!(e.contains("unknown_token_id 9 is past the 4 tokens"), "{e}");
+    // Without types every piece is normal: "ab" is one merge of "a" and "b", and a
+    // character outside the vocabulary (no byte tokens here) is the unknown token.
+    let ok = base("llama")
+        .kv("tokenizer.ggml.scores", 9, f32s(&[0.0, -1.0, -2.0, -3.0]))
+        .kv("tokenizer.ggml.add_space_prefix", 7, vec![0])
+        .kv(
+            "tokenizer.ggml.unknown_token_id",
+            4,
+            0u32.to_le_bytes().to_vec(),
+        );
+    let f = GgufFile::open(write_temp("tok.gguf", &ok.bytes())).unwrap();
+    let tok = f.tokenizer_from_metadata().unwrap().unwrap();
+    assert_eq!(tok.encode("ab", false).unwrap(), [3]);
+    assert_eq!(tok.encode("bac", false).unwrap(), [2, 1, 0]);
+}
+
 /// A GGUF file built by hand: metadata and tensors (name, ne, type, data).
 struct Builder {
     kv: Vec<(String, u32, Vec<u8>)>,

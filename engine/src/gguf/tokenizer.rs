@@ -1,12 +1,22 @@
 //! The tokenizer of a GGUF file: `tokenizer.ggml.*` metadata turned into the
 //! `tokenizer.json` the `tokenizers` library reads, or a `tokenizer.json` beside the file.
 //!
-//! Only byte-level BPE (`tokenizer.ggml.model = "gpt2"`, which Qwen2/Qwen3 and
-//! Llama 3 use) is built from metadata. The pre-tokenizer's split pattern follows
-//! `tokenizer.ggml.pre`: `qwen2`, `llama-bpe` (Llama 3), or the GPT-2 pattern for
-//! `gpt-2`/`default`/absent; any other value is an error naming it. Tokens of type 3
-//! (control) become special added tokens, type 4 (user-defined) plain added tokens, and
-//! `tokenizer.ggml.add_bos_token` adds a post-processor that prepends the bos token.
+//! Two kinds are built from metadata:
+//!
+//! - Byte-level BPE (`tokenizer.ggml.model = "gpt2"`, which Qwen2/Qwen3 and Llama 3
+//!   use). The pre-tokenizer's split pattern follows `tokenizer.ggml.pre`: `qwen2`,
+//!   `llama-bpe` (Llama 3), or the GPT-2 pattern for `gpt-2`/`default`/absent; any
+//!   other value is an error naming it.
+//! - SentencePiece BPE (`"llama"`: Llama 1/2, TinyLlama, Mistral v0.1), as
+//!   SentencePiece encodes: spaces become `▁`, one is prepended
+//!   (`tokenizer.ggml.add_space_prefix`, default on), adjacent pieces merge highest
+//!   score first (`tokenizer.ggml.scores`; the merge list is derived from them), and
+//!   characters outside the vocabulary fall back to their UTF-8 bytes' `<0xXX>` tokens.
+//!   Checked against SentencePiece itself on `tests/fixtures/gguf/tiny_spm.gguf`.
+//!
+//! Tokens of type 3 (control) become special added tokens, type 4 (user-defined) plain
+//! added tokens, and `tokenizer.ggml.add_bos_token` (default on for SentencePiece) adds
+//! a post-processor that prepends the bos token.
 
 use std::path::Path;
 
@@ -49,11 +59,15 @@ impl GgufFile {
             return Ok(None);
         };
         let model = self.opt_str("tokenizer.ggml.model")?.unwrap_or("gpt2");
-        if model != "gpt2" {
-            return Err(self.error(format!(
-                "tokenizer.ggml.model is `{model}`: only byte-level BPE (`gpt2`) is built from GGUF metadata; put a tokenizer.json beside the file"
-            )));
-        }
+        let sentencepiece = match model {
+            "gpt2" => false,
+            "llama" => true,
+            _ => {
+                return Err(self.error(format!(
+                    "tokenizer.ggml.model is `{model}`: only byte-level BPE (`gpt2`) and SentencePiece BPE (`llama`) are built from GGUF metadata; put a tokenizer.json beside the file"
+                )))
+            }
+        };
         let strings = |key: &str, v: &MetaValue| -> Result<Vec<String>> {
             let items = v.as_array().ok_or_else(|| {
                 self.error(format!(
@@ -112,12 +126,20 @@ impl GgufFile {
         let mut added = Vec::new();
         for (id, (tok, &ty)) in tokens.iter().zip(&types).enumerate() {
             vocab.insert(tok.clone(), json!(id));
-            if ty == 3 || ty == 4 {
+            // SentencePiece's unknown piece is special too, as in transformers' Llama
+            // tokenizers.
+            let special = ty == 3 || (sentencepiece && ty == 2);
+            if special || ty == 4 {
                 added.push(json!({
                     "id": id, "content": tok, "single_word": false, "lstrip": false,
-                    "rstrip": false, "normalized": false, "special": ty == 3,
+                    "rstrip": false, "normalized": false, "special": special,
                 }));
             }
+        }
+        if sentencepiece {
+            return self
+                .sentencepiece_json(&tokens, &types, vocab, added)
+                .map(Some);
         }
         let merges: Vec<Value> = merges
             .iter()
@@ -149,28 +171,7 @@ impl GgufFile {
             }
         };
 
-        let add_bos = self
-            .opt_bool("tokenizer.ggml.add_bos_token")?
-            .unwrap_or(false);
-        let bos = self.opt_u64("tokenizer.ggml.bos_token_id")?;
-        let post_processor = match (add_bos, bos) {
-            (true, Some(bos)) => {
-                let Some(bos_tok) = tokens.get(bos as usize) else {
-                    return Err(self.error(format!(
-                        "tokenizer.ggml.bos_token_id {bos} is past the {} tokens",
-                        tokens.len()
-                    )));
-                };
-                json!({
-                    "type": "TemplateProcessing",
-                    "single": [{"SpecialToken": {"id": bos_tok, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
-                    "pair": [{"SpecialToken": {"id": bos_tok, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
-                             {"SpecialToken": {"id": bos_tok, "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
-                    "special_tokens": {bos_tok.clone(): {"id": bos_tok, "ids": [bos], "tokens": [bos_tok]}},
-                })
-            }
-            _ => Value::Null,
-        };
+        let post_processor = self.bos_post_processor(&tokens, false)?;
         Ok(Some(json!({
             "version": "1.0",
             "truncation": null,
@@ -187,6 +188,161 @@ impl GgufFile {
             },
         })))
     }
+}
+
+impl GgufFile {
+    /// The post-processor that prepends the bos token when `tokenizer.ggml.add_bos_token`
+    /// says so (`default` when absent), or JSON null.
+    fn bos_post_processor(&self, tokens: &[String], default: bool) -> Result<Value> {
+        let add_bos = self
+            .opt_bool("tokenizer.ggml.add_bos_token")?
+            .unwrap_or(default);
+        let bos = self.opt_u64("tokenizer.ggml.bos_token_id")?;
+        let (true, Some(bos)) = (add_bos, bos) else {
+            return Ok(Value::Null);
+        };
+        let Some(bos_tok) = tokens.get(bos as usize) else {
+            return Err(self.error(format!(
+                "tokenizer.ggml.bos_token_id {bos} is past the {} tokens",
+                tokens.len()
+            )));
+        };
+        Ok(json!({
+            "type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": bos_tok, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+            "pair": [{"SpecialToken": {"id": bos_tok, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                     {"SpecialToken": {"id": bos_tok, "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {bos_tok.clone(): {"id": bos_tok, "ids": [bos], "tokens": [bos_tok]}},
+        }))
+    }
+
+    /// The `tokenizer.json` of a SentencePiece BPE vocabulary (`tokenizer.ggml.model =
+    /// "llama"`): see the module docs.
+    fn sentencepiece_json(
+        &self,
+        tokens: &[String],
+        types: &[u64],
+        vocab: Map<String, Value>,
+        added: Vec<Value>,
+    ) -> Result<Value> {
+        let scores: Vec<f64> = match self.get("tokenizer.ggml.scores") {
+            Some(MetaValue::Array(a)) => a
+                .iter()
+                .enumerate()
+                .map(|(i, v)| {
+                    v.as_f64().ok_or_else(|| {
+                        self.error(format!(
+                            "metadata `tokenizer.ggml.scores`[{i}] is {}, expected a number",
+                            v.type_name()
+                        ))
+                    })
+                })
+                .collect::<Result<_>>()?,
+            Some(other) => {
+                return Err(self.error(format!(
+                    "metadata `tokenizer.ggml.scores` is {}, expected an array",
+                    other.type_name()
+                )))
+            }
+            None => {
+                return Err(self.error(
+                    "a SentencePiece tokenizer (`tokenizer.ggml.model = llama`) needs `tokenizer.ggml.scores`",
+                ))
+            }
+        };
+        if scores.len() != tokens.len() {
+            return Err(self.error(format!(
+                "tokenizer.ggml.scores has {} entries for {} tokens",
+                scores.len(),
+                tokens.len()
+            )));
+        }
+        if self
+            .opt_bool("tokenizer.ggml.remove_extra_whitespaces")?
+            .unwrap_or(false)
+        {
+            return Err(self.error(
+                "tokenizer.ggml.remove_extra_whitespaces is true, which is not built from GGUF metadata; put a tokenizer.json beside the file",
+            ));
+        }
+        let unk = match self.opt_u64("tokenizer.ggml.unknown_token_id")? {
+            Some(id) => match tokens.get(id as usize) {
+                Some(t) => Value::String(t.clone()),
+                None => {
+                    return Err(self.error(format!(
+                        "tokenizer.ggml.unknown_token_id {id} is past the {} tokens",
+                        tokens.len()
+                    )))
+                }
+            },
+            None => Value::Null,
+        };
+        let add_prefix = self
+            .opt_bool("tokenizer.ggml.add_space_prefix")?
+            .unwrap_or(true);
+        let merges = sentencepiece_merges(tokens, types, &scores);
+        let mut normalizers = Vec::new();
+        if add_prefix {
+            normalizers.push(json!({"type": "Prepend", "prepend": "\u{2581}"}));
+        }
+        normalizers
+            .push(json!({"type": "Replace", "pattern": {"String": " "}, "content": "\u{2581}"}));
+        let mut decoders = vec![
+            json!({"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "}),
+            json!({"type": "ByteFallback"}),
+            json!({"type": "Fuse"}),
+        ];
+        if add_prefix {
+            decoders.push(json!({"type": "Strip", "content": " ", "start": 1, "stop": 0}));
+        }
+        Ok(json!({
+            "version": "1.0",
+            "truncation": null,
+            "padding": null,
+            "added_tokens": added,
+            "normalizer": {"type": "Sequence", "normalizers": normalizers},
+            "pre_tokenizer": null,
+            "post_processor": self.bos_post_processor(tokens, true)?,
+            "decoder": {"type": "Sequence", "decoders": decoders},
+            "model": {
+                "type": "BPE", "dropout": null, "unk_token": unk, "continuing_subword_prefix": null,
+                "end_of_word_suffix": null, "fuse_unk": true, "byte_fallback": true,
+                "ignore_merges": false, "vocab": vocab, "merges": merges,
+            },
+        }))
+    }
+}
+
+/// The merge list that makes BPE encode as SentencePiece's BPE does: SentencePiece
+/// merges the adjacent pair whose concatenation is the highest-scoring normal piece
+/// (type 1), so every split of a normal piece into two normal pieces is a merge,
+/// ranked by the piece's score (highest first; ties by id, as their scores are
+/// distinct in trained vocabularies).
+fn sentencepiece_merges(tokens: &[String], types: &[u64], scores: &[f64]) -> Vec<Value> {
+    let normal = |id: usize| types[id] == 1;
+    let index: std::collections::HashMap<&str, usize> = tokens
+        .iter()
+        .enumerate()
+        .filter(|&(id, _)| normal(id))
+        .map(|(id, t)| (t.as_str(), id))
+        .collect();
+    let mut merges = Vec::new();
+    for (id, piece) in tokens.iter().enumerate().filter(|&(id, _)| normal(id)) {
+        for (at, _) in piece.char_indices().skip(1) {
+            let (l, r) = piece.split_at(at);
+            if let (Some(&li), Some(&ri)) = (index.get(l), index.get(r)) {
+                merges.push((scores[id], id, li, ri));
+            }
+        }
+    }
+    merges.sort_by(|a, b| {
+        b.0.total_cmp(&a.0)
+            .then((a.1, a.2, a.3).cmp(&(b.1, b.2, b.3)))
+    });
+    merges
+        .into_iter()
+        .map(|(_, _, l, r)| json!([tokens[l], tokens[r]]))
+        .collect()
 }
 
 /// Whether `path` names a GGUF file (by its extension).
