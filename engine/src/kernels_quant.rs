@@ -229,15 +229,6 @@ fn store_blocks(x: Tile<f32>, blk: Tile<i32>, blk_ok: Tile<bool>, xq: Ptr<i32>, 
     store(xd + blk, amax / 127.0, blk_ok);
 }
 
-/// This program's share of the `len` words at `words`, asked of L2 (in 32-word pieces
-/// spread over the launch's programs).
-#[tile_fn(crate = tilefuse_dsl)]
-fn prefetch_share(words: Ptr<u32>, len: i32) {
-    let per = cdiv(cdiv(len, num_programs(0)), 32) * 32;
-    let first = minimum(program_id(0) * per, len);
-    prefetch_range(words + first, minimum(per, len - first));
-}
-
 /// Quantizes a GEMV's input to int8 blocks of 32 (see the module docs): `xq` (four
 /// values a word) and `xd` (each block's scale), for `x` of length `k` computed from `a`
 /// by `MODE`. One program a `B` elements.
@@ -252,7 +243,6 @@ pub fn quantize_act<const B: usize, const MODE: usize, const STAMPS: usize>(
     prefetch_q: Ptr<u32>,
     prefetch_first: i32,
     prefetch_len: i32,
-    prefetch_early: i32,
     stamps: Ptr<i64>,
     stamp_at: i32,
 ) {
@@ -272,18 +262,19 @@ pub fn quantize_act<const B: usize, const MODE: usize, const STAMPS: usize>(
     if (MODE == 1) | (MODE == 3) {
         g = load(norm_w + e, ok, 0.0) as f32;
     }
-    // Each program asks L2 for its share of the next GEMV's words
-    // `prefetch_first..prefetch_first + prefetch_len` (none when the length is 0): once
-    // the GEMV before has finished streaming, as HBM idles through this launch, or
-    // with `prefetch_early` before the wait, while that GEMV's last programs drain.
-    if (prefetch_len > 0) & (prefetch_early != 0) {
-        prefetch_share(prefetch_q + prefetch_first, prefetch_len);
-    }
     stamp_now::<STAMPS>(stamps, stamp_at, 0);
     wait_for_prior_kernels();
     stamp_now::<STAMPS>(stamps, stamp_at, 1);
-    if (prefetch_len > 0) & (prefetch_early == 0) {
-        prefetch_share(prefetch_q + prefetch_first, prefetch_len);
+    // Once the GEMV before has finished streaming, HBM idles through this launch: each
+    // program asks L2 for its share of the next GEMV's words
+    // `prefetch_first..prefetch_first + prefetch_len` (none when the length is 0).
+    if prefetch_len > 0 {
+        let per = cdiv(cdiv(prefetch_len, num_programs(0)), 32) * 32;
+        let first = minimum(program_id(0) * per, prefetch_len);
+        prefetch_range(
+            prefetch_q + prefetch_first + first,
+            minimum(per, prefetch_len - first),
+        );
     }
     let mut x = load(a + e, ok, 0.0) as f32;
     if MODE == 2 {

@@ -456,13 +456,6 @@ pub fn quantizer_prefetch_override() -> Option<usize> {
     env_kib("TILEFUSE_QUANTIZER_PREFETCH")
 }
 
-/// Whether the quantizer launches ask for their prefetch before their wait, while the
-/// GEMV before them drains (`TILEFUSE_QUANTIZER_PREFETCH_EARLY=1`), instead of after it
-/// (the default, `0`).
-pub fn quantizer_prefetch_early() -> bool {
-    std::env::var("TILEFUSE_QUANTIZER_PREFETCH_EARLY").is_ok_and(|v| v.trim() == "1")
-}
-
 /// The range, `(offset, length)` in bytes, of a GEMV's `words_bytes` of packed words
 /// that the quantizer launch before it asks L2 for, starting at `skip` (the bytes the
 /// attention already asked for): `budget` when one is set, else

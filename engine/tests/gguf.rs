@@ -1196,7 +1196,7 @@ fn q4_k_m_layouts_in_fused_launches_match_the_dense_step() {
         return q4_k_m_layouts_match_the_dense_step();
     }
     let name = "q4_k_m_layouts_in_fused_launches_match_the_dense_step";
-    let settings: [&[(&str, &str)]; 8] = [
+    let settings: [&[(&str, &str)]; 7] = [
         &[],
         &[("TILEFUSE_QUANT_SILU_GATE_UP", "0")],
         // Every layer's quantized gate/up words prefetched during attention (the
@@ -1208,13 +1208,6 @@ fn q4_k_m_layouts_in_fused_launches_match_the_dense_step() {
             ("TILEFUSE_QUANT_NORM_FUSED", "0"),
             ("TILEFUSE_PREFETCH_WORDS", "1"),
             ("TILEFUSE_QUANTIZER_PREFETCH", "64"),
-        ],
-        // The same, each quantizer asking before its wait.
-        &[
-            ("TILEFUSE_QUANT_NORM_FUSED", "0"),
-            ("TILEFUSE_PREFETCH_WORDS", "1"),
-            ("TILEFUSE_QUANTIZER_PREFETCH", "64"),
-            ("TILEFUSE_QUANTIZER_PREFETCH_EARLY", "1"),
         ],
         &[("TILEFUSE_QUANT_NORM_FUSED", "0")],
         &[

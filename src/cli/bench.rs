@@ -104,7 +104,6 @@ pub struct BenchArgs {
     /// separated entries: `head=quant` or `head=bf16` for the LM head's format,
     /// `prefetch=KiB` for the quantized gate/up words the attention asks L2 for,
     /// `qprefetch=KiB` for the next GEMV's words each quantizer launch asks for,
-    /// `qearly=1` to ask for them before the quantizer's wait (`qearly=0`: after it),
     /// `splits=N`, `min_chunk=N` and `combine_dc=N` for the attention's splits and merge,
     /// `ROWSxCOLS=n,k,warps` for the quantized GEMVs of that shape, `norm:ROWSxCOLS=..`
     /// for those that quantize their normed input themselves, a type before the shape

@@ -28,9 +28,6 @@ pub struct QuantTileSpec {
     /// Bytes of the next GEMV's quantized words each quantizer launch asks L2 for
     /// (`qprefetch=KiB`; `None`: the decoder's).
     pub quantizer_prefetch: Option<usize>,
-    /// Whether the quantizers ask for their prefetch before their wait (`qearly=1`)
-    /// or after it (`qearly=0`); `None`: the decoder's.
-    pub quantizer_prefetch_early: Option<bool>,
     /// The attention's split count (`splits=N`; `None`: the decoder's).
     pub splits: Option<usize>,
     /// The attention's fewest positions a split (`min_chunk=N`; `None`: the decoder's).
@@ -44,14 +41,13 @@ pub struct QuantTileSpec {
 
 impl QuantTileSpec {
     /// Parses `;`-separated entries: `head=quant` or `head=bf16`, `prefetch=KiB`,
-    /// `qprefetch=KiB`, `qearly=0|1`,
+    /// `qprefetch=KiB`,
     /// `splits=N`, `min_chunk=N`, `combine_dc=N`, and `[norm:][TYPE:]ROWSxCOLS=n,k,warps`
     /// ([`QuantTiles::parse`]). An empty spec is the default.
     pub fn parse(spec: &str) -> Result<QuantTileSpec> {
         let mut quant_head = None;
         let (mut prefetch_words, mut splits, mut min_chunk) = (None, None, None);
         let (mut combine_dc, mut quantizer_prefetch) = (None, None);
-        let mut quantizer_prefetch_early = None;
         let mut rest = Vec::new();
         for entry in spec.split(';').map(str::trim).filter(|e| !e.is_empty()) {
             let number = |v: &str| {
@@ -65,18 +61,6 @@ impl QuantTileSpec {
             }
             if let Some(kib) = entry.strip_prefix("qprefetch=") {
                 quantizer_prefetch = Some(number(kib)? << 10);
-                continue;
-            }
-            if let Some(v) = entry.strip_prefix("qearly=") {
-                quantizer_prefetch_early = Some(match v.trim() {
-                    "0" => false,
-                    "1" => true,
-                    _ => {
-                        return Err(EngineError::Option {
-                            message: format!("`{entry}`: expected `qearly=0` or `qearly=1`"),
-                        })
-                    }
-                });
                 continue;
             }
             if let Some(n) = entry.strip_prefix("splits=") {
@@ -107,7 +91,6 @@ impl QuantTileSpec {
             quant_head,
             prefetch_words,
             quantizer_prefetch,
-            quantizer_prefetch_early,
             splits,
             min_chunk,
             combine_dc,
@@ -165,7 +148,6 @@ pub fn compare(
         quant_head: None,
         prefetch_words: None,
         quantizer_prefetch: None,
-        quantizer_prefetch_early: None,
         splits: None,
         min_chunk: None,
         combine_dc: None,
@@ -201,9 +183,6 @@ pub fn compare(
             plan.combine.consts.dc = s.combine_dc.unwrap_or(plan.combine.consts.dc);
             plan.prefetch_words = s.prefetch_words.or(plan.prefetch_words);
             plan.quantizer_prefetch = s.quantizer_prefetch.or(plan.quantizer_prefetch);
-            plan.quantizer_prefetch_early = s
-                .quantizer_prefetch_early
-                .unwrap_or(plan.quantizer_prefetch_early);
             d.set_plan(plan)?;
             d.set_quant_tiles(&s.tiles)?;
             d.capture()?;
@@ -306,15 +285,6 @@ mod tests {
         );
         let q = QuantTileSpec::parse("qprefetch=2048").unwrap();
         assert_eq!(q.quantizer_prefetch, Some(2 << 20));
-        assert_eq!(q.quantizer_prefetch_early, None);
-        let e = QuantTileSpec::parse("qprefetch=4096;qearly=1").unwrap();
-        assert_eq!(e.quantizer_prefetch_early, Some(true));
-        assert_eq!(
-            QuantTileSpec::parse("qearly=0")
-                .unwrap()
-                .quantizer_prefetch_early,
-            Some(false)
-        );
         assert!(p.tiles.get(GgmlType::Q4_K, 4096, 4096).is_some());
         for bad in [
             "head=q6",
@@ -323,7 +293,6 @@ mod tests {
             "axb=1,2,4",
             "prefetch=8M",
             "splits=x",
-            "qearly=yes",
         ] {
             let e = QuantTileSpec::parse(bad).unwrap_err().to_string();
             assert!(e.contains(bad.split(';').next().unwrap()), "{bad}: {e}");

@@ -118,9 +118,6 @@ pub struct LaunchPlan {
     /// whatever the matrix's size; `None`: the default policy
     /// ([`tuning::quantizer_prefetch`]).
     pub quantizer_prefetch: Option<usize>,
-    /// Whether the quantizer launches ask for that prefetch before their wait, while
-    /// the GEMV before drains ([`tuning::quantizer_prefetch_early`]).
-    pub quantizer_prefetch_early: bool,
 }
 
 /// The GEMVs' tiles on the interpreter (small tiles: less masked work per program).
@@ -179,7 +176,6 @@ impl LaunchPlan {
             prefetch_bytes: tuning::attention_prefetch_bytes(),
             prefetch_words: tuning::attention_prefetch_words_override(),
             quantizer_prefetch: tuning::quantizer_prefetch_override(),
-            quantizer_prefetch_early: tuning::quantizer_prefetch_early(),
         };
         // The split count is fixed for the graph's sake (the same at every position):
         // on the GPU by the one rule for the cache's capacity; the interpreter gets two,

@@ -78,7 +78,6 @@ impl Decoder {
             o_input_quantized: false,
             down_input_quantized: false,
         };
-        step.s.spare.prefetch_early = step.plan.quantizer_prefetch_early;
         step.embed(embed)?;
         for (li, l) in layers
             .iter_mut()

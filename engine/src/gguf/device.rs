@@ -340,7 +340,6 @@ impl QuantRows {
             (&self.no_words).into(),
             0i32.into(),
             0i32.into(),
-            0i32.into(),
             (&mut self.no_stamps).into(),
             (-1i32).into(),
         ];
@@ -1562,10 +1561,6 @@ pub struct QuantSpare {
     pub(crate) no_words: Buffer<u32>,
     /// Where the launches that take this spare write their timeline stamps.
     pub(crate) stamps: StampSlots,
-    /// Whether [`QuantSpare::quantize`]'s prefetch is asked for before the launch's
-    /// wait, while the launch before drains, instead of after it
-    /// ([`crate::decode::LaunchPlan::quantizer_prefetch_early`]).
-    pub(crate) prefetch_early: bool,
 }
 
 impl QuantSpare {
@@ -1586,7 +1581,6 @@ impl QuantSpare {
             bias: dev.zeros(1)?,
             no_words: dev.zeros(1)?,
             stamps: StampSlots::new(dev, 1)?,
-            prefetch_early: false,
         })
     }
 
@@ -1603,7 +1597,7 @@ impl QuantSpare {
     /// ([`crate::kernels_quant::quantize_act`]). `serialized`: the launch waits for all
     /// earlier work. `prefetch`: the next GEMV's packed words and the range of them,
     /// `(offset, length)` in bytes, that the launch asks L2 for once the launch before
-    /// it has finished, or before that with `prefetch_early` (clamped to the words).
+    /// it has finished (clamped to the words).
     #[allow(clippy::too_many_arguments)]
     pub fn quantize(
         &mut self,
@@ -1660,7 +1654,6 @@ impl QuantSpare {
             KernelArg::from(words),
             (first as i32).into(),
             (len as i32).into(),
-            i32::from(self.prefetch_early).into(),
         ]);
         args.extend([(&mut self.stamps.buf).into(), stamp_at.into()]);
         QUANTIZE_ACT.launch_dyn(
