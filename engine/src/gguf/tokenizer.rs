@@ -93,34 +93,14 @@ impl GgufFile {
             Some(v) => strings("tokenizer.ggml.merges", v)?,
             None => Vec::new(),
         };
-        let types: Vec<u64> = match self.get("tokenizer.ggml.token_type") {
-            Some(MetaValue::Array(a)) => a
-                .iter()
-                .enumerate()
-                .map(|(i, t)| {
-                    t.as_u64().ok_or_else(|| {
-                        self.error(format!(
-                            "metadata `tokenizer.ggml.token_type`[{i}] is {}, expected an integer",
-                            t.type_name()
-                        ))
-                    })
-                })
-                .collect::<Result<_>>()?,
-            Some(other) => {
-                return Err(self.error(format!(
-                    "metadata `tokenizer.ggml.token_type` is {}, expected an array",
-                    other.type_name()
-                )))
-            }
-            None => vec![1; tokens.len()],
-        };
-        if types.len() != tokens.len() {
-            return Err(self.error(format!(
-                "tokenizer.ggml.token_type has {} entries for {} tokens",
-                types.len(),
-                tokens.len()
-            )));
-        }
+        let types = self
+            .per_token(
+                "tokenizer.ggml.token_type",
+                tokens.len(),
+                "an integer",
+                MetaValue::as_u64,
+            )?
+            .unwrap_or_else(|| vec![1; tokens.len()]);
 
         let mut vocab = Map::new();
         let mut added = Vec::new();
@@ -216,6 +196,46 @@ impl GgufFile {
         }))
     }
 
+    /// The array `key` holding one value a token (`tokens` of them), each read by
+    /// `read` (`what` names the expected kind in errors); `None` when absent.
+    fn per_token<T>(
+        &self,
+        key: &str,
+        tokens: usize,
+        what: &str,
+        read: impl Fn(&MetaValue) -> Option<T>,
+    ) -> Result<Option<Vec<T>>> {
+        let items = match self.get(key) {
+            None => return Ok(None),
+            Some(MetaValue::Array(a)) => a,
+            Some(other) => {
+                return Err(self.error(format!(
+                    "metadata `{key}` is {}, expected an array",
+                    other.type_name()
+                )))
+            }
+        };
+        if items.len() != tokens {
+            return Err(self.error(format!(
+                "{key} has {} entries for {tokens} tokens",
+                items.len()
+            )));
+        }
+        items
+            .iter()
+            .enumerate()
+            .map(|(i, v)| {
+                read(v).ok_or_else(|| {
+                    self.error(format!(
+                        "metadata `{key}`[{i}] is {}, expected {what}",
+                        v.type_name()
+                    ))
+                })
+            })
+            .collect::<Result<_>>()
+            .map(Some)
+    }
+
     /// The `tokenizer.json` of a SentencePiece BPE vocabulary (`tokenizer.ggml.model =
     /// "llama"`): see the module docs.
     fn sentencepiece_json(
@@ -225,38 +245,13 @@ impl GgufFile {
         vocab: Map<String, Value>,
         added: Vec<Value>,
     ) -> Result<Value> {
-        let scores: Vec<f64> = match self.get("tokenizer.ggml.scores") {
-            Some(MetaValue::Array(a)) => a
-                .iter()
-                .enumerate()
-                .map(|(i, v)| {
-                    v.as_f64().ok_or_else(|| {
-                        self.error(format!(
-                            "metadata `tokenizer.ggml.scores`[{i}] is {}, expected a number",
-                            v.type_name()
-                        ))
-                    })
-                })
-                .collect::<Result<_>>()?,
-            Some(other) => {
-                return Err(self.error(format!(
-                    "metadata `tokenizer.ggml.scores` is {}, expected an array",
-                    other.type_name()
-                )))
-            }
-            None => {
-                return Err(self.error(
+        let scores = self
+            .per_token("tokenizer.ggml.scores", tokens.len(), "a number", MetaValue::as_f64)?
+            .ok_or_else(|| {
+                self.error(
                     "a SentencePiece tokenizer (`tokenizer.ggml.model = llama`) needs `tokenizer.ggml.scores`",
-                ))
-            }
-        };
-        if scores.len() != tokens.len() {
-            return Err(self.error(format!(
-                "tokenizer.ggml.scores has {} entries for {} tokens",
-                scores.len(),
-                tokens.len()
-            )));
-        }
+                )
+            })?;
         if self
             .opt_bool("tokenizer.ggml.remove_extra_whitespaces")?
             .unwrap_or(false)
