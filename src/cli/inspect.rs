@@ -88,8 +88,7 @@ fn parse_const(s: &str) -> Result<(String, i64), String> {
 
 fn parse_part(s: &str) -> Result<(u32, u32), String> {
     let known = || {
-        occupancy::KNOWN_PARTS
-            .iter()
+        occupancy::SmLimits::known_parts()
             .map(|(a, b)| format!("{a}.{b}"))
             .collect::<Vec<_>>()
             .join(", ")
@@ -644,7 +643,7 @@ fn occupancy_line(
     p: &PtxKernel,
     r: &ptxas::Report,
 ) -> String {
-    let (major, minor) = part.unwrap_or(if t.hopper() { (9, 0) } else { (8, 0) });
+    let (major, minor) = part.unwrap_or(occupancy::SmLimits::part(t));
     if t.hopper() && major < 9 {
         return format!(
             "on {major}.{minor}: none ({} modules need compute capability 9.0)",

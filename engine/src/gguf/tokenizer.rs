@@ -89,10 +89,6 @@ impl GgufFile {
                 .collect()
         };
         let tokens = strings("tokenizer.ggml.tokens", tokens)?;
-        let merges = match self.get("tokenizer.ggml.merges") {
-            Some(v) => strings("tokenizer.ggml.merges", v)?,
-            None => Vec::new(),
-        };
         let types = self
             .per_token(
                 "tokenizer.ggml.token_type",
@@ -121,6 +117,10 @@ impl GgufFile {
                 .sentencepiece_json(&tokens, &types, vocab, added)
                 .map(Some);
         }
+        let merges = match self.get("tokenizer.ggml.merges") {
+            Some(v) => strings("tokenizer.ggml.merges", v)?,
+            None => Vec::new(),
+        };
         let merges: Vec<Value> = merges
             .iter()
             .enumerate()

@@ -25,34 +25,48 @@ pub struct SmLimits {
     pub shared_bytes: u32,
 }
 
-/// The compute capabilities [`SmLimits::of_part`] knows, as `(major, minor)`.
-pub const KNOWN_PARTS: [(u32, u32); 7] = [(8, 0), (8, 6), (8, 7), (8, 9), (9, 0), (10, 0), (12, 0)];
+/// Per compute capability `(major, minor)`: threads, programs and KiB of shared memory
+/// an SM holds (every listed part has 64 Ki registers an SM).
+const PARTS: [((u32, u32), u32, u32, u32); 7] = [
+    ((8, 0), 2048, 32, 164),
+    ((8, 6), 1536, 16, 100),
+    ((8, 7), 2048, 16, 164),
+    ((8, 9), 1536, 24, 100),
+    ((9, 0), 2048, 32, 228),
+    ((10, 0), 2048, 32, 228),
+    ((12, 0), 1536, 24, 100),
+];
 
 impl SmLimits {
-    /// The limits of `target`'s data-center SM: sm_80 as the A100 (8.0), sm_90 as the
-    /// H100/H200 (9.0). Other parts that run the same PTX hold fewer programs: see
-    /// [`SmLimits::of_part`].
+    /// The data-center part whose SM `target`'s limits are taken from: the A100 (8.0)
+    /// for sm_80, the H100/H200 (9.0) for sm_90.
+    pub fn part(target: Target) -> (u32, u32) {
+        if target.hopper() {
+            (9, 0)
+        } else {
+            (8, 0)
+        }
+    }
+
+    /// The limits of `target`'s data-center SM ([`SmLimits::part`]). Other parts that
+    /// run the same PTX hold fewer programs: see [`SmLimits::of_part`].
     pub fn of(target: Target) -> SmLimits {
-        let part = match target {
-            Target::Sm80 => (8, 0),
-            Target::Sm90 | Target::Sm90a => (9, 0),
-        };
-        SmLimits::of_part(part.0, part.1).expect("a listed part")
+        let (major, minor) = SmLimits::part(target);
+        SmLimits::of_part(major, minor).expect("a listed part")
+    }
+
+    /// The compute capabilities [`SmLimits::of_part`] knows, as `(major, minor)`.
+    pub fn known_parts() -> impl Iterator<Item = (u32, u32)> {
+        PARTS.iter().map(|&(part, ..)| part)
     }
 
     /// The limits of one SM of compute capability `major.minor`, or `None` for a part
-    /// not in [`KNOWN_PARTS`]. The consumer parts (8.6, 8.9, 12.0) hold 1536 threads
-    /// and 100 KiB of shared memory where the data-center ones hold 2048 and 164-228.
+    /// not in [`SmLimits::known_parts`]. The consumer parts (8.6, 8.9, 12.0) hold 1536
+    /// threads and 100 KiB of shared memory where the data-center ones hold 2048 and
+    /// 164-228.
     pub fn of_part(major: u32, minor: u32) -> Option<SmLimits> {
-        let (threads, programs, shared_kib) = match (major, minor) {
-            (8, 0) => (2048, 32, 164),
-            (8, 6) => (1536, 16, 100),
-            (8, 7) => (2048, 16, 164),
-            (8, 9) => (1536, 24, 100),
-            (9, 0) | (10, 0) => (2048, 32, 228),
-            (12, 0) => (1536, 24, 100),
-            _ => return None,
-        };
+        let &(_, threads, programs, shared_kib) =
+            PARTS.iter().find(|(part, ..)| *part == (major, minor))?;
         Some(SmLimits {
             registers: 65536,
             threads,
@@ -234,7 +248,7 @@ mod tests {
             SmLimits::of_part(9, 0).unwrap()
         );
         assert_eq!(SmLimits::of_part(7, 5), None);
-        for (major, minor) in KNOWN_PARTS {
+        for (major, minor) in SmLimits::known_parts() {
             assert!(SmLimits::of_part(major, minor).is_some(), "{major}.{minor}");
         }
     }
