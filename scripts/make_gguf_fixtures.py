@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes the GGUF fixtures under tests/fixtures/gguf/ with llama.cpp's `gguf` package
 (PyPI `gguf`, tested with 0.19.0, numpy 2.x): the reference for the engine's GGUF reader
-and its Q8_0 / Q4_K / Q6_K dequantization.
+and its Q8_0 / Q4_K / Q6_K / Q4_0 / Q5_0 dequantization.
 
 - `blocks.gguf`: random blocks of each type (including extreme f16 scales: the largest
   finite, subnormal, negative, zero) as tensors `<type>.blocks`, and the package's own
@@ -13,6 +13,11 @@ and its Q8_0 / Q4_K / Q6_K dequantization.
 - `tiny_qwen3.json`: what the model file should yield: the config, and per tensor (by
   Hugging Face name) its ggml type, shape, the sum and sum of squares of its dequantized
   values and 32 values at seeded positions.
+- `tiny_qwen2.gguf` / `tiny_qwen2.json`: a one-layer Qwen2-like model whose hidden size
+  (320) is not a multiple of 256, as Qwen2.5-0.5B's 896 is not: llama.cpp's Q4_K_M then
+  stores those rows as Q5_0 (for Q4_K) and Q8_0 (for Q6_K), and only the down
+  projection (256 columns) as a K-quant (Q6_K). The O projection is Q4_0. Biases on q/k/v, tied
+  embeddings (a Q5_0 table, so the LM head reads Q5_0), no `attention.key_length`.
 
 Run from the repository root: `python3 scripts/make_gguf_fixtures.py`. Seeded: a rerun
 with the same package versions writes the same bytes.
@@ -30,23 +35,28 @@ from gguf.quants import dequantize, quantize
 OUT = os.path.join("tests", "fixtures", "gguf")
 rng = np.random.default_rng(27)
 
-BLOCK = {T.Q8_0: (32, 34), T.Q4_K: (256, 144), T.Q6_K: (256, 210)}
+BLOCK = {T.Q8_0: (32, 34), T.Q4_K: (256, 144), T.Q6_K: (256, 210),
+         T.Q4_0: (32, 18), T.Q5_0: (32, 22)}
+# The scale-led 32-element types: `f16 d` first, quantized by the package.
+SMALL = (T.Q8_0, T.Q4_0, T.Q5_0)
 # f16 scales that stress the dequantizer: largest finite, smallest subnormal, smallest
 # normal, negative, zero, one.
 EXTREME_D = np.array([65504.0, 2.0**-24, 2.0**-14, -3.5, 0.0, 1.0], dtype=np.float16)
 
 
-def random_blocks(qtype, n_blocks, d_scale, extreme=True):
+def random_blocks(qtype, n_blocks, d_scale, extreme=True, g=None):
     """Random block bytes with sane f16 scales (random bytes there could be NaN/inf);
-    with `extreme`, the first blocks take the extreme scales."""
+    with `extreme`, the first blocks take the extreme scales. `g`: the generator
+    (the module's by default)."""
+    g = rng if g is None else g
     _, size = BLOCK[qtype]
-    b = rng.integers(0, 256, size=(n_blocks, size), dtype=np.uint8)
-    d = (rng.standard_normal(n_blocks) * d_scale).astype(np.float16)
-    dmin = (np.abs(rng.standard_normal(n_blocks)) * d_scale).astype(np.float16)
+    b = g.integers(0, 256, size=(n_blocks, size), dtype=np.uint8)
+    d = (g.standard_normal(n_blocks) * d_scale).astype(np.float16)
+    dmin = (np.abs(g.standard_normal(n_blocks)) * d_scale).astype(np.float16)
     k = min(len(EXTREME_D), n_blocks) if extreme else 0
     d[:k] = EXTREME_D[:k]
     dmin[:k] = EXTREME_D[::-1][:k]
-    if qtype == T.Q8_0:
+    if qtype in SMALL:
         b[:, 0:2] = d.view(np.uint8).reshape(-1, 2)
     elif qtype == T.Q4_K:
         b[:, 0:2] = d.view(np.uint8).reshape(-1, 2)
@@ -59,14 +69,15 @@ def random_blocks(qtype, n_blocks, d_scale, extreme=True):
     return b
 
 
-def matrix(qtype, rows, cols, d_scale):
-    """A [rows, cols] quantized matrix: Q8_0 through the package's quantizer (from random
-    normal weights), the K-quants as random blocks."""
+def matrix(qtype, rows, cols, d_scale, g=None):
+    """A [rows, cols] quantized matrix: Q8_0, Q4_0 and Q5_0 through the package's
+    quantizer (from random normal weights), the K-quants as random blocks."""
+    g = rng if g is None else g
     block, size = BLOCK[qtype]
-    if qtype == T.Q8_0:
-        w = (rng.standard_normal((rows, cols)) * d_scale * 40).astype(np.float32)
-        return quantize(w, T.Q8_0)
-    blocks = random_blocks(qtype, rows * cols // block, d_scale, extreme=False)
+    if qtype in SMALL:
+        w = (g.standard_normal((rows, cols)) * d_scale * 40).astype(np.float32)
+        return quantize(w, qtype)
+    blocks = random_blocks(qtype, rows * cols // block, d_scale, extreme=False, g=g)
     return blocks.reshape(rows, cols // block * size)
 
 
@@ -79,14 +90,24 @@ def write_blocks():
         name = qtype.name.lower()
         w.add_tensor(f"{name}.blocks", b, raw_dtype=qtype)
         w.add_tensor(f"{name}.expected", dequantize(b, qtype).astype(np.float32))
+    # The types read as Q8_0 draw from a generator of their own, so that the blocks
+    # above and tiny_qwen3.gguf keep their bytes.
+    g = np.random.default_rng(270)
+    for qtype in (T.Q4_0, T.Q5_0):
+        _, size = BLOCK[qtype]
+        b = random_blocks(qtype, 6 * 8, 0.01, g=g).reshape(6, 8 * size)
+        name = qtype.name.lower()
+        w.add_tensor(f"{name}.blocks", b, raw_dtype=qtype)
+        w.add_tensor(f"{name}.expected", dequantize(b, qtype).astype(np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
 
 
-def write_model():
-    hidden, heads, kv_heads, head_dim, inter = 256, 4, 2, 64, 256
+def tokenizer():
+    """The byte-level BPE tokenizer of tests/fixtures/tokenizer as GGUF metadata:
+    tokens by id, token types, merges."""
     tok = json.load(open(os.path.join("tests", "fixtures", "tokenizer", "tokenizer.json")))
     vocab = dict(tok["model"]["vocab"])
     for a in tok["added_tokens"]:
@@ -99,6 +120,13 @@ def write_model():
     special = {a["id"] for a in tok["added_tokens"] if a["special"]}
     types = [3 if i in special else 1 for i in range(n_vocab)]
     merges = [" ".join(m) if isinstance(m, list) else m for m in tok["model"]["merges"]]
+    return tokens, types, merges
+
+
+def write_model():
+    hidden, heads, kv_heads, head_dim, inter = 256, 4, 2, 64, 256
+    tokens, types, merges = tokenizer()
+    n_vocab = len(tokens)
 
     w = gguf.GGUFWriter(os.path.join(OUT, "tiny_qwen3.gguf"), "qwen3")
     w.add_block_count(1)
@@ -199,9 +227,100 @@ def write_model():
                    "config": config, "tensors": expected}, f, indent=1)
 
 
+def write_qwen2_model():
+    """Qwen2.5-0.5B's layout at a small size (see the module docs), from a generator of
+    its own."""
+    g = np.random.default_rng(2700)
+    hidden, heads, kv_heads, inter, layers = 320, 5, 1, 256, 1
+    head_dim = hidden // heads
+    tokens, types, merges = tokenizer()
+    n_vocab = len(tokens)
+
+    w = gguf.GGUFWriter(os.path.join(OUT, "tiny_qwen2.gguf"), "qwen2")
+    w.add_block_count(layers)
+    w.add_context_length(32768)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(inter)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_rope_freq_base(1000000.0)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(0)
+    w.add_add_bos_token(False)
+
+    expected = {}
+
+    def put(gguf_name, hf_name, qtype, shape, data):
+        w.add_tensor(gguf_name, data, raw_dtype=qtype if qtype in BLOCK else None)
+        if qtype in BLOCK:
+            deq = dequantize(data, qtype).reshape(shape)
+        else:
+            deq = data.astype(np.float32).reshape(shape)
+        flat = deq.reshape(-1).astype(np.float64)
+        at = g.integers(0, flat.size, size=32)
+        expected[hf_name] = {
+            "gguf_name": gguf_name,
+            "type": qtype.name,
+            "shape": list(shape),
+            "sum": float(flat.sum()),
+            "sum_sq": float((flat * flat).sum()),
+            "at": [int(i) for i in at],
+            "values": [float(flat[i]) for i in at],
+        }
+
+    def mat(gguf_name, hf_name, qtype, rows, cols, d_scale):
+        put(gguf_name, hf_name, qtype, (rows, cols), matrix(qtype, rows, cols, d_scale, g=g))
+
+    def vec(gguf_name, hf_name, n, mean, spread):
+        put(gguf_name, hf_name, T.F32, (n,), (mean + spread * g.standard_normal(n)).astype(np.float32))
+
+    q_dim, kv_dim = heads * head_dim, kv_heads * head_dim
+    mat("token_embd.weight", "model.embed_tokens.weight", T.Q5_0, n_vocab, hidden, 0.002)
+    for i in range(layers):
+        p, h = f"blk.{i}", f"model.layers.{i}"
+        vec(f"{p}.attn_norm.weight", f"{h}.input_layernorm.weight", hidden, 1.0, 0.1)
+        mat(f"{p}.attn_q.weight", f"{h}.self_attn.q_proj.weight", T.Q5_0, q_dim, hidden, 0.002)
+        vec(f"{p}.attn_q.bias", f"{h}.self_attn.q_proj.bias", q_dim, 0.0, 0.5)
+        mat(f"{p}.attn_k.weight", f"{h}.self_attn.k_proj.weight", T.Q5_0, kv_dim, hidden, 0.002)
+        vec(f"{p}.attn_k.bias", f"{h}.self_attn.k_proj.bias", kv_dim, 0.0, 0.5)
+        mat(f"{p}.attn_v.weight", f"{h}.self_attn.v_proj.weight", T.Q8_0, kv_dim, hidden, 0.002)
+        vec(f"{p}.attn_v.bias", f"{h}.self_attn.v_proj.bias", kv_dim, 0.0, 0.1)
+        # One Q4_0 matrix, as a Q4_0 file stores all of them.
+        mat(f"{p}.attn_output.weight", f"{h}.self_attn.o_proj.weight", T.Q4_0, hidden, q_dim, 0.002)
+        vec(f"{p}.ffn_norm.weight", f"{h}.post_attention_layernorm.weight", hidden, 1.0, 0.1)
+        mat(f"{p}.ffn_gate.weight", f"{h}.mlp.gate_proj.weight", T.Q5_0, inter, hidden, 0.002)
+        mat(f"{p}.ffn_up.weight", f"{h}.mlp.up_proj.weight", T.Q5_0, inter, hidden, 0.002)
+        # Q4_K_M's down projections (rows of 256): Q6_K in some layers, Q4_K in others.
+        mat(f"{p}.ffn_down.weight", f"{h}.mlp.down_proj.weight", T.Q6_K, hidden, inter, 0.0001)
+    vec("output_norm.weight", "model.norm.weight", hidden, 1.0, 0.1)
+
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+    config = {
+        "arch": "Qwen2", "hidden_size": hidden, "num_layers": layers, "num_heads": heads,
+        "num_kv_heads": kv_heads, "head_dim": head_dim, "intermediate_size": inter,
+        "vocab_size": n_vocab, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+        "max_position_embeddings": 32768, "tie_word_embeddings": True,
+        "bos_token_id": 1, "eos_token_ids": [0],
+    }
+    with open(os.path.join(OUT, "tiny_qwen2.json"), "w") as f:
+        json.dump({"gguf_version": importlib.metadata.version("gguf"),
+                   "config": config, "tensors": expected}, f, indent=1)
+
+
 if __name__ == "__main__":
     os.makedirs(OUT, exist_ok=True)
     write_blocks()
     write_model()
+    write_qwen2_model()
     for name in sorted(os.listdir(OUT)):
         print(name, os.path.getsize(os.path.join(OUT, name)))

@@ -1,10 +1,15 @@
 //! ggml's element and block types: sizes, host dequantization (the reference the
 //! kernels are checked against) and the device layout the quantized GEMVs read.
 //!
-//! Supported for weights: Q8_0, Q4_K and Q6_K blocks, and F32, F16, BF16 elements.
-//! Block layouts, as llama.cpp writes them (little-endian):
+//! Supported for weights: Q8_0, Q4_K and Q6_K blocks, Q4_0 and Q5_0 blocks (read as
+//! Q8_0, below), and F32, F16, BF16 elements. Block layouts, as llama.cpp writes them
+//! (little-endian):
 //!
 //! - **Q8_0**, 32 elements in 34 bytes: `f16 d`, `i8 q[32]`; `x = d * q`.
+//! - **Q4_0**, 32 elements in 18 bytes: `f16 d`, `u8 qs[16]`; byte `l` holds element
+//!   `l` in its low nibble and `16 + l` in its high one; `x = d * (q - 8)`.
+//! - **Q5_0**, 32 elements in 22 bytes: `f16 d`, `u32 qh` (bit `e` is element `e`'s
+//!   fifth bit), `u8 qs[16]` (the low four bits, as Q4_0's); `x = d * (q - 16)`.
 //! - **Q4_K**, 256 elements in 144 bytes: `f16 d`, `f16 dmin`, `u8 scales[12]` (eight
 //!   6-bit scales and eight 6-bit mins, packed), `u8 qs[128]`. Sub-block `j` (32
 //!   elements) has `x = d * sc[j] * q - dmin * m[j]`; byte `c * 32 + l` of `qs` holds
@@ -40,6 +45,19 @@
 //!
 //! Q4_K's unpacked scales cost 4 bytes a super-block (2.8%) and spare each thread the
 //! 6-bit unpacking (three gathers and a dozen bit operations per sub-block).
+//!
+//! # Q4_0 and Q5_0, read as Q8_0
+//!
+//! A Q4_0 or Q5_0 block is a Q8_0 block with fewer bits: one f16 scale for 32 elements
+//! and a small signed integer each (`q - 8` in `-8..8`, `q - 16` in `-16..16`). So they
+//! pack into the Q8_0 layout with the same scale and those integers as its `i8` quants,
+//! exactly: [`PackedMatrix::dequantize`] gives what [`dequantize`] gives on the file's
+//! blocks, value for value, and the Q8_0 kernels compute on them unchanged. The GEMVs
+//! then read 34 bytes a block instead of 18 or 22. llama.cpp writes these types where a
+//! K-quant does not fit: a Q4_K_M file's matrices whose rows are not a multiple of 256
+//! elements (Qwen2.5-0.5B's hidden size of 896) fall back to Q5_0 (and Q6_K ones to
+//! Q8_0), and whole files come as Q4_0. At those sizes the decode step is bound by its
+//! launches rather than its bytes (docs/perf.md, "The launch floor of the decode step").
 
 use half::{bf16, f16};
 
@@ -54,6 +72,10 @@ impl GgmlType {
     pub const F32: GgmlType = GgmlType(0);
     /// IEEE half floats.
     pub const F16: GgmlType = GgmlType(1);
+    /// 32-element blocks of 4-bit quants and an f16 scale.
+    pub const Q4_0: GgmlType = GgmlType(2);
+    /// 32-element blocks of 5-bit quants and an f16 scale.
+    pub const Q5_0: GgmlType = GgmlType(6);
     /// 32-element blocks of 8-bit quants and an f16 scale.
     pub const Q8_0: GgmlType = GgmlType(8);
     /// 256-element super-blocks of 4-bit quants, 6-bit scales and mins.
@@ -82,6 +104,8 @@ impl GgmlType {
             Self::F32,
             Self::F16,
             Self::BF16,
+            Self::Q4_0,
+            Self::Q5_0,
             Self::Q8_0,
             Self::Q4_K,
             Self::Q6_K,
@@ -89,9 +113,20 @@ impl GgmlType {
         .contains(&self)
     }
 
-    /// Whether this is one of the block-quantized types the GEMV kernels read.
+    /// Whether this is one of the block-quantized types the GEMV kernels read (Q4_0 and
+    /// Q5_0 packed as Q8_0, see the module docs).
     pub fn is_quantized(self) -> bool {
-        [Self::Q8_0, Self::Q4_K, Self::Q6_K].contains(&self)
+        [Self::Q4_0, Self::Q5_0, Self::Q8_0, Self::Q4_K, Self::Q6_K].contains(&self)
+    }
+
+    /// The type whose device layout and kernels read this one's blocks: Q8_0 for Q4_0
+    /// and Q5_0 (exactly, see the module docs), else the type itself.
+    pub fn device_type(self) -> GgmlType {
+        if self == Self::Q4_0 || self == Self::Q5_0 {
+            Self::Q8_0
+        } else {
+            self
+        }
     }
 
     fn info(self) -> Option<(&'static str, u64, u64)> {
@@ -140,7 +175,7 @@ impl std::fmt::Display for GgmlType {
 }
 
 /// The types [`dequantize`] reads, for messages.
-pub const SUPPORTED: &str = "F32, F16, BF16, Q8_0, Q4_K, Q6_K";
+pub const SUPPORTED: &str = "F32, F16, BF16, Q4_0, Q5_0, Q8_0, Q4_K, Q6_K";
 
 fn f16_at(b: &[u8], at: usize) -> f32 {
     f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
@@ -167,6 +202,50 @@ pub fn dequantize_q8_0(block: &[u8], out: &mut [f32]) {
     let d = f16_at(block, 0);
     for (o, &q) in out[..32].iter_mut().zip(&block[2..34]) {
         *o = q as i8 as f32 * d;
+    }
+}
+
+/// Q4_0's (`shift` 4) or Q5_0's (`shift` 0) signed integer for element `e` of a block
+/// (`e < 32`): the low nibble of `qs[e % 16]` for `e < 16`, else its high nibble, plus
+/// for Q5_0 the fifth bit from `qh`, less the type's offset (8 or 16).
+fn small_quant(qs: &[u8], qh: u32, five_bits: bool, e: usize) -> i8 {
+    let nibble = (qs[e % 16] >> (4 * (e / 16))) & 15;
+    if five_bits {
+        (nibble | (((qh >> e) & 1) as u8) << 4) as i8 - 16
+    } else {
+        nibble as i8 - 8
+    }
+}
+
+/// The scale and the 32 signed integers of a Q4_0 (18 bytes) or Q5_0 (22 bytes) block:
+/// `x = d * q`, as a Q8_0 block's.
+fn small_block(block: &[u8], five_bits: bool) -> (f16, [i8; 32]) {
+    let d = f16::from_le_bytes([block[0], block[1]]);
+    let (qh, qs) = if five_bits {
+        let qh = u32::from_le_bytes([block[2], block[3], block[4], block[5]]);
+        (qh, &block[6..22])
+    } else {
+        (0, &block[2..18])
+    };
+    (
+        d,
+        std::array::from_fn(|e| small_quant(qs, qh, five_bits, e)),
+    )
+}
+
+/// Dequantizes one Q4_0 block (18 bytes) into 32 values: `d * (q - 8)` in f32.
+pub fn dequantize_q4_0(block: &[u8], out: &mut [f32]) {
+    let (d, q) = small_block(block, false);
+    for (o, q) in out[..32].iter_mut().zip(q) {
+        *o = q as f32 * d.to_f32();
+    }
+}
+
+/// Dequantizes one Q5_0 block (22 bytes) into 32 values: `d * (q - 16)` in f32.
+pub fn dequantize_q5_0(block: &[u8], out: &mut [f32]) {
+    let (d, q) = small_block(block, true);
+    for (o, q) in out[..32].iter_mut().zip(q) {
+        *o = q as f32 * d.to_f32();
     }
 }
 
@@ -242,6 +321,8 @@ pub fn dequantize(ty: GgmlType, bytes: &[u8], numel: usize, name: &str) -> Resul
         GgmlType::BF16 => {
             blocks.for_each(|(b, o)| o[0] = bf16::from_le_bytes([b[0], b[1]]).to_f32())
         }
+        GgmlType::Q4_0 => blocks.for_each(|(b, o)| dequantize_q4_0(b, o)),
+        GgmlType::Q5_0 => blocks.for_each(|(b, o)| dequantize_q5_0(b, o)),
         GgmlType::Q8_0 => blocks.for_each(|(b, o)| dequantize_q8_0(b, o)),
         GgmlType::Q4_K => blocks.for_each(|(b, o)| dequantize_q4_k(b, o)),
         GgmlType::Q6_K => blocks.for_each(|(b, o)| dequantize_q6_k(b, o)),
@@ -259,7 +340,7 @@ pub fn head_reads_quantized(ty: GgmlType) -> bool {
 
 /// Whether an LM head stored as `ty` is read quantized, given the value of
 /// `TILEFUSE_QUANT_HEAD` (`1`: every quantized type; `0`: none; else the default).
-/// By default every type the GEMVs read (Q8_0, Q4_K, Q6_K) is: with int8 activations
+/// By default every type the GEMVs read (Q8_0, Q4_K, Q6_K, and Q4_0 and Q5_0 as Q8_0) is: with int8 activations
 /// and `dot4` the Q6_K head of a Q4_K_M file makes the step 7-9% faster than the same
 /// rows dequantized to bf16 (Qwen3-0.6B and Qwen3-8B, docs/perf.md "The quantized LM
 /// head and the step's tiles"; with the older GEMVs that dequantized to f32 it was
@@ -268,7 +349,7 @@ pub fn head_policy(ty: GgmlType, env: Option<&str>) -> bool {
     match env {
         Some("1") => true,
         Some("0") => false,
-        _ => matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_K | GgmlType::Q6_K),
+        _ => ty.is_quantized(),
     }
 }
 
@@ -415,7 +496,7 @@ impl PackedMatrix {
             _ => {
                 return Err(EngineError::Unsupported {
                     message: format!(
-                        "tensor `{name}` has ggml type {}; the quantized GEMVs read Q8_0, Q4_K and Q6_K",
+                        "tensor `{name}` has ggml type {}; the quantized GEMVs read Q8_0, Q4_K and Q6_K (and Q4_0 and Q5_0 as Q8_0)",
                         ty.name()
                     ),
                 })
@@ -443,6 +524,22 @@ impl PackedMatrix {
                     |b, q, d| {
                         d[0] = f16::from_le_bytes([b[0], b[1]]);
                         pack_block(q, 32, 8, byte_at, |e| u32::from(b[2 + e]));
+                    },
+                );
+                PackedMatrix::Q8_0 { rows, cols, q, d }
+            }
+            GgmlType::Q4_0 | GgmlType::Q5_0 => {
+                let five_bits = ty == GgmlType::Q5_0;
+                let (mut q, mut d) = (vec![0u32; blocks * 8], vec![f16::ZERO; blocks]);
+                in_parallel(
+                    bytes,
+                    block_bytes,
+                    (q.as_mut_slice(), 8),
+                    (d.as_mut_slice(), 1),
+                    |b, q, d| {
+                        let (scale, ints) = small_block(b, five_bits);
+                        d[0] = scale;
+                        pack_block(q, 32, 8, byte_at, |e| u32::from(ints[e] as u8));
                     },
                 );
                 PackedMatrix::Q8_0 { rows, cols, q, d }
@@ -544,7 +641,8 @@ impl PackedMatrix {
         })
     }
 
-    /// The ggml type the matrix came from.
+    /// The ggml type of the matrix's device layout: the type it came from, except Q8_0
+    /// for Q4_0 and Q5_0 ones ([`GgmlType::device_type`]).
     pub fn ggml_type(&self) -> GgmlType {
         match self {
             PackedMatrix::Q8_0 { .. } => GgmlType::Q8_0,
@@ -717,30 +815,16 @@ mod tests {
     fn a_matrix_packed_over_threads_equals_its_rows_packed_alone() {
         let (rows, cols) = (96, 256 * 128);
         let mut state = 0x9E37_79B9_7F4A_7C15u64;
-        for ty in [GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K] {
+        for ty in [
+            GgmlType::Q8_0,
+            GgmlType::Q4_K,
+            GgmlType::Q6_K,
+            GgmlType::Q4_0,
+            GgmlType::Q5_0,
+        ] {
             let (block, size) = ty.block().unwrap();
             let row_bytes = cols / block as usize * size as usize;
-            let bytes: Vec<u8> = (0..rows * row_bytes)
-                .map(|_| {
-                    state ^= state << 13;
-                    state ^= state >> 7;
-                    state ^= state << 17;
-                    (state >> 24) as u8
-                })
-                .collect();
-            // Finite scales (a NaN is unequal to itself); random bytes everywhere else.
-            let mut bytes = bytes;
-            let scale = f16::from_f32(0.01).to_le_bytes();
-            for b in bytes.chunks_exact_mut(size as usize) {
-                match ty {
-                    GgmlType::Q8_0 => b[..2].copy_from_slice(&scale),
-                    GgmlType::Q4_K => {
-                        b[..2].copy_from_slice(&scale);
-                        b[2..4].copy_from_slice(&scale);
-                    }
-                    _ => b[208..].copy_from_slice(&scale),
-                }
-            }
+            let bytes = random_blocks(ty, rows * cols / block as usize, &mut state);
             assert!(rows * cols / 256 > 2 * PACK_BLOCKS_PER_THREAD);
             let whole = PackedMatrix::pack(ty, &bytes, rows, cols, "whole").unwrap();
             let parts: Vec<PackedMatrix> = bytes
@@ -750,5 +834,91 @@ mod tests {
             let stacked = PackedMatrix::concat_rows(&parts.iter().collect::<Vec<_>>()).unwrap();
             assert!(whole == stacked, "{ty}: packed whole and by rows differ");
         }
+    }
+
+    /// `blocks` random blocks of `ty` from an xorshift `state`, with finite scales (a
+    /// NaN is unequal to itself) and random bytes everywhere else.
+    fn random_blocks(ty: GgmlType, blocks: usize, state: &mut u64) -> Vec<u8> {
+        let size = ty.block().unwrap().1 as usize;
+        let mut bytes: Vec<u8> = (0..blocks * size)
+            .map(|_| {
+                *state ^= *state << 13;
+                *state ^= *state >> 7;
+                *state ^= *state << 17;
+                (*state >> 24) as u8
+            })
+            .collect();
+        let scale = f16::from_f32(0.01).to_le_bytes();
+        for b in bytes.chunks_exact_mut(size) {
+            match ty {
+                GgmlType::Q4_K => {
+                    b[..2].copy_from_slice(&scale);
+                    b[2..4].copy_from_slice(&scale);
+                }
+                GgmlType::Q6_K => b[208..].copy_from_slice(&scale),
+                _ => b[..2].copy_from_slice(&scale),
+            }
+        }
+        bytes
+    }
+
+    /// Q4_0 and Q5_0 matrices pack into the Q8_0 layout without changing a value: the
+    /// device layout's host model reads back exactly the file's dequantization, and
+    /// the layout's bytes are Q8_0's.
+    #[test]
+    fn q4_0_and_q5_0_pack_exactly_as_q8_0() {
+        let (rows, cols) = (5, 96);
+        let mut state = 0x2545_F491_4F6C_DD1Du64;
+        for ty in [GgmlType::Q4_0, GgmlType::Q5_0] {
+            let bytes = random_blocks(ty, rows * cols / 32, &mut state);
+            let packed = PackedMatrix::pack(ty, &bytes, rows, cols, "w").unwrap();
+            assert_eq!(packed.ggml_type(), GgmlType::Q8_0);
+            assert_eq!(ty.device_type(), GgmlType::Q8_0);
+            assert_eq!(packed.device_bytes(), rows * cols / 32 * 34);
+            let want = dequantize(ty, &bytes, rows * cols, "w").unwrap();
+            let got = packed.dequantize();
+            assert_eq!(got.len(), want.len());
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(
+                    g.to_bits(),
+                    w.to_bits(),
+                    "{ty} element {i}: {g} against {w}"
+                );
+            }
+            // Every integer the type can hold turns up, its extremes included.
+            let (lo, hi) = if ty == GgmlType::Q4_0 {
+                (-8, 7)
+            } else {
+                (-16, 15)
+            };
+            let scale = f16::from_f32(0.01).to_f32();
+            let ints: std::collections::BTreeSet<i32> =
+                want.iter().map(|v| (v / scale).round() as i32).collect();
+            assert_eq!(ints, (lo..=hi).collect(), "{ty}");
+        }
+    }
+
+    /// A hand-built Q5_0 block: the fifth bit of element `e` is bit `e` of `qh`, the
+    /// low nibbles of elements 0..16 and 16..32 share bytes.
+    #[test]
+    fn q5_0_takes_each_elements_fifth_bit_from_its_own_bit() {
+        let mut block = vec![0u8; 22];
+        block[..2].copy_from_slice(&f16::from_f32(0.5).to_le_bytes());
+        // qh: elements 1 and 17 have their fifth bit set.
+        block[2..6].copy_from_slice(&((1u32 << 1) | (1u32 << 17)).to_le_bytes());
+        // qs[1]: element 1's nibble 3, element 17's nibble 9.
+        block[6 + 1] = 3 | (9 << 4);
+        let mut out = [0f32; 32];
+        dequantize_q5_0(&block, &mut out);
+        assert_eq!(out[1], 0.5 * (3 + 16 - 16) as f32);
+        assert_eq!(out[17], 0.5 * (9 + 16 - 16) as f32);
+        assert_eq!(out[0], 0.5 * -16.0);
+        assert_eq!(out[16], 0.5 * -16.0);
+        let mut q4 = vec![0u8; 18];
+        q4[..2].copy_from_slice(&f16::from_f32(2.0).to_le_bytes());
+        q4[2 + 15] = 0xF0;
+        let mut out = [0f32; 32];
+        dequantize_q4_0(&q4, &mut out);
+        assert_eq!((out[15], out[31], out[0]), (-16.0, 14.0, -16.0));
     }
 }
