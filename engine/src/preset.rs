@@ -30,6 +30,7 @@ pub const PRESETS: &[&str] = &[
     "qwen3-8b",
     "qwen3-14b",
     "qwen3-32b",
+    "qwen2.5-0.5b",
     "llama-3.2-1b",
     "llama-3.1-8b",
     "llama-3.1-70b",
@@ -128,6 +129,15 @@ fn named_config(name: &str) -> Result<ModelConfig> {
         "qwen3-32b" => ModelConfig {
             tie_word_embeddings: false,
             ..qwen3_chat(qwen3(5120, 64, 64, 8, 128, 25600, 151936))
+        },
+        // Qwen2.5-0.5B: q/k/v biases, no QK-norm, a hidden size of 896 (no multiple of
+        // 256, so GGUF's K-quants do not fit its rows: see `bench::quant`).
+        "qwen2.5-0.5b" => ModelConfig {
+            arch: Arch::Qwen2,
+            qkv_bias: true,
+            qk_norm: false,
+            max_position_embeddings: 32768,
+            ..qwen3_chat(qwen3(896, 24, 14, 2, 64, 4864, 151936))
         },
         "llama-3.1-8b" => llama31(qwen3(4096, 32, 32, 8, 128, 14336, 128256)),
         "llama-3.1-70b" => llama31(qwen3(8192, 80, 64, 8, 128, 28672, 128256)),
@@ -466,6 +476,7 @@ mod tests {
             ("qwen3-8b", 8.19),
             ("qwen3-14b", 14.77),
             ("qwen3-32b", 32.76),
+            ("qwen2.5-0.5b", 0.494),
             ("llama-3.2-1b", 1.236),
             ("llama-3.1-8b", 8.03),
             ("llama-3.1-70b", 70.55),

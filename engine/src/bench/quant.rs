@@ -60,7 +60,8 @@ impl WeightFormat {
     /// except `attn_v` and `ffn_down` of the layers that get more bits, Q6_K: the first
     /// and last eighth of the layers, and every third layer between them
     /// (`i < n/8 || i >= 7n/8 || (i - n/8) % 3 == 2`). The LM head (the embedding
-    /// table when tied) is Q6_K.
+    /// table when tied) is Q6_K. Matrices whose rows a K-quant does not fit take
+    /// [`fallback`]'s type in [`WeightFormat::random_weights`].
     pub fn layer_types(self, layer: usize, layers: usize) -> Option<LayerTypes> {
         let q4 = GgmlType::Q4_K;
         match self {
@@ -95,7 +96,8 @@ impl WeightFormat {
             let Some(t) = self.layer_types(i, cfg.num_layers) else {
                 break;
             };
-            let mut m = |ty, rows, cols| random_matrix(&mut rng, ty, rows, cols).map(Some);
+            let mut m =
+                |ty, rows, cols| random_matrix(&mut rng, fallback(ty, cols), rows, cols).map(Some);
             layers.push(QuantLayer {
                 q: m(t[0], qd, h)?,
                 k: m(t[1], kvd, h)?,
@@ -108,11 +110,24 @@ impl WeightFormat {
         }
         let lm_head = match self.head_type() {
             Some(ty) if crate::gguf::quant::head_reads_quantized(ty) => {
-                Some(random_matrix(&mut rng, ty, cfg.vocab_size, h)?)
+                Some(random_matrix(&mut rng, fallback(ty, h), cfg.vocab_size, h)?)
             }
             _ => None,
         };
         Ok(QuantWeights { layers, lm_head })
+    }
+}
+
+/// The type llama.cpp's quantizer writes for a matrix meant to be `ty` whose rows hold
+/// `cols` elements: a K-quant's 256-element super-blocks must tile the row, else
+/// (`llama_tensor_get_type`'s fallback) Q4_K becomes Q5_0 and Q6_K becomes Q8_0, as in
+/// Qwen2.5-0.5B's Q4_K_M files (rows of 896). The engine reads both as Q8_0
+/// ([`crate::gguf::quant`]).
+pub fn fallback(ty: GgmlType, cols: usize) -> GgmlType {
+    match ty {
+        GgmlType::Q4_K if cols % 256 != 0 => GgmlType::Q5_0,
+        GgmlType::Q6_K if cols % 256 != 0 => GgmlType::Q8_0,
+        _ => ty,
     }
 }
 
@@ -134,16 +149,21 @@ pub fn random_matrix(
         let r = rng.next_u64().to_le_bytes();
         chunk.copy_from_slice(&r[..chunk.len()]);
     }
-    // Largest |q| times scale: Q8_0 128 d, Q4_K 15 * 63 d, Q6_K 32 * 128 d.
+    // Largest |q| times scale: Q8_0 128 d, Q5_0 16 d, Q4_0 8 d, Q4_K 15 * 63 d, Q6_K
+    // 32 * 128 d.
     let d_max = match ty {
         GgmlType::Q8_0 => 0.05 / 128.0,
+        GgmlType::Q5_0 => 0.05 / 16.0,
+        GgmlType::Q4_0 => 0.05 / 8.0,
         GgmlType::Q4_K => 0.05 / 945.0,
         _ => 0.05 / 4096.0,
     };
     for blk in bytes.chunks_exact_mut(size) {
         let d = f16::from_f32(d_max * (0.5 + (rng.next_u32() % 1024) as f32 / 2048.0));
         match ty {
-            GgmlType::Q8_0 => blk[0..2].copy_from_slice(&d.to_le_bytes()),
+            GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q4_0 => {
+                blk[0..2].copy_from_slice(&d.to_le_bytes())
+            }
             GgmlType::Q4_K => {
                 blk[0..2].copy_from_slice(&d.to_le_bytes());
                 blk[2..4].copy_from_slice(&d.to_le_bytes());
@@ -174,10 +194,56 @@ mod tests {
         assert!("q5_k".parse::<WeightFormat>().is_err());
     }
 
+    /// Qwen2.5-0.5B in Q4_K_M as llama.cpp writes it: the rows of 896 (q, k, v, o,
+    /// gate, up and the tied head) fall back to Q5_0 and Q8_0, the down projection's
+    /// rows of 4864 keep their K-quants; the bench reads them all as the engine does.
+    #[test]
+    fn rows_no_k_quant_fits_take_llama_cpps_fallback_types() {
+        assert_eq!(fallback(GgmlType::Q4_K, 896), GgmlType::Q5_0);
+        assert_eq!(fallback(GgmlType::Q6_K, 896), GgmlType::Q8_0);
+        assert_eq!(fallback(GgmlType::Q4_K, 4864), GgmlType::Q4_K);
+        assert_eq!(fallback(GgmlType::Q8_0, 896), GgmlType::Q8_0);
+        let mut cfg = crate::preset::config("qwen2.5-0.5b").unwrap();
+        // Eight layers (Q4_K_M's first eighth is layer 0), short down rows (still a
+        // multiple of 256) and a small vocabulary keep the test quick.
+        (cfg.num_layers, cfg.intermediate_size, cfg.vocab_size) = (8, 512, 512);
+        let w = WeightFormat::Q4KM.random_weights(&cfg, 1).unwrap();
+        let l = &w.layers[0];
+        for m in [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up] {
+            let m = m.as_ref().unwrap();
+            assert_eq!(m.ggml_type(), GgmlType::Q8_0, "{:?}", m.shape());
+        }
+        // Layer 0 is Q4_K_M's first eighth: its down projection is Q6_K, layer 1's Q4_K.
+        assert_eq!(l.down.as_ref().unwrap().ggml_type(), GgmlType::Q6_K);
+        assert_eq!(
+            w.layers[1].down.as_ref().unwrap().ggml_type(),
+            GgmlType::Q4_K
+        );
+        let head = w.lm_head.as_ref().unwrap();
+        assert_eq!(
+            (head.ggml_type(), head.shape()),
+            (GgmlType::Q8_0, (512, 896))
+        );
+        // A Q5_0 matrix's values are its integers in -16..16 times its scale.
+        let mut rng = Rng::new(3);
+        let w = random_matrix(&mut rng, GgmlType::Q5_0, 2, 896).unwrap();
+        let (GgmlType::Q8_0, PackedMatrix::Q8_0 { q, .. }) = (w.ggml_type(), &w) else {
+            panic!("Q5_0 packs as Q8_0");
+        };
+        let bytes = q.iter().flat_map(|w| w.to_le_bytes());
+        assert!(bytes.map(|b| b as i8).all(|v| (-16..16).contains(&v)));
+    }
+
     #[test]
     fn random_matrices_have_trained_sizes() {
         let mut rng = Rng::new(1);
-        for ty in [GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K] {
+        for ty in [
+            GgmlType::Q8_0,
+            GgmlType::Q4_K,
+            GgmlType::Q6_K,
+            GgmlType::Q5_0,
+            GgmlType::Q4_0,
+        ] {
             let w = random_matrix(&mut rng, ty, 4, 512).unwrap().dequantize();
             let max = w.iter().fold(0f32, |m, v| m.max(v.abs()));
             let rms = (w.iter().map(|v| v * v).sum::<f32>() / w.len() as f32).sqrt();
