@@ -123,24 +123,23 @@ def tokenizer():
     return tokens, types, merges
 
 
-def write_model():
-    hidden, heads, kv_heads, head_dim, inter = 256, 4, 2, 64, 256
-    tokens, types, merges = tokenizer()
-    n_vocab = len(tokens)
-
-    w = gguf.GGUFWriter(os.path.join(OUT, "tiny_qwen3.gguf"), "qwen3")
-    w.add_block_count(1)
-    w.add_context_length(4096)
+def add_metadata(w, layers, context, hidden, inter, heads, kv_heads, pre, tokens, types, merges,
+                 head_dim=None):
+    """The hyper-parameters (the head size only if given: Qwen2 files leave it out) and
+    the byte-level BPE tokenizer's metadata."""
+    w.add_block_count(layers)
+    w.add_context_length(context)
     w.add_embedding_length(hidden)
     w.add_feed_forward_length(inter)
     w.add_head_count(heads)
     w.add_head_count_kv(kv_heads)
-    w.add_key_length(head_dim)
-    w.add_value_length(head_dim)
+    if head_dim is not None:
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
     w.add_rope_freq_base(1000000.0)
     w.add_layer_norm_rms_eps(1e-6)
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt-2")
+    w.add_tokenizer_pre(pre)
     w.add_token_list(tokens)
     w.add_token_types(types)
     w.add_token_merges(merges)
@@ -148,25 +147,48 @@ def write_model():
     w.add_eos_token_id(0)
     w.add_add_bos_token(False)
 
+
+def record(w, expected, g, gguf_name, hf_name, data, qtype, shape):
+    """Adds tensor `gguf_name` to `w` and what the engine should read of it (type,
+    shape, sums and 32 values at positions drawn from `g`) to `expected[hf_name]`."""
+    w.add_tensor(gguf_name, data, raw_dtype=qtype if qtype in BLOCK else None)
+    if qtype in BLOCK:
+        deq = dequantize(data, qtype).reshape(shape)
+    else:
+        deq = data.astype(np.float32).reshape(shape)
+    flat = deq.reshape(-1).astype(np.float64)
+    at = g.integers(0, flat.size, size=32)
+    expected[hf_name] = {
+        "gguf_name": gguf_name,
+        "type": qtype.name,
+        "shape": list(shape),
+        "sum": float(flat.sum()),
+        "sum_sq": float((flat * flat).sum()),
+        "at": [int(i) for i in at],
+        "values": [float(flat[i]) for i in at],
+    }
+
+
+def write_expected(name, config, expected):
+    """`<name>.json`: the package's version, the config and the per-tensor records."""
+    with open(os.path.join(OUT, f"{name}.json"), "w") as f:
+        json.dump({"gguf_version": importlib.metadata.version("gguf"),
+                   "config": config, "tensors": expected}, f, indent=1)
+
+
+def write_model():
+    hidden, heads, kv_heads, head_dim, inter = 256, 4, 2, 64, 256
+    tokens, types, merges = tokenizer()
+    n_vocab = len(tokens)
+
+    w = gguf.GGUFWriter(os.path.join(OUT, "tiny_qwen3.gguf"), "qwen3")
+    add_metadata(w, 1, 4096, hidden, inter, heads, kv_heads, "gpt-2", tokens, types, merges,
+                 head_dim=head_dim)
+
     expected = {}
 
     def put(gguf_name, hf_name, data, qtype, shape):
-        w.add_tensor(gguf_name, data, raw_dtype=qtype if qtype in BLOCK else None)
-        if qtype in BLOCK:
-            deq = dequantize(data, qtype).reshape(shape)
-        else:
-            deq = data.astype(np.float32).reshape(shape)
-        flat = deq.reshape(-1).astype(np.float64)
-        at = rng.integers(0, flat.size, size=32)
-        expected[hf_name] = {
-            "gguf_name": gguf_name,
-            "type": qtype.name,
-            "shape": list(shape),
-            "sum": float(flat.sum()),
-            "sum_sq": float((flat * flat).sum()),
-            "at": [int(i) for i in at],
-            "values": [float(flat[i]) for i in at],
-        }
+        record(w, expected, rng, gguf_name, hf_name, data, qtype, shape)
 
     def norm(n):
         return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
@@ -222,9 +244,7 @@ def write_model():
         "max_position_embeddings": 4096, "tie_word_embeddings": False,
         "bos_token_id": 1, "eos_token_ids": [0],
     }
-    with open(os.path.join(OUT, "tiny_qwen3.json"), "w") as f:
-        json.dump({"gguf_version": importlib.metadata.version("gguf"),
-                   "config": config, "tensors": expected}, f, indent=1)
+    write_expected("tiny_qwen3", config, expected)
 
 
 def write_qwen2_model():
@@ -237,42 +257,12 @@ def write_qwen2_model():
     n_vocab = len(tokens)
 
     w = gguf.GGUFWriter(os.path.join(OUT, "tiny_qwen2.gguf"), "qwen2")
-    w.add_block_count(layers)
-    w.add_context_length(32768)
-    w.add_embedding_length(hidden)
-    w.add_feed_forward_length(inter)
-    w.add_head_count(heads)
-    w.add_head_count_kv(kv_heads)
-    w.add_rope_freq_base(1000000.0)
-    w.add_layer_norm_rms_eps(1e-6)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(merges)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(0)
-    w.add_add_bos_token(False)
+    add_metadata(w, layers, 32768, hidden, inter, heads, kv_heads, "qwen2", tokens, types, merges)
 
     expected = {}
 
     def put(gguf_name, hf_name, qtype, shape, data):
-        w.add_tensor(gguf_name, data, raw_dtype=qtype if qtype in BLOCK else None)
-        if qtype in BLOCK:
-            deq = dequantize(data, qtype).reshape(shape)
-        else:
-            deq = data.astype(np.float32).reshape(shape)
-        flat = deq.reshape(-1).astype(np.float64)
-        at = g.integers(0, flat.size, size=32)
-        expected[hf_name] = {
-            "gguf_name": gguf_name,
-            "type": qtype.name,
-            "shape": list(shape),
-            "sum": float(flat.sum()),
-            "sum_sq": float((flat * flat).sum()),
-            "at": [int(i) for i in at],
-            "values": [float(flat[i]) for i in at],
-        }
+        record(w, expected, g, gguf_name, hf_name, data, qtype, shape)
 
     def mat(gguf_name, hf_name, qtype, rows, cols, d_scale):
         put(gguf_name, hf_name, qtype, (rows, cols), matrix(qtype, rows, cols, d_scale, g=g))
@@ -312,9 +302,7 @@ def write_qwen2_model():
         "max_position_embeddings": 32768, "tie_word_embeddings": True,
         "bos_token_id": 1, "eos_token_ids": [0],
     }
-    with open(os.path.join(OUT, "tiny_qwen2.json"), "w") as f:
-        json.dump({"gguf_version": importlib.metadata.version("gguf"),
-                   "config": config, "tensors": expected}, f, indent=1)
+    write_expected("tiny_qwen2", config, expected)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,14 @@ fn tiny_quant_weights() -> (
     (f, cfg, qw)
 }
 
+/// The interpreter, and the GPU when there is one (`gpu_or_skip`: required where
+/// `TILEFUSE_REQUIRE_GPU` is set), for test `test`.
+fn cpu_and_gpu(test: &str) -> Vec<tilefuse_dsl::runtime::Device> {
+    let mut devices = vec![tilefuse_dsl::runtime::Device::cpu()];
+    devices.extend(tilefuse_dsl::runtime::testing::gpu_or_skip(test));
+    devices
+}
+
 /// What `scripts/make_gguf_fixtures.py` recorded for model fixture `name`
 /// (`tiny_qwen3`, `tiny_qwen2`).
 fn expected_model(name: &str) -> serde_json::Value {
@@ -1131,16 +1139,12 @@ fn llama_q_and_k_rows_are_permuted_back() {
 /// step's logits and the dense step's but for near-ties. On the interpreter, and on the GPU when there is one.
 #[test]
 fn quantized_step_matches_the_dense_step_on_dequantized_weights() {
-    use tilefuse_dsl::runtime::testing::{gpu_or_skip, gpu_turn};
-    use tilefuse_dsl::runtime::Device;
+    use tilefuse_dsl::runtime::testing::gpu_turn;
     use tilefuse_engine::gguf::quant::GgmlType;
     use tilefuse_engine::{Decoder, Engine, EngineOptions};
 
     let path = fixture("tiny_qwen3.gguf");
-    let mut devices = vec![Device::cpu()];
-    devices.extend(gpu_or_skip(
-        "quantized_step_matches_the_dense_step_on_dequantized_weights",
-    ));
+    let devices = cpu_and_gpu("quantized_step_matches_the_dense_step_on_dequantized_weights");
     // This process's tests share one stream: another's graph capture must not
     // overlap this test's work.
     let _turn = (devices.len() > 1).then(gpu_turn);
@@ -1198,14 +1202,7 @@ fn quantized_step_matches_the_dense_step_on_dequantized_weights() {
             let (quant_next, next_pos) = quant.read_state().unwrap();
             assert_eq!(next_pos, pos + 1);
             // The greedy token is the argmax of the step's own logits.
-            let argmax = got
-                .iter()
-                .enumerate()
-                .fold(
-                    (0, f32::NEG_INFINITY),
-                    |b, (i, &v)| if v > b.1 { (i, v) } else { b },
-                )
-                .0;
+            let argmax = tilefuse_engine::reference::argmax(&got);
             assert_eq!(quant_next as usize, argmax, "{dev} position {pos}");
             if dense_next != quant_next {
                 // Only a near-tie may flip the greedy token: closer in the dense logits
@@ -1247,15 +1244,11 @@ fn quantized_step_matches_the_dense_step_on_dequantized_weights() {
 /// interpreter, and on the GPU (the step captured as a graph) when there is one.
 #[test]
 fn a_qwen2_files_quantized_step_matches_its_dense_step() {
-    use tilefuse_dsl::runtime::testing::{gpu_or_skip, gpu_turn};
-    use tilefuse_dsl::runtime::Device;
+    use tilefuse_dsl::runtime::testing::gpu_turn;
     use tilefuse_engine::{Engine, EngineOptions};
 
     let path = fixture("tiny_qwen2.gguf");
-    let mut devices = vec![Device::cpu()];
-    devices.extend(gpu_or_skip(
-        "a_qwen2_files_quantized_step_matches_its_dense_step",
-    ));
+    let devices = cpu_and_gpu("a_qwen2_files_quantized_step_matches_its_dense_step");
     let _turn = (devices.len() > 1).then(gpu_turn);
     for dev in devices {
         let opts = EngineOptions {
@@ -1281,14 +1274,7 @@ fn a_qwen2_files_quantized_step_matches_its_dense_step() {
             assert!(rel < 5e-2, "{dev} position {pos}: logits differ by {rel}");
             let (next, next_pos) = quant.read_state().unwrap();
             assert_eq!(next_pos, pos + 1);
-            let argmax = got
-                .iter()
-                .enumerate()
-                .fold(
-                    (0, f32::NEG_INFINITY),
-                    |b, (i, &v)| if v > b.1 { (i, v) } else { b },
-                )
-                .0;
+            let argmax = tilefuse_engine::reference::argmax(&got);
             assert_eq!(next as usize, argmax, "{dev} position {pos}");
             token = next;
         }

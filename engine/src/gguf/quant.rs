@@ -197,17 +197,32 @@ pub fn q4k_scale_min(packed: &[u8]) -> ([u8; 8], [u8; 8]) {
     (sc, m)
 }
 
-/// Dequantizes one Q8_0 block (34 bytes) into 32 values.
+/// Dequantizes one Q8_0 block (34 bytes) into 32 values: `d * q` in f32.
 pub fn dequantize_q8_0(block: &[u8], out: &mut [f32]) {
-    let d = f16_at(block, 0);
-    for (o, &q) in out[..32].iter_mut().zip(&block[2..34]) {
-        *o = q as i8 as f32 * d;
+    dequantize_scaled_ints(GgmlType::Q8_0, block, out)
+}
+
+/// Dequantizes one Q4_0 block (18 bytes) into 32 values: `d * (q - 8)` in f32.
+pub fn dequantize_q4_0(block: &[u8], out: &mut [f32]) {
+    dequantize_scaled_ints(GgmlType::Q4_0, block, out)
+}
+
+/// Dequantizes one Q5_0 block (22 bytes) into 32 values: `d * (q - 16)` in f32.
+pub fn dequantize_q5_0(block: &[u8], out: &mut [f32]) {
+    dequantize_scaled_ints(GgmlType::Q5_0, block, out)
+}
+
+/// `d * q` in f32 for each of a [`scaled_ints`] block's 32 elements.
+fn dequantize_scaled_ints(ty: GgmlType, block: &[u8], out: &mut [f32]) {
+    let (d, q) = scaled_ints(ty, block);
+    for (o, q) in out[..32].iter_mut().zip(q) {
+        *o = q as f32 * d.to_f32();
     }
 }
 
-/// Q4_0's (`shift` 4) or Q5_0's (`shift` 0) signed integer for element `e` of a block
-/// (`e < 32`): the low nibble of `qs[e % 16]` for `e < 16`, else its high nibble, plus
-/// for Q5_0 the fifth bit from `qh`, less the type's offset (8 or 16).
+/// Q4_0's or Q5_0's (`five_bits`) signed integer for element `e` of a block (`e < 32`):
+/// the low nibble of `qs[e % 16]` for `e < 16`, else its high nibble, plus for Q5_0 the
+/// fifth bit from `qh`, less the type's offset (8 or 16).
 fn small_quant(qs: &[u8], qh: u32, five_bits: bool, e: usize) -> i8 {
     let nibble = (qs[e % 16] >> (4 * (e / 16))) & 15;
     if five_bits {
@@ -217,36 +232,19 @@ fn small_quant(qs: &[u8], qh: u32, five_bits: bool, e: usize) -> i8 {
     }
 }
 
-/// The scale and the 32 signed integers of a Q4_0 (18 bytes) or Q5_0 (22 bytes) block:
-/// `x = d * q`, as a Q8_0 block's.
-fn small_block(block: &[u8], five_bits: bool) -> (f16, [i8; 32]) {
+/// The scale and the 32 signed integers of a Q8_0 (34 bytes), Q4_0 (18) or Q5_0 (22)
+/// block of type `ty`: `x = d * q` for each, so the three share Q8_0's device layout.
+fn scaled_ints(ty: GgmlType, block: &[u8]) -> (f16, [i8; 32]) {
     let d = f16::from_le_bytes([block[0], block[1]]);
-    let (qh, qs) = if five_bits {
-        let qh = u32::from_le_bytes([block[2], block[3], block[4], block[5]]);
-        (qh, &block[6..22])
-    } else {
-        (0, &block[2..18])
+    let ints = match ty {
+        GgmlType::Q5_0 => {
+            let qh = u32::from_le_bytes([block[2], block[3], block[4], block[5]]);
+            std::array::from_fn(|e| small_quant(&block[6..22], qh, true, e))
+        }
+        GgmlType::Q4_0 => std::array::from_fn(|e| small_quant(&block[2..18], 0, false, e)),
+        _ => std::array::from_fn(|e| block[2 + e] as i8),
     };
-    (
-        d,
-        std::array::from_fn(|e| small_quant(qs, qh, five_bits, e)),
-    )
-}
-
-/// Dequantizes one Q4_0 block (18 bytes) into 32 values: `d * (q - 8)` in f32.
-pub fn dequantize_q4_0(block: &[u8], out: &mut [f32]) {
-    let (d, q) = small_block(block, false);
-    for (o, q) in out[..32].iter_mut().zip(q) {
-        *o = q as f32 * d.to_f32();
-    }
-}
-
-/// Dequantizes one Q5_0 block (22 bytes) into 32 values: `d * (q - 16)` in f32.
-pub fn dequantize_q5_0(block: &[u8], out: &mut [f32]) {
-    let (d, q) = small_block(block, true);
-    for (o, q) in out[..32].iter_mut().zip(q) {
-        *o = q as f32 * d.to_f32();
-    }
+    (d, ints)
 }
 
 /// Dequantizes one Q4_K block (144 bytes) into 256 values, with llama.cpp's rounding:
@@ -514,7 +512,7 @@ impl PackedMatrix {
         // The super-blocks are independent and each fills its own stretch of every
         // array, so they pack in parallel, each in its own elements' order.
         Ok(match ty {
-            GgmlType::Q8_0 => {
+            GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => {
                 let (mut q, mut d) = (vec![0u32; blocks * 8], vec![f16::ZERO; blocks]);
                 in_parallel(
                     bytes,
@@ -522,22 +520,7 @@ impl PackedMatrix {
                     (q.as_mut_slice(), 8),
                     (d.as_mut_slice(), 1),
                     |b, q, d| {
-                        d[0] = f16::from_le_bytes([b[0], b[1]]);
-                        pack_block(q, 32, 8, byte_at, |e| u32::from(b[2 + e]));
-                    },
-                );
-                PackedMatrix::Q8_0 { rows, cols, q, d }
-            }
-            GgmlType::Q4_0 | GgmlType::Q5_0 => {
-                let five_bits = ty == GgmlType::Q5_0;
-                let (mut q, mut d) = (vec![0u32; blocks * 8], vec![f16::ZERO; blocks]);
-                in_parallel(
-                    bytes,
-                    block_bytes,
-                    (q.as_mut_slice(), 8),
-                    (d.as_mut_slice(), 1),
-                    |b, q, d| {
-                        let (scale, ints) = small_block(b, five_bits);
+                        let (scale, ints) = scaled_ints(ty, b);
                         d[0] = scale;
                         pack_block(q, 32, 8, byte_at, |e| u32::from(ints[e] as u8));
                     },
