@@ -13,6 +13,13 @@ and its Q8_0 / Q4_K / Q6_K / Q4_0 / Q5_0 dequantization.
 - `tiny_qwen3.json`: what the model file should yield: the config, and per tensor (by
   Hugging Face name) its ggml type, shape, the sum and sum of squares of its dequantized
   values and 32 values at seeded positions.
+- `tiny_llama3_scaled.gguf`: the `llama3_scaled_long` Hugging Face fixture (Llama with
+  llama3 RoPE scaling, bf16) as llama.cpp's converter writes a Llama 3.1 / 3.2 model:
+  q and k rows permuted for its interleaved RoPE, and the scaling as a
+  `rope_freqs.weight` tensor of per-frequency divisors (the converter's rule, with the
+  config's own original context of 32: the converter reads that value from the
+  config's top level, where Llama 3 configs do not put it, and falls back to 8192,
+  which every real Llama 3.1 / 3.2 has). No tokenizer.
 - `tiny_qwen2.gguf` / `tiny_qwen2.json`: a one-layer Qwen2-like model whose hidden size
   (320) is not a multiple of 256, as Qwen2.5-0.5B's 896 is not: llama.cpp's Q4_K_M then
   stores those rows as Q5_0 (for Q4_K) and Q8_0 (for Q6_K), and only the down
@@ -25,6 +32,7 @@ with the same package versions writes the same bytes.
 
 import importlib.metadata
 import json
+import math
 import os
 
 import numpy as np
@@ -305,10 +313,102 @@ def write_qwen2_model():
     write_expected("tiny_qwen2", config, expected)
 
 
+def read_safetensors(path):
+    """name -> (dtype, shape, raw bytes) of a safetensors file."""
+    raw = open(path, "rb").read()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    out = {}
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        a, b = t["data_offsets"]
+        out[name] = (t["dtype"], t["shape"], raw[8 + n + a:8 + n + b])
+    return out
+
+
+def converter_permute(w, n_head):
+    """llama.cpp's converter's q/k row order (`LlamaModel.permute`): each head's two
+    halves interleaved."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def rope_divisors(theta, dim, factor, low, high, old):
+    """The converter's `rope_freqs.weight` (`LlamaModel.generate_extra_tensors`), in f32
+    as its torch tensors compute it."""
+    f32 = np.float32
+    freqs = f32(1.0) / (f32(theta) ** (np.arange(0, dim, 2, dtype=f32) / f32(dim)))
+    out = []
+    for freq in freqs:
+        wavelen = f32(2 * math.pi) / freq
+        if wavelen < f32(old / high):
+            out.append(1.0)
+        elif wavelen > f32(old / low):
+            out.append(factor)
+        else:
+            smooth = (f32(old) / wavelen - f32(low)) / f32(high - low)
+            out.append(f32(1) / ((f32(1) - smooth) / f32(factor) + smooth))
+    return np.array(out, dtype=f32)
+
+
+def write_llama3_scaled():
+    src = os.path.join("tests", "fixtures", "llama3_scaled_long")
+    cfg = json.load(open(os.path.join(src, "config.json")))
+    rope = cfg["rope_parameters"]
+    heads, kv_heads = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    head_dim = cfg["hidden_size"] // heads
+    w = gguf.GGUFWriter(os.path.join(OUT, "tiny_llama3_scaled.gguf"), "llama")
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_rope_freq_base(rope["rope_theta"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_rope_dimension_count(head_dim)
+    w.add_vocab_size(cfg["vocab_size"])
+    w.add_bos_token_id(cfg["bos_token_id"])
+    w.add_eos_token_id(cfg["eos_token_id"][0])
+    w.add_tensor("rope_freqs.weight", rope_divisors(
+        rope["rope_theta"], head_dim, rope["factor"], rope["low_freq_factor"],
+        rope["high_freq_factor"], rope["original_max_position_embeddings"]))
+    hf_to_gguf = {
+        "input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q",
+        "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+        "self_attn.o_proj": "attn_output", "post_attention_layernorm": "ffn_norm",
+        "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+    }
+    tensors = read_safetensors(os.path.join(src, "model.safetensors"))
+    for name in sorted(tensors, key=lambda n: (n.count("."), n)):
+        dtype, shape, raw = tensors[name]
+        assert dtype == "BF16", name
+        bits = np.frombuffer(raw, dtype=np.uint16).reshape(shape)
+        if name == "model.embed_tokens.weight":
+            g = "token_embd.weight"
+        elif name == "model.norm.weight":
+            g = "output_norm.weight"
+        else:
+            _, _, layer, rest = name.split(".", 3)
+            module, kind = rest.rsplit(".", 1)
+            g = f"blk.{layer}.{hf_to_gguf[module]}.{kind}"
+            if module == "self_attn.q_proj":
+                bits = converter_permute(bits, heads)
+            elif module == "self_attn.k_proj":
+                bits = converter_permute(bits, kv_heads)
+        w.add_tensor(g, np.ascontiguousarray(bits).view(np.uint8).reshape(shape[:-1] + [2 * shape[-1]]),
+                     raw_dtype=T.BF16)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 if __name__ == "__main__":
     os.makedirs(OUT, exist_ok=True)
     write_blocks()
     write_model()
     write_qwen2_model()
+    write_llama3_scaled()
     for name in sorted(os.listdir(OUT)):
         print(name, os.path.getsize(os.path.join(OUT, name)))

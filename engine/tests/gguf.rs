@@ -1746,3 +1746,68 @@ fn gguf_models_decode_like_transformers_on_their_dequantized_weights() {
         assert!(rel < 6e-2, "{name}: prefill's last position {rel}");
     }
 }
+
+/// A Llama 3 model with llama3 RoPE scaling as llama.cpp's converter writes it
+/// (`tiny_llama3_scaled.gguf`: the `llama3_scaled_long` fixture's bf16 weights, q/k
+/// rows permuted, the scaling as `rope_freqs.weight` divisors): the config comes back
+/// with the Hugging Face checkpoint's scaling exactly, and the host reference over the
+/// GGUF file decodes the fixture's 300-token prompt and greedy tokens to the same
+/// logits, bit for bit, as over the checkpoint, within the reference fixtures'
+/// tolerance of transformers' own.
+#[test]
+fn llama3_rope_scaling_comes_from_the_rope_freqs_divisors() {
+    use tilefuse_engine::{Checkpoint, Reference};
+
+    let f = GgufFile::open(fixture("tiny_llama3_scaled.gguf")).unwrap();
+    let cfg = f.config().unwrap();
+    let dir = common::fixtures_dir().join("llama3_scaled_long");
+    let ckpt = Checkpoint::open(&dir).unwrap();
+    assert_eq!(cfg.arch, Arch::Llama);
+    assert!(matches!(cfg.rope_scaling, RopeScaling::Llama3 { .. }));
+    assert_eq!(cfg.rope_scaling, ckpt.config.rope_scaling);
+    // GGUF holds the epsilon as an f32.
+    assert_eq!(
+        (cfg.rope_theta, cfg.head_dim, cfg.rms_norm_eps as f32),
+        (
+            ckpt.config.rope_theta,
+            ckpt.config.head_dim,
+            ckpt.config.rms_norm_eps as f32
+        )
+    );
+    let mut from_gguf = Reference::new(cfg.clone(), f.model_weights(&cfg).unwrap()).unwrap();
+    let mut from_hf = Reference::new(ckpt.config.clone(), ckpt.model_weights().unwrap()).unwrap();
+    let r = common::read_reference(&dir);
+    let inputs: Vec<u32> = r.prompt_ids.iter().chain(&r.tokens).copied().collect();
+    let mut worst = 0f32;
+    for (pos, &t) in inputs[..inputs.len() - 1].iter().enumerate() {
+        let (g, h) = (
+            from_gguf.forward(t, pos).unwrap(),
+            from_hf.forward(t, pos).unwrap(),
+        );
+        assert!(g == h, "position {pos}: the GGUF file's logits differ");
+        if let Some(step) = (pos + 1).checked_sub(r.prompt_ids.len()) {
+            worst = worst.max(common::rel_err(&g, &r.logits[step]));
+        }
+    }
+    // reference_fixtures.rs measured 1.4e-2 for this fixture (PyTorch's softmax `exp`).
+    assert!(worst < 2e-2, "{worst}");
+
+    // The divisors of another rule are an error naming the tensor.
+    let mut bytes = std::fs::read(fixture("tiny_llama3_scaled.gguf")).unwrap();
+    let info = f.tensor("rope_freqs.weight").unwrap();
+    let data = f.tensor_bytes(info).to_vec();
+    let pos = bytes.windows(data.len()).position(|w| w == data).unwrap();
+    // The second divisor (blended band) 1% larger.
+    let v = f32::from_le_bytes(bytes[pos + 4..pos + 8].try_into().unwrap()) * 1.01;
+    bytes[pos + 4..pos + 8].copy_from_slice(&v.to_le_bytes());
+    let path = write_temp("rope_freqs.gguf", &bytes);
+    let msg = GgufFile::open(&path)
+        .unwrap()
+        .config()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("rope_freqs.weight") && msg.contains("llama3's rule"),
+        "{msg}"
+    );
+}

@@ -17,6 +17,7 @@
 //! | `{arch}.context_length` | `max_position_embeddings` |
 //! | `{arch}.vocab_size`, else `token_embd.weight`'s rows | `vocab_size` |
 //! | `tokenizer.ggml.bos_token_id`, `eos_token_id`, `eot_token_id` | `bos_token_id`, `eos_token_ids` |
+//! | tensor `rope_freqs.weight` (Llama 3.1 / 3.2) | `rope_scaling` (llama3, from its divisors: [`crate::rope::llama3_from_factors`]) |
 //!
 //! `output.weight` absent means a tied LM head; biases are present when the file has
 //! `blk.0.attn_q.bias` / `blk.0.attn_output.bias`. llama.cpp's converter permutes the
@@ -164,16 +165,28 @@ impl GgufFile {
             None | Some("none") => {}
             Some(other) => {
                 return Err(self.error(format!(
-                    "metadata `{}` is `{other}`: only unscaled RoPE is read from GGUF files",
+                    "metadata `{}` is `{other}`: only plain RoPE and llama3's (`rope_freqs.weight`) are read from GGUF files",
                     key("rope.scaling.type")
                 )))
             }
         }
-        if self.tensor("rope_freqs.weight").is_some() {
-            return Err(self.error(
-                "tensor `rope_freqs.weight` (llama3 RoPE scaling factors) is not supported in GGUF files yet",
-            ));
-        }
+        // llama3 scaling (Llama 3.1 / 3.2): llama.cpp's converter stores it as each
+        // frequency's divisor, from which its parameters come back.
+        let rope_scaling = match self.tensor("rope_freqs.weight") {
+            None => RopeScaling::None,
+            Some(info) => {
+                let name = "rope_freqs.weight";
+                let numel = info.numel() as usize;
+                let factors =
+                    quant::dequantize(info.ggml_type, self.tensor_bytes(info), numel, name)
+                        .map_err(|e| self.error(e.to_string()))?;
+                crate::rope::llama3_from_factors(rope_theta, head_dim, &factors).map_err(|e| {
+                    self.error(format!(
+                        "tensor `{name}` (llama3 RoPE divisors, {numel} values): {e}"
+                    ))
+                })?
+            }
+        };
         let max_position_embeddings = match self.opt_u64(&key("context_length"))? {
             Some(v) => positive(&key("context_length"), v)?,
             None => {
@@ -258,7 +271,7 @@ impl GgufFile {
             vocab_size,
             rms_norm_eps,
             rope_theta,
-            rope_scaling: RopeScaling::None,
+            rope_scaling,
             tie_word_embeddings,
             qkv_bias,
             o_bias,
