@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes the GGUF fixtures under tests/fixtures/gguf/ with llama.cpp's `gguf` package
 (PyPI `gguf`, tested with 0.19.0, numpy 2.x): the reference for the engine's GGUF reader
-and its Q8_0 / Q4_K / Q6_K / Q4_0 / Q5_0 dequantization.
+and its Q8_0 / Q4_K / Q6_K / Q4_0 / Q5_0 / IQ4_NL dequantization.
 
 - `blocks.gguf`: random blocks of each type (including extreme f16 scales: the largest
   finite, subnormal, negative, zero) as tensors `<type>.blocks`, and the package's own
@@ -44,9 +44,9 @@ OUT = os.path.join("tests", "fixtures", "gguf")
 rng = np.random.default_rng(27)
 
 BLOCK = {T.Q8_0: (32, 34), T.Q4_K: (256, 144), T.Q6_K: (256, 210),
-         T.Q4_0: (32, 18), T.Q5_0: (32, 22)}
-# The scale-led 32-element types: `f16 d` first, quantized by the package.
-SMALL = (T.Q8_0, T.Q4_0, T.Q5_0)
+         T.Q4_0: (32, 18), T.Q5_0: (32, 22), T.IQ4_NL: (32, 18)}
+# The scale-led 32-element types: `f16 d` first.
+SMALL = (T.Q8_0, T.Q4_0, T.Q5_0, T.IQ4_NL)
 # f16 scales that stress the dequantizer: largest finite, smallest subnormal, smallest
 # normal, negative, zero, one.
 EXTREME_D = np.array([65504.0, 2.0**-24, 2.0**-14, -3.5, 0.0, 1.0], dtype=np.float16)
@@ -101,7 +101,7 @@ def write_blocks():
     # The types read as Q8_0 draw from a generator of their own, so that the blocks
     # above and tiny_qwen3.gguf keep their bytes.
     g = np.random.default_rng(270)
-    for qtype in (T.Q4_0, T.Q5_0):
+    for qtype in (T.Q4_0, T.Q5_0, T.IQ4_NL):
         _, size = BLOCK[qtype]
         b = random_blocks(qtype, 6 * 8, 0.01, g=g).reshape(6, 8 * size)
         name = qtype.name.lower()

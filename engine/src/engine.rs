@@ -228,7 +228,7 @@ impl Engine {
     }
 
     /// Loads a GGUF file (Qwen3, Qwen2 or Llama; F32/F16/BF16/Q8_0/Q4_K/Q6_K tensors,
-    /// and Q4_0/Q5_0 read as Q8_0):
+    /// and Q4_0/Q5_0/IQ4_NL read as Q8_0):
     /// config and tokenizer from its metadata (or a `tokenizer.json` beside it). The
     /// matrices stored quantized are read quantized by the decode step
     /// ([`Decoder::with_quant`]); the rest, and the embedding table, are dequantized

@@ -1,4 +1,4 @@
-//! The GGUF reader and the Q8_0 / Q4_K / Q6_K / Q4_0 / Q5_0 dequantizers against llama.cpp's `gguf`
+//! The GGUF reader and the Q8_0 / Q4_K / Q6_K / Q4_0 / Q5_0 / IQ4_NL dequantizers against llama.cpp's `gguf`
 //! Python package (`tests/fixtures/gguf/`, made by `scripts/make_gguf_fixtures.py`),
 //! and malformed files: every one an error naming what is wrong, never a panic.
 
@@ -54,6 +54,7 @@ fn dequantizes_blocks_like_the_gguf_package() {
         ("q6_k", GgmlType::Q6_K),
         ("q4_0", GgmlType::Q4_0),
         ("q5_0", GgmlType::Q5_0),
+        ("iq4_nl", GgmlType::IQ4_NL),
     ] {
         let blocks = f.tensor(&format!("{name}.blocks")).unwrap();
         let expected = f.tensor(&format!("{name}.expected")).unwrap();
@@ -78,7 +79,7 @@ fn dequantizes_blocks_like_the_gguf_package() {
             want.iter().any(|v| v.abs() > 1e5),
             "{name}: no extreme block"
         );
-        // The device layout dequantizes to the same values (Q4_0 and Q5_0 in Q8_0's).
+        // The device layout dequantizes to the same values (Q4_0, Q5_0 and IQ4_NL in Q8_0's).
         let (rows, cols) = (blocks.ne[1] as usize, blocks.ne[0] as usize);
         let packed = PackedMatrix::pack(ty, f.tensor_bytes(blocks), rows, cols, name).unwrap();
         assert_eq!(packed.ggml_type(), ty.device_type());

@@ -391,7 +391,7 @@ impl GgufFile {
             .collect()
     }
 
-    /// The matrices the file stores quantized (Q8_0, Q4_K, Q6_K, and Q4_0 and Q5_0 as
+    /// The matrices the file stores quantized (Q8_0, Q4_K, Q6_K, and Q4_0, Q5_0, IQ4_NL as
     /// Q8_0), in the device layout,
     /// for [`crate::Decoder::with_quant`]; F32/F16/BF16 ones are left out (`None`).
     /// A tied LM head is the embedding table's

@@ -1,8 +1,8 @@
 //! ggml's element and block types: sizes, host dequantization (the reference the
 //! kernels are checked against) and the device layout the quantized GEMVs read.
 //!
-//! Supported for weights: Q8_0, Q4_K and Q6_K blocks, Q4_0 and Q5_0 blocks (read as
-//! Q8_0, below), and F32, F16, BF16 elements. Block layouts, as llama.cpp writes them
+//! Supported for weights: Q8_0, Q4_K and Q6_K blocks, Q4_0, Q5_0 and IQ4_NL blocks
+//! (read as Q8_0, below), and F32, F16, BF16 elements. Block layouts, as llama.cpp writes them
 //! (little-endian):
 //!
 //! - **Q8_0**, 32 elements in 34 bytes: `f16 d`, `i8 q[32]`; `x = d * q`.
@@ -10,6 +10,8 @@
 //!   `l` in its low nibble and `16 + l` in its high one; `x = d * (q - 8)`.
 //! - **Q5_0**, 32 elements in 22 bytes: `f16 d`, `u32 qh` (bit `e` is element `e`'s
 //!   fifth bit), `u8 qs[16]` (the low four bits, as Q4_0's); `x = d * (q - 16)`.
+//! - **IQ4_NL**, 32 elements in 18 bytes, Q4_0's layout; `x = d * K[q]` for a fixed
+//!   table `K` of 16 signed bytes ([`IQ4_NL_VALUES`]).
 //! - **Q4_K**, 256 elements in 144 bytes: `f16 d`, `f16 dmin`, `u8 scales[12]` (eight
 //!   6-bit scales and eight 6-bit mins, packed), `u8 qs[128]`. Sub-block `j` (32
 //!   elements) has `x = d * sc[j] * q - dmin * m[j]`; byte `c * 32 + l` of `qs` holds
@@ -46,18 +48,19 @@
 //! Q4_K's unpacked scales cost 4 bytes a super-block (2.8%) and spare each thread the
 //! 6-bit unpacking (three gathers and a dozen bit operations per sub-block).
 //!
-//! # Q4_0 and Q5_0, read as Q8_0
+//! # Q4_0, Q5_0 and IQ4_NL, read as Q8_0
 //!
-//! A Q4_0 or Q5_0 block is a Q8_0 block with fewer bits: one f16 scale for 32 elements
-//! and a small signed integer each (`q - 8` in `-8..8`, `q - 16` in `-16..16`). So they
-//! pack into the Q8_0 layout with the same scale and those integers as its `i8` quants,
+//! A Q4_0, Q5_0 or IQ4_NL block is a Q8_0 block with fewer bits: one f16 scale for 32
+//! elements and a signed byte each (`q - 8` in `-8..8`, `q - 16` in `-16..16`, `K[q]`).
+//! So they pack into the Q8_0 layout with the same scale and those bytes as its quants,
 //! exactly: [`PackedMatrix::dequantize`] gives what [`dequantize`] gives on the file's
 //! blocks, value for value, and the Q8_0 kernels compute on them unchanged. The GEMVs
 //! then read 34 bytes a block instead of 18 or 22. llama.cpp writes these types where a
 //! K-quant does not fit: a Q4_K_M file's matrices whose rows are not a multiple of 256
 //! elements (Qwen2.5-0.5B's hidden size of 896) fall back to Q5_0 (and Q6_K ones to
-//! Q8_0), and whole files come as Q4_0. At those sizes the decode step is bound by its
-//! launches rather than its bytes (docs/perf.md, "The launch floor of the decode step").
+//! Q8_0; the I-quants and Q2_K/Q3_K to IQ4_NL), and whole files come as Q4_0 or IQ4_NL.
+//! At those sizes the decode step is bound by its launches rather than its bytes
+//! (docs/perf.md, "The launch floor of the decode step").
 
 use half::{bf16, f16};
 
@@ -76,6 +79,8 @@ impl GgmlType {
     pub const Q4_0: GgmlType = GgmlType(2);
     /// 32-element blocks of 5-bit quants and an f16 scale.
     pub const Q5_0: GgmlType = GgmlType(6);
+    /// 32-element blocks of 4-bit indices into a fixed table and an f16 scale.
+    pub const IQ4_NL: GgmlType = GgmlType(20);
     /// 32-element blocks of 8-bit quants and an f16 scale.
     pub const Q8_0: GgmlType = GgmlType(8);
     /// 256-element super-blocks of 4-bit quants, 6-bit scales and mins.
@@ -106,6 +111,7 @@ impl GgmlType {
             Self::BF16,
             Self::Q4_0,
             Self::Q5_0,
+            Self::IQ4_NL,
             Self::Q8_0,
             Self::Q4_K,
             Self::Q6_K,
@@ -113,16 +119,16 @@ impl GgmlType {
         .contains(&self)
     }
 
-    /// Whether this is one of the block-quantized types the GEMV kernels read (Q4_0 and
-    /// Q5_0 packed as Q8_0, see the module docs).
+    /// Whether this is one of the block-quantized types the GEMV kernels read (Q4_0,
+    /// Q5_0 and IQ4_NL packed as Q8_0, see the module docs).
     pub fn is_quantized(self) -> bool {
-        [Self::Q4_0, Self::Q5_0, Self::Q8_0, Self::Q4_K, Self::Q6_K].contains(&self)
+        self.is_supported() && self.block().is_some_and(|(n, _)| n > 1)
     }
 
-    /// The type whose device layout and kernels read this one's blocks: Q8_0 for Q4_0
-    /// and Q5_0 (exactly, see the module docs), else the type itself.
+    /// The type whose device layout and kernels read this one's blocks: Q8_0 for Q4_0,
+    /// Q5_0 and IQ4_NL (exactly, see the module docs), else the type itself.
     pub fn device_type(self) -> GgmlType {
-        if self == Self::Q4_0 || self == Self::Q5_0 {
+        if [Self::Q4_0, Self::Q5_0, Self::IQ4_NL].contains(&self) {
             Self::Q8_0
         } else {
             self
@@ -175,7 +181,12 @@ impl std::fmt::Display for GgmlType {
 }
 
 /// The types [`dequantize`] reads, for messages.
-pub const SUPPORTED: &str = "F32, F16, BF16, Q4_0, Q5_0, Q8_0, Q4_K, Q6_K";
+pub const SUPPORTED: &str = "F32, F16, BF16, Q4_0, Q5_0, IQ4_NL, Q8_0, Q4_K, Q6_K";
+
+/// IQ4_NL's table: the value of each 4-bit index (llama.cpp's `kvalues_iq4nl`).
+pub const IQ4_NL_VALUES: [i8; 16] = [
+    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+];
 
 fn f16_at(b: &[u8], at: usize) -> f32 {
     f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
@@ -212,6 +223,11 @@ pub fn dequantize_q5_0(block: &[u8], out: &mut [f32]) {
     dequantize_scaled_ints(GgmlType::Q5_0, block, out)
 }
 
+/// Dequantizes one IQ4_NL block (18 bytes) into 32 values: `d * K[q]` in f32.
+pub fn dequantize_iq4_nl(block: &[u8], out: &mut [f32]) {
+    dequantize_scaled_ints(GgmlType::IQ4_NL, block, out)
+}
+
 /// `d * q` in f32 for each of a [`scaled_ints`] block's 32 elements.
 fn dequantize_scaled_ints(ty: GgmlType, block: &[u8], out: &mut [f32]) {
     let (d, q) = scaled_ints(ty, block);
@@ -232,8 +248,9 @@ fn small_quant(qs: &[u8], qh: u32, five_bits: bool, e: usize) -> i8 {
     }
 }
 
-/// The scale and the 32 signed integers of a Q8_0 (34 bytes), Q4_0 (18) or Q5_0 (22)
-/// block of type `ty`: `x = d * q` for each, so the three share Q8_0's device layout.
+/// The scale and the 32 signed integers of a Q8_0 (34 bytes), Q4_0 (18), Q5_0 (22) or
+/// IQ4_NL (18) block of type `ty`: `x = d * q` for each, so all share Q8_0's device
+/// layout.
 fn scaled_ints(ty: GgmlType, block: &[u8]) -> (f16, [i8; 32]) {
     let d = f16::from_le_bytes([block[0], block[1]]);
     let ints = match ty {
@@ -242,6 +259,9 @@ fn scaled_ints(ty: GgmlType, block: &[u8]) -> (f16, [i8; 32]) {
             std::array::from_fn(|e| small_quant(&block[6..22], qh, true, e))
         }
         GgmlType::Q4_0 => std::array::from_fn(|e| small_quant(&block[2..18], 0, false, e)),
+        GgmlType::IQ4_NL => std::array::from_fn(|e| {
+            IQ4_NL_VALUES[(small_quant(&block[2..18], 0, false, e) + 8) as usize]
+        }),
         _ => std::array::from_fn(|e| block[2 + e] as i8),
     };
     (d, ints)
@@ -321,6 +341,7 @@ pub fn dequantize(ty: GgmlType, bytes: &[u8], numel: usize, name: &str) -> Resul
         }
         GgmlType::Q4_0 => blocks.for_each(|(b, o)| dequantize_q4_0(b, o)),
         GgmlType::Q5_0 => blocks.for_each(|(b, o)| dequantize_q5_0(b, o)),
+        GgmlType::IQ4_NL => blocks.for_each(|(b, o)| dequantize_iq4_nl(b, o)),
         GgmlType::Q8_0 => blocks.for_each(|(b, o)| dequantize_q8_0(b, o)),
         GgmlType::Q4_K => blocks.for_each(|(b, o)| dequantize_q4_k(b, o)),
         GgmlType::Q6_K => blocks.for_each(|(b, o)| dequantize_q6_k(b, o)),
@@ -338,7 +359,8 @@ pub fn head_reads_quantized(ty: GgmlType) -> bool {
 
 /// Whether an LM head stored as `ty` is read quantized, given the value of
 /// `TILEFUSE_QUANT_HEAD` (`1`: every quantized type; `0`: none; else the default).
-/// By default every type the GEMVs read (Q8_0, Q4_K, Q6_K, and Q4_0 and Q5_0 as Q8_0) is: with int8 activations
+/// By default every type the GEMVs read (Q8_0, Q4_K, Q6_K, and Q4_0, Q5_0 and IQ4_NL as
+/// Q8_0) is: with int8 activations
 /// and `dot4` the Q6_K head of a Q4_K_M file makes the step 7-9% faster than the same
 /// rows dequantized to bf16 (Qwen3-0.6B and Qwen3-8B, docs/perf.md "The quantized LM
 /// head and the step's tiles"; with the older GEMVs that dequantized to f32 it was
@@ -494,7 +516,7 @@ impl PackedMatrix {
             _ => {
                 return Err(EngineError::Unsupported {
                     message: format!(
-                        "tensor `{name}` has ggml type {}; the quantized GEMVs read Q8_0, Q4_K and Q6_K (and Q4_0 and Q5_0 as Q8_0)",
+                        "tensor `{name}` has ggml type {}; the quantized GEMVs read Q8_0, Q4_K and Q6_K (and Q4_0, Q5_0 and IQ4_NL as Q8_0)",
                         ty.name()
                     ),
                 })
@@ -512,7 +534,7 @@ impl PackedMatrix {
         // The super-blocks are independent and each fills its own stretch of every
         // array, so they pack in parallel, each in its own elements' order.
         Ok(match ty {
-            GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => {
+            GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::IQ4_NL => {
                 let (mut q, mut d) = (vec![0u32; blocks * 8], vec![f16::ZERO; blocks]);
                 in_parallel(
                     bytes,
@@ -625,7 +647,7 @@ impl PackedMatrix {
     }
 
     /// The ggml type of the matrix's device layout: the type it came from, except Q8_0
-    /// for Q4_0 and Q5_0 ones ([`GgmlType::device_type`]).
+    /// for Q4_0, Q5_0 and IQ4_NL ones ([`GgmlType::device_type`]).
     pub fn ggml_type(&self) -> GgmlType {
         match self {
             PackedMatrix::Q8_0 { .. } => GgmlType::Q8_0,
@@ -804,6 +826,7 @@ mod tests {
             GgmlType::Q6_K,
             GgmlType::Q4_0,
             GgmlType::Q5_0,
+            GgmlType::IQ4_NL,
         ] {
             let (block, size) = ty.block().unwrap();
             let row_bytes = cols / block as usize * size as usize;
@@ -845,14 +868,14 @@ mod tests {
         bytes
     }
 
-    /// Q4_0 and Q5_0 matrices pack into the Q8_0 layout without changing a value: the
-    /// device layout's host model reads back exactly the file's dequantization, and
-    /// the layout's bytes are Q8_0's.
+    /// Q4_0, Q5_0 and IQ4_NL matrices pack into the Q8_0 layout without changing a
+    /// value: the device layout's host model reads back exactly the file's
+    /// dequantization, and the layout's bytes are Q8_0's.
     #[test]
-    fn q4_0_and_q5_0_pack_exactly_as_q8_0() {
+    fn q4_0_q5_0_and_iq4_nl_pack_exactly_as_q8_0() {
         let (rows, cols) = (5, 96);
         let mut state = 0x2545_F491_4F6C_DD1Du64;
-        for ty in [GgmlType::Q4_0, GgmlType::Q5_0] {
+        for ty in [GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::IQ4_NL] {
             let bytes = random_blocks(ty, rows * cols / 32, &mut state);
             let packed = PackedMatrix::pack(ty, &bytes, rows, cols, "w").unwrap();
             assert_eq!(packed.ggml_type(), GgmlType::Q8_0);
@@ -869,15 +892,15 @@ mod tests {
                 );
             }
             // Every integer the type can hold turns up, its extremes included.
-            let (lo, hi) = if ty == GgmlType::Q4_0 {
-                (-8, 7)
-            } else {
-                (-16, 15)
+            let all: std::collections::BTreeSet<i32> = match ty {
+                GgmlType::Q4_0 => (-8..=7).collect(),
+                GgmlType::Q5_0 => (-16..=15).collect(),
+                _ => IQ4_NL_VALUES.iter().map(|&v| v as i32).collect(),
             };
             let scale = f16::from_f32(0.01).to_f32();
             let ints: std::collections::BTreeSet<i32> =
                 want.iter().map(|v| (v / scale).round() as i32).collect();
-            assert_eq!(ints, (lo..=hi).collect(), "{ty}");
+            assert_eq!(ints, all, "{ty}");
         }
     }
 
