@@ -1811,4 +1811,21 @@ fn llama3_rope_scaling_comes_from_the_rope_freqs_divisors() {
         msg.contains("rope_freqs.weight") && msg.contains("llama3's rule"),
         "{msg}"
     );
+
+    // Partial rotary (fewer rotated dimensions than a head has) is refused.
+    let mut bytes = std::fs::read(fixture("tiny_llama3_scaled.gguf")).unwrap();
+    let key = b"llama.rope.dimension_count";
+    let at = bytes.windows(key.len()).position(|w| w == key).unwrap() + key.len();
+    assert_eq!(u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()), 4);
+    bytes[at + 4..at + 8].copy_from_slice(&32u32.to_le_bytes());
+    let path = write_temp("partial_rotary.gguf", &bytes);
+    let msg = GgufFile::open(&path)
+        .unwrap()
+        .config()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("llama.rope.dimension_count") && msg.contains("= 32"),
+        "{msg}"
+    );
 }

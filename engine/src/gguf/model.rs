@@ -14,6 +14,7 @@
 //! | `{arch}.attention.key_length` (default: `embedding_length / head_count`) | `head_dim` |
 //! | `{arch}.attention.layer_norm_rms_epsilon` (default 1e-6) | `rms_norm_eps` |
 //! | `{arch}.rope.freq_base` (default 10000) | `rope_theta` |
+//! | `{arch}.rope.dimension_count` (if present, must be `head_dim`) | |
 //! | `{arch}.context_length` | `max_position_embeddings` |
 //! | `{arch}.vocab_size`, else `token_embd.weight`'s rows | `vocab_size` |
 //! | `tokenizer.ggml.bos_token_id`, `eos_token_id`, `eot_token_id` | `bos_token_id`, `eos_token_ids` |
@@ -156,6 +157,16 @@ impl GgufFile {
         }
         if head_dim % 2 != 0 {
             return Err(self.error(format!("head_dim {head_dim} is odd; RoPE needs it even")));
+        }
+        // The engine rotates whole heads: a file that rotates fewer dimensions (partial
+        // rotary) would decode wrongly, so it is refused.
+        if let Some(rotated) = self.opt_u64(&key("rope.dimension_count"))? {
+            if rotated != head_dim as u64 {
+                return Err(self.error(format!(
+                    "metadata `{}` = {rotated} rotates part of a head of {head_dim}; only whole heads are rotated",
+                    key("rope.dimension_count")
+                )));
+            }
         }
         let rms_norm_eps = self
             .opt_f64(&key("attention.layer_norm_rms_epsilon"))?
