@@ -746,13 +746,20 @@ fn unsupported_types_and_shapes_name_the_tensor() {
     let mut bytes = std::fs::read(fixture("tiny_qwen3.gguf")).unwrap();
     let at = bytes.windows(5).position(|w| w == b"qwen3").unwrap();
     bytes[at..at + 5].copy_from_slice(b"gemma");
-    let path = write_temp("gemma.gguf", &bytes);
+    let msg = config_error("gemma.gguf", &bytes);
+    assert!(msg.contains("unsupported architecture `gemma`"), "{msg}");
+}
+
+/// The error reading the config of a file holding `bytes` (written as `name`).
+fn config_error(name: &str, bytes: &[u8]) -> String {
+    let path = write_temp(name, bytes);
     let msg = GgufFile::open(&path)
         .unwrap()
         .config()
         .unwrap_err()
         .to_string();
-    assert!(msg.contains("unsupported architecture `gemma`"), "{msg}");
+    let _ = std::fs::remove_file(&path);
+    msg
 }
 
 #[test]
@@ -1801,12 +1808,7 @@ fn llama3_rope_scaling_comes_from_the_rope_freqs_divisors() {
     // The second divisor (blended band) 1% larger.
     let v = f32::from_le_bytes(bytes[pos + 4..pos + 8].try_into().unwrap()) * 1.01;
     bytes[pos + 4..pos + 8].copy_from_slice(&v.to_le_bytes());
-    let path = write_temp("rope_freqs.gguf", &bytes);
-    let msg = GgufFile::open(&path)
-        .unwrap()
-        .config()
-        .unwrap_err()
-        .to_string();
+    let msg = config_error("rope_freqs.gguf", &bytes);
     assert!(
         msg.contains("rope_freqs.weight") && msg.contains("llama3's rule"),
         "{msg}"
@@ -1818,12 +1820,7 @@ fn llama3_rope_scaling_comes_from_the_rope_freqs_divisors() {
     let at = bytes.windows(key.len()).position(|w| w == key).unwrap() + key.len();
     assert_eq!(u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()), 4);
     bytes[at + 4..at + 8].copy_from_slice(&32u32.to_le_bytes());
-    let path = write_temp("partial_rotary.gguf", &bytes);
-    let msg = GgufFile::open(&path)
-        .unwrap()
-        .config()
-        .unwrap_err()
-        .to_string();
+    let msg = config_error("partial_rotary.gguf", &bytes);
     assert!(
         msg.contains("llama.rope.dimension_count") && msg.contains("= 32"),
         "{msg}"
