@@ -157,22 +157,8 @@ pub fn llama3_from_factors(
             "the blended band gives an original context of {old} and a high_freq_factor of {high}"
         ));
     }
-    let scaling = RopeScaling::Llama3 {
-        factor,
-        low_freq_factor: 1.0,
-        high_freq_factor: (high * 1024.0).round() / 1024.0,
-        original_max_position_embeddings: old.round() as usize,
-    };
-    // Every divisor back from the rounded parameters, by the converter's rule.
-    let RopeScaling::Llama3 {
-        high_freq_factor: high,
-        original_max_position_embeddings: old,
-        ..
-    } = scaling
-    else {
-        unreachable!()
-    };
-    let old = old as f64;
+    // Rounded as a config states them; the divisors below check the rounding.
+    let (high, old) = ((high * 1024.0).round() / 1024.0, old.round());
     let mut worst = 0f64;
     for (&f, &u) in factors.iter().zip(&u) {
         let want = if u > high / old {
@@ -190,7 +176,12 @@ pub fn llama3_from_factors(
             "they do not follow llama3's rule (factor {factor}, original context {old}, high_freq_factor {high}: off by {worst:.2e})"
         ));
     }
-    Ok(scaling)
+    Ok(RopeScaling::Llama3 {
+        factor,
+        low_freq_factor: 1.0,
+        high_freq_factor: high,
+        original_max_position_embeddings: old as usize,
+    })
 }
 
 #[cfg(test)]
