@@ -1,4 +1,4 @@
-//! The quantized GEMVs (Q8_0, Q4_K, Q6_K) against the device's copy ceiling, at
+//! The quantized GEMVs (Q8_0, Q4_K, Q5_K, Q6_K) against the device's copy ceiling, at
 //! Qwen3-0.6B's and Qwen3-8B's layer shapes.
 //!
 //! `cargo run --release --example quant_bandwidth [-- --sweep] [--8b] [--only TYPE:NxK]
@@ -83,7 +83,7 @@ fn random_blocks(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u
     for blk in out.chunks_exact_mut(size) {
         match ty {
             GgmlType::Q8_0 => blk[0..2].copy_from_slice(&scale),
-            GgmlType::Q4_K => {
+            GgmlType::Q4_K | GgmlType::Q5_K => {
                 blk[0..2].copy_from_slice(&scale);
                 blk[2..4].copy_from_slice(&scale);
             }
@@ -115,7 +115,12 @@ fn run(dev: &Device, sweep: bool, only_8b: bool) -> Result<(), Box<dyn std::erro
         }
         None => None,
     };
-    for ty in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0] {
+    for ty in [
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q6_K,
+        GgmlType::Q8_0,
+    ] {
         for &(n, k, what) in SHAPES.iter().filter(|s| !only_8b || s.2.starts_with("8B")) {
             if only.as_ref().is_some_and(|o| *o != format!("{ty}:{n}x{k}")) {
                 continue;
@@ -143,7 +148,10 @@ fn run(dev: &Device, sweep: bool, only_8b: bool) -> Result<(), Box<dyn std::erro
                 let mut best: Option<(f64, QuantGemvConfig)> = None;
                 let mut chosen_us = f64::NAN;
                 for cfg in QuantGemvConfig::all() {
-                    if config.is_some_and(|c| c != cfg) {
+                    // Q5_K's variants cover the step's tiles only.
+                    if config.is_some_and(|c| c != cfg)
+                        || !mats[0].gemv_compiled(cfg, residual, false, false)
+                    {
                         continue;
                     }
                     let (stats, _method) = perf::time_graph(dev, copies, opts, |i| {
@@ -244,7 +252,12 @@ fn dequant(dev: &Device, only_8b: bool) -> Result<(), Box<dyn std::error::Error>
     println!("| type | shape | what | tile (rows, blocks) | µs | bytes read + written | GB/s | % of copy |");
     println!("|---|---|---|---|---|---|---|---|");
     let mut rng = Rng::new(28);
-    for ty in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0] {
+    for ty in [
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q6_K,
+        GgmlType::Q8_0,
+    ] {
         for &(n, k, what) in SHAPES.iter().filter(|s| !only_8b || s.2.starts_with("8B")) {
             let packed = PackedMatrix::pack(ty, &random_blocks(&mut rng, ty, n, k), n, k, what)?;
             let bytes = packed.device_bytes() + 2 * n * k;
@@ -282,7 +295,12 @@ fn tokens(dev: &Device, only_8b: bool) -> Result<(), Box<dyn std::error::Error>>
     println!("| type | shape | what | tokens | tile (rows, cols, tokens a program) | µs | µs a token | weight bytes | GB/s (weights once) | % of copy | for_shape's tile µs |");
     println!("|---|---|---|---|---|---|---|---|---|---|---|");
     let mut rng = Rng::new(29);
-    for ty in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0] {
+    for ty in [
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q6_K,
+        GgmlType::Q8_0,
+    ] {
         for &(n, k, what) in SHAPES.iter().filter(|s| !only_8b || s.2.starts_with("8B")) {
             let packed = PackedMatrix::pack(ty, &random_blocks(&mut rng, ty, n, k), n, k, what)?;
             let bytes = packed.device_bytes();

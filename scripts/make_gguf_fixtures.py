@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes the GGUF fixtures under tests/fixtures/gguf/ with llama.cpp's `gguf` package
 (PyPI `gguf`, tested with 0.19.0, numpy 2.x): the reference for the engine's GGUF reader
-and its Q8_0 / Q4_K / Q6_K / Q4_0 / Q5_0 / IQ4_NL dequantization.
+and its Q8_0 / Q4_K / Q5_K / Q6_K / Q4_0 / Q5_0 / IQ4_NL dequantization.
 
 - `blocks.gguf`: random blocks of each type (including extreme f16 scales: the largest
   finite, subnormal, negative, zero) as tensors `<type>.blocks`, and the package's own
@@ -25,6 +25,10 @@ and its Q8_0 / Q4_K / Q6_K / Q4_0 / Q5_0 / IQ4_NL dequantization.
   stores those rows as Q5_0 (for Q4_K) and Q8_0 (for Q6_K), and only the down
   projection (256 columns) as a K-quant (Q6_K). The O projection is Q4_0. Biases on q/k/v, tied
   embeddings (a Q5_0 table, so the LM head reads Q5_0), no `attention.key_length`.
+- `tiny_qwen3_q5_k.gguf` / `tiny_qwen3_q5_k.json`: a two-layer Qwen3-like model laid out
+  as llama.cpp's Q5_K_M: Q5_K q, k, O, gate and up (and down in the second layer), Q6_K v
+  (and down in the first), a Q5_K embedding table and an untied Q6_K output matrix;
+  intermediate 512, so that the down projections' rows hold two super-blocks.
 
 Run from the repository root: `python3 scripts/make_gguf_fixtures.py`. Seeded: a rerun
 with the same package versions writes the same bytes.
@@ -43,7 +47,7 @@ from gguf.quants import dequantize, quantize
 OUT = os.path.join("tests", "fixtures", "gguf")
 rng = np.random.default_rng(27)
 
-BLOCK = {T.Q8_0: (32, 34), T.Q4_K: (256, 144), T.Q6_K: (256, 210),
+BLOCK = {T.Q8_0: (32, 34), T.Q4_K: (256, 144), T.Q5_K: (256, 176), T.Q6_K: (256, 210),
          T.Q4_0: (32, 18), T.Q5_0: (32, 22), T.IQ4_NL: (32, 18)}
 # The scale-led 32-element types: `f16 d` first.
 SMALL = (T.Q8_0, T.Q4_0, T.Q5_0, T.IQ4_NL)
@@ -66,7 +70,7 @@ def random_blocks(qtype, n_blocks, d_scale, extreme=True, g=None):
     dmin[:k] = EXTREME_D[::-1][:k]
     if qtype in SMALL:
         b[:, 0:2] = d.view(np.uint8).reshape(-1, 2)
-    elif qtype == T.Q4_K:
+    elif qtype in (T.Q4_K, T.Q5_K):
         b[:, 0:2] = d.view(np.uint8).reshape(-1, 2)
         b[:, 2:4] = dmin.view(np.uint8).reshape(-1, 2)
     elif qtype == T.Q6_K:
@@ -107,6 +111,11 @@ def write_blocks():
         name = qtype.name.lower()
         w.add_tensor(f"{name}.blocks", b, raw_dtype=qtype)
         w.add_tensor(f"{name}.expected", dequantize(b, qtype).astype(np.float32))
+    # Q5_K from a third generator, for the same reason.
+    g = np.random.default_rng(2705)
+    b = random_blocks(T.Q5_K, 6 * 2, 0.01, g=g).reshape(6, 2 * BLOCK[T.Q5_K][1])
+    w.add_tensor("q5_k.blocks", b, raw_dtype=T.Q5_K)
+    w.add_tensor("q5_k.expected", dequantize(b, T.Q5_K).astype(np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -313,6 +322,64 @@ def write_qwen2_model():
     write_expected("tiny_qwen2", config, expected)
 
 
+def write_q5_k_model():
+    """A Q5_K_M-like Qwen3 file (see the module docs), from a generator of its own."""
+    g = np.random.default_rng(2750)
+    hidden, heads, kv_heads, head_dim, inter, layers = 256, 4, 2, 64, 512, 2
+    tokens, types, merges = tokenizer()
+    n_vocab = len(tokens)
+
+    w = gguf.GGUFWriter(os.path.join(OUT, "tiny_qwen3_q5_k.gguf"), "qwen3")
+    add_metadata(w, layers, 4096, hidden, inter, heads, kv_heads, "gpt-2", tokens, types, merges,
+                 head_dim=head_dim)
+
+    expected = {}
+
+    def put(gguf_name, hf_name, qtype, shape, data):
+        record(w, expected, g, gguf_name, hf_name, data, qtype, shape)
+
+    def mat(gguf_name, hf_name, qtype, rows, cols):
+        d_scale = {T.Q5_K: 0.00015, T.Q6_K: 0.0001}[qtype]
+        put(gguf_name, hf_name, qtype, (rows, cols), matrix(qtype, rows, cols, d_scale, g=g))
+
+    def vec(gguf_name, hf_name, n):
+        put(gguf_name, hf_name, T.F32, (n,), (1.0 + 0.1 * g.standard_normal(n)).astype(np.float32))
+
+    q_dim, kv_dim = heads * head_dim, kv_heads * head_dim
+    mat("token_embd.weight", "model.embed_tokens.weight", T.Q5_K, n_vocab, hidden)
+    for i in range(layers):
+        p, h = f"blk.{i}", f"model.layers.{i}"
+        vec(f"{p}.attn_norm.weight", f"{h}.input_layernorm.weight", hidden)
+        vec(f"{p}.attn_q_norm.weight", f"{h}.self_attn.q_norm.weight", head_dim)
+        vec(f"{p}.attn_k_norm.weight", f"{h}.self_attn.k_norm.weight", head_dim)
+        mat(f"{p}.attn_q.weight", f"{h}.self_attn.q_proj.weight", T.Q5_K, q_dim, hidden)
+        mat(f"{p}.attn_k.weight", f"{h}.self_attn.k_proj.weight", T.Q5_K, kv_dim, hidden)
+        mat(f"{p}.attn_v.weight", f"{h}.self_attn.v_proj.weight", T.Q6_K, kv_dim, hidden)
+        mat(f"{p}.attn_output.weight", f"{h}.self_attn.o_proj.weight", T.Q5_K, hidden, q_dim)
+        vec(f"{p}.ffn_norm.weight", f"{h}.post_attention_layernorm.weight", hidden)
+        mat(f"{p}.ffn_gate.weight", f"{h}.mlp.gate_proj.weight", T.Q5_K, inter, hidden)
+        mat(f"{p}.ffn_up.weight", f"{h}.mlp.up_proj.weight", T.Q5_K, inter, hidden)
+        # Q5_K_M's down projections: Q6_K in some layers (llama.cpp's `use_more_bits`).
+        mat(f"{p}.ffn_down.weight", f"{h}.mlp.down_proj.weight", [T.Q6_K, T.Q5_K][i % 2],
+            hidden, inter)
+    vec("output_norm.weight", "model.norm.weight", hidden)
+    mat("output.weight", "lm_head.weight", T.Q6_K, n_vocab, hidden)
+
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+    config = {
+        "arch": "Qwen3", "hidden_size": hidden, "num_layers": layers, "num_heads": heads,
+        "num_kv_heads": kv_heads, "head_dim": head_dim, "intermediate_size": inter,
+        "vocab_size": n_vocab, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+        "max_position_embeddings": 4096, "tie_word_embeddings": False,
+        "bos_token_id": 1, "eos_token_ids": [0],
+    }
+    write_expected("tiny_qwen3_q5_k", config, expected)
+
+
 def read_safetensors(path):
     """name -> (dtype, shape, raw bytes) of a safetensors file."""
     raw = open(path, "rb").read()
@@ -410,5 +477,6 @@ if __name__ == "__main__":
     write_model()
     write_qwen2_model()
     write_llama3_scaled()
+    write_q5_k_model()
     for name in sorted(os.listdir(OUT)):
         print(name, os.path.getsize(os.path.join(OUT, name)))

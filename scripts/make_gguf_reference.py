@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """transformers' float32 logits for the GGUF model fixtures, on their dequantized weights.
 
-For each of tests/fixtures/gguf/tiny_qwen3.gguf and tiny_qwen2.gguf: every tensor is
-dequantized by llama.cpp's `gguf` package (`gguf.quants.dequantize`, the reference for
-the engine's Q8_0 / Q4_K / Q6_K / Q4_0 / Q5_0 readers), saved as a float32 Hugging Face
+For each of tests/fixtures/gguf/tiny_qwen3.gguf, tiny_qwen2.gguf and tiny_qwen3_q5_k.gguf:
+every tensor is dequantized by llama.cpp's `gguf` package (`gguf.quants.dequantize`, the
+reference for the engine's Q8_0 / Q4_K / Q5_K / Q6_K / Q4_0 / Q5_0 readers), saved as a float32 Hugging Face
 checkpoint (config from the file's metadata), loaded fresh with
 `from_pretrained(..., dtype=torch.float32)`, and run teacher-forced over a seeded
 random prompt and its greedy continuation. Written to `<fixture>.reference.json`:
@@ -17,7 +17,8 @@ fresh with `dtype=torch.bfloat16`, teacher-forced on the same tokens) against th
 logits, `|bf16 - f32| / |f32|`: the yardstick for the engine's bf16 paths. Checked by `engine/tests/gguf.rs`. Needs torch, transformers, safetensors and
 gguf (the GPU machine has the first three; `pip install gguf`); the CPU is enough.
 
-Usage, from the repository root: `python3 scripts/make_gguf_reference.py [--out DIR]`.
+Usage, from the repository root: `python3 scripts/make_gguf_reference.py [--out DIR]
+[--only NAME]` (`--only tiny_qwen2`: that fixture alone; each keeps its own seed).
 """
 
 import argparse
@@ -152,9 +153,12 @@ def reference(path, seed):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=FIXTURES)
+    ap.add_argument("--only")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    for seed, name in enumerate(["tiny_qwen3", "tiny_qwen2"], start=1):
+    for seed, name in enumerate(["tiny_qwen3", "tiny_qwen2", "tiny_qwen3_q5_k"], start=1):
+        if args.only not in (None, name):
+            continue
         ref = reference(os.path.join(FIXTURES, f"{name}.gguf"), seed)
         out = os.path.join(args.out, f"{name}.reference.json")
         with open(out, "w") as f:

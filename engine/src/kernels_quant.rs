@@ -1,4 +1,4 @@
-//! GEMVs over quantized weights (Q8_0, Q4_K, Q6_K), written in tilefuse's kernel
+//! GEMVs over quantized weights (Q8_0, Q4_K and Q5_K, Q6_K), written in tilefuse's kernel
 //! language: the weights stream in the device layout of
 //! [`PackedMatrix`](crate::gguf::quant::PackedMatrix) and meet int8 activations in
 //! byte dot products (`dot4`, PTX `dp4a`), llama.cpp's approach (its `q8_1`
@@ -68,6 +68,8 @@
 //! - Q8_0: `d · xd · Σ dot4(q, x)`;
 //! - Q4_K: `xd · (d·sc · Σ (dot4(q & 0x0F0F0F0F, x_lo) + dot4((q >> 4) & 0x0F0F0F0F,
 //!   x_hi)) − dmin·m · Σ q_x)`;
+//! - Q5_K (the Q4_K kernels' `Q5 = 1` variants): Q4_K's sum with each nibble's fifth bit
+//!   at bit 4 of its byte before the `dot4`s;
 //! - Q6_K: the 6-bit values are the low nibbles with the high bits at bit 4 of each
 //!   byte; `d · xd · Σ_halves sc_h · (dot4(q6, x) − 32 Σ q_x)`.
 //!
@@ -540,10 +542,13 @@ fn activation_blocks<const ACT: usize>(
 /// One tile's Q4_K sums per row and block (`[n, blocks]`): `qt: [n, blocks, 4]` nibble
 /// words, `sc`, `m: [n, blocks]` sub-block scales and mins, `dd`, `dm: [n, blocks]`
 /// their super-blocks' scales, against activation blocks `blk` (valid where `blk_ok`).
+/// With `Q5 = 1` (Q5_K), `ht: [n, blocks]` holds each block's fifth bits (bit `i` is
+/// element `i`'s); else it is not read.
 #[tile_fn(crate = tilefuse_dsl)]
 #[allow(clippy::too_many_arguments)]
-fn q4_k_tile<const ACT: usize>(
+fn q4_k_tile<const ACT: usize, const Q5: usize>(
     qt: Tile<u32>,
+    ht: Tile<u32>,
     sc: Tile<u8>,
     m: Tile<u8>,
     dd: Tile<f16>,
@@ -564,7 +569,18 @@ fn q4_k_tile<const ACT: usize>(
     // The high nibbles in place: 16 times their values, byte by byte, so one mask
     // replaces a shift and a mask a word, and the sum is exactly 16 times theirs.
     let hi16 = qt & 0xF0F0_F0F0;
-    let dots = dot4(lo, x_lo3, 0).sum(2) + (dot4(hi16, x_hi3, 0).sum(2) >> 4);
+    let mut dots = dot4(lo, x_lo3, 0).sum(2) + (dot4(hi16, x_hi3, 0).sum(2) >> 4);
+    if Q5 == 1 {
+        // Word `w`'s four elements' fifth bits (bits `4w..4w + 4` of the block's word,
+        // `16 + 4w..` for the high nibbles) to bit 4 of its bytes: the product puts bit
+        // `b` at `8b + 4`, and no two partial products meet there.
+        let shift = (w * 4) as u32;
+        let h = ht.expand_dims(2);
+        let lo5 = lo | (((h >> shift) & 15) * 0x0204_0810 & 0x1010_1010);
+        let hi5 =
+            ((qt >> 4) & 0x0F0F_0F0F) | (((h >> (shift + 16)) & 15) * 0x0204_0810 & 0x1010_1010);
+        dots = dot4(lo5, x_lo3, 0).sum(2) + dot4(hi5, x_hi3, 0).sum(2);
+    }
     // The block's sum of `x` by `dot4` with ones (a weight-shaped tile, so that it is
     // laid out as `dots`; the compiler folds it to a constant).
     let ones = (qt & 0) | 0x0101_0101;
@@ -577,11 +593,13 @@ fn q4_k_tile<const ACT: usize>(
 
 /// One Q4_K tile's weights for the activation blocks `blk` (`[blocks]`, the tile's
 /// first `g0`), loaded where `ok` (`[n, blocks]`): the nibble words (`[n, blocks, 4]`),
-/// the sub-block scales and mins, and the super-blocks' `d` and `dmin` (`[n, blocks]`).
+/// with `Q5 = 1` the fifth-bit words (`[n, blocks]`, else zeros, `qh` not read), the
+/// sub-block scales and mins, and the super-blocks' `d` and `dmin` (`[n, blocks]`).
 #[tile_fn(crate = tilefuse_dsl)]
 #[allow(clippy::too_many_arguments)]
-fn q4_k_weights(
+fn q4_k_weights<const Q5: usize>(
     q: Ptr<u32>,
+    qh: Ptr<u32>,
     scales: Ptr<u8>,
     mins: Ptr<u8>,
     d: Ptr<f16>,
@@ -593,31 +611,44 @@ fn q4_k_weights(
     g0: i32,
     blk: Tile<i32>,
     ok: Tile<bool>,
-) -> (Tile<u32>, Tile<u8>, Tile<u8>, Tile<f16>, Tile<f16>) {
+) -> (
+    Tile<u32>,
+    Tile<u32>,
+    Tile<u8>,
+    Tile<u8>,
+    Tile<f16>,
+    Tile<f16>,
+) {
     let qt = load(
         q + q_rows + (g0 * 4 + words).expand_dims(0),
         ok.expand_dims(2),
         0,
     );
+    let mut ht = (s_rows + blk.expand_dims(0)).bitcast::<u32>() & 0;
+    if Q5 == 1 {
+        ht = load(qh + s_rows + blk.expand_dims(0), ok, 0);
+    }
     let sct = load(scales + s_rows + blk.expand_dims(0), ok, 0);
     let mt = load(mins + s_rows + blk.expand_dims(0), ok, 0);
     let sb = (blk / 8).expand_dims(0);
     let dt = load(d + d_rows + sb, ok, 0.0);
     let dmint = load(dmin + d_rows + sb, ok, 0.0);
-    (qt, sct, mt, dt, dmint)
+    (qt, ht, sct, mt, dt, dmint)
 }
 
 /// A program's Q4_K row sums (`[n]`, before `inv_rms`): the first tile (loaded by the
 /// caller, before its wait) and the rest of the row, tile by tile (see [`q4_k_gemv`]).
 #[tile_fn(crate = tilefuse_dsl)]
 #[allow(clippy::too_many_arguments)]
-fn q4_k_row_sums<const BLOCK_K: usize, const ACT: usize, const EVEN: usize>(
+fn q4_k_row_sums<const BLOCK_K: usize, const ACT: usize, const EVEN: usize, const Q5: usize>(
     q_first: Tile<u32>,
+    h_first: Tile<u32>,
     sc_first: Tile<u8>,
     m_first: Tile<u8>,
     d_first: Tile<f16>,
     dmin_first: Tile<f16>,
     q: Ptr<u32>,
+    qh: Ptr<u32>,
     scales: Ptr<u8>,
     mins: Ptr<u8>,
     d: Ptr<f16>,
@@ -641,8 +672,9 @@ fn q4_k_row_sums<const BLOCK_K: usize, const ACT: usize, const EVEN: usize>(
     if EVEN == 1 {
         first_ok = full([BLOCK_K / 32], true);
     }
-    let mut acc = q4_k_tile::<ACT>(
-        q_first, sc_first, m_first, d_first, dmin_first, xq, xd, a, norm_w, grp, first_ok, w,
+    let mut acc = q4_k_tile::<ACT, Q5>(
+        q_first, h_first, sc_first, m_first, d_first, dmin_first, xq, xd, a, norm_w, grp, first_ok,
+        w,
     );
     for g0 in (BLOCK_K / 32..blocks).step_by(BLOCK_K / 32) {
         let blk = g0 + grp;
@@ -651,10 +683,12 @@ fn q4_k_row_sums<const BLOCK_K: usize, const ACT: usize, const EVEN: usize>(
             blk_ok = full([BLOCK_K / 32], true);
         }
         let ok = ok2 & blk_ok.expand_dims(0);
-        let (qt, sct, mt, dt, dmint) = q4_k_weights(
-            q, scales, mins, d, dmin, q_rows, s_rows, d_rows, words, g0, blk, ok,
+        let (qt, ht, sct, mt, dt, dmint) = q4_k_weights::<Q5>(
+            q, qh, scales, mins, d, dmin, q_rows, s_rows, d_rows, words, g0, blk, ok,
         );
-        acc += q4_k_tile::<ACT>(qt, sct, mt, dt, dmint, xq, xd, a, norm_w, blk, blk_ok, w);
+        acc += q4_k_tile::<ACT, Q5>(
+            qt, ht, sct, mt, dt, dmint, xq, xd, a, norm_w, blk, blk_ok, w,
+        );
     }
     acc.sum(1)
 }
@@ -665,13 +699,15 @@ fn q4_k_row_sums<const BLOCK_K: usize, const ACT: usize, const EVEN: usize>(
 /// the loads are masked off.
 #[tile_fn(crate = tilefuse_dsl)]
 #[allow(clippy::too_many_arguments)]
-fn q4_k_row_sums_prefetch<const BLOCK_K: usize, const ACT: usize>(
+fn q4_k_row_sums_prefetch<const BLOCK_K: usize, const ACT: usize, const Q5: usize>(
     q_first: Tile<u32>,
+    h_first: Tile<u32>,
     sc_first: Tile<u8>,
     m_first: Tile<u8>,
     d_first: Tile<f16>,
     dmin_first: Tile<f16>,
     q: Ptr<u32>,
+    qh: Ptr<u32>,
     scales: Ptr<u8>,
     mins: Ptr<u8>,
     d: Ptr<f16>,
@@ -692,11 +728,12 @@ fn q4_k_row_sums_prefetch<const BLOCK_K: usize, const ACT: usize>(
     let step = (BLOCK_K / 32) as i32;
     let blk = step + grp;
     let ok = ok2 & (blk < blocks).expand_dims(0);
-    let (mut qt, mut sct, mut mt, mut dt, mut dmint) = q4_k_weights(
-        q, scales, mins, d, dmin, q_rows, s_rows, d_rows, words, step, blk, ok,
+    let (mut qt, mut ht, mut sct, mut mt, mut dt, mut dmint) = q4_k_weights::<Q5>(
+        q, qh, scales, mins, d, dmin, q_rows, s_rows, d_rows, words, step, blk, ok,
     );
-    let mut acc = q4_k_tile::<ACT>(
+    let mut acc = q4_k_tile::<ACT, Q5>(
         q_first,
+        h_first,
         sc_first,
         m_first,
         d_first,
@@ -712,12 +749,13 @@ fn q4_k_row_sums_prefetch<const BLOCK_K: usize, const ACT: usize>(
     for g0 in (2 * step..blocks + step).step_by(BLOCK_K / 32).unroll(2) {
         let next = g0 + grp;
         let ok = ok2 & (next < blocks).expand_dims(0);
-        let (nq, nsc, nm, nd, ndmin) = q4_k_weights(
-            q, scales, mins, d, dmin, q_rows, s_rows, d_rows, words, g0, next, ok,
+        let (nq, nh, nsc, nm, nd, ndmin) = q4_k_weights::<Q5>(
+            q, qh, scales, mins, d, dmin, q_rows, s_rows, d_rows, words, g0, next, ok,
         );
         let blk = g0 - step + grp;
-        acc += q4_k_tile::<ACT>(
+        acc += q4_k_tile::<ACT, Q5>(
             qt,
+            ht,
             sct,
             mt,
             dt,
@@ -730,7 +768,7 @@ fn q4_k_row_sums_prefetch<const BLOCK_K: usize, const ACT: usize>(
             blk < blocks,
             w,
         );
-        (qt, sct, mt, dt, dmint) = (nq, nsc, nm, nd, ndmin);
+        (qt, ht, sct, mt, dt, dmint) = (nq, nh, nsc, nm, nd, ndmin);
     }
     acc.sum(1)
 }
@@ -738,7 +776,8 @@ fn q4_k_row_sums_prefetch<const BLOCK_K: usize, const ACT: usize>(
 /// `y = bf16(W · x + bias)` for a Q4_K matrix `W` of shape `[n, k]` with
 /// `k = 8 * k_words` (`q: u32[n, k_words]`, `scales`, `mins: u8[n, k / 32]`, `d`,
 /// `dmin: f16[n, k / 256]`) and `x` quantized by [`quantize_act`]; the residual and
-/// LM-head variants as in the module docs.
+/// LM-head variants as in the module docs. `Q5 = 1` reads a Q5_K matrix: the same
+/// arrays and its fifth bits, `qh: u32[n, k / 32]` (not read otherwise).
 #[kernel(
     crate = tilefuse_dsl,
     BLOCK_N = [1, 2, 4, 8, 16, 32, 64],
@@ -784,6 +823,12 @@ fn q4_k_row_sums_prefetch<const BLOCK_K: usize, const ACT: usize>(
     skip(SILU_Q = 1, RESIDUAL = 1),
     // 248 registers and a spill at 4 warps (tests/ptxas_all.rs): 1024 columns take 8.
     skip(SILU_Q = 1, BLOCK_K = 1024, num_warps = 4),
+    // 1: Q5_K (the fifth bits from `qh`), 0: Q4_K. Q5_K_M files are fewer than Q4_K_M
+    // ones: the tiles the step picks, without the `[gate; up]` SILU_Q variant.
+    Q5 = [0, 1],
+    skip(Q5 = 1, SILU_Q = 1),
+    skip(Q5 = 1, BLOCK_N = [1, 2, 32]),
+    skip(Q5 = 1, BLOCK_K = 256),
     // 1: the timeline stamps (`crate::kernels::stamp_now`), 0: none compiled.
     STAMPS = [0, 1]
 )]
@@ -795,9 +840,11 @@ pub fn q4_k_gemv<
     const ACT: usize,
     const EVEN: usize,
     const SILU_Q: usize,
+    const Q5: usize,
     const STAMPS: usize,
 >(
     q: Ptr<u32>,
+    qh: Ptr<u32>,
     scales: Ptr<u8>,
     mins: Ptr<u8>,
     d: Ptr<f16>,
@@ -845,8 +892,8 @@ pub fn q4_k_gemv<
     }
 
     let ok = ok2 & grp_ok.expand_dims(0);
-    let (q_first, sc_first, m_first, d_first, dmin_first) = q4_k_weights(
-        q, scales, mins, d, dmin, q_rows, s_rows, d_rows, words, 0, grp, ok,
+    let (q_first, h_first, sc_first, m_first, d_first, dmin_first) = q4_k_weights::<Q5>(
+        q, qh, scales, mins, d, dmin, q_rows, s_rows, d_rows, words, 0, grp, ok,
     );
     let mut b = zeros::<f32>([BLOCK_N]);
     if HEAD == 0 {
@@ -868,14 +915,14 @@ pub fn q4_k_gemv<
     // keep a tile in flight (docs/perf.md, "Prefetching loops unrolled by two").
     let mut sums = zeros::<f32>([BLOCK_N]);
     if (RESIDUAL == 1) & (BLOCK_N == 16) {
-        sums = q4_k_row_sums_prefetch::<BLOCK_K, ACT>(
-            q_first, sc_first, m_first, d_first, dmin_first, q, scales, mins, d, dmin, xq, xd, a,
-            norm_w, q_rows, s_rows, d_rows, words, ok2, blocks, grp, w,
+        sums = q4_k_row_sums_prefetch::<BLOCK_K, ACT, Q5>(
+            q_first, h_first, sc_first, m_first, d_first, dmin_first, q, qh, scales, mins, d, dmin,
+            xq, xd, a, norm_w, q_rows, s_rows, d_rows, words, ok2, blocks, grp, w,
         );
     } else {
-        sums = q4_k_row_sums::<BLOCK_K, ACT, EVEN>(
-            q_first, sc_first, m_first, d_first, dmin_first, q, scales, mins, d, dmin, xq, xd, a,
-            norm_w, q_rows, s_rows, d_rows, words, ok2, blocks, grp, w,
+        sums = q4_k_row_sums::<BLOCK_K, ACT, EVEN, Q5>(
+            q_first, h_first, sc_first, m_first, d_first, dmin_first, q, qh, scales, mins, d, dmin,
+            xq, xd, a, norm_w, q_rows, s_rows, d_rows, words, ok2, blocks, grp, w,
         );
     }
     if SILU_Q == 1 {
@@ -1308,8 +1355,8 @@ pub fn q4_k_q6_k_gemv<
     let s_rows = (rows * blocks).expand_dims(1);
     let d_rows = (rows * (blocks / 8)).expand_dims(1);
     let words = (grp * 4).expand_dims(1) + w.expand_dims(0);
-    let (q_first, sc_first, m_first, d_first, dmin_first) = q4_k_weights(
-        q, scales, mins, d, dmin, q_rows, s_rows, d_rows, words, 0, grp, ok4,
+    let (q_first, h_first, sc_first, m_first, d_first, dmin_first) = q4_k_weights::<0>(
+        q, q, scales, mins, d, dmin, q_rows, s_rows, d_rows, words, 0, grp, ok4,
     );
 
     // Q6_K's (as in `q6_k_gemv`).
@@ -1340,9 +1387,9 @@ pub fn q4_k_q6_k_gemv<
         );
         store(y + n4 + rows6, (sums * inv_rms + b6) as bf16, row6_ok);
     } else {
-        let sums = q4_k_row_sums::<BLOCK_K, ACT, 0>(
-            q_first, sc_first, m_first, d_first, dmin_first, q, scales, mins, d, dmin, xq, xd, a,
-            norm_w, q_rows, s_rows, d_rows, words, ok2, blocks, grp, w,
+        let sums = q4_k_row_sums::<BLOCK_K, ACT, 0, 0>(
+            q_first, h_first, sc_first, m_first, d_first, dmin_first, q, q, scales, mins, d, dmin,
+            xq, xd, a, norm_w, q_rows, s_rows, d_rows, words, ok2, blocks, grp, w,
         );
         store(y + rows, (sums * inv_rms + b) as bf16, row_ok);
     }
@@ -1538,8 +1585,9 @@ pub fn q8_0_gemv_tokens<
 /// Token `t0 + I`'s Q4_K tile sums for [`q4_k_gemv_tokens`] (zero past `tokens`).
 #[tile_fn(crate = tilefuse_dsl)]
 #[allow(clippy::too_many_arguments)]
-fn q4_k_token<const I: usize>(
+fn q4_k_token<const I: usize, const Q5: usize>(
     qt: Tile<u32>,
+    ht: Tile<u32>,
     sc: Tile<u8>,
     m: Tile<u8>,
     dd: Tile<f16>,
@@ -1559,18 +1607,20 @@ fn q4_k_token<const I: usize>(
     // A token's activation: `k / 4 = 2 k_words` words and `k / 32 = k_words / 4` blocks.
     let x_words = xq + t * (2 * k_words);
     let x_scales = xd + t * (k_words / 4);
-    q4_k_tile::<0>(
-        qt, sc, m, dd, dm, x_words, x_scales, unused, unused, blk, ok, w,
+    q4_k_tile::<0, Q5>(
+        qt, ht, sc, m, dd, dm, x_words, x_scales, unused, unused, blk, ok, w,
     )
 }
 
-/// [`q8_0_gemv_tokens`] over a Q4_K matrix (the layout of [`q4_k_gemv`]).
+/// [`q8_0_gemv_tokens`] over a Q4_K matrix (the layout of [`q4_k_gemv`]), or with
+/// `Q5 = 1` a Q5_K one.
 #[kernel(
     crate = tilefuse_dsl,
     BLOCK_N = [4, 8, 16],
     BLOCK_K = [512, 1024],
     T = [2, 4, 8],
     RESIDUAL = [0, 1],
+    Q5 = [0, 1],
     num_warps = [4]
 )]
 #[allow(clippy::too_many_arguments)]
@@ -1579,8 +1629,10 @@ pub fn q4_k_gemv_tokens<
     const BLOCK_K: usize,
     const T: usize,
     const RESIDUAL: usize,
+    const Q5: usize,
 >(
     q: Ptr<u32>,
+    qh: Ptr<u32>,
     scales: Ptr<u8>,
     mins: Ptr<u8>,
     d: Ptr<f16>,
@@ -1620,37 +1672,37 @@ pub fn q4_k_gemv_tokens<
         let blk = g0 + grp;
         let blk_ok = blk < blocks;
         let ok = ok2 & blk_ok.expand_dims(0);
-        let (qt, sct, mt, dt, dmint) = q4_k_weights(
-            q, scales, mins, d, dmin, q_rows, s_rows, d_rows, words, g0, blk, ok,
+        let (qt, ht, sct, mt, dt, dmint) = q4_k_weights::<Q5>(
+            q, qh, scales, mins, d, dmin, q_rows, s_rows, d_rows, words, g0, blk, ok,
         );
-        acc0 += q4_k_token::<0>(
-            qt, sct, mt, dt, dmint, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words,
+        acc0 += q4_k_token::<0, Q5>(
+            qt, ht, sct, mt, dt, dmint, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words,
         );
         if T > 1 {
-            acc1 += q4_k_token::<1>(
-                qt, sct, mt, dt, dmint, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words,
+            acc1 += q4_k_token::<1, Q5>(
+                qt, ht, sct, mt, dt, dmint, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words,
             );
         }
         if T > 2 {
-            acc2 += q4_k_token::<2>(
-                qt, sct, mt, dt, dmint, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words,
+            acc2 += q4_k_token::<2, Q5>(
+                qt, ht, sct, mt, dt, dmint, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words,
             );
-            acc3 += q4_k_token::<3>(
-                qt, sct, mt, dt, dmint, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words,
+            acc3 += q4_k_token::<3, Q5>(
+                qt, ht, sct, mt, dt, dmint, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words,
             );
         }
         if T > 4 {
-            acc4 += q4_k_token::<4>(
-                qt, sct, mt, dt, dmint, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words,
+            acc4 += q4_k_token::<4, Q5>(
+                qt, ht, sct, mt, dt, dmint, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words,
             );
-            acc5 += q4_k_token::<5>(
-                qt, sct, mt, dt, dmint, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words,
+            acc5 += q4_k_token::<5, Q5>(
+                qt, ht, sct, mt, dt, dmint, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words,
             );
-            acc6 += q4_k_token::<6>(
-                qt, sct, mt, dt, dmint, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words,
+            acc6 += q4_k_token::<6, Q5>(
+                qt, ht, sct, mt, dt, dmint, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words,
             );
-            acc7 += q4_k_token::<7>(
-                qt, sct, mt, dt, dmint, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words,
+            acc7 += q4_k_token::<7, Q5>(
+                qt, ht, sct, mt, dt, dmint, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words,
             );
         }
     }
@@ -1872,11 +1924,13 @@ pub fn dequantize_q8_0<const R: usize, const BLOCKS: usize>(
 }
 
 /// A Q4_K matrix (the arrays of [`q4_k_gemv`]) as bf16 rows `row0..row0 + n` of `out`
-/// (`[.., k]`): `(d * sc) * q - dmin * m`.
-#[kernel(crate = tilefuse_dsl, R = [1, 4], BLOCKS = [8, 32], num_warps = [4])]
+/// (`[.., k]`): `(d * sc) * q - dmin * m`; with `Q5 = 1` a Q5_K one, `q` taking its
+/// fifth bit from `qh`.
+#[kernel(crate = tilefuse_dsl, R = [1, 4], BLOCKS = [8, 32], Q5 = [0, 1], num_warps = [4])]
 #[allow(clippy::too_many_arguments)]
-pub fn dequantize_q4_k<const R: usize, const BLOCKS: usize>(
+pub fn dequantize_q4_k<const R: usize, const BLOCKS: usize, const Q5: usize>(
     q: Ptr<u32>,
+    qh: Ptr<u32>,
     scales: Ptr<u8>,
     mins: Ptr<u8>,
     d: Ptr<f16>,
@@ -1906,11 +1960,20 @@ pub fn dequantize_q4_k<const R: usize, const BLOCKS: usize>(
     let d_at = (rows * (blocks / 8)).expand_dims(1) + (blk / 8).expand_dims(0);
     let dd = load(d + d_at, ok, 0.0) as f32;
     let dm = load(dmin + d_at, ok, 0.0) as f32;
+    let mut high = (s_at & 0).bitcast::<u32>();
+    if Q5 == 1 {
+        high = load(qh + s_at, ok, 0);
+    }
     wait_for_prior_kernels();
     let offs = e + row0 * (k_words * 8);
     // Nibble `4 half + 8 b` of the word (`offs & 31 = 4 hw + b`).
     let shift = (((offs & 16) >> 2) + ((offs & 3) << 3)) as u32;
-    let nib = (words >> shift) & 15;
+    let mut nib = (words >> shift) & 15;
+    if Q5 == 1 {
+        // Bit `offs & 31` of the block's fifth-bit word, as bit 4 of `q`.
+        let bit = (offs & 31).bitcast::<u32>();
+        nib = nib | (((high.expand_dims(2).expand_dims(3) >> bit) & 1) << 4);
+    }
     let scale = (dd * sc).expand_dims(2).expand_dims(3);
     let min = (dm * m).expand_dims(2).expand_dims(3);
     let v = (nib as f32) * scale - min;

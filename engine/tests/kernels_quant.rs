@@ -69,7 +69,7 @@ fn random_blocks(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize, extreme:
             }
             match ty {
                 GgmlType::Q8_0 => blk[0..2].copy_from_slice(&d.to_le_bytes()),
-                GgmlType::Q4_K => {
+                GgmlType::Q4_K | GgmlType::Q5_K => {
                     blk[0..2].copy_from_slice(&d.to_le_bytes());
                     blk[2..4].copy_from_slice(&dmin.to_le_bytes());
                 }
@@ -309,7 +309,8 @@ fn check_type(ty: GgmlType, seed: u64) {
                 .collect();
             let gate_up = dev.upload(&c.gate_up).unwrap();
             let m = DeviceQuantMatrix::upload(&dev, &c.packed).unwrap();
-            if ty == GgmlType::Q4_K && (n, k) == (16, 2048) {
+            let k_mins = ty == GgmlType::Q4_K || ty == GgmlType::Q5_K;
+            if k_mins && (n, k) == (16, 2048) {
                 // Unmasked where compiled: 8 rows, not 16 (docs/perf.md, "Loads without
                 // masks").
                 let tile = |block_n| QuantGemvConfig {
@@ -325,6 +326,15 @@ fn check_type(ty: GgmlType, seed: u64) {
             let norm_w = dev.upload(&c.norm_w).unwrap();
             let mut spare = QuantSpare::new(&dev, k).unwrap();
             for &cfg in &configs {
+                // Q5_K's variants cover the step's tiles only; those it lacks say so.
+                if !m.gemv_compiled(cfg, false, false, false) {
+                    assert!(
+                        ty == GgmlType::Q5_K
+                            && (cfg.block_n < 4 || cfg.block_n > 16 || cfg.block_k < 512),
+                        "{ty} {cfg:?}"
+                    );
+                    continue;
+                }
                 // The head's variant is compiled for tiles up to 1024 columns.
                 if cfg.block_k <= 1024 {
                     check_head(&dev, &m, &c, n, k, cfg, &a, &norm_w, &mut spare);
@@ -343,7 +353,7 @@ fn check_type(ty: GgmlType, seed: u64) {
                         (_, true) => (&inputs[2], Some(&silu_f32[..])),
                         _ => (&inputs[0], Some(&plain_f32[..])),
                     };
-                    if ty == GgmlType::Q4_K && !norm && cfg.block_n == 8 && cfg.block_k == 1024 {
+                    if k_mins && !norm && cfg.block_n == 8 && cfg.block_k == 1024 {
                         if m.reads_unmasked(cfg, residual) {
                             unmasked += 1;
                         } else {
@@ -390,7 +400,7 @@ fn check_type(ty: GgmlType, seed: u64) {
                 check_norm_fused(&dev, &m, &c, n, k, cfg, &a, &norm_w, &bias, &inputs[1]);
             }
         }
-        if ty == GgmlType::Q4_K {
+        if ty == GgmlType::Q4_K || ty == GgmlType::Q5_K {
             assert!(
                 unmasked > 0 && masked > 0,
                 "{dev}: unmasked {unmasked}, masked {masked}"
@@ -571,6 +581,12 @@ fn q8_0_gemv_matches_host() {
 #[test]
 fn q4_k_gemv_matches_host() {
     check_type(GgmlType::Q4_K, 0x0404);
+}
+
+/// Q5_K through the Q4_K kernel's `Q5` variants: the fifth bits moved into place.
+#[test]
+fn q5_k_gemv_matches_host() {
+    check_type(GgmlType::Q5_K, 0x0505);
 }
 
 #[test]
@@ -956,7 +972,12 @@ fn dequantization_matches_the_host_model() {
     let mut devices = vec![Device::cpu()];
     devices.extend(gpu_or_skip("dequantization_matches_the_host_model"));
     for dev in devices {
-        for ty in [GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K] {
+        for ty in [
+            GgmlType::Q8_0,
+            GgmlType::Q4_K,
+            GgmlType::Q5_K,
+            GgmlType::Q6_K,
+        ] {
             let min_k = if ty == GgmlType::Q8_0 { 32 } else { 256 };
             let mut shapes = vec![(5, min_k), (9, 1024 + min_k), (24, 512)];
             if dev.is_cuda() {
@@ -1015,7 +1036,12 @@ fn multi_token_gemvs_match_the_single_token_gemv() {
     let mut devices = vec![Device::cpu()];
     devices.extend(gpu_or_skip("multi_token_gemvs_match_the_single_token_gemv"));
     for dev in devices {
-        for ty in [GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K] {
+        for ty in [
+            GgmlType::Q8_0,
+            GgmlType::Q4_K,
+            GgmlType::Q5_K,
+            GgmlType::Q6_K,
+        ] {
             let min_k = if ty == GgmlType::Q8_0 { 32 } else { 256 };
             let mut shapes = vec![(24, 512), (9, 1024 + min_k)];
             let mut token_counts = vec![1, 3, 8, 11];

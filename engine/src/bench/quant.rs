@@ -1,4 +1,5 @@
-//! Quantized weights for the decode benchmark (`tilefuse bench --weights q4_k_m`):
+//! Quantized weights for the decode benchmark (`tilefuse bench --weights q4_k_m`,
+//! `q5_k_m` or `q8_0`):
 //! random blocks in GGUF's formats at a preset's real shapes, mixed per matrix as
 //! llama.cpp's quantizer mixes them.
 
@@ -23,6 +24,8 @@ pub enum WeightFormat {
     Q8_0,
     /// llama.cpp's Q4_K_M mix (see [`WeightFormat::layer_types`]).
     Q4KM,
+    /// llama.cpp's Q5_K_M mix: Q4_K_M's with Q5_K for Q4_K.
+    Q5KM,
 }
 
 impl FromStr for WeightFormat {
@@ -33,8 +36,9 @@ impl FromStr for WeightFormat {
             "bf16" => Ok(WeightFormat::Bf16),
             "q8_0" => Ok(WeightFormat::Q8_0),
             "q4_k_m" => Ok(WeightFormat::Q4KM),
+            "q5_k_m" => Ok(WeightFormat::Q5KM),
             _ => Err(EngineError::Option {
-                message: format!("unknown weight format `{s}` (bf16, q8_0, q4_k_m)"),
+                message: format!("unknown weight format `{s}` (bf16, q8_0, q4_k_m, q5_k_m)"),
             }),
         }
     }
@@ -46,6 +50,7 @@ impl fmt::Display for WeightFormat {
             WeightFormat::Bf16 => "bf16",
             WeightFormat::Q8_0 => "q8_0",
             WeightFormat::Q4KM => "q4_k_m",
+            WeightFormat::Q5KM => "q5_k_m",
         })
     }
 }
@@ -60,20 +65,20 @@ impl WeightFormat {
     /// except `attn_v` and `ffn_down` of the layers that get more bits, Q6_K: the first
     /// and last eighth of the layers, and every third layer between them
     /// (`i < n/8 || i >= 7n/8 || (i - n/8) % 3 == 2`). The LM head (the embedding
-    /// table when tied) is Q6_K. Matrices whose rows a K-quant does not fit take
-    /// [`fallback`]'s type in [`WeightFormat::random_weights`].
+    /// table when tied) is Q6_K. Q5_K_M is the same rule with Q5_K for Q4_K. Matrices
+    /// whose rows a K-quant does not fit take [`fallback`]'s type in
+    /// [`WeightFormat::random_weights`].
     pub fn layer_types(self, layer: usize, layers: usize) -> Option<LayerTypes> {
-        let q4 = GgmlType::Q4_K;
-        match self {
-            WeightFormat::Bf16 => None,
-            WeightFormat::Q8_0 => Some([GgmlType::Q8_0; 7]),
-            WeightFormat::Q4KM => {
-                let (first, last) = (layers / 8, 7 * layers / 8);
-                let more = layer < first || layer >= last || (layer - first) % 3 == 2;
-                let vd = if more { GgmlType::Q6_K } else { q4 };
-                Some([q4, q4, vd, q4, q4, q4, vd])
-            }
-        }
+        let base = match self {
+            WeightFormat::Bf16 => return None,
+            WeightFormat::Q8_0 => return Some([GgmlType::Q8_0; 7]),
+            WeightFormat::Q4KM => GgmlType::Q4_K,
+            WeightFormat::Q5KM => GgmlType::Q5_K,
+        };
+        let (first, last) = (layers / 8, 7 * layers / 8);
+        let more = layer < first || layer >= last || (layer - first) % 3 == 2;
+        let vd = if more { GgmlType::Q6_K } else { base };
+        Some([base, base, vd, base, base, base, vd])
     }
 
     /// The LM head's type (`None` for bf16).
@@ -81,7 +86,7 @@ impl WeightFormat {
         match self {
             WeightFormat::Bf16 => None,
             WeightFormat::Q8_0 => Some(GgmlType::Q8_0),
-            WeightFormat::Q4KM => Some(GgmlType::Q6_K),
+            WeightFormat::Q4KM | WeightFormat::Q5KM => Some(GgmlType::Q6_K),
         }
     }
 
@@ -120,12 +125,13 @@ impl WeightFormat {
 
 /// The type llama.cpp's quantizer writes for a matrix meant to be `ty` whose rows hold
 /// `cols` elements: a K-quant's 256-element super-blocks must tile the row, else
-/// (`llama_tensor_get_type`'s fallback) Q4_K becomes Q5_0 and Q6_K becomes Q8_0, as in
-/// Qwen2.5-0.5B's Q4_K_M files (rows of 896). The engine reads both as Q8_0
-/// ([`crate::gguf::quant`]).
+/// (`llama_tensor_get_type`'s fallback) Q4_K becomes Q5_0, Q5_K Q5_1 and Q6_K Q8_0, as
+/// in Qwen2.5-0.5B's Q4_K_M files (rows of 896). The engine reads Q5_0 and Q8_0 (as
+/// Q8_0, [`crate::gguf::quant`]); Q5_1 is an error naming the type.
 pub fn fallback(ty: GgmlType, cols: usize) -> GgmlType {
     match ty {
         GgmlType::Q4_K if cols % 256 != 0 => GgmlType::Q5_0,
+        GgmlType::Q5_K if cols % 256 != 0 => GgmlType::Q5_1,
         GgmlType::Q6_K if cols % 256 != 0 => GgmlType::Q8_0,
         _ => ty,
     }
@@ -149,13 +155,14 @@ pub fn random_matrix(
         let r = rng.next_u64().to_le_bytes();
         chunk.copy_from_slice(&r[..chunk.len()]);
     }
-    // Largest |q| times scale: Q8_0 128 d, Q5_0 16 d, Q4_0 8 d, Q4_K 15 * 63 d, Q6_K
-    // 32 * 128 d.
+    // Largest |q| times scale: Q8_0 128 d, Q5_0 16 d, Q4_0 8 d, Q4_K 15 * 63 d, Q5_K
+    // 31 * 63 d, Q6_K 32 * 128 d.
     let d_max = match ty {
         GgmlType::Q8_0 => 0.05 / 128.0,
         GgmlType::Q5_0 => 0.05 / 16.0,
         GgmlType::Q4_0 => 0.05 / 8.0,
         GgmlType::Q4_K => 0.05 / 945.0,
+        GgmlType::Q5_K => 0.05 / 1953.0,
         _ => 0.05 / 4096.0,
     };
     for blk in bytes.chunks_exact_mut(size) {
@@ -164,7 +171,7 @@ pub fn random_matrix(
             GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q4_0 => {
                 blk[0..2].copy_from_slice(&d.to_le_bytes())
             }
-            GgmlType::Q4_K => {
+            GgmlType::Q4_K | GgmlType::Q5_K => {
                 blk[0..2].copy_from_slice(&d.to_le_bytes());
                 blk[2..4].copy_from_slice(&d.to_le_bytes());
             }
@@ -192,6 +199,26 @@ mod tests {
             WeightFormat::Q4KM
         );
         assert!("q5_k".parse::<WeightFormat>().is_err());
+        // Q5_K_M: the same layers take more bits, Q5_K elsewhere.
+        for i in 0..28 {
+            let (t4, t5) = (
+                WeightFormat::Q4KM.layer_types(i, 28).unwrap(),
+                WeightFormat::Q5KM.layer_types(i, 28).unwrap(),
+            );
+            for (a, b) in t4.iter().zip(t5) {
+                let want = if *a == GgmlType::Q4_K {
+                    GgmlType::Q5_K
+                } else {
+                    *a
+                };
+                assert_eq!(b, want, "layer {i}");
+            }
+        }
+        assert_eq!(WeightFormat::Q5KM.head_type(), Some(GgmlType::Q6_K));
+        assert_eq!(
+            "q5_k_m".parse::<WeightFormat>().unwrap().to_string(),
+            "q5_k_m"
+        );
     }
 
     /// Qwen2.5-0.5B in Q4_K_M as llama.cpp writes it: the rows of 896 (q, k, v, o,
@@ -240,6 +267,7 @@ mod tests {
         for ty in [
             GgmlType::Q8_0,
             GgmlType::Q4_K,
+            GgmlType::Q5_K,
             GgmlType::Q6_K,
             GgmlType::Q5_0,
             GgmlType::Q4_0,

@@ -86,7 +86,7 @@ fn even_policy(v: Option<&str>, block_n: usize) -> bool {
 /// (`examples/quant_bandwidth.rs --dequant`, docs/perf.md "Batched prefill of quantized
 /// weights"): Q4_K one row of 32 blocks, Q6_K and Q8_0 four rows.
 pub fn dequant_tile(ty: GgmlType) -> (usize, usize) {
-    if ty == GgmlType::Q4_K {
+    if ty == GgmlType::Q4_K || ty == GgmlType::Q5_K {
         (1, 32)
     } else {
         (4, 32)
@@ -441,6 +441,8 @@ impl QuantGemvConfig {
     ///
     /// The environment's overrides are applied by [`QuantGemvConfig::for_step`].
     pub fn for_shape(ty: GgmlType, rows: usize, cols: usize) -> QuantGemvConfig {
+        // Q5_K runs Q4_K's kernel (its `Q5` variants), at Q4_K's tiles.
+        let k_mins = ty == GgmlType::Q4_K || ty == GgmlType::Q5_K;
         let (block_n, block_k, num_warps) = if rows < 2048 {
             if cols > 1024 {
                 (4, 2048, 8)
@@ -451,9 +453,9 @@ impl QuantGemvConfig {
             (4, 2048, 4)
         } else if rows >= 16384 {
             (16, 1024, 4)
-        } else if cols > rows && ty == GgmlType::Q4_K {
+        } else if cols > rows && k_mins {
             (4, 2048, 4)
-        } else if cols == rows && ty == GgmlType::Q4_K {
+        } else if cols == rows && k_mins {
             (8, 1024, 4)
         } else if cols >= rows {
             (16, 1024, 8)
@@ -663,7 +665,7 @@ pub struct TileEntry {
 
 impl QuantTiles {
     /// Parses `[norm:][TYPE:]ROWSxCOLS=n,k,warps[;...]` (empty entries are skipped;
-    /// `TYPE` is `Q8_0`, `Q4_K` or `Q6_K`, in any case); an error names the entry that
+    /// `TYPE` is `Q8_0`, `Q4_K`, `Q5_K` or `Q6_K`, in any case); an error names the entry that
     /// does not parse.
     pub fn parse(spec: &str) -> Result<QuantTiles> {
         let mut tiles = QuantTiles::default();
@@ -671,7 +673,7 @@ impl QuantTiles {
             let bad = || {
                 crate::error::EngineError::Option {
                 message: format!(
-                    "quantized tile `{entry}`: expected `[norm:][TYPE:]ROWSxCOLS=n,k,warps` (TYPE: Q8_0, Q4_K or Q6_K)"
+                    "quantized tile `{entry}`: expected `[norm:][TYPE:]ROWSxCOLS=n,k,warps` (TYPE: Q8_0, Q4_K, Q5_K or Q6_K)"
                 ),
             }
             };
@@ -681,10 +683,15 @@ impl QuantTiles {
             };
             let (ty, body) = match body.split_once(':') {
                 Some((name, rest)) => {
-                    let ty = [GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K]
-                        .into_iter()
-                        .find(|t| t.name().eq_ignore_ascii_case(name.trim()))
-                        .ok_or_else(bad)?;
+                    let ty = [
+                        GgmlType::Q8_0,
+                        GgmlType::Q4_K,
+                        GgmlType::Q5_K,
+                        GgmlType::Q6_K,
+                    ]
+                    .into_iter()
+                    .find(|t| t.name().eq_ignore_ascii_case(name.trim()))
+                    .ok_or_else(bad)?;
                     (Some(ty), rest)
                 }
                 None => (None, body),
@@ -752,7 +759,8 @@ pub enum QuantBuffers {
         /// `[rows, cols / 32]`.
         d: Buffer<f16>,
     },
-    /// Q4_K: quant words, sub-block scales and mins, super-block scales.
+    /// Q4_K: quant words, sub-block scales and mins, super-block scales; Q5_K: the
+    /// same and its fifth bits.
     Q4K {
         /// `[rows, cols / 8]`.
         q: Buffer<u32>,
@@ -764,6 +772,8 @@ pub enum QuantBuffers {
         d: Buffer<f16>,
         /// `[rows, cols / 256]`.
         dmin: Buffer<f16>,
+        /// Q5_K: `[rows, cols / 32]` fifth-bit words.
+        qh: Option<Buffer<u32>>,
     },
     /// Q6_K: low-nibble and high-bit words, sub-block scales, super-block scales.
     Q6K {
@@ -823,6 +833,7 @@ impl DeviceQuantMatrix {
                 mins,
                 d,
                 dmin,
+                qh,
                 ..
             } => QuantBuffers::Q4K {
                 q: dev.upload(q)?,
@@ -830,6 +841,7 @@ impl DeviceQuantMatrix {
                 mins: dev.upload(mins)?,
                 d: dev.upload(d)?,
                 dmin: dev.upload(dmin)?,
+                qh: qh.as_ref().map(|qh| dev.upload(qh)).transpose()?,
             },
             PackedMatrix::Q6K {
                 ql, qh, scales, d, ..
@@ -852,7 +864,8 @@ impl DeviceQuantMatrix {
     pub fn ggml_type(&self) -> GgmlType {
         match self.buffers {
             QuantBuffers::Q8_0 { .. } => GgmlType::Q8_0,
-            QuantBuffers::Q4K { .. } => GgmlType::Q4_K,
+            QuantBuffers::Q4K { qh: None, .. } => GgmlType::Q4_K,
+            QuantBuffers::Q4K { qh: Some(_), .. } => GgmlType::Q5_K,
             QuantBuffers::Q6K { .. } => GgmlType::Q6_K,
         }
     }
@@ -887,6 +900,21 @@ impl DeviceQuantMatrix {
         }))
     }
 
+    /// Whether this matrix's GEMV is compiled at `cfg` for the variant asked: the LM
+    /// head (`head`), the norm inside (`act`), or the plain one with or without a
+    /// `residual`. Q5_K's variants cover the step's tiles, not every one
+    /// [`QuantGemvConfig::all`] lists (4 to 16 rows of 512 to 2048 columns).
+    pub fn gemv_compiled(
+        &self,
+        cfg: QuantGemvConfig,
+        residual: bool,
+        head: bool,
+        act: bool,
+    ) -> bool {
+        let consts = self.gemv_consts(cfg, residual && !head, head, act, false, false);
+        self.kernel().variant(&consts, Some(cfg.num_warps)).is_ok()
+    }
+
     /// Whether the GEMV over this matrix at `cfg` (no norm, no LM head) runs the
     /// variant whose loads take no masks (`EVEN = 1` of [`crate::kernels_quant::q4_k_gemv`]).
     pub fn reads_unmasked(&self, cfg: QuantGemvConfig, residual: bool) -> bool {
@@ -895,10 +923,11 @@ impl DeviceQuantMatrix {
     }
 
     /// The compile-time constants of this matrix's GEMV variant at `cfg`: `BLOCK_N`,
-    /// `BLOCK_K`, `RESIDUAL`, `HEAD`, `ACT`; for Q4_K `EVEN`, 1 where every row of
-    /// every program exists and the rows are whole tiles long (then the kernel's loads
-    /// take no masks: docs/perf.md, "Loads without masks") and that variant is compiled;
-    /// last `STAMPS`, 1 for a launch that writes timeline stamps.
+    /// `BLOCK_K`, `RESIDUAL`, `HEAD`, `ACT`; for Q4_K and Q5_K `EVEN`, 1 where every row
+    /// of every program exists and the rows are whole tiles long (then the kernel's
+    /// loads take no masks: docs/perf.md, "Loads without masks") and that variant is
+    /// compiled, `SILU_Q` and `Q5`; last `STAMPS`, 1 for a launch that writes timeline
+    /// stamps.
     fn gemv_consts(
         &self,
         cfg: QuantGemvConfig,
@@ -915,9 +944,10 @@ impl DeviceQuantMatrix {
             i64::from(head),
             i64::from(act),
         ];
-        if let QuantBuffers::Q4K { .. } = self.buffers {
+        if let QuantBuffers::Q4K { qh, .. } = &self.buffers {
             let whole = self.rows % cfg.block_n == 0 && self.cols % cfg.block_k == 0;
-            consts.extend([1, i64::from(silu_q), i64::from(stamps)]);
+            let q5 = i64::from(qh.is_some());
+            consts.extend([1, i64::from(silu_q), q5, i64::from(stamps)]);
             let allowed = unmasked_rows_allowed(cfg.block_n);
             if !whole || !allowed || Q4_K_GEMV.variant(&consts, Some(cfg.num_warps)).is_err() {
                 consts[5] = 0;
@@ -1009,8 +1039,17 @@ impl DeviceQuantMatrix {
                 mins,
                 d,
                 dmin,
+                qh,
             } => (
-                vec![q.into(), scales.into(), mins.into(), d.into(), dmin.into()],
+                // Without fifth bits (Q4_K) the kernels' `qh` is not read.
+                vec![
+                    q.into(),
+                    qh.as_ref().unwrap_or(q).into(),
+                    scales.into(),
+                    mins.into(),
+                    d.into(),
+                    dmin.into(),
+                ],
                 8,
             ),
             QuantBuffers::Q6K { ql, qh, scales, d } => (
@@ -1136,12 +1175,15 @@ impl DeviceQuantMatrix {
             k_words.into(),
             (tokens as i32).into(),
         ]);
-        let consts = [
+        let mut consts = vec![
             tile.block_n as i64,
             tile.block_k as i64,
             tile.tokens as i64,
             i64::from(residual),
         ];
+        if let QuantBuffers::Q4K { qh, .. } = &self.buffers {
+            consts.push(i64::from(qh.is_some()));
+        }
         kernel.launch_dyn(dev, launch, &consts, &mut args)?;
         Ok(())
     }
@@ -1197,7 +1239,11 @@ impl DeviceQuantMatrix {
         };
         let (mut args, k_words) = self.weight_args(false)?;
         args.extend([out.into(), n.into(), row0.into(), k_words.into()]);
-        kernel.launch_dyn(dev, launch, &[r as i64, blocks as i64], &mut args)?;
+        let mut consts = vec![r as i64, blocks as i64];
+        if let QuantBuffers::Q4K { qh, .. } = &self.buffers {
+            consts.push(i64::from(qh.is_some()));
+        }
+        kernel.launch_dyn(dev, launch, &consts, &mut args)?;
         Ok(())
     }
 
@@ -1397,6 +1443,7 @@ pub fn launch_q4_k_q6_k(
             mins,
             d,
             dmin,
+            qh: None,
         },
         QuantBuffers::Q6K {
             ql,

@@ -1,7 +1,7 @@
 //! ggml's element and block types: sizes, host dequantization (the reference the
 //! kernels are checked against) and the device layout the quantized GEMVs read.
 //!
-//! Supported for weights: Q8_0, Q4_K and Q6_K blocks, Q4_0, Q5_0 and IQ4_NL blocks
+//! Supported for weights: Q8_0, Q4_K, Q5_K and Q6_K blocks, Q4_0, Q5_0 and IQ4_NL blocks
 //! (read as Q8_0, below), and F32, F16, BF16 elements. Block layouts, as llama.cpp writes them
 //! (little-endian):
 //!
@@ -16,6 +16,9 @@
 //!   6-bit scales and eight 6-bit mins, packed), `u8 qs[128]`. Sub-block `j` (32
 //!   elements) has `x = d * sc[j] * q - dmin * m[j]`; byte `c * 32 + l` of `qs` holds
 //!   element `c * 64 + l` in its low nibble and `c * 64 + 32 + l` in its high one.
+//! - **Q5_K**, 256 elements in 176 bytes: Q4_K's `d`, `dmin` and `scales`, then `u8
+//!   qh[32]`, then Q4_K's `qs[128]`; `q` gains a fifth bit, element `32 j + l`'s at bit
+//!   `j` of `qh[l]`.
 //! - **Q6_K**, 256 elements in 210 bytes: `u8 ql[128]` (low 4 bits), `u8 qh[64]` (high
 //!   2 bits), `i8 scales[16]` (one per 16 elements), `f16 d`; `x = d * sc * (q - 32)`.
 //!   In each half `h` of 128 elements, element `h * 128 + g * 32 + l` (`g` in 0..4) has
@@ -37,6 +40,7 @@
 //! |---|---|---|---|
 //! | Q8_0 | `q: u32[cols / 4]` (`i8` bytes in element order), `d: f16[cols / 32]` | 8 words: word `w` byte `b` is element `4 w + b` | 272 (272) |
 //! | Q4_K | `q: u32[cols / 8]` (nibbles), `scales: u8[cols / 32]`, `mins: u8[cols / 32]` (6-bit values unpacked), `d: f16[cols / 256]`, `dmin: f16[cols / 256]` | 4 words: word `w` byte `b` holds element `4 w + b` in its low nibble and `16 + 4 w + b` in its high one | 148 (144) |
+//! | Q5_K | Q4_K's arrays and `qh: u32[cols / 32]` (fifth bits) | Q4_K's 4 words; 1 `qh` word: bit `i` is element `i`'s fifth bit | 180 (176) |
 //! | Q6_K | `ql: u32[cols / 8]` (low nibbles, as Q4_K's), `qh: u32[cols / 16]` (high 2 bits), `scales: u8[cols / 16]` (`i8` with the sign bit flipped), `d: f16[cols / 256]` | 4 `ql` words as Q4_K's; 2 `qh` words: word `p` byte `b` holds, at bit `2 (2 i + h)`, the high bits of element `16 h + 4 (2 p + i) + b` | 210 (210) |
 //!
 //! So a Q4_K word's low nibbles (`w & 0x0F0F0F0F`) are activation word `w` of the
@@ -47,6 +51,10 @@
 //!
 //! Q4_K's unpacked scales cost 4 bytes a super-block (2.8%) and spare each thread the
 //! 6-bit unpacking (three gathers and a dozen bit operations per sub-block).
+//!
+//! A Q5_K matrix is a Q4_K one with a fifth bit plane (`PackedMatrix::Q4K`'s `qh`), read
+//! by the same kernels' `Q5 = 1` variants: the four bits of a nibble word's bytes move
+//! to bit 4 of each byte with one multiplication (`crate::kernels_quant`).
 //!
 //! # Q4_0, Q5_0 and IQ4_NL, read as Q8_0
 //!
@@ -79,12 +87,16 @@ impl GgmlType {
     pub const Q4_0: GgmlType = GgmlType(2);
     /// 32-element blocks of 5-bit quants and an f16 scale.
     pub const Q5_0: GgmlType = GgmlType(6);
+    /// 32-element blocks of 5-bit quants, an f16 scale and an f16 offset (not read).
+    pub const Q5_1: GgmlType = GgmlType(7);
     /// 32-element blocks of 4-bit indices into a fixed table and an f16 scale.
     pub const IQ4_NL: GgmlType = GgmlType(20);
     /// 32-element blocks of 8-bit quants and an f16 scale.
     pub const Q8_0: GgmlType = GgmlType(8);
     /// 256-element super-blocks of 4-bit quants, 6-bit scales and mins.
     pub const Q4_K: GgmlType = GgmlType(12);
+    /// Q4_K with a fifth bit a quant.
+    pub const Q5_K: GgmlType = GgmlType(13);
     /// 256-element super-blocks of 6-bit quants and 8-bit scales.
     pub const Q6_K: GgmlType = GgmlType(14);
     /// bfloat16.
@@ -114,6 +126,7 @@ impl GgmlType {
             Self::IQ4_NL,
             Self::Q8_0,
             Self::Q4_K,
+            Self::Q5_K,
             Self::Q6_K,
         ]
         .contains(&self)
@@ -181,7 +194,7 @@ impl std::fmt::Display for GgmlType {
 }
 
 /// The types [`dequantize`] reads, for messages.
-pub const SUPPORTED: &str = "F32, F16, BF16, Q4_0, Q5_0, IQ4_NL, Q8_0, Q4_K, Q6_K";
+pub const SUPPORTED: &str = "F32, F16, BF16, Q4_0, Q5_0, IQ4_NL, Q8_0, Q4_K, Q5_K, Q6_K";
 
 /// IQ4_NL's table: the value of each 4-bit index (llama.cpp's `kvalues_iq4nl`).
 pub const IQ4_NL_VALUES: [i8; 16] = [
@@ -270,17 +283,29 @@ fn scaled_ints(ty: GgmlType, block: &[u8]) -> (f16, [i8; 32]) {
 /// Dequantizes one Q4_K block (144 bytes) into 256 values, with llama.cpp's rounding:
 /// `(d * sc) * q - dmin * m` in f32.
 pub fn dequantize_q4_k(block: &[u8], out: &mut [f32]) {
+    dequantize_k_mins(block, None, &block[16..144], out)
+}
+
+/// Dequantizes one Q5_K block (176 bytes) into 256 values, as [`dequantize_q4_k`] with
+/// each quant's fifth bit from `qh`.
+pub fn dequantize_q5_k(block: &[u8], out: &mut [f32]) {
+    dequantize_k_mins(block, Some(&block[16..48]), &block[48..176], out)
+}
+
+/// Q4_K's and Q5_K's `(d * sc) * q - dmin * m`: `d`, `dmin` and the packed scales lead
+/// `block`; `qs` holds the low nibbles, `qh` (Q5_K) the fifth bits.
+fn dequantize_k_mins(block: &[u8], qh: Option<&[u8]>, qs: &[u8], out: &mut [f32]) {
     let d = f16_at(block, 0);
     let dmin = f16_at(block, 2);
     let (sc, m) = q4k_scale_min(&block[4..16]);
-    let qs = &block[16..144];
     for c in 0..4 {
         for nib in 0..2 {
             let j = c * 2 + nib;
             let scale = d * sc[j] as f32;
             let min = dmin * m[j] as f32;
             for l in 0..32 {
-                let q = (qs[c * 32 + l] >> (4 * nib)) & 15;
+                let high = qh.map_or(0, |qh| ((qh[l] >> j) & 1) << 4);
+                let q = ((qs[c * 32 + l] >> (4 * nib)) & 15) | high;
                 out[c * 64 + nib * 32 + l] = scale * q as f32 - min;
             }
         }
@@ -344,6 +369,7 @@ pub fn dequantize(ty: GgmlType, bytes: &[u8], numel: usize, name: &str) -> Resul
         GgmlType::IQ4_NL => blocks.for_each(|(b, o)| dequantize_iq4_nl(b, o)),
         GgmlType::Q8_0 => blocks.for_each(|(b, o)| dequantize_q8_0(b, o)),
         GgmlType::Q4_K => blocks.for_each(|(b, o)| dequantize_q4_k(b, o)),
+        GgmlType::Q5_K => blocks.for_each(|(b, o)| dequantize_q5_k(b, o)),
         GgmlType::Q6_K => blocks.for_each(|(b, o)| dequantize_q6_k(b, o)),
         _ => return Err(unsupported()),
     }
@@ -387,7 +413,7 @@ pub enum PackedMatrix {
         /// `[rows, cols / 32]` block scales.
         d: Vec<f16>,
     },
-    /// Q4_K.
+    /// Q4_K, and Q5_K with its fifth bits in `qh`.
     Q4K {
         /// Rows (output features).
         rows: usize,
@@ -403,6 +429,9 @@ pub enum PackedMatrix {
         d: Vec<f16>,
         /// `[rows, cols / 256]` super-block min scales.
         dmin: Vec<f16>,
+        /// Q5_K only: `[rows, cols / 32]` words of the quants' fifth bits, bit `i` of
+        /// a sub-block's word its element `i`'s.
+        qh: Option<Vec<u32>>,
     },
     /// Q6_K.
     Q6K {
@@ -516,7 +545,7 @@ impl PackedMatrix {
             _ => {
                 return Err(EngineError::Unsupported {
                     message: format!(
-                        "tensor `{name}` has ggml type {}; the quantized GEMVs read Q8_0, Q4_K and Q6_K (and Q4_0, Q5_0 and IQ4_NL as Q8_0)",
+                        "tensor `{name}` has ggml type {}; the quantized GEMVs read Q8_0, Q4_K, Q5_K and Q6_K (and Q4_0, Q5_0 and IQ4_NL as Q8_0)",
                         ty.name()
                     ),
                 })
@@ -549,28 +578,53 @@ impl PackedMatrix {
                 );
                 PackedMatrix::Q8_0 { rows, cols, q, d }
             }
-            GgmlType::Q4_K => {
-                let mut q = vec![0u32; blocks * 32];
+            GgmlType::Q4_K | GgmlType::Q5_K => {
+                let five = ty == GgmlType::Q5_K;
+                // Per super-block: 32 nibble words, then (Q5_K) 8 fifth-bit words.
+                let per_block = if five { 40 } else { 32 };
+                let mut words = vec![0u32; blocks * per_block];
                 // Per super-block: 8 scales, 8 mins, then `d` and `dmin` (split below).
                 let mut meta = vec![0u8; blocks * 20];
                 in_parallel(
                     bytes,
                     block_bytes,
-                    (q.as_mut_slice(), 32),
+                    (words.as_mut_slice(), per_block),
                     (meta.as_mut_slice(), 20),
-                    |b, q, meta| {
+                    |b, words, meta| {
                         let (sc, m) = q4k_scale_min(&b[4..16]);
                         meta[..8].copy_from_slice(&sc);
                         meta[8..16].copy_from_slice(&m);
                         meta[16..20].copy_from_slice(&b[..4]);
-                        let qs = &b[16..144];
+                        let qs = &b[block_bytes - 128..];
+                        let (q, high) = words.split_at_mut(32);
                         // Element order: chunk c of 64 is bytes c*32.. low nibbles, then high.
                         pack_block(q, 256, 4, nibble_at, |e| {
                             let (c, nib, i) = (e / 64, (e / 32) % 2, e % 32);
                             u32::from((qs[c * 32 + i] >> (4 * nib)) & 15)
                         });
+                        if five {
+                            // Element `32 j + i`'s fifth bit: bit `j` of `qh[i]`.
+                            pack_block(
+                                high,
+                                256,
+                                1,
+                                |e| (e / 32, (e % 32) as u32),
+                                |e| u32::from((b[16 + e % 32] >> (e / 32)) & 1),
+                            );
+                        }
                     },
                 );
+                let (q, qh) = if five {
+                    let mut q = Vec::with_capacity(blocks * 32);
+                    let mut qh = Vec::with_capacity(blocks * 8);
+                    for w in words.chunks_exact(40) {
+                        q.extend_from_slice(&w[..32]);
+                        qh.extend_from_slice(&w[32..]);
+                    }
+                    (q, Some(qh))
+                } else {
+                    (words, None)
+                };
                 let (mut scales, mut mins) = (
                     Vec::with_capacity(blocks * 8),
                     Vec::with_capacity(blocks * 8),
@@ -590,6 +644,7 @@ impl PackedMatrix {
                     mins,
                     d,
                     dmin,
+                    qh,
                 }
             }
             GgmlType::Q6_K => {
@@ -651,7 +706,8 @@ impl PackedMatrix {
     pub fn ggml_type(&self) -> GgmlType {
         match self {
             PackedMatrix::Q8_0 { .. } => GgmlType::Q8_0,
-            PackedMatrix::Q4K { .. } => GgmlType::Q4_K,
+            PackedMatrix::Q4K { qh: None, .. } => GgmlType::Q4_K,
+            PackedMatrix::Q4K { qh: Some(_), .. } => GgmlType::Q5_K,
             PackedMatrix::Q6K { .. } => GgmlType::Q6_K,
         }
     }
@@ -682,12 +738,16 @@ impl PackedMatrix {
                 mins,
                 d,
                 dmin,
+                qh,
                 ..
             } => {
                 for (i, o) in out.iter_mut().enumerate() {
                     let scale = d[i / 256].to_f32() * scales[i / 32] as f32;
                     let min = dmin[i / 256].to_f32() * mins[i / 32] as f32;
-                    *o = scale * field(q, i, 4, nibble_at) as f32 - min;
+                    let high = qh
+                        .as_ref()
+                        .map_or(0, |qh| ((qh[i / 32] >> (i % 32)) & 1) << 4);
+                    *o = scale * (field(q, i, 4, nibble_at) | high) as f32 - min;
                 }
             }
             PackedMatrix::Q6K {
@@ -767,6 +827,13 @@ impl PackedMatrix {
                     PackedMatrix::Q4K { dmin, .. } => dmin,
                     _ => &[],
                 }),
+                // One type, checked above: all parts have fifth bits or none has.
+                qh: (ty == GgmlType::Q5_K).then(|| {
+                    cat(parts, |p| match p {
+                        PackedMatrix::Q4K { qh: Some(qh), .. } => qh,
+                        _ => &[],
+                    })
+                }),
             },
             PackedMatrix::Q6K { .. } => PackedMatrix::Q6K {
                 rows,
@@ -801,8 +868,12 @@ impl PackedMatrix {
                 mins,
                 d,
                 dmin,
+                qh,
                 ..
-            } => 4 * q.len() + scales.len() + mins.len() + 2 * (d.len() + dmin.len()),
+            } => {
+                let high = qh.as_ref().map_or(0, Vec::len);
+                4 * (q.len() + high) + scales.len() + mins.len() + 2 * (d.len() + dmin.len())
+            }
             PackedMatrix::Q6K {
                 ql, qh, scales, d, ..
             } => 4 * (ql.len() + qh.len()) + scales.len() + 2 * d.len(),
@@ -823,6 +894,7 @@ mod tests {
         for ty in [
             GgmlType::Q8_0,
             GgmlType::Q4_K,
+            GgmlType::Q5_K,
             GgmlType::Q6_K,
             GgmlType::Q4_0,
             GgmlType::Q5_0,
@@ -857,7 +929,7 @@ mod tests {
         let scale = f16::from_f32(0.01).to_le_bytes();
         for b in bytes.chunks_exact_mut(size) {
             match ty {
-                GgmlType::Q4_K => {
+                GgmlType::Q4_K | GgmlType::Q5_K => {
                     b[..2].copy_from_slice(&scale);
                     b[2..4].copy_from_slice(&scale);
                 }
@@ -902,6 +974,56 @@ mod tests {
                 want.iter().map(|v| (v / scale).round() as i32).collect();
             assert_eq!(ints, all, "{ty}");
         }
+    }
+
+    /// A hand-built Q5_K block: element `32 j + l` takes its fifth bit from bit `j` of
+    /// `qh[l]`, and the device layout reads back the file's values bit for bit.
+    #[test]
+    fn q5_k_takes_each_elements_fifth_bit_from_its_sub_blocks_bit() {
+        let mut block = vec![0u8; 176];
+        block[..2].copy_from_slice(&f16::from_f32(0.5).to_le_bytes());
+        block[2..4].copy_from_slice(&f16::from_f32(0.25).to_le_bytes());
+        // Scales 1..=8 and mins 8..=1 for sub-blocks 0..8 (6-bit packing: the first
+        // four in the low bits of bytes 0..4 / 4..8, the rest in nibbles of 8..12).
+        for j in 0..4 {
+            block[4 + j] = 1 + j as u8;
+            block[8 + j] = 8 - j as u8;
+            block[12 + j] = (5 + j as u8) | ((4 - j as u8) << 4);
+        }
+        // qh[3]: bit 2 (element 64 + 3) and bit 7 (element 224 + 3).
+        block[16 + 3] = (1 << 2) | (1 << 7);
+        // qs[32 + 3]: chunk 1, element 64 + 3's low nibble 6, element 96 + 3's 9.
+        block[48 + 32 + 3] = 6 | (9 << 4);
+        let mut out = [0f32; 256];
+        dequantize_q5_k(&block, &mut out);
+        let (sc, m) = q4k_scale_min(&block[4..16]);
+        assert_eq!(
+            (sc, m),
+            ([1, 2, 3, 4, 5, 6, 7, 8], [8, 7, 6, 5, 4, 3, 2, 1])
+        );
+        let value = |j: usize, q: u32| 0.5 * sc[j] as f32 * q as f32 - 0.25 * m[j] as f32;
+        assert_eq!(out[64 + 3], value(2, 6 + 16));
+        assert_eq!(out[96 + 3], value(3, 9));
+        assert_eq!(out[224 + 3], value(7, 16));
+        assert_eq!(out[224 + 4], value(7, 0));
+        let packed = PackedMatrix::pack(GgmlType::Q5_K, &block, 1, 256, "w").unwrap();
+        assert_eq!(packed.ggml_type(), GgmlType::Q5_K);
+        assert_eq!(packed.device_bytes(), 180);
+        let back = packed.dequantize();
+        assert!(back
+            .iter()
+            .zip(&out)
+            .all(|(a, b)| a.to_bits() == b.to_bits()));
+        let mut state = 0x1234_5678_9ABC_DEF1u64;
+        let bytes = random_blocks(GgmlType::Q5_K, 12, &mut state);
+        let want = dequantize(GgmlType::Q5_K, &bytes, 12 * 256, "w").unwrap();
+        let got = PackedMatrix::pack(GgmlType::Q5_K, &bytes, 3, 1024, "w")
+            .unwrap()
+            .dequantize();
+        assert!(got
+            .iter()
+            .zip(&want)
+            .all(|(a, b)| a.to_bits() == b.to_bits()));
     }
 
     /// A hand-built Q5_0 block: the fifth bit of element `e` is bit `e` of `qh`, the
