@@ -797,7 +797,8 @@ fn q4_k_row_sums_prefetch<const BLOCK_K: usize, const ACT: usize, const Q5: usiz
     // The tall matrices' tile (8B gate+up) at 80 registers instead of 107: six programs
     // an SM instead of four, 80% -> 85% of the copy ceiling on an H200 (docs/perf.md,
     // "A register cap on the Q4_K GEMV"); the tiles that keep a tile in flight lose.
-    max_registers(80, BLOCK_N = 16, BLOCK_K = 1024, RESIDUAL = 0, HEAD = 0, ACT = 0, num_warps = 4),
+    // Q4_K only: Q5_K's timeline-stamped variant spilled at 80 (tests/ptxas_all.rs).
+    max_registers(80, BLOCK_N = 16, BLOCK_K = 1024, RESIDUAL = 0, HEAD = 0, ACT = 0, Q5 = 0, num_warps = 4),
     // The wide matrices' tile (8B down) at 64 registers instead of 72: eight programs
     // an SM, so the 1024 programs of 4096 rows run in one wave of 132 SMs, not two
     // (docs/perf.md, "Register limits by tile").
