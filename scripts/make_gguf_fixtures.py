@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes the GGUF fixtures under tests/fixtures/gguf/ with llama.cpp's `gguf` package
 (PyPI `gguf`, tested with 0.19.0, numpy 2.x): the reference for the engine's GGUF reader
-and its Q8_0 / Q4_K / Q5_K / Q6_K / Q4_0 / Q5_0 / IQ4_NL dequantization.
+and its Q8_0 / Q4_K / Q5_K / Q6_K / Q4_0 / Q5_0 / IQ4_NL / Q4_1 / Q5_1 dequantization.
 
 - `blocks.gguf`: random blocks of each type (including extreme f16 scales: the largest
   finite, subnormal, negative, zero) as tensors `<type>.blocks`, and the package's own
@@ -48,7 +48,8 @@ OUT = os.path.join("tests", "fixtures", "gguf")
 rng = np.random.default_rng(27)
 
 BLOCK = {T.Q8_0: (32, 34), T.Q4_K: (256, 144), T.Q5_K: (256, 176), T.Q6_K: (256, 210),
-         T.Q4_0: (32, 18), T.Q5_0: (32, 22), T.IQ4_NL: (32, 18)}
+         T.Q4_0: (32, 18), T.Q5_0: (32, 22), T.IQ4_NL: (32, 18), T.Q4_1: (32, 20),
+         T.Q5_1: (32, 24)}
 # The scale-led 32-element types: `f16 d` first.
 SMALL = (T.Q8_0, T.Q4_0, T.Q5_0, T.IQ4_NL)
 # f16 scales that stress the dequantizer: largest finite, smallest subnormal, smallest
@@ -70,7 +71,7 @@ def random_blocks(qtype, n_blocks, d_scale, extreme=True, g=None):
     dmin[:k] = EXTREME_D[::-1][:k]
     if qtype in SMALL:
         b[:, 0:2] = d.view(np.uint8).reshape(-1, 2)
-    elif qtype in (T.Q4_K, T.Q5_K):
+    elif qtype in (T.Q4_K, T.Q5_K, T.Q4_1, T.Q5_1):
         b[:, 0:2] = d.view(np.uint8).reshape(-1, 2)
         b[:, 2:4] = dmin.view(np.uint8).reshape(-1, 2)
     elif qtype == T.Q6_K:
@@ -116,6 +117,14 @@ def write_blocks():
     b = random_blocks(T.Q5_K, 6 * 2, 0.01, g=g).reshape(6, 2 * BLOCK[T.Q5_K][1])
     w.add_tensor("q5_k.blocks", b, raw_dtype=T.Q5_K)
     w.add_tensor("q5_k.expected", dequantize(b, T.Q5_K).astype(np.float32))
+    # Q4_1 and Q5_1 (`d`, then the offset `m`, which takes the `dmin` draw) from a fourth.
+    g = np.random.default_rng(2751)
+    for qtype in (T.Q4_1, T.Q5_1):
+        _, size = BLOCK[qtype]
+        b = random_blocks(qtype, 6 * 8, 0.01, g=g).reshape(6, 8 * size)
+        name = qtype.name.lower()
+        w.add_tensor(f"{name}.blocks", b, raw_dtype=qtype)
+        w.add_tensor(f"{name}.expected", dequantize(b, qtype).astype(np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -362,11 +362,14 @@ fn store_rows<const RESIDUAL: usize, const HEAD: usize>(
 
 /// One tile's Q8_0 sums per row and block (`[n, blocks]`): `qt: [n, blocks, 8]` words,
 /// `dd: [n, blocks]` scales, against activation blocks `blk` (valid where `blk_ok`).
+/// With `MIN = 1` (Q4_1 and Q5_1), `mm: [n, blocks]` are the blocks' offsets, each times
+/// the block's sum of `x`; else `mm` is not read.
 #[tile_fn(crate = tilefuse_dsl)]
 #[allow(clippy::too_many_arguments)]
-fn q8_0_tile<const ACT: usize>(
+fn q8_0_tile<const ACT: usize, const MIN: usize>(
     qt: Tile<u32>,
     dd: Tile<f16>,
+    mm: Tile<f16>,
     xq: Ptr<i32>,
     xd: Ptr<f32>,
     a: Ptr<bf16>,
@@ -390,13 +393,22 @@ fn q8_0_tile<const ACT: usize>(
         x = pack_words3(v, inv_step(amax).expand_dims(1).expand_dims(2));
         x_d = amax / 127.0;
     }
-    let dots = dot4(qt.bitcast::<i32>(), x.expand_dims(0), 0).sum(2);
-    (dots as f32) * (dd as f32) * x_d.expand_dims(0)
+    let x3 = x.expand_dims(0);
+    let dots = dot4(qt.bitcast::<i32>(), x3, 0).sum(2);
+    let mut v = (dots as f32) * (dd as f32);
+    if MIN == 1 {
+        // The block's sum of `x` by `dot4` with ones (weight-shaped, as in `q4_k_tile`).
+        let ones = (qt.bitcast::<i32>() & 0) | 0x0101_0101;
+        v = v + (dot4(ones, x3, 0).sum(2) as f32) * (mm as f32);
+    }
+    v * x_d.expand_dims(0)
 }
 
 /// `y = bf16(W · x + bias)` for a Q8_0 matrix `W` of shape `[n, k]` with
 /// `k = 4 * k_words` (`q: u32[n, k_words]`, `d: f16[n, k / 32]`) and `x` quantized by
-/// [`quantize_act`]; the residual and LM-head variants as in the module docs.
+/// [`quantize_act`]; the residual and LM-head variants as in the module docs. `MIN = 1`
+/// reads Q4_1 and Q5_1 (`x = d * q + m`): the same arrays and the offsets `m: f16[n, k
+/// / 32]` (not read otherwise).
 #[kernel(
     crate = tilefuse_dsl,
     BLOCK_N = [1, 2, 4, 8, 16, 32],
@@ -413,6 +425,10 @@ fn q8_0_tile<const ACT: usize>(
     skip(BLOCK_K = 2048, BLOCK_N = [8, 16, 32]),
     skip(BLOCK_K = 1024, BLOCK_N = 32),
     skip(BLOCK_K = 2048, HEAD = 1),
+    // 1: block offsets (Q4_1, Q5_1), at the tiles the step picks.
+    MIN = [0, 1],
+    skip(MIN = 1, BLOCK_N = [1, 2, 32]),
+    skip(MIN = 1, BLOCK_K = 256),
     // 1: the timeline stamps (`crate::kernels::stamp_now`), 0: none compiled.
     STAMPS = [0, 1]
 )]
@@ -422,10 +438,12 @@ pub fn q8_0_gemv<
     const RESIDUAL: usize,
     const HEAD: usize,
     const ACT: usize,
+    const MIN: usize,
     const STAMPS: usize,
 >(
     q: Ptr<u32>,
     d: Ptr<f16>,
+    m: Ptr<f16>,
     xq: Ptr<i32>,
     xd: Ptr<f32>,
     a: Ptr<bf16>,
@@ -457,6 +475,10 @@ pub fn q8_0_gemv<
     let ok = ok2 & (grp < blocks).expand_dims(0);
     let q_first = load(q + q_rows + words.expand_dims(0), ok.expand_dims(2), 0);
     let d_first = load(d + d_rows + grp.expand_dims(0), ok, 0.0);
+    let mut m_first = d_first;
+    if MIN == 1 {
+        m_first = load(m + d_rows + grp.expand_dims(0), ok, 0.0);
+    }
     let mut b = zeros::<f32>([BLOCK_N]);
     if HEAD == 0 {
         b = load(bias + row0 + rows, row_ok, 0.0) as f32;
@@ -473,7 +495,18 @@ pub fn q8_0_gemv<
     if RESIDUAL == 1 {
         old = load(y + row0 + rows, row_ok, 0.0) as f32;
     }
-    let mut acc = q8_0_tile::<ACT>(q_first, d_first, xq, xd, a, norm_w, grp, grp < blocks, w);
+    let mut acc = q8_0_tile::<ACT, MIN>(
+        q_first,
+        d_first,
+        m_first,
+        xq,
+        xd,
+        a,
+        norm_w,
+        grp,
+        grp < blocks,
+        w,
+    );
     for g0 in (BLOCK_K / 32..blocks).step_by(BLOCK_K / 32) {
         let blk = g0 + grp;
         let blk_ok = blk < blocks;
@@ -484,7 +517,11 @@ pub fn q8_0_gemv<
             0,
         );
         let dt = load(d + d_rows + blk.expand_dims(0), ok, 0.0);
-        acc += q8_0_tile::<ACT>(qt, dt, xq, xd, a, norm_w, blk, blk_ok, w);
+        let mut mt = dt;
+        if MIN == 1 {
+            mt = load(m + d_rows + blk.expand_dims(0), ok, 0.0);
+        }
+        acc += q8_0_tile::<ACT, MIN>(qt, dt, mt, xq, xd, a, norm_w, blk, blk_ok, w);
     }
     store_rows::<RESIDUAL, HEAD>(
         y,
@@ -1474,9 +1511,10 @@ fn store_tokens<const T: usize, const RESIDUAL: usize>(
 /// Token `t0 + I`'s Q8_0 tile sums for [`q8_0_gemv_tokens`] (zero past `tokens`).
 #[tile_fn(crate = tilefuse_dsl)]
 #[allow(clippy::too_many_arguments)]
-fn q8_0_token<const I: usize>(
+fn q8_0_token<const I: usize, const MIN: usize>(
     qt: Tile<u32>,
     dt: Tile<f16>,
+    mt: Tile<f16>,
     xq: Ptr<i32>,
     xd: Ptr<f32>,
     unused: Ptr<bf16>,
@@ -1489,9 +1527,10 @@ fn q8_0_token<const I: usize>(
 ) -> Tile<f32> {
     let t = t0 + I as i32;
     let ok = blk_ok & (t < tokens);
-    q8_0_tile::<0>(
+    q8_0_tile::<0, MIN>(
         qt,
         dt,
+        mt,
         xq + t * k_words,
         xd + t * (k_words / 8),
         unused,
@@ -1512,6 +1551,7 @@ fn q8_0_token<const I: usize>(
     BLOCK_K = [512, 1024],
     T = [2, 4, 8],
     RESIDUAL = [0, 1],
+    MIN = [0, 1],
     num_warps = [4]
 )]
 #[allow(clippy::too_many_arguments)]
@@ -1520,9 +1560,11 @@ pub fn q8_0_gemv_tokens<
     const BLOCK_K: usize,
     const T: usize,
     const RESIDUAL: usize,
+    const MIN: usize,
 >(
     q: Ptr<u32>,
     d: Ptr<f16>,
+    m: Ptr<f16>,
     xq: Ptr<i32>,
     xd: Ptr<f32>,
     bias: Ptr<bf16>,
@@ -1563,19 +1605,39 @@ pub fn q8_0_gemv_tokens<
             0,
         );
         let dt = load(d + d_rows + blk.expand_dims(0), ok, 0.0);
-        acc0 += q8_0_token::<0>(qt, dt, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words);
+        let mut mt = dt;
+        if MIN == 1 {
+            mt = load(m + d_rows + blk.expand_dims(0), ok, 0.0);
+        }
+        acc0 += q8_0_token::<0, MIN>(
+            qt, dt, mt, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words,
+        );
         if T > 1 {
-            acc1 += q8_0_token::<1>(qt, dt, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words);
+            acc1 += q8_0_token::<1, MIN>(
+                qt, dt, mt, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words,
+            );
         }
         if T > 2 {
-            acc2 += q8_0_token::<2>(qt, dt, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words);
-            acc3 += q8_0_token::<3>(qt, dt, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words);
+            acc2 += q8_0_token::<2, MIN>(
+                qt, dt, mt, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words,
+            );
+            acc3 += q8_0_token::<3, MIN>(
+                qt, dt, mt, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words,
+            );
         }
         if T > 4 {
-            acc4 += q8_0_token::<4>(qt, dt, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words);
-            acc5 += q8_0_token::<5>(qt, dt, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words);
-            acc6 += q8_0_token::<6>(qt, dt, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words);
-            acc7 += q8_0_token::<7>(qt, dt, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words);
+            acc4 += q8_0_token::<4, MIN>(
+                qt, dt, mt, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words,
+            );
+            acc5 += q8_0_token::<5, MIN>(
+                qt, dt, mt, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words,
+            );
+            acc6 += q8_0_token::<6, MIN>(
+                qt, dt, mt, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words,
+            );
+            acc7 += q8_0_token::<7, MIN>(
+                qt, dt, mt, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words,
+            );
         }
     }
     store_tokens::<T, RESIDUAL>(
@@ -1890,11 +1952,13 @@ fn dequant_offsets(rows: Tile<i32>, blk: Tile<i32>, k: i32) -> Tile<i32> {
 }
 
 /// A Q8_0 matrix (`q: u32[n, k / 4]`, `d: f16[n, k / 32]`) as bf16 rows `row0..row0 +
-/// n` of `out` (`[.., k]`): `q * d`.
-#[kernel(crate = tilefuse_dsl, R = [1, 4], BLOCKS = [8, 32], num_warps = [4])]
-pub fn dequantize_q8_0<const R: usize, const BLOCKS: usize>(
+/// n` of `out` (`[.., k]`): `q * d`; with `MIN = 1` (Q4_1, Q5_1) `q * d + m`.
+#[kernel(crate = tilefuse_dsl, R = [1, 4], BLOCKS = [8, 32], MIN = [0, 1], num_warps = [4])]
+#[allow(clippy::too_many_arguments)]
+pub fn dequantize_q8_0<const R: usize, const BLOCKS: usize, const MIN: usize>(
     q: Ptr<u32>,
     d: Ptr<f16>,
+    m: Ptr<f16>,
     out: Ptr<bf16>,
     n: i32,
     row0: i32,
@@ -1910,17 +1974,21 @@ pub fn dequantize_q8_0<const R: usize, const BLOCKS: usize>(
     // `e / 4`), indexed from the element offsets as in `dequantize_q4_k`.
     let e = dequant_offsets(rows, blk, k_words * 4);
     let words = load(q + (e >> 2), ok3.expand_dims(3) & (b >= 0), 0);
-    let dd = load(
-        d + (rows * blocks).expand_dims(1) + blk.expand_dims(0),
-        ok,
-        0.0,
-    ) as f32;
+    let d_at = (rows * blocks).expand_dims(1) + blk.expand_dims(0);
+    let dd = load(d + d_at, ok, 0.0) as f32;
+    let mut mm = dd;
+    if MIN == 1 {
+        mm = load(m + d_at, ok, 0.0) as f32;
+    }
     wait_for_prior_kernels();
     let offs = e + row0 * (k_words * 4);
     // Byte `b` (`offs & 3`), sign-extended.
     let shift = (24 - ((offs & 3) << 3)) as u32;
     let qv = ((words << shift).bitcast::<i32>()) >> 24;
-    let v = (qv as f32) * dd.expand_dims(2).expand_dims(3);
+    let mut v = (qv as f32) * dd.expand_dims(2).expand_dims(3);
+    if MIN == 1 {
+        v = v + mm.expand_dims(2).expand_dims(3);
+    }
     store(out + offs, v as bf16, ok3.expand_dims(3));
 }
 

@@ -56,6 +56,8 @@ fn dequantizes_blocks_like_the_gguf_package() {
         ("q4_0", GgmlType::Q4_0),
         ("q5_0", GgmlType::Q5_0),
         ("iq4_nl", GgmlType::IQ4_NL),
+        ("q4_1", GgmlType::Q4_1),
+        ("q5_1", GgmlType::Q5_1),
     ] {
         let blocks = f.tensor(&format!("{name}.blocks")).unwrap();
         let expected = f.tensor(&format!("{name}.expected")).unwrap();

@@ -69,6 +69,12 @@ fn random_blocks(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize, extreme:
             }
             match ty {
                 GgmlType::Q8_0 => blk[0..2].copy_from_slice(&d.to_le_bytes()),
+                GgmlType::Q4_1 | GgmlType::Q5_1 => {
+                    // An offset about a block's lowest value, as the quantizer sets it.
+                    blk[0..2].copy_from_slice(&d.to_le_bytes());
+                    let m = -16.0 * d.to_f32().clamp(-1e3, 1e3) + rng.unit() * 0.01;
+                    blk[2..4].copy_from_slice(&f16::from_f32(m).to_le_bytes());
+                }
                 GgmlType::Q4_K | GgmlType::Q5_K => {
                     blk[0..2].copy_from_slice(&d.to_le_bytes());
                     blk[2..4].copy_from_slice(&dmin.to_le_bytes());
@@ -235,7 +241,7 @@ fn check_type(ty: GgmlType, seed: u64) {
     let mut devices = vec![Device::cpu()];
     devices.extend(gpu_or_skip(&test));
     for dev in devices {
-        let min_k = if ty == GgmlType::Q8_0 { 32 } else { 256 };
+        let min_k = ty.block().unwrap().0 as usize;
         // (16, 2048): whole tiles, so the Q4_K GEMV's unmasked variant (`EVEN`) runs at
         // the 8-row 1024-column configuration; the others are ragged or masked.
         let mut shapes = vec![(5, min_k), (24, 512), (9, 1024 + min_k), (16, 2048)];
@@ -326,13 +332,11 @@ fn check_type(ty: GgmlType, seed: u64) {
             let norm_w = dev.upload(&c.norm_w).unwrap();
             let mut spare = QuantSpare::new(&dev, k).unwrap();
             for &cfg in &configs {
-                // Q5_K's variants cover the step's tiles only; those it lacks say so.
+                // Q5_K's and Q5_1's variants cover the step's tiles only.
                 if !m.gemv_compiled(cfg, false, false, false) {
-                    assert!(
-                        ty == GgmlType::Q5_K
-                            && (cfg.block_n < 4 || cfg.block_n > 16 || cfg.block_k < 512),
-                        "{ty} {cfg:?}"
-                    );
+                    let partial = [GgmlType::Q5_K, GgmlType::Q5_1].contains(&ty);
+                    let step_tile = (4..=16).contains(&cfg.block_n) && cfg.block_k >= 512;
+                    assert!(partial && !step_tile, "{ty} {cfg:?}");
                     continue;
                 }
                 // The head's variant is compiled for tiles up to 1024 columns.
@@ -587,6 +591,13 @@ fn q4_k_gemv_matches_host() {
 #[test]
 fn q5_k_gemv_matches_host() {
     check_type(GgmlType::Q5_K, 0x0505);
+}
+
+/// Q4_1's and Q5_1's layout (`x = d * q + m`) through the Q8_0 kernel's `MIN` variants
+/// (Q4_1 packs as Q5_1 without fifth bits).
+#[test]
+fn q5_1_gemv_matches_host() {
+    check_type(GgmlType::Q5_1, 0x0501);
 }
 
 #[test]
@@ -974,11 +985,12 @@ fn dequantization_matches_the_host_model() {
     for dev in devices {
         for ty in [
             GgmlType::Q8_0,
+            GgmlType::Q5_1,
             GgmlType::Q4_K,
             GgmlType::Q5_K,
             GgmlType::Q6_K,
         ] {
-            let min_k = if ty == GgmlType::Q8_0 { 32 } else { 256 };
+            let min_k = ty.block().unwrap().0 as usize;
             let mut shapes = vec![(5, min_k), (9, 1024 + min_k), (24, 512)];
             if dev.is_cuda() {
                 shapes.extend([(4096, 1024), (1024, 3072)]);
@@ -1038,11 +1050,12 @@ fn multi_token_gemvs_match_the_single_token_gemv() {
     for dev in devices {
         for ty in [
             GgmlType::Q8_0,
+            GgmlType::Q5_1,
             GgmlType::Q4_K,
             GgmlType::Q5_K,
             GgmlType::Q6_K,
         ] {
-            let min_k = if ty == GgmlType::Q8_0 { 32 } else { 256 };
+            let min_k = ty.block().unwrap().0 as usize;
             let mut shapes = vec![(24, 512), (9, 1024 + min_k)];
             let mut token_counts = vec![1, 3, 8, 11];
             if dev.is_cuda() {

@@ -126,8 +126,8 @@ impl WeightFormat {
 /// The type llama.cpp's quantizer writes for a matrix meant to be `ty` whose rows hold
 /// `cols` elements: a K-quant's 256-element super-blocks must tile the row, else
 /// (`llama_tensor_get_type`'s fallback) Q4_K becomes Q5_0, Q5_K Q5_1 and Q6_K Q8_0, as
-/// in Qwen2.5-0.5B's Q4_K_M files (rows of 896). The engine reads Q5_0 and Q8_0 (as
-/// Q8_0, [`crate::gguf::quant`]); Q5_1 is an error naming the type.
+/// in Qwen2.5-0.5B's Q4_K_M files (rows of 896). The engine reads Q5_0 and Q8_0 as
+/// Q8_0, Q5_1 as Q8_0 with block offsets ([`crate::gguf::quant`]).
 pub fn fallback(ty: GgmlType, cols: usize) -> GgmlType {
     match ty {
         GgmlType::Q4_K if cols % 256 != 0 => GgmlType::Q5_0,
@@ -159,7 +159,7 @@ pub fn random_matrix(
     // 31 * 63 d, Q6_K 32 * 128 d.
     let d_max = match ty {
         GgmlType::Q8_0 => 0.05 / 128.0,
-        GgmlType::Q5_0 => 0.05 / 16.0,
+        GgmlType::Q5_0 | GgmlType::Q5_1 => 0.05 / 16.0,
         GgmlType::Q4_0 => 0.05 / 8.0,
         GgmlType::Q4_K => 0.05 / 945.0,
         GgmlType::Q5_K => 0.05 / 1953.0,
@@ -170,6 +170,12 @@ pub fn random_matrix(
         match ty {
             GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q4_0 => {
                 blk[0..2].copy_from_slice(&d.to_le_bytes())
+            }
+            GgmlType::Q5_1 => {
+                // The offset centres the block's 0..32 quants on zero, as trained
+                // weights' minima do.
+                blk[0..2].copy_from_slice(&d.to_le_bytes());
+                blk[2..4].copy_from_slice(&f16::from_f32(-16.0 * d.to_f32()).to_le_bytes());
             }
             GgmlType::Q4_K | GgmlType::Q5_K => {
                 blk[0..2].copy_from_slice(&d.to_le_bytes());
@@ -230,6 +236,8 @@ mod tests {
         assert_eq!(fallback(GgmlType::Q6_K, 896), GgmlType::Q8_0);
         assert_eq!(fallback(GgmlType::Q4_K, 4864), GgmlType::Q4_K);
         assert_eq!(fallback(GgmlType::Q8_0, 896), GgmlType::Q8_0);
+        assert_eq!(fallback(GgmlType::Q5_K, 896), GgmlType::Q5_1);
+        assert_eq!(fallback(GgmlType::Q5_K, 4864), GgmlType::Q5_K);
         let mut cfg = crate::preset::config("qwen2.5-0.5b").unwrap();
         // Eight layers (Q4_K_M's first eighth is layer 0), short down rows (still a
         // multiple of 256) and a small vocabulary keep the test quick.
@@ -270,6 +278,7 @@ mod tests {
             GgmlType::Q5_K,
             GgmlType::Q6_K,
             GgmlType::Q5_0,
+            GgmlType::Q5_1,
             GgmlType::Q4_0,
         ] {
             let w = random_matrix(&mut rng, ty, 4, 512).unwrap().dequantize();

@@ -449,7 +449,7 @@ impl QuantGemvConfig {
             } else {
                 (8, 1024, 4)
             }
-        } else if ty == GgmlType::Q8_0 && cols >= 2048 {
+        } else if (ty == GgmlType::Q8_0 || ty == GgmlType::Q5_1) && cols >= 2048 {
             (4, 2048, 4)
         } else if rows >= 16384 {
             (16, 1024, 4)
@@ -752,12 +752,15 @@ impl QuantTiles {
 /// The device arrays of one quantized matrix (see [`PackedMatrix`] for the layout).
 #[derive(Debug)]
 pub enum QuantBuffers {
-    /// Q8_0: quant words and block scales.
+    /// Q8_0: quant words and block scales; Q4_1 and Q5_1 (`Q5_1` as the type): the
+    /// same and block offsets.
     Q8_0 {
         /// `[rows, cols / 4]`.
         q: Buffer<u32>,
         /// `[rows, cols / 32]`.
         d: Buffer<f16>,
+        /// Q4_1 and Q5_1: `[rows, cols / 32]` offsets.
+        m: Option<Buffer<f16>>,
     },
     /// Q4_K: quant words, sub-block scales and mins, super-block scales; Q5_K: the
     /// same and its fifth bits.
@@ -823,9 +826,10 @@ impl DeviceQuantMatrix {
     pub fn upload(dev: &Device, m: &PackedMatrix) -> Result<Self> {
         let (rows, cols) = m.shape();
         let buffers = match m {
-            PackedMatrix::Q8_0 { q, d, .. } => QuantBuffers::Q8_0 {
+            PackedMatrix::Q8_0 { q, d, m, .. } => QuantBuffers::Q8_0 {
                 q: dev.upload(q)?,
                 d: dev.upload(d)?,
+                m: m.as_ref().map(|m| dev.upload(m)).transpose()?,
             },
             PackedMatrix::Q4K {
                 q,
@@ -863,7 +867,8 @@ impl DeviceQuantMatrix {
     /// The ggml type.
     pub fn ggml_type(&self) -> GgmlType {
         match self.buffers {
-            QuantBuffers::Q8_0 { .. } => GgmlType::Q8_0,
+            QuantBuffers::Q8_0 { m: None, .. } => GgmlType::Q8_0,
+            QuantBuffers::Q8_0 { m: Some(_), .. } => GgmlType::Q5_1,
             QuantBuffers::Q4K { qh: None, .. } => GgmlType::Q4_K,
             QuantBuffers::Q4K { qh: Some(_), .. } => GgmlType::Q5_K,
             QuantBuffers::Q6K { .. } => GgmlType::Q6_K,
@@ -952,6 +957,8 @@ impl DeviceQuantMatrix {
             if !whole || !allowed || Q4_K_GEMV.variant(&consts, Some(cfg.num_warps)).is_err() {
                 consts[5] = 0;
             }
+        } else if let QuantBuffers::Q8_0 { m, .. } = &self.buffers {
+            consts.extend([i64::from(m.is_some()), i64::from(stamps)]);
         } else {
             consts.push(i64::from(stamps));
         }
@@ -1032,7 +1039,10 @@ impl DeviceQuantMatrix {
     /// ([`qh64`]), else as 32-bit words (the dequantizer, which reads a word an element).
     fn weight_args(&self, wide_qh: bool) -> Result<(Vec<KernelArg<'_>>, i32)> {
         let (args, per_word): (Vec<KernelArg<'_>>, usize) = match &self.buffers {
-            QuantBuffers::Q8_0 { q, d } => (vec![q.into(), d.into()], 4),
+            // Without offsets (Q8_0) the kernels' `m` is not read.
+            QuantBuffers::Q8_0 { q, d, m } => {
+                (vec![q.into(), d.into(), m.as_ref().unwrap_or(d).into()], 4)
+            }
             QuantBuffers::Q4K {
                 q,
                 scales,
@@ -1181,11 +1191,20 @@ impl DeviceQuantMatrix {
             tile.tokens as i64,
             i64::from(residual),
         ];
-        if let QuantBuffers::Q4K { qh, .. } = &self.buffers {
-            consts.push(i64::from(qh.is_some()));
-        }
+        consts.extend(self.layout_const());
         kernel.launch_dyn(dev, launch, &consts, &mut args)?;
         Ok(())
+    }
+
+    /// The multi-token GEMV's and the dequantizer's last constant: `Q5` of the Q4_K
+    /// kernels (1 for Q5_K), `MIN` of the Q8_0 ones (1 for Q4_1 and Q5_1); Q6_K's have
+    /// none.
+    fn layout_const(&self) -> Option<i64> {
+        match &self.buffers {
+            QuantBuffers::Q4K { qh, .. } => Some(i64::from(qh.is_some())),
+            QuantBuffers::Q8_0 { m, .. } => Some(i64::from(m.is_some())),
+            QuantBuffers::Q6K { .. } => None,
+        }
     }
 
     /// Writes the matrix as bf16 into rows `row0..row0 + rows` of the row-major `[..,
@@ -1240,9 +1259,7 @@ impl DeviceQuantMatrix {
         let (mut args, k_words) = self.weight_args(false)?;
         args.extend([out.into(), n.into(), row0.into(), k_words.into()]);
         let mut consts = vec![r as i64, blocks as i64];
-        if let QuantBuffers::Q4K { qh, .. } = &self.buffers {
-            consts.push(i64::from(qh.is_some()));
-        }
+        consts.extend(self.layout_const());
         kernel.launch_dyn(dev, launch, &consts, &mut args)?;
         Ok(())
     }

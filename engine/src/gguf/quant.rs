@@ -87,7 +87,9 @@ impl GgmlType {
     pub const Q4_0: GgmlType = GgmlType(2);
     /// 32-element blocks of 5-bit quants and an f16 scale.
     pub const Q5_0: GgmlType = GgmlType(6);
-    /// 32-element blocks of 5-bit quants, an f16 scale and an f16 offset (not read).
+    /// 32-element blocks of 4-bit quants, an f16 scale and an f16 offset.
+    pub const Q4_1: GgmlType = GgmlType(3);
+    /// 32-element blocks of 5-bit quants, an f16 scale and an f16 offset.
     pub const Q5_1: GgmlType = GgmlType(7);
     /// 32-element blocks of 4-bit indices into a fixed table and an f16 scale.
     pub const IQ4_NL: GgmlType = GgmlType(20);
@@ -124,6 +126,8 @@ impl GgmlType {
             Self::Q4_0,
             Self::Q5_0,
             Self::IQ4_NL,
+            Self::Q4_1,
+            Self::Q5_1,
             Self::Q8_0,
             Self::Q4_K,
             Self::Q5_K,
@@ -139,10 +143,13 @@ impl GgmlType {
     }
 
     /// The type whose device layout and kernels read this one's blocks: Q8_0 for Q4_0,
-    /// Q5_0 and IQ4_NL (exactly, see the module docs), else the type itself.
+    /// Q5_0 and IQ4_NL, Q5_1 (Q8_0's layout with block offsets) for Q4_1 (exactly, see
+    /// the module docs), else the type itself.
     pub fn device_type(self) -> GgmlType {
         if [Self::Q4_0, Self::Q5_0, Self::IQ4_NL].contains(&self) {
             Self::Q8_0
+        } else if self == Self::Q4_1 {
+            Self::Q5_1
         } else {
             self
         }
@@ -194,7 +201,8 @@ impl std::fmt::Display for GgmlType {
 }
 
 /// The types [`dequantize`] reads, for messages.
-pub const SUPPORTED: &str = "F32, F16, BF16, Q4_0, Q5_0, IQ4_NL, Q8_0, Q4_K, Q5_K, Q6_K";
+pub const SUPPORTED: &str =
+    "F32, F16, BF16, Q4_0, Q5_0, IQ4_NL, Q4_1, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K";
 
 /// IQ4_NL's table: the value of each 4-bit index (llama.cpp's `kvalues_iq4nl`).
 pub const IQ4_NL_VALUES: [i8; 16] = [
@@ -241,43 +249,63 @@ pub fn dequantize_iq4_nl(block: &[u8], out: &mut [f32]) {
     dequantize_scaled_ints(GgmlType::IQ4_NL, block, out)
 }
 
-/// `d * q` in f32 for each of a [`scaled_ints`] block's 32 elements.
+/// Dequantizes one Q4_1 block (20 bytes) into 32 values: `d * q + m` in f32.
+pub fn dequantize_q4_1(block: &[u8], out: &mut [f32]) {
+    dequantize_scaled_ints(GgmlType::Q4_1, block, out)
+}
+
+/// Dequantizes one Q5_1 block (24 bytes) into 32 values: `d * q + m` in f32.
+pub fn dequantize_q5_1(block: &[u8], out: &mut [f32]) {
+    dequantize_scaled_ints(GgmlType::Q5_1, block, out)
+}
+
+/// `d * q` (and `+ m` for Q4_1 and Q5_1) in f32 for each of a [`scaled_ints`] block's
+/// 32 elements, as the `gguf` package rounds it.
 fn dequantize_scaled_ints(ty: GgmlType, block: &[u8], out: &mut [f32]) {
-    let (d, q) = scaled_ints(ty, block);
+    let (d, m, q) = scaled_ints(ty, block);
     for (o, q) in out[..32].iter_mut().zip(q) {
-        *o = q as f32 * d.to_f32();
+        *o = match m {
+            Some(m) => q as f32 * d.to_f32() + m.to_f32(),
+            None => q as f32 * d.to_f32(),
+        };
     }
 }
 
-/// Q4_0's or Q5_0's (`five_bits`) signed integer for element `e` of a block (`e < 32`):
-/// the low nibble of `qs[e % 16]` for `e < 16`, else its high nibble, plus for Q5_0 the
-/// fifth bit from `qh`, less the type's offset (8 or 16).
-fn small_quant(qs: &[u8], qh: u32, five_bits: bool, e: usize) -> i8 {
+/// Element `e`'s quant in a Q4_0, Q4_1, Q5_0 or Q5_1 block (`e < 32`): the low nibble of
+/// `qs[e % 16]` for `e < 16`, else its high nibble, with `five_bits` the fifth bit from
+/// `qh`.
+fn small_quant(qs: &[u8], qh: u32, five_bits: bool, e: usize) -> u8 {
     let nibble = (qs[e % 16] >> (4 * (e / 16))) & 15;
     if five_bits {
-        (nibble | (((qh >> e) & 1) as u8) << 4) as i8 - 16
+        nibble | (((qh >> e) & 1) as u8) << 4
     } else {
-        nibble as i8 - 8
+        nibble
     }
 }
 
-/// The scale and the 32 signed integers of a Q8_0 (34 bytes), Q4_0 (18), Q5_0 (22) or
-/// IQ4_NL (18) block of type `ty`: `x = d * q` for each, so all share Q8_0's device
-/// layout.
-fn scaled_ints(ty: GgmlType, block: &[u8]) -> (f16, [i8; 32]) {
+/// The scale, the offset (Q4_1 and Q5_1 only) and the 32 integers of a Q8_0 (34 bytes),
+/// Q4_0 (18), Q5_0 (22), IQ4_NL (18), Q4_1 (20) or Q5_1 (24) block of type `ty`:
+/// `x = d * q` (`+ m`) for each, so all share Q8_0's device layout (the last two with
+/// their offsets beside it).
+fn scaled_ints(ty: GgmlType, block: &[u8]) -> (f16, Option<f16>, [i8; 32]) {
     let d = f16::from_le_bytes([block[0], block[1]]);
-    let ints = match ty {
-        GgmlType::Q5_0 => {
-            let qh = u32::from_le_bytes([block[2], block[3], block[4], block[5]]);
-            std::array::from_fn(|e| small_quant(&block[6..22], qh, true, e))
-        }
-        GgmlType::Q4_0 => std::array::from_fn(|e| small_quant(&block[2..18], 0, false, e)),
-        GgmlType::IQ4_NL => std::array::from_fn(|e| {
-            IQ4_NL_VALUES[(small_quant(&block[2..18], 0, false, e) + 8) as usize]
-        }),
-        _ => std::array::from_fn(|e| block[2 + e] as i8),
+    let m = f16::from_le_bytes([block[2], block[3]]);
+    let word =
+        |at: usize| u32::from_le_bytes([block[at], block[at + 1], block[at + 2], block[at + 3]]);
+    let ints = |qs: &[u8], qh, five, offset: i8| -> [i8; 32] {
+        std::array::from_fn(|e| small_quant(qs, qh, five, e) as i8 - offset)
     };
-    (d, ints)
+    match ty {
+        GgmlType::Q5_0 => (d, None, ints(&block[6..22], word(2), true, 16)),
+        GgmlType::Q4_0 => (d, None, ints(&block[2..18], 0, false, 8)),
+        GgmlType::IQ4_NL => {
+            let idx = ints(&block[2..18], 0, false, 0);
+            (d, None, idx.map(|i| IQ4_NL_VALUES[i as usize]))
+        }
+        GgmlType::Q4_1 => (d, Some(m), ints(&block[4..20], 0, false, 0)),
+        GgmlType::Q5_1 => (d, Some(m), ints(&block[8..24], word(4), true, 0)),
+        _ => (d, None, std::array::from_fn(|e| block[2 + e] as i8)),
+    }
 }
 
 /// Dequantizes one Q4_K block (144 bytes) into 256 values, with llama.cpp's rounding:
@@ -365,6 +393,8 @@ pub fn dequantize(ty: GgmlType, bytes: &[u8], numel: usize, name: &str) -> Resul
             blocks.for_each(|(b, o)| o[0] = bf16::from_le_bytes([b[0], b[1]]).to_f32())
         }
         GgmlType::Q4_0 => blocks.for_each(|(b, o)| dequantize_q4_0(b, o)),
+        GgmlType::Q4_1 => blocks.for_each(|(b, o)| dequantize_q4_1(b, o)),
+        GgmlType::Q5_1 => blocks.for_each(|(b, o)| dequantize_q5_1(b, o)),
         GgmlType::Q5_0 => blocks.for_each(|(b, o)| dequantize_q5_0(b, o)),
         GgmlType::IQ4_NL => blocks.for_each(|(b, o)| dequantize_iq4_nl(b, o)),
         GgmlType::Q8_0 => blocks.for_each(|(b, o)| dequantize_q8_0(b, o)),
@@ -412,6 +442,8 @@ pub enum PackedMatrix {
         q: Vec<u32>,
         /// `[rows, cols / 32]` block scales.
         d: Vec<f16>,
+        /// Q4_1 and Q5_1 only: `[rows, cols / 32]` block offsets (`x = d * q + m`).
+        m: Option<Vec<f16>>,
     },
     /// Q4_K, and Q5_K with its fifth bits in `qh`.
     Q4K {
@@ -545,7 +577,7 @@ impl PackedMatrix {
             _ => {
                 return Err(EngineError::Unsupported {
                     message: format!(
-                        "tensor `{name}` has ggml type {}; the quantized GEMVs read Q8_0, Q4_K, Q5_K and Q6_K (and Q4_0, Q5_0 and IQ4_NL as Q8_0)",
+                        "tensor `{name}` has ggml type {}; the quantized GEMVs read Q8_0, Q4_K, Q5_K and Q6_K (Q4_0, Q5_0 and IQ4_NL as Q8_0, Q4_1 and Q5_1 as Q8_0 with offsets)",
                         ty.name()
                     ),
                 })
@@ -563,20 +595,36 @@ impl PackedMatrix {
         // The super-blocks are independent and each fills its own stretch of every
         // array, so they pack in parallel, each in its own elements' order.
         Ok(match ty {
-            GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::IQ4_NL => {
-                let (mut q, mut d) = (vec![0u32; blocks * 8], vec![f16::ZERO; blocks]);
+            GgmlType::Q8_0
+            | GgmlType::Q4_0
+            | GgmlType::Q5_0
+            | GgmlType::IQ4_NL
+            | GgmlType::Q4_1
+            | GgmlType::Q5_1 => {
+                let mut q = vec![0u32; blocks * 8];
+                // Per block: the scale and the offset (zero where the type has none).
+                let mut dm = vec![[f16::ZERO; 2]; blocks];
                 in_parallel(
                     bytes,
                     block_bytes,
                     (q.as_mut_slice(), 8),
-                    (d.as_mut_slice(), 1),
-                    |b, q, d| {
-                        let (scale, ints) = scaled_ints(ty, b);
-                        d[0] = scale;
+                    (dm.as_mut_slice(), 1),
+                    |b, q, dm| {
+                        let (scale, offset, ints) = scaled_ints(ty, b);
+                        dm[0] = [scale, offset.unwrap_or(f16::ZERO)];
                         pack_block(q, 32, 8, byte_at, |e| u32::from(ints[e] as u8));
                     },
                 );
-                PackedMatrix::Q8_0 { rows, cols, q, d }
+                let d = dm.iter().map(|p| p[0]).collect();
+                let m =
+                    (ty.device_type() == GgmlType::Q5_1).then(|| dm.iter().map(|p| p[1]).collect());
+                PackedMatrix::Q8_0 {
+                    rows,
+                    cols,
+                    q,
+                    d,
+                    m,
+                }
             }
             GgmlType::Q4_K | GgmlType::Q5_K => {
                 let five = ty == GgmlType::Q5_K;
@@ -705,7 +753,8 @@ impl PackedMatrix {
     /// for Q4_0, Q5_0 and IQ4_NL ones ([`GgmlType::device_type`]).
     pub fn ggml_type(&self) -> GgmlType {
         match self {
-            PackedMatrix::Q8_0 { .. } => GgmlType::Q8_0,
+            PackedMatrix::Q8_0 { m: None, .. } => GgmlType::Q8_0,
+            PackedMatrix::Q8_0 { m: Some(_), .. } => GgmlType::Q5_1,
             PackedMatrix::Q4K { qh: None, .. } => GgmlType::Q4_K,
             PackedMatrix::Q4K { qh: Some(_), .. } => GgmlType::Q5_K,
             PackedMatrix::Q6K { .. } => GgmlType::Q6_K,
@@ -727,9 +776,10 @@ impl PackedMatrix {
         let (rows, cols) = self.shape();
         let mut out = vec![0f32; rows * cols];
         match self {
-            PackedMatrix::Q8_0 { q, d, .. } => {
+            PackedMatrix::Q8_0 { q, d, m, .. } => {
                 for (i, o) in out.iter_mut().enumerate() {
-                    *o = field(q, i, 8, byte_at) as u8 as i8 as f32 * d[i / 32].to_f32();
+                    let v = field(q, i, 8, byte_at) as u8 as i8 as f32 * d[i / 32].to_f32();
+                    *o = m.as_ref().map_or(v, |m| v + m[i / 32].to_f32());
                 }
             }
             PackedMatrix::Q4K {
@@ -803,6 +853,13 @@ impl PackedMatrix {
                     PackedMatrix::Q8_0 { d, .. } => d,
                     _ => &[],
                 }),
+                // One type, checked above: all parts have offsets or none has.
+                m: (ty == GgmlType::Q5_1).then(|| {
+                    cat(parts, |p| match p {
+                        PackedMatrix::Q8_0 { m: Some(m), .. } => m,
+                        _ => &[],
+                    })
+                }),
             },
             PackedMatrix::Q4K { .. } => PackedMatrix::Q4K {
                 rows,
@@ -861,7 +918,9 @@ impl PackedMatrix {
     /// Bytes a GEMV reads from this matrix's arrays (the bandwidth floor's numerator).
     pub fn device_bytes(&self) -> usize {
         match self {
-            PackedMatrix::Q8_0 { q, d, .. } => 4 * q.len() + 2 * d.len(),
+            PackedMatrix::Q8_0 { q, d, m, .. } => {
+                4 * q.len() + 2 * (d.len() + m.as_ref().map_or(0, Vec::len))
+            }
             PackedMatrix::Q4K {
                 q,
                 scales,
@@ -899,6 +958,8 @@ mod tests {
             GgmlType::Q4_0,
             GgmlType::Q5_0,
             GgmlType::IQ4_NL,
+            GgmlType::Q4_1,
+            GgmlType::Q5_1,
         ] {
             let (block, size) = ty.block().unwrap();
             let row_bytes = cols / block as usize * size as usize;
@@ -934,6 +995,10 @@ mod tests {
                     b[2..4].copy_from_slice(&scale);
                 }
                 GgmlType::Q6_K => b[208..].copy_from_slice(&scale),
+                GgmlType::Q4_1 | GgmlType::Q5_1 => {
+                    b[..2].copy_from_slice(&scale);
+                    b[2..4].copy_from_slice(&f16::from_f32(-0.15).to_le_bytes());
+                }
                 _ => b[..2].copy_from_slice(&scale),
             }
         }
@@ -974,6 +1039,44 @@ mod tests {
                 want.iter().map(|v| (v / scale).round() as i32).collect();
             assert_eq!(ints, all, "{ty}");
         }
+    }
+
+    /// Q4_1 and Q5_1 matrices pack into the Q8_0 layout with their offsets beside it
+    /// (the device type Q5_1) without changing a value, their quants unsigned.
+    #[test]
+    fn q4_1_and_q5_1_pack_exactly_as_q8_0_with_offsets() {
+        let (rows, cols) = (5, 96);
+        let mut state = 0x6A09_E667_F3BC_C908u64;
+        for (ty, top) in [(GgmlType::Q4_1, 15), (GgmlType::Q5_1, 31)] {
+            let bytes = random_blocks(ty, rows * cols / 32, &mut state);
+            let packed = PackedMatrix::pack(ty, &bytes, rows, cols, "w").unwrap();
+            assert_eq!(packed.ggml_type(), GgmlType::Q5_1);
+            assert_eq!(ty.device_type(), GgmlType::Q5_1);
+            assert_eq!(packed.device_bytes(), rows * cols / 32 * 36);
+            let want = dequantize(ty, &bytes, rows * cols, "w").unwrap();
+            let got = packed.dequantize();
+            assert!(
+                got.iter()
+                    .zip(&want)
+                    .all(|(g, w)| g.to_bits() == w.to_bits()),
+                "{ty}"
+            );
+            // `x = 0.01 q - 0.15` for every q in 0..=top.
+            let (d, m) = (f16::from_f32(0.01).to_f32(), f16::from_f32(-0.15).to_f32());
+            let ints: std::collections::BTreeSet<i32> =
+                want.iter().map(|v| ((v - m) / d).round() as i32).collect();
+            assert_eq!(ints, (0..=top).collect(), "{ty}");
+        }
+        // A hand-built Q5_1 block: element 17's fifth bit and its high nibble.
+        let mut block = vec![0u8; 24];
+        block[..2].copy_from_slice(&f16::from_f32(0.5).to_le_bytes());
+        block[2..4].copy_from_slice(&f16::from_f32(-2.0).to_le_bytes());
+        block[4..8].copy_from_slice(&(1u32 << 17).to_le_bytes());
+        block[8 + 1] = 9 << 4;
+        let mut out = [0f32; 32];
+        dequantize_q5_1(&block, &mut out);
+        assert_eq!(out[17], 0.5 * 25.0 - 2.0);
+        assert_eq!(out[1], -2.0);
     }
 
     /// A hand-built Q5_K block: element `32 j + l` takes its fifth bit from bit `j` of
