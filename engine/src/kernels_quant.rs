@@ -68,6 +68,8 @@
 //! - Q8_0: `d · xd · Σ dot4(q, x)`;
 //! - Q4_K: `xd · (d·sc · Σ (dot4(q & 0x0F0F0F0F, x_lo) + dot4((q >> 4) & 0x0F0F0F0F,
 //!   x_hi)) − dmin·m · Σ q_x)`;
+//! - Q4_1 and Q5_1 (the Q8_0 kernels' `MIN = 1` variants): Q8_0's sum plus
+//!   `m · xd · Σ q_x` a block;
 //! - Q5_K (the Q4_K kernels' `Q5 = 1` variants): Q4_K's sum with each nibble's fifth bit
 //!   at bit 4 of its byte before the `dot4`s;
 //! - Q6_K: the 6-bit values are the low nibbles with the high bits at bit 4 of each

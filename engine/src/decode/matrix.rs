@@ -1,5 +1,5 @@
 //! A projection's weights on the device: dense bf16 rows read by the kernels of
-//! [`crate::kernels`], or quantized rows (GGUF's Q8_0, Q4_K, Q6_K) read by those of
+//! [`crate::kernels`], or quantized rows (GGUF's K-quants and 32-element types) read by those of
 //! [`crate::kernels_quant`], chosen per weight from the file's type. The step
 //! (`step.rs`) launches the dense kernel for [`Matrix::Dense`] and hands a
 //! [`Matrix::Quant`] to [`QuantMatrix::gemv`] / [`QuantMatrix::lm_head`], which launch

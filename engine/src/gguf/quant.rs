@@ -2,8 +2,8 @@
 //! kernels are checked against) and the device layout the quantized GEMVs read.
 //!
 //! Supported for weights: Q8_0, Q4_K, Q5_K and Q6_K blocks, Q4_0, Q5_0 and IQ4_NL blocks
-//! (read as Q8_0, below), and F32, F16, BF16 elements. Block layouts, as llama.cpp writes them
-//! (little-endian):
+//! (read as Q8_0, below), Q4_1 and Q5_1 blocks (read as Q8_0 with offsets), and F32,
+//! F16, BF16 elements. Block layouts, as llama.cpp writes them (little-endian):
 //!
 //! - **Q8_0**, 32 elements in 34 bytes: `f16 d`, `i8 q[32]`; `x = d * q`.
 //! - **Q4_0**, 32 elements in 18 bytes: `f16 d`, `u8 qs[16]`; byte `l` holds element
@@ -12,6 +12,8 @@
 //!   fifth bit), `u8 qs[16]` (the low four bits, as Q4_0's); `x = d * (q - 16)`.
 //! - **IQ4_NL**, 32 elements in 18 bytes, Q4_0's layout; `x = d * K[q]` for a fixed
 //!   table `K` of 16 signed bytes ([`IQ4_NL_VALUES`]).
+//! - **Q4_1** (20 bytes) and **Q5_1** (24): Q4_0's and Q5_0's with an `f16 m` after `d`;
+//!   `x = d * q + m`, `q` unsigned.
 //! - **Q4_K**, 256 elements in 144 bytes: `f16 d`, `f16 dmin`, `u8 scales[12]` (eight
 //!   6-bit scales and eight 6-bit mins, packed), `u8 qs[128]`. Sub-block `j` (32
 //!   elements) has `x = d * sc[j] * q - dmin * m[j]`; byte `c * 32 + l` of `qs` holds
@@ -69,6 +71,12 @@
 //! Q8_0; the I-quants and Q2_K/Q3_K to IQ4_NL), and whole files come as Q4_0 or IQ4_NL.
 //! At those sizes the decode step is bound by its launches rather than its bytes
 //! (docs/perf.md, "The launch floor of the decode step").
+//!
+//! Q4_1 and Q5_1 add an offset a block, `x = d * q + m` with `q` in `0..16` or `0..32`:
+//! the unsigned quants pack as Q8_0's bytes and the offsets go in an array of their own
+//! (`PackedMatrix::Q8_0`'s `m`; the device type [`GgmlType::Q5_1`] for both), which the
+//! Q8_0 kernels' `MIN = 1` variants add as `m` times the block's sum of the activation.
+//! llama.cpp's Q5_K_M falls back to Q5_1 where Q4_K_M falls back to Q5_0.
 
 use half::{bf16, f16};
 
@@ -415,8 +423,8 @@ pub fn head_reads_quantized(ty: GgmlType) -> bool {
 
 /// Whether an LM head stored as `ty` is read quantized, given the value of
 /// `TILEFUSE_QUANT_HEAD` (`1`: every quantized type; `0`: none; else the default).
-/// By default every type the GEMVs read (Q8_0, Q4_K, Q6_K, and Q4_0, Q5_0 and IQ4_NL as
-/// Q8_0) is: with int8 activations
+/// By default every type the GEMVs read ([`GgmlType::is_quantized`]) is: with int8
+/// activations
 /// and `dot4` the Q6_K head of a Q4_K_M file makes the step 7-9% faster than the same
 /// rows dequantized to bf16 (Qwen3-0.6B and Qwen3-8B, docs/perf.md "The quantized LM
 /// head and the step's tiles"; with the older GEMVs that dequantized to f32 it was
