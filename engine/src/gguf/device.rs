@@ -2029,12 +2029,16 @@ mod tests {
             "4096x4096=8,x,4",
             "norm:4096x4096",
             "norm4096x4096=8,1024,8",
-            "Q5_K:4096x4096=8,1024,8",
+            "Q2_K:4096x4096=8,1024,8",
             "norm:q4_k:4096x4096",
         ] {
             let e = QuantTiles::parse(bad).unwrap_err().to_string();
             assert!(e.contains(bad), "{bad}: {e}");
         }
+        // Q5_K's entries, tuned apart from Q4_K's of the same shape.
+        let t = QuantTiles::parse("q5_k:4096x4096=8,1024,4").unwrap();
+        assert!(t.get(GgmlType::Q5_K, 4096, 4096).is_some());
+        assert!(t.get(GgmlType::Q4_K, 4096, 4096).is_none());
     }
 
     #[test]
