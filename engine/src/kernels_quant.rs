@@ -1976,11 +1976,18 @@ pub fn dequantize_q8_0<const R: usize, const BLOCKS: usize, const MIN: usize>(
     // `e / 4`), indexed from the element offsets as in `dequantize_q4_k`.
     let e = dequant_offsets(rows, blk, k_words * 4);
     let words = load(q + (e >> 2), ok3.expand_dims(3) & (b >= 0), 0);
-    let d_at = (rows * blocks).expand_dims(1) + blk.expand_dims(0);
-    let dd = load(d + d_at, ok, 0.0) as f32;
+    let dd = load(
+        d + (rows * blocks).expand_dims(1) + blk.expand_dims(0),
+        ok,
+        0.0,
+    ) as f32;
     let mut mm = dd;
     if MIN == 1 {
-        mm = load(m + d_at, ok, 0.0) as f32;
+        mm = load(
+            m + (rows * blocks).expand_dims(1) + blk.expand_dims(0),
+            ok,
+            0.0,
+        ) as f32;
     }
     wait_for_prior_kernels();
     let offs = e + row0 * (k_words * 4);
