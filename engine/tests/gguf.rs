@@ -1732,7 +1732,7 @@ fn gguf_models_decode_like_transformers_on_their_dequantized_weights() {
     use tilefuse_dsl::runtime::Device;
     use tilefuse_engine::{Engine, EngineOptions, Reference};
 
-    for name in ["tiny_qwen3", "tiny_qwen2"] {
+    for name in ["tiny_qwen3", "tiny_qwen2", "tiny_qwen3_q5_k"] {
         let json = common::Json::read(&fixture(&format!("{name}.reference.json")));
         let (prompt, tokens, want) = (
             json.u32s("prompt_ids"),
@@ -1779,13 +1779,14 @@ fn gguf_models_decode_like_transformers_on_their_dequantized_weights() {
             // The host reference rounds the weights and every projection to bf16 as
             // transformers' bf16 run does: as close to the f32 logits as that run
             // (measured equal to three digits: 0.6-1.0% on tiny_qwen3, 1.4-2.0% on
-            // tiny_qwen2).
+            // tiny_qwen2, 0.6-0.9% on tiny_qwen3_q5_k).
             assert!(
                 h <= 1.1 * bf16 + 1e-4,
                 "{name} step {step}: host {h}, bf16 {bf16}"
             );
             // The quantized step adds its int8 activations (llama.cpp's q8_1
-            // scheme): measured 1.2-1.5% and 2.4-4.3%, at most 2.3 times bf16's.
+            // scheme): measured 1.2-1.5%, 2.4-4.3% and 1.3-1.8%, at most 2.3 times
+            // bf16's.
             assert!(s <= 3.0 * bf16, "{name} step {step}: step {s}, bf16 {bf16}");
             worst_host = worst_host.max(h);
             worst_step = worst_step.max(s);
