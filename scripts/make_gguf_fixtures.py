@@ -202,6 +202,23 @@ def write_expected(name, config, expected):
                    "config": config, "tensors": expected}, f, indent=1)
 
 
+def finish(w, name, expected, arch, hidden, layers, heads, kv_heads, head_dim, inter, n_vocab,
+           context, tied):
+    """Writes model file `w` out and `<name>.json` with its config and `expected`."""
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    config = {
+        "arch": arch, "hidden_size": hidden, "num_layers": layers, "num_heads": heads,
+        "num_kv_heads": kv_heads, "head_dim": head_dim, "intermediate_size": inter,
+        "vocab_size": n_vocab, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+        "max_position_embeddings": context, "tie_word_embeddings": tied,
+        "bos_token_id": 1, "eos_token_ids": [0],
+    }
+    write_expected(name, config, expected)
+
+
 def write_model():
     hidden, heads, kv_heads, head_dim, inter = 256, 4, 2, 64, 256
     tokens, types, merges = tokenizer()
@@ -258,19 +275,9 @@ def write_model():
     put("output.weight", "lm_head.weight",
         matrix(T.Q6_K, n_vocab, hidden, 0.0001), T.Q6_K, (n_vocab, hidden))
 
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-
-    config = {
-        "arch": "Qwen3", "hidden_size": hidden, "num_layers": 1, "num_heads": heads,
-        "num_kv_heads": kv_heads, "head_dim": head_dim, "intermediate_size": inter,
-        "vocab_size": n_vocab, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
-        "max_position_embeddings": 4096, "tie_word_embeddings": False,
-        "bos_token_id": 1, "eos_token_ids": [0],
-    }
-    write_expected("tiny_qwen3", config, expected)
+    finish(w, "tiny_qwen3", expected, arch="Qwen3", hidden=hidden, layers=1, heads=heads,
+           kv_heads=kv_heads, head_dim=head_dim, inter=inter, n_vocab=n_vocab, context=4096,
+           tied=False)
 
 
 def write_qwen2_model():
@@ -316,19 +323,9 @@ def write_qwen2_model():
         mat(f"{p}.ffn_down.weight", f"{h}.mlp.down_proj.weight", T.Q6_K, hidden, inter, 0.0001)
     vec("output_norm.weight", "model.norm.weight", hidden, 1.0, 0.1)
 
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-
-    config = {
-        "arch": "Qwen2", "hidden_size": hidden, "num_layers": layers, "num_heads": heads,
-        "num_kv_heads": kv_heads, "head_dim": head_dim, "intermediate_size": inter,
-        "vocab_size": n_vocab, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
-        "max_position_embeddings": 32768, "tie_word_embeddings": True,
-        "bos_token_id": 1, "eos_token_ids": [0],
-    }
-    write_expected("tiny_qwen2", config, expected)
+    finish(w, "tiny_qwen2", expected, arch="Qwen2", hidden=hidden, layers=layers, heads=heads,
+           kv_heads=kv_heads, head_dim=head_dim, inter=inter, n_vocab=n_vocab, context=32768,
+           tied=True)
 
 
 def write_q5_k_model():
@@ -374,19 +371,9 @@ def write_q5_k_model():
     vec("output_norm.weight", "model.norm.weight", hidden)
     mat("output.weight", "lm_head.weight", T.Q6_K, n_vocab, hidden)
 
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-
-    config = {
-        "arch": "Qwen3", "hidden_size": hidden, "num_layers": layers, "num_heads": heads,
-        "num_kv_heads": kv_heads, "head_dim": head_dim, "intermediate_size": inter,
-        "vocab_size": n_vocab, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
-        "max_position_embeddings": 4096, "tie_word_embeddings": False,
-        "bos_token_id": 1, "eos_token_ids": [0],
-    }
-    write_expected("tiny_qwen3_q5_k", config, expected)
+    finish(w, "tiny_qwen3_q5_k", expected, arch="Qwen3", hidden=hidden, layers=layers, heads=heads,
+           kv_heads=kv_heads, head_dim=head_dim, inter=inter, n_vocab=n_vocab, context=4096,
+           tied=False)
 
 
 def read_safetensors(path):

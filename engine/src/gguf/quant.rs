@@ -1013,29 +1013,42 @@ mod tests {
         bytes
     }
 
+    /// Packs random `ty` blocks (from `state`) as a 5 x 96 matrix and checks the layout:
+    /// device type `device`, `block_bytes` a 32-element block, and the file's values
+    /// read back bit for bit, which it returns.
+    fn packs_exactly(
+        ty: GgmlType,
+        device: GgmlType,
+        block_bytes: usize,
+        state: &mut u64,
+    ) -> Vec<f32> {
+        let (rows, cols) = (5, 96);
+        let bytes = random_blocks(ty, rows * cols / 32, state);
+        let packed = PackedMatrix::pack(ty, &bytes, rows, cols, "w").unwrap();
+        assert_eq!(packed.ggml_type(), device);
+        assert_eq!(ty.device_type(), device);
+        assert_eq!(packed.device_bytes(), rows * cols / 32 * block_bytes);
+        let want = dequantize(ty, &bytes, rows * cols, "w").unwrap();
+        let got = packed.dequantize();
+        assert_eq!(got.len(), want.len());
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(
+                g.to_bits(),
+                w.to_bits(),
+                "{ty} element {i}: {g} against {w}"
+            );
+        }
+        want
+    }
+
     /// Q4_0, Q5_0 and IQ4_NL matrices pack into the Q8_0 layout without changing a
     /// value: the device layout's host model reads back exactly the file's
     /// dequantization, and the layout's bytes are Q8_0's.
     #[test]
     fn q4_0_q5_0_and_iq4_nl_pack_exactly_as_q8_0() {
-        let (rows, cols) = (5, 96);
         let mut state = 0x2545_F491_4F6C_DD1Du64;
         for ty in [GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::IQ4_NL] {
-            let bytes = random_blocks(ty, rows * cols / 32, &mut state);
-            let packed = PackedMatrix::pack(ty, &bytes, rows, cols, "w").unwrap();
-            assert_eq!(packed.ggml_type(), GgmlType::Q8_0);
-            assert_eq!(ty.device_type(), GgmlType::Q8_0);
-            assert_eq!(packed.device_bytes(), rows * cols / 32 * 34);
-            let want = dequantize(ty, &bytes, rows * cols, "w").unwrap();
-            let got = packed.dequantize();
-            assert_eq!(got.len(), want.len());
-            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-                assert_eq!(
-                    g.to_bits(),
-                    w.to_bits(),
-                    "{ty} element {i}: {g} against {w}"
-                );
-            }
+            let want = packs_exactly(ty, GgmlType::Q8_0, 34, &mut state);
             // Every integer the type can hold turns up, its extremes included.
             let all: std::collections::BTreeSet<i32> = match ty {
                 GgmlType::Q4_0 => (-8..=7).collect(),
@@ -1053,22 +1066,9 @@ mod tests {
     /// (the device type Q5_1) without changing a value, their quants unsigned.
     #[test]
     fn q4_1_and_q5_1_pack_exactly_as_q8_0_with_offsets() {
-        let (rows, cols) = (5, 96);
         let mut state = 0x6A09_E667_F3BC_C908u64;
         for (ty, top) in [(GgmlType::Q4_1, 15), (GgmlType::Q5_1, 31)] {
-            let bytes = random_blocks(ty, rows * cols / 32, &mut state);
-            let packed = PackedMatrix::pack(ty, &bytes, rows, cols, "w").unwrap();
-            assert_eq!(packed.ggml_type(), GgmlType::Q5_1);
-            assert_eq!(ty.device_type(), GgmlType::Q5_1);
-            assert_eq!(packed.device_bytes(), rows * cols / 32 * 36);
-            let want = dequantize(ty, &bytes, rows * cols, "w").unwrap();
-            let got = packed.dequantize();
-            assert!(
-                got.iter()
-                    .zip(&want)
-                    .all(|(g, w)| g.to_bits() == w.to_bits()),
-                "{ty}"
-            );
+            let want = packs_exactly(ty, GgmlType::Q5_1, 36, &mut state);
             // `x = 0.01 q - 0.15` for every q in 0..=top.
             let (d, m) = (f16::from_f32(0.01).to_f32(), f16::from_f32(-0.15).to_f32());
             let ints: std::collections::BTreeSet<i32> =
