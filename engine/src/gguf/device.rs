@@ -907,7 +907,7 @@ impl DeviceQuantMatrix {
 
     /// Whether this matrix's GEMV is compiled at `cfg` for the variant asked: the LM
     /// head (`head`), the norm inside (`act`), or the plain one with or without a
-    /// `residual`. Q5_K's variants cover the step's tiles, not every one
+    /// `residual`. Q5_K's and Q5_1's variants cover the step's tiles, not every one
     /// [`QuantGemvConfig::all`] lists (4 to 16 rows of 512 to 2048 columns).
     pub fn gemv_compiled(
         &self,
@@ -949,18 +949,18 @@ impl DeviceQuantMatrix {
             i64::from(head),
             i64::from(act),
         ];
-        if let QuantBuffers::Q4K { qh, .. } = &self.buffers {
+        let k_mins = matches!(self.buffers, QuantBuffers::Q4K { .. });
+        if k_mins {
+            consts.extend([1, i64::from(silu_q)]);
+        }
+        consts.extend(self.layout_const());
+        consts.push(i64::from(stamps));
+        if k_mins {
             let whole = self.rows % cfg.block_n == 0 && self.cols % cfg.block_k == 0;
-            let q5 = i64::from(qh.is_some());
-            consts.extend([1, i64::from(silu_q), q5, i64::from(stamps)]);
             let allowed = unmasked_rows_allowed(cfg.block_n);
             if !whole || !allowed || Q4_K_GEMV.variant(&consts, Some(cfg.num_warps)).is_err() {
                 consts[5] = 0;
             }
-        } else if let QuantBuffers::Q8_0 { m, .. } = &self.buffers {
-            consts.extend([i64::from(m.is_some()), i64::from(stamps)]);
-        } else {
-            consts.push(i64::from(stamps));
         }
         consts
     }
@@ -1196,7 +1196,8 @@ impl DeviceQuantMatrix {
         Ok(())
     }
 
-    /// The multi-token GEMV's and the dequantizer's last constant: `Q5` of the Q4_K
+    /// The layout's constant of every kernel over this matrix (the GEMV's before
+    /// `STAMPS`, the multi-token GEMV's and the dequantizer's last): `Q5` of the Q4_K
     /// kernels (1 for Q5_K), `MIN` of the Q8_0 ones (1 for Q4_1 and Q5_1); Q6_K's have
     /// none.
     fn layout_const(&self) -> Option<i64> {
