@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Writes the GGUF fixtures under tests/fixtures/gguf/ with llama.cpp's `gguf` package
 (PyPI `gguf`, tested with 0.19.0, numpy 2.x): the reference for the engine's GGUF reader
-and its Q8_0 / Q4_K / Q5_K / Q6_K / Q4_0 / Q5_0 / IQ4_NL / Q4_1 / Q5_1 dequantization.
+and its Q8_0 / Q3_K / Q4_K / Q5_K / Q6_K / Q4_0 / Q5_0 / IQ4_NL / Q4_1 / Q5_1
+dequantization.
 
 - `blocks.gguf`: random blocks of each type (including extreme f16 scales: the largest
   finite, subnormal, negative, zero) as tensors `<type>.blocks`, and the package's own
@@ -29,6 +30,9 @@ and its Q8_0 / Q4_K / Q5_K / Q6_K / Q4_0 / Q5_0 / IQ4_NL / Q4_1 / Q5_1 dequantiz
   as llama.cpp's Q5_K_M: Q5_K q, k, O, gate and up (and down in the second layer), Q6_K v
   (and down in the first), a Q5_K embedding table and an untied Q6_K output matrix;
   intermediate 512, so that the down projections' rows hold two super-blocks.
+- `tiny_qwen3_q3_k.gguf` / `tiny_qwen3_q3_k.json`: the same shapes laid out as llama.cpp's
+  Q3_K_M: Q3_K q, k, gate and up, Q4_K O, v Q5_K in the first layer and Q4_K in the
+  second, down Q5_K then Q4_K, a Q3_K embedding table and an untied Q6_K output matrix.
 
 Run from the repository root: `python3 scripts/make_gguf_fixtures.py`. Seeded: a rerun
 with the same package versions writes the same bytes.
@@ -47,7 +51,7 @@ from gguf.quants import dequantize, quantize
 OUT = os.path.join("tests", "fixtures", "gguf")
 rng = np.random.default_rng(27)
 
-BLOCK = {T.Q8_0: (32, 34), T.Q4_K: (256, 144), T.Q5_K: (256, 176), T.Q6_K: (256, 210),
+BLOCK = {T.Q8_0: (32, 34), T.Q3_K: (256, 110), T.Q4_K: (256, 144), T.Q5_K: (256, 176), T.Q6_K: (256, 210),
          T.Q4_0: (32, 18), T.Q5_0: (32, 22), T.IQ4_NL: (32, 18), T.Q4_1: (32, 20),
          T.Q5_1: (32, 24)}
 # The scale-led 32-element types: `f16 d` first.
@@ -74,6 +78,8 @@ def random_blocks(qtype, n_blocks, d_scale, extreme=True, g=None):
     elif qtype in (T.Q4_K, T.Q5_K, T.Q4_1, T.Q5_1):
         b[:, 0:2] = d.view(np.uint8).reshape(-1, 2)
         b[:, 2:4] = dmin.view(np.uint8).reshape(-1, 2)
+    elif qtype == T.Q3_K:
+        b[:, 108:110] = d.view(np.uint8).reshape(-1, 2)
     elif qtype == T.Q6_K:
         b[:, 208:210] = d.view(np.uint8).reshape(-1, 2)
         if extreme:
@@ -125,6 +131,11 @@ def write_blocks():
         name = qtype.name.lower()
         w.add_tensor(f"{name}.blocks", b, raw_dtype=qtype)
         w.add_tensor(f"{name}.expected", dequantize(b, qtype).astype(np.float32))
+    # Q3_K from a fifth (its random scale bytes span every 6-bit scale).
+    g = np.random.default_rng(2730)
+    b = random_blocks(T.Q3_K, 6 * 2, 0.01, g=g).reshape(6, 2 * BLOCK[T.Q3_K][1])
+    w.add_tensor("q3_k.blocks", b, raw_dtype=T.Q3_K)
+    w.add_tensor("q3_k.expected", dequantize(b, T.Q3_K).astype(np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -330,12 +341,31 @@ def write_qwen2_model():
 
 def write_q5_k_model():
     """A Q5_K_M-like Qwen3 file (see the module docs), from a generator of its own."""
-    g = np.random.default_rng(2750)
+    write_k_mix_model("tiny_qwen3_q5_k", np.random.default_rng(2750), embd=T.Q5_K,
+                      q=T.Q5_K, v=[T.Q6_K, T.Q6_K], o=T.Q5_K, gate_up=T.Q5_K,
+                      # Q5_K_M's down projections: Q6_K in some layers (llama.cpp's
+                      # `use_more_bits`).
+                      down=[T.Q6_K, T.Q5_K])
+
+
+def write_q3_k_model():
+    """A Q3_K_M-like Qwen3 file (see the module docs), from a generator of its own:
+    llama.cpp's Q3_K_M gives v Q5_K in the first two layers and Q4_K after, down Q5_K in
+    the first sixteenth of the layers and Q4_K after, O Q4_K."""
+    write_k_mix_model("tiny_qwen3_q3_k", np.random.default_rng(2731), embd=T.Q3_K,
+                      q=T.Q3_K, v=[T.Q5_K, T.Q4_K], o=T.Q4_K, gate_up=T.Q3_K,
+                      down=[T.Q5_K, T.Q4_K])
+
+
+def write_k_mix_model(name, g, embd, q, v, o, gate_up, down):
+    """A two-layer Qwen3-like file `name` (hidden 256, intermediate 512) whose
+    matrices take the given types (`v` and `down` one a layer), from generator `g`,
+    with an untied Q6_K output matrix."""
     hidden, heads, kv_heads, head_dim, inter, layers = 256, 4, 2, 64, 512, 2
     tokens, types, merges = tokenizer()
     n_vocab = len(tokens)
 
-    w = gguf.GGUFWriter(os.path.join(OUT, "tiny_qwen3_q5_k.gguf"), "qwen3")
+    w = gguf.GGUFWriter(os.path.join(OUT, f"{name}.gguf"), "qwen3")
     add_metadata(w, layers, 4096, hidden, inter, heads, kv_heads, "gpt-2", tokens, types, merges,
                  head_dim=head_dim)
 
@@ -345,33 +375,31 @@ def write_q5_k_model():
         record(w, expected, g, gguf_name, hf_name, data, qtype, shape)
 
     def mat(gguf_name, hf_name, qtype, rows, cols):
-        d_scale = {T.Q5_K: 0.00015, T.Q6_K: 0.0001}[qtype]
+        d_scale = {T.Q3_K: 0.002, T.Q4_K: 0.0003, T.Q5_K: 0.00015, T.Q6_K: 0.0001}[qtype]
         put(gguf_name, hf_name, qtype, (rows, cols), matrix(qtype, rows, cols, d_scale, g=g))
 
     def vec(gguf_name, hf_name, n):
         put(gguf_name, hf_name, T.F32, (n,), (1.0 + 0.1 * g.standard_normal(n)).astype(np.float32))
 
     q_dim, kv_dim = heads * head_dim, kv_heads * head_dim
-    mat("token_embd.weight", "model.embed_tokens.weight", T.Q5_K, n_vocab, hidden)
+    mat("token_embd.weight", "model.embed_tokens.weight", embd, n_vocab, hidden)
     for i in range(layers):
         p, h = f"blk.{i}", f"model.layers.{i}"
         vec(f"{p}.attn_norm.weight", f"{h}.input_layernorm.weight", hidden)
         vec(f"{p}.attn_q_norm.weight", f"{h}.self_attn.q_norm.weight", head_dim)
         vec(f"{p}.attn_k_norm.weight", f"{h}.self_attn.k_norm.weight", head_dim)
-        mat(f"{p}.attn_q.weight", f"{h}.self_attn.q_proj.weight", T.Q5_K, q_dim, hidden)
-        mat(f"{p}.attn_k.weight", f"{h}.self_attn.k_proj.weight", T.Q5_K, kv_dim, hidden)
-        mat(f"{p}.attn_v.weight", f"{h}.self_attn.v_proj.weight", T.Q6_K, kv_dim, hidden)
-        mat(f"{p}.attn_output.weight", f"{h}.self_attn.o_proj.weight", T.Q5_K, hidden, q_dim)
+        mat(f"{p}.attn_q.weight", f"{h}.self_attn.q_proj.weight", q, q_dim, hidden)
+        mat(f"{p}.attn_k.weight", f"{h}.self_attn.k_proj.weight", q, kv_dim, hidden)
+        mat(f"{p}.attn_v.weight", f"{h}.self_attn.v_proj.weight", v[i], kv_dim, hidden)
+        mat(f"{p}.attn_output.weight", f"{h}.self_attn.o_proj.weight", o, hidden, q_dim)
         vec(f"{p}.ffn_norm.weight", f"{h}.post_attention_layernorm.weight", hidden)
-        mat(f"{p}.ffn_gate.weight", f"{h}.mlp.gate_proj.weight", T.Q5_K, inter, hidden)
-        mat(f"{p}.ffn_up.weight", f"{h}.mlp.up_proj.weight", T.Q5_K, inter, hidden)
-        # Q5_K_M's down projections: Q6_K in some layers (llama.cpp's `use_more_bits`).
-        mat(f"{p}.ffn_down.weight", f"{h}.mlp.down_proj.weight", [T.Q6_K, T.Q5_K][i % 2],
-            hidden, inter)
+        mat(f"{p}.ffn_gate.weight", f"{h}.mlp.gate_proj.weight", gate_up, inter, hidden)
+        mat(f"{p}.ffn_up.weight", f"{h}.mlp.up_proj.weight", gate_up, inter, hidden)
+        mat(f"{p}.ffn_down.weight", f"{h}.mlp.down_proj.weight", down[i], hidden, inter)
     vec("output_norm.weight", "model.norm.weight", hidden)
     mat("output.weight", "lm_head.weight", T.Q6_K, n_vocab, hidden)
 
-    finish(w, "tiny_qwen3_q5_k", expected, arch="Qwen3", hidden=hidden, layers=layers, heads=heads,
+    finish(w, name, expected, arch="Qwen3", hidden=hidden, layers=layers, heads=heads,
            kv_heads=kv_heads, head_dim=head_dim, inter=inter, n_vocab=n_vocab, context=4096,
            tied=False)
 
@@ -474,5 +502,6 @@ if __name__ == "__main__":
     write_qwen2_model()
     write_llama3_scaled()
     write_q5_k_model()
+    write_q3_k_model()
     for name in sorted(os.listdir(OUT)):
         print(name, os.path.getsize(os.path.join(OUT, name)))

@@ -1,5 +1,5 @@
-//! The GGUF reader and the Q8_0 / Q4_K / Q6_K / Q4_0 / Q5_0 / IQ4_NL dequantizers against llama.cpp's `gguf`
-//! Python package (`tests/fixtures/gguf/`, made by `scripts/make_gguf_fixtures.py`),
+//! The GGUF reader and the Q8_0 / Q3_K / Q4_K / Q5_K / Q6_K / Q4_0 / Q5_0 / IQ4_NL / Q4_1 /
+//! Q5_1 dequantizers against llama.cpp's `gguf` Python package (`tests/fixtures/gguf/`, made by `scripts/make_gguf_fixtures.py`),
 //! and malformed files: every one an error naming what is wrong, never a panic.
 
 mod common;
@@ -39,7 +39,7 @@ fn cpu_and_gpu(test: &str) -> Vec<tilefuse_dsl::runtime::Device> {
 }
 
 /// What `scripts/make_gguf_fixtures.py` recorded for model fixture `name`
-/// (`tiny_qwen3`, `tiny_qwen2`, `tiny_qwen3_q5_k`).
+/// (`tiny_qwen3`, `tiny_qwen2`, `tiny_qwen3_q5_k`, `tiny_qwen3_q3_k`).
 fn expected_model(name: &str) -> serde_json::Value {
     let path = fixture(&format!("{name}.json"));
     serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
@@ -50,6 +50,7 @@ fn dequantizes_blocks_like_the_gguf_package() {
     let f = GgufFile::open(fixture("blocks.gguf")).unwrap();
     for (name, ty) in [
         ("q8_0", GgmlType::Q8_0),
+        ("q3_k", GgmlType::Q3_K),
         ("q4_k", GgmlType::Q4_K),
         ("q5_k", GgmlType::Q5_K),
         ("q6_k", GgmlType::Q6_K),
@@ -82,7 +83,8 @@ fn dequantizes_blocks_like_the_gguf_package() {
             want.iter().any(|v| v.abs() > 1e5),
             "{name}: no extreme block"
         );
-        // The device layout dequantizes to the same values (Q4_0, Q5_0 and IQ4_NL in Q8_0's).
+        // The device layout dequantizes to the same values (Q4_0, Q5_0 and IQ4_NL in
+        // Q8_0's, Q3_K in Q6_K's).
         let (rows, cols) = (blocks.ne[1] as usize, blocks.ne[0] as usize);
         let packed = PackedMatrix::pack(ty, f.tensor_bytes(blocks), rows, cols, name).unwrap();
         assert_eq!(packed.ggml_type(), ty.device_type());
@@ -203,6 +205,33 @@ fn reads_a_q5_k_m_model() {
     assert_eq!(q.device_bytes(), q.shape().0 * q.shape().1 / 256 * 180);
     let types = f.matrix_types();
     assert!(types.contains(&("token_embd.weight".to_string(), GgmlType::Q5_K)));
+}
+
+/// A Q3_K_M-like file (`tiny_qwen3_q3_k.gguf`): every tensor against the package's
+/// values, the Q3_K matrices read as Q6_K (the same values, Q6_K's bytes), with Q4_K O,
+/// Q5_K and Q4_K v and down beside them, and the Q3_K embedding table dequantized for
+/// lookups.
+#[test]
+fn reads_a_q3_k_m_model() {
+    let f = GgufFile::open(fixture("tiny_qwen3_q3_k.gguf")).unwrap();
+    check_every_tensor(&f, "tiny_qwen3_q3_k");
+    let cfg = f.config().unwrap();
+    let qw = f.quant_weights(&cfg).unwrap();
+    let ty = |m: &Option<PackedMatrix>| m.as_ref().unwrap().ggml_type();
+    for (i, l) in qw.layers.iter().enumerate() {
+        for m in [&l.q, &l.k, &l.gate, &l.up] {
+            assert_eq!(ty(m), GgmlType::Q6_K);
+        }
+        assert_eq!(ty(&l.o), GgmlType::Q4_K);
+        let first = [GgmlType::Q5_K, GgmlType::Q4_K][i];
+        assert_eq!((ty(&l.v), ty(&l.down)), (first, first), "layer {i}");
+    }
+    // 210 bytes a super-block: Q6_K's, against the file's 110.
+    let q = qw.layers[0].q.as_ref().unwrap();
+    assert_eq!(q.device_bytes(), q.shape().0 * q.shape().1 / 256 * 210);
+    let types = f.matrix_types();
+    assert!(types.contains(&("token_embd.weight".to_string(), GgmlType::Q3_K)));
+    assert!(types.contains(&("blk.1.ffn_up.weight".to_string(), GgmlType::Q3_K)));
 }
 
 /// Every tensor of model fixture `name` (open as `f`) against what the package
@@ -735,7 +764,8 @@ fn write_temp(name: &str, bytes: &[u8]) -> PathBuf {
 
 #[test]
 fn unsupported_types_and_shapes_name_the_tensor() {
-    // The tiny model with its q projection's type changed to Q3_K: the file still opens, and asking for the tensor names it and its type.
+    // The tiny model with its q projection's type changed to Q2_K: the file still
+    // opens, and asking for the tensor names it and its type.
     let mut bytes = std::fs::read(fixture("tiny_qwen3.gguf")).unwrap();
     let name = b"blk.0.attn_q.weight";
     let at = bytes.windows(name.len()).position(|w| w == name).unwrap() + name.len();
@@ -744,20 +774,20 @@ fn unsupported_types_and_shapes_name_the_tensor() {
         u32::from_le_bytes(bytes[ty_at..ty_at + 4].try_into().unwrap()),
         12
     );
-    // Q3_K's 110-byte blocks are smaller than Q4_K's 144: the data stays in the file.
-    bytes[ty_at..ty_at + 4].copy_from_slice(&11u32.to_le_bytes());
-    let path = write_temp("q3k.gguf", &bytes);
+    // Q2_K's 84-byte blocks are smaller than Q4_K's 144: the data stays in the file.
+    bytes[ty_at..ty_at + 4].copy_from_slice(&10u32.to_le_bytes());
+    let path = write_temp("q2k.gguf", &bytes);
     let f = GgufFile::open(&path).unwrap();
     let cfg = f.config().unwrap();
     let msg = f.model_weights(&cfg).unwrap_err().to_string();
     assert!(
-        msg.contains("blk.0.attn_q.weight") && msg.contains("Q3_K"),
+        msg.contains("blk.0.attn_q.weight") && msg.contains("Q2_K"),
         "{msg}"
     );
-    let msg = quant::dequantize(GgmlType(11), &[0u8; 110], 256, "t")
+    let msg = quant::dequantize(GgmlType(10), &[0u8; 84], 256, "t")
         .unwrap_err()
         .to_string();
-    assert!(msg.contains("`t`") && msg.contains("Q3_K"), "{msg}");
+    assert!(msg.contains("`t`") && msg.contains("Q2_K"), "{msg}");
 
     // A config that disagrees with a tensor's shape.
     let f = GgufFile::open(fixture("tiny_qwen3.gguf")).unwrap();
@@ -841,6 +871,17 @@ fn a_q5_k_m_file_decodes_like_the_reference() {
     let rel = decodes_like_the_reference("tiny_qwen3_q5_k.gguf", GgmlType::Q6_K);
     // Measured on the interpreter: 1.3-1.8% from the f32 reference with the prompt
     // through the multi-token GEMVs, 1.3-1.7% as decode steps alone.
+    assert!(rel.generated < 5e-2, "{rel:?}");
+    assert!(rel.stepped < 4e-2, "{rel:?}");
+}
+
+/// A Q3_K_M-like file (`tiny_qwen3_q3_k.gguf`: Q3_K matrices read as Q6_K beside Q4_K
+/// and Q5_K ones, a Q3_K embedding table, an untied Q6_K head).
+#[test]
+fn a_q3_k_m_file_decodes_like_the_reference() {
+    let rel = decodes_like_the_reference("tiny_qwen3_q3_k.gguf", GgmlType::Q6_K);
+    // Measured on the interpreter: 1.6-2.4% from the f32 reference with the prompt
+    // through the multi-token GEMVs, 1.5-1.7% as decode steps alone.
     assert!(rel.generated < 5e-2, "{rel:?}");
     assert!(rel.stepped < 4e-2, "{rel:?}");
 }
@@ -1307,6 +1348,17 @@ fn a_q5_k_m_files_quantized_step_matches_its_dense_step() {
     );
 }
 
+/// The Q3_K_M-like file (`tiny_qwen3_q3_k.gguf`) as the Qwen2 one above: its Q3_K
+/// matrices through the Q6_K GEMVs (QKV beside a Q5_K or Q4_K `v`), the Q4_K O, Q5_K
+/// and Q4_K down projections and the Q6_K head inside the captured step.
+#[test]
+fn a_q3_k_m_files_quantized_step_matches_its_dense_step() {
+    quantized_file_step_matches_its_dense_step(
+        "tiny_qwen3_q3_k.gguf",
+        "a_q3_k_m_files_quantized_step_matches_its_dense_step",
+    );
+}
+
 /// Model fixture `file` through `Engine::load`'s quantized step against the dense step
 /// over the same weights dequantized to bf16, token by token, and the greedy token the
 /// argmax of the step's own logits. On the interpreter, and on the GPU (the step
@@ -1339,8 +1391,8 @@ fn quantized_file_step_matches_its_dense_step(file: &str, test: &str) {
             let got = quant.forward(token, pos).unwrap();
             let rel = common::rel_err(&got, &want);
             eprintln!("{file} on {dev}, position {pos}: logits {rel:.4} from the dense step");
-            // Measured on the interpreter: 1.5-2.9% (the int8 activations; tiny_qwen2)
-            // and 1.3-2.0% (tiny_qwen3_q5_k).
+            // Measured on the interpreter: 1.5-2.9% (the int8 activations; tiny_qwen2),
+            // 1.3-2.0% (tiny_qwen3_q5_k) and 1.6-2.8% (tiny_qwen3_q3_k).
             assert!(rel < 5e-2, "{dev} position {pos}: logits differ by {rel}");
             let (next, next_pos) = quant.read_state().unwrap();
             assert_eq!(next_pos, pos + 1);

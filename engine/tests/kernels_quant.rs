@@ -80,6 +80,7 @@ fn random_blocks(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize, extreme:
                     blk[2..4].copy_from_slice(&dmin.to_le_bytes());
                 }
                 GgmlType::Q6_K => blk[208..210].copy_from_slice(&d.to_le_bytes()),
+                GgmlType::Q3_K => blk[108..110].copy_from_slice(&d.to_le_bytes()),
                 _ => unreachable!(),
             }
             out.extend_from_slice(&blk);
@@ -605,6 +606,13 @@ fn q6_k_gemv_matches_host() {
     check_type(GgmlType::Q6_K, 0x0606);
 }
 
+/// Q3_K through the Q6_K kernels: its quants in `-4..4` as Q6_K's `q - 32`, its scales
+/// `sc - 32` as Q6_K's `i8` ones.
+#[test]
+fn q3_k_gemv_matches_host() {
+    check_type(GgmlType::Q3_K, 0x0303);
+}
+
 /// The normed `[gate; up]` GEMV that writes the down projection's int8 input itself
 /// (`gemv_norm_silu_quantized`, Q4_K `SILU_Q = 1`: 32 gate rows and the same 32 up rows
 /// a program), its normed input quantized inside it or by a launch before it (down's
@@ -989,6 +997,7 @@ fn dequantization_matches_the_host_model() {
             GgmlType::Q4_K,
             GgmlType::Q5_K,
             GgmlType::Q6_K,
+            GgmlType::Q3_K,
         ] {
             let min_k = ty.block().unwrap().0 as usize;
             let mut shapes = vec![(5, min_k), (9, 1024 + min_k), (24, 512)];

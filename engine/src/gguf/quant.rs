@@ -2,8 +2,8 @@
 //! kernels are checked against) and the device layout the quantized GEMVs read.
 //!
 //! Supported for weights: Q8_0, Q4_K, Q5_K and Q6_K blocks, Q4_0, Q5_0 and IQ4_NL blocks
-//! (read as Q8_0, below), Q4_1 and Q5_1 blocks (read as Q8_0 with offsets), and F32,
-//! F16, BF16 elements. Block layouts, as llama.cpp writes them (little-endian):
+//! (read as Q8_0, below), Q4_1 and Q5_1 blocks (read as Q8_0 with offsets), Q3_K blocks
+//! (read as Q6_K), and F32, F16, BF16 elements. Block layouts, as llama.cpp writes them (little-endian):
 //!
 //! - **Q8_0**, 32 elements in 34 bytes: `f16 d`, `i8 q[32]`; `x = d * q`.
 //! - **Q4_0**, 32 elements in 18 bytes: `f16 d`, `u8 qs[16]`; byte `l` holds element
@@ -26,6 +26,11 @@
 //!   In each half `h` of 128 elements, element `h * 128 + g * 32 + l` (`g` in 0..4) has
 //!   its low bits in `ql[h * 64 + (g % 2) * 32 + l]` (nibble `g / 2`) and its high bits
 //!   in `qh[h * 32 + l]` at bit `2 * g`.
+//! - **Q3_K**, 256 elements in 110 bytes: `u8 hmask[32]` (high bits), `u8 qs[64]` (low 2
+//!   bits), `u8 scales[12]` (sixteen 6-bit scales, packed), `f16 d`; `x = d * (sc - 32) *
+//!   q` with `q` in `-4..4`. Element `h * 128 + g * 32 + l` has its low bits in `qs[h * 32
+//!   + l]` at bit `2 * g` and its high bit at bit `4 * h + g` of `hmask[l]` (clear: `q`
+//!   loses 4), and scale `8 h + 2 g + l / 16`: Q6_K's element order and scale order.
 //!
 //! # Device layout ([`PackedMatrix`])
 //!
@@ -50,6 +55,11 @@
 //! its high bits from `qh` word `p` shifted left by `4 - 4 i` (low nibbles, masked with
 //! `0x30303030`) or that shifted right by 2 (high nibbles). A Q6_K block's low nibbles
 //! are its first 16 elements and its high nibbles the second 16, one scale each.
+//!
+//! Q3_K reads as Q6_K ([`GgmlType::device_type`]): its quants `q` in `-4..4` are Q6_K's
+//! `q + 32` and its scales `sc - 32` Q6_K's `i8` ones, with the same `d`, the same
+//! element order and the same f32 rounding, so the Q6_K kernels compute a Q3_K_M file's
+//! Q3_K matrices value for value, at 210 bytes a super-block against the file's 110.
 //!
 //! Q4_K's unpacked scales cost 4 bytes a super-block (2.8%) and spare each thread the
 //! 6-bit unpacking (three gathers and a dozen bit operations per sub-block).
@@ -105,6 +115,8 @@ impl GgmlType {
     pub const Q8_0: GgmlType = GgmlType(8);
     /// 256-element super-blocks of 4-bit quants, 6-bit scales and mins.
     pub const Q4_K: GgmlType = GgmlType(12);
+    /// 256-element super-blocks of 3-bit quants and 6-bit scales.
+    pub const Q3_K: GgmlType = GgmlType(11);
     /// Q4_K with a fifth bit a quant.
     pub const Q5_K: GgmlType = GgmlType(13);
     /// 256-element super-blocks of 6-bit quants and 8-bit scales.
@@ -137,6 +149,7 @@ impl GgmlType {
             Self::Q4_1,
             Self::Q5_1,
             Self::Q8_0,
+            Self::Q3_K,
             Self::Q4_K,
             Self::Q5_K,
             Self::Q6_K,
@@ -151,13 +164,15 @@ impl GgmlType {
     }
 
     /// The type whose device layout and kernels read this one's blocks: Q8_0 for Q4_0,
-    /// Q5_0 and IQ4_NL, Q5_1 (Q8_0's layout with block offsets) for Q4_1 (exactly, see
-    /// the module docs), else the type itself.
+    /// Q5_0 and IQ4_NL, Q5_1 (Q8_0's layout with block offsets) for Q4_1, Q6_K for Q3_K
+    /// (each exactly, see the module docs), else the type itself.
     pub fn device_type(self) -> GgmlType {
         if [Self::Q4_0, Self::Q5_0, Self::IQ4_NL].contains(&self) {
             Self::Q8_0
         } else if self == Self::Q4_1 {
             Self::Q5_1
+        } else if self == Self::Q3_K {
+            Self::Q6_K
         } else {
             self
         }
@@ -210,7 +225,7 @@ impl std::fmt::Display for GgmlType {
 
 /// The types [`dequantize`] reads, for messages.
 pub const SUPPORTED: &str =
-    "F32, F16, BF16, Q4_0, Q5_0, IQ4_NL, Q4_1, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K";
+    "F32, F16, BF16, Q4_0, Q5_0, IQ4_NL, Q4_1, Q5_1, Q8_0, Q3_K, Q4_K, Q5_K, Q6_K";
 
 /// IQ4_NL's table: the value of each 4-bit index (llama.cpp's `kvalues_iq4nl`).
 pub const IQ4_NL_VALUES: [i8; 16] = [
@@ -368,6 +383,52 @@ pub fn dequantize_q6_k(block: &[u8], out: &mut [f32]) {
     }
 }
 
+/// Q3_K's sixteen 6-bit scales from the 12 packed bytes, less 32: scale `k` has its
+/// low four bits in byte `k % 8` (the low nibble for `k < 8`, else the high one) and its
+/// high two at bit `2 (k / 4)` of byte `8 + k % 4`.
+pub fn q3k_scales(packed: &[u8]) -> [i8; 16] {
+    std::array::from_fn(|k| {
+        let low = (packed[k % 8] >> (4 * (k / 8))) & 15;
+        let high = (packed[8 + k % 4] >> (2 * (k / 4))) & 3;
+        (low | (high << 4)) as i8 - 32
+    })
+}
+
+/// Element `e`'s quant in a Q3_K block, in `-4..4` (see the module docs).
+fn q3k_quant(block: &[u8], e: usize) -> i8 {
+    let (h, g, l) = (e / 128, (e / 32) % 4, e % 32);
+    let low = (block[32 + h * 32 + l] >> (2 * g)) & 3;
+    let high = (block[l] >> (4 * h + g)) & 1;
+    low as i8 - if high == 1 { 0 } else { 4 }
+}
+
+/// Dequantizes one Q3_K block (110 bytes) into 256 values: `(d * (sc - 32)) * q` in
+/// f32, as llama.cpp's `dequantize_row_q3_K` rounds it.
+pub fn dequantize_q3_k(block: &[u8], out: &mut [f32]) {
+    let d = f16_at(block, 108);
+    let sc = q3k_scales(&block[96..108]);
+    for (e, o) in out[..256].iter_mut().enumerate() {
+        *o = (d * sc[e / 16] as f32) * q3k_quant(block, e) as f32;
+    }
+}
+
+/// A Q3_K block (110 bytes) rewritten as the Q6_K block (210 bytes) of the same values:
+/// each quant `q` as `q + 32`, each scale `sc - 32` as Q6_K's `i8`, the same `d`.
+fn q3k_as_q6k(block: &[u8]) -> [u8; 210] {
+    let mut out = [0u8; 210];
+    for e in 0..256 {
+        let (h, g, l) = (e / 128, (e / 32) % 4, e % 32);
+        let q = (q3k_quant(block, e) + 32) as u8;
+        out[h * 64 + (g % 2) * 32 + l] |= (q & 15) << (4 * (g / 2));
+        out[128 + h * 32 + l] |= (q >> 4) << (2 * g);
+    }
+    for (o, s) in out[192..208].iter_mut().zip(q3k_scales(&block[96..108])) {
+        *o = s as u8;
+    }
+    out[208..210].copy_from_slice(&block[108..110]);
+    out
+}
+
 /// Dequantizes `bytes` holding `numel` elements of type `ty` to f32. `name` (the tensor)
 /// appears in errors; an unsupported type is an error naming the tensor and the type.
 pub fn dequantize(ty: GgmlType, bytes: &[u8], numel: usize, name: &str) -> Result<Vec<f32>> {
@@ -406,6 +467,7 @@ pub fn dequantize(ty: GgmlType, bytes: &[u8], numel: usize, name: &str) -> Resul
         GgmlType::Q5_0 => blocks.for_each(|(b, o)| dequantize_q5_0(b, o)),
         GgmlType::IQ4_NL => blocks.for_each(|(b, o)| dequantize_iq4_nl(b, o)),
         GgmlType::Q8_0 => blocks.for_each(|(b, o)| dequantize_q8_0(b, o)),
+        GgmlType::Q3_K => blocks.for_each(|(b, o)| dequantize_q3_k(b, o)),
         GgmlType::Q4_K => blocks.for_each(|(b, o)| dequantize_q4_k(b, o)),
         GgmlType::Q5_K => blocks.for_each(|(b, o)| dequantize_q5_k(b, o)),
         GgmlType::Q6_K => blocks.for_each(|(b, o)| dequantize_q6_k(b, o)),
@@ -585,7 +647,7 @@ impl PackedMatrix {
             _ => {
                 return Err(EngineError::Unsupported {
                     message: format!(
-                        "tensor `{name}` has ggml type {}; the quantized GEMVs read Q8_0, Q4_K, Q5_K and Q6_K (Q4_0, Q5_0 and IQ4_NL as Q8_0, Q4_1 and Q5_1 as Q8_0 with offsets)",
+                        "tensor `{name}` has ggml type {}; the quantized GEMVs read Q8_0, Q4_K, Q5_K and Q6_K (Q4_0, Q5_0 and IQ4_NL as Q8_0, Q4_1 and Q5_1 as Q8_0 with offsets, Q3_K as Q6_K)",
                         ty.name()
                     ),
                 })
@@ -703,7 +765,7 @@ impl PackedMatrix {
                     qh,
                 }
             }
-            GgmlType::Q6_K => {
+            GgmlType::Q6_K | GgmlType::Q3_K => {
                 // Per super-block: 32 low-nibble words, then 16 high-bit words.
                 let mut words = vec![0u32; blocks * 48];
                 // Per super-block: 16 scales, then `d`.
@@ -714,6 +776,13 @@ impl PackedMatrix {
                     (words.as_mut_slice(), 48),
                     (meta.as_mut_slice(), 18),
                     |b, words, meta| {
+                        let q6k;
+                        let b = if ty == GgmlType::Q3_K {
+                            q6k = q3k_as_q6k(b);
+                            &q6k[..]
+                        } else {
+                            b
+                        };
                         let (ql, qh) = (&b[..128], &b[128..192]);
                         let (lo, hi) = words.split_at_mut(32);
                         pack_block(lo, 256, 4, nibble_at, |e| {
@@ -757,8 +826,8 @@ impl PackedMatrix {
         })
     }
 
-    /// The ggml type of the matrix's device layout: the type it came from, except Q8_0
-    /// for Q4_0, Q5_0 and IQ4_NL ones ([`GgmlType::device_type`]).
+    /// The ggml type of the matrix's device layout: [`GgmlType::device_type`] of the
+    /// type it came from (Q8_0 for Q4_0, Q5_0 and IQ4_NL ones, Q6_K for Q3_K ones).
     pub fn ggml_type(&self) -> GgmlType {
         match self {
             PackedMatrix::Q8_0 { m: None, .. } => GgmlType::Q8_0,
@@ -968,6 +1037,7 @@ mod tests {
             GgmlType::IQ4_NL,
             GgmlType::Q4_1,
             GgmlType::Q5_1,
+            GgmlType::Q3_K,
         ] {
             let (block, size) = ty.block().unwrap();
             let row_bytes = cols / block as usize * size as usize;
@@ -1003,6 +1073,7 @@ mod tests {
                     b[2..4].copy_from_slice(&scale);
                 }
                 GgmlType::Q6_K => b[208..].copy_from_slice(&scale),
+                GgmlType::Q3_K => b[108..].copy_from_slice(&scale),
                 GgmlType::Q4_1 | GgmlType::Q5_1 => {
                     b[..2].copy_from_slice(&scale);
                     b[2..4].copy_from_slice(&f16::from_f32(-0.15).to_le_bytes());
@@ -1135,6 +1206,69 @@ mod tests {
             .iter()
             .zip(&want)
             .all(|(a, b)| a.to_bits() == b.to_bits()));
+    }
+
+    /// A hand-built Q3_K block, its scales unpacked as llama.cpp's `dequantize_row_q3_K`
+    /// does (four little-endian words and its masks): element `128 h + 32 g + l` takes
+    /// its low bits from `qs[32 h + l]` at bit `2 g`, loses 4 where bit `4 h + g` of
+    /// `hmask[l]` is clear, and uses scale `8 h + 2 g + l / 16`. The Q6_K layout reads
+    /// back the same values bit for bit, random blocks too.
+    #[test]
+    fn q3_k_unpacks_like_llama_cpp_and_packs_exactly_as_q6_k() {
+        let mut block = vec![0u8; 110];
+        for (i, b) in block[96..108].iter_mut().enumerate() {
+            *b = (37 * i as u8) ^ 0x5A;
+        }
+        block[108..].copy_from_slice(&f16::from_f32(0.5).to_le_bytes());
+        let word =
+            |i: usize| u32::from_le_bytes(block[96 + 4 * i..100 + 4 * i].try_into().unwrap());
+        let (k1, k2, tmp) = (0x0303_0303u32, 0x0f0f_0f0fu32, word(2));
+        let aux = [
+            (word(0) & k2) | ((tmp & k1) << 4),
+            (word(1) & k2) | (((tmp >> 2) & k1) << 4),
+            ((word(0) >> 4) & k2) | (((tmp >> 4) & k1) << 4),
+            ((word(1) >> 4) & k2) | (((tmp >> 6) & k1) << 4),
+        ];
+        let want: Vec<i8> = aux
+            .iter()
+            .flat_map(|w| w.to_le_bytes())
+            .map(|b| b as i8 - 32)
+            .collect();
+        assert_eq!(q3k_scales(&block[96..108]).to_vec(), want);
+        // Element 128 + 64 + 5: low bits 3, high bit set (bit 6 of hmask[5]): q = 3.
+        block[32 + 32 + 5] = 3 << 4;
+        block[5] = 1 << 6;
+        // Element 32 + 20: low bits 2, high bit clear: q = -2.
+        block[32 + 20] = 2 << 2;
+        let mut out = [0f32; 256];
+        dequantize_q3_k(&block, &mut out);
+        let sc = q3k_scales(&block[96..108]);
+        assert_eq!(out[128 + 64 + 5], 0.5 * sc[12] as f32 * 3.0);
+        assert_eq!(out[32 + 20], 0.5 * sc[3] as f32 * -2.0);
+        assert_eq!(out[5], 0.5 * sc[0] as f32 * -4.0);
+        let packed = PackedMatrix::pack(GgmlType::Q3_K, &block, 1, 256, "w").unwrap();
+        assert_eq!(packed.ggml_type(), GgmlType::Q6_K);
+        assert_eq!(packed.device_bytes(), 210);
+        let back = packed.dequantize();
+        assert!(back
+            .iter()
+            .zip(&out)
+            .all(|(a, b)| a.to_bits() == b.to_bits()));
+        let mut state = 0x0BAD_5EED_1234_5678u64;
+        let bytes = random_blocks(GgmlType::Q3_K, 12, &mut state);
+        let want = dequantize(GgmlType::Q3_K, &bytes, 12 * 256, "w").unwrap();
+        let got = PackedMatrix::pack(GgmlType::Q3_K, &bytes, 3, 1024, "w")
+            .unwrap()
+            .dequantize();
+        assert!(got
+            .iter()
+            .zip(&want)
+            .all(|(a, b)| a.to_bits() == b.to_bits()));
+        // Every quant and every scale Q3_K can hold turns up.
+        let qs: std::collections::BTreeSet<i8> = (0..12 * 256)
+            .map(|e| q3k_quant(&bytes[e / 256 * 110..], e % 256))
+            .collect();
+        assert_eq!(qs, (-4..4).collect());
     }
 
     /// A hand-built Q5_0 block: the fifth bit of element `e` is bit `e` of `qh`, the
