@@ -1,5 +1,5 @@
 //! Quantized weights for the decode benchmark (`tilefuse bench --weights q4_k_m`,
-//! `q5_k_m` or `q8_0`):
+//! `q5_k_m`, `q3_k_m` or `q8_0`):
 //! random blocks in GGUF's formats at a preset's real shapes, mixed per matrix as
 //! llama.cpp's quantizer mixes them.
 
@@ -26,6 +26,8 @@ pub enum WeightFormat {
     Q4KM,
     /// llama.cpp's Q5_K_M mix: Q4_K_M's with Q5_K for Q4_K.
     Q5KM,
+    /// llama.cpp's Q3_K_M mix: Q3_K beside Q4_K and Q5_K (its Q3_K read as Q6_K).
+    Q3KM,
 }
 
 impl FromStr for WeightFormat {
@@ -37,8 +39,11 @@ impl FromStr for WeightFormat {
             "q8_0" => Ok(WeightFormat::Q8_0),
             "q4_k_m" => Ok(WeightFormat::Q4KM),
             "q5_k_m" => Ok(WeightFormat::Q5KM),
+            "q3_k_m" => Ok(WeightFormat::Q3KM),
             _ => Err(EngineError::Option {
-                message: format!("unknown weight format `{s}` (bf16, q8_0, q4_k_m, q5_k_m)"),
+                message: format!(
+                    "unknown weight format `{s}` (bf16, q8_0, q4_k_m, q5_k_m, q3_k_m)"
+                ),
             }),
         }
     }
@@ -51,6 +56,7 @@ impl fmt::Display for WeightFormat {
             WeightFormat::Q8_0 => "q8_0",
             WeightFormat::Q4KM => "q4_k_m",
             WeightFormat::Q5KM => "q5_k_m",
+            WeightFormat::Q3KM => "q3_k_m",
         })
     }
 }
@@ -65,7 +71,10 @@ impl WeightFormat {
     /// except `attn_v` and `ffn_down` of the layers that get more bits, Q6_K: the first
     /// and last eighth of the layers, and every third layer between them
     /// (`i < n/8 || i >= 7n/8 || (i - n/8) % 3 == 2`). The LM head (the embedding
-    /// table when tied) is Q6_K. Q5_K_M is the same rule with Q5_K for Q4_K. Matrices
+    /// table when tied) is Q6_K. Q5_K_M is the same rule with Q5_K for Q4_K. Q3_K_M
+    /// is Q3_K for q, k, gate and up, Q4_K for O, and for `attn_v` Q5_K in the first
+    /// two layers and Q4_K after, for `ffn_down` Q5_K in the first sixteenth of the
+    /// layers and Q4_K after (llama.cpp's rule for every architecture but Falcon). Matrices
     /// whose rows a K-quant does not fit take [`fallback`]'s type in
     /// [`WeightFormat::random_weights`].
     pub fn layer_types(self, layer: usize, layers: usize) -> Option<LayerTypes> {
@@ -74,6 +83,12 @@ impl WeightFormat {
             WeightFormat::Q8_0 => return Some([GgmlType::Q8_0; 7]),
             WeightFormat::Q4KM => GgmlType::Q4_K,
             WeightFormat::Q5KM => GgmlType::Q5_K,
+            WeightFormat::Q3KM => {
+                let (q3, q4, q5) = (GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K);
+                let v = if layer < 2 { q5 } else { q4 };
+                let down = if layer < layers / 16 { q5 } else { q4 };
+                return Some([q3, q3, v, q4, q3, q3, down]);
+            }
         };
         let (first, last) = (layers / 8, 7 * layers / 8);
         let more = layer < first || layer >= last || (layer - first) % 3 == 2;
@@ -86,7 +101,7 @@ impl WeightFormat {
         match self {
             WeightFormat::Bf16 => None,
             WeightFormat::Q8_0 => Some(GgmlType::Q8_0),
-            WeightFormat::Q4KM | WeightFormat::Q5KM => Some(GgmlType::Q6_K),
+            WeightFormat::Q4KM | WeightFormat::Q5KM | WeightFormat::Q3KM => Some(GgmlType::Q6_K),
         }
     }
 
@@ -125,14 +140,15 @@ impl WeightFormat {
 
 /// The type llama.cpp's quantizer writes for a matrix meant to be `ty` whose rows hold
 /// `cols` elements: a K-quant's 256-element super-blocks must tile the row, else
-/// (`llama_tensor_get_type`'s fallback) Q4_K becomes Q5_0, Q5_K Q5_1 and Q6_K Q8_0, as
-/// in Qwen2.5-0.5B's Q4_K_M files (rows of 896). The engine reads Q5_0 and Q8_0 as
-/// Q8_0, Q5_1 as Q8_0 with block offsets ([`crate::gguf::quant`]).
+/// (`llama_tensor_get_type`'s fallback) Q4_K becomes Q5_0, Q5_K Q5_1, Q6_K Q8_0 and
+/// Q3_K IQ4_NL, as in Qwen2.5-0.5B's Q4_K_M files (rows of 896). The engine reads Q5_0,
+/// IQ4_NL and Q8_0 as Q8_0, Q5_1 as Q8_0 with block offsets ([`crate::gguf::quant`]).
 pub fn fallback(ty: GgmlType, cols: usize) -> GgmlType {
     match ty {
         GgmlType::Q4_K if cols % 256 != 0 => GgmlType::Q5_0,
         GgmlType::Q5_K if cols % 256 != 0 => GgmlType::Q5_1,
         GgmlType::Q6_K if cols % 256 != 0 => GgmlType::Q8_0,
+        GgmlType::Q3_K if cols % 256 != 0 => GgmlType::IQ4_NL,
         _ => ty,
     }
 }
@@ -156,9 +172,10 @@ pub fn random_matrix(
         chunk.copy_from_slice(&r[..chunk.len()]);
     }
     // Largest |q| times scale: Q8_0 128 d, Q5_0 16 d, Q4_0 8 d, Q4_K 15 * 63 d, Q5_K
-    // 31 * 63 d, Q6_K 32 * 128 d.
+    // 31 * 63 d, Q6_K 32 * 128 d, Q3_K 4 * 32 d, IQ4_NL 127 d.
     let d_max = match ty {
-        GgmlType::Q8_0 => 0.05 / 128.0,
+        GgmlType::Q8_0 | GgmlType::IQ4_NL => 0.05 / 128.0,
+        GgmlType::Q3_K => 0.05 / 128.0,
         GgmlType::Q5_0 | GgmlType::Q5_1 => 0.05 / 16.0,
         GgmlType::Q4_0 => 0.05 / 8.0,
         GgmlType::Q4_K => 0.05 / 945.0,
@@ -168,7 +185,7 @@ pub fn random_matrix(
     for blk in bytes.chunks_exact_mut(size) {
         let d = f16::from_f32(d_max * (0.5 + (rng.next_u32() % 1024) as f32 / 2048.0));
         match ty {
-            GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q4_0 => {
+            GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q4_0 | GgmlType::IQ4_NL => {
                 blk[0..2].copy_from_slice(&d.to_le_bytes())
             }
             GgmlType::Q5_1 => {
@@ -221,6 +238,19 @@ mod tests {
             }
         }
         assert_eq!(WeightFormat::Q5KM.head_type(), Some(GgmlType::Q6_K));
+        // Q3_K_M at 36 layers (Qwen3-8B): v Q5_K in layers 0 and 1, down in layers 0
+        // and 1 (36 / 16 = 2), Q4_K after; O always Q4_K; the rest Q3_K.
+        let (q3, q4, q5) = (GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K);
+        assert_eq!(
+            WeightFormat::Q3KM.layer_types(1, 36),
+            Some([q3, q3, q5, q4, q3, q3, q5])
+        );
+        assert_eq!(
+            WeightFormat::Q3KM.layer_types(2, 36),
+            Some([q3, q3, q4, q4, q3, q3, q4])
+        );
+        assert_eq!(WeightFormat::Q3KM.head_type(), Some(GgmlType::Q6_K));
+        assert_eq!(fallback(q3, 896), GgmlType::IQ4_NL);
         assert_eq!(
             "q5_k_m".parse::<WeightFormat>().unwrap().to_string(),
             "q5_k_m"
@@ -280,6 +310,8 @@ mod tests {
             GgmlType::Q5_0,
             GgmlType::Q5_1,
             GgmlType::Q4_0,
+            GgmlType::Q3_K,
+            GgmlType::IQ4_NL,
         ] {
             let w = random_matrix(&mut rng, ty, 4, 512).unwrap().dequantize();
             let max = w.iter().fold(0f32, |m, v| m.max(v.abs()));
