@@ -1188,24 +1188,30 @@ mod tests {
         assert_eq!(out[96 + 3], value(3, 9));
         assert_eq!(out[224 + 3], value(7, 16));
         assert_eq!(out[224 + 4], value(7, 0));
-        let packed = PackedMatrix::pack(GgmlType::Q5_K, &block, 1, 256, "w").unwrap();
-        assert_eq!(packed.ggml_type(), GgmlType::Q5_K);
-        assert_eq!(packed.device_bytes(), 180);
-        let back = packed.dequantize();
-        assert!(back
-            .iter()
-            .zip(&out)
-            .all(|(a, b)| a.to_bits() == b.to_bits()));
         let mut state = 0x1234_5678_9ABC_DEF1u64;
-        let bytes = random_blocks(GgmlType::Q5_K, 12, &mut state);
-        let want = dequantize(GgmlType::Q5_K, &bytes, 12 * 256, "w").unwrap();
-        let got = PackedMatrix::pack(GgmlType::Q5_K, &bytes, 3, 1024, "w")
-            .unwrap()
-            .dequantize();
-        assert!(got
-            .iter()
-            .zip(&want)
-            .all(|(a, b)| a.to_bits() == b.to_bits()));
+        super_block_packs_exactly(GgmlType::Q5_K, &block, &out, 180, &mut state);
+    }
+
+    /// Super-block `block` of type `ty` (dequantized: `values`) packs into a layout of
+    /// `device_bytes` that reads back `values` bit for bit, and so do 12 random blocks
+    /// (from `state`) packed as a 3 x 1024 matrix, which it returns.
+    fn super_block_packs_exactly(
+        ty: GgmlType,
+        block: &[u8],
+        values: &[f32],
+        device_bytes: usize,
+        state: &mut u64,
+    ) -> Vec<u8> {
+        let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits());
+        let packed = PackedMatrix::pack(ty, block, 1, 256, "w").unwrap();
+        assert_eq!(packed.ggml_type(), ty.device_type());
+        assert_eq!(packed.device_bytes(), device_bytes);
+        assert!(same(&packed.dequantize(), values), "{ty}: hand-built block");
+        let bytes = random_blocks(ty, 12, state);
+        let want = dequantize(ty, &bytes, 12 * 256, "w").unwrap();
+        let got = PackedMatrix::pack(ty, &bytes, 3, 1024, "w").unwrap();
+        assert!(same(&got.dequantize(), &want), "{ty}: random blocks");
+        bytes
     }
 
     /// A hand-built Q3_K block, its scales unpacked as llama.cpp's `dequantize_row_q3_K`
@@ -1246,24 +1252,8 @@ mod tests {
         assert_eq!(out[128 + 64 + 5], 0.5 * sc[12] as f32 * 3.0);
         assert_eq!(out[32 + 20], 0.5 * sc[3] as f32 * -2.0);
         assert_eq!(out[5], 0.5 * sc[0] as f32 * -4.0);
-        let packed = PackedMatrix::pack(GgmlType::Q3_K, &block, 1, 256, "w").unwrap();
-        assert_eq!(packed.ggml_type(), GgmlType::Q6_K);
-        assert_eq!(packed.device_bytes(), 210);
-        let back = packed.dequantize();
-        assert!(back
-            .iter()
-            .zip(&out)
-            .all(|(a, b)| a.to_bits() == b.to_bits()));
         let mut state = 0x0BAD_5EED_1234_5678u64;
-        let bytes = random_blocks(GgmlType::Q3_K, 12, &mut state);
-        let want = dequantize(GgmlType::Q3_K, &bytes, 12 * 256, "w").unwrap();
-        let got = PackedMatrix::pack(GgmlType::Q3_K, &bytes, 3, 1024, "w")
-            .unwrap()
-            .dequantize();
-        assert!(got
-            .iter()
-            .zip(&want)
-            .all(|(a, b)| a.to_bits() == b.to_bits()));
+        let bytes = super_block_packs_exactly(GgmlType::Q3_K, &block, &out, 210, &mut state);
         // Every quant and every scale Q3_K can hold turns up.
         let qs: std::collections::BTreeSet<i8> = (0..12 * 256)
             .map(|e| q3k_quant(&bytes[e / 256 * 110..], e % 256))
