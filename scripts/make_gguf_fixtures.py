@@ -375,7 +375,7 @@ def write_k_mix_model(name, g, embd, q, v, o, gate_up, down):
         record(w, expected, g, gguf_name, hf_name, data, qtype, shape)
 
     def mat(gguf_name, hf_name, qtype, rows, cols):
-        d_scale = {T.Q3_K: 0.002, T.Q4_K: 0.0003, T.Q5_K: 0.00015, T.Q6_K: 0.0001}[qtype]
+        d_scale = {T.Q3_K: 0.00175, T.Q4_K: 0.0003, T.Q5_K: 0.00015, T.Q6_K: 0.0001}[qtype]
         put(gguf_name, hf_name, qtype, (rows, cols), matrix(qtype, rows, cols, d_scale, g=g))
 
     def vec(gguf_name, hf_name, n):

@@ -880,8 +880,8 @@ fn a_q5_k_m_file_decodes_like_the_reference() {
 #[test]
 fn a_q3_k_m_file_decodes_like_the_reference() {
     let rel = decodes_like_the_reference("tiny_qwen3_q3_k.gguf", GgmlType::Q6_K);
-    // Measured on the interpreter: 1.6-2.4% from the f32 reference with the prompt
-    // through the multi-token GEMVs, 1.5-1.7% as decode steps alone.
+    // Measured on the interpreter: 1.4-2.6% from the f32 reference with the prompt
+    // through the multi-token GEMVs, 1.6-3.2% as decode steps alone.
     assert!(rel.generated < 5e-2, "{rel:?}");
     assert!(rel.stepped < 4e-2, "{rel:?}");
 }
@@ -1392,7 +1392,7 @@ fn quantized_file_step_matches_its_dense_step(file: &str, test: &str) {
             let rel = common::rel_err(&got, &want);
             eprintln!("{file} on {dev}, position {pos}: logits {rel:.4} from the dense step");
             // Measured on the interpreter: 1.5-2.9% (the int8 activations; tiny_qwen2),
-            // 1.3-2.0% (tiny_qwen3_q5_k) and 1.6-2.8% (tiny_qwen3_q3_k).
+            // 1.3-2.0% (tiny_qwen3_q5_k) and 1.5-3.2% (tiny_qwen3_q3_k).
             assert!(rel < 5e-2, "{dev} position {pos}: logits differ by {rel}");
             let (next, next_pos) = quant.read_state().unwrap();
             assert_eq!(next_pos, pos + 1);
@@ -1784,7 +1784,12 @@ fn gguf_models_decode_like_transformers_on_their_dequantized_weights() {
     use tilefuse_dsl::runtime::Device;
     use tilefuse_engine::{Engine, EngineOptions, Reference};
 
-    for name in ["tiny_qwen3", "tiny_qwen2", "tiny_qwen3_q5_k"] {
+    for name in [
+        "tiny_qwen3",
+        "tiny_qwen2",
+        "tiny_qwen3_q5_k",
+        "tiny_qwen3_q3_k",
+    ] {
         let json = common::Json::read(&fixture(&format!("{name}.reference.json")));
         let (prompt, tokens, want) = (
             json.u32s("prompt_ids"),
@@ -1831,14 +1836,15 @@ fn gguf_models_decode_like_transformers_on_their_dequantized_weights() {
             // The host reference rounds the weights and every projection to bf16 as
             // transformers' bf16 run does: as close to the f32 logits as that run
             // (measured equal to three digits: 0.6-1.0% on tiny_qwen3, 1.4-2.0% on
-            // tiny_qwen2, 0.6-0.9% on tiny_qwen3_q5_k).
+            // tiny_qwen2, 0.6-0.9% on tiny_qwen3_q5_k, 1.2-1.4% on tiny_qwen3_q3_k).
             assert!(
                 h <= 1.1 * bf16 + 1e-4,
                 "{name} step {step}: host {h}, bf16 {bf16}"
             );
             // The quantized step adds its int8 activations (llama.cpp's q8_1
-            // scheme): measured 1.2-1.5%, 2.4-4.3% and 1.3-1.8%, at most 2.3 times
-            // bf16's.
+            // scheme): measured 1.2-1.5%, 2.4-4.3%, 1.3-1.8% and 2.2-3.9%, at most 3.0
+            // times bf16's (tiny_qwen3_q3_k; other draws of its weights' scale gave
+            // up to 4.2 times at one step, docs/perf.md "Q3_K read as Q6_K").
             assert!(s <= 3.0 * bf16, "{name} step {step}: step {s}, bf16 {bf16}");
             worst_host = worst_host.max(h);
             worst_step = worst_step.max(s);
