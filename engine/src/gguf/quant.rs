@@ -1223,7 +1223,7 @@ mod tests {
     fn q3_k_unpacks_like_llama_cpp_and_packs_exactly_as_q6_k() {
         let mut block = vec![0u8; 110];
         for (i, b) in block[96..108].iter_mut().enumerate() {
-            *b = (37 * i as u8) ^ 0x5A;
+            *b = (i as u8).wrapping_mul(37) ^ 0x5A;
         }
         block[108..].copy_from_slice(&f16::from_f32(0.5).to_le_bytes());
         let word =
