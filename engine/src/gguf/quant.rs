@@ -27,10 +27,11 @@
 //!   its low bits in `ql[h * 64 + (g % 2) * 32 + l]` (nibble `g / 2`) and its high bits
 //!   in `qh[h * 32 + l]` at bit `2 * g`.
 //! - **Q3_K**, 256 elements in 110 bytes: `u8 hmask[32]` (high bits), `u8 qs[64]` (low 2
-//!   bits), `u8 scales[12]` (sixteen 6-bit scales, packed), `f16 d`; `x = d * (sc - 32) *
-//!   q` with `q` in `-4..4`. Element `h * 128 + g * 32 + l` has its low bits in `qs[h * 32
-//!   + l]` at bit `2 * g` and its high bit at bit `4 * h + g` of `hmask[l]` (clear: `q`
-//!   loses 4), and scale `8 h + 2 g + l / 16`: Q6_K's element order and scale order.
+//!   bits), `u8 scales[12]` (sixteen 6-bit scales, packed), `f16 d`;
+//!   `x = d * (sc - 32) * q` with `q` in `-4..4`. Element `h * 128 + g * 32 + l` has its
+//!   low bits in `qs[h * 32 + l]` at bit `2 * g` and its high bit at bit `4 * h + g` of
+//!   `hmask[l]` (clear: `q` loses 4), and scale `8 h + 2 g + l / 16`: Q6_K's element
+//!   order and scale order.
 //!
 //! # Device layout ([`PackedMatrix`])
 //!
