@@ -174,8 +174,7 @@ pub fn random_matrix(
     // Largest |q| times scale: Q8_0 128 d, Q5_0 16 d, Q4_0 8 d, Q4_K 15 * 63 d, Q5_K
     // 31 * 63 d, Q6_K 32 * 128 d, Q3_K 4 * 32 d, IQ4_NL 127 d.
     let d_max = match ty {
-        GgmlType::Q8_0 | GgmlType::IQ4_NL => 0.05 / 128.0,
-        GgmlType::Q3_K => 0.05 / 128.0,
+        GgmlType::Q8_0 | GgmlType::IQ4_NL | GgmlType::Q3_K => 0.05 / 128.0,
         GgmlType::Q5_0 | GgmlType::Q5_1 => 0.05 / 16.0,
         GgmlType::Q4_0 => 0.05 / 8.0,
         GgmlType::Q4_K => 0.05 / 945.0,
