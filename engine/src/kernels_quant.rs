@@ -581,11 +581,13 @@ fn activation_blocks<const ACT: usize>(
 /// One tile's Q4_K sums per row and block (`[n, blocks]`): `qt: [n, blocks, 4]` nibble
 /// words, `sc`, `m: [n, blocks]` sub-block scales and mins, `dd`, `dm: [n, blocks]`
 /// their super-blocks' scales, against activation blocks `blk` (valid where `blk_ok`).
-/// With `Q5 = 1` (Q5_K), `ht: [n, blocks]` holds each block's fifth bits (bit `i` is
-/// element `i`'s); else it is not read.
+/// With a fifth bit a quant (`LAYOUT` 1, Q5_K, or 3, Q5_0), `ht: [n, blocks]` holds each
+/// block's fifth bits (bit `i` is element `i`'s); else it is not read. Q4_0 and Q5_0
+/// (`LAYOUT` 2 and 3) take `dd` as each block's own scale and read neither `sc`, `m`
+/// nor `dm`: `x = d (q - 8)` and `d (q - 16)` (see [`q4_k_gemv`]).
 #[tile_fn(crate = tilefuse_dsl)]
 #[allow(clippy::too_many_arguments)]
-fn q4_k_tile<const ACT: usize, const Q5: usize>(
+fn q4_k_tile<const ACT: usize, const LAYOUT: usize>(
     qt: Tile<u32>,
     ht: Tile<u32>,
     sc: Tile<u8>,
@@ -609,7 +611,7 @@ fn q4_k_tile<const ACT: usize, const Q5: usize>(
     // replaces a shift and a mask a word, and the sum is exactly 16 times theirs.
     let hi16 = qt & 0xF0F0_F0F0;
     let mut dots = dot4(lo, x_lo3, 0).sum(2) + (dot4(hi16, x_hi3, 0).sum(2) >> 4);
-    if Q5 == 1 {
+    if (LAYOUT == 1) | (LAYOUT == 3) {
         // Word `w`'s four elements' fifth bits (bits `4w..4w + 4` of the block's word,
         // `16 + 4w..` for the high nibbles) to bit 4 of its bytes: the product puts bit
         // `b` at `8b + 4`, and no two partial products meet there.
@@ -625,18 +627,28 @@ fn q4_k_tile<const ACT: usize, const Q5: usize>(
     let ones = (qt & 0) | 0x0101_0101;
     let x_sum = dot4(ones, x_hi3, dot4(ones, x_lo3, 0)).sum(2);
     // `dots`-derived operands first: the scales are then loaded in its layout.
-    let scaled =
+    let mut scaled =
         ((dots * (sc as i32)) as f32) * (dd as f32) - ((x_sum * (m as i32)) as f32) * (dm as f32);
+    if LAYOUT == 2 {
+        // Q4_0: `Σ (q - 8) x`, exact in integers, then the block's scale: the product
+        // Q8_0's kernel forms over the bytes `q - 8`, so the two agree bit for bit.
+        scaled = ((dots - x_sum * 8) as f32) * (dd as f32);
+    } else if LAYOUT == 3 {
+        scaled = ((dots - x_sum * 16) as f32) * (dd as f32);
+    }
     scaled * x_d.expand_dims(0)
 }
 
 /// One Q4_K tile's weights for the activation blocks `blk` (`[blocks]`, the tile's
 /// first `g0`), loaded where `ok` (`[n, blocks]`): the nibble words (`[n, blocks, 4]`),
-/// with `Q5 = 1` the fifth-bit words (`[n, blocks]`, else zeros, `qh` not read), the
-/// sub-block scales and mins, and the super-blocks' `d` and `dmin` (`[n, blocks]`).
+/// with a fifth bit (`LAYOUT` 1 or 3) the fifth-bit words (`[n, blocks]`, else zeros,
+/// `qh` not read), the sub-block scales and mins, and the super-blocks' `d` and `dmin`
+/// (`[n, blocks]`). Q4_0 and Q5_0 (`LAYOUT` 2 and 3) read a scale a block from `d`
+/// (`s_rows`' indexing), and neither `scales`, `mins` nor `dmin` (zeros and `d`'s
+/// values in their places).
 #[tile_fn(crate = tilefuse_dsl)]
 #[allow(clippy::too_many_arguments)]
-fn q4_k_weights<const Q5: usize>(
+fn q4_k_weights<const LAYOUT: usize>(
     q: Ptr<u32>,
     qh: Ptr<u32>,
     scales: Ptr<u8>,
@@ -664,14 +676,22 @@ fn q4_k_weights<const Q5: usize>(
         0,
     );
     let mut ht = (s_rows + blk.expand_dims(0)).bitcast::<u32>() & 0;
-    if Q5 == 1 {
+    if (LAYOUT == 1) | (LAYOUT == 3) {
         ht = load(qh + s_rows + blk.expand_dims(0), ok, 0);
     }
-    let sct = load(scales + s_rows + blk.expand_dims(0), ok, 0);
-    let mt = load(mins + s_rows + blk.expand_dims(0), ok, 0);
-    let sb = (blk / 8).expand_dims(0);
-    let dt = load(d + d_rows + sb, ok, 0.0);
-    let dmint = load(dmin + d_rows + sb, ok, 0.0);
+    let none = (s_rows + blk.expand_dims(0)) & 0;
+    let (mut sct, mut mt) = (none as u8, none as u8);
+    let (mut dt, mut dmint) = (none as f16, none as f16);
+    if LAYOUT >= 2 {
+        dt = load(d + s_rows + blk.expand_dims(0), ok, 0.0);
+        dmint = dt;
+    } else {
+        sct = load(scales + s_rows + blk.expand_dims(0), ok, 0);
+        mt = load(mins + s_rows + blk.expand_dims(0), ok, 0);
+        let sb = (blk / 8).expand_dims(0);
+        dt = load(d + d_rows + sb, ok, 0.0);
+        dmint = load(dmin + d_rows + sb, ok, 0.0);
+    }
     (qt, ht, sct, mt, dt, dmint)
 }
 
@@ -679,7 +699,7 @@ fn q4_k_weights<const Q5: usize>(
 /// caller, before its wait) and the rest of the row, tile by tile (see [`q4_k_gemv`]).
 #[tile_fn(crate = tilefuse_dsl)]
 #[allow(clippy::too_many_arguments)]
-fn q4_k_row_sums<const BLOCK_K: usize, const ACT: usize, const EVEN: usize, const Q5: usize>(
+fn q4_k_row_sums<const BLOCK_K: usize, const ACT: usize, const EVEN: usize, const LAYOUT: usize>(
     q_first: Tile<u32>,
     h_first: Tile<u32>,
     sc_first: Tile<u8>,
@@ -711,7 +731,7 @@ fn q4_k_row_sums<const BLOCK_K: usize, const ACT: usize, const EVEN: usize, cons
     if EVEN == 1 {
         first_ok = full([BLOCK_K / 32], true);
     }
-    let mut acc = q4_k_tile::<ACT, Q5>(
+    let mut acc = q4_k_tile::<ACT, LAYOUT>(
         q_first, h_first, sc_first, m_first, d_first, dmin_first, xq, xd, a, norm_w, grp, first_ok,
         w,
     );
@@ -722,10 +742,10 @@ fn q4_k_row_sums<const BLOCK_K: usize, const ACT: usize, const EVEN: usize, cons
             blk_ok = full([BLOCK_K / 32], true);
         }
         let ok = ok2 & blk_ok.expand_dims(0);
-        let (qt, ht, sct, mt, dt, dmint) = q4_k_weights::<Q5>(
+        let (qt, ht, sct, mt, dt, dmint) = q4_k_weights::<LAYOUT>(
             q, qh, scales, mins, d, dmin, q_rows, s_rows, d_rows, words, g0, blk, ok,
         );
-        acc += q4_k_tile::<ACT, Q5>(
+        acc += q4_k_tile::<ACT, LAYOUT>(
             qt, ht, sct, mt, dt, dmint, xq, xd, a, norm_w, blk, blk_ok, w,
         );
     }
@@ -738,7 +758,7 @@ fn q4_k_row_sums<const BLOCK_K: usize, const ACT: usize, const EVEN: usize, cons
 /// the loads are masked off.
 #[tile_fn(crate = tilefuse_dsl)]
 #[allow(clippy::too_many_arguments)]
-fn q4_k_row_sums_prefetch<const BLOCK_K: usize, const ACT: usize, const Q5: usize>(
+fn q4_k_row_sums_prefetch<const BLOCK_K: usize, const ACT: usize, const LAYOUT: usize>(
     q_first: Tile<u32>,
     h_first: Tile<u32>,
     sc_first: Tile<u8>,
@@ -767,10 +787,10 @@ fn q4_k_row_sums_prefetch<const BLOCK_K: usize, const ACT: usize, const Q5: usiz
     let step = (BLOCK_K / 32) as i32;
     let blk = step + grp;
     let ok = ok2 & (blk < blocks).expand_dims(0);
-    let (mut qt, mut ht, mut sct, mut mt, mut dt, mut dmint) = q4_k_weights::<Q5>(
+    let (mut qt, mut ht, mut sct, mut mt, mut dt, mut dmint) = q4_k_weights::<LAYOUT>(
         q, qh, scales, mins, d, dmin, q_rows, s_rows, d_rows, words, step, blk, ok,
     );
-    let mut acc = q4_k_tile::<ACT, Q5>(
+    let mut acc = q4_k_tile::<ACT, LAYOUT>(
         q_first,
         h_first,
         sc_first,
@@ -788,11 +808,11 @@ fn q4_k_row_sums_prefetch<const BLOCK_K: usize, const ACT: usize, const Q5: usiz
     for g0 in (2 * step..blocks + step).step_by(BLOCK_K / 32).unroll(2) {
         let next = g0 + grp;
         let ok = ok2 & (next < blocks).expand_dims(0);
-        let (nq, nh, nsc, nm, nd, ndmin) = q4_k_weights::<Q5>(
+        let (nq, nh, nsc, nm, nd, ndmin) = q4_k_weights::<LAYOUT>(
             q, qh, scales, mins, d, dmin, q_rows, s_rows, d_rows, words, g0, next, ok,
         );
         let blk = g0 - step + grp;
-        acc += q4_k_tile::<ACT, Q5>(
+        acc += q4_k_tile::<ACT, LAYOUT>(
             qt,
             ht,
             sct,
@@ -815,8 +835,12 @@ fn q4_k_row_sums_prefetch<const BLOCK_K: usize, const ACT: usize, const Q5: usiz
 /// `y = bf16(W · x + bias)` for a Q4_K matrix `W` of shape `[n, k]` with
 /// `k = 8 * k_words` (`q: u32[n, k_words]`, `scales`, `mins: u8[n, k / 32]`, `d`,
 /// `dmin: f16[n, k / 256]`) and `x` quantized by [`quantize_act`]; the residual and
-/// LM-head variants as in the module docs. `Q5 = 1` reads a Q5_K matrix: the same
-/// arrays and its fifth bits, `qh: u32[n, k / 32]` (not read otherwise).
+/// LM-head variants as in the module docs. `LAYOUT = 1` reads a Q5_K matrix: the same
+/// arrays and its fifth bits, `qh: u32[n, k / 32]` (not read otherwise). `LAYOUT` 2 and
+/// 3 read Q4_0 and Q5_0 matrices in the same nibble words (and fifth bits), with one
+/// scale a 32-element block, `d: f16[n, k / 32]`, and no `scales`, `mins` or `dmin`
+/// (not read): the file's 18 and 22 bytes a block (docs/perf.md, "Q4_0 and Q5_0 in
+/// nibble words").
 #[kernel(
     crate = tilefuse_dsl,
     BLOCK_N = [1, 2, 4, 8, 16, 32, 64],
@@ -837,7 +861,7 @@ fn q4_k_row_sums_prefetch<const BLOCK_K: usize, const ACT: usize, const Q5: usiz
     // an SM instead of four, 80% -> 85% of the copy ceiling on an H200 (docs/perf.md,
     // "A register cap on the Q4_K GEMV"); the tiles that keep a tile in flight lose.
     // Q4_K only: Q5_K's timeline-stamped variant spilled at 80 (tests/ptxas_all.rs).
-    max_registers(80, BLOCK_N = 16, BLOCK_K = 1024, RESIDUAL = 0, HEAD = 0, ACT = 0, Q5 = 0, num_warps = 4),
+    max_registers(80, BLOCK_N = 16, BLOCK_K = 1024, RESIDUAL = 0, HEAD = 0, ACT = 0, LAYOUT = 0, num_warps = 4),
     // The wide matrices' tile (8B down) at 64 registers instead of 72: eight programs
     // an SM, so the 1024 programs of 4096 rows run in one wave of 132 SMs, not two
     // (docs/perf.md, "Register limits by tile").
@@ -863,12 +887,14 @@ fn q4_k_row_sums_prefetch<const BLOCK_K: usize, const ACT: usize, const Q5: usiz
     skip(SILU_Q = 1, RESIDUAL = 1),
     // 248 registers and a spill at 4 warps (tests/ptxas_all.rs): 1024 columns take 8.
     skip(SILU_Q = 1, BLOCK_K = 1024, num_warps = 4),
-    // 1: Q5_K (the fifth bits from `qh`), 0: Q4_K. Q5_K_M files are fewer than Q4_K_M
-    // ones: the tiles the step picks, without the `[gate; up]` SILU_Q variant.
-    Q5 = [0, 1],
-    skip(Q5 = 1, SILU_Q = 1),
-    skip(Q5 = 1, BLOCK_N = [1, 2, 32]),
-    skip(Q5 = 1, BLOCK_K = 256),
+    // The weights' format: 0 Q4_K, 1 Q5_K (the fifth bits from `qh`), 2 Q4_0, 3 Q5_0
+    // (a scale a block in `d`; no scales, mins or `dmin`). Files of the others are fewer
+    // than Q4_K_M ones: the tiles the step picks, and the `[gate; up]` SILU_Q variant
+    // for Q4_0 (whole Q4_0 files) only.
+    LAYOUT = [0, 1, 2, 3],
+    skip(LAYOUT = [1, 3], SILU_Q = 1),
+    skip(LAYOUT = [1, 2, 3], BLOCK_N = [1, 2, 32]),
+    skip(LAYOUT = [1, 2, 3], BLOCK_K = 256),
     // 1: the timeline stamps (`crate::kernels::stamp_now`), 0: none compiled.
     STAMPS = [0, 1]
 )]
@@ -880,7 +906,7 @@ pub fn q4_k_gemv<
     const ACT: usize,
     const EVEN: usize,
     const SILU_Q: usize,
-    const Q5: usize,
+    const LAYOUT: usize,
     const STAMPS: usize,
 >(
     q: Ptr<u32>,
@@ -932,7 +958,7 @@ pub fn q4_k_gemv<
     }
 
     let ok = ok2 & grp_ok.expand_dims(0);
-    let (q_first, h_first, sc_first, m_first, d_first, dmin_first) = q4_k_weights::<Q5>(
+    let (q_first, h_first, sc_first, m_first, d_first, dmin_first) = q4_k_weights::<LAYOUT>(
         q, qh, scales, mins, d, dmin, q_rows, s_rows, d_rows, words, 0, grp, ok,
     );
     let mut b = zeros::<f32>([BLOCK_N]);
@@ -955,12 +981,12 @@ pub fn q4_k_gemv<
     // keep a tile in flight (docs/perf.md, "Prefetching loops unrolled by two").
     let mut sums = zeros::<f32>([BLOCK_N]);
     if (RESIDUAL == 1) & (BLOCK_N == 16) {
-        sums = q4_k_row_sums_prefetch::<BLOCK_K, ACT, Q5>(
+        sums = q4_k_row_sums_prefetch::<BLOCK_K, ACT, LAYOUT>(
             q_first, h_first, sc_first, m_first, d_first, dmin_first, q, qh, scales, mins, d, dmin,
             xq, xd, a, norm_w, q_rows, s_rows, d_rows, words, ok2, blocks, grp, w,
         );
     } else {
-        sums = q4_k_row_sums::<BLOCK_K, ACT, EVEN, Q5>(
+        sums = q4_k_row_sums::<BLOCK_K, ACT, EVEN, LAYOUT>(
             q_first, h_first, sc_first, m_first, d_first, dmin_first, q, qh, scales, mins, d, dmin,
             xq, xd, a, norm_w, q_rows, s_rows, d_rows, words, ok2, blocks, grp, w,
         );
@@ -1650,7 +1676,7 @@ pub fn q8_0_gemv_tokens<
 /// Token `t0 + I`'s Q4_K tile sums for [`q4_k_gemv_tokens`] (zero past `tokens`).
 #[tile_fn(crate = tilefuse_dsl)]
 #[allow(clippy::too_many_arguments)]
-fn q4_k_token<const I: usize, const Q5: usize>(
+fn q4_k_token<const I: usize, const LAYOUT: usize>(
     qt: Tile<u32>,
     ht: Tile<u32>,
     sc: Tile<u8>,
@@ -1672,20 +1698,20 @@ fn q4_k_token<const I: usize, const Q5: usize>(
     // A token's activation: `k / 4 = 2 k_words` words and `k / 32 = k_words / 4` blocks.
     let x_words = xq + t * (2 * k_words);
     let x_scales = xd + t * (k_words / 4);
-    q4_k_tile::<0, Q5>(
+    q4_k_tile::<0, LAYOUT>(
         qt, ht, sc, m, dd, dm, x_words, x_scales, unused, unused, blk, ok, w,
     )
 }
 
 /// [`q8_0_gemv_tokens`] over a Q4_K matrix (the layout of [`q4_k_gemv`]), or with
-/// `Q5 = 1` a Q5_K one.
+/// `LAYOUT` 1, 2 or 3 a Q5_K, Q4_0 or Q5_0 one.
 #[kernel(
     crate = tilefuse_dsl,
     BLOCK_N = [4, 8, 16],
     BLOCK_K = [512, 1024],
     T = [2, 4, 8],
     RESIDUAL = [0, 1],
-    Q5 = [0, 1],
+    LAYOUT = [0, 1, 2, 3],
     num_warps = [4]
 )]
 #[allow(clippy::too_many_arguments)]
@@ -1694,7 +1720,7 @@ pub fn q4_k_gemv_tokens<
     const BLOCK_K: usize,
     const T: usize,
     const RESIDUAL: usize,
-    const Q5: usize,
+    const LAYOUT: usize,
 >(
     q: Ptr<u32>,
     qh: Ptr<u32>,
@@ -1737,36 +1763,36 @@ pub fn q4_k_gemv_tokens<
         let blk = g0 + grp;
         let blk_ok = blk < blocks;
         let ok = ok2 & blk_ok.expand_dims(0);
-        let (qt, ht, sct, mt, dt, dmint) = q4_k_weights::<Q5>(
+        let (qt, ht, sct, mt, dt, dmint) = q4_k_weights::<LAYOUT>(
             q, qh, scales, mins, d, dmin, q_rows, s_rows, d_rows, words, g0, blk, ok,
         );
-        acc0 += q4_k_token::<0, Q5>(
+        acc0 += q4_k_token::<0, LAYOUT>(
             qt, ht, sct, mt, dt, dmint, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words,
         );
         if T > 1 {
-            acc1 += q4_k_token::<1, Q5>(
+            acc1 += q4_k_token::<1, LAYOUT>(
                 qt, ht, sct, mt, dt, dmint, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words,
             );
         }
         if T > 2 {
-            acc2 += q4_k_token::<2, Q5>(
+            acc2 += q4_k_token::<2, LAYOUT>(
                 qt, ht, sct, mt, dt, dmint, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words,
             );
-            acc3 += q4_k_token::<3, Q5>(
+            acc3 += q4_k_token::<3, LAYOUT>(
                 qt, ht, sct, mt, dt, dmint, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words,
             );
         }
         if T > 4 {
-            acc4 += q4_k_token::<4, Q5>(
+            acc4 += q4_k_token::<4, LAYOUT>(
                 qt, ht, sct, mt, dt, dmint, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words,
             );
-            acc5 += q4_k_token::<5, Q5>(
+            acc5 += q4_k_token::<5, LAYOUT>(
                 qt, ht, sct, mt, dt, dmint, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words,
             );
-            acc6 += q4_k_token::<6, Q5>(
+            acc6 += q4_k_token::<6, LAYOUT>(
                 qt, ht, sct, mt, dt, dmint, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words,
             );
-            acc7 += q4_k_token::<7, Q5>(
+            acc7 += q4_k_token::<7, LAYOUT>(
                 qt, ht, sct, mt, dt, dmint, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words,
             );
         }
@@ -2002,11 +2028,12 @@ pub fn dequantize_q8_0<const R: usize, const BLOCKS: usize, const MIN: usize>(
 }
 
 /// A Q4_K matrix (the arrays of [`q4_k_gemv`]) as bf16 rows `row0..row0 + n` of `out`
-/// (`[.., k]`): `(d * sc) * q - dmin * m`; with `Q5 = 1` a Q5_K one, `q` taking its
-/// fifth bit from `qh`.
-#[kernel(crate = tilefuse_dsl, R = [1, 4], BLOCKS = [8, 32], Q5 = [0, 1], num_warps = [4])]
+/// (`[.., k]`): `(d * sc) * q - dmin * m`; with `LAYOUT = 1` a Q5_K one, `q` taking its
+/// fifth bit from `qh`; with `LAYOUT` 2 or 3 a Q4_0 or Q5_0 one, `d * (q - 8)` or
+/// `d * (q - 16)` with `d` the block's.
+#[kernel(crate = tilefuse_dsl, R = [1, 4], BLOCKS = [8, 32], LAYOUT = [0, 1, 2, 3], num_warps = [4])]
 #[allow(clippy::too_many_arguments)]
-pub fn dequantize_q4_k<const R: usize, const BLOCKS: usize, const Q5: usize>(
+pub fn dequantize_q4_k<const R: usize, const BLOCKS: usize, const LAYOUT: usize>(
     q: Ptr<u32>,
     qh: Ptr<u32>,
     scales: Ptr<u8>,
@@ -2033,13 +2060,21 @@ pub fn dequantize_q4_k<const R: usize, const BLOCKS: usize, const Q5: usize>(
         0,
     );
     let s_at = (rows * blocks).expand_dims(1) + blk.expand_dims(0);
-    let sc = load(scales + s_at, ok, 0) as f32;
-    let m = load(mins + s_at, ok, 0) as f32;
-    let d_at = (rows * (blocks / 8)).expand_dims(1) + (blk / 8).expand_dims(0);
+    let mut sc = (s_at & 0) as f32;
+    let mut m = sc;
+    let mut d_at = s_at;
+    if LAYOUT < 2 {
+        sc = load(scales + s_at, ok, 0) as f32;
+        m = load(mins + s_at, ok, 0) as f32;
+        d_at = (rows * (blocks / 8)).expand_dims(1) + (blk / 8).expand_dims(0);
+    }
     let dd = load(d + d_at, ok, 0.0) as f32;
-    let dm = load(dmin + d_at, ok, 0.0) as f32;
+    let mut dm = dd;
+    if LAYOUT < 2 {
+        dm = load(dmin + d_at, ok, 0.0) as f32;
+    }
     let mut high = (s_at & 0).bitcast::<u32>();
-    if Q5 == 1 {
+    if (LAYOUT == 1) | (LAYOUT == 3) {
         high = load(qh + s_at, ok, 0);
     }
     wait_for_prior_kernels();
@@ -2047,14 +2082,20 @@ pub fn dequantize_q4_k<const R: usize, const BLOCKS: usize, const Q5: usize>(
     // Nibble `4 half + 8 b` of the word (`offs & 31 = 4 hw + b`).
     let shift = (((offs & 16) >> 2) + ((offs & 3) << 3)) as u32;
     let mut nib = (words >> shift) & 15;
-    if Q5 == 1 {
+    if (LAYOUT == 1) | (LAYOUT == 3) {
         // Bit `offs & 31` of the block's fifth-bit word, as bit 4 of `q`.
         let bit = (offs & 31).bitcast::<u32>();
         nib = nib | (((high.expand_dims(2).expand_dims(3) >> bit) & 1) << 4);
     }
     let scale = (dd * sc).expand_dims(2).expand_dims(3);
     let min = (dm * m).expand_dims(2).expand_dims(3);
-    let v = (nib as f32) * scale - min;
+    let mut v = (nib as f32) * scale - min;
+    if LAYOUT == 2 {
+        // `d * (q - 8)` as the file's dequantization rounds it: one product.
+        v = ((nib.bitcast::<i32>() - 8) as f32) * dd.expand_dims(2).expand_dims(3);
+    } else if LAYOUT == 3 {
+        v = ((nib.bitcast::<i32>() - 16) as f32) * dd.expand_dims(2).expand_dims(3);
+    }
     store(out + offs, v as bf16, ok3.expand_dims(3));
 }
 

@@ -68,7 +68,9 @@ fn random_blocks(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize, extreme:
                 };
             }
             match ty {
-                GgmlType::Q8_0 => blk[0..2].copy_from_slice(&d.to_le_bytes()),
+                GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => {
+                    blk[0..2].copy_from_slice(&d.to_le_bytes())
+                }
                 GgmlType::Q4_1 | GgmlType::Q5_1 => {
                     // An offset about a block's lowest value, as the quantizer sets it.
                     blk[0..2].copy_from_slice(&d.to_le_bytes());
@@ -316,7 +318,10 @@ fn check_type(ty: GgmlType, seed: u64) {
                 .collect();
             let gate_up = dev.upload(&c.gate_up).unwrap();
             let m = DeviceQuantMatrix::upload(&dev, &c.packed).unwrap();
-            let k_mins = ty == GgmlType::Q4_K || ty == GgmlType::Q5_K;
+            // The Q4_K kernels read Q4_0 and Q5_0 in rows of a multiple of 256.
+            let k_mins = [GgmlType::Q4_K, GgmlType::Q5_K].contains(&ty)
+                || ([GgmlType::Q4_0, GgmlType::Q5_0].contains(&ty) && k % 256 == 0);
+            assert_eq!(m.ggml_type(), ty.device_type(k), "{ty} {n}x{k}");
             if k_mins && (n, k) == (16, 2048) {
                 // Unmasked where compiled: 8 rows, not 16 (docs/perf.md, "Loads without
                 // masks").
@@ -333,9 +338,10 @@ fn check_type(ty: GgmlType, seed: u64) {
             let norm_w = dev.upload(&c.norm_w).unwrap();
             let mut spare = QuantSpare::new(&dev, k).unwrap();
             for &cfg in &configs {
-                // Q5_K's and Q5_1's variants cover the step's tiles only.
+                // The variants of Q5_K, Q5_1, Q4_0 and Q5_0 cover the step's tiles only.
                 if !m.gemv_compiled(cfg, false, false, false) {
-                    let partial = [GgmlType::Q5_K, GgmlType::Q5_1].contains(&ty);
+                    let partial = [GgmlType::Q5_K, GgmlType::Q5_1, GgmlType::Q4_0, GgmlType::Q5_0]
+                        .contains(&m.ggml_type());
                     let step_tile = (4..=16).contains(&cfg.block_n) && cfg.block_k >= 512;
                     assert!(partial && !step_tile, "{ty} {cfg:?}");
                     continue;
@@ -405,7 +411,7 @@ fn check_type(ty: GgmlType, seed: u64) {
                 check_norm_fused(&dev, &m, &c, n, k, cfg, &a, &norm_w, &bias, &inputs[1]);
             }
         }
-        if ty == GgmlType::Q4_K || ty == GgmlType::Q5_K {
+        if ty != GgmlType::Q8_0 && ty != GgmlType::Q5_1 && ty != GgmlType::Q6_K {
             assert!(
                 unmasked > 0 && masked > 0,
                 "{dev}: unmasked {unmasked}, masked {masked}"
@@ -594,6 +600,20 @@ fn q5_k_gemv_matches_host() {
     check_type(GgmlType::Q5_K, 0x0505);
 }
 
+/// Q4_0 through the Q4_K kernel's `LAYOUT = 2` variants (`x = d (q - 8)`, a scale a
+/// block) in rows of a multiple of 256, and through the Q8_0 kernel in other rows.
+#[test]
+fn q4_0_gemv_matches_host() {
+    check_type(GgmlType::Q4_0, 0x0400);
+}
+
+/// Q5_0 through the Q4_K kernel's `LAYOUT = 3` variants (the fifth bits moved into
+/// place, `x = d (q - 16)`), and through the Q8_0 kernel in other rows.
+#[test]
+fn q5_0_gemv_matches_host() {
+    check_type(GgmlType::Q5_0, 0x0500);
+}
+
 /// Q4_1's and Q5_1's layout (`x = d * q + m`) through the Q8_0 kernel's `MIN` variants
 /// (Q4_1 packs as Q5_1 without fifth bits).
 #[test]
@@ -641,9 +661,14 @@ fn the_gate_up_gemv_writes_downs_int8_input() {
             shapes.extend([(6144, 1024), (24576, 4096)]);
             tiles.push(tile(512, 8));
         }
-        for (n, k) in shapes {
-            let c = case(&mut rng, GgmlType::Q4_K, n, k);
+        // Q4_0 (whole Q4_0 files) through the same variant's `LAYOUT = 2`.
+        let cases = shapes
+            .iter()
+            .flat_map(|&s| [(GgmlType::Q4_K, s), (GgmlType::Q4_0, s)]);
+        for (ty, (n, k)) in cases {
+            let c = case(&mut rng, ty, n, k);
             let m = DeviceQuantMatrix::upload(&dev, &c.packed).unwrap();
+            assert_eq!(m.ggml_type(), ty);
             let (a, norm_w) = (dev.upload(&c.a).unwrap(), dev.upload(&c.norm_w).unwrap());
             let bias = dev.upload(&c.bias).unwrap();
             let mut spare = QuantSpare::new(&dev, k.max(n / 2)).unwrap();
@@ -680,7 +705,7 @@ fn the_gate_up_gemv_writes_downs_int8_input() {
                 assert!(!m.silu_quantized_compiled(tile(1024, 4), fused));
                 for &cfg in &tiles {
                     let what = format!(
-                        "Q4_K {n}x{k} {cfg:?} norm inside {fused} gate/up to down's input on {dev}"
+                        "{ty} {n}x{k} {cfg:?} norm inside {fused} gate/up to down's input on {dev}"
                     );
                     assert!(
                         m.silu_quantized_compiled(cfg, fused),
@@ -998,6 +1023,8 @@ fn dequantization_matches_the_host_model() {
             GgmlType::Q5_K,
             GgmlType::Q6_K,
             GgmlType::Q3_K,
+            GgmlType::Q4_0,
+            GgmlType::Q5_0,
         ] {
             let min_k = ty.block().unwrap().0 as usize;
             let mut shapes = vec![(5, min_k), (9, 1024 + min_k), (24, 512)];
@@ -1063,6 +1090,8 @@ fn multi_token_gemvs_match_the_single_token_gemv() {
             GgmlType::Q4_K,
             GgmlType::Q5_K,
             GgmlType::Q6_K,
+            GgmlType::Q4_0,
+            GgmlType::Q5_0,
         ] {
             let min_k = ty.block().unwrap().0 as usize;
             let mut shapes = vec![(24, 512), (9, 1024 + min_k)];

@@ -86,7 +86,7 @@ fn even_policy(v: Option<&str>, block_n: usize) -> bool {
 /// (`examples/quant_bandwidth.rs --dequant`, docs/perf.md "Batched prefill of quantized
 /// weights"): Q4_K one row of 32 blocks, Q6_K and Q8_0 four rows.
 pub fn dequant_tile(ty: GgmlType) -> (usize, usize) {
-    if ty == GgmlType::Q4_K || ty == GgmlType::Q5_K {
+    if [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q4_0, GgmlType::Q5_0].contains(&ty) {
         (1, 32)
     } else {
         (4, 32)
@@ -441,8 +441,9 @@ impl QuantGemvConfig {
     ///
     /// The environment's overrides are applied by [`QuantGemvConfig::for_step`].
     pub fn for_shape(ty: GgmlType, rows: usize, cols: usize) -> QuantGemvConfig {
-        // Q5_K runs Q4_K's kernel (its `Q5` variants), at Q4_K's tiles.
-        let k_mins = ty == GgmlType::Q4_K || ty == GgmlType::Q5_K;
+        // Q5_K, Q4_0 and Q5_0 run Q4_K's kernel (its `LAYOUT` variants), at Q4_K's
+        // tiles.
+        let k_mins = [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q4_0, GgmlType::Q5_0].contains(&ty);
         let (block_n, block_k, num_warps) = if rows < 2048 {
             if cols > 1024 {
                 (4, 2048, 8)
@@ -778,6 +779,16 @@ pub enum QuantBuffers {
         /// Q5_K: `[rows, cols / 32]` fifth-bit words.
         qh: Option<Buffer<u32>>,
     },
+    /// Q4_0: Q4_K's nibble words and a scale a block; Q5_0: the same and its fifth
+    /// bits (read by the Q4_K kernels' `LAYOUT` 2 and 3 variants).
+    Q4_0 {
+        /// `[rows, cols / 8]`.
+        q: Buffer<u32>,
+        /// `[rows, cols / 32]`.
+        d: Buffer<f16>,
+        /// Q5_0: `[rows, cols / 32]` fifth-bit words.
+        qh: Option<Buffer<u32>>,
+    },
     /// Q6_K: low-nibble and high-bit words, sub-block scales, super-block scales.
     Q6K {
         /// `[rows, cols / 8]`.
@@ -817,7 +828,9 @@ impl DeviceQuantMatrix {
     /// Q6_K's low nibbles `ql`), `[rows, ..]` row-major.
     pub fn words(&self) -> &Buffer<u32> {
         match &self.buffers {
-            QuantBuffers::Q8_0 { q, .. } | QuantBuffers::Q4K { q, .. } => q,
+            QuantBuffers::Q8_0 { q, .. }
+            | QuantBuffers::Q4K { q, .. }
+            | QuantBuffers::Q4_0 { q, .. } => q,
             QuantBuffers::Q6K { ql, .. } => ql,
         }
     }
@@ -847,6 +860,11 @@ impl DeviceQuantMatrix {
                 dmin: dev.upload(dmin)?,
                 qh: qh.as_ref().map(|qh| dev.upload(qh)).transpose()?,
             },
+            PackedMatrix::Q4_0 { q, d, qh, .. } => QuantBuffers::Q4_0 {
+                q: dev.upload(q)?,
+                d: dev.upload(d)?,
+                qh: qh.as_ref().map(|qh| dev.upload(qh)).transpose()?,
+            },
             PackedMatrix::Q6K {
                 ql, qh, scales, d, ..
             } => QuantBuffers::Q6K {
@@ -871,6 +889,8 @@ impl DeviceQuantMatrix {
             QuantBuffers::Q8_0 { m: Some(_), .. } => GgmlType::Q5_1,
             QuantBuffers::Q4K { qh: None, .. } => GgmlType::Q4_K,
             QuantBuffers::Q4K { qh: Some(_), .. } => GgmlType::Q5_K,
+            QuantBuffers::Q4_0 { qh: None, .. } => GgmlType::Q4_0,
+            QuantBuffers::Q4_0 { qh: Some(_), .. } => GgmlType::Q5_0,
             QuantBuffers::Q6K { .. } => GgmlType::Q6_K,
         }
     }
@@ -879,7 +899,7 @@ impl DeviceQuantMatrix {
     pub fn kernel(&self) -> &'static KernelDef {
         match self.buffers {
             QuantBuffers::Q8_0 { .. } => &Q8_0_GEMV,
-            QuantBuffers::Q4K { .. } => &Q4_K_GEMV,
+            QuantBuffers::Q4K { .. } | QuantBuffers::Q4_0 { .. } => &Q4_K_GEMV,
             QuantBuffers::Q6K { .. } => &Q6_K_GEMV,
         }
     }
@@ -923,7 +943,7 @@ impl DeviceQuantMatrix {
     /// Whether the GEMV over this matrix at `cfg` (no norm, no LM head) runs the
     /// variant whose loads take no masks (`EVEN = 1` of [`crate::kernels_quant::q4_k_gemv`]).
     pub fn reads_unmasked(&self, cfg: QuantGemvConfig, residual: bool) -> bool {
-        matches!(self.buffers, QuantBuffers::Q4K { .. })
+        self.q4_k_kernel()
             && self.gemv_consts(cfg, residual, false, false, false, false)[5] == 1
     }
 
@@ -949,7 +969,7 @@ impl DeviceQuantMatrix {
             i64::from(head),
             i64::from(act),
         ];
-        let k_mins = matches!(self.buffers, QuantBuffers::Q4K { .. });
+        let k_mins = self.q4_k_kernel();
         if k_mins {
             consts.extend([1, i64::from(silu_q)]);
         }
@@ -1024,13 +1044,21 @@ impl DeviceQuantMatrix {
     /// for this matrix at `cfg` (Q4_K; 64 rows of 512 or 1024 columns, 4 or 8 warps,
     /// but 1024 columns over 8 only), with the norm inside (`fused`) or not.
     pub fn silu_quantized_compiled(&self, cfg: QuantGemvConfig, fused: bool) -> bool {
-        matches!(self.buffers, QuantBuffers::Q4K { .. })
+        self.q4_k_kernel()
             && Q4_K_GEMV
                 .variant(
                     &self.gemv_consts(cfg, false, false, fused, true, false),
                     Some(cfg.num_warps),
                 )
                 .is_ok()
+    }
+
+    /// Whether the Q4_K kernels read this matrix (Q4_K, Q5_K, Q4_0 and Q5_0).
+    fn q4_k_kernel(&self) -> bool {
+        matches!(
+            self.buffers,
+            QuantBuffers::Q4K { .. } | QuantBuffers::Q4_0 { .. }
+        )
     }
 
     /// The arrays every kernel over this matrix takes first, in the device layout's
@@ -1059,6 +1087,19 @@ impl DeviceQuantMatrix {
                     mins.into(),
                     d.into(),
                     dmin.into(),
+                ],
+                8,
+            ),
+            // The Q4_K kernels' `scales`, `mins` and `dmin`, not read for these types,
+            // point at the quant words and the scales.
+            QuantBuffers::Q4_0 { q, d, qh } => (
+                vec![
+                    q.into(),
+                    qh.as_ref().unwrap_or(q).into(),
+                    KernelArg::read_as::<u8, u32>(q)?,
+                    KernelArg::read_as::<u8, u32>(q)?,
+                    d.into(),
+                    d.into(),
                 ],
                 8,
             ),
@@ -1170,7 +1211,7 @@ impl DeviceQuantMatrix {
         let launch = LaunchConfig::from(grid).num_warps(4);
         let kernel = match self.buffers {
             QuantBuffers::Q8_0 { .. } => &Q8_0_GEMV_TOKENS,
-            QuantBuffers::Q4K { .. } => &Q4_K_GEMV_TOKENS,
+            QuantBuffers::Q4K { .. } | QuantBuffers::Q4_0 { .. } => &Q4_K_GEMV_TOKENS,
             QuantBuffers::Q6K { .. } => &Q6_K_GEMV_TOKENS,
         };
         let (mut args, k_words) = self.weight_args(true)?;
@@ -1197,12 +1238,13 @@ impl DeviceQuantMatrix {
     }
 
     /// The layout's constant of every kernel over this matrix (the GEMV's before
-    /// `STAMPS`, the multi-token GEMV's and the dequantizer's last): `Q5` of the Q4_K
-    /// kernels (1 for Q5_K), `MIN` of the Q8_0 ones (1 for Q4_1 and Q5_1); Q6_K's have
-    /// none.
+    /// `STAMPS`, the multi-token GEMV's and the dequantizer's last): `LAYOUT` of the
+    /// Q4_K kernels (0 Q4_K, 1 Q5_K, 2 Q4_0, 3 Q5_0), `MIN` of the Q8_0 ones (1 for Q4_1
+    /// and Q5_1); Q6_K's have none.
     fn layout_const(&self) -> Option<i64> {
         match &self.buffers {
             QuantBuffers::Q4K { qh, .. } => Some(i64::from(qh.is_some())),
+            QuantBuffers::Q4_0 { qh, .. } => Some(2 + i64::from(qh.is_some())),
             QuantBuffers::Q8_0 { m, .. } => Some(i64::from(m.is_some())),
             QuantBuffers::Q6K { .. } => None,
         }
@@ -1254,7 +1296,7 @@ impl DeviceQuantMatrix {
         let (n, row0) = (self.rows as i32, row0 as i32);
         let kernel = match self.buffers {
             QuantBuffers::Q8_0 { .. } => &DEQUANTIZE_Q8_0,
-            QuantBuffers::Q4K { .. } => &DEQUANTIZE_Q4_K,
+            QuantBuffers::Q4K { .. } | QuantBuffers::Q4_0 { .. } => &DEQUANTIZE_Q4_K,
             QuantBuffers::Q6K { .. } => &DEQUANTIZE_Q6_K,
         };
         let (mut args, k_words) = self.weight_args(false)?;
@@ -1377,7 +1419,7 @@ impl DeviceQuantMatrix {
         // The Q4_K kernel's `out_q`/`out_d` are written by its `SILU_Q` variant only,
         // but a kernel's parameters are declared once.
         args.extend([(&spare.xq).into(), (&spare.xd).into()]);
-        if let QuantBuffers::Q4K { .. } = self.buffers {
+        if self.q4_k_kernel() {
             args.extend([(&mut spare.out_q).into(), (&mut spare.out_d).into()]);
         }
         // Without the norm prologue `a` and `norm_w` are not read.

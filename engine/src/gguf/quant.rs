@@ -1,9 +1,10 @@
 //! ggml's element and block types: sizes, host dequantization (the reference the
 //! kernels are checked against) and the device layout the quantized GEMVs read.
 //!
-//! Supported for weights: Q8_0, Q4_K, Q5_K and Q6_K blocks, Q4_0, Q5_0 and IQ4_NL blocks
-//! (read as Q8_0, below), Q4_1 and Q5_1 blocks (read as Q8_0 with offsets), Q3_K blocks
-//! (read as Q6_K), and F32, F16, BF16 elements. Block layouts, as llama.cpp writes them (little-endian):
+//! Supported for weights: Q8_0, Q4_K, Q5_K and Q6_K blocks, Q4_0 and Q5_0 blocks (in
+//! Q4_K's nibble words, or read as Q8_0 in rows that are no multiple of 256 elements),
+//! IQ4_NL blocks (read as Q8_0, below), Q4_1 and Q5_1 blocks (read as Q8_0 with offsets),
+//! Q3_K blocks (read as Q6_K), and F32, F16, BF16 elements. Block layouts, as llama.cpp writes them (little-endian):
 //!
 //! - **Q8_0**, 32 elements in 34 bytes: `f16 d`, `i8 q[32]`; `x = d * q`.
 //! - **Q4_0**, 32 elements in 18 bytes: `f16 d`, `u8 qs[16]`; byte `l` holds element
@@ -49,6 +50,8 @@
 //! | Q8_0 | `q: u32[cols / 4]` (`i8` bytes in element order), `d: f16[cols / 32]` | 8 words: word `w` byte `b` is element `4 w + b` | 272 (272) |
 //! | Q4_K | `q: u32[cols / 8]` (nibbles), `scales: u8[cols / 32]`, `mins: u8[cols / 32]` (6-bit values unpacked), `d: f16[cols / 256]`, `dmin: f16[cols / 256]` | 4 words: word `w` byte `b` holds element `4 w + b` in its low nibble and `16 + 4 w + b` in its high one | 148 (144) |
 //! | Q5_K | Q4_K's arrays and `qh: u32[cols / 32]` (fifth bits) | Q4_K's 4 words; 1 `qh` word: bit `i` is element `i`'s fifth bit | 180 (176) |
+//! | Q4_0 | `q: u32[cols / 8]` (nibbles, as Q4_K's), `d: f16[cols / 32]` | Q4_K's 4 words: the file's `qs` bytes as they stand | 144 (144) |
+//! | Q5_0 | Q4_0's arrays and `qh: u32[cols / 32]` (fifth bits, as Q5_K's): the file's `qh` | Q5_K's 5 words | 176 (176) |
 //! | Q6_K | `ql: u32[cols / 8]` (low nibbles, as Q4_K's), `qh: u32[cols / 16]` (high 2 bits), `scales: u8[cols / 16]` (`i8` with the sign bit flipped), `d: f16[cols / 256]` | 4 `ql` words as Q4_K's; 2 `qh` words: word `p` byte `b` holds, at bit `2 (2 i + h)`, the high bits of element `16 h + 4 (2 p + i) + b` | 210 (210) |
 //!
 //! So a Q4_K word's low nibbles (`w & 0x0F0F0F0F`) are activation word `w` of the
@@ -69,14 +72,26 @@
 //! by the same kernels' `Q5 = 1` variants: the four bits of a nibble word's bytes move
 //! to bit 4 of each byte with one multiplication (`crate::kernels_quant`).
 //!
-//! # Q4_0, Q5_0 and IQ4_NL, read as Q8_0
+//! # Q4_0 and Q5_0 in nibble words
+//!
+//! A Q4_0 block's 16 bytes of quants are already a Q4_K block's four nibble words
+//! (byte `l` holds elements `l` and `16 + l`), and Q5_0's `qh` is Q5_K's fifth-bit
+//! word, so in rows of a multiple of 256 elements they pack as they stand beside one
+//! f16 scale a block ([`PackedMatrix::Q4_0`]) and the Q4_K kernels' `LAYOUT` 2 and 3
+//! variants read them at the file's 18 and 22 bytes a block: `Σ (q - 8) x` (or `q -
+//! 16`) is the integer `dot4` sum less 8 (16) times the activation block's sum, then
+//! scaled once, exactly what the Q8_0 kernel computes from the same values as bytes.
+//!
+//! # IQ4_NL, and Q4_0 and Q5_0 in other rows, read as Q8_0
 //!
 //! A Q4_0, Q5_0 or IQ4_NL block is a Q8_0 block with fewer bits: one f16 scale for 32
 //! elements and a signed byte each (`q - 8` in `-8..8`, `q - 16` in `-16..16`, `K[q]`).
 //! So they pack into the Q8_0 layout with the same scale and those bytes as its quants,
 //! exactly: [`PackedMatrix::dequantize`] gives what [`dequantize`] gives on the file's
 //! blocks, value for value, and the Q8_0 kernels compute on them unchanged. The GEMVs
-//! then read 34 bytes a block instead of 18 or 22. llama.cpp writes these types where a
+//! then read 34 bytes a block instead of 18 or 22: IQ4_NL's table has no `dot4` form,
+//! and the Q4_K kernels take whole super-blocks of rows (their row starts aligned for
+//! 16-byte loads). llama.cpp writes these types where a
 //! K-quant does not fit: a Q4_K_M file's matrices whose rows are not a multiple of 256
 //! elements (Qwen2.5-0.5B's hidden size of 896) fall back to Q5_0 (and Q6_K ones to
 //! Q8_0; the I-quants and Q2_K/Q3_K to IQ4_NL), and whole files come as Q4_0 or IQ4_NL.
@@ -164,11 +179,15 @@ impl GgmlType {
         self.is_supported() && self.block().is_some_and(|(n, _)| n > 1)
     }
 
-    /// The type whose device layout and kernels read this one's blocks: Q8_0 for Q4_0,
-    /// Q5_0 and IQ4_NL, Q5_1 (Q8_0's layout with block offsets) for Q4_1, Q6_K for Q3_K
-    /// (each exactly, see the module docs), else the type itself.
-    pub fn device_type(self) -> GgmlType {
-        if [Self::Q4_0, Self::Q5_0, Self::IQ4_NL].contains(&self) {
+    /// The type whose device layout and kernels read this one's blocks in rows of
+    /// `cols` elements: Q8_0 for IQ4_NL, and for Q4_0 and Q5_0 rows that are no
+    /// multiple of 256 (else their own nibble layout), Q5_1 (Q8_0's layout with block
+    /// offsets) for Q4_1, Q6_K for Q3_K (each exactly, see the module docs), else the
+    /// type itself.
+    pub fn device_type(self, cols: usize) -> GgmlType {
+        if [Self::Q4_0, Self::Q5_0].contains(&self) && cols % 256 == 0 {
+            self
+        } else if [Self::Q4_0, Self::Q5_0, Self::IQ4_NL].contains(&self) {
             Self::Q8_0
         } else if self == Self::Q4_1 {
             Self::Q5_1
@@ -536,6 +555,22 @@ pub enum PackedMatrix {
         /// a sub-block's word its element `i`'s.
         qh: Option<Vec<u32>>,
     },
+    /// Q4_0, and Q5_0 with its fifth bits in `qh`, in Q4_K's nibble words: rows of a
+    /// multiple of 256 elements (see the module docs).
+    Q4_0 {
+        /// Rows (output features).
+        rows: usize,
+        /// Columns (input features), a multiple of 256.
+        cols: usize,
+        /// `[rows, cols / 8]` words of eight 4-bit quants, as Q4_K's (unsigned: `x = d *
+        /// (q - 8)`, Q5_0 `d * (q + 16 h - 16)`).
+        q: Vec<u32>,
+        /// `[rows, cols / 32]` block scales.
+        d: Vec<f16>,
+        /// Q5_0 only: `[rows, cols / 32]` words of the quants' fifth bits, bit `i` of a
+        /// block's word its element `i`'s.
+        qh: Option<Vec<u32>>,
+    },
     /// Q6_K.
     Q6K {
         /// Rows (output features).
@@ -665,13 +700,52 @@ impl PackedMatrix {
         let blocks = bytes.len() / block_bytes;
         // The super-blocks are independent and each fills its own stretch of every
         // array, so they pack in parallel, each in its own elements' order.
-        Ok(match ty {
-            GgmlType::Q8_0
-            | GgmlType::Q4_0
-            | GgmlType::Q5_0
-            | GgmlType::IQ4_NL
-            | GgmlType::Q4_1
-            | GgmlType::Q5_1 => {
+        Ok(match ty.device_type(cols) {
+            GgmlType::Q4_0 | GgmlType::Q5_0 => {
+                let five = ty == GgmlType::Q5_0;
+                // Per block: 4 nibble words, then (Q5_0) the fifth-bit word.
+                let per_block = if five { 5 } else { 4 };
+                let mut words = vec![0u32; blocks * per_block];
+                let mut d = vec![f16::ZERO; blocks];
+                in_parallel(
+                    bytes,
+                    block_bytes,
+                    (words.as_mut_slice(), per_block),
+                    (d.as_mut_slice(), 1),
+                    |b, words, d| {
+                        d[0] = f16::from_le_bytes([b[0], b[1]]);
+                        // Byte `l` of `qs` holds element `l` (low nibble) and `l + 16`:
+                        // Q4_K's nibble order (`nibble_at`), so the 16 bytes are the
+                        // block's four words as they stand.
+                        let qs = &b[block_bytes - 16..];
+                        for (w, q) in words[..4].iter_mut().zip(qs.chunks_exact(4)) {
+                            *w = u32::from_le_bytes([q[0], q[1], q[2], q[3]]);
+                        }
+                        if five {
+                            words[4] = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+                        }
+                    },
+                );
+                let (q, qh) = if five {
+                    let mut q = Vec::with_capacity(blocks * 4);
+                    let mut qh = Vec::with_capacity(blocks);
+                    for w in words.chunks_exact(5) {
+                        q.extend_from_slice(&w[..4]);
+                        qh.push(w[4]);
+                    }
+                    (q, Some(qh))
+                } else {
+                    (words, None)
+                };
+                PackedMatrix::Q4_0 {
+                    rows,
+                    cols,
+                    q,
+                    d,
+                    qh,
+                }
+            }
+            GgmlType::Q8_0 | GgmlType::Q5_1 => {
                 let mut q = vec![0u32; blocks * 8];
                 // Per block: the scale and the offset (zero where the type has none).
                 let mut dm = vec![[f16::ZERO; 2]; blocks];
@@ -687,8 +761,8 @@ impl PackedMatrix {
                     },
                 );
                 let d = dm.iter().map(|p| p[0]).collect();
-                let m =
-                    (ty.device_type() == GgmlType::Q5_1).then(|| dm.iter().map(|p| p[1]).collect());
+                let m = (ty.device_type(cols) == GgmlType::Q5_1)
+                    .then(|| dm.iter().map(|p| p[1]).collect());
                 PackedMatrix::Q8_0 {
                     rows,
                     cols,
@@ -766,7 +840,7 @@ impl PackedMatrix {
                     qh,
                 }
             }
-            GgmlType::Q6_K | GgmlType::Q3_K => {
+            GgmlType::Q6_K => {
                 // Per super-block: 32 low-nibble words, then 16 high-bit words.
                 let mut words = vec![0u32; blocks * 48];
                 // Per super-block: 16 scales, then `d`.
@@ -828,13 +902,15 @@ impl PackedMatrix {
     }
 
     /// The ggml type of the matrix's device layout: [`GgmlType::device_type`] of the
-    /// type it came from (Q8_0 for Q4_0, Q5_0 and IQ4_NL ones, Q6_K for Q3_K ones).
+    /// type it came from (Q8_0 for IQ4_NL ones, Q6_K for Q3_K ones).
     pub fn ggml_type(&self) -> GgmlType {
         match self {
             PackedMatrix::Q8_0 { m: None, .. } => GgmlType::Q8_0,
             PackedMatrix::Q8_0 { m: Some(_), .. } => GgmlType::Q5_1,
             PackedMatrix::Q4K { qh: None, .. } => GgmlType::Q4_K,
             PackedMatrix::Q4K { qh: Some(_), .. } => GgmlType::Q5_K,
+            PackedMatrix::Q4_0 { qh: None, .. } => GgmlType::Q4_0,
+            PackedMatrix::Q4_0 { qh: Some(_), .. } => GgmlType::Q5_0,
             PackedMatrix::Q6K { .. } => GgmlType::Q6_K,
         }
     }
@@ -844,6 +920,7 @@ impl PackedMatrix {
         match *self {
             PackedMatrix::Q8_0 { rows, cols, .. }
             | PackedMatrix::Q4K { rows, cols, .. }
+            | PackedMatrix::Q4_0 { rows, cols, .. }
             | PackedMatrix::Q6K { rows, cols, .. } => (rows, cols),
         }
     }
@@ -876,6 +953,16 @@ impl PackedMatrix {
                         .as_ref()
                         .map_or(0, |qh| ((qh[i / 32] >> (i % 32)) & 1) << 4);
                     *o = scale * (field(q, i, 4, nibble_at) | high) as f32 - min;
+                }
+            }
+            PackedMatrix::Q4_0 { q, d, qh, .. } => {
+                let offset = if qh.is_some() { 16 } else { 8 };
+                for (i, o) in out.iter_mut().enumerate() {
+                    let high = qh
+                        .as_ref()
+                        .map_or(0, |qh| ((qh[i / 32] >> (i % 32)) & 1) << 4);
+                    let qv = (field(q, i, 4, nibble_at) | high) as i32 - offset;
+                    *o = d[i / 32].to_f32() * qv as f32;
                 }
             }
             PackedMatrix::Q6K {
@@ -970,6 +1057,25 @@ impl PackedMatrix {
                     })
                 }),
             },
+            PackedMatrix::Q4_0 { .. } => PackedMatrix::Q4_0 {
+                rows,
+                cols,
+                q: cat(parts, |p| match p {
+                    PackedMatrix::Q4_0 { q, .. } => q,
+                    _ => &[],
+                }),
+                d: cat(parts, |p| match p {
+                    PackedMatrix::Q4_0 { d, .. } => d,
+                    _ => &[],
+                }),
+                // One type, checked above: all parts have fifth bits or none has.
+                qh: (ty == GgmlType::Q5_0).then(|| {
+                    cat(parts, |p| match p {
+                        PackedMatrix::Q4_0 { qh: Some(qh), .. } => qh,
+                        _ => &[],
+                    })
+                }),
+            },
             PackedMatrix::Q6K { .. } => PackedMatrix::Q6K {
                 rows,
                 cols,
@@ -1010,6 +1116,9 @@ impl PackedMatrix {
             } => {
                 let high = qh.as_ref().map_or(0, Vec::len);
                 4 * (q.len() + high) + scales.len() + mins.len() + 2 * (d.len() + dmin.len())
+            }
+            PackedMatrix::Q4_0 { q, d, qh, .. } => {
+                4 * (q.len() + qh.as_ref().map_or(0, Vec::len)) + 2 * d.len()
             }
             PackedMatrix::Q6K {
                 ql, qh, scales, d, ..
@@ -1094,11 +1203,22 @@ mod tests {
         block_bytes: usize,
         state: &mut u64,
     ) -> Vec<f32> {
-        let (rows, cols) = (5, 96);
+        packs_exactly_at(ty, device, block_bytes, 96, state)
+    }
+
+    /// [`packs_exactly`] for a 5 x `cols` matrix.
+    fn packs_exactly_at(
+        ty: GgmlType,
+        device: GgmlType,
+        block_bytes: usize,
+        cols: usize,
+        state: &mut u64,
+    ) -> Vec<f32> {
+        let rows = 5;
         let bytes = random_blocks(ty, rows * cols / 32, state);
         let packed = PackedMatrix::pack(ty, &bytes, rows, cols, "w").unwrap();
         assert_eq!(packed.ggml_type(), device);
-        assert_eq!(ty.device_type(), device);
+        assert_eq!(ty.device_type(cols), device);
         assert_eq!(packed.device_bytes(), rows * cols / 32 * block_bytes);
         let want = dequantize(ty, &bytes, rows * cols, "w").unwrap();
         let got = packed.dequantize();
@@ -1132,6 +1252,37 @@ mod tests {
                 want.iter().map(|v| (v / scale).round() as i32).collect();
             assert_eq!(ints, all, "{ty}");
         }
+    }
+
+    /// In rows of a multiple of 256 elements Q4_0 and Q5_0 matrices keep their own
+    /// types, in Q4_K's nibble words at the file's 18 and 22 bytes a block, without
+    /// changing a value; element `l` and `16 + l` of a block share byte `l`.
+    #[test]
+    fn q4_0_and_q5_0_pack_exactly_in_nibble_words() {
+        let mut state = 0x3C6E_F372_FE94_F82Bu64;
+        for (ty, bytes, low) in [(GgmlType::Q4_0, 18, -8), (GgmlType::Q5_0, 22, -16)] {
+            let want = packs_exactly_at(ty, ty, bytes, 512, &mut state);
+            let scale = f16::from_f32(0.01).to_f32();
+            let ints: std::collections::BTreeSet<i32> =
+                want.iter().map(|v| (v / scale).round() as i32).collect();
+            assert_eq!(ints, (low..-low).collect(), "{ty}");
+        }
+        // A hand-built Q5_0 row of 256: block 3's element 17 (fifth bit set, nibble 9)
+        // and element 1 (nibble 3, fifth bit clear).
+        let mut row = vec![0u8; 8 * 22];
+        for b in row.chunks_exact_mut(22) {
+            b[..2].copy_from_slice(&f16::from_f32(0.5).to_le_bytes());
+        }
+        let b = &mut row[3 * 22..4 * 22];
+        b[2..6].copy_from_slice(&(1u32 << 17).to_le_bytes());
+        b[6 + 1] = 3 | (9 << 4);
+        let packed = PackedMatrix::pack(GgmlType::Q5_0, &row, 1, 256, "w").unwrap();
+        let PackedMatrix::Q4_0 { q, qh: Some(qh), .. } = &packed else {
+            panic!("Q5_0 in rows of 256 packs in nibble words");
+        };
+        assert_eq!((q[3 * 4], qh[3]), ((3 | (9 << 4)) << 8, 1 << 17));
+        let v = packed.dequantize();
+        assert_eq!((v[96 + 1], v[96 + 17], v[96]), (0.5 * -13.0, 0.5 * 9.0, -8.0));
     }
 
     /// Q4_1 and Q5_1 matrices pack into the Q8_0 layout with their offsets beside it
@@ -1205,7 +1356,7 @@ mod tests {
     ) -> Vec<u8> {
         let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits());
         let packed = PackedMatrix::pack(ty, block, 1, 256, "w").unwrap();
-        assert_eq!(packed.ggml_type(), ty.device_type());
+        assert_eq!(packed.ggml_type(), ty.device_type(256));
         assert_eq!(packed.device_bytes(), device_bytes);
         assert!(same(&packed.dequantize(), values), "{ty}: hand-built block");
         let bytes = random_blocks(ty, 12, state);
