@@ -33,6 +33,9 @@ dequantization.
 - `tiny_qwen3_q3_k.gguf` / `tiny_qwen3_q3_k.json`: the same shapes laid out as llama.cpp's
   Q3_K_M: Q3_K q, k, gate and up, Q4_K O, v Q5_K in the first layer and Q4_K in the
   second, down Q5_K then Q4_K, a Q3_K embedding table and an untied Q6_K output matrix.
+- `tiny_qwen3_q4_0.gguf` / `tiny_qwen3_q4_0.json`: the same shapes laid out as llama.cpp's
+  Q4_0: every matrix Q4_0 (rows of 256 and 512, which the engine reads in nibble words),
+  the embedding table too, and an untied Q6_K output matrix.
 
 Run from the repository root: `python3 scripts/make_gguf_fixtures.py`. Seeded: a rerun
 with the same package versions writes the same bytes.
@@ -357,6 +360,14 @@ def write_q3_k_model():
                       down=[T.Q5_K, T.Q4_K])
 
 
+def write_q4_0_model():
+    """A Q4_0 Qwen3 file (see the module docs), from a generator of its own: llama.cpp's
+    Q4_0 raises no matrix but the output one (Q6_K)."""
+    write_k_mix_model("tiny_qwen3_q4_0", np.random.default_rng(2740), embd=T.Q4_0,
+                      q=T.Q4_0, v=[T.Q4_0, T.Q4_0], o=T.Q4_0, gate_up=T.Q4_0,
+                      down=[T.Q4_0, T.Q4_0])
+
+
 def write_k_mix_model(name, g, embd, q, v, o, gate_up, down):
     """A two-layer Qwen3-like file `name` (hidden 256, intermediate 512) whose
     matrices take the given types (`v` and `down` one a layer), from generator `g`,
@@ -375,7 +386,8 @@ def write_k_mix_model(name, g, embd, q, v, o, gate_up, down):
         record(w, expected, g, gguf_name, hf_name, data, qtype, shape)
 
     def mat(gguf_name, hf_name, qtype, rows, cols):
-        d_scale = {T.Q3_K: 0.00175, T.Q4_K: 0.0003, T.Q5_K: 0.00015, T.Q6_K: 0.0001}[qtype]
+        d_scale = {T.Q3_K: 0.00175, T.Q4_K: 0.0003, T.Q5_K: 0.00015, T.Q6_K: 0.0001,
+                   T.Q4_0: 0.002}[qtype]
         put(gguf_name, hf_name, qtype, (rows, cols), matrix(qtype, rows, cols, d_scale, g=g))
 
     def vec(gguf_name, hf_name, n):
@@ -503,5 +515,6 @@ if __name__ == "__main__":
     write_llama3_scaled()
     write_q5_k_model()
     write_q3_k_model()
+    write_q4_0_model()
     for name in sorted(os.listdir(OUT)):
         print(name, os.path.getsize(os.path.join(OUT, name)))

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """transformers' float32 logits for the GGUF model fixtures, on their dequantized weights.
 
-For each of tests/fixtures/gguf/tiny_qwen3.gguf, tiny_qwen2.gguf, tiny_qwen3_q5_k.gguf and
-tiny_qwen3_q3_k.gguf:
+For each of tests/fixtures/gguf/tiny_qwen3.gguf, tiny_qwen2.gguf, tiny_qwen3_q5_k.gguf,
+tiny_qwen3_q3_k.gguf and tiny_qwen3_q4_0.gguf:
 every tensor is dequantized by llama.cpp's `gguf` package (`gguf.quants.dequantize`, the
 reference for the engine's Q8_0 / Q3_K / Q4_K / Q5_K / Q6_K / Q4_0 / Q5_0 readers), saved as a float32 Hugging Face
 checkpoint (config from the file's metadata), loaded fresh with
@@ -157,7 +157,8 @@ def main():
     ap.add_argument("--only")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    for seed, name in enumerate(["tiny_qwen3", "tiny_qwen2", "tiny_qwen3_q5_k", "tiny_qwen3_q3_k"],
+    for seed, name in enumerate(["tiny_qwen3", "tiny_qwen2", "tiny_qwen3_q5_k", "tiny_qwen3_q3_k",
+                                      "tiny_qwen3_q4_0"],
                                  start=1):
         if args.only not in (None, name):
             continue

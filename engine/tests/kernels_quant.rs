@@ -340,8 +340,13 @@ fn check_type(ty: GgmlType, seed: u64) {
             for &cfg in &configs {
                 // The variants of Q5_K, Q5_1, Q4_0 and Q5_0 cover the step's tiles only.
                 if !m.gemv_compiled(cfg, false, false, false) {
-                    let partial = [GgmlType::Q5_K, GgmlType::Q5_1, GgmlType::Q4_0, GgmlType::Q5_0]
-                        .contains(&m.ggml_type());
+                    let partial = [
+                        GgmlType::Q5_K,
+                        GgmlType::Q5_1,
+                        GgmlType::Q4_0,
+                        GgmlType::Q5_0,
+                    ]
+                    .contains(&m.ggml_type());
                     let step_tile = (4..=16).contains(&cfg.block_n) && cfg.block_k >= 512;
                     assert!(partial && !step_tile, "{ty} {cfg:?}");
                     continue;

@@ -1,5 +1,5 @@
 //! Quantized weights for the decode benchmark (`tilefuse bench --weights q4_k_m`,
-//! `q5_k_m`, `q3_k_m` or `q8_0`):
+//! `q5_k_m`, `q3_k_m`, `q4_0` or `q8_0`):
 //! random blocks in GGUF's formats at a preset's real shapes, mixed per matrix as
 //! llama.cpp's quantizer mixes them.
 
@@ -28,6 +28,8 @@ pub enum WeightFormat {
     Q5KM,
     /// llama.cpp's Q3_K_M mix: Q3_K beside Q4_K and Q5_K (its Q3_K read as Q6_K).
     Q3KM,
+    /// llama.cpp's Q4_0: every layer matrix Q4_0, the LM head Q6_K.
+    Q4_0,
 }
 
 impl FromStr for WeightFormat {
@@ -40,9 +42,10 @@ impl FromStr for WeightFormat {
             "q4_k_m" => Ok(WeightFormat::Q4KM),
             "q5_k_m" => Ok(WeightFormat::Q5KM),
             "q3_k_m" => Ok(WeightFormat::Q3KM),
+            "q4_0" => Ok(WeightFormat::Q4_0),
             _ => Err(EngineError::Option {
                 message: format!(
-                    "unknown weight format `{s}` (bf16, q8_0, q4_k_m, q5_k_m, q3_k_m)"
+                    "unknown weight format `{s}` (bf16, q8_0, q4_k_m, q5_k_m, q3_k_m, q4_0)"
                 ),
             }),
         }
@@ -57,6 +60,7 @@ impl fmt::Display for WeightFormat {
             WeightFormat::Q4KM => "q4_k_m",
             WeightFormat::Q5KM => "q5_k_m",
             WeightFormat::Q3KM => "q3_k_m",
+            WeightFormat::Q4_0 => "q4_0",
         })
     }
 }
@@ -74,13 +78,15 @@ impl WeightFormat {
     /// table when tied) is Q6_K. Q5_K_M is the same rule with Q5_K for Q4_K. Q3_K_M
     /// is Q3_K for q, k, gate and up, Q4_K for O, and for `attn_v` Q5_K in the first
     /// two layers and Q4_K after, for `ffn_down` Q5_K in the first sixteenth of the
-    /// layers and Q4_K after (llama.cpp's rule for every architecture but Falcon). Matrices
+    /// layers and Q4_K after (llama.cpp's rule for every architecture but Falcon). Q4_0
+    /// is Q4_0 everywhere (its rule raises no matrix), with a Q6_K head. Matrices
     /// whose rows a K-quant does not fit take [`fallback`]'s type in
     /// [`WeightFormat::random_weights`].
     pub fn layer_types(self, layer: usize, layers: usize) -> Option<LayerTypes> {
         let base = match self {
             WeightFormat::Bf16 => return None,
             WeightFormat::Q8_0 => return Some([GgmlType::Q8_0; 7]),
+            WeightFormat::Q4_0 => return Some([GgmlType::Q4_0; 7]),
             WeightFormat::Q4KM => GgmlType::Q4_K,
             WeightFormat::Q5KM => GgmlType::Q5_K,
             WeightFormat::Q3KM => {
@@ -101,7 +107,9 @@ impl WeightFormat {
         match self {
             WeightFormat::Bf16 => None,
             WeightFormat::Q8_0 => Some(GgmlType::Q8_0),
-            WeightFormat::Q4KM | WeightFormat::Q5KM | WeightFormat::Q3KM => Some(GgmlType::Q6_K),
+            WeightFormat::Q4KM | WeightFormat::Q5KM | WeightFormat::Q3KM | WeightFormat::Q4_0 => {
+                Some(GgmlType::Q6_K)
+            }
         }
     }
 
@@ -141,8 +149,9 @@ impl WeightFormat {
 /// The type llama.cpp's quantizer writes for a matrix meant to be `ty` whose rows hold
 /// `cols` elements: a K-quant's 256-element super-blocks must tile the row, else
 /// (`llama_tensor_get_type`'s fallback) Q4_K becomes Q5_0, Q5_K Q5_1, Q6_K Q8_0 and
-/// Q3_K IQ4_NL, as in Qwen2.5-0.5B's Q4_K_M files (rows of 896). The engine reads Q5_0,
-/// IQ4_NL and Q8_0 as Q8_0, Q5_1 as Q8_0 with block offsets ([`crate::gguf::quant`]).
+/// Q3_K IQ4_NL, as in Qwen2.5-0.5B's Q4_K_M files (rows of 896). The engine reads Q5_0
+/// (in such rows), IQ4_NL and Q8_0 as Q8_0, Q5_1 as Q8_0 with block offsets
+/// ([`crate::gguf::quant`]).
 pub fn fallback(ty: GgmlType, cols: usize) -> GgmlType {
     match ty {
         GgmlType::Q4_K if cols % 256 != 0 => GgmlType::Q5_0,
@@ -254,6 +263,16 @@ mod tests {
             "q5_k_m".parse::<WeightFormat>().unwrap().to_string(),
             "q5_k_m"
         );
+        // Q4_0: every layer matrix Q4_0, read in nibble words at the presets' rows.
+        let q4_0: WeightFormat = "Q4_0".parse().unwrap();
+        assert_eq!(q4_0.layer_types(5, 28), Some([GgmlType::Q4_0; 7]));
+        assert_eq!(q4_0.head_type(), Some(GgmlType::Q6_K));
+        let mut cfg = crate::preset::config("qwen3-0.6b").unwrap();
+        (cfg.num_layers, cfg.intermediate_size, cfg.vocab_size) = (1, 512, 512);
+        let w = q4_0.random_weights(&cfg, 2).unwrap();
+        let gate = w.layers[0].gate.as_ref().unwrap();
+        assert_eq!(gate.ggml_type(), GgmlType::Q4_0);
+        assert_eq!(gate.device_bytes(), 512 * 1024 / 32 * 18);
     }
 
     /// Qwen2.5-0.5B in Q4_K_M as llama.cpp writes it: the rows of 896 (q, k, v, o,

@@ -86,7 +86,14 @@ fn even_policy(v: Option<&str>, block_n: usize) -> bool {
 /// (`examples/quant_bandwidth.rs --dequant`, docs/perf.md "Batched prefill of quantized
 /// weights"): Q4_K one row of 32 blocks, Q6_K and Q8_0 four rows.
 pub fn dequant_tile(ty: GgmlType) -> (usize, usize) {
-    if [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q4_0, GgmlType::Q5_0].contains(&ty) {
+    if [
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q4_0,
+        GgmlType::Q5_0,
+    ]
+    .contains(&ty)
+    {
         (1, 32)
     } else {
         (4, 32)
@@ -443,7 +450,13 @@ impl QuantGemvConfig {
     pub fn for_shape(ty: GgmlType, rows: usize, cols: usize) -> QuantGemvConfig {
         // Q5_K, Q4_0 and Q5_0 run Q4_K's kernel (its `LAYOUT` variants), at Q4_K's
         // tiles.
-        let k_mins = [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q4_0, GgmlType::Q5_0].contains(&ty);
+        let k_mins = [
+            GgmlType::Q4_K,
+            GgmlType::Q5_K,
+            GgmlType::Q4_0,
+            GgmlType::Q5_0,
+        ]
+        .contains(&ty);
         let (block_n, block_k, num_warps) = if rows < 2048 {
             if cols > 1024 {
                 (4, 2048, 8)
@@ -943,8 +956,7 @@ impl DeviceQuantMatrix {
     /// Whether the GEMV over this matrix at `cfg` (no norm, no LM head) runs the
     /// variant whose loads take no masks (`EVEN = 1` of [`crate::kernels_quant::q4_k_gemv`]).
     pub fn reads_unmasked(&self, cfg: QuantGemvConfig, residual: bool) -> bool {
-        self.q4_k_kernel()
-            && self.gemv_consts(cfg, residual, false, false, false, false)[5] == 1
+        self.q4_k_kernel() && self.gemv_consts(cfg, residual, false, false, false, false)[5] == 1
     }
 
     /// The compile-time constants of this matrix's GEMV variant at `cfg`: `BLOCK_N`,

@@ -1277,12 +1277,18 @@ mod tests {
         b[2..6].copy_from_slice(&(1u32 << 17).to_le_bytes());
         b[6 + 1] = 3 | (9 << 4);
         let packed = PackedMatrix::pack(GgmlType::Q5_0, &row, 1, 256, "w").unwrap();
-        let PackedMatrix::Q4_0 { q, qh: Some(qh), .. } = &packed else {
+        let PackedMatrix::Q4_0 {
+            q, qh: Some(qh), ..
+        } = &packed
+        else {
             panic!("Q5_0 in rows of 256 packs in nibble words");
         };
         assert_eq!((q[3 * 4], qh[3]), ((3 | (9 << 4)) << 8, 1 << 17));
         let v = packed.dequantize();
-        assert_eq!((v[96 + 1], v[96 + 17], v[96]), (0.5 * -13.0, 0.5 * 9.0, -8.0));
+        assert_eq!(
+            (v[96 + 1], v[96 + 17], v[96]),
+            (0.5 * -13.0, 0.5 * 9.0, -8.0)
+        );
     }
 
     /// Q4_1 and Q5_1 matrices pack into the Q8_0 layout with their offsets beside it
