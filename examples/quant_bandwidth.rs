@@ -1,4 +1,4 @@
-//! The quantized GEMVs (Q8_0, Q4_K, Q5_K, Q6_K) against the device's copy ceiling, at
+//! The quantized GEMVs (Q8_0, Q4_K, Q5_K, Q6_K, Q4_0) against the device's copy ceiling, at
 //! Qwen3-0.6B's and Qwen3-8B's layer shapes.
 //!
 //! `cargo run --release --example quant_bandwidth [-- --sweep] [--8b] [--only TYPE:NxK]
@@ -82,7 +82,7 @@ fn random_blocks(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u
     let scale = half::f16::from_f32(0.01).to_le_bytes();
     for blk in out.chunks_exact_mut(size) {
         match ty {
-            GgmlType::Q8_0 => blk[0..2].copy_from_slice(&scale),
+            GgmlType::Q8_0 | GgmlType::Q4_0 => blk[0..2].copy_from_slice(&scale),
             GgmlType::Q4_K | GgmlType::Q5_K => {
                 blk[0..2].copy_from_slice(&scale);
                 blk[2..4].copy_from_slice(&scale);
@@ -120,6 +120,7 @@ fn run(dev: &Device, sweep: bool, only_8b: bool) -> Result<(), Box<dyn std::erro
         GgmlType::Q5_K,
         GgmlType::Q6_K,
         GgmlType::Q8_0,
+        GgmlType::Q4_0,
     ] {
         for &(n, k, what) in SHAPES.iter().filter(|s| !only_8b || s.2.starts_with("8B")) {
             if only.as_ref().is_some_and(|o| *o != format!("{ty}:{n}x{k}")) {
@@ -257,6 +258,7 @@ fn dequant(dev: &Device, only_8b: bool) -> Result<(), Box<dyn std::error::Error>
         GgmlType::Q5_K,
         GgmlType::Q6_K,
         GgmlType::Q8_0,
+        GgmlType::Q4_0,
     ] {
         for &(n, k, what) in SHAPES.iter().filter(|s| !only_8b || s.2.starts_with("8B")) {
             let packed = PackedMatrix::pack(ty, &random_blocks(&mut rng, ty, n, k), n, k, what)?;
@@ -300,6 +302,7 @@ fn tokens(dev: &Device, only_8b: bool) -> Result<(), Box<dyn std::error::Error>>
         GgmlType::Q5_K,
         GgmlType::Q6_K,
         GgmlType::Q8_0,
+        GgmlType::Q4_0,
     ] {
         for &(n, k, what) in SHAPES.iter().filter(|s| !only_8b || s.2.starts_with("8B")) {
             let packed = PackedMatrix::pack(ty, &random_blocks(&mut rng, ty, n, k), n, k, what)?;

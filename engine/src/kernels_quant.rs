@@ -1,4 +1,4 @@
-//! GEMVs over quantized weights (Q8_0, Q4_K and Q5_K, Q6_K), written in tilefuse's kernel
+//! GEMVs over quantized weights (Q8_0, Q4_K, Q5_K, Q4_0 and Q5_0, Q6_K), written in tilefuse's kernel
 //! language: the weights stream in the device layout of
 //! [`PackedMatrix`](crate::gguf::quant::PackedMatrix) and meet int8 activations in
 //! byte dot products (`dot4`, PTX `dp4a`), llama.cpp's approach (its `q8_1`
@@ -70,7 +70,9 @@
 //!   x_hi)) − dmin·m · Σ q_x)`;
 //! - Q4_1 and Q5_1 (the Q8_0 kernels' `MIN = 1` variants): Q8_0's sum plus
 //!   `m · xd · Σ q_x` a block;
-//! - Q5_K (the Q4_K kernels' `Q5 = 1` variants): Q4_K's sum with each nibble's fifth bit
+//! - Q4_0 and Q5_0 (the Q4_K kernels' `LAYOUT` 2 and 3 variants, one scale a block):
+//!   `xd · d · (Σ dot4 − 8 Σ q_x)` (Q5_0: the fifth bits as Q5_K's, and 16);
+//! - Q5_K (the Q4_K kernels' `LAYOUT = 1` variants): Q4_K's sum with each nibble's fifth bit
 //!   at bit 4 of its byte before the `dot4`s;
 //! - Q6_K: the 6-bit values are the low nibbles with the high bits at bit 4 of each
 //!   byte; `d · xd · Σ_halves sc_h · (dot4(q6, x) − 32 Σ q_x)`.

@@ -963,7 +963,7 @@ impl DeviceQuantMatrix {
     /// `BLOCK_K`, `RESIDUAL`, `HEAD`, `ACT`; for Q4_K and Q5_K `EVEN`, 1 where every row
     /// of every program exists and the rows are whole tiles long (then the kernel's
     /// loads take no masks: docs/perf.md, "Loads without masks") and that variant is
-    /// compiled, `SILU_Q` and `Q5`; last `STAMPS`, 1 for a launch that writes timeline
+    /// compiled, `SILU_Q` and `LAYOUT`; last `STAMPS`, 1 for a launch that writes timeline
     /// stamps.
     fn gemv_consts(
         &self,

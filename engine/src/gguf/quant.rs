@@ -69,7 +69,7 @@
 //! 6-bit unpacking (three gathers and a dozen bit operations per sub-block).
 //!
 //! A Q5_K matrix is a Q4_K one with a fifth bit plane (`PackedMatrix::Q4K`'s `qh`), read
-//! by the same kernels' `Q5 = 1` variants: the four bits of a nibble word's bytes move
+//! by the same kernels' `LAYOUT = 1` variants: the four bits of a nibble word's bytes move
 //! to bit 4 of each byte with one multiplication (`crate::kernels_quant`).
 //!
 //! # Q4_0 and Q5_0 in nibble words
