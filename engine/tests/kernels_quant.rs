@@ -416,7 +416,12 @@ fn check_type(ty: GgmlType, seed: u64) {
                 check_norm_fused(&dev, &m, &c, n, k, cfg, &a, &norm_w, &bias, &inputs[1]);
             }
         }
-        let q4_k_kernel = [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q4_0, GgmlType::Q5_0];
+        let q4_k_kernel = [
+            GgmlType::Q4_K,
+            GgmlType::Q5_K,
+            GgmlType::Q4_0,
+            GgmlType::Q5_0,
+        ];
         if q4_k_kernel.contains(&ty) {
             assert!(
                 unmasked > 0 && masked > 0,

@@ -173,8 +173,8 @@ impl GgmlType {
         .contains(&self)
     }
 
-    /// Whether this is one of the block-quantized types the GEMV kernels read (Q4_0,
-    /// Q5_0 and IQ4_NL packed as Q8_0, see the module docs).
+    /// Whether this is one of the block-quantized types the GEMV kernels read (some in
+    /// another type's layout: [`GgmlType::device_type`]).
     pub fn is_quantized(self) -> bool {
         self.is_supported() && self.block().is_some_and(|(n, _)| n > 1)
     }
@@ -683,7 +683,7 @@ impl PackedMatrix {
             _ => {
                 return Err(EngineError::Unsupported {
                     message: format!(
-                        "tensor `{name}` has ggml type {}; the quantized GEMVs read Q8_0, Q4_K, Q5_K and Q6_K (Q4_0, Q5_0 and IQ4_NL as Q8_0, Q4_1 and Q5_1 as Q8_0 with offsets, Q3_K as Q6_K)",
+                        "tensor `{name}` has ggml type {}; the quantized GEMVs read Q8_0, Q4_K, Q5_K, Q6_K, Q4_0 and Q5_0 (IQ4_NL as Q8_0, Q4_1 and Q5_1 as Q8_0 with offsets, Q3_K as Q6_K)",
                         ty.name()
                     ),
                 })
