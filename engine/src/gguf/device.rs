@@ -84,7 +84,8 @@ fn even_policy(v: Option<&str>, block_n: usize) -> bool {
 /// matrix of type `ty` ([`DeviceQuantMatrix::dequantize_into`]): the fastest compiled
 /// tile alone on an H100 at Qwen3-0.6B's and Qwen3-8B's shapes, or within 2% of it
 /// (`examples/quant_bandwidth.rs --dequant`, docs/perf.md "Batched prefill of quantized
-/// weights"): Q4_K one row of 32 blocks, Q6_K and Q8_0 four rows.
+/// weights"): Q4_K one row of 32 blocks (and Q5_K, Q4_0 and Q5_0, which its kernel
+/// reads), Q6_K and Q8_0 four rows.
 pub fn dequant_tile(ty: GgmlType) -> (usize, usize) {
     if [
         GgmlType::Q4_K,
@@ -446,7 +447,8 @@ impl QuantGemvConfig {
     /// - else (QKV) 8 rows of 1024 columns over 4 warps (Q8_0 with 2048 columns or more:
     ///   4 rows of 2048 columns over 4 warps).
     ///
-    /// The environment's overrides are applied by [`QuantGemvConfig::for_step`].
+    /// Q5_K, Q4_0 and Q5_0 (in nibble words) take Q4_K's tiles: the Q4_K kernel reads
+    /// them. The environment's overrides are applied by [`QuantGemvConfig::for_step`].
     pub fn for_shape(ty: GgmlType, rows: usize, cols: usize) -> QuantGemvConfig {
         // Q5_K, Q4_0 and Q5_0 run Q4_K's kernel (its `LAYOUT` variants), at Q4_K's
         // tiles.
@@ -687,7 +689,7 @@ impl QuantTiles {
             let bad = || {
                 crate::error::EngineError::Option {
                 message: format!(
-                    "quantized tile `{entry}`: expected `[norm:][TYPE:]ROWSxCOLS=n,k,warps` (TYPE: Q8_0, Q4_K, Q5_K or Q6_K)"
+                    "quantized tile `{entry}`: expected `[norm:][TYPE:]ROWSxCOLS=n,k,warps` (TYPE: Q8_0, Q4_K, Q5_K, Q6_K, Q4_0 or Q5_0)"
                 ),
             }
             };
@@ -702,6 +704,8 @@ impl QuantTiles {
                         GgmlType::Q4_K,
                         GgmlType::Q5_K,
                         GgmlType::Q6_K,
+                        GgmlType::Q4_0,
+                        GgmlType::Q5_0,
                     ]
                     .into_iter()
                     .find(|t| t.name().eq_ignore_ascii_case(name.trim()))
@@ -2113,6 +2117,13 @@ mod tests {
         );
         assert_eq!(t.get_norm_fused(q6, 6144, 1024), None);
         assert_eq!(t.get(q4, 6144, 1024), None);
+        // Q4_0 and Q5_0 (the Q4_K kernel's other layouts) are tuned by their own names.
+        let t = QuantTiles::parse("Q4_0:4096x4096=8,1024,8").unwrap();
+        assert_eq!(
+            t.get(GgmlType::Q4_0, 4096, 4096).map(|c| c.num_warps),
+            Some(8)
+        );
+        assert_eq!(t.get(q4, 4096, 4096), None);
     }
 
     #[test]
