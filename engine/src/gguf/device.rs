@@ -87,18 +87,23 @@ fn even_policy(v: Option<&str>, block_n: usize) -> bool {
 /// weights"): Q4_K one row of 32 blocks (and Q5_K, Q4_0 and Q5_0, which its kernel
 /// reads), Q6_K and Q8_0 four rows.
 pub fn dequant_tile(ty: GgmlType) -> (usize, usize) {
-    if [
+    if read_by_q4_k_kernels(ty) {
+        (1, 32)
+    } else {
+        (4, 32)
+    }
+}
+
+/// Whether the Q4_K kernels read matrices of device type `ty` (their `LAYOUT`s: Q4_K,
+/// Q5_K, and Q4_0 and Q5_0 in nibble words).
+fn read_by_q4_k_kernels(ty: GgmlType) -> bool {
+    [
         GgmlType::Q4_K,
         GgmlType::Q5_K,
         GgmlType::Q4_0,
         GgmlType::Q5_0,
     ]
     .contains(&ty)
-    {
-        (1, 32)
-    } else {
-        (4, 32)
-    }
 }
 
 /// Which normed GEMVs of the decode step over a Q4_K run followed by a Q6_K run
@@ -452,13 +457,7 @@ impl QuantGemvConfig {
     pub fn for_shape(ty: GgmlType, rows: usize, cols: usize) -> QuantGemvConfig {
         // Q5_K, Q4_0 and Q5_0 run Q4_K's kernel (its `LAYOUT` variants), at Q4_K's
         // tiles.
-        let k_mins = [
-            GgmlType::Q4_K,
-            GgmlType::Q5_K,
-            GgmlType::Q4_0,
-            GgmlType::Q5_0,
-        ]
-        .contains(&ty);
+        let k_mins = read_by_q4_k_kernels(ty);
         let (block_n, block_k, num_warps) = if rows < 2048 {
             if cols > 1024 {
                 (4, 2048, 8)
@@ -1071,10 +1070,7 @@ impl DeviceQuantMatrix {
 
     /// Whether the Q4_K kernels read this matrix (Q4_K, Q5_K, Q4_0 and Q5_0).
     fn q4_k_kernel(&self) -> bool {
-        matches!(
-            self.buffers,
-            QuantBuffers::Q4K { .. } | QuantBuffers::Q4_0 { .. }
-        )
+        read_by_q4_k_kernels(self.ggml_type())
     }
 
     /// The arrays every kernel over this matrix takes first, in the device layout's
