@@ -1,4 +1,4 @@
-//! The quantized GEMVs (Q8_0, Q4_K, Q5_K, Q6_K, Q4_0) against the device's copy ceiling, at
+//! The quantized GEMVs (Q8_0, Q4_K, Q5_K, Q6_K, Q4_0, Q3_K) against the device's copy ceiling, at
 //! Qwen3-0.6B's and Qwen3-8B's layer shapes.
 //!
 //! `cargo run --release --example quant_bandwidth [-- --sweep] [--8b] [--only TYPE:NxK]
@@ -121,6 +121,7 @@ fn run(dev: &Device, sweep: bool, only_8b: bool) -> Result<(), Box<dyn std::erro
         GgmlType::Q6_K,
         GgmlType::Q8_0,
         GgmlType::Q4_0,
+        GgmlType::Q3_K,
     ] {
         for &(n, k, what) in SHAPES.iter().filter(|s| !only_8b || s.2.starts_with("8B")) {
             if only.as_ref().is_some_and(|o| *o != format!("{ty}:{n}x{k}")) {
@@ -259,6 +260,7 @@ fn dequant(dev: &Device, only_8b: bool) -> Result<(), Box<dyn std::error::Error>
         GgmlType::Q6_K,
         GgmlType::Q8_0,
         GgmlType::Q4_0,
+        GgmlType::Q3_K,
     ] {
         for &(n, k, what) in SHAPES.iter().filter(|s| !only_8b || s.2.starts_with("8B")) {
             let packed = PackedMatrix::pack(ty, &random_blocks(&mut rng, ty, n, k), n, k, what)?;
@@ -303,6 +305,7 @@ fn tokens(dev: &Device, only_8b: bool) -> Result<(), Box<dyn std::error::Error>>
         GgmlType::Q6_K,
         GgmlType::Q8_0,
         GgmlType::Q4_0,
+        GgmlType::Q3_K,
     ] {
         for &(n, k, what) in SHAPES.iter().filter(|s| !only_8b || s.2.starts_with("8B")) {
             let packed = PackedMatrix::pack(ty, &random_blocks(&mut rng, ty, n, k), n, k, what)?;

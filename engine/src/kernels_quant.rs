@@ -1036,9 +1036,13 @@ fn q6_k_high(h: Tile<i64>, w: Tile<i32>) -> Tile<u32> {
 /// words `2p` and `2p + 1` share `qh` word `p`); `sc0`, `sc1: [n, blocks]` the halves' scales (sign bit
 /// flipped), `dd: [n, blocks]` their super-blocks' scales, against activation blocks
 /// `blk` (valid where `blk_ok`); `w = arange(0, 4)`.
+///
+/// `LAYOUT = 1` reads Q3_K's words instead (see [`q6_k_gemv`]): `lt` holds the block's
+/// high-bit word in each of its four places, `h` its two 2-bit words as one; each byte
+/// lane is then a 3-bit `q + 4`, and the offset is 4 instead of 32.
 #[tile_fn(crate = tilefuse_dsl)]
 #[allow(clippy::too_many_arguments)]
-fn q6_k_tile<const ACT: usize>(
+fn q6_k_tile<const ACT: usize, const LAYOUT: usize>(
     lt: Tile<u32>,
     h: Tile<i64>,
     sc0: Tile<u8>,
@@ -1056,8 +1060,19 @@ fn q6_k_tile<const ACT: usize>(
     // Word w's high bits: at bit 4 (w % 2) (low nibbles) and 4 (w % 2) + 2 (high) of
     // each byte of its `qh` word, moved to bit 4.
     let t = q6_k_high(h, w) << (4 - (w % 2) * 4) as u32;
-    let lo = (lt & 0x0F0F_0F0F) | (t & 0x3030_3030);
-    let hi = ((lt >> 4) & 0x0F0F_0F0F) | ((t >> 2) & 0x3030_3030);
+    let mut lo = (lt & 0x0F0F_0F0F) | (t & 0x3030_3030);
+    let mut hi = ((lt >> 4) & 0x0F0F_0F0F) | ((t >> 2) & 0x3030_3030);
+    let mut offset = 32;
+    if LAYOUT == 1 {
+        // Q3_K: activation word `w`'s 2-bit quants are field `w` of each byte of the
+        // block's first word (`w + 4`'s of the second), and its high bits are bit `w`
+        // (`w + 4`) of each byte of the high-bit word, moved to bit 2.
+        let c = h.expand_dims(2);
+        let shift = (w * 2) as u32;
+        lo = (((c as u32) >> shift) & 0x0303_0303) | (((lt << 2) >> w as u32) & 0x0404_0404);
+        hi = (((c >> 32) as u32 >> shift) & 0x0303_0303) | ((lt >> (w + 2) as u32) & 0x0404_0404);
+        offset = 4;
+    }
     let dot_lo = dot4(lo, x_lo.expand_dims(0), 0).sum(2);
     let dot_hi = dot4(hi, x_hi.expand_dims(0), 0).sum(2);
     // The halves' sums of `x` (the -32 offset of the 6-bit values), once per block
@@ -1065,8 +1080,8 @@ fn q6_k_tile<const ACT: usize>(
     let ones = (x_lo & 0) | 0x0101_0101;
     let s_lo = dot4(ones, x_lo, 0).sum(1).expand_dims(0);
     let s_hi = dot4(ones, x_hi, 0).sum(1).expand_dims(0);
-    let isum =
-        (dot_lo - s_lo * 32) * (sc0 as i32 - 128) + (dot_hi - s_hi * 32) * (sc1 as i32 - 128);
+    let isum = (dot_lo - s_lo * offset) * (sc0 as i32 - 128)
+        + (dot_hi - s_hi * offset) * (sc1 as i32 - 128);
     (isum as f32) * (dd as f32) * x_d.expand_dims(0)
 }
 
@@ -1074,10 +1089,12 @@ fn q6_k_tile<const ACT: usize>(
 /// first `g0`), loaded where `ok` (`[n, blocks]`): the low-nibble words
 /// (`[n, blocks, 4]`), each block's two high-bits words as one (`[n, blocks]`), the
 /// halves' scales (sign bit flipped; 128, a zero scale, where masked) and the
-/// super-blocks' `d` (`[n, blocks]`).
+/// super-blocks' `d` (`[n, blocks]`). `LAYOUT = 1` (Q3_K) loads each block's high-bit
+/// word from `ql` (one a block, indexed as `qh`) into the low-nibble words' places
+/// and its 2-bit words from `qh`.
 #[tile_fn(crate = tilefuse_dsl)]
 #[allow(clippy::too_many_arguments)]
-fn q6_k_weights(
+fn q6_k_weights<const LAYOUT: usize>(
     ql: Ptr<u32>,
     qh: Ptr<i64>,
     scales: Ptr<u8>,
@@ -1091,11 +1108,15 @@ fn q6_k_weights(
     blk: Tile<i32>,
     ok: Tile<bool>,
 ) -> (Tile<u32>, Tile<i64>, Tile<u8>, Tile<u8>, Tile<f16>) {
-    let lt = load(
+    let mut lt = load(
         ql + l_rows + (g0 * 4 + l_words).expand_dims(0),
         ok.expand_dims(2),
         0,
     );
+    if LAYOUT == 1 {
+        let high = load(ql + h_rows + blk.expand_dims(0), ok, 0);
+        lt = high.expand_dims(2) | (l_words & 0).expand_dims(0).bitcast::<u32>();
+    }
     let ht = load(qh + h_rows + blk.expand_dims(0), ok, 0);
     let sc0 = load(scales + s_rows + (blk * 2).expand_dims(0), ok, 128);
     let sc1 = load(scales + s_rows + (blk * 2 + 1).expand_dims(0), ok, 128);
@@ -1107,7 +1128,7 @@ fn q6_k_weights(
 /// caller, before its wait) and the rest of the row, tile by tile (see [`q6_k_gemv`]).
 #[tile_fn(crate = tilefuse_dsl)]
 #[allow(clippy::too_many_arguments)]
-fn q6_k_row_sums<const BLOCK_K: usize, const ACT: usize>(
+fn q6_k_row_sums<const BLOCK_K: usize, const ACT: usize, const LAYOUT: usize>(
     l_first: Tile<u32>,
     h_first: Tile<i64>,
     sc0_first: Tile<u8>,
@@ -1131,7 +1152,7 @@ fn q6_k_row_sums<const BLOCK_K: usize, const ACT: usize>(
     grp: Tile<i32>,
     w: Tile<i32>,
 ) -> Tile<f32> {
-    let mut acc = q6_k_tile::<ACT>(
+    let mut acc = q6_k_tile::<ACT, LAYOUT>(
         l_first,
         h_first,
         sc0_first,
@@ -1149,10 +1170,10 @@ fn q6_k_row_sums<const BLOCK_K: usize, const ACT: usize>(
         let blk = g0 + grp;
         let blk_ok = blk < blocks;
         let ok = ok2 & blk_ok.expand_dims(0);
-        let (lt, ht, sc0, sc1, dt) = q6_k_weights(
+        let (lt, ht, sc0, sc1, dt) = q6_k_weights::<LAYOUT>(
             ql, qh, scales, d, l_rows, h_rows, s_rows, d_rows, l_words, g0, blk, ok,
         );
-        acc += q6_k_tile::<ACT>(lt, ht, sc0, sc1, dt, xq, xd, a, norm_w, blk, blk_ok, w);
+        acc += q6_k_tile::<ACT, LAYOUT>(lt, ht, sc0, sc1, dt, xq, xd, a, norm_w, blk, blk_ok, w);
     }
     acc.sum(1)
 }
@@ -1160,7 +1181,7 @@ fn q6_k_row_sums<const BLOCK_K: usize, const ACT: usize>(
 /// [`q6_k_row_sums`] with the next tile in flight, as [`q4_k_row_sums_prefetch`].
 #[tile_fn(crate = tilefuse_dsl)]
 #[allow(clippy::too_many_arguments)]
-fn q6_k_row_sums_prefetch<const BLOCK_K: usize, const ACT: usize>(
+fn q6_k_row_sums_prefetch<const BLOCK_K: usize, const ACT: usize, const LAYOUT: usize>(
     l_first: Tile<u32>,
     h_first: Tile<i64>,
     sc0_first: Tile<u8>,
@@ -1187,10 +1208,10 @@ fn q6_k_row_sums_prefetch<const BLOCK_K: usize, const ACT: usize>(
     let step = (BLOCK_K / 32) as i32;
     let blk = step + grp;
     let ok = ok2 & (blk < blocks).expand_dims(0);
-    let (mut lt, mut ht, mut sc0, mut sc1, mut dt) = q6_k_weights(
+    let (mut lt, mut ht, mut sc0, mut sc1, mut dt) = q6_k_weights::<LAYOUT>(
         ql, qh, scales, d, l_rows, h_rows, s_rows, d_rows, l_words, step, blk, ok,
     );
-    let mut acc = q6_k_tile::<ACT>(
+    let mut acc = q6_k_tile::<ACT, LAYOUT>(
         l_first,
         h_first,
         sc0_first,
@@ -1207,11 +1228,11 @@ fn q6_k_row_sums_prefetch<const BLOCK_K: usize, const ACT: usize>(
     for g0 in (2 * step..blocks + step).step_by(BLOCK_K / 32).unroll(2) {
         let next = g0 + grp;
         let ok = ok2 & (next < blocks).expand_dims(0);
-        let (nl, nh, nsc0, nsc1, nd) = q6_k_weights(
+        let (nl, nh, nsc0, nsc1, nd) = q6_k_weights::<LAYOUT>(
             ql, qh, scales, d, l_rows, h_rows, s_rows, d_rows, l_words, g0, next, ok,
         );
         let blk = g0 - step + grp;
-        acc += q6_k_tile::<ACT>(
+        acc += q6_k_tile::<ACT, LAYOUT>(
             lt,
             ht,
             sc0,
@@ -1235,6 +1256,14 @@ fn q6_k_row_sums_prefetch<const BLOCK_K: usize, const ACT: usize>(
 /// `i64[n, k_words / 4]`, a block's two words as one,
 /// `scales: u8[n, k / 16]`, `d: f16[n, k / 256]`) and `x` quantized by
 /// [`quantize_act`]; the residual and LM-head variants as in the module docs.
+///
+/// `LAYOUT = 1` reads a Q3_K matrix at 114 bytes a 256-element super-block (the file's
+/// 110, the scales unpacked): `ql: u32[n, k / 32]`, one high-bit word a 32-element
+/// block (byte `b`'s bit `i`: element `4 i + b`'s, set where the quant keeps its 4);
+/// `qh: u32[n, k / 16]`, read as `i64[n, k / 32]`, two words of 2-bit fields a block
+/// (word `c` byte `b` field `j`: the low bits of element `16 c + 4 j + b`); `scales`
+/// and `d` as Q6_K's; `x = d · sc · (q - 4)` with `q` in `0..8` (docs/perf.md,
+/// "Q3_K at the file's size").
 #[kernel(
     crate = tilefuse_dsl,
     BLOCK_N = [1, 2, 4, 8, 16, 32],
@@ -1251,6 +1280,11 @@ fn q6_k_row_sums_prefetch<const BLOCK_K: usize, const ACT: usize>(
     skip(BLOCK_K = 2048, BLOCK_N = [8, 16, 32]),
     skip(BLOCK_K = 1024, BLOCK_N = 32),
     skip(BLOCK_K = 2048, HEAD = 1),
+    // The weights' format: 0 Q6_K, 1 Q3_K (Q3_K_M's q, k, gate and up): the step's
+    // tiles.
+    LAYOUT = [0, 1],
+    skip(LAYOUT = 1, BLOCK_N = [1, 2, 32]),
+    skip(LAYOUT = 1, BLOCK_K = 256),
     // 1: the timeline stamps (`crate::kernels::stamp_now`), 0: none compiled.
     STAMPS = [0, 1]
 )]
@@ -1260,6 +1294,7 @@ pub fn q6_k_gemv<
     const RESIDUAL: usize,
     const HEAD: usize,
     const ACT: usize,
+    const LAYOUT: usize,
     const STAMPS: usize,
 >(
     ql: Ptr<u32>,
@@ -1296,7 +1331,7 @@ pub fn q6_k_gemv<
     let ok2 = row_ok.expand_dims(1);
 
     let ok = ok2 & (grp < blocks).expand_dims(0);
-    let (l_first, h_first, sc0_first, sc1_first, d_first) = q6_k_weights(
+    let (l_first, h_first, sc0_first, sc1_first, d_first) = q6_k_weights::<LAYOUT>(
         ql, qh, scales, d, l_rows, h_rows, s_rows, d_rows, l_words, 0, grp, ok,
     );
     let mut b = zeros::<f32>([BLOCK_N]);
@@ -1318,12 +1353,12 @@ pub fn q6_k_gemv<
     // As in `q4_k_gemv`: the 16-row residual tiles keep a tile in flight.
     let mut sums = zeros::<f32>([BLOCK_N]);
     if (RESIDUAL == 1) & (BLOCK_N == 16) {
-        sums = q6_k_row_sums_prefetch::<BLOCK_K, ACT>(
+        sums = q6_k_row_sums_prefetch::<BLOCK_K, ACT, LAYOUT>(
             l_first, h_first, sc0_first, sc1_first, d_first, ql, qh, scales, d, xq, xd, a, norm_w,
             l_rows, h_rows, s_rows, d_rows, l_words, ok2, blocks, grp, w,
         );
     } else {
-        sums = q6_k_row_sums::<BLOCK_K, ACT>(
+        sums = q6_k_row_sums::<BLOCK_K, ACT, LAYOUT>(
             l_first, h_first, sc0_first, sc1_first, d_first, ql, qh, scales, d, xq, xd, a, norm_w,
             l_rows, h_rows, s_rows, d_rows, l_words, ok2, blocks, grp, w,
         );
@@ -1436,7 +1471,7 @@ pub fn q4_k_q6_k_gemv<
     let s6_rows = (rows6 * (2 * blocks)).expand_dims(1);
     let d6_rows = (rows6 * (blocks / 8)).expand_dims(1);
     let l_words = (grp6 * 4).expand_dims(1) + w.expand_dims(0);
-    let (l_first, h_first, sc0_first, sc1_first, d6_first) = q6_k_weights(
+    let (l_first, h_first, sc0_first, sc1_first, d6_first) = q6_k_weights::<0>(
         ql, qh, scales6, d6, l_rows, h_rows, s6_rows, d6_rows, l_words, 0, grp6, ok6,
     );
     let b = load(bias + rows, row_ok, 0.0) as f32;
@@ -1449,7 +1484,7 @@ pub fn q4_k_q6_k_gemv<
         inv_rms = inv_rms_of::<1024>(a, k_words * 8, eps);
     }
     if six {
-        let sums = q6_k_row_sums::<BLOCK_K6, ACT>(
+        let sums = q6_k_row_sums::<BLOCK_K6, ACT, 0>(
             l_first, h_first, sc0_first, sc1_first, d6_first, ql, qh, scales6, d6, xq, xd, a,
             norm_w, l_rows, h_rows, s6_rows, d6_rows, l_words, ok2_6, blocks, grp6, w,
         );
@@ -1807,7 +1842,7 @@ pub fn q4_k_gemv_tokens<
 /// Token `t0 + I`'s Q6_K tile sums for [`q6_k_gemv_tokens`] (zero past `tokens`).
 #[tile_fn(crate = tilefuse_dsl)]
 #[allow(clippy::too_many_arguments)]
-fn q6_k_token<const I: usize>(
+fn q6_k_token<const I: usize, const LAYOUT: usize>(
     lt: Tile<u32>,
     h: Tile<i64>,
     sc0: Tile<u8>,
@@ -1827,7 +1862,7 @@ fn q6_k_token<const I: usize>(
     let ok = blk_ok & (t < tokens);
     let x_words = xq + t * (2 * k_words);
     let x_scales = xd + t * (k_words / 4);
-    q6_k_tile::<0>(
+    q6_k_tile::<0, LAYOUT>(
         lt, h, sc0, sc1, dd, x_words, x_scales, unused, unused, blk, ok, w,
     )
 }
@@ -1839,6 +1874,8 @@ fn q6_k_token<const I: usize>(
     BLOCK_K = [512, 1024],
     T = [2, 4, 8],
     RESIDUAL = [0, 1],
+    // 0 Q6_K, 1 Q3_K (as in `q6_k_gemv`).
+    LAYOUT = [0, 1],
     num_warps = [4]
 )]
 #[allow(clippy::too_many_arguments)]
@@ -1847,6 +1884,7 @@ pub fn q6_k_gemv_tokens<
     const BLOCK_K: usize,
     const T: usize,
     const RESIDUAL: usize,
+    const LAYOUT: usize,
 >(
     ql: Ptr<u32>,
     qh: Ptr<i64>,
@@ -1889,36 +1927,36 @@ pub fn q6_k_gemv_tokens<
         let blk = g0 + grp;
         let blk_ok = blk < blocks;
         let ok = ok2 & blk_ok.expand_dims(0);
-        let (lt, ht, sc0, sc1, dt) = q6_k_weights(
+        let (lt, ht, sc0, sc1, dt) = q6_k_weights::<LAYOUT>(
             ql, qh, scales, d, l_rows, h_rows, s_rows, d_rows, l_words, g0, blk, ok,
         );
-        acc0 += q6_k_token::<0>(
+        acc0 += q6_k_token::<0, LAYOUT>(
             lt, ht, sc0, sc1, dt, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words,
         );
         if T > 1 {
-            acc1 += q6_k_token::<1>(
+            acc1 += q6_k_token::<1, LAYOUT>(
                 lt, ht, sc0, sc1, dt, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words,
             );
         }
         if T > 2 {
-            acc2 += q6_k_token::<2>(
+            acc2 += q6_k_token::<2, LAYOUT>(
                 lt, ht, sc0, sc1, dt, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words,
             );
-            acc3 += q6_k_token::<3>(
+            acc3 += q6_k_token::<3, LAYOUT>(
                 lt, ht, sc0, sc1, dt, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words,
             );
         }
         if T > 4 {
-            acc4 += q6_k_token::<4>(
+            acc4 += q6_k_token::<4, LAYOUT>(
                 lt, ht, sc0, sc1, dt, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words,
             );
-            acc5 += q6_k_token::<5>(
+            acc5 += q6_k_token::<5, LAYOUT>(
                 lt, ht, sc0, sc1, dt, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words,
             );
-            acc6 += q6_k_token::<6>(
+            acc6 += q6_k_token::<6, LAYOUT>(
                 lt, ht, sc0, sc1, dt, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words,
             );
-            acc7 += q6_k_token::<7>(
+            acc7 += q6_k_token::<7, LAYOUT>(
                 lt, ht, sc0, sc1, dt, xq, xd, bias, blk, blk_ok, w, t0, tokens, k_words,
             );
         }
@@ -2102,10 +2140,11 @@ pub fn dequantize_q4_k<const R: usize, const BLOCKS: usize, const LAYOUT: usize>
 }
 
 /// A Q6_K matrix (the arrays of [`q6_k_gemv`]) as bf16 rows `row0..row0 + n` of `out`
-/// (`[.., k]`): `(d * sc) * (q - 32)`, `q` the low nibble and two high bits.
-#[kernel(crate = tilefuse_dsl, R = [1, 4], BLOCKS = [8, 32], num_warps = [4])]
+/// (`[.., k]`): `(d * sc) * (q - 32)`, `q` the low nibble and two high bits; `LAYOUT =
+/// 1`, a Q3_K one: `(d * sc) * (q - 4)`, `q` two low bits and a high one.
+#[kernel(crate = tilefuse_dsl, R = [1, 4], BLOCKS = [8, 32], LAYOUT = [0, 1], num_warps = [4])]
 #[allow(clippy::too_many_arguments)]
-pub fn dequantize_q6_k<const R: usize, const BLOCKS: usize>(
+pub fn dequantize_q6_k<const R: usize, const BLOCKS: usize, const LAYOUT: usize>(
     ql: Ptr<u32>,
     qh: Ptr<u32>,
     scales: Ptr<u8>,
@@ -2128,8 +2167,13 @@ pub fn dequantize_q6_k<const R: usize, const BLOCKS: usize>(
     // `w / 2`.
     let e = dequant_offsets(rows, blk, k_words * 8);
     let ok4 = ok3.expand_dims(3) & (b >= 0);
-    let lo = load(ql + ((e >> 5) << 2) + ((e >> 2) & 3), ok4, 0);
-    let hi = load(qh + ((e >> 5) << 1) + ((e >> 3) & 1), ok4, 0);
+    let mut lo = load(ql + ((e >> 5) << 2) + ((e >> 2) & 3), ok4, 0);
+    let mut hi = load(qh + ((e >> 5) << 1) + ((e >> 3) & 1), ok4, 0);
+    if LAYOUT == 1 {
+        // Q3_K: the block's high-bit word, and its 2-bit word `(e / 16) % 2`.
+        lo = load(ql + (e >> 5), ok4, 0);
+        hi = load(qh + ((e >> 5) << 1) + ((e >> 4) & 1), ok4, 0);
+    }
     let s_at = (rows * (2 * blocks)).expand_dims(1).expand_dims(2)
         + (blk * 2).expand_dims(0).expand_dims(2)
         + half;
@@ -2142,8 +2186,17 @@ pub fn dequantize_q6_k<const R: usize, const BLOCKS: usize>(
     // high bits at `4 (w % 2) + 2 half + 8 b` of word `w / 2`.
     let lo_shift = (((offs & 16) >> 2) + ((offs & 3) << 3)) as u32;
     let hi_shift = (((offs & 4) + ((offs & 16) >> 3)) + ((offs & 3) << 3)) as u32;
-    let q6 = ((lo >> lo_shift) & 15) | (((hi >> hi_shift) & 3) << 4);
+    let mut q = (((lo >> lo_shift) & 15) | (((hi >> hi_shift) & 3) << 4)).bitcast::<i32>() - 32;
+    if LAYOUT == 1 {
+        // Element `4 i + b` of a block (`i = (e / 4) % 8`): its high bit at bit `i + 8
+        // b` of the high-bit word, its low bits at `2 (i % 4) + 8 b` of its 2-bit word.
+        let i = ((offs >> 2) & 7) as u32;
+        let byte = ((offs & 3) << 3) as u32;
+        let low = (hi >> (((i & 3) << 1) + byte)) & 3;
+        let high = (lo >> (i + byte)) & 1;
+        q = (low | (high << 2)).bitcast::<i32>() - 4;
+    }
     let scale = (dd.expand_dims(2) * sc).expand_dims(3);
-    let v = ((q6.bitcast::<i32>() - 32) as f32) * scale;
+    let v = (q as f32) * scale;
     store(out + offs, v as bf16, ok3.expand_dims(3));
 }

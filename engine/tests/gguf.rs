@@ -83,9 +83,9 @@ fn dequantizes_blocks_like_the_gguf_package() {
             want.iter().any(|v| v.abs() > 1e5),
             "{name}: no extreme block"
         );
-        // The device layout dequantizes to the same values (IQ4_NL in Q8_0's, Q3_K in
-        // Q6_K's, Q4_0 and Q5_0 in Q8_0's or, in rows of 256, in nibble words): the
-        // file's rows, and the same blocks as rows of 256 where they make whole rows.
+        // The device layout dequantizes to the same values (IQ4_NL in Q8_0's, Q4_0 and
+        // Q5_0 in Q8_0's or, in rows of 256, in nibble words): the file's rows, and the
+        // same blocks as rows of 256 where they make whole rows.
         let (rows, cols) = (blocks.ne[1] as usize, blocks.ne[0] as usize);
         let mut shapes = vec![(rows, cols)];
         if cols % 256 != 0 && (rows * cols) % 256 == 0 {
@@ -215,7 +215,7 @@ fn reads_a_q5_k_m_model() {
 }
 
 /// A Q3_K_M-like file (`tiny_qwen3_q3_k.gguf`): every tensor against the package's
-/// values, the Q3_K matrices read as Q6_K (the same values, Q6_K's bytes), with Q4_K O,
+/// values, the Q3_K matrices in their own layout at 114 bytes a super-block, with Q4_K O,
 /// Q5_K and Q4_K v and down beside them, and the Q3_K embedding table dequantized for
 /// lookups.
 #[test]
@@ -227,15 +227,15 @@ fn reads_a_q3_k_m_model() {
     let ty = |m: &Option<PackedMatrix>| m.as_ref().unwrap().ggml_type();
     for (i, l) in qw.layers.iter().enumerate() {
         for m in [&l.q, &l.k, &l.gate, &l.up] {
-            assert_eq!(ty(m), GgmlType::Q6_K);
+            assert_eq!(ty(m), GgmlType::Q3_K);
         }
         assert_eq!(ty(&l.o), GgmlType::Q4_K);
         let first = [GgmlType::Q5_K, GgmlType::Q4_K][i];
         assert_eq!((ty(&l.v), ty(&l.down)), (first, first), "layer {i}");
     }
-    // 210 bytes a super-block: Q6_K's, against the file's 110.
+    // 114 bytes a super-block: the file's 110 and the scales unpacked.
     let q = qw.layers[0].q.as_ref().unwrap();
-    assert_eq!(q.device_bytes(), q.shape().0 * q.shape().1 / 256 * 210);
+    assert_eq!(q.device_bytes(), q.shape().0 * q.shape().1 / 256 * 114);
     let types = f.matrix_types();
     assert!(types.contains(&("token_embd.weight".to_string(), GgmlType::Q3_K)));
     assert!(types.contains(&("blk.1.ffn_up.weight".to_string(), GgmlType::Q3_K)));
@@ -906,7 +906,7 @@ fn a_q5_k_m_file_decodes_like_the_reference() {
     assert!(rel.stepped < 4e-2, "{rel:?}");
 }
 
-/// A Q3_K_M-like file (`tiny_qwen3_q3_k.gguf`: Q3_K matrices read as Q6_K beside Q4_K
+/// A Q3_K_M-like file (`tiny_qwen3_q3_k.gguf`: Q3_K matrices beside Q4_K
 /// and Q5_K ones, a Q3_K embedding table, an untied Q6_K head).
 #[test]
 fn a_q3_k_m_file_decodes_like_the_reference() {
@@ -1391,7 +1391,7 @@ fn a_q5_k_m_files_quantized_step_matches_its_dense_step() {
 }
 
 /// The Q3_K_M-like file (`tiny_qwen3_q3_k.gguf`) as the Qwen2 one above: its Q3_K
-/// matrices through the Q6_K GEMVs (QKV beside a Q5_K or Q4_K `v`), the Q4_K O, Q5_K
+/// matrices through the Q6_K GEMVs' Q3_K variants (QKV beside a Q5_K or Q4_K `v`), the Q4_K O, Q5_K
 /// and Q4_K down projections and the Q6_K head inside the captured step.
 #[test]
 fn a_q3_k_m_files_quantized_step_matches_its_dense_step() {

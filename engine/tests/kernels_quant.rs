@@ -338,13 +338,14 @@ fn check_type(ty: GgmlType, seed: u64) {
             let norm_w = dev.upload(&c.norm_w).unwrap();
             let mut spare = QuantSpare::new(&dev, k).unwrap();
             for &cfg in &configs {
-                // The variants of Q5_K, Q5_1, Q4_0 and Q5_0 cover the step's tiles only.
+                // The variants of Q5_K, Q5_1, Q4_0, Q5_0 and Q3_K cover the step's tiles only.
                 if !m.gemv_compiled(cfg, false, false, false) {
                     let partial = [
                         GgmlType::Q5_K,
                         GgmlType::Q5_1,
                         GgmlType::Q4_0,
                         GgmlType::Q5_0,
+                        GgmlType::Q3_K,
                     ]
                     .contains(&m.ggml_type());
                     let step_tile = (4..=16).contains(&cfg.block_n) && cfg.block_k >= 512;
@@ -637,8 +638,8 @@ fn q6_k_gemv_matches_host() {
     check_type(GgmlType::Q6_K, 0x0606);
 }
 
-/// Q3_K through the Q6_K kernels: its quants in `-4..4` as Q6_K's `q - 32`, its scales
-/// `sc - 32` as Q6_K's `i8` ones.
+/// Q3_K through the Q6_K kernels' `LAYOUT = 1` variants: 2-bit words and a high-bit
+/// word a block, `q + 4` in each byte lane, Q6_K's scales.
 #[test]
 fn q3_k_gemv_matches_host() {
     check_type(GgmlType::Q3_K, 0x0303);
@@ -1101,6 +1102,7 @@ fn multi_token_gemvs_match_the_single_token_gemv() {
             GgmlType::Q4_K,
             GgmlType::Q5_K,
             GgmlType::Q6_K,
+            GgmlType::Q3_K,
             GgmlType::Q4_0,
             GgmlType::Q5_0,
         ] {

@@ -680,7 +680,7 @@ pub struct TileEntry {
 
 impl QuantTiles {
     /// Parses `[norm:][TYPE:]ROWSxCOLS=n,k,warps[;...]` (empty entries are skipped;
-    /// `TYPE` is `Q8_0`, `Q4_K`, `Q5_K` or `Q6_K`, in any case); an error names the entry that
+    /// `TYPE` is `Q8_0`, `Q4_K`, `Q5_K`, `Q6_K`, `Q4_0`, `Q5_0` or `Q3_K`, in any case); an error names the entry that
     /// does not parse.
     pub fn parse(spec: &str) -> Result<QuantTiles> {
         let mut tiles = QuantTiles::default();
@@ -688,7 +688,7 @@ impl QuantTiles {
             let bad = || {
                 crate::error::EngineError::Option {
                 message: format!(
-                    "quantized tile `{entry}`: expected `[norm:][TYPE:]ROWSxCOLS=n,k,warps` (TYPE: Q8_0, Q4_K, Q5_K, Q6_K, Q4_0 or Q5_0)"
+                    "quantized tile `{entry}`: expected `[norm:][TYPE:]ROWSxCOLS=n,k,warps` (TYPE: Q8_0, Q4_K, Q5_K, Q6_K, Q4_0, Q5_0 or Q3_K)"
                 ),
             }
             };
@@ -705,6 +705,7 @@ impl QuantTiles {
                         GgmlType::Q6_K,
                         GgmlType::Q4_0,
                         GgmlType::Q5_0,
+                        GgmlType::Q3_K,
                     ]
                     .into_iter()
                     .find(|t| t.name().eq_ignore_ascii_case(name.trim()))
@@ -816,6 +817,18 @@ pub enum QuantBuffers {
         /// `[rows, cols / 256]`.
         d: Buffer<f16>,
     },
+    /// Q3_K: 2-bit words, high-bit words, sub-block scales, super-block scales (read
+    /// by the Q6_K kernels' `LAYOUT = 1` variants).
+    Q3K {
+        /// `[rows, cols / 16]`.
+        q: Buffer<u32>,
+        /// `[rows, cols / 32]`.
+        hmask: Buffer<u32>,
+        /// `[rows, cols / 16]`.
+        scales: Buffer<u8>,
+        /// `[rows, cols / 256]`.
+        d: Buffer<f16>,
+    },
 }
 
 /// Q6_K's high-bits words as the kernels read them: each block's two 32-bit words as
@@ -840,13 +853,14 @@ pub struct DeviceQuantMatrix {
 }
 
 impl DeviceQuantMatrix {
-    /// The packed quant words, the bulk of the matrix's bytes (Q8_0's and Q4_K's `q`,
-    /// Q6_K's low nibbles `ql`), `[rows, ..]` row-major.
+    /// The packed quant words, the bulk of the matrix's bytes (Q8_0's, Q4_K's and
+    /// Q3_K's `q`, Q6_K's low nibbles `ql`), `[rows, ..]` row-major.
     pub fn words(&self) -> &Buffer<u32> {
         match &self.buffers {
             QuantBuffers::Q8_0 { q, .. }
             | QuantBuffers::Q4K { q, .. }
-            | QuantBuffers::Q4_0 { q, .. } => q,
+            | QuantBuffers::Q4_0 { q, .. }
+            | QuantBuffers::Q3K { q, .. } => q,
             QuantBuffers::Q6K { ql, .. } => ql,
         }
     }
@@ -889,6 +903,18 @@ impl DeviceQuantMatrix {
                 scales: dev.upload(scales)?,
                 d: dev.upload(d)?,
             },
+            PackedMatrix::Q3K {
+                q,
+                hmask,
+                scales,
+                d,
+                ..
+            } => QuantBuffers::Q3K {
+                q: dev.upload(q)?,
+                hmask: dev.upload(hmask)?,
+                scales: dev.upload(scales)?,
+                d: dev.upload(d)?,
+            },
         };
         Ok(DeviceQuantMatrix {
             rows,
@@ -908,6 +934,7 @@ impl DeviceQuantMatrix {
             QuantBuffers::Q4_0 { qh: None, .. } => GgmlType::Q4_0,
             QuantBuffers::Q4_0 { qh: Some(_), .. } => GgmlType::Q5_0,
             QuantBuffers::Q6K { .. } => GgmlType::Q6_K,
+            QuantBuffers::Q3K { .. } => GgmlType::Q3_K,
         }
     }
 
@@ -916,7 +943,7 @@ impl DeviceQuantMatrix {
         match self.buffers {
             QuantBuffers::Q8_0 { .. } => &Q8_0_GEMV,
             QuantBuffers::Q4K { .. } | QuantBuffers::Q4_0 { .. } => &Q4_K_GEMV,
-            QuantBuffers::Q6K { .. } => &Q6_K_GEMV,
+            QuantBuffers::Q6K { .. } | QuantBuffers::Q3K { .. } => &Q6_K_GEMV,
         }
     }
 
@@ -988,7 +1015,7 @@ impl DeviceQuantMatrix {
         if k_mins {
             consts.extend([1, i64::from(silu_q)]);
         }
-        consts.extend(self.layout_const());
+        consts.push(self.layout_const());
         consts.push(i64::from(stamps));
         if k_mins {
             let whole = self.rows % cfg.block_n == 0 && self.cols % cfg.block_k == 0;
@@ -1124,6 +1151,22 @@ impl DeviceQuantMatrix {
                 ],
                 8,
             ),
+            // The Q6_K kernels' `ql` takes the high-bit words, `qh` the 2-bit ones
+            // (`k_words` still counts eight values a word).
+            QuantBuffers::Q3K {
+                q,
+                hmask,
+                scales,
+                d,
+            } => (
+                vec![
+                    hmask.into(),
+                    if wide_qh { qh64(q)? } else { q.into() },
+                    scales.into(),
+                    d.into(),
+                ],
+                8,
+            ),
         };
         Ok((args, (self.cols / per_word) as i32))
     }
@@ -1224,7 +1267,7 @@ impl DeviceQuantMatrix {
         let kernel = match self.buffers {
             QuantBuffers::Q8_0 { .. } => &Q8_0_GEMV_TOKENS,
             QuantBuffers::Q4K { .. } | QuantBuffers::Q4_0 { .. } => &Q4_K_GEMV_TOKENS,
-            QuantBuffers::Q6K { .. } => &Q6_K_GEMV_TOKENS,
+            QuantBuffers::Q6K { .. } | QuantBuffers::Q3K { .. } => &Q6_K_GEMV_TOKENS,
         };
         let (mut args, k_words) = self.weight_args(true)?;
         args.extend([
@@ -1244,7 +1287,7 @@ impl DeviceQuantMatrix {
             tile.tokens as i64,
             i64::from(residual),
         ];
-        consts.extend(self.layout_const());
+        consts.push(self.layout_const());
         kernel.launch_dyn(dev, launch, &consts, &mut args)?;
         Ok(())
     }
@@ -1252,13 +1295,14 @@ impl DeviceQuantMatrix {
     /// The layout's constant of every kernel over this matrix (the GEMV's before
     /// `STAMPS`, the multi-token GEMV's and the dequantizer's last): `LAYOUT` of the
     /// Q4_K kernels (0 Q4_K, 1 Q5_K, 2 Q4_0, 3 Q5_0), `MIN` of the Q8_0 ones (1 for Q4_1
-    /// and Q5_1); Q6_K's have none.
-    fn layout_const(&self) -> Option<i64> {
+    /// and Q5_1), `LAYOUT` of the Q6_K ones (0 Q6_K, 1 Q3_K).
+    fn layout_const(&self) -> i64 {
         match &self.buffers {
-            QuantBuffers::Q4K { qh, .. } => Some(i64::from(qh.is_some())),
-            QuantBuffers::Q4_0 { qh, .. } => Some(2 + i64::from(qh.is_some())),
-            QuantBuffers::Q8_0 { m, .. } => Some(i64::from(m.is_some())),
-            QuantBuffers::Q6K { .. } => None,
+            QuantBuffers::Q4K { qh, .. } => i64::from(qh.is_some()),
+            QuantBuffers::Q4_0 { qh, .. } => 2 + i64::from(qh.is_some()),
+            QuantBuffers::Q8_0 { m, .. } => i64::from(m.is_some()),
+            QuantBuffers::Q6K { .. } => 0,
+            QuantBuffers::Q3K { .. } => 1,
         }
     }
 
@@ -1309,12 +1353,12 @@ impl DeviceQuantMatrix {
         let kernel = match self.buffers {
             QuantBuffers::Q8_0 { .. } => &DEQUANTIZE_Q8_0,
             QuantBuffers::Q4K { .. } | QuantBuffers::Q4_0 { .. } => &DEQUANTIZE_Q4_K,
-            QuantBuffers::Q6K { .. } => &DEQUANTIZE_Q6_K,
+            QuantBuffers::Q6K { .. } | QuantBuffers::Q3K { .. } => &DEQUANTIZE_Q6_K,
         };
         let (mut args, k_words) = self.weight_args(false)?;
         args.extend([out.into(), n.into(), row0.into(), k_words.into()]);
         let mut consts = vec![r as i64, blocks as i64];
-        consts.extend(self.layout_const());
+        consts.push(self.layout_const());
         kernel.launch_dyn(dev, launch, &consts, &mut args)?;
         Ok(())
     }

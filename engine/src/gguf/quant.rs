@@ -4,7 +4,7 @@
 //! Supported for weights: Q8_0, Q4_K, Q5_K and Q6_K blocks, Q4_0 and Q5_0 blocks (in
 //! Q4_K's nibble words, or read as Q8_0 in rows that are no multiple of 256 elements),
 //! IQ4_NL blocks (read as Q8_0, below), Q4_1 and Q5_1 blocks (read as Q8_0 with offsets),
-//! Q3_K blocks (read as Q6_K), and F32, F16, BF16 elements. Block layouts, as llama.cpp writes them (little-endian):
+//! Q3_K blocks (by the Q6_K kernels), and F32, F16, BF16 elements. Block layouts, as llama.cpp writes them (little-endian):
 //!
 //! - **Q8_0**, 32 elements in 34 bytes: `f16 d`, `i8 q[32]`; `x = d * q`.
 //! - **Q4_0**, 32 elements in 18 bytes: `f16 d`, `u8 qs[16]`; byte `l` holds element
@@ -53,6 +53,7 @@
 //! | Q4_0 | `q: u32[cols / 8]` (nibbles, as Q4_K's), `d: f16[cols / 32]` | Q4_K's 4 words: the file's `qs` bytes as they stand | 144 (144) |
 //! | Q5_0 | Q4_0's arrays and `qh: u32[cols / 32]` (fifth bits, as Q5_K's): the file's `qh` | Q5_K's 5 words | 176 (176) |
 //! | Q6_K | `ql: u32[cols / 8]` (low nibbles, as Q4_K's), `qh: u32[cols / 16]` (high 2 bits), `scales: u8[cols / 16]` (`i8` with the sign bit flipped), `d: f16[cols / 256]` | 4 `ql` words as Q4_K's; 2 `qh` words: word `p` byte `b` holds, at bit `2 (2 i + h)`, the high bits of element `16 h + 4 (2 p + i) + b` | 210 (210) |
+//! | Q3_K | `q: u32[cols / 16]` (2-bit low parts of `q + 4`), `hmask: u32[cols / 32]` (high bits), `scales: u8[cols / 16]` (`sc - 32` as Q6_K's), `d: f16[cols / 256]` | 2 `q` words: word `c` byte `b` holds, at bit `2 j`, element `16 c + 4 j + b`'s low bits; 1 `hmask` word: byte `b` bit `i` is element `4 i + b`'s high bit | 114 (110) |
 //!
 //! So a Q4_K word's low nibbles (`w & 0x0F0F0F0F`) are activation word `w` of the
 //! block and its high nibbles activation word `4 + w`; a Q6_K `ql` word `2 p + i` gets
@@ -60,10 +61,11 @@
 //! `0x30303030`) or that shifted right by 2 (high nibbles). A Q6_K block's low nibbles
 //! are its first 16 elements and its high nibbles the second 16, one scale each.
 //!
-//! Q3_K reads as Q6_K ([`GgmlType::device_type`]): its quants `q` in `-4..4` are Q6_K's
-//! `q + 32` and its scales `sc - 32` Q6_K's `i8` ones, with the same `d`, the same
-//! element order and the same f32 rounding, so the Q6_K kernels compute a Q3_K_M file's
-//! Q3_K matrices value for value, at 210 bytes a super-block against the file's 110.
+//! So a Q3_K word's field `j` (`(q >> 2 j) & 0x03030303`) is activation word `j` of the
+//! block's first or second half, and its high bits, `(hmask >> j) & 0x01010101`, go to
+//! bit 2 of each byte: Q6_K's scheme with two low bits and one high bit instead of four
+//! and two, Q6_K's scale order, an offset of 4 instead of 32, and the same integer sums
+//! (the Q6_K kernels' `LAYOUT = 1` variants; docs/perf.md, "Q3_K at the file's size").
 //!
 //! Q4_K's unpacked scales cost 4 bytes a super-block (2.8%) and spare each thread the
 //! 6-bit unpacking (three gathers and a dozen bit operations per sub-block).
@@ -191,8 +193,6 @@ impl GgmlType {
             Self::Q8_0
         } else if self == Self::Q4_1 {
             Self::Q5_1
-        } else if self == Self::Q3_K {
-            Self::Q6_K
         } else {
             self
         }
@@ -432,23 +432,6 @@ pub fn dequantize_q3_k(block: &[u8], out: &mut [f32]) {
     }
 }
 
-/// A Q3_K block (110 bytes) rewritten as the Q6_K block (210 bytes) of the same values:
-/// each quant `q` as `q + 32`, each scale `sc - 32` as Q6_K's `i8`, the same `d`.
-fn q3k_as_q6k(block: &[u8]) -> [u8; 210] {
-    let mut out = [0u8; 210];
-    for e in 0..256 {
-        let (h, g, l) = (e / 128, (e / 32) % 4, e % 32);
-        let q = (q3k_quant(block, e) + 32) as u8;
-        out[h * 64 + (g % 2) * 32 + l] |= (q & 15) << (4 * (g / 2));
-        out[128 + h * 32 + l] |= (q >> 4) << (2 * g);
-    }
-    for (o, s) in out[192..208].iter_mut().zip(q3k_scales(&block[96..108])) {
-        *o = s as u8;
-    }
-    out[208..210].copy_from_slice(&block[108..110]);
-    out
-}
-
 /// Dequantizes `bytes` holding `numel` elements of type `ty` to f32. `name` (the tensor)
 /// appears in errors; an unsupported type is an error naming the tensor and the type.
 pub fn dequantize(ty: GgmlType, bytes: &[u8], numel: usize, name: &str) -> Result<Vec<f32>> {
@@ -586,6 +569,22 @@ pub enum PackedMatrix {
         /// `[rows, cols / 256]` super-block scales.
         d: Vec<f16>,
     },
+    /// Q3_K, in 2-bit words and a high-bit word a 32-element block (read by the Q6_K
+    /// kernels' `LAYOUT = 1` variants).
+    Q3K {
+        /// Rows (output features).
+        rows: usize,
+        /// Columns (input features), a multiple of 256.
+        cols: usize,
+        /// `[rows, cols / 16]` words of sixteen 2-bit low parts of `q + 4`.
+        q: Vec<u32>,
+        /// `[rows, cols / 32]` words of the high bits of `q + 4`, one word a block.
+        hmask: Vec<u32>,
+        /// `[rows, cols / 16]` scales (`sc - 32`), `i8` with the sign bit flipped.
+        scales: Vec<u8>,
+        /// `[rows, cols / 256]` super-block scales.
+        d: Vec<f16>,
+    },
 }
 
 /// Where element `e` of a row sits among a Q4_K row's nibble words (also Q6_K's low
@@ -602,6 +601,24 @@ fn high_bits_at(e: usize) -> (usize, u32) {
     let (h, w, b) = (i / 16, (i % 16) / 4, i % 4);
     let (p, lane) = (w / 2, w % 2);
     (block * 2 + p, (8 * b + 2 * (2 * lane + h)) as u32)
+}
+
+/// Where element `e` of a row sits among a Q3_K row's 2-bit words: `(word, bit)`. A
+/// block's word `c` holds its elements `16 c..16 c + 16`, element `16 c + 4 j + b` at
+/// bit `8 b + 2 j`, so field `j` of each byte is activation word `4 c + j`.
+fn crumb_at(e: usize) -> (usize, u32) {
+    let (block, i) = (e / 32, e % 32);
+    (
+        block * 2 + i / 16,
+        (8 * (i % 4) + 2 * ((i % 16) / 4)) as u32,
+    )
+}
+
+/// Where element `e` of a row sits among a Q3_K row's high-bit words, one a block:
+/// element `4 i + b` of a block at bit `8 b + i`.
+fn high_bit_at(e: usize) -> (usize, u32) {
+    let (block, i) = (e / 32, e % 32);
+    (block, (8 * (i % 4) + i / 4) as u32)
 }
 
 /// Packs field `value(e)` (below `1 << bits`) of each of a block's `n` elements into the
@@ -683,7 +700,7 @@ impl PackedMatrix {
             _ => {
                 return Err(EngineError::Unsupported {
                     message: format!(
-                        "tensor `{name}` has ggml type {}; the quantized GEMVs read Q8_0, Q4_K, Q5_K, Q6_K, Q4_0 and Q5_0 (IQ4_NL as Q8_0, Q4_1 and Q5_1 as Q8_0 with offsets, Q3_K as Q6_K)",
+                        "tensor `{name}` has ggml type {}; the quantized GEMVs read Q8_0, Q4_K, Q5_K, Q6_K, Q4_0 and Q5_0 (IQ4_NL as Q8_0, Q4_1 and Q5_1 as Q8_0 with offsets, Q3_K by the Q6_K kernels)",
                         ty.name()
                     ),
                 })
@@ -840,6 +857,50 @@ impl PackedMatrix {
                     qh,
                 }
             }
+            GgmlType::Q3_K => {
+                // Per super-block: 16 2-bit words, then 8 high-bit words.
+                let mut words = vec![0u32; blocks * 24];
+                // Per super-block: 16 scales, then `d`.
+                let mut meta = vec![0u8; blocks * 18];
+                in_parallel(
+                    bytes,
+                    block_bytes,
+                    (words.as_mut_slice(), 24),
+                    (meta.as_mut_slice(), 18),
+                    |b, words, meta| {
+                        let (low, high) = words.split_at_mut(16);
+                        let q = |e| (q3k_quant(b, e) + 4) as u32;
+                        pack_block(low, 256, 2, crumb_at, |e| q(e) & 3);
+                        pack_block(high, 256, 1, high_bit_at, |e| q(e) >> 2);
+                        for (o, s) in meta[..16].iter_mut().zip(q3k_scales(&b[96..108])) {
+                            *o = s as u8 ^ 0x80;
+                        }
+                        meta[16..18].copy_from_slice(&b[108..110]);
+                    },
+                );
+                let (mut q, mut hmask) = (
+                    Vec::with_capacity(blocks * 16),
+                    Vec::with_capacity(blocks * 8),
+                );
+                for w in words.chunks_exact(24) {
+                    q.extend_from_slice(&w[..16]);
+                    hmask.extend_from_slice(&w[16..]);
+                }
+                let (mut scales, mut d) =
+                    (Vec::with_capacity(blocks * 16), Vec::with_capacity(blocks));
+                for m in meta.chunks_exact(18) {
+                    scales.extend_from_slice(&m[..16]);
+                    d.push(f16::from_le_bytes([m[16], m[17]]));
+                }
+                PackedMatrix::Q3K {
+                    rows,
+                    cols,
+                    q,
+                    hmask,
+                    scales,
+                    d,
+                }
+            }
             GgmlType::Q6_K => {
                 // Per super-block: 32 low-nibble words, then 16 high-bit words.
                 let mut words = vec![0u32; blocks * 48];
@@ -851,13 +912,6 @@ impl PackedMatrix {
                     (words.as_mut_slice(), 48),
                     (meta.as_mut_slice(), 18),
                     |b, words, meta| {
-                        let q6k;
-                        let b = if ty == GgmlType::Q3_K {
-                            q6k = q3k_as_q6k(b);
-                            &q6k[..]
-                        } else {
-                            b
-                        };
                         let (ql, qh) = (&b[..128], &b[128..192]);
                         let (lo, hi) = words.split_at_mut(32);
                         pack_block(lo, 256, 4, nibble_at, |e| {
@@ -912,6 +966,7 @@ impl PackedMatrix {
             PackedMatrix::Q4_0 { qh: None, .. } => GgmlType::Q4_0,
             PackedMatrix::Q4_0 { qh: Some(_), .. } => GgmlType::Q5_0,
             PackedMatrix::Q6K { .. } => GgmlType::Q6_K,
+            PackedMatrix::Q3K { .. } => GgmlType::Q3_K,
         }
     }
 
@@ -921,7 +976,8 @@ impl PackedMatrix {
             PackedMatrix::Q8_0 { rows, cols, .. }
             | PackedMatrix::Q4K { rows, cols, .. }
             | PackedMatrix::Q4_0 { rows, cols, .. }
-            | PackedMatrix::Q6K { rows, cols, .. } => (rows, cols),
+            | PackedMatrix::Q6K { rows, cols, .. }
+            | PackedMatrix::Q3K { rows, cols, .. } => (rows, cols),
         }
     }
 
@@ -972,6 +1028,21 @@ impl PackedMatrix {
                     let qv = (field(ql, i, 4, nibble_at) | (field(qh, i, 2, high_bits_at) << 4))
                         as i32
                         - 32;
+                    let scale = d[i / 256].to_f32() * (scales[i / 16] as i32 - 128) as f32;
+                    *o = scale * qv as f32;
+                }
+            }
+            PackedMatrix::Q3K {
+                q,
+                hmask,
+                scales,
+                d,
+                ..
+            } => {
+                for (i, o) in out.iter_mut().enumerate() {
+                    let qv = (field(q, i, 2, crumb_at) | (field(hmask, i, 1, high_bit_at) << 2))
+                        as i32
+                        - 4;
                     let scale = d[i / 256].to_f32() * (scales[i / 16] as i32 - 128) as f32;
                     *o = scale * qv as f32;
                 }
@@ -1096,6 +1167,26 @@ impl PackedMatrix {
                     _ => &[],
                 }),
             },
+            PackedMatrix::Q3K { .. } => PackedMatrix::Q3K {
+                rows,
+                cols,
+                q: cat(parts, |p| match p {
+                    PackedMatrix::Q3K { q, .. } => q,
+                    _ => &[],
+                }),
+                hmask: cat(parts, |p| match p {
+                    PackedMatrix::Q3K { hmask, .. } => hmask,
+                    _ => &[],
+                }),
+                scales: cat(parts, |p| match p {
+                    PackedMatrix::Q3K { scales, .. } => scales,
+                    _ => &[],
+                }),
+                d: cat(parts, |p| match p {
+                    PackedMatrix::Q3K { d, .. } => d,
+                    _ => &[],
+                }),
+            },
         })
     }
 
@@ -1123,6 +1214,13 @@ impl PackedMatrix {
             PackedMatrix::Q6K {
                 ql, qh, scales, d, ..
             } => 4 * (ql.len() + qh.len()) + scales.len() + 2 * d.len(),
+            PackedMatrix::Q3K {
+                q,
+                hmask,
+                scales,
+                d,
+                ..
+            } => 4 * (q.len() + hmask.len()) + scales.len() + 2 * d.len(),
         }
     }
 }
@@ -1375,10 +1473,11 @@ mod tests {
     /// A hand-built Q3_K block, its scales unpacked as llama.cpp's `dequantize_row_q3_K`
     /// does (four little-endian words and its masks): element `128 h + 32 g + l` takes
     /// its low bits from `qs[32 h + l]` at bit `2 g`, loses 4 where bit `4 h + g` of
-    /// `hmask[l]` is clear, and uses scale `8 h + 2 g + l / 16`. The Q6_K layout reads
-    /// back the same values bit for bit, random blocks too.
+    /// `hmask[l]` is clear, and uses scale `8 h + 2 g + l / 16`. The device layout (114
+    /// bytes) puts each `q + 4` where the kernels look and reads back the same values
+    /// bit for bit, random blocks too.
     #[test]
-    fn q3_k_unpacks_like_llama_cpp_and_packs_exactly_as_q6_k() {
+    fn q3_k_unpacks_like_llama_cpp_and_packs_exactly_at_114_bytes() {
         let mut block = vec![0u8; 110];
         for (i, b) in block[96..108].iter_mut().enumerate() {
             *b = (i as u8).wrapping_mul(37) ^ 0x5A;
@@ -1411,7 +1510,22 @@ mod tests {
         assert_eq!(out[32 + 20], 0.5 * sc[3] as f32 * -2.0);
         assert_eq!(out[5], 0.5 * sc[0] as f32 * -4.0);
         let mut state = 0x0BAD_5EED_1234_5678u64;
-        let bytes = super_block_packs_exactly(GgmlType::Q3_K, &block, &out, 210, &mut state);
+        let packed = PackedMatrix::pack(GgmlType::Q3_K, &block, 1, 256, "w").unwrap();
+        let PackedMatrix::Q3K {
+            q, hmask, scales, ..
+        } = &packed
+        else {
+            panic!("Q3_K packs as Q3_K");
+        };
+        // Element 192 + 5 (block 6, element 4 * 1 + 1): `q + 4 = 7` in field 1 of byte 1
+        // of the block's first 2-bit word, its high bit at bit 8 + 1 of the block's
+        // high-bit word; element 32 + 20 (block 1, 16 + 4 * 1 + 0): `q + 4 = 2`, field 1
+        // of byte 0 of its second word, no high bit.
+        assert_eq!((q[12] >> 10) & 3, 3);
+        assert_eq!((hmask[6] >> 9) & 1, 1);
+        assert_eq!(((q[3] >> 2) & 3, (hmask[1] >> 4) & 1), (2, 0));
+        assert_eq!(scales[12], (sc[12] as u8) ^ 0x80);
+        let bytes = super_block_packs_exactly(GgmlType::Q3_K, &block, &out, 114, &mut state);
         // Every quant and every scale Q3_K can hold turns up.
         let qs: std::collections::BTreeSet<i8> = (0..12 * 256)
             .map(|e| q3k_quant(&bytes[e / 256 * 110..], e % 256))
