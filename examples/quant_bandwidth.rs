@@ -325,7 +325,7 @@ fn tokens(dev: &Device, only_8b: bool) -> Result<(), Box<dyn std::error::Error>>
                 let mut ys: Vec<Buffer<bf16>> = (0..copies)
                     .map(|_| dev.alloc_filled(tokens * n, bf16::from_f32(1.0)))
                     .collect::<Result<_, _>>()?;
-                let chosen = TokensTile::for_shape(mats[0].ggml_type(), n, tokens);
+                let chosen = TokensTile::for_shape(n, tokens);
                 let mut best: Option<(f64, TokensTile)> = None;
                 let mut chosen_us = f64::NAN;
                 for block_n in [4, 8, 16] {
@@ -336,9 +336,7 @@ fn tokens(dev: &Device, only_8b: bool) -> Result<(), Box<dyn std::error::Error>>
                                 block_k,
                                 tokens: t,
                             };
-                            if t > tokens.next_power_of_two()
-                                || !tile.compiled_for(mats[0].ggml_type())
-                            {
+                            if t > tokens.next_power_of_two() {
                                 continue;
                             }
                             let (stats, _method) = perf::time_graph(dev, copies, opts, |i| {

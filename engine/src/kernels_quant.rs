@@ -1874,11 +1874,8 @@ fn q6_k_token<const I: usize, const LAYOUT: usize>(
     BLOCK_K = [512, 1024],
     T = [2, 4, 8],
     RESIDUAL = [0, 1],
-    // 0 Q6_K, 1 Q3_K (as in `q6_k_gemv`). Q3_K's 16 x 1024 tile over 8 tokens takes
-    // 248 registers and spills on sm_80 (tests/ptxas_all.rs); its prefill takes 512
-    // columns there (`TokensTile::for_shape`).
+    // 0 Q6_K, 1 Q3_K (as in `q6_k_gemv`).
     LAYOUT = [0, 1],
-    skip(LAYOUT = 1, BLOCK_N = 16, BLOCK_K = 1024, T = 8),
     num_warps = [4]
 )]
 #[allow(clippy::too_many_arguments)]

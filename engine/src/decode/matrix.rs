@@ -248,7 +248,7 @@ impl QuantMatrix {
         residual: bool,
     ) -> Result<()> {
         for p in &self.parts {
-            let tile = TokensTile::for_shape(p.m.ggml_type(), p.m.rows, x.rows());
+            let tile = TokensTile::for_shape(p.m.rows, x.rows());
             p.m.gemv_tokens(dev, tile, x, bias, y, p.row0, ldy, residual)?;
         }
         Ok(())

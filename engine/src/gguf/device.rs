@@ -237,28 +237,18 @@ impl TokensTile {
     /// (`examples/quant_bandwidth.rs --tokens`, docs/perf.md "Short prompts of
     /// quantized models"): matrices of fewer than 2048 rows take more programs (4 or 8
     /// rows, 2 tokens a program) up to 8 tokens; the others 16 rows of 1024 columns and
-    /// the fewest compiled tokens a program that cover the chunk, at most 8. A Q3_K
-    /// matrix (device type `ty`) takes 512 columns where 16 rows meet 8 tokens (that
-    /// tile of 1024 spills: [`TokensTile::compiled_for`]).
-    pub fn for_shape(ty: GgmlType, rows: usize, tokens: usize) -> TokensTile {
+    /// the fewest compiled tokens a program that cover the chunk, at most 8.
+    pub fn for_shape(rows: usize, tokens: usize) -> TokensTile {
         let covering = [2, 4, 8].into_iter().find(|&t| t >= tokens).unwrap_or(8);
         let (block_n, tokens) = match (rows < 2048, tokens) {
             (true, 0..=4) => (4, 2),
             (true, 5..=8) => (8, 2),
             _ => (16, covering),
         };
-        let tile = TokensTile {
+        TokensTile {
             block_n,
             block_k: 1024,
             tokens,
-        };
-        if tile.compiled_for(ty) {
-            tile
-        } else {
-            TokensTile {
-                block_k: 512,
-                ..tile
-            }
         }
     }
 
@@ -267,14 +257,6 @@ impl TokensTile {
         [4, 8, 16].contains(&self.block_n)
             && [512, 1024].contains(&self.block_k)
             && [2, 4, 8].contains(&self.tokens)
-    }
-
-    /// Whether the kernel over matrices of device type `ty` is compiled for this tile:
-    /// [`TokensTile::compiled`], but for Q3_K's 16 rows of 1024 columns and 8 tokens
-    /// (248 registers and a spill on sm_80, tests/ptxas_all.rs).
-    pub fn compiled_for(&self, ty: GgmlType) -> bool {
-        self.compiled()
-            && !(ty == GgmlType::Q3_K && (self.block_n, self.block_k, self.tokens) == (16, 1024, 8))
     }
 }
 
@@ -1262,7 +1244,7 @@ impl DeviceQuantMatrix {
         residual: bool,
     ) -> Result<()> {
         let tokens = x.rows;
-        if !tile.compiled_for(self.ggml_type())
+        if !tile.compiled()
             || x.width != self.cols
             || tokens == 0
             || row0 + self.rows > ldy
@@ -1271,8 +1253,8 @@ impl DeviceQuantMatrix {
         {
             return Err(crate::error::EngineError::Option {
                 message: format!(
-                    "a multi-token GEMV of a {} {}x{} matrix at {} rows, {} columns, {} tokens a program (compiled: 4, 8 or 16; 512 or 1024; 2, 4 or 8; Q3_K not 16, 1024, 8) over {} quantized rows of {} columns into rows {row0}.. of {} elements, {ldy} a token, bias of {}",
-                    self.ggml_type(), self.rows, self.cols, tile.block_n, tile.block_k, tile.tokens, tokens, x.width, y.len(), bias.len()
+                    "a multi-token GEMV of a {}x{} matrix at {} rows, {} columns, {} tokens a program (compiled: 4, 8 or 16; 512 or 1024; 2, 4 or 8) over {} quantized rows of {} columns into rows {row0}.. of {} elements, {ldy} a token, bias of {}",
+                    self.rows, self.cols, tile.block_n, tile.block_k, tile.tokens, tokens, x.width, y.len(), bias.len()
                 ),
             });
         }
@@ -2037,11 +2019,8 @@ mod tests {
     fn short_chunks_pick_compiled_tiles_that_cover_them() {
         for rows in [1, 8, 1024, 2047, 2048, 4096, 6144, 24576] {
             for tokens in 1..=40 {
-                let tile = TokensTile::for_shape(GgmlType::Q4_K, rows, tokens);
+                let tile = TokensTile::for_shape(rows, tokens);
                 assert!(tile.compiled(), "{rows} rows, {tokens} tokens: {tile:?}");
-                let q3 = TokensTile::for_shape(GgmlType::Q3_K, rows, tokens);
-                assert!(q3.compiled_for(GgmlType::Q3_K), "{rows}, {tokens}: {q3:?}");
-                assert_eq!((q3.block_n, q3.tokens), (tile.block_n, tile.tokens));
                 // A program takes as many tokens as cover the chunk, or 8 (more
                 // programs along the tokens); small matrices take 2 up to 8 tokens.
                 let want = if rows < 2048 && tokens <= 8 {
