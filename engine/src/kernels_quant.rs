@@ -1,4 +1,4 @@
-//! GEMVs over quantized weights (Q8_0, Q4_K, Q5_K, Q4_0 and Q5_0, Q6_K), written in tilefuse's kernel
+//! GEMVs over quantized weights (Q8_0, Q4_K, Q5_K, Q4_0 and Q5_0, Q6_K, Q3_K), written in tilefuse's kernel
 //! language: the weights stream in the device layout of
 //! [`PackedMatrix`](crate::gguf::quant::PackedMatrix) and meet int8 activations in
 //! byte dot products (`dot4`, PTX `dp4a`), llama.cpp's approach (its `q8_1`
@@ -75,7 +75,9 @@
 //! - Q5_K (the Q4_K kernels' `LAYOUT = 1` variants): Q4_K's sum with each nibble's fifth bit
 //!   at bit 4 of its byte before the `dot4`s;
 //! - Q6_K: the 6-bit values are the low nibbles with the high bits at bit 4 of each
-//!   byte; `d · xd · Σ_halves sc_h · (dot4(q6, x) − 32 Σ q_x)`.
+//!   byte; `d · xd · Σ_halves sc_h · (dot4(q6, x) − 32 Σ q_x)`;
+//! - Q3_K (the Q6_K kernels' `LAYOUT = 1` variants): each byte lane's 2-bit field with
+//!   its high bit at bit 2; Q6_K's sum with 4 for 32.
 //!
 //! The integer sums are exact; the f32 scaling is the only rounding before the output's.
 //! A program keeps one f32 partial sum per row and block across its tiles and reduces
@@ -1038,8 +1040,8 @@ fn q6_k_high(h: Tile<i64>, w: Tile<i32>) -> Tile<u32> {
 /// `blk` (valid where `blk_ok`); `w = arange(0, 4)`.
 ///
 /// `LAYOUT = 1` reads Q3_K's words instead (see [`q6_k_gemv`]): `lt` holds the block's
-/// high-bit word in each of its four places, `h` its two 2-bit words as one; each byte
-/// lane is then a 3-bit `q + 4`, and the offset is 4 instead of 32.
+/// two 2-bit words, its high-bit word and its scales (not read here; `h` is not read);
+/// each byte lane is then a 3-bit `q + 4`, and the offset is 4 instead of 32.
 #[tile_fn(crate = tilefuse_dsl)]
 #[allow(clippy::too_many_arguments)]
 fn q6_k_tile<const ACT: usize, const LAYOUT: usize>(
@@ -1066,11 +1068,14 @@ fn q6_k_tile<const ACT: usize, const LAYOUT: usize>(
     if LAYOUT == 1 {
         // Q3_K: activation word `w`'s 2-bit quants are field `w` of each byte of the
         // block's first word (`w + 4`'s of the second), and its high bits are bit `w`
-        // (`w + 4`) of each byte of the high-bit word, moved to bit 2.
-        let c = h.expand_dims(2);
+        // (`w + 4`) of each byte of the third, moved to bit 2. The words are a thread's
+        // own (one 16-byte load), so picking one is no exchange.
+        let c0 = select(w == 0, lt, 0).sum(2).expand_dims(2);
+        let c1 = select(w == 1, lt, 0).sum(2).expand_dims(2);
+        let high = select(w == 2, lt, 0).sum(2).expand_dims(2);
         let shift = (w * 2) as u32;
-        lo = (((c as u32) >> shift) & 0x0303_0303) | (((lt << 2) >> w as u32) & 0x0404_0404);
-        hi = (((c >> 32) as u32 >> shift) & 0x0303_0303) | ((lt >> (w + 2) as u32) & 0x0404_0404);
+        lo = ((c0 >> shift) & 0x0303_0303) | (((high << 2) >> w as u32) & 0x0404_0404);
+        hi = ((c1 >> shift) & 0x0303_0303) | ((high >> (w + 2) as u32) & 0x0404_0404);
         offset = 4;
     }
     let dot_lo = dot4(lo, x_lo.expand_dims(0), 0).sum(2);
@@ -1089,9 +1094,9 @@ fn q6_k_tile<const ACT: usize, const LAYOUT: usize>(
 /// first `g0`), loaded where `ok` (`[n, blocks]`): the low-nibble words
 /// (`[n, blocks, 4]`), each block's two high-bits words as one (`[n, blocks]`), the
 /// halves' scales (sign bit flipped; 128, a zero scale, where masked) and the
-/// super-blocks' `d` (`[n, blocks]`). `LAYOUT = 1` (Q3_K) loads each block's high-bit
-/// word from `ql` (one a block, indexed as `qh`) into the low-nibble words' places
-/// and its 2-bit words from `qh`.
+/// super-blocks' `d` (`[n, blocks]`). `LAYOUT = 1` (Q3_K) loads each block's four
+/// words from `ql` as Q6_K's low nibbles, takes the scales from the fourth (zero-filled
+/// where masked, a zero scale) and reads neither `qh` (zeros) nor `scales`.
 #[tile_fn(crate = tilefuse_dsl)]
 #[allow(clippy::too_many_arguments)]
 fn q6_k_weights<const LAYOUT: usize>(
@@ -1108,18 +1113,24 @@ fn q6_k_weights<const LAYOUT: usize>(
     blk: Tile<i32>,
     ok: Tile<bool>,
 ) -> (Tile<u32>, Tile<i64>, Tile<u8>, Tile<u8>, Tile<f16>) {
-    let mut lt = load(
+    let lt = load(
         ql + l_rows + (g0 * 4 + l_words).expand_dims(0),
         ok.expand_dims(2),
         0,
     );
-    if LAYOUT == 1 {
-        let high = load(ql + h_rows + blk.expand_dims(0), ok, 0);
-        lt = high.expand_dims(2) | (l_words & 0).expand_dims(0).bitcast::<u32>();
+    let mut ht = (h_rows + blk.expand_dims(0)) as i64 & 0;
+    let mut sc0 = (ht & 0) as u8;
+    let mut sc1 = sc0;
+    if LAYOUT == 0 {
+        ht = load(qh + h_rows + blk.expand_dims(0), ok, 0);
+        sc0 = load(scales + s_rows + (blk * 2).expand_dims(0), ok, 128);
+        sc1 = load(scales + s_rows + (blk * 2 + 1).expand_dims(0), ok, 128);
+    } else {
+        // The `i8` scales in bytes 0 and 1 of word 3, their sign bits flipped here.
+        let s = select((l_words & 3).expand_dims(0) == 3, lt, 0).sum(2);
+        sc0 = ((s & 255) ^ 128) as u8;
+        sc1 = (((s >> 8) & 255) ^ 128) as u8;
     }
-    let ht = load(qh + h_rows + blk.expand_dims(0), ok, 0);
-    let sc0 = load(scales + s_rows + (blk * 2).expand_dims(0), ok, 128);
-    let sc1 = load(scales + s_rows + (blk * 2 + 1).expand_dims(0), ok, 128);
     let dt = load(d + d_rows + (blk / 8).expand_dims(0), ok, 0.0);
     (lt, ht, sc0, sc1, dt)
 }
@@ -1257,13 +1268,13 @@ fn q6_k_row_sums_prefetch<const BLOCK_K: usize, const ACT: usize, const LAYOUT: 
 /// `scales: u8[n, k / 16]`, `d: f16[n, k / 256]`) and `x` quantized by
 /// [`quantize_act`]; the residual and LM-head variants as in the module docs.
 ///
-/// `LAYOUT = 1` reads a Q3_K matrix at 114 bytes a 256-element super-block (the file's
-/// 110, the scales unpacked): `ql: u32[n, k / 32]`, one high-bit word a 32-element
-/// block (byte `b`'s bit `i`: element `4 i + b`'s, set where the quant keeps its 4);
-/// `qh: u32[n, k / 16]`, read as `i64[n, k / 32]`, two words of 2-bit fields a block
-/// (word `c` byte `b` field `j`: the low bits of element `16 c + 4 j + b`); `scales`
-/// and `d` as Q6_K's; `x = d · sc · (q - 4)` with `q` in `0..8` (docs/perf.md,
-/// "Q3_K at the file's size").
+/// `LAYOUT = 1` reads a Q3_K matrix at 130 bytes a 256-element super-block (the file's
+/// 110): `ql: u32[n, k_words]`, four words a 32-element block: two of 2-bit fields
+/// (word `c` byte `b` field `j`: the low bits of element `16 c + 4 j + b`), one of high
+/// bits (byte `b`'s bit `i`: element `4 i + b`'s, set where the quant keeps its 4), one
+/// with the halves' `i8` scales in bytes 0 and 1; `d` as Q6_K's; `qh` and `scales` are
+/// not read; `x = d · sc · (q - 4)` with `q` in `0..8` (docs/perf.md, "Q3_K at 130
+/// bytes a super-block").
 #[kernel(
     crate = tilefuse_dsl,
     BLOCK_N = [1, 2, 4, 8, 16, 32],
@@ -2170,14 +2181,21 @@ pub fn dequantize_q6_k<const R: usize, const BLOCKS: usize, const LAYOUT: usize>
     let mut lo = load(ql + ((e >> 5) << 2) + ((e >> 2) & 3), ok4, 0);
     let mut hi = load(qh + ((e >> 5) << 1) + ((e >> 3) & 1), ok4, 0);
     if LAYOUT == 1 {
-        // Q3_K: the block's high-bit word, and its 2-bit word `(e / 16) % 2`.
-        lo = load(ql + (e >> 5), ok4, 0);
-        hi = load(qh + ((e >> 5) << 1) + ((e >> 4) & 1), ok4, 0);
+        // Q3_K: the block's high-bit word (its third), and its 2-bit word `(e / 16) % 2`.
+        lo = load(ql + ((e >> 5) << 2) + 2, ok4, 0);
+        hi = load(ql + ((e >> 5) << 2) + ((e >> 4) & 1), ok4, 0);
     }
     let s_at = (rows * (2 * blocks)).expand_dims(1).expand_dims(2)
         + (blk * 2).expand_dims(0).expand_dims(2)
         + half;
-    let sc = (load(scales + s_at, ok3, 128) as i32 - 128) as f32;
+    let mut sc = (load(scales + s_at, ok3, 128) as i32 - 128) as f32;
+    if LAYOUT == 1 {
+        // Q3_K: byte `half` of the block's fourth word, an `i8`.
+        let b_at = (rows * (16 * blocks)).expand_dims(1).expand_dims(2)
+            + (blk * 16 + 12).expand_dims(0).expand_dims(2)
+            + half;
+        sc = (((load(scales + b_at, ok3, 0) as i32) ^ 128) - 128) as f32;
+    }
     let d_at = (rows * (blocks / 8)).expand_dims(1) + (blk / 8).expand_dims(0);
     let dd = load(d + d_at, ok, 0.0) as f32;
     wait_for_prior_kernels();

@@ -215,7 +215,7 @@ fn reads_a_q5_k_m_model() {
 }
 
 /// A Q3_K_M-like file (`tiny_qwen3_q3_k.gguf`): every tensor against the package's
-/// values, the Q3_K matrices in their own layout at 114 bytes a super-block, with Q4_K O,
+/// values, the Q3_K matrices in their own layout at 130 bytes a super-block, with Q4_K O,
 /// Q5_K and Q4_K v and down beside them, and the Q3_K embedding table dequantized for
 /// lookups.
 #[test]
@@ -233,9 +233,9 @@ fn reads_a_q3_k_m_model() {
         let first = [GgmlType::Q5_K, GgmlType::Q4_K][i];
         assert_eq!((ty(&l.v), ty(&l.down)), (first, first), "layer {i}");
     }
-    // 114 bytes a super-block: the file's 110 and the scales unpacked.
+    // 130 bytes a super-block: the file's 110 in whole 16-byte groups a block.
     let q = qw.layers[0].q.as_ref().unwrap();
-    assert_eq!(q.device_bytes(), q.shape().0 * q.shape().1 / 256 * 114);
+    assert_eq!(q.device_bytes(), q.shape().0 * q.shape().1 / 256 * 130);
     let types = f.matrix_types();
     assert!(types.contains(&("token_embd.weight".to_string(), GgmlType::Q3_K)));
     assert!(types.contains(&("blk.1.ffn_up.weight".to_string(), GgmlType::Q3_K)));

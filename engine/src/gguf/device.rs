@@ -817,15 +817,11 @@ pub enum QuantBuffers {
         /// `[rows, cols / 256]`.
         d: Buffer<f16>,
     },
-    /// Q3_K: 2-bit words, high-bit words, sub-block scales, super-block scales (read
-    /// by the Q6_K kernels' `LAYOUT = 1` variants).
+    /// Q3_K: four words a block (quants and the block's scales), super-block scales
+    /// (read by the Q6_K kernels' `LAYOUT = 1` variants).
     Q3K {
-        /// `[rows, cols / 16]`.
+        /// `[rows, cols / 8]`.
         q: Buffer<u32>,
-        /// `[rows, cols / 32]`.
-        hmask: Buffer<u32>,
-        /// `[rows, cols / 16]`.
-        scales: Buffer<u8>,
         /// `[rows, cols / 256]`.
         d: Buffer<f16>,
     },
@@ -903,16 +899,8 @@ impl DeviceQuantMatrix {
                 scales: dev.upload(scales)?,
                 d: dev.upload(d)?,
             },
-            PackedMatrix::Q3K {
-                q,
-                hmask,
-                scales,
-                d,
-                ..
-            } => QuantBuffers::Q3K {
+            PackedMatrix::Q3K { q, d, .. } => QuantBuffers::Q3K {
                 q: dev.upload(q)?,
-                hmask: dev.upload(hmask)?,
-                scales: dev.upload(scales)?,
                 d: dev.upload(d)?,
             },
         };
@@ -1151,18 +1139,13 @@ impl DeviceQuantMatrix {
                 ],
                 8,
             ),
-            // The Q6_K kernels' `ql` takes the high-bit words, `qh` the 2-bit ones
-            // (`k_words` still counts eight values a word).
-            QuantBuffers::Q3K {
-                q,
-                hmask,
-                scales,
-                d,
-            } => (
+            // The Q6_K kernels' `ql` takes the words; their `qh` and `scales` are not
+            // read (the scales are in the words) and point at them.
+            QuantBuffers::Q3K { q, d } => (
                 vec![
-                    hmask.into(),
+                    q.into(),
                     if wide_qh { qh64(q)? } else { q.into() },
-                    scales.into(),
+                    KernelArg::read_as::<u8, u32>(q)?,
                     d.into(),
                 ],
                 8,

@@ -53,7 +53,7 @@
 //! | Q4_0 | `q: u32[cols / 8]` (nibbles, as Q4_K's), `d: f16[cols / 32]` | Q4_K's 4 words: the file's `qs` bytes as they stand | 144 (144) |
 //! | Q5_0 | Q4_0's arrays and `qh: u32[cols / 32]` (fifth bits, as Q5_K's): the file's `qh` | Q5_K's 5 words | 176 (176) |
 //! | Q6_K | `ql: u32[cols / 8]` (low nibbles, as Q4_K's), `qh: u32[cols / 16]` (high 2 bits), `scales: u8[cols / 16]` (`i8` with the sign bit flipped), `d: f16[cols / 256]` | 4 `ql` words as Q4_K's; 2 `qh` words: word `p` byte `b` holds, at bit `2 (2 i + h)`, the high bits of element `16 h + 4 (2 p + i) + b` | 210 (210) |
-//! | Q3_K | `q: u32[cols / 16]` (2-bit low parts of `q + 4`), `hmask: u32[cols / 32]` (high bits), `scales: u8[cols / 16]` (`sc - 32` as Q6_K's), `d: f16[cols / 256]` | 2 `q` words: word `c` byte `b` holds, at bit `2 j`, element `16 c + 4 j + b`'s low bits; 1 `hmask` word: byte `b` bit `i` is element `4 i + b`'s high bit | 114 (110) |
+//! | Q3_K | `q: u32[cols / 8]` (four words a block), `d: f16[cols / 256]` | words 0 and 1: word `c` byte `b` holds, at bit `2 j`, element `16 c + 4 j + b`'s low 2 bits of `q + 4`; word 2: byte `b` bit `i` is element `4 i + b`'s high bit; word 3: the halves' scales `sc - 32` (bytes 0 and 1, `i8`) | 130 (110) |
 //!
 //! So a Q4_K word's low nibbles (`w & 0x0F0F0F0F`) are activation word `w` of the
 //! block and its high nibbles activation word `4 + w`; a Q6_K `ql` word `2 p + i` gets
@@ -61,11 +61,15 @@
 //! `0x30303030`) or that shifted right by 2 (high nibbles). A Q6_K block's low nibbles
 //! are its first 16 elements and its high nibbles the second 16, one scale each.
 //!
-//! So a Q3_K word's field `j` (`(q >> 2 j) & 0x03030303`) is activation word `j` of the
-//! block's first or second half, and its high bits, `(hmask >> j) & 0x01010101`, go to
-//! bit 2 of each byte: Q6_K's scheme with two low bits and one high bit instead of four
-//! and two, Q6_K's scale order, an offset of 4 instead of 32, and the same integer sums
-//! (the Q6_K kernels' `LAYOUT = 1` variants; docs/perf.md, "Q3_K at the file's size").
+//! So a Q3_K block's word 0 or 1, field `j` (`(w >> 2 j) & 0x03030303`), is activation
+//! word `j` of the block's first or second half, and its high bits, `(w2 >> j) &
+//! 0x01010101` or `>> (4 + j)`, go to bit 2 of each byte: Q6_K's scheme with two low
+//! bits and one high bit instead of four and two, an offset of 4 instead of 32, and the
+//! same integer sums (the Q6_K kernels' `LAYOUT = 1` variants). The block's 12 bytes of
+//! quants and 2 of scales take one 16-byte load, as a Q6_K block's low nibbles do:
+//! with the 12 bytes alone (114 bytes a super-block) the tile's layout split a block's
+//! words over threads and the activation loads went from two 16-byte vectors a block
+//! to eight words (docs/perf.md, "Q3_K at 130 bytes a super-block").
 //!
 //! Q4_K's unpacked scales cost 4 bytes a super-block (2.8%) and spare each thread the
 //! 6-bit unpacking (three gathers and a dozen bit operations per sub-block).
@@ -569,19 +573,17 @@ pub enum PackedMatrix {
         /// `[rows, cols / 256]` super-block scales.
         d: Vec<f16>,
     },
-    /// Q3_K, in 2-bit words and a high-bit word a 32-element block (read by the Q6_K
-    /// kernels' `LAYOUT = 1` variants).
+    /// Q3_K, four words a 32-element block (read by the Q6_K kernels' `LAYOUT = 1`
+    /// variants): two of 2-bit fields, one of high bits, one of the block's two scales.
     Q3K {
         /// Rows (output features).
         rows: usize,
         /// Columns (input features), a multiple of 256.
         cols: usize,
-        /// `[rows, cols / 16]` words of sixteen 2-bit low parts of `q + 4`.
+        /// `[rows, cols / 8]`: per block, the 2-bit low parts of `q + 4` for elements
+        /// `0..16` and `16..32`, their high bits, and the scales `sc - 32` of the two
+        /// halves (bytes 0 and 1, `i8`).
         q: Vec<u32>,
-        /// `[rows, cols / 32]` words of the high bits of `q + 4`, one word a block.
-        hmask: Vec<u32>,
-        /// `[rows, cols / 16]` scales (`sc - 32`), `i8` with the sign bit flipped.
-        scales: Vec<u8>,
         /// `[rows, cols / 256]` super-block scales.
         d: Vec<f16>,
     },
@@ -603,22 +605,23 @@ fn high_bits_at(e: usize) -> (usize, u32) {
     (block * 2 + p, (8 * b + 2 * (2 * lane + h)) as u32)
 }
 
-/// Where element `e` of a row sits among a Q3_K row's 2-bit words: `(word, bit)`. A
-/// block's word `c` holds its elements `16 c..16 c + 16`, element `16 c + 4 j + b` at
-/// bit `8 b + 2 j`, so field `j` of each byte is activation word `4 c + j`.
+/// Where element `e` of a row sits among a Q3_K row's words (four a block) as 2 low
+/// bits: `(word, bit)`. A block's word `c` (0 or 1) holds its elements `16 c..16 c +
+/// 16`, element `16 c + 4 j + b` at bit `8 b + 2 j`, so field `j` of each byte is
+/// activation word `4 c + j`.
 fn crumb_at(e: usize) -> (usize, u32) {
     let (block, i) = (e / 32, e % 32);
     (
-        block * 2 + i / 16,
+        block * 4 + i / 16,
         (8 * (i % 4) + 2 * ((i % 16) / 4)) as u32,
     )
 }
 
-/// Where element `e` of a row sits among a Q3_K row's high-bit words, one a block:
-/// element `4 i + b` of a block at bit `8 b + i`.
+/// Where element `e` of a row sits among a Q3_K row's words as a high bit: word 2 of
+/// its block, element `4 i + b` of the block at bit `8 b + i`.
 fn high_bit_at(e: usize) -> (usize, u32) {
     let (block, i) = (e / 32, e % 32);
-    (block, (8 * (i % 4) + i / 4) as u32)
+    (block * 4 + 2, (8 * (i % 4) + i / 4) as u32)
 }
 
 /// Packs field `value(e)` (below `1 << bits`) of each of a block's `n` elements into the
@@ -858,48 +861,30 @@ impl PackedMatrix {
                 }
             }
             GgmlType::Q3_K => {
-                // Per super-block: 16 2-bit words, then 8 high-bit words.
-                let mut words = vec![0u32; blocks * 24];
-                // Per super-block: 16 scales, then `d`.
-                let mut meta = vec![0u8; blocks * 18];
+                // Per super-block: four words a block, and `d`.
+                let mut q = vec![0u32; blocks * 32];
+                let mut d = vec![f16::ZERO; blocks];
                 in_parallel(
                     bytes,
                     block_bytes,
-                    (words.as_mut_slice(), 24),
-                    (meta.as_mut_slice(), 18),
-                    |b, words, meta| {
-                        let (low, high) = words.split_at_mut(16);
-                        let q = |e| (q3k_quant(b, e) + 4) as u32;
-                        pack_block(low, 256, 2, crumb_at, |e| q(e) & 3);
-                        pack_block(high, 256, 1, high_bit_at, |e| q(e) >> 2);
-                        for (o, s) in meta[..16].iter_mut().zip(q3k_scales(&b[96..108])) {
-                            *o = s as u8 ^ 0x80;
+                    (q.as_mut_slice(), 32),
+                    (d.as_mut_slice(), 1),
+                    |b, words, d| {
+                        let quant = |e| (q3k_quant(b, e) + 4) as u32;
+                        words.fill(0);
+                        for e in 0..256 {
+                            let (w, shift) = crumb_at(e);
+                            words[w] |= (quant(e) & 3) << shift;
+                            let (w, shift) = high_bit_at(e);
+                            words[w] |= (quant(e) >> 2) << shift;
                         }
-                        meta[16..18].copy_from_slice(&b[108..110]);
+                        for (k, sc) in q3k_scales(&b[96..108]).into_iter().enumerate() {
+                            words[(k / 2) * 4 + 3] |= u32::from(sc as u8) << (8 * (k % 2));
+                        }
+                        d[0] = f16::from_le_bytes([b[108], b[109]]);
                     },
                 );
-                let (mut q, mut hmask) = (
-                    Vec::with_capacity(blocks * 16),
-                    Vec::with_capacity(blocks * 8),
-                );
-                for w in words.chunks_exact(24) {
-                    q.extend_from_slice(&w[..16]);
-                    hmask.extend_from_slice(&w[16..]);
-                }
-                let (mut scales, mut d) =
-                    (Vec::with_capacity(blocks * 16), Vec::with_capacity(blocks));
-                for m in meta.chunks_exact(18) {
-                    scales.extend_from_slice(&m[..16]);
-                    d.push(f16::from_le_bytes([m[16], m[17]]));
-                }
-                PackedMatrix::Q3K {
-                    rows,
-                    cols,
-                    q,
-                    hmask,
-                    scales,
-                    d,
-                }
+                PackedMatrix::Q3K { rows, cols, q, d }
             }
             GgmlType::Q6_K => {
                 // Per super-block: 32 low-nibble words, then 16 high-bit words.
@@ -1032,18 +1017,12 @@ impl PackedMatrix {
                     *o = scale * qv as f32;
                 }
             }
-            PackedMatrix::Q3K {
-                q,
-                hmask,
-                scales,
-                d,
-                ..
-            } => {
+            PackedMatrix::Q3K { q, d, .. } => {
                 for (i, o) in out.iter_mut().enumerate() {
-                    let qv = (field(q, i, 2, crumb_at) | (field(hmask, i, 1, high_bit_at) << 2))
-                        as i32
-                        - 4;
-                    let scale = d[i / 256].to_f32() * (scales[i / 16] as i32 - 128) as f32;
+                    let qv =
+                        (field(q, i, 2, crumb_at) | (field(q, i, 1, high_bit_at) << 2)) as i32 - 4;
+                    let sc = (q[(i / 32) * 4 + 3] >> (8 * ((i / 16) % 2))) as u8 as i8;
+                    let scale = d[i / 256].to_f32() * sc as f32;
                     *o = scale * qv as f32;
                 }
             }
@@ -1174,14 +1153,6 @@ impl PackedMatrix {
                     PackedMatrix::Q3K { q, .. } => q,
                     _ => &[],
                 }),
-                hmask: cat(parts, |p| match p {
-                    PackedMatrix::Q3K { hmask, .. } => hmask,
-                    _ => &[],
-                }),
-                scales: cat(parts, |p| match p {
-                    PackedMatrix::Q3K { scales, .. } => scales,
-                    _ => &[],
-                }),
                 d: cat(parts, |p| match p {
                     PackedMatrix::Q3K { d, .. } => d,
                     _ => &[],
@@ -1214,13 +1185,7 @@ impl PackedMatrix {
             PackedMatrix::Q6K {
                 ql, qh, scales, d, ..
             } => 4 * (ql.len() + qh.len()) + scales.len() + 2 * d.len(),
-            PackedMatrix::Q3K {
-                q,
-                hmask,
-                scales,
-                d,
-                ..
-            } => 4 * (q.len() + hmask.len()) + scales.len() + 2 * d.len(),
+            PackedMatrix::Q3K { q, d, .. } => 4 * q.len() + 2 * d.len(),
         }
     }
 }
@@ -1473,11 +1438,11 @@ mod tests {
     /// A hand-built Q3_K block, its scales unpacked as llama.cpp's `dequantize_row_q3_K`
     /// does (four little-endian words and its masks): element `128 h + 32 g + l` takes
     /// its low bits from `qs[32 h + l]` at bit `2 g`, loses 4 where bit `4 h + g` of
-    /// `hmask[l]` is clear, and uses scale `8 h + 2 g + l / 16`. The device layout (114
-    /// bytes) puts each `q + 4` where the kernels look and reads back the same values
-    /// bit for bit, random blocks too.
+    /// `hmask[l]` is clear, and uses scale `8 h + 2 g + l / 16`. The device layout (130
+    /// bytes) puts each `q + 4` and scale where the kernels look and reads back the same
+    /// values bit for bit, random blocks too.
     #[test]
-    fn q3_k_unpacks_like_llama_cpp_and_packs_exactly_at_114_bytes() {
+    fn q3_k_unpacks_like_llama_cpp_and_packs_exactly_at_130_bytes() {
         let mut block = vec![0u8; 110];
         for (i, b) in block[96..108].iter_mut().enumerate() {
             *b = (i as u8).wrapping_mul(37) ^ 0x5A;
@@ -1511,21 +1476,19 @@ mod tests {
         assert_eq!(out[5], 0.5 * sc[0] as f32 * -4.0);
         let mut state = 0x0BAD_5EED_1234_5678u64;
         let packed = PackedMatrix::pack(GgmlType::Q3_K, &block, 1, 256, "w").unwrap();
-        let PackedMatrix::Q3K {
-            q, hmask, scales, ..
-        } = &packed
-        else {
+        let PackedMatrix::Q3K { q, .. } = &packed else {
             panic!("Q3_K packs as Q3_K");
         };
         // Element 192 + 5 (block 6, element 4 * 1 + 1): `q + 4 = 7` in field 1 of byte 1
-        // of the block's first 2-bit word, its high bit at bit 8 + 1 of the block's
-        // high-bit word; element 32 + 20 (block 1, 16 + 4 * 1 + 0): `q + 4 = 2`, field 1
-        // of byte 0 of its second word, no high bit.
-        assert_eq!((q[12] >> 10) & 3, 3);
-        assert_eq!((hmask[6] >> 9) & 1, 1);
-        assert_eq!(((q[3] >> 2) & 3, (hmask[1] >> 4) & 1), (2, 0));
-        assert_eq!(scales[12], (sc[12] as u8) ^ 0x80);
-        let bytes = super_block_packs_exactly(GgmlType::Q3_K, &block, &out, 114, &mut state);
+        // of the block's first word, its high bit at bit 8 + 1 of the block's third;
+        // element 32 + 20 (block 1, 16 + 4 * 1 + 0): `q + 4 = 2`, field 1 of byte 0 of
+        // its second word, no high bit. Block 6's scales in its fourth word.
+        assert_eq!((q[6 * 4] >> 10) & 3, 3);
+        assert_eq!((q[6 * 4 + 2] >> 9) & 1, 1);
+        assert_eq!(((q[4 + 1] >> 2) & 3, (q[4 + 2] >> 4) & 1), (2, 0));
+        let byte = |k: usize| u32::from(sc[k] as u8);
+        assert_eq!(q[6 * 4 + 3], byte(12) | (byte(13) << 8));
+        let bytes = super_block_packs_exactly(GgmlType::Q3_K, &block, &out, 130, &mut state);
         // Every quant and every scale Q3_K can hold turns up.
         let qs: std::collections::BTreeSet<i8> = (0..12 * 256)
             .map(|e| q3k_quant(&bytes[e / 256 * 110..], e % 256))
