@@ -55,10 +55,11 @@
 //!
 //! Rows `0..n` of the weights write rows `row0..row0 + n` of `y` (and read those of
 //! `bias`): a fused projection whose parts have different types is launched one run
-//! of rows at a time over the same quantized activation, except Q4_K_M's `[q; k]` Q4_K
-//! run with a Q6_K `v`, which [`q4_k_q6_k_gemv`] takes in one launch (its programs
-//! split between the two runs; the same row sums as the two kernels, through the shared
-//! `q4_k_row_sums` / `q6_k_row_sums`).
+//! of rows at a time over the same quantized activation, except the QKV projections of
+//! two runs that [`q4_k_q6_k_gemv`] takes in one launch: Q4_K_M's `[q; k]` Q4_K with a
+//! Q6_K `v` (Q5_K_M's with Q5_K), and Q3_K_M's `[q; k]` Q3_K with a Q4_K or Q5_K `v`
+//! (its programs split between the two runs; the same row sums as the two kernels,
+//! through the shared `q4_k_row_sums` / `q6_k_row_sums`).
 //!
 //! Tiles are `[BLOCK_N, blocks, words]`, one 32-element block a tile row, so that each
 //! thread's 16-byte vector of weight words meets the activation words of the same
@@ -1388,15 +1389,20 @@ pub fn q6_k_gemv<
     stamp_now::<STAMPS>(stamps, stamp_at, 2);
 }
 
-/// A Q4_K run of rows and the Q6_K run after it (`[q; k]` and a Q6_K `v`, Q4_K_M's
-/// QKV on the layers where `v` takes more bits) in one launch: programs
-/// `0..programs4` take `n4` Q4_K rows as [`q4_k_gemv`] would, the rest the `n6` Q6_K
-/// rows as [`q6_k_gemv`] would (in tiles of `BLOCK_N6` rows and `BLOCK_K6` columns),
-/// written from row `n4` of `y`. Both runs have the columns of `k_words` (`k / 8`) and
-/// the launch's warps. Each program requests its
-/// own run's first tile before `wait_for_prior_kernels()` (the other's loads masked
-/// off), then branches; `ACT` as in the module docs (no residual, no LM head: this is
-/// the QKV projection). One launch instead of two.
+/// Two runs of rows of one matrix in one launch: a run the Q4_K kernel reads (Q4_K,
+/// or Q5_K with `LAYOUT = 1`) and one the Q6_K kernel reads (Q6_K, or Q3_K with
+/// `LAYOUT6 = 1`). Q4_K_M's QKV on the layers where `v` takes more bits is `[q; k]`
+/// Q4_K then a Q6_K `v` (Q5_K_M's the same with Q5_K); Q3_K_M's is `[q; k]` Q3_K then
+/// a Q4_K or Q5_K `v`, the Q6_K kernel's run first (`SIX_FIRST = 1`).
+///
+/// Programs `0..first_programs` take the first run's rows, the rest the second's,
+/// each as [`q4_k_gemv`] (`n4` rows in tiles of `BLOCK_N` rows and `BLOCK_K` columns)
+/// or [`q6_k_gemv`] (`n6` rows in tiles of `BLOCK_N6` by `BLOCK_K6`) would; the second
+/// run's rows are written after the first's in `y` (and read so from `bias`). Both
+/// runs have the columns of `k_words` (`k / 8`) and the launch's warps. Each program
+/// requests its own run's first tile before `wait_for_prior_kernels()` (the other's
+/// loads masked off), then branches; `ACT` as in the module docs (no residual, no LM
+/// head: this is the QKV projection). One launch instead of two.
 #[kernel(
     crate = tilefuse_dsl,
     BLOCK_N = [8, 16],
@@ -1416,6 +1422,15 @@ pub fn q6_k_gemv<
     skip(BLOCK_K = 1024, BLOCK_K6 = 512),
     skip(BLOCK_K6 = 2048, ACT = 1),
     ACT = [0, 1],
+    // The first run's layout: 0 Q4_K, 1 Q5_K (`qh5` its fifth bits).
+    LAYOUT = [0, 1],
+    // The second run's: 0 Q6_K, 1 Q3_K.
+    LAYOUT6 = [0, 1],
+    // 1: the Q6_K kernel's run first (Q3_K's `[q; k]`), both runs at one tile.
+    SIX_FIRST = [0, 1],
+    skip(SIX_FIRST = 0, LAYOUT6 = 1),
+    skip(SIX_FIRST = 1, LAYOUT6 = 0),
+    skip(SIX_FIRST = 1, BLOCK_N6 = [2, 4]),
     // 1: the timeline stamps (`crate::kernels::stamp_now`), 0: none compiled.
     STAMPS = [0, 1]
 )]
@@ -1426,9 +1441,13 @@ pub fn q4_k_q6_k_gemv<
     const BLOCK_N6: usize,
     const BLOCK_K6: usize,
     const ACT: usize,
+    const LAYOUT: usize,
+    const LAYOUT6: usize,
+    const SIX_FIRST: usize,
     const STAMPS: usize,
 >(
     q: Ptr<u32>,
+    qh5: Ptr<u32>,
     scales: Ptr<u8>,
     mins: Ptr<u8>,
     d: Ptr<f16>,
@@ -1445,7 +1464,7 @@ pub fn q4_k_q6_k_gemv<
     y: Ptr<bf16>,
     n4: i32,
     n6: i32,
-    programs4: i32,
+    first_programs: i32,
     #[multiple_of(32)] k_words: i32,
     eps: f32,
     stamps: Ptr<i64>,
@@ -1453,11 +1472,23 @@ pub fn q4_k_q6_k_gemv<
 ) {
     let blocks = k_words / 4;
     let pid = program_id(0);
-    let six = pid >= programs4;
+    // Each run's program index, and where its rows go in `bias` and `y`.
+    let mut six = pid >= first_programs;
+    let (mut p4, mut p6) = (pid, pid - first_programs);
+    let (mut bias4, mut bias6, mut y4, mut y6) = (bias, bias + n4, y, y + n4);
+    if SIX_FIRST == 1 {
+        six = pid < first_programs;
+        p4 = pid - first_programs;
+        p6 = pid;
+        bias4 = bias + n6;
+        bias6 = bias;
+        y4 = y + n6;
+        y6 = y;
+    }
     // Each run's rows, masked off in the other run's programs.
-    let rows = pid * BLOCK_N + arange(0, BLOCK_N);
+    let rows = p4 * BLOCK_N + arange(0, BLOCK_N);
     let row_ok = (rows < n4) & !six;
-    let rows6 = (pid - programs4) * BLOCK_N6 + arange(0, BLOCK_N6);
+    let rows6 = p6 * BLOCK_N6 + arange(0, BLOCK_N6);
     let row6_ok = (rows6 < n6) & six;
 
     // Q4_K's first tile (as in `q4_k_gemv`), loaded by its own programs only.
@@ -1469,8 +1500,8 @@ pub fn q4_k_q6_k_gemv<
     let s_rows = (rows * blocks).expand_dims(1);
     let d_rows = (rows * (blocks / 8)).expand_dims(1);
     let words = (grp * 4).expand_dims(1) + w.expand_dims(0);
-    let (q_first, h_first, sc_first, m_first, d_first, dmin_first) = q4_k_weights::<0>(
-        q, q, scales, mins, d, dmin, q_rows, s_rows, d_rows, words, 0, grp, ok4,
+    let (q_first, h_first, sc_first, m_first, d_first, dmin_first) = q4_k_weights::<LAYOUT>(
+        q, qh5, scales, mins, d, dmin, q_rows, s_rows, d_rows, words, 0, grp, ok4,
     );
 
     // Q6_K's (as in `q6_k_gemv`).
@@ -1482,11 +1513,11 @@ pub fn q4_k_q6_k_gemv<
     let s6_rows = (rows6 * (2 * blocks)).expand_dims(1);
     let d6_rows = (rows6 * (blocks / 8)).expand_dims(1);
     let l_words = (grp6 * 4).expand_dims(1) + w.expand_dims(0);
-    let (l_first, h_first, sc0_first, sc1_first, d6_first) = q6_k_weights::<0>(
+    let (l_first, h6_first, sc0_first, sc1_first, d6_first) = q6_k_weights::<LAYOUT6>(
         ql, qh, scales6, d6, l_rows, h_rows, s6_rows, d6_rows, l_words, 0, grp6, ok6,
     );
-    let b = load(bias + rows, row_ok, 0.0) as f32;
-    let b6 = load(bias + n4 + rows6, row6_ok, 0.0) as f32;
+    let b = load(bias4 + rows, row_ok, 0.0) as f32;
+    let b6 = load(bias6 + rows6, row6_ok, 0.0) as f32;
     stamp_now::<STAMPS>(stamps, stamp_at, 0);
     wait_for_prior_kernels();
     stamp_now::<STAMPS>(stamps, stamp_at, 1);
@@ -1495,17 +1526,17 @@ pub fn q4_k_q6_k_gemv<
         inv_rms = inv_rms_of::<1024>(a, k_words * 8, eps);
     }
     if six {
-        let sums = q6_k_row_sums::<BLOCK_K6, ACT, 0>(
-            l_first, h_first, sc0_first, sc1_first, d6_first, ql, qh, scales6, d6, xq, xd, a,
+        let sums = q6_k_row_sums::<BLOCK_K6, ACT, LAYOUT6>(
+            l_first, h6_first, sc0_first, sc1_first, d6_first, ql, qh, scales6, d6, xq, xd, a,
             norm_w, l_rows, h_rows, s6_rows, d6_rows, l_words, ok2_6, blocks, grp6, w,
         );
-        store(y + n4 + rows6, (sums * inv_rms + b6) as bf16, row6_ok);
+        store(y6 + rows6, (sums * inv_rms + b6) as bf16, row6_ok);
     } else {
-        let sums = q4_k_row_sums::<BLOCK_K, ACT, 0, 0>(
-            q_first, h_first, sc_first, m_first, d_first, dmin_first, q, q, scales, mins, d, dmin,
-            xq, xd, a, norm_w, q_rows, s_rows, d_rows, words, ok2, blocks, grp, w,
+        let sums = q4_k_row_sums::<BLOCK_K, ACT, 0, LAYOUT>(
+            q_first, h_first, sc_first, m_first, d_first, dmin_first, q, qh5, scales, mins, d,
+            dmin, xq, xd, a, norm_w, q_rows, s_rows, d_rows, words, ok2, blocks, grp, w,
         );
-        store(y + rows, (sums * inv_rms + b) as bf16, row_ok);
+        store(y4 + rows, (sums * inv_rms + b) as bf16, row_ok);
     }
     stamp_now::<STAMPS>(stamps, stamp_at, 2);
 }

@@ -1391,13 +1391,31 @@ fn a_q5_k_m_files_quantized_step_matches_its_dense_step() {
 }
 
 /// The Q3_K_M-like file (`tiny_qwen3_q3_k.gguf`) as the Qwen2 one above: its Q3_K
-/// matrices through the Q6_K GEMVs' Q3_K variants (QKV beside a Q5_K or Q4_K `v`), the Q4_K O, Q5_K
-/// and Q4_K down projections and the Q6_K head inside the captured step.
+/// matrices through the Q6_K GEMVs' Q3_K variants (QKV, with a Q5_K or Q4_K `v`, in one
+/// launch), the Q4_K O, Q5_K and Q4_K down projections and the Q6_K head inside the
+/// captured step.
 #[test]
 fn a_q3_k_m_files_quantized_step_matches_its_dense_step() {
     quantized_file_step_matches_its_dense_step(
         "tiny_qwen3_q3_k.gguf",
         "a_q3_k_m_files_quantized_step_matches_its_dense_step",
+    );
+    // Each layer's QKV, `[q; k]` Q3_K and `v` Q5_K or Q4_K, is one launch
+    // (`q4_k_q6_k_gemv`'s `SIX_FIRST = 1` variants); the one launch a layer more than
+    // the dense step is the quantizer of down's input (Q3_K gate/up rows do not write it).
+    use tilefuse_engine::{Engine, EngineOptions};
+    let path = fixture("tiny_qwen3_q3_k.gguf");
+    let layers = GgufFile::open(&path).unwrap().config().unwrap().num_layers;
+    let opts = EngineOptions {
+        device: tilefuse_dsl::runtime::Device::cpu(),
+        max_seq_len: Some(16),
+        ..EngineOptions::default()
+    };
+    let mut dense = Engine::load_gguf_as(&path, opts.clone(), false).unwrap();
+    let mut quant = Engine::load(&path, opts).unwrap();
+    assert_eq!(
+        quant.decoder().expect("one device").kernels_per_step(),
+        dense.decoder().expect("one device").kernels_per_step() + layers
     );
 }
 

@@ -872,146 +872,158 @@ fn the_quantizing_combine_matches_combine_then_quantize() {
     }
 }
 
-/// A Q4_K run and the Q6_K run under it in one launch (`launch_q4_k_q6_k`, Q4_K_M's QKV
-/// where `v` takes more bits) writes bit for bit what the two GEMVs write one after the
-/// other at the same configurations (one for both runs, or the Q6_K run in 2 or 4 rows
-/// of 2048 columns), with the input quantized before (`ACT = 0`) or inside the kernel
+/// Two runs of rows in one launch (`launch_q4_k_q6_k`: a Q4_K or Q5_K run then a Q6_K
+/// run, Q4_K_M's and Q5_K_M's QKV where `v` takes more bits; a Q3_K run then a Q4_K or
+/// Q5_K run, Q3_K_M's) write bit for bit what the two GEMVs write one after the other
+/// at the same configurations (one for both runs, or the Q6_K run in 2 or 4 rows of
+/// 2048 columns), with the input quantized before (`ACT = 0`) or inside the kernel
 /// (`ACT = 1`), random biases, outputs poisoned; runs of lengths that leave the last
-/// program of each partly masked. A pair in the other order, or configurations the
+/// program of each partly masked. A pair in another order, or configurations the
 /// kernel is not compiled for, is an error that says so.
 #[test]
-fn q4_k_and_q6_k_runs_in_one_launch_match_two() {
+fn two_quantized_runs_in_one_launch_match_two() {
     use tilefuse_engine::gguf::device::launch_q4_k_q6_k;
     let mut rng = Rng(0x4646);
     let mut devices = vec![Device::cpu()];
-    devices.extend(gpu_or_skip("q4_k_and_q6_k_runs_in_one_launch_match_two"));
+    devices.extend(gpu_or_skip("two_quantized_runs_in_one_launch_match_two"));
+    let pairs = [
+        (GgmlType::Q4_K, GgmlType::Q6_K),
+        (GgmlType::Q5_K, GgmlType::Q6_K),
+        (GgmlType::Q3_K, GgmlType::Q4_K),
+        (GgmlType::Q3_K, GgmlType::Q5_K),
+    ];
     for dev in devices {
-        // (Q4_K rows, Q6_K rows, columns): Qwen3-0.6B's QKV on the GPU.
+        // (first run's rows, second run's rows, columns): Qwen3-0.6B's QKV on the GPU.
         let shapes: &[(usize, usize, usize)] = if dev.is_cuda() {
             &[(3072, 1024, 1024), (40, 20, 512)]
         } else {
             &[(40, 20, 512), (24, 9, 256)]
         };
-        for &(n4, n6, k) in shapes {
-            let c4 = case(&mut rng, GgmlType::Q4_K, n4, k);
-            let c6 = case(&mut rng, GgmlType::Q6_K, n6, k);
-            let m4 = DeviceQuantMatrix::upload(&dev, &c4.packed).unwrap();
-            let m6 = DeviceQuantMatrix::upload(&dev, &c6.packed).unwrap();
-            let a = dev.upload(&c4.a).unwrap();
-            let norm_w = dev.upload(&c4.norm_w).unwrap();
-            let bias: Vec<bf16> = c4.bias.iter().chain(&c6.bias).copied().collect();
-            let bias = dev.upload(&bias).unwrap();
-            // (rows, columns, warps) of the Q4_K run, and the Q6_K run's rows and
-            // columns where they differ (without the norm inside only).
-            let mut configs = vec![((8, 512, 4), None), ((16, 1024, 8), None)];
-            configs.extend([
-                ((8, 1024, 4), Some((2, 2048))),
-                ((8, 1024, 8), Some((4, 2048))),
-            ]);
-            if dev.is_cuda() {
-                configs.extend([(16, 1024, 4), (8, 1024, 4), (16, 512, 8)].map(|c| (c, None)));
+        for (t1, t2) in pairs {
+            // A Q3_K run first shares its tile with the second run.
+            let one_tile = t1 == GgmlType::Q3_K;
+            for &(n1, n2, k) in shapes {
+                let c1 = case(&mut rng, t1, n1, k);
+                let c2 = case(&mut rng, t2, n2, k);
+                let m1 = DeviceQuantMatrix::upload(&dev, &c1.packed).unwrap();
+                let m2 = DeviceQuantMatrix::upload(&dev, &c2.packed).unwrap();
+                let a = dev.upload(&c1.a).unwrap();
+                let norm_w = dev.upload(&c1.norm_w).unwrap();
+                let bias: Vec<bf16> = c1.bias.iter().chain(&c2.bias).copied().collect();
+                let bias = dev.upload(&bias).unwrap();
+                // (rows, columns, warps) of the first run, and the Q6_K run's rows and
+                // columns where they differ (without the norm inside only).
+                let mut configs = vec![((8, 512, 4), None), ((16, 1024, 8), None)];
                 configs.extend([
-                    ((8, 1024, 4), Some((4, 2048))),
-                    ((8, 1024, 8), Some((2, 2048))),
+                    ((8, 1024, 4), Some((2, 2048))),
+                    ((8, 1024, 8), Some((4, 2048))),
                 ]);
-            }
-            for ((block_n, block_k, num_warps), tile6) in configs {
-                let cfg = QuantGemvConfig {
-                    block_n,
-                    block_k,
-                    num_warps,
-                };
-                let (block_n6, block_k6) = tile6.unwrap_or((block_n, block_k));
-                let cfg6 = QuantGemvConfig {
-                    block_n: block_n6,
-                    block_k: block_k6,
-                    num_warps,
-                };
-                for fused in [false, true] {
-                    let what = format!("{n4}+{n6}x{k} {cfg:?} {cfg6:?} fused={fused} on {dev}");
-                    if fused && tile6.is_some() {
-                        // Not compiled: the launch says so and names both tiles.
-                        let mut spare = QuantSpare::new(&dev, k).unwrap();
-                        let mut y = dev.zeros(n4 + n6).unwrap();
-                        let input = Some((&a, &norm_w, EPS));
-                        let e = launch_q4_k_q6_k(
-                            &dev, cfg, cfg6, &m4, &m6, input, &bias, &mut y, &mut spare, false,
-                        )
-                        .unwrap_err()
-                        .to_string();
-                        let tile = format!("{block_n6},{block_k6},{num_warps}");
-                        assert!(
-                            e.contains("not compiled") || e.contains("compiled:"),
-                            "{what}: {e}"
-                        );
-                        assert!(e.contains(&tile), "{what}: {e}");
-                        continue;
-                    }
-                    let mut spare = QuantSpare::new(&dev, k).unwrap();
-                    let norm = QuantVariant::Norm {
-                        norm_w: &norm_w,
-                        eps: EPS,
+                if dev.is_cuda() {
+                    configs.extend([(16, 1024, 4), (8, 1024, 4), (16, 512, 8)].map(|c| (c, None)));
+                    configs.extend([
+                        ((8, 1024, 4), Some((4, 2048))),
+                        ((8, 1024, 8), Some((2, 2048))),
+                    ]);
+                }
+                for ((block_n, block_k, num_warps), tile6) in configs {
+                    let cfg = QuantGemvConfig {
+                        block_n,
+                        block_k,
+                        num_warps,
                     };
-                    spare
-                        .quantize(&dev, norm, &a, k, false, false, None)
-                        .unwrap();
-                    let input = fused.then_some((&a, &norm_w, EPS));
-                    // Two launches, each run's rows into its part of `want`.
-                    let mut want = dev.alloc_filled(n4 + n6, bf16::NAN).unwrap();
-                    for (m, row0, cfg) in [(&m4, 0, cfg), (&m6, n4, cfg6)] {
-                        let out = QuantOut::Rows {
-                            y: &mut want,
-                            row0,
-                            bias: &bias,
-                        };
-                        if fused {
-                            m.gemv_norm_fused(&dev, cfg, &a, &norm_w, EPS, out, &mut spare, false)
-                        } else {
-                            m.launch_quantized(&dev, cfg, false, out, &mut spare, false)
+                    let (block_n6, block_k6) = tile6.unwrap_or((block_n, block_k));
+                    let cfg2 = QuantGemvConfig {
+                        block_n: block_n6,
+                        block_k: block_k6,
+                        num_warps,
+                    };
+                    for fused in [false, true] {
+                        let what = format!(
+                            "{t1} {n1} + {t2} {n2} x {k} {cfg:?} {cfg2:?} fused={fused} on {dev}"
+                        );
+                        if (fused || one_tile) && tile6.is_some() {
+                            // Not compiled: the launch says so and names both tiles.
+                            let mut spare = QuantSpare::new(&dev, k).unwrap();
+                            let mut y = dev.zeros(n1 + n2).unwrap();
+                            let input = fused.then_some((&a, &norm_w, EPS));
+                            let e = launch_q4_k_q6_k(
+                                &dev, cfg, cfg2, &m1, &m2, input, &bias, &mut y, &mut spare, false,
+                            )
+                            .unwrap_err()
+                            .to_string();
+                            let tile = format!("{block_n6},{block_k6},{num_warps}");
+                            assert!(e.contains("compiled:"), "{what}: {e}");
+                            assert!(e.contains(&tile), "{what}: {e}");
+                            continue;
                         }
-                        .unwrap_or_else(|e| panic!("{what}: two launches: {e}"));
-                    }
-                    let mut got = dev.alloc_filled(n4 + n6, bf16::NAN).unwrap();
-                    launch_q4_k_q6_k(
-                        &dev, cfg, cfg6, &m4, &m6, input, &bias, &mut got, &mut spare, false,
-                    )
-                    .unwrap_or_else(|e| panic!("{what}: {e}"));
-                    let (want, got) = (want.to_vec().unwrap(), got.to_vec().unwrap());
-                    for r in 0..n4 + n6 {
-                        assert!(
-                            want[r].is_finite(),
-                            "{what}: row {r} unwritten by two launches"
-                        );
-                        assert_eq!(
-                            got[r].to_bits(),
-                            want[r].to_bits(),
-                            "{what}: row {r}: {} in one launch, {} in two",
-                            got[r],
-                            want[r]
-                        );
+                        let mut spare = QuantSpare::new(&dev, k).unwrap();
+                        let norm = QuantVariant::Norm {
+                            norm_w: &norm_w,
+                            eps: EPS,
+                        };
+                        spare
+                            .quantize(&dev, norm, &a, k, false, false, None)
+                            .unwrap();
+                        let input = fused.then_some((&a, &norm_w, EPS));
+                        // Two launches, each run's rows into its part of `want`.
+                        let mut want = dev.alloc_filled(n1 + n2, bf16::NAN).unwrap();
+                        for (m, row0, cfg) in [(&m1, 0, cfg), (&m2, n1, cfg2)] {
+                            let out = QuantOut::Rows {
+                                y: &mut want,
+                                row0,
+                                bias: &bias,
+                            };
+                            if fused {
+                                m.gemv_norm_fused(
+                                    &dev, cfg, &a, &norm_w, EPS, out, &mut spare, false,
+                                )
+                            } else {
+                                m.launch_quantized(&dev, cfg, false, out, &mut spare, false)
+                            }
+                            .unwrap_or_else(|e| panic!("{what}: two launches: {e}"));
+                        }
+                        let mut got = dev.alloc_filled(n1 + n2, bf16::NAN).unwrap();
+                        launch_q4_k_q6_k(
+                            &dev, cfg, cfg2, &m1, &m2, input, &bias, &mut got, &mut spare, false,
+                        )
+                        .unwrap_or_else(|e| panic!("{what}: {e}"));
+                        let (want, got) = (want.to_vec().unwrap(), got.to_vec().unwrap());
+                        for r in 0..n1 + n2 {
+                            assert!(
+                                want[r].is_finite(),
+                                "{what}: row {r} unwritten by two launches"
+                            );
+                            assert_eq!(
+                                got[r].to_bits(),
+                                want[r].to_bits(),
+                                "{what}: row {r}: {} in one launch, {} in two",
+                                got[r],
+                                want[r]
+                            );
+                        }
                     }
                 }
+                let mut y = dev.zeros(n1 + n2).unwrap();
+                let mut spare = QuantSpare::new(&dev, k).unwrap();
+                let cfg = QuantGemvConfig::default();
+                let e = launch_q4_k_q6_k(
+                    &dev, cfg, cfg, &m1, &m2, None, &bias, &mut y, &mut spare, false,
+                )
+                .unwrap_err()
+                .to_string();
+                assert!(e.contains("4,512,4"), "{e}");
+                let cfg = QuantGemvConfig {
+                    block_n: 8,
+                    block_k: 512,
+                    num_warps: 4,
+                };
+                let e = launch_q4_k_q6_k(
+                    &dev, cfg, cfg, &m2, &m1, None, &bias, &mut y, &mut spare, false,
+                )
+                .unwrap_err()
+                .to_string();
+                assert!(e.contains(&format!("not {t2} then {t1}")), "{e}");
             }
-            let mut y = dev.zeros(n4 + n6).unwrap();
-            let mut spare = QuantSpare::new(&dev, k).unwrap();
-            let cfg = QuantGemvConfig::default();
-            let e = launch_q4_k_q6_k(
-                &dev, cfg, cfg, &m4, &m6, None, &bias, &mut y, &mut spare, false,
-            )
-            .unwrap_err()
-            .to_string();
-            assert!(e.contains("4,512,4"), "{e}");
-            let cfg = QuantGemvConfig {
-                block_n: 8,
-                block_k: 512,
-                num_warps: 4,
-            };
-            let e = launch_q4_k_q6_k(
-                &dev, cfg, cfg, &m6, &m4, None, &bias, &mut y, &mut spare, false,
-            )
-            .unwrap_err()
-            .to_string();
-            assert!(e.contains("Q6_K then Q4_K"), "{e}");
         }
     }
 }

@@ -26,7 +26,7 @@ pub enum WeightFormat {
     Q4KM,
     /// llama.cpp's Q5_K_M mix: Q4_K_M's with Q5_K for Q4_K.
     Q5KM,
-    /// llama.cpp's Q3_K_M mix: Q3_K beside Q4_K and Q5_K (Q3_K read at 114 bytes a super-block by the Q6_K kernels).
+    /// llama.cpp's Q3_K_M mix: Q3_K beside Q4_K and Q5_K (Q3_K read at 130 bytes a super-block by the Q6_K kernels).
     Q3KM,
     /// llama.cpp's Q4_0: every layer matrix Q4_0, the LM head Q6_K.
     Q4_0,

@@ -278,10 +278,10 @@ impl QuantMatrix {
     ) -> Result<()> {
         let cols = self.parts[0].m.cols;
         if let (QuantVariant::Norm { norm_w, eps }, true) = (variant, self.fuses_norm()) {
-            if let ([p4, p6], Some((cfg, cfg6))) = (self.parts.as_slice(), self.merged) {
+            if let ([p1, p2], Some((cfg, cfg2))) = (self.parts.as_slice(), self.merged) {
                 let (norm, serialized) = (Some((a, norm_w, eps)), launch.serialized);
                 return launch_q4_k_q6_k(
-                    dev, cfg, cfg6, &p4.m, &p6.m, norm, bias, y, spare, serialized,
+                    dev, cfg, cfg2, &p1.m, &p2.m, norm, bias, y, spare, serialized,
                 );
             }
             for (i, p) in self.parts.iter().enumerate() {
@@ -300,38 +300,38 @@ impl QuantMatrix {
         self.gemv_quantized_input(dev, variant, y, bias, spare)
     }
 
-    /// The tiles of the Q4_K and the Q6_K run where a GEMV over this matrix launches
-    /// both as one ([`crate::gguf::device::launch_q4_k_q6_k`]): exactly those two runs,
-    /// in that order, under [`MergeRuns`] (where the GEMV quantizes its normed input
-    /// itself, `fuses_norm`, both runs at the first run's fused tile), where that kernel
-    /// is compiled for them; else `None`. Kept in `merged`. The fused merge made Qwen3-0.6B Q4_K_M's step 4%
-    /// faster; Qwen3-8B's QKV (its input quantized before) lost 1.2% with its `v` run at
-    /// the `[q; k]` run's tile and gains 0.7% with `v` in its own ([`MergeRuns::Both`];
-    /// docs/perf.md, "Q4_K and Q6_K runs in one launch").
+    /// The tiles of the two runs where a GEMV over this matrix launches both as one
+    /// ([`crate::gguf::device::launch_q4_k_q6_k`]): exactly two runs, a Q4_K or Q5_K
+    /// run then a Q6_K one or a Q3_K run then a Q4_K or Q5_K one, under [`MergeRuns`]
+    /// (where the GEMV quantizes its normed input itself, `fuses_norm`, both runs at the
+    /// first run's fused tile; a Q3_K run first takes one tile for both), where that
+    /// kernel is compiled for them; else `None`. Kept in `merged`. The fused merge made
+    /// Qwen3-0.6B Q4_K_M's step 4% faster; Qwen3-8B's QKV (its input quantized before)
+    /// lost 1.2% with its `v` run at the `[q; k]` run's tile and gains 0.7% with `v` in
+    /// its own ([`MergeRuns::Both`]; docs/perf.md, "Q4_K and Q6_K runs in one launch").
     fn merged_tiles(&self) -> Option<(QuantGemvConfig, QuantGemvConfig)> {
         let fused = self.fuses_norm;
-        let [p4, p6] = self.parts.as_slice() else {
+        let [first, second] = self.parts.as_slice() else {
             return None;
         };
-        if p4.m.ggml_type() != GgmlType::Q4_K || p6.m.ggml_type() != GgmlType::Q6_K {
-            return None;
-        }
+        let types = (first.m.ggml_type(), second.m.ggml_type());
         let tiles = match (self.merge, fused) {
             (MergeRuns::Never, _) => return None,
-            (_, true) => (p4.fused_cfg, p4.fused_cfg),
+            (_, true) => (first.fused_cfg, first.fused_cfg),
             (MergeRuns::Fused, false) => return None,
+            (MergeRuns::Both { .. }, false) if types.0 == GgmlType::Q3_K => (first.cfg, first.cfg),
             (MergeRuns::Both { rows, cols }, false) => {
-                let cfg6 = QuantGemvConfig {
+                let cfg2 = QuantGemvConfig {
                     block_n: rows,
                     block_k: cols,
-                    num_warps: p4.cfg.num_warps,
+                    num_warps: first.cfg.num_warps,
                 };
-                (p4.cfg, cfg6)
+                (first.cfg, cfg2)
             }
         };
         tiles
             .0
-            .merged_runs_compiled(&tiles.1, fused)
+            .merged_runs_compiled(&tiles.1, types, fused)
             .then_some(tiles)
     }
 
@@ -389,8 +389,8 @@ impl QuantMatrix {
         let merged = self
             .merged
             .filter(|_| !variant.residual() && !self.fuses_norm);
-        if let ([p4, p6], Some((cfg, cfg6))) = (self.parts.as_slice(), merged) {
-            return launch_q4_k_q6_k(dev, cfg, cfg6, &p4.m, &p6.m, None, bias, y, spare, false);
+        if let ([p1, p2], Some((cfg, cfg2))) = (self.parts.as_slice(), merged) {
+            return launch_q4_k_q6_k(dev, cfg, cfg2, &p1.m, &p2.m, None, bias, y, spare, false);
         }
         for p in &self.parts {
             let out = QuantOut::Rows {

@@ -574,24 +574,25 @@ impl QuantGemvConfig {
         Ok(base)
     }
 
-    /// Whether [`launch_q4_k_q6_k`] is compiled with this configuration for the Q4_K run
-    /// and `q6` for the Q6_K run (`norm_fused`: the variant that quantizes its normed
-    /// input itself): the Q4_K run in 8 or 16 rows of 512- or 1024-column tiles, the
-    /// Q6_K run at the same tile, or, over an input quantized before, in 2 or 4 rows of
-    /// 2048 columns beside 8 rows of 1024; both at the same warps.
-    pub fn merged_runs_compiled(&self, q6: &QuantGemvConfig, norm_fused: bool) -> bool {
-        let consts = [
-            self.block_n as i64,
-            self.block_k as i64,
-            q6.block_n as i64,
-            q6.block_k as i64,
-            i64::from(norm_fused),
-            0,
-        ];
-        self.num_warps == q6.num_warps
-            && Q4_K_Q6_K_GEMV
-                .variant(&consts, Some(self.num_warps))
-                .is_ok()
+    /// Whether [`launch_q4_k_q6_k`] is compiled for a run of type `types.0` at this
+    /// configuration followed by a run of type `types.1` at `second` (`norm_fused`: the
+    /// variant that quantizes its normed input itself): a Q4_K or Q5_K run in 8 or 16
+    /// rows of 512- or 1024-column tiles, then a Q6_K run at the same tile, or, over an
+    /// input quantized before, in 2 or 4 rows of 2048 columns beside 8 rows of 1024; or
+    /// a Q3_K run then a Q4_K or Q5_K run, both at one such tile; both at the same
+    /// warps.
+    pub fn merged_runs_compiled(
+        &self,
+        second: &QuantGemvConfig,
+        types: (GgmlType, GgmlType),
+        norm_fused: bool,
+    ) -> bool {
+        self.num_warps == second.num_warps
+            && merged_consts(types, *self, *second, norm_fused, 0).is_some_and(|consts| {
+                Q4_K_Q6_K_GEMV
+                    .variant(&consts, Some(self.num_warps))
+                    .is_ok()
+            })
     }
 
     /// An error unless this configuration is compiled (for an LM head: and its
@@ -1514,27 +1515,76 @@ impl DeviceQuantMatrix {
     }
 }
 
-/// `y = bf16(W · x + bias)` over a Q4_K matrix `q4` and the Q6_K matrix `q6` stacked
-/// under it (rows `q4.rows..` of `y` and `bias`) in one launch
-/// ([`crate::kernels_quant::q4_k_q6_k_gemv`]), the Q4_K rows at `cfg` and the Q6_K
-/// rows at `cfg6` (see [`QuantGemvConfig::merged_runs_compiled`]): over the activation
-/// in `spare`, or with `norm = Some((a, norm_w, eps))` over RMSNorm of `a` quantized in
-/// the kernel ([`DeviceQuantMatrix::gemv_norm_fused`]). The same rows as the two GEMVs
-/// one after the other at those configurations. `serialized`: the launch waits for all
-/// earlier work.
+/// The constants of [`crate::kernels_quant::q4_k_q6_k_gemv`] for a run of type
+/// `types.0` at `cfg` followed by one of type `types.1` at `cfg2` (`None` for a pair it
+/// does not take): the Q4_K kernel's run (Q4_K or Q5_K) then a Q6_K run, or a Q3_K run
+/// then a Q4_K or Q5_K run (`SIX_FIRST = 1`).
+fn merged_consts(
+    types: (GgmlType, GgmlType),
+    cfg: QuantGemvConfig,
+    cfg2: QuantGemvConfig,
+    norm_fused: bool,
+    stamps: i64,
+) -> Option<[i64; 9]> {
+    let q4_layout = |ty| match ty {
+        GgmlType::Q4_K => Some(0),
+        GgmlType::Q5_K => Some(1),
+        _ => None,
+    };
+    let (cfg4, cfg6, layout, layout6, six_first) = match types {
+        (ty, GgmlType::Q6_K) => (cfg, cfg2, q4_layout(ty)?, 0, 0),
+        (GgmlType::Q3_K, ty) => (cfg2, cfg, q4_layout(ty)?, 1, 1),
+        _ => return None,
+    };
+    Some([
+        cfg4.block_n as i64,
+        cfg4.block_k as i64,
+        cfg6.block_n as i64,
+        cfg6.block_k as i64,
+        i64::from(norm_fused),
+        layout,
+        layout6,
+        six_first,
+        stamps,
+    ])
+}
+
+/// `y = bf16(W · x + bias)` over the matrix of two runs of rows, `first` and `second`
+/// stacked under it (rows `first.rows..` of `y` and `bias`), in one launch
+/// ([`crate::kernels_quant::q4_k_q6_k_gemv`]): a Q4_K or Q5_K run then a Q6_K one
+/// (Q4_K_M's and Q5_K_M's QKV where `v` takes more bits), or a Q3_K run then a Q4_K or
+/// Q5_K one (Q3_K_M's), at `cfg` and `cfg2` (see
+/// [`QuantGemvConfig::merged_runs_compiled`]): over the activation in `spare`, or with
+/// `norm = Some((a, norm_w, eps))` over RMSNorm of `a` quantized in the kernel
+/// ([`DeviceQuantMatrix::gemv_norm_fused`]). The same rows as the two GEMVs one after
+/// the other at those configurations. `serialized`: the launch waits for all earlier
+/// work.
 #[allow(clippy::too_many_arguments)]
 pub fn launch_q4_k_q6_k(
     dev: &Device,
     cfg: QuantGemvConfig,
-    cfg6: QuantGemvConfig,
-    q4: &DeviceQuantMatrix,
-    q6: &DeviceQuantMatrix,
+    cfg2: QuantGemvConfig,
+    first: &DeviceQuantMatrix,
+    second: &DeviceQuantMatrix,
     norm: Option<(&Buffer<bf16>, &Buffer<bf16>, f32)>,
     bias: &Buffer<bf16>,
     y: &mut Buffer<bf16>,
     spare: &mut QuantSpare,
     serialized: bool,
 ) -> Result<()> {
+    let types = (first.ggml_type(), second.ggml_type());
+    let (q4, q6) = match types.0 {
+        GgmlType::Q3_K => (second, first),
+        _ => (first, second),
+    };
+    let wrong_types = || {
+        crate::error::EngineError::Option {
+        message: format!(
+            "one launch for two runs takes a Q4_K or Q5_K run then a Q6_K run, or a Q3_K run then a Q4_K or Q5_K run, not {} then {}",
+            types.0, types.1
+        ),
+    }
+    };
     let (
         QuantBuffers::Q4K {
             q,
@@ -1542,56 +1592,55 @@ pub fn launch_q4_k_q6_k(
             mins,
             d,
             dmin,
-            qh: None,
+            qh: qh5,
         },
-        QuantBuffers::Q6K {
-            ql,
-            qh,
-            scales: scales6,
-            d: d6,
-        },
-    ) = (&q4.buffers, &q6.buffers)
+        Some(_),
+    ) = (&q4.buffers, merged_consts(types, cfg, cfg2, false, 0))
     else {
-        return Err(crate::error::EngineError::Option {
-            message: format!(
-                "one launch for two runs takes a Q4_K run then a Q6_K run, not {} then {}",
-                q4.ggml_type(),
-                q6.ggml_type()
-            ),
-        });
+        return Err(wrong_types());
     };
-    let cols = q4.cols;
-    let rows = q4.rows + q6.rows;
-    let fits = q6.cols == cols
+    let (ql, qh6, scales6, d6) = match &q6.buffers {
+        QuantBuffers::Q6K { ql, qh, scales, d } => (ql, qh64(qh)?, scales.into(), d),
+        // The Q6_K kernel's `qh` and `scales` are not read for Q3_K and point at `q`.
+        QuantBuffers::Q3K { q, d } => (q, qh64(q)?, KernelArg::read_as::<u8, u32>(q)?, d),
+        _ => return Err(wrong_types()),
+    };
+    let cols = first.cols;
+    let rows = first.rows + second.rows;
+    let fits = second.cols == cols
         && cols <= spare.cols
         && y.len() >= rows
         && bias.len() >= rows
         && norm.is_none_or(|(a, w, _)| a.len() >= cols && w.len() >= cols);
-    if !cfg.merged_runs_compiled(&cfg6, norm.is_some()) || !fits {
+    if !fits || !cfg.merged_runs_compiled(&cfg2, types, norm.is_some()) {
         return Err(crate::error::EngineError::Option {
             message: format!(
-                "one launch for a {}x{} Q4_K run at {},{},{} and a {}x{} Q6_K run at {},{},{} (compiled: 8 or 16 rows of 512 or 1024 columns for both, or 2 or 4 rows of 2048 for the Q6_K run beside 8 of 1024 without the norm inside; the same warps) into {} outputs",
-                q4.rows, cols, cfg.block_n, cfg.block_k, cfg.num_warps, q6.rows, q6.cols, cfg6.block_n, cfg6.block_k, cfg6.num_warps, y.len()
+                "one launch for a {}x{} {} run at {},{},{} and a {}x{} {} run at {},{},{} (compiled: a Q4_K or Q5_K run in 8 or 16 rows of 512 or 1024 columns, then a Q6_K run at the same tile or in 2 or 4 rows of 2048 beside 8 of 1024 without the norm inside; or a Q3_K run then a Q4_K or Q5_K run at one such tile; the same warps) into {} outputs",
+                first.rows, cols, types.0, cfg.block_n, cfg.block_k, cfg.num_warps, second.rows, second.cols, types.1, cfg2.block_n, cfg2.block_k, cfg2.num_warps, y.len()
             ),
         });
     }
-    let programs4 = cfg.grid(q4.rows);
-    let grid = programs4 + cfg6.grid(q6.rows);
+    let first_programs = cfg.grid(first.rows);
+    let grid = first_programs + cfg2.grid(second.rows);
     let mut launch = LaunchConfig::from(grid).num_warps(cfg.num_warps);
     if serialized {
         launch = launch.serialized();
     }
     let stamp_at = spare.stamps.take(Q4_K_Q6_K_GEMV.name, grid)?;
+    let consts = merged_consts(types, cfg, cfg2, norm.is_some(), stamps_const(stamp_at))
+        .ok_or_else(wrong_types)?;
     let (a, norm_w, eps) = norm.unwrap_or((&spare.bias, &spare.bias, 0.0));
     let mut args: Vec<KernelArg<'_>> = vec![
         q.into(),
+        // Q4_K reads no fifth bits; the pointer is `q`'s.
+        qh5.as_ref().unwrap_or(q).into(),
         scales.into(),
         mins.into(),
         d.into(),
         dmin.into(),
         ql.into(),
-        qh64(qh)?,
-        scales6.into(),
+        qh6,
+        scales6,
         d6.into(),
         (&spare.xq).into(),
         (&spare.xd).into(),
@@ -1601,19 +1650,11 @@ pub fn launch_q4_k_q6_k(
         y.into(),
         (q4.rows as i32).into(),
         (q6.rows as i32).into(),
-        (programs4 as i32).into(),
+        (first_programs as i32).into(),
         ((cols / 8) as i32).into(),
         eps.into(),
         (&mut spare.stamps.buf).into(),
         stamp_at.into(),
-    ];
-    let consts = [
-        cfg.block_n as i64,
-        cfg.block_k as i64,
-        cfg6.block_n as i64,
-        cfg6.block_k as i64,
-        i64::from(norm.is_some()),
-        stamps_const(stamp_at),
     ];
     Q4_K_Q6_K_GEMV.launch_dyn(dev, launch, &consts, &mut args)?;
     Ok(())
@@ -1971,21 +2012,44 @@ mod tests {
         // The Q4_K run's step tile at Qwen3-8B's `[q; k]` and the `v` tiles compiled
         // beside it, without the norm inside only; the same warps.
         let qk = QuantGemvConfig::for_shape(GgmlType::Q4_K, 5120, 4096);
+        let q4_q6 = (GgmlType::Q4_K, GgmlType::Q6_K);
         for rows in [2, 4] {
             let v = QuantGemvConfig {
                 block_n: rows,
                 block_k: 2048,
                 num_warps: qk.num_warps,
             };
-            assert!(qk.merged_runs_compiled(&v, false), "{qk:?} {v:?}");
-            assert!(!qk.merged_runs_compiled(&v, true), "{qk:?} {v:?}");
+            assert!(qk.merged_runs_compiled(&v, q4_q6, false), "{qk:?} {v:?}");
+            assert!(!qk.merged_runs_compiled(&v, q4_q6, true), "{qk:?} {v:?}");
             let other_warps = QuantGemvConfig {
                 num_warps: 12 - qk.num_warps,
                 ..v
             };
-            assert!(!qk.merged_runs_compiled(&other_warps, false));
+            assert!(!qk.merged_runs_compiled(&other_warps, q4_q6, false));
+            // A Q3_K run first takes one tile for both runs.
+            let q3_q4 = (GgmlType::Q3_K, GgmlType::Q4_K);
+            assert!(!qk.merged_runs_compiled(&v, q3_q4, false), "{qk:?} {v:?}");
         }
-        assert!(qk.merged_runs_compiled(&qk, true) && qk.merged_runs_compiled(&qk, false));
+        for fused in [true, false] {
+            for types in [
+                q4_q6,
+                (GgmlType::Q5_K, GgmlType::Q6_K),
+                (GgmlType::Q3_K, GgmlType::Q4_K),
+                (GgmlType::Q3_K, GgmlType::Q5_K),
+            ] {
+                assert!(qk.merged_runs_compiled(&qk, types, fused), "{types:?}");
+            }
+            // Pairs the kernel does not take.
+            for types in [
+                (GgmlType::Q6_K, GgmlType::Q4_K),
+                (GgmlType::Q4_K, GgmlType::Q3_K),
+                (GgmlType::Q4_K, GgmlType::Q5_K),
+                (GgmlType::Q3_K, GgmlType::Q6_K),
+                (GgmlType::Q8_0, GgmlType::Q6_K),
+            ] {
+                assert!(!qk.merged_runs_compiled(&qk, types, fused), "{types:?}");
+            }
+        }
     }
 
     #[test]

@@ -941,7 +941,7 @@ impl PackedMatrix {
     }
 
     /// The ggml type of the matrix's device layout: [`GgmlType::device_type`] of the
-    /// type it came from (Q8_0 for IQ4_NL ones, Q6_K for Q3_K ones).
+    /// type it came from (Q8_0 for IQ4_NL ones).
     pub fn ggml_type(&self) -> GgmlType {
         match self {
             PackedMatrix::Q8_0 { m: None, .. } => GgmlType::Q8_0,
