@@ -743,6 +743,28 @@ pub fn dot4<A, B>(a: Tile<A>, b: Tile<B>, acc: Tile<i32>) -> Tile<i32> {
     match a.never {}
 }
 
+/// Picks four bytes out of eight, per element (CUDA's `__byte_perm`, PTX `prmt`): byte
+/// `n` of the result is byte `(sel >> 4 n) & 7` of `b:a`, where bytes 0 to 3 are `a`'s
+/// and 4 to 7 are `b`'s (the selector's other bits are ignored). `a`, `b` and the
+/// result share one dtype, `i32` or `u32`; `sel` is `i32` or `u32`. Elementwise, with
+/// broadcasting.
+///
+/// Two of them look up a table of 16 bytes held in four words, four indices at a time,
+/// as the non-linear 4-bit quants (IQ4_NL, IQ4_XS) are decoded:
+///
+/// ```rust,ignore
+/// // `idx`: four 4-bit indices in the low nibbles of bits 0..16.
+/// let low = byte_perm(t0, t1, idx); // entries 0..8
+/// let high = byte_perm(t2, t3, idx); // entries 8..16
+/// // Per byte, the high entry where the index has bit 3 set.
+/// let pick = 0x3210 | ((idx & 0x8888) >> 1);
+/// let values = byte_perm(low, high, pick);
+/// ```
+pub fn byte_perm<T>(a: Tile<T>, b: Tile<T>, sel: Tile<u32>) -> Tile<T> {
+    let _ = (b, sel);
+    match a.never {}
+}
+
 /// Atomically adds `values` at `ptrs` (`f32` or `i32`), lane by lane for unmasked
 /// lanes, and returns the old values (0 for masked-off lanes). Float sums into one
 /// address happen in an unspecified order.

@@ -224,6 +224,64 @@ mod dot4 {
     }
 }
 
+mod byte_perm {
+    const PARAMS: &str = "x: Ptr<f32>, i: Ptr<i32>, u: Ptr<u32>, b: Ptr<u8>";
+
+    #[track_caller]
+    fn check(body: &str, want: &[&str]) {
+        super::check_in(PARAMS, body, want);
+    }
+
+    #[test]
+    fn byte_perm_takes_words_of_one_dtype() {
+        check(
+            "store(i, byte_perm(load(x), load(x), 0x3210));",
+            &["first word of `byte_perm` is f32", "`.bitcast::<i32>()`"],
+        );
+        check(
+            "store(u, byte_perm(load(u), load(i), 0x3210));",
+            &["second word of `byte_perm` is i32", "both u32", "`.bitcast::<u32>()`"],
+        );
+        check(
+            "store(u, byte_perm(load(u), load(b), 0x3210));",
+            &["second word of `byte_perm` is u8"],
+        );
+        check(
+            "store(u, byte_perm(load(u), 7, load(x)));",
+            &["selector of `byte_perm` is f32", "i32 or u32"],
+        );
+        check(
+            "store(u, byte_perm(load(u), 7, 0.5));",
+            &["a float literal cannot be used as u32"],
+        );
+    }
+
+    #[test]
+    fn byte_perm_takes_three_arguments() {
+        let e = super::error_of(PARAMS, "store(u, byte_perm(load(u), load(u)));");
+        assert!(e.starts_with("line 2") && e.contains("byte_perm"), "{e}");
+    }
+
+    #[test]
+    fn byte_perm_keeps_its_words_dtype() {
+        // The result is the words' dtype: storing u32 words into an i32 buffer is an
+        // error, a literal word takes the other's dtype.
+        check(
+            "store(i, byte_perm(load(u), 0, 0x3210));",
+            &["u32"],
+        );
+        let spec = tilefuse_dsl::Specialization {
+            consts: vec![],
+            num_warps: 4,
+            num_stages: None,
+        };
+        let src = format!(
+            "#[kernel]\nfn k({PARAMS}) {{ store(i, byte_perm(0x0102_0304, load(i), load(u))); store(u, byte_perm(load(u), 5, load(i))); }}"
+        );
+        tilefuse_dsl::compile_source(&src, &spec).unwrap_or_else(|e| panic!("{e}"));
+    }
+}
+
 /// `.unroll(2)` on a `for` range: the only factor is two, and the body may not hold what
 /// the code generator cannot emit twice.
 mod unroll {

@@ -50,6 +50,7 @@ pub const TILE_OPS: &[&str] = &[
     "argmax",
     "dot",
     "dot4",
+    "byte_perm",
     "expand_dims",
     "bitcast",
     "broadcast_to",

@@ -1271,6 +1271,13 @@ impl Lower {
                 let acc = self.expr(args[2])?;
                 Ok(self.emit_at(Expr::Dot4 { a, b, acc }, span))
             }
+            "byte_perm" => {
+                self.arity(name, args, 3, 3, span)?;
+                let a = self.expr(args[0])?;
+                let b = self.expr(args[1])?;
+                let sel = self.expr(args[2])?;
+                Ok(self.emit_at(Expr::BytePerm { a, b, sel }, span))
+            }
             "select" | "where_" => {
                 self.arity(name, args, 3, 3, span)?;
                 let cond = self.expr(args[0])?;

@@ -736,6 +736,10 @@ impl<'k, 'b, 'a> Exec<'k, 'b, 'a> {
                     get(env, *acc)?,
                 )?
             }
+            Expr::BytePerm { a, b, sel } => {
+                let signed = self.dtype(*a)? == DType::I32;
+                ops::byte_perm(get(env, *a)?, get(env, *b)?, get(env, *sel)?, signed)?
+            }
             Expr::Cast { value, to } => {
                 let from = self.dtype(*value)?;
                 ops::cast(get(env, *value)?, from, *to)?

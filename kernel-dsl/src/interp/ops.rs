@@ -444,6 +444,40 @@ pub(crate) fn dot4(a: (&Data, bool), b: (&Data, bool), acc: &Data) -> OpResult<D
     ))
 }
 
+/// `byte_perm(a, b, sel)`: per element, byte `n` of the result is byte `(sel >> 4n) & 7`
+/// of `b:a` (CUDA's `__byte_perm`), read back as `i32` when `signed`, else `u32`.
+pub(crate) fn byte_perm(a: &Data, b: &Data, sel: &Data, signed: bool) -> OpResult<Data> {
+    let (Data::I(x), Data::I(y), Data::I(s)) = (a, b, sel) else {
+        return Err("byte_perm of non-integer values".into());
+    };
+    if x.len() != y.len() || x.len() != s.len() {
+        return Err(format!(
+            "byte_perm of {}, {} and {} elements",
+            x.len(),
+            y.len(),
+            s.len()
+        ));
+    }
+    Ok(Data::I(
+        x.iter()
+            .zip(y)
+            .zip(s)
+            .map(|((&p, &q), &s)| {
+                let bytes = ((q as u32 as u64) << 32) | p as u32 as u64;
+                let r = (0..4).fold(0u32, |r, n| {
+                    let i = (s as u32 >> (4 * n)) & 7;
+                    r | (((bytes >> (8 * i)) & 0xFF) as u32) << (8 * n)
+                });
+                if signed {
+                    r as i32 as i64
+                } else {
+                    r as i64
+                }
+            })
+            .collect(),
+    ))
+}
+
 /// The `f32` holding the `f16` or `bf16` (`d`) with bits `b`, exactly: NaNs keep their
 /// payload and stay signaling (the `half` conversions quiet them; a GPU register does
 /// not), so a bitcast, load or store moves every bit as the GPU does.

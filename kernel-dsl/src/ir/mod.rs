@@ -628,6 +628,18 @@ pub enum Expr {
         /// The `i32` accumulator.
         acc: ValueId,
     },
+    /// `byte_perm(a, b, sel)` (CUDA's `__byte_perm`, PTX `prmt`): byte `n` of each
+    /// result is byte `(sel >> 4n) & 7` of the eight bytes of `b:a` (`a`'s bytes 0-3,
+    /// `b`'s 4-7); `a`, `b` and the result share one 32-bit integer dtype,
+    /// elementwise with broadcasting. Sixteen-entry byte tables are two of them.
+    BytePerm {
+        /// Bytes 0 to 3.
+        a: ValueId,
+        /// Bytes 4 to 7.
+        b: ValueId,
+        /// Four 3-bit byte indices, in bits 0-2, 4-6, 8-10 and 12-14.
+        sel: ValueId,
+    },
     /// Convert to `to` (`x as T`): floats round to nearest even; float to int truncates
     /// toward zero and saturates; int to int wraps; to `bool` tests `!= 0`.
     Cast {
@@ -778,6 +790,7 @@ macro_rules! operand_refs {
             Expr::Binary { lhs, rhs, .. } | Expr::Compare { lhs, rhs, .. } => vec![lhs, rhs],
             Expr::Select { cond, then, other } => vec![cond, then, other],
             Expr::Dot4 { a, b, acc } => vec![a, b, acc],
+            Expr::BytePerm { a, b, sel } => vec![a, b, sel],
             Expr::AddPtr { ptr, offset } => vec![ptr, offset],
             Expr::Load { ptr, mask, other } => {
                 let mut v = vec![ptr];

@@ -8,6 +8,7 @@
 //! the interpreter's tests.
 
 mod bitcast;
+mod byte_perm;
 mod dot4;
 pub(crate) mod each_backend;
 mod op_matrix;

@@ -305,8 +305,8 @@ fn expr(k: &Kernel, v: ValueId, e: &Expr, info: &[AxisInfo]) -> AxisInfo {
                 out.div[t] = at_runs(&a, t, 1).min(at_runs(&b, t, 1));
             }
         }
-        Expr::Dot4 { a, b, acc } => {
-            let (a, b, c) = (get(a), get(b), get(acc));
+        Expr::Dot4 { a, b, acc: c } | Expr::BytePerm { a, b, sel: c } => {
+            let (a, b, c) = (get(a), get(b), get(c));
             for t in 0..out.div.len() {
                 out.cons[t] = a.cons[t].min(b.cons[t]).min(c.cons[t]);
             }

@@ -123,6 +123,14 @@ impl Emitter<'_> {
                 self.ins(format!("dp4a.{ta}.{tb} {d}, {}, {}, {}", a[0], a[1], a[2]));
                 Ok(d)
             }
+            Expr::BytePerm { .. } => {
+                // `prmt`'s selector nibbles have a fourth bit (sign replication) that
+                // `byte_perm` leaves out.
+                let (t, d) = (self.reg(Rk::R), self.reg(Rk::R));
+                self.ins(format!("and.b32 {t}, {}, 30583", a[2]));
+                self.ins(format!("prmt.b32 {d}, {}, {}, {t}", a[0], a[1]));
+                Ok(d)
+            }
             Expr::Cast { value, to } => {
                 let from = self.val_dt(*value)?;
                 self.cast(from, *to, &a[0])

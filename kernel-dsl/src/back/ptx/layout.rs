@@ -370,6 +370,7 @@ pub fn assign(k: &Kernel, ax: &[AxisInfo], wgmma: bool) -> Result<Layouts, Compi
                     | Expr::Compare { .. }
                     | Expr::Select { .. }
                     | Expr::Dot4 { .. }
+                    | Expr::BytePerm { .. }
             );
             let Some(want) = l.of[i].clone().filter(|_| elementwise && l.strong[i]) else {
                 continue;
@@ -532,7 +533,11 @@ fn prefer(
         }
         Expr::Unary { arg, .. } => prefer(k, l, *arg, want, carried),
         Expr::Load { .. } => Some(vec![(v, want)]),
-        Expr::Binary { .. } | Expr::Compare { .. } | Expr::Select { .. } | Expr::Dot4 { .. } => {
+        Expr::Binary { .. }
+        | Expr::Compare { .. }
+        | Expr::Select { .. }
+        | Expr::Dot4 { .. }
+        | Expr::BytePerm { .. } => {
             let shape = &k.ty(v).shape;
             let mut loads = Vec::new();
             for o in e.operands() {
@@ -726,6 +731,7 @@ fn value(k: &Kernel, ax: &[AxisInfo], v: ValueId, l: &mut Layouts) {
         | Expr::Compare { .. }
         | Expr::Select { .. }
         | Expr::Dot4 { .. }
+        | Expr::BytePerm { .. }
         | Expr::Cast { .. }
         | Expr::Bitcast { .. }
         | Expr::AddPtr { .. }

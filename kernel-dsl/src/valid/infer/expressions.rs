@@ -221,6 +221,45 @@ impl Infer<'_> {
                 let acc = self.broadcast(c, &shape, loc)?;
                 Ok(self.emit(Expr::Dot4 { a, b, acc }, Type::val(DType::I32, shape), loc))
             }
+            Expr::BytePerm { a, b, sel } => {
+                // A bare literal word takes the other word's dtype (`i32` if both are).
+                let (mut x, mut y) = (self.get(*a)?, self.get(*b)?);
+                let word = |ty: &Type| match ty.elem {
+                    Elem::Val(d @ (DType::I32 | DType::U32)) => Some(d),
+                    _ => None,
+                };
+                let dt = word(&self.ty(x)).or(word(&self.ty(y))).unwrap_or(DType::I32);
+                x = self.with_dtype(x, dt, loc)?;
+                y = self.with_dtype(y, dt, loc)?;
+                for (w, which) in [(x, "first"), (y, "second")] {
+                    let ty = self.ty(w);
+                    if ty.elem != Elem::Val(dt) {
+                        return Err(CompileError::new(
+                            loc,
+                            format!(
+                                "the {which} word of `byte_perm` is {}: both words are i32 or both u32 (the result's dtype); reinterpret with `.bitcast::<{dt}>()`",
+                                ty.elem
+                            ),
+                        ));
+                    }
+                }
+                let s = self.with_dtype(self.get(*sel)?, DType::U32, loc)?;
+                let sty = self.ty(s);
+                if word(&sty).is_none() {
+                    return Err(CompileError::new(
+                        loc,
+                        format!(
+                            "the selector of `byte_perm` is {}: it must be i32 or u32 (four 3-bit byte indices, one a nibble)",
+                            sty.elem
+                        ),
+                    ));
+                }
+                let shape = self.common_shape(&[x, y, s], loc)?;
+                let a = self.broadcast(x, &shape, loc)?;
+                let b = self.broadcast(y, &shape, loc)?;
+                let sel = self.broadcast(s, &shape, loc)?;
+                Ok(self.emit(Expr::BytePerm { a, b, sel }, Type::val(dt, shape), loc))
+            }
             Expr::Cast { value, to } => {
                 let v = self.get(*value)?;
                 let v = match self.weak.get(&v).copied() {
