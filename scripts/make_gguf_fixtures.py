@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes the GGUF fixtures under tests/fixtures/gguf/ with llama.cpp's `gguf` package
 (PyPI `gguf`, tested with 0.19.0, numpy 2.x): the reference for the engine's GGUF reader
-and its Q8_0 / Q3_K / Q4_K / Q5_K / Q6_K / Q4_0 / Q5_0 / IQ4_NL / Q4_1 / Q5_1
+and its Q8_0 / Q3_K / Q4_K / Q5_K / Q6_K / Q4_0 / Q5_0 / IQ4_NL / IQ4_XS / Q4_1 / Q5_1
 dequantization.
 
 - `blocks.gguf`: random blocks of each type (including extreme f16 scales: the largest
@@ -33,6 +33,9 @@ dequantization.
 - `tiny_qwen3_q3_k.gguf` / `tiny_qwen3_q3_k.json`: the same shapes laid out as llama.cpp's
   Q3_K_M: Q3_K q, k, gate and up, Q4_K O, v Q5_K in the first layer and Q4_K in the
   second, down Q5_K then Q4_K, a Q3_K embedding table and an untied Q6_K output matrix.
+- `tiny_qwen3_iq4_xs.gguf` / `tiny_qwen3_iq4_xs.json`: the same shapes laid out as
+  llama.cpp's IQ4_XS: every matrix IQ4_XS but the first layer's down projection (Q5_K),
+  an IQ4_XS embedding table and an untied Q6_K output matrix.
 - `tiny_qwen3_q4_0.gguf` / `tiny_qwen3_q4_0.json`: the same shapes laid out as llama.cpp's
   Q4_0: every matrix Q4_0 (rows of 256 and 512, which the engine reads in nibble words),
   the embedding table too, and an untied Q6_K output matrix.
@@ -56,7 +59,7 @@ rng = np.random.default_rng(27)
 
 BLOCK = {T.Q8_0: (32, 34), T.Q3_K: (256, 110), T.Q4_K: (256, 144), T.Q5_K: (256, 176), T.Q6_K: (256, 210),
          T.Q4_0: (32, 18), T.Q5_0: (32, 22), T.IQ4_NL: (32, 18), T.Q4_1: (32, 20),
-         T.Q5_1: (32, 24)}
+         T.Q5_1: (32, 24), T.IQ4_XS: (256, 136)}
 # The scale-led 32-element types: `f16 d` first.
 SMALL = (T.Q8_0, T.Q4_0, T.Q5_0, T.IQ4_NL)
 # f16 scales that stress the dequantizer: largest finite, smallest subnormal, smallest
@@ -76,7 +79,7 @@ def random_blocks(qtype, n_blocks, d_scale, extreme=True, g=None):
     k = min(len(EXTREME_D), n_blocks) if extreme else 0
     d[:k] = EXTREME_D[:k]
     dmin[:k] = EXTREME_D[::-1][:k]
-    if qtype in SMALL:
+    if qtype in SMALL or qtype == T.IQ4_XS:
         b[:, 0:2] = d.view(np.uint8).reshape(-1, 2)
     elif qtype in (T.Q4_K, T.Q5_K, T.Q4_1, T.Q5_1):
         b[:, 0:2] = d.view(np.uint8).reshape(-1, 2)
@@ -139,6 +142,11 @@ def write_blocks():
     b = random_blocks(T.Q3_K, 6 * 2, 0.01, g=g).reshape(6, 2 * BLOCK[T.Q3_K][1])
     w.add_tensor("q3_k.blocks", b, raw_dtype=T.Q3_K)
     w.add_tensor("q3_k.expected", dequantize(b, T.Q3_K).astype(np.float32))
+    # IQ4_XS from a sixth (random scale bytes: every 6-bit scale, `ls - 32` in -32..32).
+    g = np.random.default_rng(2736)
+    b = random_blocks(T.IQ4_XS, 6 * 2, 0.01, g=g).reshape(6, 2 * BLOCK[T.IQ4_XS][1])
+    w.add_tensor("iq4_xs.blocks", b, raw_dtype=T.IQ4_XS)
+    w.add_tensor("iq4_xs.expected", dequantize(b, T.IQ4_XS).astype(np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -368,6 +376,15 @@ def write_q4_0_model():
                       down=[T.Q4_0, T.Q4_0])
 
 
+def write_iq4_xs_model():
+    """An IQ4_XS Qwen3 file (see the module docs), from a generator of its own: llama.cpp's
+    IQ4_XS (without an importance matrix) gives the first eighth of the layers' down
+    projections Q5_K (here the first of two) and the output matrix Q6_K."""
+    write_k_mix_model("tiny_qwen3_iq4_xs", np.random.default_rng(2736), embd=T.IQ4_XS,
+                      q=T.IQ4_XS, v=[T.IQ4_XS, T.IQ4_XS], o=T.IQ4_XS, gate_up=T.IQ4_XS,
+                      down=[T.Q5_K, T.IQ4_XS])
+
+
 def write_k_mix_model(name, g, embd, q, v, o, gate_up, down):
     """A two-layer Qwen3-like file `name` (hidden 256, intermediate 512) whose
     matrices take the given types (`v` and `down` one a layer), from generator `g`,
@@ -387,7 +404,7 @@ def write_k_mix_model(name, g, embd, q, v, o, gate_up, down):
 
     def mat(gguf_name, hf_name, qtype, rows, cols):
         d_scale = {T.Q3_K: 0.00175, T.Q4_K: 0.0003, T.Q5_K: 0.00015, T.Q6_K: 0.0001,
-                   T.Q4_0: 0.002}[qtype]
+                   T.Q4_0: 0.002, T.IQ4_XS: 0.00005}[qtype]
         put(gguf_name, hf_name, qtype, (rows, cols), matrix(qtype, rows, cols, d_scale, g=g))
 
     def vec(gguf_name, hf_name, n):
@@ -516,5 +533,6 @@ if __name__ == "__main__":
     write_q5_k_model()
     write_q3_k_model()
     write_q4_0_model()
+    write_iq4_xs_model()
     for name in sorted(os.listdir(OUT)):
         print(name, os.path.getsize(os.path.join(OUT, name)))

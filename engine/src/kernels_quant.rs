@@ -78,7 +78,10 @@
 //! - Q6_K: the 6-bit values are the low nibbles with the high bits at bit 4 of each
 //!   byte; `d · xd · Σ_halves sc_h · (dot4(q6, x) − 32 Σ q_x)`;
 //! - Q3_K (the Q6_K kernels' `LAYOUT = 1` variants): each byte lane's 2-bit field with
-//!   its high bit at bit 2; Q6_K's sum with 4 for 32.
+//!   its high bit at bit 2; Q6_K's sum with 4 for 32;
+//! - IQ4_XS (the Q4_K kernels' `LAYOUT = 4` variants): each half of a word is four
+//!   4-bit indices, looked up in IQ4_NL's 16-byte table by three `byte_perm`s as signed
+//!   bytes; `xd · d · (sc − 32) · Σ dot4(K[q], x)`.
 //!
 //! The integer sums are exact; the f32 scaling is the only rounding before the output's.
 //! A program keeps one f32 partial sum per row and block across its tiles and reduces
@@ -583,13 +586,30 @@ fn activation_blocks<const ACT: usize>(
     (x_lo, x_hi, x_d)
 }
 
+/// IQ4_NL's table (`gguf::quant::IQ4_NL_VALUES`, llama.cpp's `kvalues_iq4nl`) at the
+/// four 4-bit indices in bits 0-15 of each `sel`, as four signed bytes: entries 0-7 and
+/// 8-15 by one `byte_perm` each from the table's four words, then per byte the one that
+/// bit 3 of its index picks.
+#[tile_fn(crate = tilefuse_dsl)]
+fn iq4_values(sel: Tile<u32>) -> Tile<u32> {
+    // Weight-shaped constants, folded by the compiler (as `q4_k_tile`'s `ones`).
+    let t0 = (sel & 0) | 0xBFAD_9881;
+    let t1 = (sel & 0) | 0xF6EA_DDCF;
+    let t2 = (sel & 0) | 0x2619_0D01;
+    let t3 = (sel & 0) | 0x7159_4535;
+    let low = byte_perm(t0, t1, sel);
+    let high = byte_perm(t2, t3, sel);
+    byte_perm(low, high, 0x3210 | ((sel & 0x8888) >> 1))
+}
+
 /// One tile's Q4_K sums per row and block (`[n, blocks]`): `qt: [n, blocks, 4]` nibble
 /// words, `sc`, `m: [n, blocks]` sub-block scales and mins, `dd`, `dm: [n, blocks]`
 /// their super-blocks' scales, against activation blocks `blk` (valid where `blk_ok`).
 /// With a fifth bit a quant (`LAYOUT` 1, Q5_K, or 3, Q5_0), `ht: [n, blocks]` holds each
 /// block's fifth bits (bit `i` is element `i`'s); else it is not read. Q4_0 and Q5_0
 /// (`LAYOUT` 2 and 3) take `dd` as each block's own scale and read neither `sc`, `m`
-/// nor `dm`: `x = d (q - 8)` and `d (q - 16)` (see [`q4_k_gemv`]).
+/// nor `dm`: `x = d (q - 8)` and `d (q - 16)` (see [`q4_k_gemv`]). IQ4_XS (`LAYOUT`
+/// 4): `qt` holds table indices, `x = d (sc - 32) K[q]`, no `m` nor `dm`.
 #[tile_fn(crate = tilefuse_dsl)]
 #[allow(clippy::too_many_arguments)]
 fn q4_k_tile<const ACT: usize, const LAYOUT: usize>(
@@ -640,6 +660,14 @@ fn q4_k_tile<const ACT: usize, const LAYOUT: usize>(
         scaled = ((dots - x_sum * 8) as f32) * (dd as f32);
     } else if LAYOUT == 3 {
         scaled = ((dots - x_sum * 16) as f32) * (dd as f32);
+    } else if LAYOUT == 4 {
+        // IQ4_XS: the low half of word `w` selects the table values of activation word
+        // `w`'s elements, the high half those of word `4 + w` (`gguf::quant`'s
+        // `table_nibble_at`); `Σ K[q] x` exact in integers, then `ls - 32`, then `d`.
+        let v_lo = iq4_values(qt).bitcast::<i32>();
+        let v_hi = iq4_values(qt >> 16).bitcast::<i32>();
+        let dots4 = dot4(v_lo, x_lo3, 0).sum(2) + dot4(v_hi, x_hi3, 0).sum(2);
+        scaled = ((dots4 * ((sc as i32) - 32)) as f32) * (dd as f32);
     }
     scaled * x_d.expand_dims(0)
 }
@@ -650,7 +678,7 @@ fn q4_k_tile<const ACT: usize, const LAYOUT: usize>(
 /// `qh` not read), the sub-block scales and mins, and the super-blocks' `d` and `dmin`
 /// (`[n, blocks]`). Q4_0 and Q5_0 (`LAYOUT` 2 and 3) read a scale a block from `d`
 /// (`s_rows`' indexing), and neither `scales`, `mins` nor `dmin` (zeros and `d`'s
-/// values in their places).
+/// values in their places); IQ4_XS (`LAYOUT` 4) reads no `mins` nor `dmin`.
 #[tile_fn(crate = tilefuse_dsl)]
 #[allow(clippy::too_many_arguments)]
 fn q4_k_weights<const LAYOUT: usize>(
@@ -687,15 +715,20 @@ fn q4_k_weights<const LAYOUT: usize>(
     let none = (s_rows + blk.expand_dims(0)) & 0;
     let (mut sct, mut mt) = (none as u8, none as u8);
     let (mut dt, mut dmint) = (none as f16, none as f16);
-    if LAYOUT >= 2 {
+    if (LAYOUT == 2) | (LAYOUT == 3) {
         dt = load(d + s_rows + blk.expand_dims(0), ok, 0.0);
         dmint = dt;
     } else {
         sct = load(scales + s_rows + blk.expand_dims(0), ok, 0);
-        mt = load(mins + s_rows + blk.expand_dims(0), ok, 0);
+        if LAYOUT < 2 {
+            mt = load(mins + s_rows + blk.expand_dims(0), ok, 0);
+        }
         let sb = (blk / 8).expand_dims(0);
         dt = load(d + d_rows + sb, ok, 0.0);
-        dmint = load(dmin + d_rows + sb, ok, 0.0);
+        dmint = dt;
+        if LAYOUT < 2 {
+            dmint = load(dmin + d_rows + sb, ok, 0.0);
+        }
     }
     (qt, ht, sct, mt, dt, dmint)
 }
@@ -845,7 +878,10 @@ fn q4_k_row_sums_prefetch<const BLOCK_K: usize, const ACT: usize, const LAYOUT: 
 /// 3 read Q4_0 and Q5_0 matrices in the same nibble words (and fifth bits), with one
 /// scale a 32-element block, `d: f16[n, k / 32]`, and no `scales`, `mins` or `dmin`
 /// (not read): the file's 18 and 22 bytes a block (docs/perf.md, "Q4_0 and Q5_0 in
-/// nibble words").
+/// nibble words"). `LAYOUT = 4` reads an IQ4_XS matrix: `q` holds table indices
+/// (`gguf::quant::table_nibble_at`), `scales` each block's `ls` (`x = d (ls - 32)
+/// K[q]`), and `mins` and `dmin` are not read: 138 bytes a super-block (the file's
+/// 136).
 #[kernel(
     crate = tilefuse_dsl,
     BLOCK_N = [1, 2, 4, 8, 16, 32, 64],
@@ -893,13 +929,14 @@ fn q4_k_row_sums_prefetch<const BLOCK_K: usize, const ACT: usize, const LAYOUT: 
     // 248 registers and a spill at 4 warps (tests/ptxas_all.rs): 1024 columns take 8.
     skip(SILU_Q = 1, BLOCK_K = 1024, num_warps = 4),
     // The weights' format: 0 Q4_K, 1 Q5_K (the fifth bits from `qh`), 2 Q4_0, 3 Q5_0
-    // (a scale a block in `d`; no scales, mins or `dmin`). Files of the others are fewer
-    // than Q4_K_M ones: the tiles the step picks, and the `[gate; up]` SILU_Q variant
-    // for Q4_0 (whole Q4_0 files) only.
-    LAYOUT = [0, 1, 2, 3],
+    // (a scale a block in `d`; no scales, mins or `dmin`), 4 IQ4_XS (table indices; no
+    // mins or `dmin`). Files of the others are fewer than Q4_K_M ones: the tiles the
+    // step picks, and the `[gate; up]` SILU_Q variant for Q4_0 and IQ4_XS (whole files
+    // of them) only.
+    LAYOUT = [0, 1, 2, 3, 4],
     skip(LAYOUT = [1, 3], SILU_Q = 1),
-    skip(LAYOUT = [1, 2, 3], BLOCK_N = [1, 2, 32]),
-    skip(LAYOUT = [1, 2, 3], BLOCK_K = 256),
+    skip(LAYOUT = [1, 2, 3, 4], BLOCK_N = [1, 2, 32]),
+    skip(LAYOUT = [1, 2, 3, 4], BLOCK_K = 256),
     // 1: the timeline stamps (`crate::kernels::stamp_now`), 0: none compiled.
     STAMPS = [0, 1]
 )]
@@ -1783,14 +1820,14 @@ fn q4_k_token<const I: usize, const LAYOUT: usize>(
 }
 
 /// [`q8_0_gemv_tokens`] over a Q4_K matrix (the layout of [`q4_k_gemv`]), or with
-/// `LAYOUT` 1, 2 or 3 a Q5_K, Q4_0 or Q5_0 one.
+/// `LAYOUT` 1, 2, 3 or 4 a Q5_K, Q4_0, Q5_0 or IQ4_XS one.
 #[kernel(
     crate = tilefuse_dsl,
     BLOCK_N = [4, 8, 16],
     BLOCK_K = [512, 1024],
     T = [2, 4, 8],
     RESIDUAL = [0, 1],
-    LAYOUT = [0, 1, 2, 3],
+    LAYOUT = [0, 1, 2, 3, 4],
     num_warps = [4]
 )]
 #[allow(clippy::too_many_arguments)]
@@ -2112,8 +2149,9 @@ pub fn dequantize_q8_0<const R: usize, const BLOCKS: usize, const MIN: usize>(
 /// A Q4_K matrix (the arrays of [`q4_k_gemv`]) as bf16 rows `row0..row0 + n` of `out`
 /// (`[.., k]`): `(d * sc) * q - dmin * m`; with `LAYOUT = 1` a Q5_K one, `q` taking its
 /// fifth bit from `qh`; with `LAYOUT` 2 or 3 a Q4_0 or Q5_0 one, `d * (q - 8)` or
-/// `d * (q - 16)` with `d` the block's.
-#[kernel(crate = tilefuse_dsl, R = [1, 4], BLOCKS = [8, 32], LAYOUT = [0, 1, 2, 3], num_warps = [4])]
+/// `d * (q - 16)` with `d` the block's; with `LAYOUT = 4` an IQ4_XS one, `(d * (sc -
+/// 32)) * K[q]`.
+#[kernel(crate = tilefuse_dsl, R = [1, 4], BLOCKS = [8, 32], LAYOUT = [0, 1, 2, 3, 4], num_warps = [4])]
 #[allow(clippy::too_many_arguments)]
 pub fn dequantize_q4_k<const R: usize, const BLOCKS: usize, const LAYOUT: usize>(
     q: Ptr<u32>,
@@ -2145,9 +2183,11 @@ pub fn dequantize_q4_k<const R: usize, const BLOCKS: usize, const LAYOUT: usize>
     let mut sc = (s_at & 0) as f32;
     let mut m = sc;
     let mut d_at = s_at;
-    if LAYOUT < 2 {
+    if (LAYOUT < 2) | (LAYOUT == 4) {
         sc = load(scales + s_at, ok, 0) as f32;
-        m = load(mins + s_at, ok, 0) as f32;
+        if LAYOUT < 2 {
+            m = load(mins + s_at, ok, 0) as f32;
+        }
         d_at = (rows * (blocks / 8)).expand_dims(1) + (blk / 8).expand_dims(0);
     }
     let dd = load(d + d_at, ok, 0.0) as f32;
@@ -2177,6 +2217,14 @@ pub fn dequantize_q4_k<const R: usize, const BLOCKS: usize, const LAYOUT: usize>
         v = ((nib.bitcast::<i32>() - 8) as f32) * dd.expand_dims(2).expand_dims(3);
     } else if LAYOUT == 3 {
         v = ((nib.bitcast::<i32>() - 16) as f32) * dd.expand_dims(2).expand_dims(3);
+    } else if LAYOUT == 4 {
+        // IQ4_XS: element `16 h + 4 w + b` is nibble `4 h + b` of word `w`; its table
+        // value as a signed byte, times `d * (ls - 32)` as the file's dequantization
+        // rounds it.
+        let at = ((offs & 16) + ((offs & 3) << 2)).bitcast::<u32>();
+        let k = iq4_values((words >> at) & 15) << 24;
+        let dl = dd * (sc - 32.0);
+        v = ((k.bitcast::<i32>() >> 24) as f32) * dl.expand_dims(2).expand_dims(3);
     }
     store(out + offs, v as bf16, ok3.expand_dims(3));
 }

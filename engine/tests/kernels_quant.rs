@@ -68,7 +68,7 @@ fn random_blocks(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize, extreme:
                 };
             }
             match ty {
-                GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => {
+                GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::IQ4_XS => {
                     blk[0..2].copy_from_slice(&d.to_le_bytes())
                 }
                 GgmlType::Q4_1 | GgmlType::Q5_1 => {
@@ -346,6 +346,7 @@ fn check_type(ty: GgmlType, seed: u64) {
                         GgmlType::Q4_0,
                         GgmlType::Q5_0,
                         GgmlType::Q3_K,
+                        GgmlType::IQ4_XS,
                     ]
                     .contains(&m.ggml_type());
                     let step_tile = (4..=16).contains(&cfg.block_n) && cfg.block_k >= 512;
@@ -643,6 +644,13 @@ fn q6_k_gemv_matches_host() {
 #[test]
 fn q3_k_gemv_matches_host() {
     check_type(GgmlType::Q3_K, 0x0303);
+}
+
+/// IQ4_XS through the Q4_K kernels' `LAYOUT = 4` variants: table indices looked up by
+/// `byte_perm` as signed bytes, a scale `ls - 32` a block.
+#[test]
+fn iq4_xs_gemv_matches_host() {
+    check_type(GgmlType::IQ4_XS, 0x1404);
 }
 
 /// The normed `[gate; up]` GEMV that writes the down projection's int8 input itself
@@ -1049,6 +1057,7 @@ fn dequantization_matches_the_host_model() {
             GgmlType::Q3_K,
             GgmlType::Q4_0,
             GgmlType::Q5_0,
+            GgmlType::IQ4_XS,
         ] {
             let min_k = ty.block().unwrap().0 as usize;
             let mut shapes = vec![(5, min_k), (9, 1024 + min_k), (24, 512)];
@@ -1117,6 +1126,7 @@ fn multi_token_gemvs_match_the_single_token_gemv() {
             GgmlType::Q3_K,
             GgmlType::Q4_0,
             GgmlType::Q5_0,
+            GgmlType::IQ4_XS,
         ] {
             let min_k = ty.block().unwrap().0 as usize;
             let mut shapes = vec![(24, 512), (9, 1024 + min_k)];

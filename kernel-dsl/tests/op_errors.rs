@@ -240,7 +240,11 @@ mod byte_perm {
         );
         check(
             "store(u, byte_perm(load(u), load(i), 0x3210));",
-            &["second word of `byte_perm` is i32", "both u32", "`.bitcast::<u32>()`"],
+            &[
+                "second word of `byte_perm` is i32",
+                "both u32",
+                "`.bitcast::<u32>()`",
+            ],
         );
         check(
             "store(u, byte_perm(load(u), load(b), 0x3210));",
@@ -266,10 +270,7 @@ mod byte_perm {
     fn byte_perm_keeps_its_words_dtype() {
         // The result is the words' dtype: storing u32 words into an i32 buffer is an
         // error, a literal word takes the other's dtype.
-        check(
-            "store(i, byte_perm(load(u), 0, 0x3210));",
-            &["u32"],
-        );
+        check("store(i, byte_perm(load(u), 0, 0x3210));", &["u32"]);
         let spec = tilefuse_dsl::Specialization {
             consts: vec![],
             num_warps: 4,

@@ -15,7 +15,8 @@ pub struct BenchArgs {
     /// The weights' format: `bf16`, or random blocks in GGUF's formats at the preset's
     /// shapes, read by the quantized GEMVs: `q8_0` (every matrix), `q4_k_m`
     /// (llama.cpp's mix of Q4_K and Q6_K), `q5_k_m` (Q5_K and Q6_K), `q3_k_m` (Q3_K
-    /// beside Q4_K and Q5_K) or `q4_0` (Q4_0, a Q6_K head). A quantized
+    /// beside Q4_K and Q5_K), `iq4_xs` (IQ4_XS beside Q5_K) or `q4_0` (Q4_0, a Q6_K
+    /// head). A quantized
     /// run first times bf16 in the same
     /// process and prints the two side by side.
     #[arg(long, default_value = "bf16")]

@@ -1,5 +1,5 @@
 //! Quantized weights for the decode benchmark (`tilefuse bench --weights q4_k_m`,
-//! `q5_k_m`, `q3_k_m`, `q4_0` or `q8_0`):
+//! `q5_k_m`, `q3_k_m`, `iq4_xs`, `q4_0` or `q8_0`):
 //! random blocks in GGUF's formats at a preset's real shapes, mixed per matrix as
 //! llama.cpp's quantizer mixes them.
 
@@ -30,6 +30,9 @@ pub enum WeightFormat {
     Q3KM,
     /// llama.cpp's Q4_0: every layer matrix Q4_0, the LM head Q6_K.
     Q4_0,
+    /// llama.cpp's IQ4_XS mix (without an importance matrix): IQ4_XS beside Q5_K (read
+    /// at 138 bytes a super-block by the Q4_K kernels).
+    IQ4XS,
 }
 
 impl FromStr for WeightFormat {
@@ -43,9 +46,10 @@ impl FromStr for WeightFormat {
             "q5_k_m" => Ok(WeightFormat::Q5KM),
             "q3_k_m" => Ok(WeightFormat::Q3KM),
             "q4_0" => Ok(WeightFormat::Q4_0),
+            "iq4_xs" => Ok(WeightFormat::IQ4XS),
             _ => Err(EngineError::Option {
                 message: format!(
-                    "unknown weight format `{s}` (bf16, q8_0, q4_k_m, q5_k_m, q3_k_m, q4_0)"
+                    "unknown weight format `{s}` (bf16, q8_0, q4_k_m, q5_k_m, q3_k_m, iq4_xs, q4_0)"
                 ),
             }),
         }
@@ -61,6 +65,7 @@ impl fmt::Display for WeightFormat {
             WeightFormat::Q5KM => "q5_k_m",
             WeightFormat::Q3KM => "q3_k_m",
             WeightFormat::Q4_0 => "q4_0",
+            WeightFormat::IQ4XS => "iq4_xs",
         })
     }
 }
@@ -79,14 +84,22 @@ impl WeightFormat {
     /// is Q3_K for q, k, gate and up, Q4_K for O, and for `attn_v` Q5_K in the first
     /// two layers and Q4_K after, for `ffn_down` Q5_K in the first sixteenth of the
     /// layers and Q4_K after (llama.cpp's rule for every architecture but Falcon). Q4_0
-    /// is Q4_0 everywhere (its rule raises no matrix), with a Q6_K head. Matrices
-    /// whose rows a K-quant does not fit take [`fallback`]'s type in
-    /// [`WeightFormat::random_weights`].
+    /// is Q4_0 everywhere (its rule raises no matrix), with a Q6_K head. IQ4_XS is
+    /// IQ4_XS everywhere but `ffn_down` in the first eighth of the layers, Q5_K (the rule
+    /// without an importance matrix), and `attn_v` where four or more query heads share
+    /// a KV head, Q5_K ([`WeightFormat::random_weights`] applies that one, which needs
+    /// the config); a Q6_K head. Matrices whose rows a K-quant does not fit take
+    /// [`fallback`]'s type in [`WeightFormat::random_weights`].
     pub fn layer_types(self, layer: usize, layers: usize) -> Option<LayerTypes> {
         let base = match self {
             WeightFormat::Bf16 => return None,
             WeightFormat::Q8_0 => return Some([GgmlType::Q8_0; 7]),
             WeightFormat::Q4_0 => return Some([GgmlType::Q4_0; 7]),
+            WeightFormat::IQ4XS => {
+                let (iq, q5) = (GgmlType::IQ4_XS, GgmlType::Q5_K);
+                let down = if layer < layers / 8 { q5 } else { iq };
+                return Some([iq, iq, iq, iq, iq, iq, down]);
+            }
             WeightFormat::Q4KM => GgmlType::Q4_K,
             WeightFormat::Q5KM => GgmlType::Q5_K,
             WeightFormat::Q3KM => {
@@ -107,9 +120,11 @@ impl WeightFormat {
         match self {
             WeightFormat::Bf16 => None,
             WeightFormat::Q8_0 => Some(GgmlType::Q8_0),
-            WeightFormat::Q4KM | WeightFormat::Q5KM | WeightFormat::Q3KM | WeightFormat::Q4_0 => {
-                Some(GgmlType::Q6_K)
-            }
+            WeightFormat::Q4KM
+            | WeightFormat::Q5KM
+            | WeightFormat::Q3KM
+            | WeightFormat::Q4_0
+            | WeightFormat::IQ4XS => Some(GgmlType::Q6_K),
         }
     }
 
@@ -121,9 +136,12 @@ impl WeightFormat {
         let (qd, kvd, im) = (cfg.q_dim(), cfg.kv_dim(), cfg.intermediate_size);
         let mut layers = Vec::new();
         for i in 0..cfg.num_layers {
-            let Some(t) = self.layer_types(i, cfg.num_layers) else {
+            let Some(mut t) = self.layer_types(i, cfg.num_layers) else {
                 break;
             };
+            if self == WeightFormat::IQ4XS && cfg.num_heads >= 4 * cfg.num_kv_heads {
+                t[2] = GgmlType::Q5_K;
+            }
             let mut m =
                 |ty, rows, cols| random_matrix(&mut rng, fallback(ty, cols), rows, cols).map(Some);
             layers.push(QuantLayer {
@@ -149,7 +167,7 @@ impl WeightFormat {
 /// The type llama.cpp's quantizer writes for a matrix meant to be `ty` whose rows hold
 /// `cols` elements: a K-quant's 256-element super-blocks must tile the row, else
 /// (`llama_tensor_get_type`'s fallback) Q4_K becomes Q5_0, Q5_K Q5_1, Q6_K Q8_0 and
-/// Q3_K IQ4_NL, as in Qwen2.5-0.5B's Q4_K_M files (rows of 896). The engine reads Q5_0
+/// Q3_K and IQ4_XS IQ4_NL, as in Qwen2.5-0.5B's Q4_K_M files (rows of 896). The engine reads Q5_0
 /// (in such rows), IQ4_NL and Q8_0 as Q8_0, Q5_1 as Q8_0 with block offsets
 /// ([`crate::gguf::quant`]).
 pub fn fallback(ty: GgmlType, cols: usize) -> GgmlType {
@@ -157,7 +175,7 @@ pub fn fallback(ty: GgmlType, cols: usize) -> GgmlType {
         GgmlType::Q4_K if cols % 256 != 0 => GgmlType::Q5_0,
         GgmlType::Q5_K if cols % 256 != 0 => GgmlType::Q5_1,
         GgmlType::Q6_K if cols % 256 != 0 => GgmlType::Q8_0,
-        GgmlType::Q3_K if cols % 256 != 0 => GgmlType::IQ4_NL,
+        GgmlType::Q3_K | GgmlType::IQ4_XS if cols % 256 != 0 => GgmlType::IQ4_NL,
         _ => ty,
     }
 }
@@ -181,21 +199,24 @@ pub fn random_matrix(
         chunk.copy_from_slice(&r[..chunk.len()]);
     }
     // Largest |q| times scale: Q8_0 128 d, Q5_0 16 d, Q4_0 8 d, Q4_K 15 * 63 d, Q5_K
-    // 31 * 63 d, Q6_K 32 * 128 d, Q3_K 4 * 32 d, IQ4_NL 127 d.
+    // 31 * 63 d, Q6_K 32 * 128 d, Q3_K 4 * 32 d, IQ4_NL 127 d, IQ4_XS 127 * 32 d.
     let d_max = match ty {
         GgmlType::Q8_0 | GgmlType::IQ4_NL | GgmlType::Q3_K => 0.05 / 128.0,
         GgmlType::Q5_0 | GgmlType::Q5_1 => 0.05 / 16.0,
         GgmlType::Q4_0 => 0.05 / 8.0,
         GgmlType::Q4_K => 0.05 / 945.0,
         GgmlType::Q5_K => 0.05 / 1953.0,
+        GgmlType::IQ4_XS => 0.05 / 4064.0,
         _ => 0.05 / 4096.0,
     };
     for blk in bytes.chunks_exact_mut(size) {
         let d = f16::from_f32(d_max * (0.5 + (rng.next_u32() % 1024) as f32 / 2048.0));
         match ty {
-            GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q4_0 | GgmlType::IQ4_NL => {
-                blk[0..2].copy_from_slice(&d.to_le_bytes())
-            }
+            GgmlType::Q8_0
+            | GgmlType::Q5_0
+            | GgmlType::Q4_0
+            | GgmlType::IQ4_NL
+            | GgmlType::IQ4_XS => blk[0..2].copy_from_slice(&d.to_le_bytes()),
             GgmlType::Q5_1 => {
                 // The offset centres the block's 0..32 quants on zero, as trained
                 // weights' minima do.
@@ -273,6 +294,35 @@ mod tests {
         let gate = w.layers[0].gate.as_ref().unwrap();
         assert_eq!(gate.ggml_type(), GgmlType::Q4_0);
         assert_eq!(gate.device_bytes(), 512 * 1024 / 32 * 18);
+    }
+
+    /// IQ4_XS without an importance matrix: Q5_K down projections in the first eighth of
+    /// the layers, a Q5_K `v` where four or more query heads share a KV head (Qwen3-8B's
+    /// 32 over 8, not Qwen3-0.6B's 16 over 8), IQ4_XS elsewhere at 138 bytes a
+    /// super-block; IQ4_NL in rows no super-block fits.
+    #[test]
+    fn iq4_xs_keeps_llama_cpps_q5_k_matrices() {
+        let (iq, q5) = (GgmlType::IQ4_XS, GgmlType::Q5_K);
+        let f: WeightFormat = "IQ4_XS".parse().unwrap();
+        assert_eq!(f.to_string(), "iq4_xs");
+        assert_eq!(f.layer_types(3, 36), Some([iq, iq, iq, iq, iq, iq, q5]));
+        assert_eq!(f.layer_types(4, 36), Some([iq; 7]));
+        assert_eq!(f.head_type(), Some(GgmlType::Q6_K));
+        assert_eq!(fallback(iq, 896), GgmlType::IQ4_NL);
+        for (preset, v) in [("qwen3-0.6b", iq), ("qwen3-8b", q5)] {
+            let mut cfg = crate::preset::config(preset).unwrap();
+            (cfg.num_layers, cfg.intermediate_size, cfg.vocab_size) = (9, 512, 512);
+            cfg.hidden_size = 512;
+            let w = f.random_weights(&cfg, 5).unwrap();
+            let l = &w.layers[1];
+            assert_eq!(l.v.as_ref().unwrap().ggml_type(), v, "{preset}");
+            assert_eq!(l.down.as_ref().unwrap().ggml_type(), iq, "{preset}");
+            assert_eq!(w.layers[0].down.as_ref().unwrap().ggml_type(), q5);
+            let gate = l.gate.as_ref().unwrap();
+            assert_eq!(gate.device_bytes(), 512 * 512 / 256 * 138);
+            // Values of a trained model's size: within 0.05.
+            assert!(gate.dequantize().iter().all(|v| v.abs() <= 0.05));
+        }
     }
 
     /// Qwen2.5-0.5B in Q4_K_M as llama.cpp writes it: the rows of 896 (q, k, v, o,

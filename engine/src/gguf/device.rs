@@ -95,13 +95,14 @@ pub fn dequant_tile(ty: GgmlType) -> (usize, usize) {
 }
 
 /// Whether the Q4_K kernels read matrices of device type `ty` (their `LAYOUT`s: Q4_K,
-/// Q5_K, and Q4_0 and Q5_0 in nibble words).
+/// Q5_K, Q4_0 and Q5_0 in nibble words, IQ4_XS in table-index words).
 fn read_by_q4_k_kernels(ty: GgmlType) -> bool {
     [
         GgmlType::Q4_K,
         GgmlType::Q5_K,
         GgmlType::Q4_0,
         GgmlType::Q5_0,
+        GgmlType::IQ4_XS,
     ]
     .contains(&ty)
 }
@@ -689,7 +690,7 @@ impl QuantTiles {
             let bad = || {
                 crate::error::EngineError::Option {
                 message: format!(
-                    "quantized tile `{entry}`: expected `[norm:][TYPE:]ROWSxCOLS=n,k,warps` (TYPE: Q8_0, Q4_K, Q5_K, Q6_K, Q4_0, Q5_0 or Q3_K)"
+                    "quantized tile `{entry}`: expected `[norm:][TYPE:]ROWSxCOLS=n,k,warps` (TYPE: Q8_0, Q4_K, Q5_K, Q6_K, Q4_0, Q5_0, Q3_K or IQ4_XS)"
                 ),
             }
             };
@@ -707,6 +708,7 @@ impl QuantTiles {
                         GgmlType::Q4_0,
                         GgmlType::Q5_0,
                         GgmlType::Q3_K,
+                        GgmlType::IQ4_XS,
                     ]
                     .into_iter()
                     .find(|t| t.name().eq_ignore_ascii_case(name.trim()))
@@ -818,6 +820,16 @@ pub enum QuantBuffers {
         /// `[rows, cols / 256]`.
         d: Buffer<f16>,
     },
+    /// IQ4_XS: table-index words, block scales, super-block scales (read by the Q4_K
+    /// kernels' `LAYOUT = 4` variants).
+    IQ4XS {
+        /// `[rows, cols / 8]`.
+        q: Buffer<u32>,
+        /// `[rows, cols / 32]`.
+        scales: Buffer<u8>,
+        /// `[rows, cols / 256]`.
+        d: Buffer<f16>,
+    },
     /// Q3_K: four words a block (quants and the block's scales), super-block scales
     /// (read by the Q6_K kernels' `LAYOUT = 1` variants).
     Q3K {
@@ -857,7 +869,8 @@ impl DeviceQuantMatrix {
             QuantBuffers::Q8_0 { q, .. }
             | QuantBuffers::Q4K { q, .. }
             | QuantBuffers::Q4_0 { q, .. }
-            | QuantBuffers::Q3K { q, .. } => q,
+            | QuantBuffers::Q3K { q, .. }
+            | QuantBuffers::IQ4XS { q, .. } => q,
             QuantBuffers::Q6K { ql, .. } => ql,
         }
     }
@@ -904,6 +917,11 @@ impl DeviceQuantMatrix {
                 q: dev.upload(q)?,
                 d: dev.upload(d)?,
             },
+            PackedMatrix::IQ4XS { q, scales, d, .. } => QuantBuffers::IQ4XS {
+                q: dev.upload(q)?,
+                scales: dev.upload(scales)?,
+                d: dev.upload(d)?,
+            },
         };
         Ok(DeviceQuantMatrix {
             rows,
@@ -924,6 +942,7 @@ impl DeviceQuantMatrix {
             QuantBuffers::Q4_0 { qh: Some(_), .. } => GgmlType::Q5_0,
             QuantBuffers::Q6K { .. } => GgmlType::Q6_K,
             QuantBuffers::Q3K { .. } => GgmlType::Q3_K,
+            QuantBuffers::IQ4XS { .. } => GgmlType::IQ4_XS,
         }
     }
 
@@ -931,7 +950,9 @@ impl DeviceQuantMatrix {
     pub fn kernel(&self) -> &'static KernelDef {
         match self.buffers {
             QuantBuffers::Q8_0 { .. } => &Q8_0_GEMV,
-            QuantBuffers::Q4K { .. } | QuantBuffers::Q4_0 { .. } => &Q4_K_GEMV,
+            QuantBuffers::Q4K { .. } | QuantBuffers::Q4_0 { .. } | QuantBuffers::IQ4XS { .. } => {
+                &Q4_K_GEMV
+            }
             QuantBuffers::Q6K { .. } | QuantBuffers::Q3K { .. } => &Q6_K_GEMV,
         }
     }
@@ -1084,7 +1105,7 @@ impl DeviceQuantMatrix {
                 .is_ok()
     }
 
-    /// Whether the Q4_K kernels read this matrix (Q4_K, Q5_K, Q4_0 and Q5_0).
+    /// Whether the Q4_K kernels read this matrix (Q4_K, Q5_K, Q4_0, Q5_0 and IQ4_XS).
     fn q4_k_kernel(&self) -> bool {
         read_by_q4_k_kernels(self.ggml_type())
     }
@@ -1126,6 +1147,19 @@ impl DeviceQuantMatrix {
                     qh.as_ref().unwrap_or(q).into(),
                     KernelArg::read_as::<u8, u32>(q)?,
                     KernelArg::read_as::<u8, u32>(q)?,
+                    d.into(),
+                    d.into(),
+                ],
+                8,
+            ),
+            // The Q4_K kernels' `qh`, `mins` and `dmin`, not read for IQ4_XS, point at
+            // the index words, the scales and `d`.
+            QuantBuffers::IQ4XS { q, scales, d } => (
+                vec![
+                    q.into(),
+                    q.into(),
+                    scales.into(),
+                    scales.into(),
                     d.into(),
                     d.into(),
                 ],
@@ -1250,7 +1284,9 @@ impl DeviceQuantMatrix {
         let launch = LaunchConfig::from(grid).num_warps(4);
         let kernel = match self.buffers {
             QuantBuffers::Q8_0 { .. } => &Q8_0_GEMV_TOKENS,
-            QuantBuffers::Q4K { .. } | QuantBuffers::Q4_0 { .. } => &Q4_K_GEMV_TOKENS,
+            QuantBuffers::Q4K { .. } | QuantBuffers::Q4_0 { .. } | QuantBuffers::IQ4XS { .. } => {
+                &Q4_K_GEMV_TOKENS
+            }
             QuantBuffers::Q6K { .. } | QuantBuffers::Q3K { .. } => &Q6_K_GEMV_TOKENS,
         };
         let (mut args, k_words) = self.weight_args(true)?;
@@ -1278,7 +1314,7 @@ impl DeviceQuantMatrix {
 
     /// The layout's constant of every kernel over this matrix (the GEMV's before
     /// `STAMPS`, the multi-token GEMV's and the dequantizer's last): `LAYOUT` of the
-    /// Q4_K kernels (0 Q4_K, 1 Q5_K, 2 Q4_0, 3 Q5_0), `MIN` of the Q8_0 ones (1 for Q4_1
+    /// Q4_K kernels (0 Q4_K, 1 Q5_K, 2 Q4_0, 3 Q5_0, 4 IQ4_XS), `MIN` of the Q8_0 ones (1 for Q4_1
     /// and Q5_1), `LAYOUT` of the Q6_K ones (0 Q6_K, 1 Q3_K).
     fn layout_const(&self) -> i64 {
         match &self.buffers {
@@ -1287,6 +1323,7 @@ impl DeviceQuantMatrix {
             QuantBuffers::Q8_0 { m, .. } => i64::from(m.is_some()),
             QuantBuffers::Q6K { .. } => 0,
             QuantBuffers::Q3K { .. } => 1,
+            QuantBuffers::IQ4XS { .. } => 4,
         }
     }
 
@@ -1336,7 +1373,9 @@ impl DeviceQuantMatrix {
         let (n, row0) = (self.rows as i32, row0 as i32);
         let kernel = match self.buffers {
             QuantBuffers::Q8_0 { .. } => &DEQUANTIZE_Q8_0,
-            QuantBuffers::Q4K { .. } | QuantBuffers::Q4_0 { .. } => &DEQUANTIZE_Q4_K,
+            QuantBuffers::Q4K { .. } | QuantBuffers::Q4_0 { .. } | QuantBuffers::IQ4XS { .. } => {
+                &DEQUANTIZE_Q4_K
+            }
             QuantBuffers::Q6K { .. } | QuantBuffers::Q3K { .. } => &DEQUANTIZE_Q6_K,
         };
         let (mut args, k_words) = self.weight_args(false)?;

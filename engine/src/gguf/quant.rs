@@ -133,6 +133,8 @@ impl GgmlType {
     pub const Q5_1: GgmlType = GgmlType(7);
     /// 32-element blocks of 4-bit indices into a fixed table and an f16 scale.
     pub const IQ4_NL: GgmlType = GgmlType(20);
+    /// 256-element super-blocks of 4-bit indices into IQ4_NL's table and 6-bit scales.
+    pub const IQ4_XS: GgmlType = GgmlType(23);
     /// 32-element blocks of 8-bit quants and an f16 scale.
     pub const Q8_0: GgmlType = GgmlType(8);
     /// 256-element super-blocks of 4-bit quants, 6-bit scales and mins.
@@ -168,6 +170,7 @@ impl GgmlType {
             Self::Q4_0,
             Self::Q5_0,
             Self::IQ4_NL,
+            Self::IQ4_XS,
             Self::Q4_1,
             Self::Q5_1,
             Self::Q8_0,
@@ -249,7 +252,7 @@ impl std::fmt::Display for GgmlType {
 
 /// The types [`dequantize`] reads, for messages.
 pub const SUPPORTED: &str =
-    "F32, F16, BF16, Q4_0, Q5_0, IQ4_NL, Q4_1, Q5_1, Q8_0, Q3_K, Q4_K, Q5_K, Q6_K";
+    "F32, F16, BF16, Q4_0, Q5_0, IQ4_NL, IQ4_XS, Q4_1, Q5_1, Q8_0, Q3_K, Q4_K, Q5_K, Q6_K";
 
 /// IQ4_NL's table: the value of each 4-bit index (llama.cpp's `kvalues_iq4nl`).
 pub const IQ4_NL_VALUES: [i8; 16] = [
@@ -294,6 +297,33 @@ pub fn dequantize_q5_0(block: &[u8], out: &mut [f32]) {
 /// Dequantizes one IQ4_NL block (18 bytes) into 32 values: `d * K[q]` in f32.
 pub fn dequantize_iq4_nl(block: &[u8], out: &mut [f32]) {
     dequantize_scaled_ints(GgmlType::IQ4_NL, block, out)
+}
+
+/// IQ4_XS's scale of block `j` (of 8) from a super-block's bytes: `ls` in `0..64`,
+/// four low bits from `scales_l` (byte 4 + j / 2) and two high from `scales_h` (the
+/// `u16` at byte 2); the block's values are `d * (ls - 32) * K[q]`.
+pub fn iq4_xs_scale(block: &[u8], j: usize) -> u8 {
+    let high = u16::from_le_bytes([block[2], block[3]]);
+    let low = (block[4 + j / 2] >> (4 * (j % 2))) & 15;
+    low | (((high >> (2 * j)) & 3) as u8) << 4
+}
+
+/// Element `e`'s table index in an IQ4_XS super-block (136 bytes: `d`, the scales, then
+/// 16 bytes of `qs` a 32-element block, element `l` in the low nibble of byte `l` and
+/// `l + 16` in its high one).
+fn iq4_xs_index(block: &[u8], e: usize) -> u8 {
+    let (j, i) = (e / 32, e % 32);
+    (block[8 + 16 * j + i % 16] >> (4 * (i / 16))) & 15
+}
+
+/// Dequantizes one IQ4_XS super-block (136 bytes) into 256 values: `(d * (ls - 32)) *
+/// K[q]` in f32, as llama.cpp's `dequantize_row_iq4_xs` rounds it.
+pub fn dequantize_iq4_xs(block: &[u8], out: &mut [f32]) {
+    let d = f16_at(block, 0);
+    for (e, o) in out[..256].iter_mut().enumerate() {
+        let dl = d * (iq4_xs_scale(block, e / 32) as i32 - 32) as f32;
+        *o = dl * IQ4_NL_VALUES[iq4_xs_index(block, e) as usize] as f32;
+    }
 }
 
 /// Dequantizes one Q4_1 block (20 bytes) into 32 values: `d * q + m` in f32.
@@ -473,6 +503,7 @@ pub fn dequantize(ty: GgmlType, bytes: &[u8], numel: usize, name: &str) -> Resul
         GgmlType::Q5_1 => blocks.for_each(|(b, o)| dequantize_q5_1(b, o)),
         GgmlType::Q5_0 => blocks.for_each(|(b, o)| dequantize_q5_0(b, o)),
         GgmlType::IQ4_NL => blocks.for_each(|(b, o)| dequantize_iq4_nl(b, o)),
+        GgmlType::IQ4_XS => blocks.for_each(|(b, o)| dequantize_iq4_xs(b, o)),
         GgmlType::Q8_0 => blocks.for_each(|(b, o)| dequantize_q8_0(b, o)),
         GgmlType::Q3_K => blocks.for_each(|(b, o)| dequantize_q3_k(b, o)),
         GgmlType::Q4_K => blocks.for_each(|(b, o)| dequantize_q4_k(b, o)),
@@ -573,6 +604,22 @@ pub enum PackedMatrix {
         /// `[rows, cols / 256]` super-block scales.
         d: Vec<f16>,
     },
+    /// IQ4_XS: 4-bit indices into IQ4_NL's table (read by the Q4_K kernels' `LAYOUT = 4`
+    /// variants), a 6-bit scale a 32-element block and an f16 one a super-block.
+    IQ4XS {
+        /// Rows (output features).
+        rows: usize,
+        /// Columns (input features), a multiple of 256.
+        cols: usize,
+        /// `[rows, cols / 8]` words of eight indices: per block, word `w` holds elements
+        /// `4 w..4 w + 4` in its low 16 bits and `16 + 4 w..` in its high ones, a nibble
+        /// each ([`table_nibble_at`]), as `byte_perm` selectors.
+        q: Vec<u32>,
+        /// `[rows, cols / 32]` block scales `ls` in `0..64` (`x = d * (ls - 32) * K[q]`).
+        scales: Vec<u8>,
+        /// `[rows, cols / 256]` super-block scales.
+        d: Vec<f16>,
+    },
     /// Q3_K, four words a 32-element block (read by the Q6_K kernels' `LAYOUT = 1`
     /// variants): two of 2-bit fields, one of high bits, one of the block's two scales.
     Q3K {
@@ -595,6 +642,16 @@ fn nibble_at(e: usize) -> (usize, u32) {
     let (block, i) = (e / 32, e % 32);
     let (h, w, b) = (i / 16, (i % 16) / 4, i % 4);
     (block * 4 + w, (8 * b + 4 * h) as u32)
+}
+
+/// Where element `e` of a row sits among an IQ4_XS row's index words: `(word, bit)`.
+/// Element `16 h + 4 w + b` of a block is nibble `4 h + b` of the block's word `w`, so
+/// each half of a word is four `byte_perm` selectors for the elements of activation word
+/// `w` (`h = 0`) or `4 + w` (`h = 1`), in element order.
+pub fn table_nibble_at(e: usize) -> (usize, u32) {
+    let (block, i) = (e / 32, e % 32);
+    let (h, w, b) = (i / 16, (i % 16) / 4, i % 4);
+    (block * 4 + w, (16 * h + 4 * b) as u32)
 }
 
 /// Where element `e` of a row sits among a Q6_K row's high-bit words: `(word, bit)`.
@@ -703,7 +760,7 @@ impl PackedMatrix {
             _ => {
                 return Err(EngineError::Unsupported {
                     message: format!(
-                        "tensor `{name}` has ggml type {}; the quantized GEMVs read Q8_0, Q4_K, Q5_K, Q6_K, Q4_0 and Q5_0 (IQ4_NL as Q8_0, Q4_1 and Q5_1 as Q8_0 with offsets, Q3_K by the Q6_K kernels)",
+                        "tensor `{name}` has ggml type {}; the quantized GEMVs read Q8_0, Q4_K, Q5_K, Q6_K, Q4_0 and Q5_0 (IQ4_NL as Q8_0, Q4_1 and Q5_1 as Q8_0 with offsets, Q3_K by the Q6_K kernels, IQ4_XS by the Q4_K kernels)",
                         ty.name()
                     ),
                 })
@@ -860,6 +917,39 @@ impl PackedMatrix {
                     qh,
                 }
             }
+            GgmlType::IQ4_XS => {
+                // Per super-block: 32 index words; 8 scales and `d`'s two bytes.
+                let mut q = vec![0u32; blocks * 32];
+                let mut meta = vec![0u8; blocks * 10];
+                in_parallel(
+                    bytes,
+                    block_bytes,
+                    (q.as_mut_slice(), 32),
+                    (meta.as_mut_slice(), 10),
+                    |b, words, meta| {
+                        pack_block(words, 256, 4, table_nibble_at, |e| {
+                            u32::from(iq4_xs_index(b, e))
+                        });
+                        for (j, s) in meta[..8].iter_mut().enumerate() {
+                            *s = iq4_xs_scale(b, j);
+                        }
+                        meta[8..10].copy_from_slice(&b[..2]);
+                    },
+                );
+                let mut scales = Vec::with_capacity(blocks * 8);
+                let mut d = Vec::with_capacity(blocks);
+                for m in meta.chunks_exact(10) {
+                    scales.extend_from_slice(&m[..8]);
+                    d.push(f16::from_le_bytes([m[8], m[9]]));
+                }
+                PackedMatrix::IQ4XS {
+                    rows,
+                    cols,
+                    q,
+                    scales,
+                    d,
+                }
+            }
             GgmlType::Q3_K => {
                 // Per super-block: four words a block, and `d`.
                 let mut q = vec![0u32; blocks * 32];
@@ -952,6 +1042,7 @@ impl PackedMatrix {
             PackedMatrix::Q4_0 { qh: Some(_), .. } => GgmlType::Q5_0,
             PackedMatrix::Q6K { .. } => GgmlType::Q6_K,
             PackedMatrix::Q3K { .. } => GgmlType::Q3_K,
+            PackedMatrix::IQ4XS { .. } => GgmlType::IQ4_XS,
         }
     }
 
@@ -962,7 +1053,8 @@ impl PackedMatrix {
             | PackedMatrix::Q4K { rows, cols, .. }
             | PackedMatrix::Q4_0 { rows, cols, .. }
             | PackedMatrix::Q6K { rows, cols, .. }
-            | PackedMatrix::Q3K { rows, cols, .. } => (rows, cols),
+            | PackedMatrix::Q3K { rows, cols, .. }
+            | PackedMatrix::IQ4XS { rows, cols, .. } => (rows, cols),
         }
     }
 
@@ -1024,6 +1116,13 @@ impl PackedMatrix {
                     let sc = (q[(i / 32) * 4 + 3] >> (8 * ((i / 16) % 2))) as u8 as i8;
                     let scale = d[i / 256].to_f32() * sc as f32;
                     *o = scale * qv as f32;
+                }
+            }
+            PackedMatrix::IQ4XS { q, scales, d, .. } => {
+                for (i, o) in out.iter_mut().enumerate() {
+                    let k = IQ4_NL_VALUES[field(q, i, 4, table_nibble_at) as usize];
+                    let scale = d[i / 256].to_f32() * (scales[i / 32] as i32 - 32) as f32;
+                    *o = scale * k as f32;
                 }
             }
         }
@@ -1158,6 +1257,22 @@ impl PackedMatrix {
                     _ => &[],
                 }),
             },
+            PackedMatrix::IQ4XS { .. } => PackedMatrix::IQ4XS {
+                rows,
+                cols,
+                q: cat(parts, |p| match p {
+                    PackedMatrix::IQ4XS { q, .. } => q,
+                    _ => &[],
+                }),
+                scales: cat(parts, |p| match p {
+                    PackedMatrix::IQ4XS { scales, .. } => scales,
+                    _ => &[],
+                }),
+                d: cat(parts, |p| match p {
+                    PackedMatrix::IQ4XS { d, .. } => d,
+                    _ => &[],
+                }),
+            },
         })
     }
 
@@ -1186,6 +1301,7 @@ impl PackedMatrix {
                 ql, qh, scales, d, ..
             } => 4 * (ql.len() + qh.len()) + scales.len() + 2 * d.len(),
             PackedMatrix::Q3K { q, d, .. } => 4 * q.len() + 2 * d.len(),
+            PackedMatrix::IQ4XS { q, scales, d, .. } => 4 * q.len() + scales.len() + 2 * d.len(),
         }
     }
 }
@@ -1494,6 +1610,59 @@ mod tests {
             .map(|e| q3k_quant(&bytes[e / 256 * 110..], e % 256))
             .collect();
         assert_eq!(qs, (-4..4).collect());
+    }
+
+    /// A hand-built IQ4_XS super-block, unpacked as llama.cpp's `dequantize_row_iq4_xs`
+    /// does: block `j`'s scale is the low or high nibble (`j % 2`) of `scales_l[j / 2]`
+    /// with bits `2 j..2 j + 2` of `scales_h` above it, less 32; element `l` of a block
+    /// is the low nibble of its `qs[l]`, `l + 16` the high one. The device layout (138
+    /// bytes) puts each index where `byte_perm` selects it and reads back the same values
+    /// bit for bit, random blocks too.
+    #[test]
+    fn iq4_xs_unpacks_like_llama_cpp_and_packs_exactly_at_138_bytes() {
+        let mut block = vec![0u8; 136];
+        block[..2].copy_from_slice(&f16::from_f32(0.25).to_le_bytes());
+        // Block 5: ls = 0b10_0111 = 39 (scale 7): low nibble 7 in the high half of
+        // scales_l[2], high bits 2 at bits 10..12 of scales_h.
+        block[4 + 2] = 7 << 4;
+        block[2..4].copy_from_slice(&(2u16 << 10).to_le_bytes());
+        // Block 0: ls = 0 (scale -32).
+        // Element 5 * 32 + 16 + 3: index 15 (113), the high nibble of qs[3] of block 5.
+        block[8 + 5 * 16 + 3] = 15 << 4;
+        // Element 2: index 1 (-104), the low nibble of block 0's qs[2].
+        block[8 + 2] = 1;
+        let mut out = [0f32; 256];
+        dequantize_iq4_xs(&block, &mut out);
+        assert_eq!(iq4_xs_scale(&block, 5), 39);
+        assert_eq!(iq4_xs_scale(&block, 0), 0);
+        assert_eq!(out[5 * 32 + 16 + 3], 0.25 * 7.0 * 113.0);
+        assert_eq!(out[2], 0.25 * -32.0 * -104.0);
+        assert_eq!(out[3], 0.25 * -32.0 * -127.0);
+        let packed = PackedMatrix::pack(GgmlType::IQ4_XS, &block, 1, 256, "w").unwrap();
+        let PackedMatrix::IQ4XS { q, scales, d, .. } = &packed else {
+            panic!("IQ4_XS packs as IQ4_XS");
+        };
+        // Element 16 + 3 of block 5 (word 0 of the block, h = 1, b = 3): nibble 7, bits
+        // 28..32 of the block's first word; element 2 of block 0: bits 8..12 of word 0.
+        assert_eq!(q[5 * 4] >> 28, 15);
+        assert_eq!((q[0] >> 8) & 15, 1);
+        assert_eq!((scales[0], scales[5], d[0].to_f32()), (0, 39, 0.25));
+        let mut state = 0x1A4_C0DE_5EED_0001u64;
+        super_block_packs_exactly(GgmlType::IQ4_XS, &block, &out, 138, &mut state);
+        // Every block scale the format can hold, in every block, packs and reads back.
+        for ls in 0..64u8 {
+            for j in 0..8 {
+                let mut b = block.clone();
+                let high = u16::from_le_bytes([b[2], b[3]]) & !(3 << (2 * j));
+                b[2..4].copy_from_slice(&(high | u16::from(ls >> 4) << (2 * j)).to_le_bytes());
+                b[4 + j / 2] = (b[4 + j / 2] & !(15 << (4 * (j % 2)))) | (ls & 15) << (4 * (j % 2));
+                assert_eq!(iq4_xs_scale(&b, j), ls);
+                let packed = PackedMatrix::pack(GgmlType::IQ4_XS, &b, 1, 256, "w").unwrap();
+                let mut want = [0f32; 256];
+                dequantize_iq4_xs(&b, &mut want);
+                assert_eq!(packed.dequantize(), want.to_vec(), "ls {ls} in block {j}");
+            }
+        }
     }
 
     /// A hand-built Q5_0 block: the fifth bit of element `e` is bit `e` of `qh`, the

@@ -67,7 +67,9 @@ fn kernel() -> Kernel {
 /// The host's `byte_perm` (CUDA's `__byte_perm`): bytes taken apart by shifts.
 fn host_byte_perm(a: u32, b: u32, sel: u32) -> u32 {
     let bytes = [a.to_le_bytes(), b.to_le_bytes()].concat();
-    let out: Vec<u8> = (0..4).map(|n| bytes[((sel >> (4 * n)) & 7) as usize]).collect();
+    let out: Vec<u8> = (0..4)
+        .map(|n| bytes[((sel >> (4 * n)) & 7) as usize])
+        .collect();
     u32::from_le_bytes([out[0], out[1], out[2], out[3]])
 }
 
@@ -80,7 +82,10 @@ fn host_byte_perm_follows_cudas_examples() {
     assert_eq!(host_byte_perm(x, y, 0x0123), 0x1122_3344);
     assert_eq!(host_byte_perm(x, y, 0x5140), 0x6622_5511);
     // Bit 3 of each nibble and bits 16.. are ignored.
-    assert_eq!(host_byte_perm(x, y, 0xFFFF_BA98), host_byte_perm(x, y, 0x3210));
+    assert_eq!(
+        host_byte_perm(x, y, 0xFFFF_BA98),
+        host_byte_perm(x, y, 0x3210)
+    );
 }
 
 #[test]
@@ -134,7 +139,9 @@ fn byte_perm_picks_bytes_by_the_selector() {
                 (6, "u32 words", &|j| host_byte_perm(x[j], y[j], sel[j])),
                 (7, "i32 words", &|j| host_byte_perm(x[j], y[j], sel[j])),
                 (8, "scalar selector", &|j| host_byte_perm(x[j], y[j], s)),
-                (9, "literal word", &|j| host_byte_perm(0x7654_3210, y[j], sel[j])),
+                (9, "literal word", &|j| {
+                    host_byte_perm(0x7654_3210, y[j], sel[j])
+                }),
                 (10, "16-entry table", &|j| {
                     let v: Vec<u8> = (0..4)
                         .map(|i| values[((sel[j] >> (4 * i)) & 15) as usize] as u8)
@@ -166,6 +173,11 @@ fn byte_perm_is_a_prmt_in_ptx() {
     for t in [Target::Sm80, Target::Sm90] {
         let p = compile(&k, t).unwrap_or_else(|e| panic!("{}: {e}", t.name()));
         crate::back::ptx::tests::assemble(&p, t);
-        assert!(p.ptx.contains("prmt.b32"), "{}: no prmt:\n{}", t.name(), p.ptx);
+        assert!(
+            p.ptx.contains("prmt.b32"),
+            "{}: no prmt:\n{}",
+            t.name(),
+            p.ptx
+        );
     }
 }

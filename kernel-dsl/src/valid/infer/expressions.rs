@@ -228,7 +228,9 @@ impl Infer<'_> {
                     Elem::Val(d @ (DType::I32 | DType::U32)) => Some(d),
                     _ => None,
                 };
-                let dt = word(&self.ty(x)).or(word(&self.ty(y))).unwrap_or(DType::I32);
+                let dt = word(&self.ty(x))
+                    .or(word(&self.ty(y)))
+                    .unwrap_or(DType::I32);
                 x = self.with_dtype(x, dt, loc)?;
                 y = self.with_dtype(y, dt, loc)?;
                 for (w, which) in [(x, "first"), (y, "second")] {
