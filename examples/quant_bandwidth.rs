@@ -1,4 +1,4 @@
-//! The quantized GEMVs (Q8_0, Q4_K, Q5_K, Q6_K, Q4_0, Q3_K) against the device's copy ceiling, at
+//! The quantized GEMVs (Q8_0, Q4_K, Q5_K, Q6_K, Q4_0, Q3_K, IQ4_XS) against the device's copy ceiling, at
 //! Qwen3-0.6B's and Qwen3-8B's layer shapes.
 //!
 //! `cargo run --release --example quant_bandwidth [-- --sweep] [--8b] [--only TYPE:NxK]
@@ -82,7 +82,7 @@ fn random_blocks(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u
     let scale = half::f16::from_f32(0.01).to_le_bytes();
     for blk in out.chunks_exact_mut(size) {
         match ty {
-            GgmlType::Q8_0 | GgmlType::Q4_0 => blk[0..2].copy_from_slice(&scale),
+            GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::IQ4_XS => blk[0..2].copy_from_slice(&scale),
             GgmlType::Q4_K | GgmlType::Q5_K => {
                 blk[0..2].copy_from_slice(&scale);
                 blk[2..4].copy_from_slice(&scale);
@@ -122,6 +122,7 @@ fn run(dev: &Device, sweep: bool, only_8b: bool) -> Result<(), Box<dyn std::erro
         GgmlType::Q8_0,
         GgmlType::Q4_0,
         GgmlType::Q3_K,
+        GgmlType::IQ4_XS,
     ] {
         for &(n, k, what) in SHAPES.iter().filter(|s| !only_8b || s.2.starts_with("8B")) {
             if only.as_ref().is_some_and(|o| *o != format!("{ty}:{n}x{k}")) {
@@ -261,6 +262,7 @@ fn dequant(dev: &Device, only_8b: bool) -> Result<(), Box<dyn std::error::Error>
         GgmlType::Q8_0,
         GgmlType::Q4_0,
         GgmlType::Q3_K,
+        GgmlType::IQ4_XS,
     ] {
         for &(n, k, what) in SHAPES.iter().filter(|s| !only_8b || s.2.starts_with("8B")) {
             let packed = PackedMatrix::pack(ty, &random_blocks(&mut rng, ty, n, k), n, k, what)?;
@@ -306,6 +308,7 @@ fn tokens(dev: &Device, only_8b: bool) -> Result<(), Box<dyn std::error::Error>>
         GgmlType::Q8_0,
         GgmlType::Q4_0,
         GgmlType::Q3_K,
+        GgmlType::IQ4_XS,
     ] {
         for &(n, k, what) in SHAPES.iter().filter(|s| !only_8b || s.2.starts_with("8B")) {
             let packed = PackedMatrix::pack(ty, &random_blocks(&mut rng, ty, n, k), n, k, what)?;

@@ -4,7 +4,9 @@
 //! Supported for weights: Q8_0, Q4_K, Q5_K and Q6_K blocks, Q4_0 and Q5_0 blocks (in
 //! Q4_K's nibble words, or read as Q8_0 in rows that are no multiple of 256 elements),
 //! IQ4_NL blocks (read as Q8_0, below), Q4_1 and Q5_1 blocks (read as Q8_0 with offsets),
-//! Q3_K blocks (by the Q6_K kernels), and F32, F16, BF16 elements. Block layouts, as llama.cpp writes them (little-endian):
+//! Q3_K blocks (by the Q6_K kernels), IQ4_XS blocks (by the Q4_K kernels, their indices
+//! looked up with `byte_perm`), and F32, F16, BF16 elements. Block layouts, as llama.cpp
+//! writes them (little-endian):
 //!
 //! - **Q8_0**, 32 elements in 34 bytes: `f16 d`, `i8 q[32]`; `x = d * q`.
 //! - **Q4_0**, 32 elements in 18 bytes: `f16 d`, `u8 qs[16]`; byte `l` holds element
@@ -13,6 +15,12 @@
 //!   fifth bit), `u8 qs[16]` (the low four bits, as Q4_0's); `x = d * (q - 16)`.
 //! - **IQ4_NL**, 32 elements in 18 bytes, Q4_0's layout; `x = d * K[q]` for a fixed
 //!   table `K` of 16 signed bytes ([`IQ4_NL_VALUES`]).
+//! - **IQ4_XS**, 256 elements in 136 bytes: `f16 d`, `u16 scales_h`, `u8 scales_l[4]`,
+//!   `u8 qs[128]`; block `j` (32 elements, `qs[16 j..16 j + 16]` in Q4_0's order) has
+//!   the scale `ls` of four bits from `scales_l[j / 2]` (nibble `j % 2`) and two from
+//!   `scales_h` (bits `2 j..`), and `x = d * (ls - 32) * K[q]`. The device layout
+//!   ([`PackedMatrix::IQ4XS`], 138 bytes) moves the indices so that each half of a
+//!   word is four `byte_perm` selectors ([`table_nibble_at`]).
 //! - **Q4_1** (20 bytes) and **Q5_1** (24): Q4_0's and Q5_0's with an `f16 m` after `d`;
 //!   `x = d * q + m`, `q` unsigned.
 //! - **Q4_K**, 256 elements in 144 bytes: `f16 d`, `f16 dmin`, `u8 scales[12]` (eight

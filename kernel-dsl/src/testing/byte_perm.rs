@@ -64,6 +64,9 @@ fn kernel() -> Kernel {
     compile_source(SRC, &spec).unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// An output's expected word at each element.
+type Want<'a> = dyn Fn(usize) -> u32 + 'a;
+
 /// The host's `byte_perm` (CUDA's `__byte_perm`): bytes taken apart by shifts.
 fn host_byte_perm(a: u32, b: u32, sel: u32) -> u32 {
     let bytes = [a.to_le_bytes(), b.to_le_bytes()].concat();
@@ -135,7 +138,7 @@ fn byte_perm_picks_bytes_by_the_selector() {
                     other => panic!("unexpected {other:?}"),
                 }
             };
-            let cases: [(usize, &str, &dyn Fn(usize) -> u32); 5] = [
+            let cases: [(usize, &str, &Want); 5] = [
                 (6, "u32 words", &|j| host_byte_perm(x[j], y[j], sel[j])),
                 (7, "i32 words", &|j| host_byte_perm(x[j], y[j], sel[j])),
                 (8, "scalar selector", &|j| host_byte_perm(x[j], y[j], s)),

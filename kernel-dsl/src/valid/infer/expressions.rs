@@ -228,9 +228,7 @@ impl Infer<'_> {
                     Elem::Val(d @ (DType::I32 | DType::U32)) => Some(d),
                     _ => None,
                 };
-                let dt = word(&self.ty(x))
-                    .or(word(&self.ty(y)))
-                    .unwrap_or(DType::I32);
+                let dt = word(self.ty(x)).or(word(self.ty(y))).unwrap_or(DType::I32);
                 x = self.with_dtype(x, dt, loc)?;
                 y = self.with_dtype(y, dt, loc)?;
                 for (w, which) in [(x, "first"), (y, "second")] {
@@ -247,7 +245,7 @@ impl Infer<'_> {
                 }
                 let s = self.with_dtype(self.get(*sel)?, DType::U32, loc)?;
                 let sty = self.ty(s);
-                if word(&sty).is_none() {
+                if word(sty).is_none() {
                     return Err(CompileError::new(
                         loc,
                         format!(
