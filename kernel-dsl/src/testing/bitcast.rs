@@ -8,7 +8,6 @@ use super::{on_each_backend, Backend, Data, Rng};
 use crate::back::ptx::{compile, Target};
 use crate::interp::Scalar;
 use crate::ir::Kernel;
-use crate::{compile_source, Specialization};
 
 const BLOCK: usize = 256;
 
@@ -50,12 +49,7 @@ fn bitcasts<const B: usize>(
 ";
 
 fn kernel() -> Kernel {
-    let spec = Specialization {
-        consts: vec![("B".into(), BLOCK as i64)],
-        num_warps: 4,
-        num_stages: None,
-    };
-    compile_source(SRC, &spec).unwrap_or_else(|e| panic!("{e}"))
+    super::block_kernel(SRC, BLOCK)
 }
 
 /// 32-bit patterns that matter to a bitcast, then seeded random ones.

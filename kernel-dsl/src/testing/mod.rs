@@ -30,6 +30,17 @@ fn leak_str(s: String) -> &'static str {
     Box::leak(s.into_boxed_str())
 }
 
+/// The IR of `src`'s kernel at `B = block` over 4 warps: the op tests' kernels
+/// (`bitcast`, `byte_perm`, `dot4`), which run on every backend.
+fn block_kernel(src: &str, block: usize) -> crate::ir::Kernel {
+    let spec = Specialization {
+        consts: vec![("B".into(), block as i64)],
+        num_warps: 4,
+        num_stages: None,
+    };
+    crate::compile_source(src, &spec).unwrap_or_else(|e| panic!("{e}"))
+}
+
 /// A kernel description with one variant compiled by the PTX backend, assembled with
 /// `ptxas` when one is available.
 pub fn def(src: &str, consts: &[(&str, i64)], warps: u32) -> &'static KernelDef {
