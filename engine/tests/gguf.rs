@@ -1559,9 +1559,10 @@ fn random_q4_k(
 /// projection's int8 input itself (`DeviceQuantMatrix::gemv_norm_silu_quantized`) and
 /// the step takes no launch more than the dense step's; with the quantizer launch
 /// between them; with the norms quantized by launches before the GEMVs (as at 8B's
-/// sizes), the `v` run in its own tile of the merged launch; with those two runs in
-/// two launches; and with the norms quantized before the GEMVs and `[gate; up]`
-/// writing down's input (the spare's two pairs of activation buffers trading places).
+/// sizes), the `v` run in its own tile of the merged launch, or in the `[q; k]` run's;
+/// with those two runs in two launches; and with the norms quantized before the GEMVs
+/// and `[gate; up]` writing down's input (the spare's two pairs of activation buffers
+/// trading places).
 /// Each child checks its launch count against the settings.
 #[test]
 fn q4_k_m_layouts_in_fused_launches_match_the_dense_step() {
@@ -1570,7 +1571,7 @@ fn q4_k_m_layouts_in_fused_launches_match_the_dense_step() {
         return q4_k_m_layouts_match_the_dense_step();
     }
     let name = "q4_k_m_layouts_in_fused_launches_match_the_dense_step";
-    let settings: [&[(&str, &str)]; 7] = [
+    let settings: [&[(&str, &str)]; 8] = [
         &[],
         &[("TILEFUSE_QUANT_SILU_GATE_UP", "0")],
         // Every layer's quantized gate/up words prefetched during attention (the
@@ -1587,6 +1588,11 @@ fn q4_k_m_layouts_in_fused_launches_match_the_dense_step() {
         &[
             ("TILEFUSE_QUANT_NORM_FUSED", "0"),
             ("TILEFUSE_QUANT_MERGE_RUNS", "fused"),
+        ],
+        // Both runs at the `[q; k]` run's tile.
+        &[
+            ("TILEFUSE_QUANT_NORM_FUSED", "0"),
+            ("TILEFUSE_QUANT_MERGE_RUNS", "shared"),
         ],
         &[
             ("TILEFUSE_QUANT_NORM_FUSED", "0"),
@@ -1656,7 +1662,7 @@ fn q4_k_m_layouts_match_the_dense_step() {
     let merged = match merge_runs().unwrap() {
         MergeRuns::Never => false,
         MergeRuns::Fused => fused,
-        MergeRuns::Both { .. } => true,
+        MergeRuns::Both { .. } | MergeRuns::Shared => true,
     };
     let silu = silu_quantized_tile(fused).unwrap().is_some();
     let extra = 2 * usize::from(!fused) + usize::from(!merged) + usize::from(!silu);

@@ -304,8 +304,8 @@ impl QuantMatrix {
     /// ([`crate::gguf::device::launch_q4_k_q6_k`]): exactly two runs, a Q4_K or Q5_K
     /// run then a Q6_K one or a Q3_K run then a Q4_K or Q5_K one, under [`MergeRuns`]
     /// (where the GEMV quantizes its normed input itself, `fuses_norm`, both runs at the
-    /// first run's fused tile; a Q3_K run first takes one tile for both), where that
-    /// kernel is compiled for them; else `None`. Kept in `merged`. The fused merge made
+    /// first run's fused tile; a Q3_K run first merges only there, or under
+    /// [`MergeRuns::Shared`]), where that kernel is compiled for them; else `None`. Kept in `merged`. The fused merge made
     /// Qwen3-0.6B Q4_K_M's step 4% faster; Qwen3-8B's QKV (its input quantized before)
     /// lost 1.2% with its `v` run at the `[q; k]` run's tile and gains 0.7% with `v` in
     /// its own ([`MergeRuns::Both`]; docs/perf.md, "Q4_K and Q6_K runs in one launch").
@@ -319,7 +319,9 @@ impl QuantMatrix {
             (MergeRuns::Never, _) => return None,
             (_, true) => (first.fused_cfg, first.fused_cfg),
             (MergeRuns::Fused, false) => return None,
-            (MergeRuns::Both { .. }, false) if types.0 == GgmlType::Q3_K => (first.cfg, first.cfg),
+            (MergeRuns::Shared, false) => (first.cfg, first.cfg),
+            // Untimed with the second run at the first's tile (`MergeRuns::Both`).
+            (MergeRuns::Both { .. }, false) if types.0 == GgmlType::Q3_K => return None,
             (MergeRuns::Both { rows, cols }, false) => {
                 let cfg2 = QuantGemvConfig {
                     block_n: rows,

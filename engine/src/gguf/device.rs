@@ -107,9 +107,9 @@ fn read_by_q4_k_kernels(ty: GgmlType) -> bool {
     .contains(&ty)
 }
 
-/// Which normed GEMVs of the decode step over a Q4_K run followed by a Q6_K run
-/// (Q4_K_M's QKV where `v` takes more bits) launch both runs as one
-/// ([`launch_q4_k_q6_k`]) where the tiles are compiled for that kernel.
+/// Which GEMVs of the decode step over two runs of rows (Q4_K_M's QKV where `v` takes
+/// more bits, Q5_K_M's, Q3_K_M's) launch both runs as one ([`launch_q4_k_q6_k`]) where
+/// the tiles are compiled for that kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MergeRuns {
     /// Neither: two launches.
@@ -117,14 +117,20 @@ pub enum MergeRuns {
     /// Only the GEMV that quantizes its normed input itself ([`fuses_norm`]), both runs
     /// at its tile (docs/perf.md, "Q4_K and Q6_K runs in one launch").
     Fused,
-    /// That one, and the GEMV over an input quantized before it, whose Q6_K run takes
-    /// `rows` rows of `cols`-column tiles at the Q4_K run's warps.
+    /// That one, and the GEMV over an input quantized before it where a Q6_K run comes
+    /// second: it takes `rows` rows of `cols`-column tiles at the first run's warps. A
+    /// Q3_K run first (Q3_K_M) merges only where the GEMV quantizes its input itself:
+    /// its second run would take the first's tile, which cost Q4_K_M's 8B step 1.2%
+    /// (docs/perf.md, "Q3_K_M's QKV in one launch").
     Both {
         /// Rows a program of the Q6_K run.
         rows: usize,
         /// Columns a tile of the Q6_K run.
         cols: usize,
     },
+    /// Every GEMV of two runs, both at the first run's tile (its fused tile where the
+    /// GEMV quantizes its input itself): for measuring the merges `Both` leaves out.
+    Shared,
 }
 
 /// The Q6_K run's tile (rows, columns) of [`merge_runs`]' default for a GEMV over an
@@ -137,9 +143,9 @@ pub const MERGED_V_TILE: (usize, usize) = (2, 2048);
 /// [`MergeRuns::Both`] with [`MERGED_V_TILE`] (Qwen3-8B Q4_K_M on an H200: 579-580
 /// tokens/s against 575-576 with [`MergeRuns::Fused`]; docs/perf.md, "Q4_K and Q6_K
 /// runs in one launch"). The environment's `TILEFUSE_QUANT_MERGE_RUNS` overrides it:
-/// `0` never, `fused`, or `ROWS,COLS` for the Q6_K run's tile when the input is
-/// quantized before (compiled: 2 or 4 rows of 2048 columns). A malformed value is an
-/// error that quotes it.
+/// `0` never, `fused`, `shared` ([`MergeRuns::Shared`]), or `ROWS,COLS` for the Q6_K
+/// run's tile when the input is quantized before (compiled: 2 or 4 rows of 2048
+/// columns). A malformed value is an error that quotes it.
 pub fn merge_runs() -> Result<MergeRuns> {
     match std::env::var("TILEFUSE_QUANT_MERGE_RUNS") {
         Ok(v) => merge_runs_policy(&v),
@@ -155,6 +161,7 @@ fn merge_runs_policy(v: &str) -> Result<MergeRuns> {
     match v.trim() {
         "0" => return Ok(MergeRuns::Never),
         "fused" => return Ok(MergeRuns::Fused),
+        "shared" => return Ok(MergeRuns::Shared),
         _ => {}
     }
     let tile = v.split_once(',').and_then(|(r, c)| {
@@ -167,7 +174,7 @@ fn merge_runs_policy(v: &str) -> Result<MergeRuns> {
         Some((rows, cols)) if rows > 0 && cols > 0 => Ok(MergeRuns::Both { rows, cols }),
         _ => Err(crate::error::EngineError::Option {
             message: format!(
-                "TILEFUSE_QUANT_MERGE_RUNS=`{v}`: expected 0, fused or ROWS,COLS (the Q6_K run's tile)"
+                "TILEFUSE_QUANT_MERGE_RUNS=`{v}`: expected 0, fused, shared or ROWS,COLS (the Q6_K run's tile)"
             ),
         }),
     }
@@ -2039,6 +2046,7 @@ mod tests {
     fn the_merge_override_names_the_v_tile_and_quotes_bad_ones() {
         assert_eq!(merge_runs_policy("0").unwrap(), MergeRuns::Never);
         assert_eq!(merge_runs_policy(" fused ").unwrap(), MergeRuns::Fused);
+        assert_eq!(merge_runs_policy("shared").unwrap(), MergeRuns::Shared);
         let both = MergeRuns::Both {
             rows: 4,
             cols: 2048,
