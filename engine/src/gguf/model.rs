@@ -404,7 +404,8 @@ impl GgufFile {
 
     /// The matrices the file stores quantized (Q8_0, Q4_K, Q5_K, Q6_K, Q4_0 and Q5_0
     /// (as Q8_0 in rows that are no multiple of 256), IQ4_NL as Q8_0, Q4_1 and Q5_1 as
-    /// Q8_0 with offsets, Q3_K by the Q6_K kernels), in the device layout,
+    /// Q8_0 with offsets, Q3_K by the Q6_K kernels, IQ4_XS by the Q4_K kernels), in the
+    /// device layout,
     /// for [`crate::Decoder::with_quant`]; F32/F16/BF16 ones are left out (`None`).
     /// A tied LM head is the embedding table's
     /// matrix; a head is left out where [`quant::head_reads_quantized`] says so.
